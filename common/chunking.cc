@@ -1,0 +1,39 @@
+#include "common/chunking.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "wire format is little-endian floats");
+
+std::string_view AsBytes(absl::Span<const float> values) {
+  return std::string_view(reinterpret_cast<const char*>(values.data()),
+                          values.size() * sizeof(float));
+}
+
+absl::Status ChunkAssembler::Append(std::string_view bytes) {
+  if (bytes.size() % sizeof(float) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk of ", bytes.size(), " bytes is not a whole number of float32 values"));
+  }
+  int64_t n = bytes.size() / sizeof(float);
+  if (received_ + n > static_cast<int64_t>(dst_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("data overruns the declared length: ",
+                                                   received_ + n, " values for ", dst_.size()));
+  }
+  std::memcpy(dst_.data() + received_, bytes.data(), bytes.size());
+  received_ += n;
+  return absl::OkStatus();
+}
+
+absl::Status ChunkAssembler::Finish() const {
+  if (received_ != static_cast<int64_t>(dst_.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("truncated data: got ", received_,
+                                                   " values, declared ", dst_.size()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ps

@@ -1,0 +1,25 @@
+#include "common/cluster.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace ps {
+
+absl::StatusOr<std::vector<std::string>> ParseShardAddresses(const std::string& list) {
+  std::vector<std::string> out;
+  for (absl::string_view a : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    size_t colon = a.rfind(':');
+    int port = 0;
+    if (colon == absl::string_view::npos || colon == 0 ||
+        !absl::SimpleAtoi(a.substr(colon + 1), &port) || port < 1 || port > 65535) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad shard address '", a, "': expected host:port with port 1..65535"));
+    }
+    out.emplace_back(a);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("no shard addresses given (--ps=host:port,...)");
+  return out;
+}
+
+}  // namespace ps

@@ -1,0 +1,34 @@
+#include "common/log.h"
+
+#include <unistd.h>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
+namespace ps {
+namespace {
+std::string& Tag() {
+  static std::string tag = "ps";
+  return tag;
+}
+}  // namespace
+
+void SetLogTag(std::string tag) { Tag() = std::move(tag); }
+
+LogMessage::~LogMessage() {
+  static const char* kNames[] = {"I", "W", "E"};
+  std::string line = absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::LocalTimeZone()) + " " +
+                     kNames[static_cast<int>(level_)] + " " + Tag() + "] " + stream_.str() + "\n";
+  // One write(2) per line keeps lines from different threads whole.
+  [[maybe_unused]] ssize_t n = write(STDERR_FILENO, line.data(), line.size());
+}
+
+}  // namespace ps
+
+namespace ps {
+int FailMain(const std::string& program, const std::string& reason) {
+  std::string line = program + ": " + reason + "\n";
+  [[maybe_unused]] ssize_t n = write(STDERR_FILENO, line.data(), line.size());
+  return 1;
+}
+}  // namespace ps

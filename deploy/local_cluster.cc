@@ -1,0 +1,117 @@
+#include "deploy/local_cluster.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ps {
+
+LocalCluster::LocalCluster(std::string bin_dir, std::string run_dir)
+    : bin_dir_(std::move(bin_dir)), run_dir_(std::move(run_dir)) {
+  mkdir(run_dir_.c_str(), 0755);
+}
+
+LocalCluster::~LocalCluster() { Stop(); }
+
+absl::Status LocalCluster::StartShards(int count, const std::vector<std::string>& flags) {
+  for (int i = 0; i < count; ++i) {
+    std::string port_file = absl::StrCat(run_dir_, "/ps-", i, ".port");
+    std::remove(port_file.c_str());
+    std::vector<std::string> argv = {
+        bin_dir_ + "/ps", absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", count),
+        "--host=127.0.0.1", "--port=0", "--port_file=" + port_file,
+        absl::StrCat("--staleness_csv=", run_dir_, "/staleness-shard-", i, ".csv")};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    absl::StatusOr<Subprocess> p = Subprocess::Start(argv, absl::StrCat(run_dir_, "/ps-", i, ".log"));
+    if (!p.ok()) return p.status();
+    shards_.push_back(*std::move(p));
+  }
+  // The port file appears (atomically) once the shard is serving.
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (int i = 0; i < count; ++i) {
+    int port = 0;
+    while (!(std::ifstream(absl::StrCat(run_dir_, "/ps-", i, ".port")) >> port)) {
+      if (!shards_[i].running()) {
+        return absl::UnavailableError(absl::StrCat("shard ", i, " exited at start; see ", run_dir_,
+                                                   "/ps-", i, ".log"));
+      }
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("shard ", i, " did not start in 30 s"));
+      }
+      absl::SleepFor(absl::Milliseconds(20));  // polling a file another process writes
+    }
+    ports_.push_back(port);
+  }
+  return absl::OkStatus();
+}
+
+std::string LocalCluster::ShardAddresses() const {
+  std::vector<std::string> a;
+  for (int p : ports_) a.push_back(absl::StrCat("127.0.0.1:", p));
+  return absl::StrJoin(a, ",");
+}
+
+absl::Status LocalCluster::StartWorker(int rank, int num_workers,
+                                       const std::vector<std::string>& flags) {
+  std::string base = absl::StrCat(run_dir_, "/worker-", rank);
+  std::vector<std::string> argv = {bin_dir_ + "/worker", "--ps=" + ShardAddresses(),
+                                   absl::StrCat("--rank=", rank),
+                                   absl::StrCat("--num_workers=", num_workers),
+                                   "--csv=" + base + ".csv"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  absl::StatusOr<Subprocess> p = Subprocess::Start(argv, base + ".log");
+  if (!p.ok()) return p.status();
+  workers_.erase(rank);
+  workers_.emplace(rank, *std::move(p));
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartEvaluator(const std::vector<std::string>& flags) {
+  std::vector<std::string> argv = {bin_dir_ + "/evaluator", "--ps=" + ShardAddresses(),
+                                   "--csv=" + run_dir_ + "/evaluator.csv"};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  absl::StatusOr<Subprocess> p = Subprocess::Start(argv, run_dir_ + "/evaluator.log");
+  if (!p.ok()) return p.status();
+  evaluator_ = std::make_unique<Subprocess>(*std::move(p));
+  return absl::OkStatus();
+}
+
+Subprocess* LocalCluster::worker(int rank) {
+  auto it = workers_.find(rank);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+std::string LocalCluster::Stop() {
+  std::vector<std::string> bad;
+  auto stop = [&](Subprocess& p, const std::string& label) {
+    int code = p.Stop(absl::Seconds(15));
+    if (code != 0) bad.push_back(absl::StrCat(label, " exited with status ", code));
+  };
+  for (auto& [rank, w] : workers_) w.Signal(SIGTERM);  // all at once, then wait for each
+  for (auto& [rank, w] : workers_) stop(w, absl::StrCat("worker ", rank));
+  workers_.clear();
+  if (evaluator_ != nullptr) stop(*evaluator_, "evaluator");
+  evaluator_.reset();
+  for (size_t i = 0; i < shards_.size(); ++i) stop(shards_[i], absl::StrCat("shard ", i));
+  shards_.clear();
+  return absl::StrJoin(bad, "; ");
+}
+
+std::string LastLine(const std::string& path) {
+  std::ifstream in(path, std::ios::ate);
+  if (!in) return "";
+  std::streamoff size = in.tellg();
+  std::streamoff from = std::max<std::streamoff>(0, size - 4096);
+  in.seekg(from);
+  std::string tail((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!tail.empty() && tail.back() == '\n') tail.pop_back();
+  size_t nl = tail.rfind('\n');
+  return nl == std::string::npos ? (from == 0 ? tail : "") : tail.substr(nl + 1);
+}
+
+}  // namespace ps

@@ -1,0 +1,52 @@
+// A whole cluster on this machine: S shards on free loopback ports, W workers and an evaluator,
+// each a real process with its log and CSV in a run directory. Used by the launcher and by the
+// multi-process tests. Not thread-safe.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "deploy/subprocess.h"
+
+namespace ps {
+
+class LocalCluster {
+ public:
+  // Binaries are taken from `bin_dir`; logs and CSVs go to `run_dir` (created if missing).
+  LocalCluster(std::string bin_dir, std::string run_dir);
+  // Stops everything still running (see Stop).
+  ~LocalCluster();
+
+  // Starts `count` shards with --port=0 and waits until each has written the port it bound.
+  absl::Status StartShards(int count, const std::vector<std::string>& flags);
+  // "127.0.0.1:p0,127.0.0.1:p1,...", for --ps.
+  std::string ShardAddresses() const;
+  // (Re)starts worker `rank` of `num_workers`, appending to worker-<rank>.{log,csv}.
+  absl::Status StartWorker(int rank, int num_workers, const std::vector<std::string>& flags);
+  absl::Status StartEvaluator(const std::vector<std::string>& flags);
+
+  // The worker of that rank, or null if it was never started.
+  Subprocess* worker(int rank);
+  Subprocess* evaluator() { return evaluator_.get(); }
+  std::vector<Subprocess>& shards() { return shards_; }
+  const std::string& run_dir() const { return run_dir_; }
+
+  // Stops workers, then the evaluator (which scores the final weights), then the shards, each with
+  // SIGTERM and a grace period. Returns "" or a description of processes that exited badly.
+  std::string Stop();
+
+ private:
+  std::string bin_dir_, run_dir_;
+  std::vector<Subprocess> shards_;
+  std::vector<int> ports_;
+  std::map<int, Subprocess> workers_;
+  std::unique_ptr<Subprocess> evaluator_;
+};
+
+// The last line of a text file ("" if it has none), read from its tail.
+std::string LastLine(const std::string& path);
+
+}  // namespace ps

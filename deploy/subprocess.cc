@@ -1,0 +1,107 @@
+#include "deploy/subprocess.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+
+absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& argv,
+                                             const std::string& log_path) {
+  if (access(argv[0].c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("cannot execute ", argv[0], ": ", strerror(errno)));
+  }
+  int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log < 0) return absl::NotFoundError(absl::StrCat("cannot open ", log_path, ": ", strerror(errno)));
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) {
+    close(log);
+    return absl::ResourceExhaustedError(absl::StrCat("fork failed: ", strerror(errno)));
+  }
+  if (pid == 0) {
+    // Child: only async-signal-safe calls until exec.
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
+    dup2(log, STDOUT_FILENO);
+    dup2(log, STDERR_FILENO);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(log);
+  std::string name = argv[0].substr(argv[0].rfind('/') + 1);
+  return Subprocess(pid, name);
+}
+
+Subprocess::Subprocess(Subprocess&& o) noexcept { *this = std::move(o); }
+
+Subprocess& Subprocess::operator=(Subprocess&& o) noexcept {
+  std::swap(pid_, o.pid_);
+  std::swap(name_, o.name_);
+  std::swap(exit_code_, o.exit_code_);
+  return *this;
+}
+
+Subprocess::~Subprocess() {
+  if (pid_ > 0 && running()) {
+    kill(pid_, SIGKILL);
+    Reap(/*block=*/true);
+  }
+}
+
+bool Subprocess::Reap(bool block) {
+  if (exit_code_ >= 0) return true;
+  int status = 0;
+  pid_t r = waitpid(pid_, &status, block ? 0 : WNOHANG);
+  if (r != pid_) return false;
+  exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return true;
+}
+
+bool Subprocess::running() { return pid_ > 0 && !Reap(/*block=*/false); }
+
+void Subprocess::Signal(int sig) {
+  if (running()) kill(pid_, sig);
+}
+
+absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (!Reap(/*block=*/false)) {
+    // waitpid has no timeout; poll a child's exit at a short interval.
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(name_, " (pid ", pid_, ") still running"));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return exit_code_;
+}
+
+int Subprocess::Stop(absl::Duration grace) {
+  Signal(SIGTERM);
+  if (absl::StatusOr<int> code = Wait(grace); code.ok()) return *code;
+  Signal(SIGKILL);
+  Reap(/*block=*/true);
+  return exit_code_;
+}
+
+std::string ExecutableDir() {
+  char path[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) return ".";
+  std::string p(path, n);
+  return p.substr(0, p.rfind('/'));
+}
+
+}  // namespace ps

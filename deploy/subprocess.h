@@ -1,0 +1,49 @@
+// A child process started from an argv, its stdout and stderr appended to a log file. Children
+// sit in their own process group (a terminal's Ctrl-C reaches only the launcher, which stops them
+// in order) and get SIGTERM if the launcher dies, so no orphan outlives it. Not thread-safe.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace ps {
+
+class Subprocess {
+ public:
+  // Starts argv[0] (a path) with `argv`; output goes to `log_path` (appended).
+  static absl::StatusOr<Subprocess> Start(const std::vector<std::string>& argv,
+                                          const std::string& log_path);
+  Subprocess(Subprocess&& o) noexcept;
+  Subprocess& operator=(Subprocess&& o) noexcept;
+  // Kills (SIGKILL) and reaps a child still running, so tests never leak processes.
+  ~Subprocess();
+
+  pid_t pid() const { return pid_; }
+  const std::string& name() const { return name_; }
+  bool running();
+  // Sends a signal (SIGTERM, SIGKILL, ...) if the child is still running.
+  void Signal(int sig);
+  // Waits up to `timeout` for the child to exit; returns its exit code (128+signal when killed by
+  // one), or DEADLINE_EXCEEDED.
+  absl::StatusOr<int> Wait(absl::Duration timeout);
+  // SIGTERM, wait up to `grace`, then SIGKILL. Returns the exit code.
+  int Stop(absl::Duration grace);
+
+ private:
+  Subprocess(pid_t pid, std::string name) : pid_(pid), name_(std::move(name)) {}
+  bool Reap(bool block);
+
+  pid_t pid_ = -1;
+  std::string name_;
+  int exit_code_ = -1;
+};
+
+// Directory of the running executable, to find sibling binaries (ps, worker, evaluator).
+std::string ExecutableDir();
+
+}  // namespace ps

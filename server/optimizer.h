@@ -1,0 +1,39 @@
+// Server-side optimizers: one small class per algorithm, each owning its per-element state for the
+// shard's range. Not thread-safe; ParameterShard serialises calls.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace ps {
+
+struct OptimizerConfig {
+  std::string name = "sgd";  // sgd | momentum | nesterov | adam | adagrad
+  float learning_rate = 0.05f;
+  float momentum = 0.9f;     // momentum, nesterov
+  float beta1 = 0.9f;        // adam
+  float beta2 = 0.999f;      // adam
+  float epsilon = 1e-8f;     // adam, adagrad
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  virtual std::string Name() const = 0;
+  // Updates weights[i] with grad[i]; the elements sit at `state_offset` within the shard's range
+  // (where their optimizer state lives). `step` counts updates applied before this one.
+  // REQUIRES: weights.size() == grad.size(), state_offset + size <= the size given at creation.
+  virtual void Apply(absl::Span<float> weights, absl::Span<const float> grad, int64_t state_offset,
+                     float learning_rate, int64_t step) = 0;
+};
+
+// Creates the optimizer named in `config` for `size` elements, or fails naming the unknown
+// optimizer or the bad hyper-parameter.
+absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& config,
+                                                         int64_t size);
+
+}  // namespace ps

@@ -1,0 +1,153 @@
+#include "server/shard_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/chunking.h"
+#include "common/grpc_status.h"
+
+namespace ps {
+namespace {
+
+ModelIdentity FromProto(const v1::ModelIdentity& m) {
+  return ModelIdentity{m.fingerprint(), m.total_params(), m.num_shards()};
+}
+
+grpc::Status InvalidArgument(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+absl::Status CheckDType(v1::DType dtype) {
+  if (dtype != v1::FLOAT32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported dtype ", v1::DType_Name(dtype), ": this server takes FLOAT32"));
+  }
+  return absl::OkStatus();
+}
+
+// Reads the rest of a chunked stream (the first chunk already in `chunk`) into `dst`. Only the
+// first chunk may carry a header.
+template <typename Chunk>
+absl::Status ReadPayload(grpc::ServerReader<Chunk>* reader, Chunk& chunk, absl::Span<float> dst) {
+  ChunkAssembler assembler(dst);
+  bool first = true;
+  do {
+    if (!first && chunk.has_header()) {
+      return absl::InvalidArgumentError("a header appeared after the first chunk");
+    }
+    first = false;
+    if (absl::Status s = assembler.Append(chunk.data()); !s.ok()) return s;
+  } while (reader->Read(&chunk));
+  return assembler.Finish();
+}
+
+}  // namespace
+
+grpc::Status ShardService::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
+                                    v1::RegisterResponse* response) {
+  absl::StatusOr<Registration> r = shard_->Register(request->worker_id(), FromProto(request->model()));
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  response->set_shard_index(r->shard_index);
+  response->set_initialized(r->initialized);
+  response->set_begin(r->range.begin);
+  response->set_end(r->range.end);
+  response->set_version(r->version);
+  response->set_last_sequence(r->last_sequence);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::Initialize(grpc::ServerContext*,
+                                      grpc::ServerReader<v1::InitializeChunk>* reader,
+                                      v1::InitializeResponse* response) {
+  v1::InitializeChunk chunk;
+  if (!reader->Read(&chunk)) return InvalidArgument("empty Initialize stream");
+  if (!chunk.has_header()) return InvalidArgument("the first Initialize chunk has no header");
+  const v1::InitializeHeader& h = chunk.header();
+  ModelIdentity model = FromProto(h.model());
+  if (absl::Status s = CheckDType(h.dtype()); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<Range> range = shard_->CheckInitialize(model, h.offset(), h.length());
+  if (!range.ok()) return ToGrpcStatus(range.status());
+  std::vector<float> values(range->size());
+  int64_t offset = h.offset();
+  if (absl::Status s = ReadPayload(reader, chunk, absl::MakeSpan(values)); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  absl::StatusOr<bool> applied = shard_->Initialize(model, offset, values);
+  if (!applied.ok()) return ToGrpcStatus(applied.status());
+  response->set_applied(*applied);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::Push(grpc::ServerContext*, grpc::ServerReader<v1::PushChunk>* reader,
+                                v1::PushResponse* response) {
+  v1::PushChunk chunk;
+  absl::Status status;
+  PushHeaderInfo header;
+  if (!reader->Read(&chunk)) {
+    status = absl::InvalidArgumentError("empty Push stream");
+  } else if (!chunk.has_header()) {
+    status = absl::InvalidArgumentError("the first Push chunk has no header");
+  } else {
+    const v1::PushHeader& h = chunk.header();
+    header = PushHeaderInfo{h.worker_id(), h.sequence(), h.base_version(), h.offset(), h.length()};
+    status = CheckDType(h.dtype());
+    if (status.ok()) status = shard_->CheckPushHeader(header);
+  }
+  if (!status.ok()) {
+    shard_->RecordRejectedPush();
+    return ToGrpcStatus(status);
+  }
+  std::vector<float> gradient(header.length);
+  if (status = ReadPayload(reader, chunk, absl::MakeSpan(gradient)); !status.ok()) {
+    shard_->RecordRejectedPush();
+    return ToGrpcStatus(status);
+  }
+  absl::StatusOr<PushOutcome> outcome = shard_->Push(header, gradient);
+  if (!outcome.ok()) return ToGrpcStatus(outcome.status());
+  response->set_version(outcome->version);
+  response->set_staleness(outcome->staleness);
+  response->set_duplicate(outcome->duplicate);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::Pull(grpc::ServerContext* context, const v1::PullRequest* request,
+                                grpc::ServerWriter<v1::PullChunk>* writer) {
+  // Wait for initialisation no longer than the client's deadline, and at most a minute.
+  absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
+                                 absl::FromChrono(context->deadline()));
+  absl::StatusOr<ParameterShard::Snapshot> snapshot =
+      shard_->Read(request->offset(), request->length(), deadline);
+  if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
+  v1::PullChunk chunk;
+  bool ok = true;
+  ForEachChunk(snapshot->values, kChunkFloats, [&](int64_t index, std::string_view bytes) {
+    if (!ok) return;
+    chunk.set_version(snapshot->version);
+    chunk.set_offset(snapshot->offset + index);
+    chunk.set_dtype(v1::FLOAT32);
+    chunk.set_data(bytes.data(), bytes.size());
+    ok = writer->Write(chunk);
+  });
+  if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away during Pull");
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::GetStats(grpc::ServerContext*, const v1::StatsRequest*,
+                                    v1::StatsResponse* response) {
+  ShardStats s = shard_->Stats();
+  response->set_shard_index(s.shard_index);
+  response->set_num_shards(s.num_shards);
+  response->set_initialized(s.initialized);
+  response->set_begin(s.range.begin);
+  response->set_end(s.range.end);
+  response->set_version(s.version);
+  response->set_pushes_applied(s.pushes_applied);
+  response->set_pushes_rejected(s.pushes_rejected);
+  response->set_pushes_duplicate(s.pushes_duplicate);
+  response->set_pulls(s.pulls);
+  response->set_registered_workers(s.registered_workers);
+  response->set_model_fingerprint(s.model_fingerprint);
+  response->set_optimizer(s.optimizer);
+  for (int64_t c : s.staleness_counts) response->add_staleness_counts(c);
+  return grpc::Status::OK;
+}
+
+}  // namespace ps

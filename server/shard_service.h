@@ -1,0 +1,30 @@
+// The gRPC face of a ParameterShard: parses and validates requests, streams tensors in chunks, and
+// translates results to gRPC statuses. Thread-safe (gRPC calls it from many threads).
+#pragma once
+
+#include "proto/ps.grpc.pb.h"
+#include "server/parameter_shard.h"
+
+namespace ps {
+
+class ShardService final : public v1::ParameterServer::Service {
+ public:
+  explicit ShardService(ParameterShard* shard) : shard_(shard) {}
+
+  grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
+                        v1::RegisterResponse* response) override;
+  grpc::Status Initialize(grpc::ServerContext* context,
+                          grpc::ServerReader<v1::InitializeChunk>* reader,
+                          v1::InitializeResponse* response) override;
+  grpc::Status Push(grpc::ServerContext* context, grpc::ServerReader<v1::PushChunk>* reader,
+                    v1::PushResponse* response) override;
+  grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest* request,
+                    grpc::ServerWriter<v1::PullChunk>* writer) override;
+  grpc::Status GetStats(grpc::ServerContext* context, const v1::StatsRequest* request,
+                        v1::StatsResponse* response) override;
+
+ private:
+  ParameterShard* shard_;
+};
+
+}  // namespace ps

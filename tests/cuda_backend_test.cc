@@ -1,0 +1,303 @@
+// The CUDA backend against the CPU backend on random data. Every test that needs a GPU skips where
+// there is none; NoGpuMeansAnError runs only there.
+#include "kernels/cuda_backend.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace ps {
+namespace {
+
+// Sets an environment variable for one scope, restoring the old value after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old != nullptr) old_ = old;
+    had_old_ = old != nullptr;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_old_) {
+      setenv(name_.c_str(), old_.c_str(), 1);
+    } else {
+      unsetenv(name_.c_str());
+    }
+  }
+
+ private:
+  std::string name_;
+  std::string old_;
+  bool had_old_ = false;
+};
+
+std::vector<float> RandomFloats(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+template <typename T>
+DeviceBuffer<T> Upload(Backend* backend, const std::vector<T>& host) {
+  DeviceBuffer<T> buffer(backend, host.size());
+  buffer.Upload(host.data(), host.size());
+  return buffer;
+}
+
+template <typename T>
+std::vector<T> Download(const DeviceBuffer<T>& buffer) {
+  std::vector<T> host(buffer.size());
+  buffer.Download(host.data(), host.size());
+  return host;
+}
+
+// Expects |got - want| <= tolerance * max(|want|, scale) elementwise: a relative error, with
+// `scale` (the data's typical magnitude) as the floor so values near zero do not demand an
+// impossible relative accuracy.
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, float tolerance,
+                 float scale) {
+  ASSERT_EQ(got.size(), want.size());
+  int reported = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const float bound = tolerance * std::max(std::fabs(want[i]), scale);
+    if (!(std::fabs(got[i] - want[i]) <= bound)) {
+      ADD_FAILURE() << "element " << i << ": got " << got[i] << ", want " << want[i] << " (bound "
+                    << bound << ")";
+      if (++reported == 5) return;
+    }
+  }
+}
+
+// A CUDA backend in fp32 math and a CPU backend to compare it with. Skips without a GPU.
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+    gpu_ = MakeGpu("fp32");
+    ASSERT_NE(gpu_, nullptr);
+    cpu_ = MakeCpuBackend(1);
+  }
+
+  static std::unique_ptr<Backend> MakeGpu(const char* math) {
+    ScopedEnv env("PS_CUDA_MATH", math);
+    absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0);
+    EXPECT_TRUE(backend.ok()) << backend.status();
+    return backend.ok() ? std::move(*backend) : nullptr;
+  }
+
+  // Runs the same GEMM on `gpu` and the CPU and compares.
+  void CheckGemm(Backend* gpu, bool ta, bool tb, int m, int n, int k, float alpha, float beta,
+                 float tolerance) {
+    SCOPED_TRACE(testing::Message() << gpu->Name() << " ta=" << ta << " tb=" << tb << " m=" << m
+                                    << " n=" << n << " k=" << k);
+    std::mt19937 rng(1234 + 2 * ta + tb);
+    std::vector<float> a = RandomFloats(static_cast<size_t>(m) * k, rng);
+    std::vector<float> b = RandomFloats(static_cast<size_t>(k) * n, rng);
+    std::vector<float> c = RandomFloats(static_cast<size_t>(m) * n, rng);
+
+    std::vector<float> want = c;
+    cpu_->Gemm(ta, tb, m, n, k, alpha, a.data(), b.data(), beta, want.data());
+
+    DeviceBuffer<float> da = Upload(gpu, a), db = Upload(gpu, b), dc = Upload(gpu, c);
+    gpu->Gemm(ta, tb, m, n, k, alpha, da.data(), db.data(), beta, dc.data());
+    ExpectClose(Download(dc), want, tolerance, 1.0f);
+  }
+
+  // Runs SoftmaxCrossEntropy on the GPU and the CPU and compares loss, hits and dlogits.
+  void CheckSoftmax(const std::vector<float>& logits, const std::vector<int32_t>& labels, int rows,
+                    int cols) {
+    SCOPED_TRACE(testing::Message() << "rows=" << rows << " cols=" << cols);
+    std::vector<float> want_d(logits.size());
+    int64_t want_correct = -1;
+    const float want_loss = cpu_->SoftmaxCrossEntropy(logits.data(), labels.data(), rows, cols,
+                                                      want_d.data(), &want_correct);
+
+    DeviceBuffer<float> dx = Upload(gpu_.get(), logits);
+    DeviceBuffer<int32_t> dy = Upload(gpu_.get(), labels);
+    DeviceBuffer<float> dd(gpu_.get(), logits.size());
+    int64_t correct = -1;
+    const float loss =
+        gpu_->SoftmaxCrossEntropy(dx.data(), dy.data(), rows, cols, dd.data(), &correct);
+    EXPECT_NEAR(loss, want_loss, 1e-4f * std::max(1.0f, std::fabs(want_loss)));
+    EXPECT_EQ(correct, want_correct);
+    ExpectClose(Download(dd), want_d, 1e-4f, 1.0f / rows);
+
+    // Loss only: no dlogits, no count.
+    const float loss_only =
+        gpu_->SoftmaxCrossEntropy(dx.data(), dy.data(), rows, cols, nullptr, nullptr);
+    EXPECT_EQ(loss_only, loss);
+  }
+
+  std::unique_ptr<Backend> gpu_;
+  std::unique_ptr<Backend> cpu_;
+};
+
+TEST_F(CudaBackendTest, GemmMatchesCpuForAllTransposes) {
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      CheckGemm(gpu_.get(), ta, tb, 37, 29, 53, 0.75f, -1.25f, 1e-4f);
+      CheckGemm(gpu_.get(), ta, tb, 37, 29, 53, 1.0f, 0.0f, 1e-4f);
+      CheckGemm(gpu_.get(), ta, tb, 1, 7, 300, -2.0f, 0.5f, 1e-4f);
+    }
+  }
+}
+
+// Tensor-core modes round inputs (tf32: 10-bit, bf16: 7-bit mantissa): loose bounds, which still
+// catch wrong operands or layouts.
+TEST_F(CudaBackendTest, GemmInTf32AndBf16IsClose) {
+  std::unique_ptr<Backend> tf32 = MakeGpu("tf32");
+  std::unique_ptr<Backend> bf16 = MakeGpu("bf16");
+  ASSERT_NE(tf32, nullptr);
+  ASSERT_NE(bf16, nullptr);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      CheckGemm(tf32.get(), ta, tb, 37, 29, 53, 0.75f, -1.25f, 1e-2f);
+      CheckGemm(bf16.get(), ta, tb, 37, 29, 53, 0.75f, -1.25f, 5e-2f);
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, AddBiasActivateMatchesCpu) {
+  std::mt19937 rng(7);
+  // The larger shape needs more blocks than the grid holds, so the grid-stride loop wraps.
+  for (auto [rows, cols] : {std::pair{37, 29}, std::pair{1, 1}, std::pair{2049, 777}}) {
+    for (bool relu : {false, true}) {
+      SCOPED_TRACE(testing::Message() << rows << "x" << cols << " relu=" << relu);
+      std::vector<float> z = RandomFloats(static_cast<size_t>(rows) * cols, rng);
+      std::vector<float> bias = RandomFloats(cols, rng);
+      std::vector<float> want = z;
+      cpu_->AddBiasActivate(want.data(), bias.data(), rows, cols, relu);
+
+      DeviceBuffer<float> dz = Upload(gpu_.get(), z), db = Upload(gpu_.get(), bias);
+      gpu_->AddBiasActivate(dz.data(), db.data(), rows, cols, relu);
+      EXPECT_EQ(Download(dz), want);  // one float add and a compare: bit-exact
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, ReluBackwardMatchesCpu) {
+  std::mt19937 rng(8);
+  const int64_t n = 100003;
+  std::vector<float> activation = RandomFloats(n, rng);
+  for (float& a : activation) a = std::max(a, 0.0f);  // ReLU outputs: many exact zeros
+  std::vector<float> dz = RandomFloats(n, rng);
+  std::vector<float> want = dz;
+  cpu_->ReluBackward(want.data(), activation.data(), n);
+
+  DeviceBuffer<float> ddz = Upload(gpu_.get(), dz), da = Upload(gpu_.get(), activation);
+  gpu_->ReluBackward(ddz.data(), da.data(), n);
+  EXPECT_EQ(Download(ddz), want);
+}
+
+TEST_F(CudaBackendTest, ColumnSumMatchesCpu) {
+  std::mt19937 rng(9);
+  for (auto [rows, cols] :
+       {std::pair{37, 29}, std::pair{1, 1}, std::pair{1000, 65}, std::pair{0, 3}}) {
+    SCOPED_TRACE(testing::Message() << rows << "x" << cols);
+    std::vector<float> x = RandomFloats(static_cast<size_t>(rows) * cols, rng);
+    std::vector<float> want(cols);
+    cpu_->ColumnSum(x.data(), rows, cols, want.data());
+
+    DeviceBuffer<float> dx(gpu_.get(), std::max<size_t>(x.size(), 1));
+    dx.Upload(x.data(), x.size());
+    DeviceBuffer<float> dout = Upload(gpu_.get(), std::vector<float>(cols, 42.0f));
+    gpu_->ColumnSum(dx.data(), rows, cols, dout.data());
+    // Summation order differs from the CPU's: relative to the magnitude of a sum of rows terms.
+    ExpectClose(Download(dout), want, 1e-4f, std::max(1.0f, std::sqrt(static_cast<float>(rows))));
+  }
+}
+
+TEST_F(CudaBackendTest, SoftmaxCrossEntropyMatchesCpu) {
+  std::mt19937 rng(10);
+  // 13 columns: fewer than a warp; 1000: several per lane; 300 rows: more than one reduce pass.
+  for (auto [rows, cols] :
+       {std::pair{37, 13}, std::pair{300, 10}, std::pair{5, 1000}, std::pair{1, 1}}) {
+    std::vector<float> logits = RandomFloats(static_cast<size_t>(rows) * cols, rng, -4.0f, 4.0f);
+    std::vector<int32_t> labels(rows);
+    std::uniform_int_distribution<int32_t> label(0, cols - 1);
+    for (int32_t& y : labels) y = label(rng);
+    CheckSoftmax(logits, labels, rows, cols);
+  }
+}
+
+TEST_F(CudaBackendTest, SoftmaxArgmaxTiesPickTheFirstIndexLikeTheCpu) {
+  const int rows = 40, cols = 70;
+  std::vector<float> logits(rows * cols, 0.5f);  // every row is one long tie
+  std::vector<int32_t> labels(rows);
+  for (int r = 0; r < rows; ++r) labels[r] = r % 3 == 0 ? 0 : (r % 3 == 1 ? 33 : cols - 1);
+  // A tie at two places in a row, the first one past the first warp-width of columns.
+  logits[5 * cols + 40] = logits[5 * cols + 69] = 2.0f;
+  labels[5] = 40;
+  CheckSoftmax(logits, labels, rows, cols);
+}
+
+TEST_F(CudaBackendTest, SoftmaxGradientMayOverwriteTheLogits) {
+  std::mt19937 rng(11);
+  const int rows = 19, cols = 45;
+  std::vector<float> logits = RandomFloats(rows * cols, rng, -4.0f, 4.0f);
+  std::vector<int32_t> labels(rows);
+  for (int r = 0; r < rows; ++r) labels[r] = (r * 7) % cols;
+  std::vector<float> want(logits.size());
+  int64_t want_correct = 0;
+  const float want_loss = cpu_->SoftmaxCrossEntropy(logits.data(), labels.data(), rows, cols,
+                                                    want.data(), &want_correct);
+
+  DeviceBuffer<float> dx = Upload(gpu_.get(), logits);
+  DeviceBuffer<int32_t> dy = Upload(gpu_.get(), labels);
+  int64_t correct = -1;
+  const float loss =
+      gpu_->SoftmaxCrossEntropy(dx.data(), dy.data(), rows, cols, dx.data(), &correct);
+  EXPECT_NEAR(loss, want_loss, 1e-4f * std::max(1.0f, std::fabs(want_loss)));
+  EXPECT_EQ(correct, want_correct);
+  ExpectClose(Download(dx), want, 1e-4f, 1.0f / rows);
+}
+
+TEST_F(CudaBackendTest, AllocateZeroBytesGivesAPointer) {
+  void* p = gpu_->Allocate(0);
+  EXPECT_NE(p, nullptr);
+  gpu_->Free(p);
+}
+
+TEST(CudaBackendDeviceTest, NoSuchDeviceIsAnError) {
+  const int count = CudaDeviceCount();
+  if (count == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+  for (int device : {99, count, -1}) {
+    absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(device);
+    EXPECT_FALSE(backend.ok()) << "device " << device;
+    EXPECT_NE(backend.status().message(), "");
+  }
+}
+
+// The guard is the other way round: this one checks the behaviour of GPU-less machines.
+TEST(CudaBackendDeviceTest, NoGpuMeansAnError) {
+  if (CudaDeviceCount() > 0) GTEST_SKIP() << "this machine has a GPU";
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_NE(backend.status().message(), "");
+  std::cerr << "MakeCudaBackend(0) without a GPU: " << backend.status() << "\n";
+}
+
+// PS_CUDA_MATH is checked before any device is touched, so this holds with or without a GPU.
+TEST(CudaBackendDeviceTest, UnknownMathModeIsAnError) {
+  ScopedEnv env("PS_CUDA_MATH", "fp8");
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(0);
+  ASSERT_FALSE(backend.ok());
+  EXPECT_NE(std::string(backend.status().message()).find("PS_CUDA_MATH"), std::string::npos)
+      << backend.status();
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,98 @@
+// evaluator: pulls the weights every few seconds, scores them on the 10,000 test images and
+// appends (wall_time, version, test_loss, test_accuracy) to a CSV. On SIGTERM it scores the final
+// weights once more before exiting, so the last row is the run's result.
+#include <memory>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/cluster.h"
+#include "common/csv_writer.h"
+#include "common/health_server.h"
+#include "common/log.h"
+#include "common/shutdown.h"
+#include "kernels/backend.h"
+#include "worker/idx_dataset.h"
+#include "worker/mlp.h"
+#include "worker/sharded_client.h"
+
+ABSL_FLAG(std::string, ps, "", "Shard addresses in shard order: host:port,host:port,...");
+ABSL_FLAG(std::string, hidden, "256,128", "Hidden layer sizes of the MLP (as the workers').");
+ABSL_FLAG(double, interval_seconds, 2, "Seconds between evaluations.");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
+ABSL_FLAG(std::string, csv, "", "Append a row per evaluation here.");
+ABSL_FLAG(std::string, device, "cpu", "auto | cpu | cuda | cuda:N.");
+ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
+ABSL_FLAG(int, health_port, -1, "Serve grpc.health.v1 on this port (0: any free one; -1: off).");
+ABSL_FLAG(double, retry_seconds, 60, "Give up after a shard has been unreachable this long.");
+
+namespace ps {
+namespace {
+
+int Fail(const std::string& reason) { return FailMain("evaluator", reason); }
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Test-set evaluator.\nExample: evaluator --ps=host1:50051,host2:50051 --csv=eval.csv");
+  absl::ParseCommandLine(argc, argv);
+  absl::StatusOr<std::vector<std::string>> addresses = ParseShardAddresses(absl::GetFlag(FLAGS_ps));
+  if (!addresses.ok()) return Fail(std::string(addresses.status().message()));
+  absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
+  if (!sizes.ok()) return Fail(std::string(sizes.status().message()));
+  SetLogTag("evaluator");
+  InstallShutdownHandler();
+
+  absl::StatusOr<Examples> test = LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), "t10k");
+  if (!test.ok()) return Fail(std::string(test.status().message()));
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      MakeBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_threads));
+  if (!backend.ok()) return Fail(std::string(backend.status().message()));
+  Mlp mlp(*sizes, /*max_batch=*/1000, backend->get());
+
+  std::unique_ptr<grpc::Server> health;
+  if (int port = absl::GetFlag(FLAGS_health_port); port >= 0) {
+    absl::StatusOr<std::unique_ptr<grpc::Server>> h = StartHealthServer(port, &port);
+    if (!h.ok()) return Fail(std::string(h.status().message()));
+    health = *std::move(h);
+  }
+  ClientOptions options;
+  options.retry_for = absl::Seconds(absl::GetFlag(FLAGS_retry_seconds));
+  ShardedClient client(*addresses,
+                       {mlp.Fingerprint(), mlp.num_params(), static_cast<int>(addresses->size())},
+                       /*worker_id=*/-1, options);
+  if (absl::StatusOr<int64_t> r = client.Register(); !r.ok()) return Fail(std::string(r.status().message()));
+  absl::StatusOr<CsvWriter> csv = CsvWriter::Open(
+      absl::GetFlag(FLAGS_csv).empty() ? "/dev/null" : absl::GetFlag(FLAGS_csv),
+      {"wall_time", "version", "test_loss", "test_accuracy"});
+  if (!csv.ok()) return Fail(std::string(csv.status().message()));
+
+  std::vector<float> params(mlp.num_params());
+  std::vector<int64_t> versions;
+  int64_t last_version = -1;
+  for (bool stopping = false; !stopping;) {
+    stopping = ShutdownRequested();
+    if (absl::Status s = client.Pull(absl::MakeSpan(params), &versions); !s.ok()) {
+      if (stopping) break;  // the shards may already be gone at shutdown
+      return Fail(absl::StrCat("pull failed: ", s.message()));
+    }
+    int64_t version = *std::min_element(versions.begin(), versions.end());
+    if (version != last_version) {
+      Mlp::Score score = mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count);
+      csv->Row({WallTimeField(), absl::StrCat(version), absl::StrFormat("%.5f", score.loss),
+                absl::StrFormat("%.4f", score.accuracy)});
+      PS_LOG(INFO) << absl::StrFormat("version %d: test loss %.4f, accuracy %.4f", version,
+                                      score.loss, score.accuracy);
+      last_version = version;
+    }
+    if (!stopping) WaitForShutdown(absl::Seconds(absl::GetFlag(FLAGS_interval_seconds)));
+  }
+  if (health != nullptr) health->Shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) { return ps::Main(argc, argv); }

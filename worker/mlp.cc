@@ -1,0 +1,125 @@
+#include "worker/mlp.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace ps {
+
+Mlp::Mlp(std::vector<int> layer_sizes, int max_batch, Backend* backend)
+    : sizes_(std::move(layer_sizes)), max_batch_(max_batch), backend_(backend) {
+  int widest = 0;
+  for (size_t l = 0; l + 1 < sizes_.size(); ++l) {
+    std::string prefix = "fc" + std::to_string(l + 1);
+    int64_t in = sizes_[l], out = sizes_[l + 1];
+    tensors_.push_back({prefix + ".weight", {in, out}, num_params_, in * out});
+    num_params_ += in * out;
+    tensors_.push_back({prefix + ".bias", {out}, num_params_, out});
+    num_params_ += out;
+    activations_.emplace_back(backend_, static_cast<size_t>(max_batch) * out);
+    widest = std::max<int>(widest, out);
+  }
+  widest = std::max(widest, sizes_.front());
+  params_ = DeviceBuffer<float>(backend_, num_params_);
+  grad_ = DeviceBuffer<float>(backend_, num_params_);
+  inputs_ = DeviceBuffer<float>(backend_, static_cast<size_t>(max_batch) * sizes_.front());
+  labels_ = DeviceBuffer<int32_t>(backend_, max_batch);
+  delta_a_ = DeviceBuffer<float>(backend_, static_cast<size_t>(max_batch) * widest);
+  delta_b_ = DeviceBuffer<float>(backend_, static_cast<size_t>(max_batch) * widest);
+}
+
+std::string Mlp::Fingerprint() const { return "mlp:" + absl::StrJoin(sizes_, "-"); }
+
+std::vector<float> Mlp::InitialParams(uint64_t seed) const {
+  std::vector<float> p(num_params_, 0.0f);
+  std::mt19937_64 rng(seed);
+  for (const TensorSlot& t : tensors_) {
+    if (t.shape.size() != 2) continue;  // biases start at zero
+    std::normal_distribution<float> normal(0.0f, std::sqrt(2.0f / t.shape[0]));
+    for (int64_t i = 0; i < t.size; ++i) p[t.offset + i] = normal(rng);
+  }
+  return p;
+}
+
+const float* Mlp::Weight(int layer) const { return params_.data() + tensors_[2 * layer].offset; }
+const float* Mlp::Bias(int layer) const { return params_.data() + tensors_[2 * layer + 1].offset; }
+
+float Mlp::Forward(int rows, bool want_grad, int64_t* correct) {
+  int layers = static_cast<int>(sizes_.size()) - 1;
+  const float* x = inputs_.data();
+  for (int l = 0; l < layers; ++l) {
+    float* z = activations_[l].data();
+    backend_->Gemm(false, false, rows, sizes_[l + 1], sizes_[l], 1.0f, x, Weight(l), 0.0f, z);
+    backend_->AddBiasActivate(z, Bias(l), rows, sizes_[l + 1], /*relu=*/l + 1 < layers);
+    x = z;
+  }
+  return backend_->SoftmaxCrossEntropy(x, labels_.data(), rows, sizes_.back(),
+                                       want_grad ? delta_a_.data() : nullptr, correct);
+}
+
+float Mlp::Gradient(absl::Span<const float> params, const float* inputs, const int32_t* labels,
+                    int rows, absl::Span<float> grad) {
+  params_.Upload(params.data(), num_params_);
+  inputs_.Upload(inputs, static_cast<size_t>(rows) * sizes_.front());
+  labels_.Upload(labels, rows);
+  float loss = Forward(rows, /*want_grad=*/true, nullptr);
+
+  // delta holds d(loss)/d(pre-activation) of layer l, [rows, sizes_[l+1]].
+  float* delta = delta_a_.data();
+  float* spare = delta_b_.data();
+  for (int l = static_cast<int>(sizes_.size()) - 2; l >= 0; --l) {
+    const float* layer_input = l == 0 ? inputs_.data() : activations_[l - 1].data();
+    float* dw = grad_.data() + tensors_[2 * l].offset;
+    float* db = grad_.data() + tensors_[2 * l + 1].offset;
+    backend_->Gemm(true, false, sizes_[l], sizes_[l + 1], rows, 1.0f, layer_input, delta, 0.0f,
+                   dw);
+    backend_->ColumnSum(delta, rows, sizes_[l + 1], db);
+    if (l > 0) {
+      backend_->Gemm(false, true, rows, sizes_[l], sizes_[l + 1], 1.0f, delta, Weight(l), 0.0f,
+                     spare);
+      backend_->ReluBackward(spare, activations_[l - 1].data(),
+                             static_cast<int64_t>(rows) * sizes_[l]);
+      std::swap(delta, spare);
+    }
+  }
+  grad_.Download(grad.data(), num_params_);
+  return loss;
+}
+
+Mlp::Score Mlp::Evaluate(absl::Span<const float> params, const float* inputs,
+                         const int32_t* labels, int64_t rows) {
+  params_.Upload(params.data(), num_params_);
+  double loss_sum = 0;
+  int64_t correct_sum = 0;
+  for (int64_t start = 0; start < rows; start += max_batch_) {
+    int n = static_cast<int>(std::min<int64_t>(max_batch_, rows - start));
+    inputs_.Upload(inputs + start * sizes_.front(), static_cast<size_t>(n) * sizes_.front());
+    labels_.Upload(labels + start, n);
+    int64_t correct = 0;
+    loss_sum += static_cast<double>(Forward(n, /*want_grad=*/false, &correct)) * n;
+    correct_sum += correct;
+  }
+  return Score{loss_sum / std::max<int64_t>(rows, 1),
+               static_cast<double>(correct_sum) / std::max<int64_t>(rows, 1)};
+}
+
+absl::StatusOr<std::vector<int>> MlpLayerSizes(int inputs, const std::string& hidden, int classes) {
+  std::vector<int> sizes = {inputs};
+  for (absl::string_view h : absl::StrSplit(hidden, ',', absl::SkipWhitespace())) {
+    int size = 0;
+    if (!absl::SimpleAtoi(h, &size) || size <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad hidden layer size '", h, "': expected positive integers like 256,128"));
+    }
+    sizes.push_back(size);
+  }
+  sizes.push_back(classes);
+  return sizes;
+}
+
+}  // namespace ps

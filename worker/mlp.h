@@ -1,0 +1,74 @@
+// A multilayer perceptron (ReLU hidden layers, softmax cross-entropy) written once against the
+// Backend interface. Its parameters are one flat float vector laid out tensor by tensor:
+// fc1.weight [in, h1], fc1.bias [h1], fc2.weight [h1, h2], ... Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+
+namespace ps {
+
+// A named tensor inside the flat parameter vector.
+struct TensorSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+
+class Mlp {
+ public:
+  // layer_sizes = {inputs, hidden..., classes}, e.g. {784, 256, 128, 10}. `max_batch` bounds the
+  // rows of any later call. REQUIRES: at least two sizes, all positive; backend outlives this.
+  Mlp(std::vector<int> layer_sizes, int max_batch, Backend* backend);
+
+  const std::vector<TensorSlot>& tensors() const { return tensors_; }
+  int64_t num_params() const { return num_params_; }
+  int num_inputs() const { return sizes_.front(); }
+  int num_classes() const { return sizes_.back(); }
+  // Identifies the architecture on the wire, e.g. "mlp:784-256-128-10".
+  std::string Fingerprint() const;
+
+  // He-normal weights (std = sqrt(2 / fan_in)) and zero biases, from `seed`.
+  std::vector<float> InitialParams(uint64_t seed) const;
+
+  // Mean loss of a minibatch; writes d(loss)/d(params) to `grad` (num_params() floats).
+  // `inputs` is [rows, num_inputs()] row-major host memory; rows <= max_batch.
+  float Gradient(absl::Span<const float> params, const float* inputs, const int32_t* labels,
+                 int rows, absl::Span<float> grad);
+
+  // Loss and correct predictions over a dataset, in batches of max_batch.
+  struct Score {
+    double loss = 0;
+    double accuracy = 0;
+  };
+  Score Evaluate(absl::Span<const float> params, const float* inputs, const int32_t* labels,
+                 int64_t rows);
+
+ private:
+  // Runs the forward pass on `rows` rows already in inputs_; returns mean loss.
+  float Forward(int rows, bool want_grad, int64_t* correct);
+  const float* Weight(int layer) const;
+  const float* Bias(int layer) const;
+
+  std::vector<int> sizes_;
+  int max_batch_;
+  Backend* backend_;
+  std::vector<TensorSlot> tensors_;
+  int64_t num_params_ = 0;
+  DeviceBuffer<float> params_, grad_, inputs_;
+  DeviceBuffer<int32_t> labels_;
+  std::vector<DeviceBuffer<float>> activations_;  // [l] = output of layer l, [rows, sizes_[l+1]]
+  DeviceBuffer<float> delta_a_, delta_b_;          // backward scratch, [rows, max width]
+};
+
+// Layer sizes {inputs, hidden..., classes} from a --hidden flag such as "256,128" (may be empty
+// for softmax regression). Fails naming a non-numeric or non-positive entry.
+absl::StatusOr<std::vector<int>> MlpLayerSizes(int inputs, const std::string& hidden, int classes);
+
+}  // namespace ps

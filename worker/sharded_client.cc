@@ -1,0 +1,203 @@
+#include "worker/sharded_client.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <algorithm>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/chunking.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/shutdown.h"
+
+namespace ps {
+namespace {
+
+bool IsTransient(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+// Streams `values` as chunks, the first carrying `header`.
+template <typename Chunk, typename Header>
+bool WriteChunks(grpc::ClientWriter<Chunk>* writer, const Header& header,
+                 absl::Span<const float> values) {
+  bool ok = true;
+  Chunk chunk;
+  ForEachChunk(values, kChunkFloats, [&](int64_t index, std::string_view bytes) {
+    if (!ok) return;
+    if (index == 0) *chunk.mutable_header() = header;
+    else chunk.clear_header();
+    chunk.set_data(bytes.data(), bytes.size());
+    ok = writer->Write(chunk);
+  });
+  return ok;
+}
+
+}  // namespace
+
+ShardedClient::ShardedClient(std::vector<std::string> addresses, ModelIdentity model,
+                             int worker_id, ClientOptions options)
+    : addresses_(std::move(addresses)), model_(std::move(model)), worker_id_(worker_id),
+      options_(options) {
+  for (size_t i = 0; i < addresses_.size(); ++i) {
+    stubs_.push_back(v1::ParameterServer::NewStub(
+        grpc::CreateChannel(addresses_[i], grpc::InsecureChannelCredentials())));
+    ranges_.push_back(PartRange(model_.total_params, static_cast<int>(i),
+                                 static_cast<int>(addresses_.size())));
+  }
+}
+
+v1::ModelIdentity ShardedClient::ModelProto() const {
+  v1::ModelIdentity m;
+  m.set_fingerprint(model_.fingerprint);
+  m.set_total_params(model_.total_params);
+  m.set_num_shards(model_.num_shards);
+  return m;
+}
+
+absl::Status ShardedClient::ForEachShard(
+    const std::function<grpc::Status(int, grpc::ClientContext*)>& fn) {
+  std::vector<absl::Status> results(stubs_.size());
+  auto run = [&](int shard) {
+    absl::Time give_up = absl::Now() + options_.retry_for;
+    absl::Duration backoff = absl::Milliseconds(50);
+    for (;;) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+      grpc::Status s = fn(shard, &context);
+      if (s.ok()) return;
+      if (!IsTransient(s) || absl::Now() + backoff > give_up || ShutdownRequested()) {
+        results[shard] = absl::Status(FromGrpcStatus(s).code(),
+                                      absl::StrCat("shard ", shard, " (", addresses_[shard],
+                                                   "): ", s.error_message()));
+        return;
+      }
+      PS_LOG(WARNING) << "shard " << shard << " (" << addresses_[shard] << "): "
+                      << s.error_message() << "; retrying in " << backoff;
+      absl::SleepFor(backoff);  // backoff between attempts, not a condition wait
+      backoff = std::min(backoff * 2, absl::Seconds(2));
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int i = 1; i < num_shards(); ++i) threads.emplace_back(run, i);
+  run(0);
+  for (std::thread& t : threads) t.join();
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> ShardedClient::Register() {
+  if (model_.num_shards != num_shards()) {
+    return absl::InvalidArgumentError(absl::StrCat("model expects ", model_.num_shards,
+                                                   " shards, ", num_shards(), " addresses given"));
+  }
+  std::vector<int64_t> last(num_shards(), -1);
+  absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
+    v1::RegisterRequest request;
+    request.set_worker_id(worker_id_);
+    *request.mutable_model() = ModelProto();
+    v1::RegisterResponse response;
+    grpc::Status status = stubs_[shard]->Register(context, request, &response);
+    if (status.ok() && response.shard_index() != shard) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("this address serves shard ", response.shard_index(),
+                                       ", listed as shard ", shard, " in --ps"));
+    }
+    last[shard] = response.last_sequence();
+    return status;
+  });
+  if (!s.ok()) return s;
+  return *std::max_element(last.begin(), last.end()) + 1;
+}
+
+absl::StatusOr<int> ShardedClient::Initialize(absl::Span<const float> params) {
+  std::vector<int> applied(num_shards(), 0);
+  absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
+    const Range& r = ranges_[shard];
+    v1::InitializeHeader header;
+    *header.mutable_model() = ModelProto();
+    header.set_offset(r.begin);
+    header.set_length(r.size());
+    header.set_dtype(v1::FLOAT32);
+    v1::InitializeResponse response;
+    auto writer = stubs_[shard]->Initialize(context, &response);
+    WriteChunks(writer.get(), header, params.subspan(r.begin, r.size()));
+    writer->WritesDone();
+    grpc::Status status = writer->Finish();
+    applied[shard] = response.applied();
+    return status;
+  });
+  if (!s.ok()) return s;
+  return static_cast<int>(std::count(applied.begin(), applied.end(), 1));
+}
+
+absl::Status ShardedClient::Pull(absl::Span<float> params, std::vector<int64_t>* versions) {
+  versions->assign(num_shards(), 0);
+  return ForEachShard([&](int shard, grpc::ClientContext* context) {
+    const Range& r = ranges_[shard];
+    v1::PullRequest request;
+    request.set_offset(r.begin);
+    request.set_length(r.size());
+    request.set_worker_id(worker_id_);
+    auto reader = stubs_[shard]->Pull(context, request);
+    ChunkAssembler assembler(params.subspan(r.begin, r.size()));
+    v1::PullChunk chunk;
+    absl::Status bad;
+    for (bool first = true; reader->Read(&chunk); first = false) {
+      if (first) (*versions)[shard] = chunk.version();
+      if (!bad.ok()) continue;  // drain the stream so Finish() returns
+      if (chunk.offset() != r.begin + assembler.received()) {
+        bad = absl::DataLossError(absl::StrCat("chunk at offset ", chunk.offset(), ", expected ",
+                                               r.begin + assembler.received()));
+      } else {
+        bad = assembler.Append(chunk.data());
+      }
+    }
+    grpc::Status status = reader->Finish();
+    if (status.ok() && bad.ok()) bad = assembler.Finish();
+    return status.ok() ? ToGrpcStatus(bad) : status;
+  });
+}
+
+absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(
+    absl::Span<const float> gradient, int64_t sequence, const std::vector<int64_t>& base_versions) {
+  std::vector<v1::PushResponse> responses(num_shards());
+  absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
+    const Range& r = ranges_[shard];
+    v1::PushHeader header;
+    header.set_worker_id(worker_id_);
+    header.set_sequence(sequence);
+    header.set_base_version(base_versions[shard]);
+    header.set_offset(r.begin);
+    header.set_length(r.size());
+    header.set_dtype(v1::FLOAT32);
+    auto writer = stubs_[shard]->Push(context, &responses[shard]);
+    WriteChunks(writer.get(), header, gradient.subspan(r.begin, r.size()));
+    writer->WritesDone();
+    return writer->Finish();
+  });
+  if (!s.ok()) return s;
+  PushSummary summary;
+  for (const v1::PushResponse& r : responses) {
+    summary.max_staleness = std::max(summary.max_staleness, r.staleness());
+    summary.duplicates += r.duplicate();
+  }
+  return summary;
+}
+
+absl::StatusOr<std::vector<v1::StatsResponse>> ShardedClient::Stats() {
+  std::vector<v1::StatsResponse> out(num_shards());
+  absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
+    return stubs_[shard]->GetStats(context, v1::StatsRequest(), &out[shard]);
+  });
+  if (!s.ok()) return s;
+  return out;
+}
+
+}  // namespace ps

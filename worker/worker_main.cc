@@ -1,0 +1,140 @@
+// worker: a stateless training process. Loop: pull the weights from every shard, compute the
+// gradient of a minibatch of its own data shard, push it to every shard. Killed and restarted, it
+// asks the shards where it stopped and carries on; it never re-initialises a trained model.
+#include <cmath>
+#include <memory>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/cluster.h"
+#include "common/csv_writer.h"
+#include "common/health_server.h"
+#include "common/log.h"
+#include "common/shutdown.h"
+#include "kernels/backend.h"
+#include "worker/batch_sampler.h"
+#include "worker/idx_dataset.h"
+#include "worker/mlp.h"
+#include "worker/sharded_client.h"
+
+ABSL_FLAG(std::string, ps, "", "Shard addresses in shard order: host:port,host:port,...");
+ABSL_FLAG(int, rank, 0, "This worker's rank r in [0, num_workers); rank 0 initialises the model.");
+ABSL_FLAG(int, num_workers, 1, "Number of workers W; worker r trains on slice r of W of the data.");
+ABSL_FLAG(std::string, hidden, "256,128", "Hidden layer sizes of the MLP.");
+ABSL_FLAG(int, batch_size, 64, "Minibatch size.");
+ABSL_FLAG(int64_t, steps, 0, "Stop after this many steps in total (restarts included); 0: no limit.");
+ABSL_FLAG(double, max_seconds, 0, "Stop after this many seconds; 0: no limit.");
+ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial weights and of the batch order.");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
+ABSL_FLAG(std::string, csv, "", "Append a row per step here (step,wall_time,loss,base_version,...).");
+ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N.");
+ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
+ABSL_FLAG(int, health_port, -1, "Serve grpc.health.v1 on this port (0: any free one; -1: off).");
+ABSL_FLAG(double, rpc_timeout_seconds, 10, "Deadline of each RPC attempt.");
+ABSL_FLAG(double, retry_seconds, 60, "Give up after a shard has been unreachable this long.");
+
+namespace ps {
+namespace {
+
+int Fail(const std::string& reason) { return FailMain("worker", reason); }
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Training worker.\nExample: worker --ps=host1:50051,host2:50051 --rank=0 --num_workers=4");
+  absl::ParseCommandLine(argc, argv);
+  const int rank = absl::GetFlag(FLAGS_rank), workers = absl::GetFlag(FLAGS_num_workers);
+  const int batch = absl::GetFlag(FLAGS_batch_size);
+  if (workers < 1 || rank < 0 || rank >= workers) {
+    return Fail(absl::StrCat("--rank=", rank, " must be in [0, --num_workers=", workers, ")"));
+  }
+  if (batch < 1) return Fail("--batch_size must be positive");
+  absl::StatusOr<std::vector<std::string>> addresses = ParseShardAddresses(absl::GetFlag(FLAGS_ps));
+  if (!addresses.ok()) return Fail(std::string(addresses.status().message()));
+  absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
+  if (!sizes.ok()) return Fail(std::string(sizes.status().message()));
+  SetLogTag(absl::StrCat("worker[", rank, "]"));
+  InstallShutdownHandler();
+
+  Range slice = PartRange(60000, rank, workers);
+  absl::StatusOr<Examples> data = LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), "train", &slice);
+  if (!data.ok()) return Fail(std::string(data.status().message()));
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      MakeBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_threads));
+  if (!backend.ok()) return Fail(std::string(backend.status().message()));
+  Mlp mlp(*sizes, batch, backend->get());
+
+  std::unique_ptr<grpc::Server> health;
+  if (int port = absl::GetFlag(FLAGS_health_port); port >= 0) {
+    absl::StatusOr<std::unique_ptr<grpc::Server>> h = StartHealthServer(port, &port);
+    if (!h.ok()) return Fail(std::string(h.status().message()));
+    health = *std::move(h);
+    PS_LOG(INFO) << "health service on port " << port;
+  }
+
+  ClientOptions options;
+  options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_seconds));
+  options.retry_for = absl::Seconds(absl::GetFlag(FLAGS_retry_seconds));
+  ModelIdentity model{mlp.Fingerprint(), mlp.num_params(), static_cast<int>(addresses->size())};
+  ShardedClient client(*addresses, model, rank, options);
+  absl::StatusOr<int64_t> next_step = client.Register();
+  if (!next_step.ok()) return Fail(std::string(next_step.status().message()));
+  if (rank == 0) {
+    absl::StatusOr<int> applied = client.Initialize(mlp.InitialParams(absl::GetFlag(FLAGS_seed)));
+    if (!applied.ok()) return Fail(std::string(applied.status().message()));
+    PS_LOG(INFO) << "initialised " << *applied << " of " << client.num_shards()
+                 << " shards (the others already held the model)";
+  }
+  PS_LOG(INFO) << mlp.Fingerprint() << " (" << mlp.num_params() << " parameters) on "
+               << (*backend)->Name() << ", examples [" << slice.begin << ", " << slice.end
+               << "), starting at step " << *next_step;
+
+  absl::StatusOr<CsvWriter> csv = CsvWriter::Open(
+      absl::GetFlag(FLAGS_csv).empty() ? "/dev/null" : absl::GetFlag(FLAGS_csv),
+      {"step", "wall_time", "loss", "base_version", "staleness", "epoch"});
+  if (!csv.ok()) return Fail(std::string(csv.status().message()));
+
+  BatchSampler sampler(&*data, batch, absl::GetFlag(FLAGS_seed) * 1000003 + rank);
+  std::vector<float> params(mlp.num_params()), grad(mlp.num_params()), inputs;
+  std::vector<int32_t> labels;
+  std::vector<int64_t> versions;
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  const absl::Time start = absl::Now();
+  const double max_seconds = absl::GetFlag(FLAGS_max_seconds);
+  absl::Time next_log = start + absl::Seconds(10);
+  int64_t step = *next_step, first_step = step;
+  for (; (steps == 0 || step < steps) && !ShutdownRequested(); ++step) {
+    if (max_seconds > 0 && absl::Now() - start > absl::Seconds(max_seconds)) break;
+    if (absl::Status s = client.Pull(absl::MakeSpan(params), &versions); !s.ok()) {
+      return Fail(absl::StrCat("pull failed at step ", step, ": ", s.message()));
+    }
+    sampler.Batch(step, &inputs, &labels);
+    float loss = mlp.Gradient(params, inputs.data(), labels.data(), batch, absl::MakeSpan(grad));
+    if (!std::isfinite(loss)) {
+      return Fail(absl::StrCat("training diverged: loss is ", loss, " at step ", step,
+                               " (lower the learning rate)"));
+    }
+    absl::StatusOr<ShardedClient::PushSummary> push = client.Push(grad, step, versions);
+    if (!push.ok()) return Fail(absl::StrCat("push failed at step ", step, ": ", push.status().message()));
+    int64_t base = *std::min_element(versions.begin(), versions.end());
+    csv->Row({absl::StrCat(step), WallTimeField(), absl::StrFormat("%.5f", loss), absl::StrCat(base),
+              absl::StrCat(push->max_staleness), absl::StrFormat("%.3f", sampler.Epoch(step))});
+    if (absl::Now() >= next_log) {
+      double rate = (step + 1 - first_step) / absl::ToDoubleSeconds(absl::Now() - start);
+      PS_LOG(INFO) << absl::StrFormat("step %d (epoch %.2f), %.1f steps/s, loss %.4f", step,
+                                      sampler.Epoch(step), rate, loss);
+      next_log += absl::Seconds(10);
+    }
+  }
+  PS_LOG(INFO) << "done at step " << step << " after "
+               << absl::ToDoubleSeconds(absl::Now() - start) << " s";
+  if (health != nullptr) health->Shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) { return ps::Main(argc, argv); }
