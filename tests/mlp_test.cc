@@ -1,0 +1,107 @@
+#include "worker/mlp.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "worker/batch_sampler.h"
+
+namespace ps {
+namespace {
+
+TEST(MlpTest, LayoutNamesAndOffsets) {
+  auto backend = MakeCpuBackend(1);
+  Mlp mlp({784, 256, 128, 10}, 8, backend.get());
+  EXPECT_EQ(mlp.num_params(), 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
+  EXPECT_EQ(mlp.Fingerprint(), "mlp:784-256-128-10");
+  ASSERT_EQ(mlp.tensors().size(), 6u);
+  EXPECT_EQ(mlp.tensors()[0].name, "fc1.weight");
+  EXPECT_EQ(mlp.tensors()[1].offset, 784 * 256);
+  EXPECT_EQ(mlp.tensors()[5].name, "fc3.bias");
+}
+
+TEST(MlpTest, HeInitialisationIsSeededAndScaled) {
+  auto backend = MakeCpuBackend(1);
+  Mlp mlp({784, 256, 10}, 8, backend.get());
+  std::vector<float> a = mlp.InitialParams(7), b = mlp.InitialParams(7), c = mlp.InitialParams(8);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+  double sum_sq = 0;
+  for (int64_t i = 0; i < 784 * 256; ++i) sum_sq += a[i] * a[i];
+  EXPECT_NEAR(std::sqrt(sum_sq / (784 * 256)), std::sqrt(2.0 / 784), 0.002);
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(a[784 * 256 + i], 0.0f);  // biases
+}
+
+TEST(MlpTest, GradientMatchesFiniteDifferences) {
+  auto backend = MakeCpuBackend(1);
+  const int rows = 5;
+  Mlp mlp({6, 5, 4, 3}, rows, backend.get());
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> params = mlp.InitialParams(11), inputs(rows * 6);
+  for (float& p : params) p += 0.1f * normal(rng);  // non-zero biases too
+  for (float& x : inputs) x = normal(rng);
+  std::vector<int32_t> labels = {0, 2, 1, 2, 0};
+  std::vector<float> grad(mlp.num_params());
+  mlp.Gradient(params, inputs.data(), labels.data(), rows, absl::MakeSpan(grad));
+
+  std::vector<float> scratch(mlp.num_params());
+  auto loss_at = [&](const std::vector<float>& p) {
+    return mlp.Gradient(p, inputs.data(), labels.data(), rows, absl::MakeSpan(scratch));
+  };
+  const float eps = 1e-3f;  // small enough not to cross a ReLU kink
+  for (int64_t i = 0; i < mlp.num_params(); ++i) {
+    std::vector<float> plus = params, minus = params;
+    plus[i] += eps;
+    minus[i] -= eps;
+    double numeric = (static_cast<double>(loss_at(plus)) - loss_at(minus)) / (2 * eps);
+    EXPECT_NEAR(grad[i], numeric, 2e-3 + 2e-2 * std::abs(numeric)) << "parameter " << i;
+  }
+}
+
+TEST(MlpTest, EvaluateCountsAccuracyOverBatches) {
+  auto backend = MakeCpuBackend(1);
+  Mlp mlp({2, 2}, 3, backend.get());  // softmax regression; 7 rows = 3 batches
+  // Weights pick class 0 when x0 > x1.
+  std::vector<float> params = {10, -10, -10, 10, 0, 0};
+  std::vector<float> inputs = {1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0};
+  std::vector<int32_t> labels = {0, 1, 0, 1, 0, 0, 0};  // the 6th is wrong
+  Mlp::Score s = mlp.Evaluate(params, inputs.data(), labels.data(), 7);
+  EXPECT_NEAR(s.accuracy, 6.0 / 7.0, 1e-9);
+  EXPECT_NEAR(s.loss, 20.0 / 7.0, 1e-3);  // one example at loss ~20, the rest ~0
+}
+
+TEST(MlpTest, LayerSizesFromFlag) {
+  EXPECT_EQ(*MlpLayerSizes(784, "256,128", 10), (std::vector<int>{784, 256, 128, 10}));
+  EXPECT_EQ(*MlpLayerSizes(784, "", 10), (std::vector<int>{784, 10}));
+  EXPECT_FALSE(MlpLayerSizes(784, "256,x", 10).ok());
+  EXPECT_FALSE(MlpLayerSizes(784, "0", 10).ok());
+}
+
+TEST(BatchSamplerTest, DeterministicAndEachEpochVisitsEveryExampleOnce) {
+  Examples ex;
+  ex.count = 10;
+  ex.num_features = 1;
+  for (int i = 0; i < 10; ++i) {
+    ex.features.push_back(static_cast<float>(i));
+    ex.labels.push_back(i);
+  }
+  BatchSampler a(&ex, 5, 42), b(&ex, 5, 42);
+  std::vector<float> in_a, in_b;
+  std::vector<int32_t> la, lb;
+  std::vector<int> seen(10);
+  for (int step : {0, 1}) {
+    a.Batch(step, &in_a, &la);
+    for (int32_t l : la) ++seen[l];
+  }
+  EXPECT_EQ(seen, std::vector<int>(10, 1));
+  a.Batch(7, &in_a, &la);  // a restarted worker jumping straight to step 7
+  for (int step = 0; step <= 7; ++step) b.Batch(step, &in_b, &lb);
+  EXPECT_EQ(la, lb);
+  EXPECT_EQ(in_a, in_b);
+  EXPECT_DOUBLE_EQ(a.Epoch(4), 2.0);
+}
+
+}  // namespace
+}  // namespace ps

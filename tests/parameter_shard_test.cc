@@ -1,0 +1,167 @@
+#include "server/parameter_shard.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+namespace ps {
+namespace {
+
+const ModelIdentity kModel{"test:10", 10, 2};
+
+OptimizerConfig Sgd(float lr) {
+  OptimizerConfig c;
+  c.name = "sgd";
+  c.learning_rate = lr;
+  return c;
+}
+
+// Shard 1 of 2 over 10 parameters owns [5, 10), initialised to 5..9.
+class ParameterShardTest : public ::testing::Test {
+ protected:
+  ParameterShardTest() : shard_(1, 2, Sgd(1.0f)) {}
+  void SetUp() override {
+    ASSERT_TRUE(*shard_.Initialize(kModel, 5, Initial()));
+    ASSERT_TRUE(shard_.Register(0, kModel).ok());
+  }
+  static std::vector<float> Initial() { return {5, 6, 7, 8, 9}; }
+  std::vector<float> Weights() {
+    return shard_.Read(0, 0, absl::InfiniteFuture())->values;
+  }
+  absl::StatusOr<PushOutcome> Push(int64_t sequence, int64_t base, int64_t offset,
+                                   std::vector<float> g) {
+    return shard_.Push({0, sequence, base, offset, static_cast<int64_t>(g.size())}, g);
+  }
+  ParameterShard shard_;
+};
+
+TEST_F(ParameterShardTest, AppliesPushesAndCountsStaleness) {
+  ASSERT_TRUE(Push(0, 0, 5, {1, 1, 1, 1, 1}).ok());
+  absl::StatusOr<PushOutcome> second = Push(1, 0, 7, {2, 2});  // computed from version 0
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->version, 2);
+  EXPECT_EQ(second->staleness, 1);
+  EXPECT_EQ(Weights(), (std::vector<float>{4, 5, 4, 5, 8}));
+  ShardStats s = shard_.Stats();
+  EXPECT_EQ(s.pushes_applied, 2);
+  EXPECT_EQ(s.staleness_counts, (std::vector<int64_t>{1, 1}));
+  EXPECT_EQ(s.range, (Range{5, 10}));
+}
+
+TEST_F(ParameterShardTest, RepeatedSequenceIsAppliedOnce) {
+  ASSERT_TRUE(Push(3, 0, 5, {1, 1, 1, 1, 1}).ok());
+  absl::StatusOr<PushOutcome> again = Push(3, 0, 5, {1, 1, 1, 1, 1});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->duplicate);
+  EXPECT_EQ(again->version, 1);
+  EXPECT_EQ(Weights(), (std::vector<float>{4, 5, 6, 7, 8}));
+  EXPECT_EQ(shard_.Register(0, kModel)->last_sequence, 3);
+}
+
+TEST_F(ParameterShardTest, RejectedPushesLeaveWeightsBitIdentical) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    PushHeaderInfo header;
+    std::vector<float> gradient;
+    absl::StatusCode code;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {{0, 0, 0, 5, 5}, {1, 1, 1}, absl::StatusCode::kInvalidArgument, "declares 5 values, carries 3"},
+      {{0, 0, 0, 3, 2}, {1, 1}, absl::StatusCode::kInvalidArgument, "[3, 5) is not inside shard 1's [5, 10)"},
+      {{0, 0, 0, 9, 2}, {1, 1}, absl::StatusCode::kInvalidArgument, "not inside"},
+      {{0, 0, 0, 5, 0}, {}, absl::StatusCode::kInvalidArgument, "not inside"},
+      {{0, 0, 0, 5, 2}, {1, nan}, absl::StatusCode::kInvalidArgument, "offset 6 is nan"},
+      {{0, 0, 0, 5, 2}, {-inf, 1}, absl::StatusCode::kInvalidArgument, "not finite"},
+      {{0, 0, 4, 5, 1}, {1}, absl::StatusCode::kInvalidArgument, "base_version 4 is outside [0, 0]"},
+      {{0, -1, 0, 5, 1}, {1}, absl::StatusCode::kInvalidArgument, "negative"},
+      {{9, 0, 0, 5, 1}, {1}, absl::StatusCode::kFailedPrecondition, "worker 9 has not registered"},
+  };
+  std::vector<float> before = Weights();
+  for (const Case& c : cases) {
+    absl::StatusOr<PushOutcome> r = shard_.Push(c.header, c.gradient);
+    EXPECT_EQ(r.status().code(), c.code) << r.status();
+    EXPECT_NE(r.status().message().find(c.message), std::string::npos) << r.status();
+    std::vector<float> after = Weights();
+    EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0);
+  }
+  EXPECT_EQ(shard_.Stats().pushes_rejected, static_cast<int64_t>(cases.size()));
+  EXPECT_EQ(shard_.Stats().version, 0);
+}
+
+TEST_F(ParameterShardTest, InitialisesOnceAndChecksTheModel) {
+  EXPECT_FALSE(*shard_.Initialize(kModel, 5, {0, 0, 0, 0, 0}));  // a restarted initialiser
+  EXPECT_EQ(Weights(), Initial());
+  ModelIdentity other{"test:12", 12, 2};
+  EXPECT_EQ(shard_.Register(1, other).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(shard_.Register(1, other).status().message().find("model mismatch"), std::string::npos);
+  ModelIdentity three_shards{"test:10", 10, 3};
+  EXPECT_NE(shard_.Register(1, three_shards).status().message().find("3 shards"), std::string::npos);
+}
+
+TEST(ParameterShardInitTest, RejectsWrongRangeAndNonFiniteValues) {
+  ParameterShard shard(0, 2, Sgd(0.1f));
+  EXPECT_NE(shard.Initialize(kModel, 0, {1, 2, 3}).status().message().find("owns [0, 5)"),
+            std::string::npos);
+  EXPECT_FALSE(shard.Initialize(kModel, 0, {1, 2, NAN, 4, 5}).ok());
+  EXPECT_EQ(shard.Read(0, 0, absl::Now()).status().code(), absl::StatusCode::kUnavailable);
+  ModelIdentity huge{"huge", int64_t{1} << 40, 2};
+  EXPECT_NE(shard.CheckInitialize(huge, 0, int64_t{1} << 39).status().message().find("limit"),
+            std::string::npos);
+}
+
+TEST(ParameterShardInitTest, ReadWaitsForInitialisation) {
+  ParameterShard shard(0, 1, Sgd(0.1f));
+  ModelIdentity m{"m", 3, 1};
+  std::thread init([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    ASSERT_TRUE(shard.Initialize(m, 0, {1, 2, 3}).ok());
+  });
+  absl::StatusOr<ParameterShard::Snapshot> s = shard.Read(0, 0, absl::Now() + absl::Seconds(10));
+  init.join();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->values, (std::vector<float>{1, 2, 3}));
+}
+
+TEST(ParameterShardInitTest, ShutdownWakesWaitingReads) {
+  ParameterShard shard(0, 1, Sgd(0.1f));
+  std::thread stop([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    shard.Shutdown();
+  });
+  EXPECT_EQ(shard.Read(0, 0, absl::InfiniteFuture()).status().code(),
+            absl::StatusCode::kUnavailable);
+  stop.join();
+}
+
+TEST(ParameterShardConcurrencyTest, ConcurrentPushesAndPullsLoseNothing) {
+  const int kWorkers = 4, kPushes = 500, kSize = 1000;
+  ParameterShard shard(0, 1, Sgd(1.0f));
+  ModelIdentity m{"m", kSize, 1};
+  ASSERT_TRUE(shard.Initialize(m, 0, std::vector<float>(kSize, 0.0f)).ok());
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWorkers; ++w) {
+    ASSERT_TRUE(shard.Register(w, m).ok());
+    threads.emplace_back([&, w] {
+      std::vector<float> g(kSize, 1.0f);
+      for (int i = 0; i < kPushes; ++i) {
+        absl::StatusOr<ParameterShard::Snapshot> s = shard.Read(0, 0, absl::InfiniteFuture());
+        ASSERT_TRUE(s.ok());
+        // Every element of one snapshot has seen the same number of updates.
+        ASSERT_EQ(s->values.front(), s->values.back());
+        ASSERT_TRUE(shard.Push({w, i, s->version, 0, kSize}, g).ok());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<float> w = shard.Read(0, 0, absl::InfiniteFuture())->values;
+  for (float v : w) ASSERT_EQ(v, -kWorkers * kPushes);
+  EXPECT_EQ(shard.Stats().version, kWorkers * kPushes);
+}
+
+}  // namespace
+}  // namespace ps
