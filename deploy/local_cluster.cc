@@ -50,9 +50,13 @@ absl::Status LocalCluster::StartShards(int count, const std::vector<std::string>
   return absl::OkStatus();
 }
 
+std::string LocalCluster::ShardAddress(int shard) const {
+  return absl::StrCat("127.0.0.1:", ports_[shard]);
+}
+
 std::string LocalCluster::ShardAddresses() const {
   std::vector<std::string> a;
-  for (int p : ports_) a.push_back(absl::StrCat("127.0.0.1:", p));
+  for (size_t i = 0; i < ports_.size(); ++i) a.push_back(ShardAddress(static_cast<int>(i)));
   return absl::StrJoin(a, ",");
 }
 

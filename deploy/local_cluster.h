@@ -24,6 +24,7 @@ class LocalCluster {
   absl::Status StartShards(int count, const std::vector<std::string>& flags);
   // "127.0.0.1:p0,127.0.0.1:p1,...", for --ps.
   std::string ShardAddresses() const;
+  std::string ShardAddress(int shard) const;
   // (Re)starts worker `rank` of `num_workers`, appending to worker-<rank>.{log,csv}.
   absl::Status StartWorker(int rank, int num_workers, const std::vector<std::string>& flags);
   absl::Status StartEvaluator(const std::vector<std::string>& flags);

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every dependency from Debian 12's packages (if missing) and builds in Release into
+# build/. Idempotent: run it as often as you like. Extra CMake flags: PS_CMAKE_FLAGS="-DPS_CUDA=OFF".
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libgtest-dev libgmock-dev libopenblas-dev zlib1g-dev
+  dataset-fashion-mnist gnuplot-nox
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The CUDA toolkit is not a Debian package; when it is installed, build the CUDA backend too.
+[ -x /usr/local/cuda/bin/nvcc ] && export PATH="/usr/local/cuda/bin:$PATH"
+# shellcheck disable=SC2086
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${PS_CMAKE_FLAGS:-} > build.log 2>&1 \
+  || { cat build.log; echo "setup: cmake configure failed"; exit 1; }
+cmake --build build -j"$(nproc)" >> build.log 2>&1 \
+  || { tail -n 60 build.log; echo "setup: build failed (full log in build.log)"; exit 1; }
+echo "setup: built into build/bin ($(grep -o 'CUDA backend: .*' build.log | head -n1))"

@@ -1,0 +1,352 @@
+// Multi-process tests: real ps, worker and evaluator processes talking gRPC on 127.0.0.1 with
+// ports chosen at run time.
+#include <grpcpp/create_channel.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/chunking.h"
+#include "deploy/local_cluster.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+#include "proto/ps.grpc.pb.h"
+#include "worker/sharded_client.h"
+
+namespace ps {
+namespace {
+
+std::string NewRunDir() {
+  std::string pattern = ::testing::TempDir() + "/cluster-XXXXXX";
+  return mkdtemp(pattern.data());
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+double Column(const std::string& csv_line, int column) {
+  std::vector<std::string> f = absl::StrSplit(csv_line, ',');
+  double v = NAN;
+  if (column < static_cast<int>(f.size())) (void)absl::SimpleAtod(f[column], &v);
+  return v;
+}
+
+// Waits until the last step in a worker's CSV reaches `step`.
+bool WaitForStep(const std::string& csv, int64_t step, absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (Column(LastLine(csv), 0) >= step) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+v1::StatsResponse Stats(const std::string& address) {
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::StatsResponse response;
+  EXPECT_TRUE(stub->GetStats(&context, v1::StatsRequest(), &response).ok());
+  return response;
+}
+
+const std::vector<std::string> kWorkerFlags = {"--hidden=128,64", "--batch_size=64"};
+
+TEST(ClusterTest, TwoShardsTwoWorkersTrainToEightyPercent) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(2, {"--optimizer=momentum", "--lr=0.01"}).ok());
+  ASSERT_TRUE(cluster.StartEvaluator({"--hidden=128,64", "--interval_seconds=1"}).ok());
+  std::vector<std::string> flags = kWorkerFlags;
+  flags.push_back("--steps=700");
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(cluster.StartWorker(r, 2, flags).ok());
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<int> code = cluster.worker(r)->Wait(absl::Minutes(4));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << ReadFile(cluster.run_dir() + "/worker-" + std::to_string(r) + ".log");
+  }
+  for (int s = 0; s < 2; ++s) {
+    v1::StatsResponse stats = Stats(cluster.ShardAddress(s));
+    EXPECT_EQ(stats.version(), 1400);
+    EXPECT_EQ(stats.pushes_applied(), 1400);
+    EXPECT_EQ(stats.pushes_rejected(), 0);
+    EXPECT_EQ(stats.registered_workers(), 2);
+  }
+  EXPECT_EQ(cluster.Stop(), "");  // every daemon exits 0 on SIGTERM
+  std::string last = LastLine(cluster.run_dir() + "/evaluator.csv");
+  EXPECT_EQ(Column(last, 1), 1400) << "the evaluator scores the final weights at shutdown";
+  EXPECT_GE(Column(last, 3), 0.80) << last;
+  EXPECT_NE(ReadFile(cluster.run_dir() + "/staleness-shard-0.csv").find("staleness,count\n0,"),
+            std::string::npos);
+}
+
+TEST(ClusterTest, WorkerKilledWithSigkillRejoinsAndTheRunCompletes) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(2, {}).ok());
+  std::vector<std::string> flags = kWorkerFlags;
+  flags.push_back("--steps=500");
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(cluster.StartWorker(r, 2, flags).ok());
+  const std::string csv = cluster.run_dir() + "/worker-0.csv";
+  ASSERT_TRUE(WaitForStep(csv, 150, absl::Minutes(2)));
+  // Kill rank 0, the one that initialised the model, mid-run and start it again.
+  cluster.worker(0)->Signal(SIGKILL);
+  ASSERT_EQ(*cluster.worker(0)->Wait(absl::Seconds(10)), 128 + SIGKILL);
+  int64_t killed_at = static_cast<int64_t>(Column(LastLine(csv), 0));
+  ASSERT_TRUE(cluster.StartWorker(0, 2, flags).ok());
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<int> code = cluster.worker(r)->Wait(absl::Minutes(3));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0);
+  }
+  std::string log = ReadFile(cluster.run_dir() + "/worker-0.log");
+  EXPECT_NE(log.find("initialised 0 of 2 shards"), std::string::npos) << log;
+  size_t at = log.rfind("starting at step ");
+  ASSERT_NE(at, std::string::npos);
+  int64_t resumed = std::atoll(log.c_str() + at + strlen("starting at step "));
+  EXPECT_GE(resumed, killed_at);
+  EXPECT_LE(resumed, killed_at + 2);
+  EXPECT_EQ(Column(LastLine(csv), 0), 499);
+  for (int s = 0; s < 2; ++s) {
+    // Each step applied once; a kill between the two shards' pushes may skip one on a shard.
+    int64_t applied = Stats(cluster.ShardAddress(s)).pushes_applied();
+    EXPECT_GE(applied, 999);
+    EXPECT_LE(applied, 1000);
+  }
+  EXPECT_EQ(cluster.Stop(), "");
+}
+
+// A shard pair holding a 1000-parameter "model" initialised to 0.5 * i, for malformed requests.
+class BadInputTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(cluster_.StartShards(2, {"--optimizer=sgd"}).ok());
+    client_ = std::make_unique<ShardedClient>(
+        std::vector<std::string>{cluster_.ShardAddress(0), cluster_.ShardAddress(1)}, model_, 0);
+    ASSERT_TRUE(client_->Register().ok());
+    for (int i = 0; i < 1000; ++i) initial_[i] = 0.5f * i;
+    ASSERT_EQ(*client_->Initialize(initial_), 2);
+    stub_ = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(cluster_.ShardAddress(1), grpc::InsecureChannelCredentials()));
+  }
+
+  // Pushes raw chunks to shard 1 (range [500, 1000)); the first carries `header` if set.
+  grpc::Status Push(const v1::PushHeader* header, const std::vector<std::string>& payloads,
+                    v1::PushResponse* response = nullptr) {
+    v1::PushResponse ignored;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto writer = stub_->Push(&context, response ? response : &ignored);
+    for (size_t i = 0; i < payloads.size(); ++i) {
+      v1::PushChunk chunk;
+      if (i == 0 && header != nullptr) *chunk.mutable_header() = *header;
+      chunk.set_data(payloads[i]);
+      if (!writer->Write(chunk)) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  static v1::PushHeader Header(int64_t offset, int64_t length) {
+    v1::PushHeader h;
+    h.set_worker_id(0);
+    h.set_sequence(0);
+    h.set_base_version(0);
+    h.set_offset(offset);
+    h.set_length(length);
+    h.set_dtype(v1::FLOAT32);
+    return h;
+  }
+
+  static std::string Floats(std::vector<float> v) { return std::string(AsBytes(v)); }
+
+  void ExpectWeightsUntouched() {
+    std::vector<float> now(1000);
+    std::vector<int64_t> versions;
+    ASSERT_TRUE(client_->Pull(absl::MakeSpan(now), &versions).ok());
+    EXPECT_EQ(std::memcmp(now.data(), initial_.data(), sizeof(float) * 1000), 0);
+    EXPECT_EQ(versions, (std::vector<int64_t>{0, 0}));
+  }
+
+  LocalCluster cluster_{ExecutableDir(), NewRunDir()};
+  ModelIdentity model_{"test:1000", 1000, 2};
+  std::unique_ptr<ShardedClient> client_;
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+  std::vector<float> initial_ = std::vector<float>(1000);
+};
+
+TEST_F(BadInputTest, MalformedPushesGetInvalidArgumentAndChangeNothing) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> grad(500, 1.0f), with_nan = grad, with_inf(10, 1.0f);
+  with_nan[3] = nan;
+  with_inf[9] = -std::numeric_limits<float>::infinity();
+  v1::PushHeader no_dtype = Header(500, 10);
+  no_dtype.set_dtype(v1::DTYPE_UNSPECIFIED);
+  v1::PushHeader ahead = Header(500, 10);
+  ahead.set_base_version(99);
+  v1::PushHeader stranger = Header(500, 10);
+  stranger.set_worker_id(7);
+  struct Case {
+    std::string what;
+    v1::PushHeader header;
+    bool send_header;
+    std::vector<std::string> payloads;
+    grpc::StatusCode code;
+    std::string message;
+  };
+  std::vector<Case> cases = {
+      {"short payload", Header(500, 500), true, {Floats(std::vector<float>(499, 1))},
+       grpc::StatusCode::INVALID_ARGUMENT, "truncated data: got 499 values, declared 500"},
+      {"long payload", Header(500, 10), true, {Floats(std::vector<float>(11, 1))},
+       grpc::StatusCode::INVALID_ARGUMENT, "overruns the declared length"},
+      {"offset outside", Header(400, 10), true, {Floats(std::vector<float>(10, 1))},
+       grpc::StatusCode::INVALID_ARGUMENT, "[400, 410) is not inside shard 1's [500, 1000)"},
+      {"past the end", Header(995, 10), true, {Floats(std::vector<float>(10, 1))},
+       grpc::StatusCode::INVALID_ARGUMENT, "not inside shard 1"},
+      {"NaN", Header(500, 500), true, {Floats(with_nan)}, grpc::StatusCode::INVALID_ARGUMENT,
+       "gradient value at offset 503 is nan"},
+      {"Inf", Header(500, 10), true, {Floats(with_inf)}, grpc::StatusCode::INVALID_ARGUMENT,
+       "offset 509 is -inf"},
+      {"no dtype", no_dtype, true, {Floats(with_inf)}, grpc::StatusCode::INVALID_ARGUMENT,
+       "unsupported dtype"},
+      {"no header", Header(500, 10), false, {Floats(grad)}, grpc::StatusCode::INVALID_ARGUMENT,
+       "no header"},
+      {"partial float", Header(500, 10), true, {std::string(6, 'x')},
+       grpc::StatusCode::INVALID_ARGUMENT, "not a whole number of float32"},
+      {"base version ahead", ahead, true, {Floats(std::vector<float>(10, 1))},
+       grpc::StatusCode::INVALID_ARGUMENT, "base_version 99"},
+      {"unregistered worker", stranger, true, {Floats(std::vector<float>(10, 1))},
+       grpc::StatusCode::FAILED_PRECONDITION, "worker 7 has not registered"},
+      {"header twice", Header(500, 20), true,
+       {Floats(std::vector<float>(10, 1)), Floats(std::vector<float>(10, 1))},
+       grpc::StatusCode::INVALID_ARGUMENT, "header appeared after the first chunk"},
+  };
+  // The "header twice" case needs the second chunk to carry a header too.
+  for (const Case& c : cases) {
+    grpc::Status s;
+    if (c.what == "header twice") {
+      grpc::ClientContext context;
+      v1::PushResponse response;
+      auto writer = stub_->Push(&context, &response);
+      v1::PushChunk chunk;
+      *chunk.mutable_header() = c.header;
+      chunk.set_data(c.payloads[0]);
+      writer->Write(chunk);
+      writer->Write(chunk);
+      writer->WritesDone();
+      s = writer->Finish();
+    } else {
+      s = Push(c.send_header ? &c.header : nullptr, c.payloads);
+    }
+    EXPECT_EQ(s.error_code(), c.code) << c.what << ": " << s.error_message();
+    EXPECT_NE(s.error_message().find(c.message), std::string::npos)
+        << c.what << ": " << s.error_message();
+    ExpectWeightsUntouched();
+  }
+  EXPECT_EQ(Stats(cluster_.ShardAddress(1)).pushes_rejected(), static_cast<int64_t>(cases.size()));
+  // The shard still works: a valid push applies.
+  v1::PushResponse response;
+  ASSERT_TRUE(Push(&cases[0].header, {Floats(grad)}, &response).ok());
+  EXPECT_EQ(response.version(), 1);
+}
+
+TEST_F(BadInputTest, OversizedMessageIsRefusedAndTheShardSurvives) {
+  std::string five_mib(5 << 20, '\0');
+  grpc::Status s = Push(nullptr, {five_mib});
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  ExpectWeightsUntouched();
+  EXPECT_TRUE(cluster_.shards()[1].running());
+}
+
+TEST_F(BadInputTest, BadPullsRegistrationsAndReinitialisationChangeNothing) {
+  grpc::ClientContext context;
+  v1::PullRequest request;
+  request.set_offset(100);
+  request.set_length(10);
+  auto reader = stub_->Pull(&context, request);
+  v1::PullChunk chunk;
+  while (reader->Read(&chunk)) {
+  }
+  grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("[100, 110) is not inside"), std::string::npos);
+
+  ShardedClient wrong_model({cluster_.ShardAddress(0), cluster_.ShardAddress(1)},
+                            {"test:999", 999, 2}, 1);
+  absl::StatusOr<int64_t> r = wrong_model.Register();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("model mismatch"), std::string::npos) << r.status();
+
+  ShardedClient swapped({cluster_.ShardAddress(1), cluster_.ShardAddress(0)}, model_, 1);
+  EXPECT_NE(swapped.Register().status().message().find("listed as shard 0"), std::string::npos);
+
+  // A restarted initialiser offering other values changes nothing.
+  EXPECT_EQ(*client_->Initialize(std::vector<float>(1000, 7.0f)), 0);
+  ExpectWeightsUntouched();
+}
+
+TEST(DaemonTest, HealthServiceReportsServing) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(1, {}).ok());
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(cluster.ShardAddress(0), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::health::v1::HealthCheckResponse response;
+  ASSERT_TRUE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());
+  EXPECT_EQ(response.status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+// Runs a daemon to completion; returns its exit code and output.
+std::pair<int, std::string> RunDaemon(std::vector<std::string> argv) {
+  std::string log = NewRunDir() + "/out.log";
+  argv[0] = ExecutableDir() + "/" + argv[0];
+  absl::StatusOr<Subprocess> p = Subprocess::Start(argv, log);
+  EXPECT_TRUE(p.ok());
+  absl::StatusOr<int> code = p->Wait(absl::Seconds(30));
+  EXPECT_TRUE(code.ok());
+  return {code.ok() ? *code : -1, ReadFile(log)};
+}
+
+TEST(DaemonTest, BadFlagsExitNonZeroWithAOneLineReason) {
+  struct Case {
+    std::vector<std::string> argv;
+    std::string reason;
+  };
+  std::vector<Case> cases = {
+      {{"ps", "--shard_index=5", "--num_shards=2"}, "ps: --shard_index=5 must be in [0, --num_shards=2)"},
+      {{"ps", "--optimizer=rmsprop"}, "unknown optimizer 'rmsprop'"},
+      {{"ps", "--lr=-1"}, "learning rate must be a positive number"},
+      {{"ps", "--no_such_flag=1"}, "no_such_flag"},
+      {{"worker", "--ps=localhost"}, "worker: bad shard address 'localhost'"},
+      {{"worker", "--ps=127.0.0.1:1", "--rank=4", "--num_workers=4"}, "--rank=4 must be in"},
+      {{"worker", "--ps=127.0.0.1:1", "--hidden=12,abc"}, "bad hidden layer size 'abc'"},
+      {{"worker", "--ps=127.0.0.1:1", "--data_dir=/nonexistent"},
+       "cannot open /nonexistent/train-images-idx3-ubyte.gz"},
+      {{"worker", "--ps=127.0.0.1:1", "--device=tpu"}, "unknown --device 'tpu'"},
+      {{"evaluator", "--ps="}, "evaluator: no shard addresses given"},
+      {{"launch", "--workers=0"}, "launch: --shards and --workers must be positive"},
+  };
+  for (const Case& c : cases) {
+    auto [code, output] = RunDaemon(c.argv);
+    EXPECT_NE(code, 0) << c.argv[1];
+    EXPECT_NE(output.find(c.reason), std::string::npos) << c.argv[1] << " printed: " << output;
+  }
+}
+
+TEST(DaemonTest, WorkerGivesUpOnUnreachableShardsWithAReason) {
+  auto [code, output] = RunDaemon({"worker", "--ps=127.0.0.1:1", "--retry_seconds=1",
+                                   "--rpc_timeout_seconds=0.5", "--hidden=8"});
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(output.find("worker: shard 0 (127.0.0.1:1)"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace ps
