@@ -1,0 +1,163 @@
+// transport_bench: push and pull throughput of a real ps shard process over loopback gRPC,
+// against two ceilings measured in the same run: raw gRPC byte streams of the same 1 MiB chunks
+// to a server that does nothing with them, and memcpy of the same number of bytes.
+//
+//   build/bin/transport_bench --sizes_mib=1,16,64 --repeats=7
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server.h>
+#include <grpcpp/server_builder.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/raw_bytes.grpc.pb.h"
+#include "common/chunking.h"
+#include "deploy/local_cluster.h"
+#include "worker/sharded_client.h"
+
+ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"1", "16", "64"}),
+          "Tensor sizes to move, in MiB.");
+ABSL_FLAG(int, repeats, 7, "Timed repetitions per size (the median is reported).");
+ABSL_FLAG(std::string, serve_raw, "", "Internal: serve RawBytes and write the port to this file.");
+
+namespace ps {
+namespace {
+
+// Receives and discards uploads; serves downloads from one preallocated buffer.
+class RawBytesService final : public bench::RawBytes::Service {
+ public:
+  grpc::Status Upload(grpc::ServerContext*, grpc::ServerReader<bench::Blob>* reader,
+                      bench::Ack* ack) override {
+    bench::Blob blob;
+    int64_t total = 0;
+    while (reader->Read(&blob)) total += blob.data().size();
+    ack->set_bytes(total);
+    return grpc::Status::OK;
+  }
+  grpc::Status Download(grpc::ServerContext*, const bench::DownloadRequest* request,
+                        grpc::ServerWriter<bench::Blob>* writer) override {
+    static const std::string chunk(kChunkBytes, 'x');
+    bench::Blob blob;
+    for (int64_t sent = 0; sent < request->bytes(); sent += kChunkBytes) {
+      blob.set_data(chunk.data(), std::min<int64_t>(kChunkBytes, request->bytes() - sent));
+      if (!writer->Write(blob)) break;
+    }
+    return grpc::Status::OK;
+  }
+};
+
+int ServeRaw(const std::string& port_file) {
+  RawBytesService service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::ofstream(port_file + ".tmp") << port << "\n";
+  std::rename((port_file + ".tmp").c_str(), port_file.c_str());
+  server->Wait();  // until the benchmark kills this process
+  return 0;
+}
+
+// Median seconds of `repeats` runs of fn.
+template <typename Fn>
+double MedianSeconds(int repeats, Fn fn) {
+  std::vector<double> t;
+  for (int i = 0; i < repeats; ++i) {
+    absl::Time start = absl::Now();
+    fn();
+    t.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (!absl::GetFlag(FLAGS_serve_raw).empty()) return ServeRaw(absl::GetFlag(FLAGS_serve_raw));
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  std::string dir_pattern = "/tmp/transport-bench-XXXXXX";
+  std::string run_dir = mkdtemp(dir_pattern.data());
+
+  // The ceiling: a RawBytes server in its own process, like the shard.
+  std::string raw_port_file = run_dir + "/raw.port";
+  absl::StatusOr<Subprocess> raw = Subprocess::Start(
+      {ExecutableDir() + "/transport_bench", "--serve_raw=" + raw_port_file}, run_dir + "/raw.log");
+  if (!raw.ok()) return 1;
+  LocalCluster cluster(ExecutableDir(), run_dir);
+  if (absl::Status s = cluster.StartShards(1, {"--optimizer=sgd", "--lr=0.001"}); !s.ok()) {
+    std::cerr << s << "\n";
+    return 1;
+  }
+  int raw_port = 0;
+  while (!(std::ifstream(raw_port_file) >> raw_port)) absl::SleepFor(absl::Milliseconds(20));
+  auto raw_stub = bench::RawBytes::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", raw_port), grpc::InsecureChannelCredentials()));
+
+  std::cout << absl::StrFormat(
+      "%-8s | %-10s %-10s %-6s | %-10s %-10s %-6s | %-10s\n", "size", "push GB/s", "raw up",
+      "ratio", "pull GB/s", "raw down", "ratio", "memcpy");
+  for (const std::string& size_text : absl::GetFlag(FLAGS_sizes_mib)) {
+    int64_t bytes = std::stoll(size_text) << 20;
+    int64_t n = bytes / sizeof(float);
+    ModelIdentity model{absl::StrCat("bench:", n), n, 1};
+    // A new model per size needs a new shard: restart it.
+    cluster.Stop();
+    if (absl::Status s = cluster.StartShards(1, {"--optimizer=sgd", "--lr=0.001"}); !s.ok()) return 1;
+    ShardedClient client({cluster.ShardAddress(0)}, model, 0);
+    std::vector<float> params(n, 0.5f), grad(n, 0.001f);
+    std::vector<int64_t> versions;
+    if (!client.Register().ok() || !client.Initialize(params).ok()) return 1;
+    int64_t sequence = 0;
+    double push = MedianSeconds(repeats, [&] {
+      if (!client.Push(grad, sequence++, {0}).ok()) std::abort();
+    });
+    double pull = MedianSeconds(repeats, [&] {
+      if (!client.Pull(absl::MakeSpan(params), &versions).ok()) std::abort();
+    });
+    std::string payload(bytes, 'x');
+    double raw_up = MedianSeconds(repeats, [&] {
+      grpc::ClientContext context;
+      bench::Ack ack;
+      auto writer = raw_stub->Upload(&context, &ack);
+      bench::Blob blob;
+      for (int64_t sent = 0; sent < bytes; sent += kChunkBytes) {
+        blob.set_data(payload.data() + sent, std::min<int64_t>(kChunkBytes, bytes - sent));
+        writer->Write(blob);
+      }
+      writer->WritesDone();
+      if (!writer->Finish().ok()) std::abort();
+    });
+    double raw_down = MedianSeconds(repeats, [&] {
+      grpc::ClientContext context;
+      bench::DownloadRequest request;
+      request.set_bytes(bytes);
+      auto reader = raw_stub->Download(&context, request);
+      bench::Blob blob;
+      for (int64_t at = 0; reader->Read(&blob); at += blob.data().size()) {
+        std::memcpy(payload.data() + at, blob.data().data(), blob.data().size());
+      }
+      if (!reader->Finish().ok()) std::abort();
+    });
+    std::string copy(bytes, 'y');
+    double memcpy_s = MedianSeconds(repeats, [&] { std::memcpy(copy.data(), payload.data(), bytes); });
+    auto gbs = [&](double s) { return bytes / s / 1e9; };
+    std::cout << absl::StrFormat("%5d MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f\n",
+                                 bytes >> 20, gbs(push), gbs(raw_up), raw_up / push, gbs(pull),
+                                 gbs(raw_down), raw_down / pull, gbs(memcpy_s));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) { return ps::Main(argc, argv); }
