@@ -93,10 +93,6 @@ int Main(int argc, char** argv) {
       {ExecutableDir() + "/transport_bench", "--serve_raw=" + raw_port_file}, run_dir + "/raw.log");
   if (!raw.ok()) return 1;
   LocalCluster cluster(ExecutableDir(), run_dir);
-  if (absl::Status s = cluster.StartShards(1, {"--optimizer=sgd", "--lr=0.001"}); !s.ok()) {
-    std::cerr << s << "\n";
-    return 1;
-  }
   int raw_port = 0;
   while (!(std::ifstream(raw_port_file) >> raw_port)) absl::SleepFor(absl::Milliseconds(20));
   auto raw_stub = bench::RawBytes::NewStub(grpc::CreateChannel(
@@ -109,9 +105,12 @@ int Main(int argc, char** argv) {
     int64_t bytes = std::stoll(size_text) << 20;
     int64_t n = bytes / sizeof(float);
     ModelIdentity model{absl::StrCat("bench:", n), n, 1};
-    // A new model per size needs a new shard: restart it.
+    // A new model size needs a new shard.
     cluster.Stop();
-    if (absl::Status s = cluster.StartShards(1, {"--optimizer=sgd", "--lr=0.001"}); !s.ok()) return 1;
+    if (absl::Status s = cluster.StartShards(1, {"--optimizer=sgd", "--lr=0.001"}); !s.ok()) {
+      std::cerr << s << "\n";
+      return 1;
+    }
     ShardedClient client({cluster.ShardAddress(0)}, model, 0);
     std::vector<float> params(n, 0.5f), grad(n, 0.001f);
     std::vector<int64_t> versions;

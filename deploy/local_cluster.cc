@@ -103,6 +103,7 @@ std::string LocalCluster::Stop() {
   evaluator_.reset();
   for (size_t i = 0; i < shards_.size(); ++i) stop(shards_[i], absl::StrCat("shard ", i));
   shards_.clear();
+  ports_.clear();
   return absl::StrJoin(bad, "; ");
 }
 
