@@ -83,10 +83,6 @@ class AdaGrad : public Optimizer {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& c, int64_t size) {
-  if (!(c.learning_rate > 0) || !std::isfinite(c.learning_rate)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("learning rate must be a positive number, got ", c.learning_rate));
-  }
   if (c.name == "sgd") return std::make_unique<Sgd>();
   if (c.name == "momentum" || c.name == "nesterov") {
     if (!(c.momentum >= 0 && c.momentum < 1)) {

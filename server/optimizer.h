@@ -11,9 +11,9 @@
 
 namespace ps {
 
+// Hyper-parameters other than the learning rate, which comes from a LearningRateSchedule.
 struct OptimizerConfig {
   std::string name = "sgd";  // sgd | momentum | nesterov | adam | adagrad
-  float learning_rate = 0.05f;
   float momentum = 0.9f;     // momentum, nesterov
   float beta1 = 0.9f;        // adam
   float beta2 = 0.999f;      // adam

@@ -1,11 +1,14 @@
 // One parameter-server shard: the values of one contiguous range of the model's flat parameter
-// vector, the optimizer state for it, the version counter, per-worker push sequences and the
-// staleness histogram. Knows nothing of gRPC. Thread-safe: all methods may be called concurrently.
+// vector, the optimizer state for it, the version counter, the workers taking part (membership,
+// push sequences, SSP clocks) and staleness histograms, and the consistency model that decides
+// when a push is applied and when a pull may proceed. Knows nothing of gRPC.
+// Thread-safe: all methods may be called concurrently.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -17,9 +20,40 @@
 #include "common/model_identity.h"
 #include "common/partition.h"
 #include "common/staleness_histogram.h"
+#include "server/learning_rate.h"
+#include "server/membership.h"
 #include "server/optimizer.h"
 
 namespace ps {
+
+// How pushes are applied and pulls admitted. Staleness = shard version at apply minus the version
+// the gradient was computed from.
+//   async:  every push applied at once; staleness unbounded.
+//   sync:   the gradients of all active workers (less backup_workers) for version v are averaged
+//           and applied once, v -> v+1; late ones are dropped. Every applied gradient has staleness 0.
+//   ssp:s:  pushes applied at once; a worker whose clock (pushes done) is c may pull only when the
+//           slowest active worker's clock is >= c - s. Staleness <= (W-1)(2s+1) for W active workers.
+enum class ConsistencyMode { kAsync, kSync, kSsp };
+
+struct ShardConfig {
+  int shard_index = 0;
+  int num_shards = 1;
+  OptimizerConfig optimizer;
+  LearningRateConfig learning_rate;
+  ConsistencyMode mode = ConsistencyMode::kAsync;
+  int staleness_bound = 0;                   // ssp: s
+  int backup_workers = 0;                    // sync: rounds close after active - backup pushes
+  absl::Duration lease = absl::Seconds(10);  // a worker silent this long leaves the active set
+  bool staleness_aware_lr = false;           // lr / max(1, staleness)
+  int64_t max_staleness = -1;                // drop pushes staler than this; -1: off
+  float dc_lambda = 0;                       // DC-ASGD delay compensation; 0: off
+  bool scale_lr_by_workers = false;          // lr * number of active workers
+};
+
+// Parses --consistency: "async", "sync" or "ssp:S" (S >= 0) into config->mode/staleness_bound.
+absl::Status ParseConsistency(const std::string& text, ShardConfig* config);
+// "async", "sync" or "ssp:S".
+std::string ConsistencyName(const ShardConfig& config);
 
 // The header of a push, checked before its payload is accepted.
 struct PushHeaderInfo {
@@ -34,6 +68,7 @@ struct PushOutcome {
   int64_t version = 0;
   int64_t staleness = 0;
   bool duplicate = false;
+  bool dropped = false;
 };
 
 struct Registration {
@@ -42,6 +77,15 @@ struct Registration {
   Range range;
   int64_t version = 0;
   int64_t last_sequence = -1;
+};
+
+struct WorkerSnapshot {
+  int worker_id = 0;
+  bool active = false;
+  int64_t clock = 0;
+  int64_t pushes_applied = 0;
+  double seconds_since_seen = 0;
+  std::vector<int64_t> staleness_counts;
 };
 
 struct ShardStats {
@@ -53,11 +97,17 @@ struct ShardStats {
   int64_t pushes_applied = 0;
   int64_t pushes_rejected = 0;
   int64_t pushes_duplicate = 0;
+  int64_t pushes_dropped_late = 0;
+  int64_t pushes_dropped_stale = 0;
   int64_t pulls = 0;
   int registered_workers = 0;
+  int active_workers = 0;
+  double learning_rate = 0;
   std::string model_fingerprint;
   std::string optimizer;
+  std::string consistency;
   std::vector<int64_t> staleness_counts;
+  std::vector<WorkerSnapshot> workers;
 };
 
 class ParameterShard {
@@ -65,8 +115,8 @@ class ParameterShard {
   // Largest shard accepted (4 GiB of float32), so a bad total_params cannot exhaust memory.
   static constexpr int64_t kMaxShardElements = int64_t{1} << 30;
 
-  // REQUIRES: 0 <= shard_index < num_shards; `optimizer` already validated by MakeOptimizer.
-  ParameterShard(int shard_index, int num_shards, OptimizerConfig optimizer);
+  // Validates `config` (shard index, optimizer, schedule, policies); fails naming the bad setting.
+  static absl::StatusOr<std::unique_ptr<ParameterShard>> Create(const ShardConfig& config);
 
   // Checks an Initialize header; returns the range the payload must cover.
   absl::StatusOr<Range> CheckInitialize(const ModelIdentity& model, int64_t offset,
@@ -77,13 +127,19 @@ class ParameterShard {
   absl::StatusOr<bool> Initialize(const ModelIdentity& model, int64_t offset,
                                   absl::Span<const float> values);
 
-  // Records that `worker_id` takes part, after checking it agrees on the model (if one is set).
+  // Records that `worker_id` takes part (or is back), after checking it agrees on the model.
   // A negative id is an observer (e.g. the evaluator): checked, not recorded.
   absl::StatusOr<Registration> Register(int worker_id, const ModelIdentity& model);
+  // Refreshes a registered worker's lease; returns the number of active workers.
+  absl::StatusOr<int> Heartbeat(int worker_id);
+  // Drops workers whose lease ran out at `now` from the active set (and closes a sync round that
+  // was waiting only for them). Returns their ids. The daemon calls this about once a second.
+  std::vector<int> ExpireLeases(absl::Time now);
 
   // Checks a push header before the payload is read (so no buffer is sized by a bad request).
   absl::Status CheckPushHeader(const PushHeaderInfo& header) const;
-  // Applies a gradient for [offset, offset + length). A rejected push changes no weight.
+  // Takes a gradient for [offset, offset + length) under the consistency model. A rejected push
+  // (an error) changes no weight; a dropped one (outcome.dropped) is counted and not applied.
   absl::StatusOr<PushOutcome> Push(const PushHeaderInfo& header, absl::Span<const float> gradient);
   // Counts a push rejected before it reached Push (e.g. a malformed stream).
   void RecordRejectedPush();
@@ -95,20 +151,32 @@ class ParameterShard {
     std::vector<float> values;
   };
   // Copies [offset, offset + length) (offset 0 and length 0: the whole shard). Waits until the
-  // shard is initialised or `deadline` passes (then UNAVAILABLE).
-  absl::StatusOr<Snapshot> Read(int64_t offset, int64_t length, absl::Time deadline);
+  // shard is initialised and the consistency model admits `worker_id` (observers, id < 0, never
+  // wait for it), or `deadline` passes (then UNAVAILABLE).
+  absl::StatusOr<Snapshot> Read(int worker_id, int64_t offset, int64_t length,
+                                absl::Time deadline);
 
   ShardStats Stats() const;
   // Wakes every waiting Read; they fail with UNAVAILABLE.
   void Shutdown();
 
  private:
+  ParameterShard(const ShardConfig& config, LearningRateSchedule schedule);
+
   absl::Status CheckModel(const ModelIdentity& model) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status CheckRange(int64_t offset, int64_t length) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // May worker_id's pull proceed now?
+  bool Admits(int worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  float LearningRate() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  PushOutcome ApplyNow(Membership::Worker& worker, const PushHeaderInfo& h, int64_t staleness,
+                       absl::Span<const float> gradient) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  PushOutcome AddToRound(Membership::Worker& worker, const PushHeaderInfo& h,
+                         absl::Span<const float> gradient) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // sync: applies the averaged round once enough active workers contributed.
+  void MaybeCloseRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const int shard_index_;
-  const int num_shards_;
-  const OptimizerConfig optimizer_config_;
+  const ShardConfig config_;
+  const LearningRateSchedule schedule_;
 
   mutable absl::Mutex mu_;
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
@@ -118,10 +186,18 @@ class ParameterShard {
   std::vector<float> weights_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  std::map<int, int64_t> last_sequence_ ABSL_GUARDED_BY(mu_);  // registered workers
+  Membership members_ ABSL_GUARDED_BY(mu_);
   StalenessHistogram staleness_ ABSL_GUARDED_BY(mu_);
+  // sync: the running sum of this round's gradients and who contributed.
+  std::vector<float> round_sum_ ABSL_GUARDED_BY(mu_);
+  std::set<int> round_contributors_ ABSL_GUARDED_BY(mu_);
+  // DC-ASGD: each worker's copy of the weights at its last pull, and scratch.
+  std::map<int, std::vector<float>> pulled_weights_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> compensated_ ABSL_GUARDED_BY(mu_);
   int64_t pushes_rejected_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_duplicate_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pushes_dropped_late_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pushes_dropped_stale_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

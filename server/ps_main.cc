@@ -1,5 +1,6 @@
 // ps: a parameter-server shard daemon. Serves one contiguous range of the model's flat parameter
 // vector over gRPC (ps.v1.ParameterServer plus grpc.health.v1.Health) until SIGTERM/SIGINT.
+#include <google/protobuf/util/json_util.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
@@ -12,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/shutdown.h"
 #include "server/parameter_shard.h"
@@ -22,14 +24,30 @@ ABSL_FLAG(int, port, 50051, "Port to listen on; 0 picks a free one (see --port_f
 ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once serving.");
 ABSL_FLAG(int, shard_index, 0, "This shard's index i in [0, num_shards).");
 ABSL_FLAG(int, num_shards, 1, "Number of shards S; shard i owns [i*N/S, (i+1)*N/S).");
+ABSL_FLAG(std::string, consistency, "async",
+          "async (apply at once) | sync (average all active workers' gradients per version) | "
+          "ssp:S (bounded staleness: clocks at most S apart).");
+ABSL_FLAG(int, backup_workers, 0, "sync: close a round after (active workers - this) pushes.");
+ABSL_FLAG(double, lease_seconds, 10,
+          "A worker silent this long leaves the active set (sync barrier, SSP clock minimum).");
 ABSL_FLAG(std::string, optimizer, "momentum", "sgd | momentum | nesterov | adam | adagrad.");
-ABSL_FLAG(double, lr, 0.01, "Learning rate.");
+ABSL_FLAG(double, lr, 0.01, "Base learning rate.");
+ABSL_FLAG(std::string, lr_schedule, "constant", "constant | step | cosine.");
+ABSL_FLAG(int64_t, warmup_updates, 0, "Linear learning-rate warm-up over this many updates.");
+ABSL_FLAG(int64_t, lr_step_updates, 1000, "step schedule: decay every this many updates.");
+ABSL_FLAG(double, lr_gamma, 0.5, "step schedule: decay factor.");
+ABSL_FLAG(int64_t, lr_total_updates, 10000, "cosine schedule: updates until the rate reaches 0.");
+ABSL_FLAG(bool, lr_scale_by_workers, false, "Multiply the rate by the number of active workers.");
+ABSL_FLAG(bool, staleness_lr, false, "Staleness-aware rate: lr / max(1, staleness) per push.");
+ABSL_FLAG(int64_t, max_staleness, -1, "Drop (and count) pushes staler than this; -1: off.");
+ABSL_FLAG(double, dc_lambda, 0, "DC-ASGD delay compensation lambda; 0: off.");
 ABSL_FLAG(double, momentum, 0.9, "Momentum coefficient (momentum, nesterov).");
 ABSL_FLAG(double, beta1, 0.9, "Adam beta1.");
 ABSL_FLAG(double, beta2, 0.999, "Adam beta2.");
 ABSL_FLAG(double, epsilon, 1e-8, "Adam / AdaGrad epsilon.");
 ABSL_FLAG(std::string, staleness_csv, "",
           "If set, write the staleness histogram (staleness,count) here at shutdown.");
+ABSL_FLAG(std::string, stats_json, "", "If set, write the shard's statistics here at shutdown.");
 
 namespace ps {
 namespace {
@@ -47,38 +65,62 @@ bool WriteFileAtomically(const std::string& path, const std::string& text) {
   return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
-void WriteStalenessCsv(const std::string& path, const ShardStats& stats) {
-  std::string text = "staleness,count\n";
-  for (size_t k = 0; k < stats.staleness_counts.size(); ++k) {
-    absl::StrAppend(&text, k, ",", stats.staleness_counts[k], "\n");
+void WriteOutputs(const ShardStats& stats) {
+  if (std::string path = absl::GetFlag(FLAGS_staleness_csv); !path.empty()) {
+    std::string text = "staleness,count\n";
+    for (size_t k = 0; k < stats.staleness_counts.size(); ++k) {
+      absl::StrAppend(&text, k, ",", stats.staleness_counts[k], "\n");
+    }
+    if (!WriteFileAtomically(path, text)) PS_LOG(WARNING) << "cannot write " << path;
   }
-  if (!WriteFileAtomically(path, text)) PS_LOG(WARNING) << "cannot write " << path;
+  if (std::string path = absl::GetFlag(FLAGS_stats_json); !path.empty()) {
+    std::string json;
+    google::protobuf::util::JsonPrintOptions options;
+    options.add_whitespace = true;
+    options.always_print_primitive_fields = true;
+    (void)google::protobuf::util::MessageToJsonString(StatsToProto(stats), &json, options);
+    if (!WriteFileAtomically(path, json)) PS_LOG(WARNING) << "cannot write " << path;
+  }
+}
+
+absl::StatusOr<ShardConfig> ConfigFromFlags() {
+  ShardConfig c;
+  c.shard_index = absl::GetFlag(FLAGS_shard_index);
+  c.num_shards = absl::GetFlag(FLAGS_num_shards);
+  if (absl::Status s = ParseConsistency(absl::GetFlag(FLAGS_consistency), &c); !s.ok()) return s;
+  c.backup_workers = absl::GetFlag(FLAGS_backup_workers);
+  c.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_seconds));
+  c.optimizer.name = absl::GetFlag(FLAGS_optimizer);
+  c.optimizer.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
+  c.optimizer.beta1 = static_cast<float>(absl::GetFlag(FLAGS_beta1));
+  c.optimizer.beta2 = static_cast<float>(absl::GetFlag(FLAGS_beta2));
+  c.optimizer.epsilon = static_cast<float>(absl::GetFlag(FLAGS_epsilon));
+  c.learning_rate.base = static_cast<float>(absl::GetFlag(FLAGS_lr));
+  c.learning_rate.schedule = absl::GetFlag(FLAGS_lr_schedule);
+  c.learning_rate.warmup_updates = absl::GetFlag(FLAGS_warmup_updates);
+  c.learning_rate.step_updates = absl::GetFlag(FLAGS_lr_step_updates);
+  c.learning_rate.gamma = static_cast<float>(absl::GetFlag(FLAGS_lr_gamma));
+  c.learning_rate.total_updates = absl::GetFlag(FLAGS_lr_total_updates);
+  c.scale_lr_by_workers = absl::GetFlag(FLAGS_lr_scale_by_workers);
+  c.staleness_aware_lr = absl::GetFlag(FLAGS_staleness_lr);
+  c.max_staleness = absl::GetFlag(FLAGS_max_staleness);
+  c.dc_lambda = static_cast<float>(absl::GetFlag(FLAGS_dc_lambda));
+  return c;
 }
 
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Parameter-server shard.\nExample: ps --shard_index=0 --num_shards=2 --port=50051");
+      "Parameter-server shard.\nExample: ps --shard_index=0 --num_shards=2 --port=50051 "
+      "--consistency=ssp:2");
   absl::ParseCommandLine(argc, argv);
-  int index = absl::GetFlag(FLAGS_shard_index), shards = absl::GetFlag(FLAGS_num_shards);
-  if (shards < 1 || index < 0 || index >= shards) {
-    return Fail(absl::StrCat("--shard_index=", index, " must be in [0, --num_shards=", shards,
-                             ")"));
-  }
-  OptimizerConfig opt;
-  opt.name = absl::GetFlag(FLAGS_optimizer);
-  opt.learning_rate = static_cast<float>(absl::GetFlag(FLAGS_lr));
-  opt.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
-  opt.beta1 = static_cast<float>(absl::GetFlag(FLAGS_beta1));
-  opt.beta2 = static_cast<float>(absl::GetFlag(FLAGS_beta2));
-  opt.epsilon = static_cast<float>(absl::GetFlag(FLAGS_epsilon));
-  if (absl::StatusOr<std::unique_ptr<Optimizer>> check = MakeOptimizer(opt, 0); !check.ok()) {
-    return Fail(std::string(check.status().message()));
-  }
-  SetLogTag(absl::StrCat("ps[", index, "]"));
+  absl::StatusOr<ShardConfig> config = ConfigFromFlags();
+  if (!config.ok()) return Fail(std::string(config.status().message()));
+  absl::StatusOr<std::unique_ptr<ParameterShard>> shard = ParameterShard::Create(*config);
+  if (!shard.ok()) return Fail(std::string(shard.status().message()));
+  SetLogTag(absl::StrCat("ps[", config->shard_index, "]"));
   InstallShutdownHandler();
 
-  ParameterShard shard(index, shards, opt);
-  ShardService service(&shard);
+  ShardService service(shard->get());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -87,25 +129,37 @@ int Main(int argc, char** argv) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return Fail("cannot listen on " + address);
-  PS_LOG(INFO) << "shard " << index << "/" << shards << " serving on port " << port
-               << " (optimizer " << opt.name << ", lr " << opt.learning_rate << ")";
+  PS_LOG(INFO) << "shard " << config->shard_index << "/" << config->num_shards
+               << " serving on port " << port << ": " << ConsistencyName(*config) << ", "
+               << config->optimizer.name << ", lr " << config->learning_rate.base << " ("
+               << config->learning_rate.schedule << ")";
   std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WriteFileAtomically(port_file, absl::StrCat(port, "\n"))) {
     return Fail("cannot write --port_file " + port_file);
   }
 
-  while (!WaitForShutdown(absl::Seconds(30))) {
-    ShardStats s = shard.Stats();
-    PS_LOG(INFO) << "version " << s.version << ", " << s.registered_workers << " workers, "
-                 << s.pushes_rejected << " pushes rejected";
+  // Leases are checked every second; a status line is logged every 30.
+  absl::Time next_status = absl::Now() + absl::Seconds(30);
+  while (!WaitForShutdown(absl::Seconds(1))) {
+    std::vector<int> expired = (*shard)->ExpireLeases(absl::Now());
+    if (!expired.empty()) {
+      PS_LOG(WARNING) << "lease expired for worker(s) " << absl::StrJoin(expired, ",")
+                      << ": no longer waited for";
+    }
+    if (absl::Now() >= next_status) {
+      ShardStats s = (*shard)->Stats();
+      PS_LOG(INFO) << "version " << s.version << ", " << s.active_workers << "/"
+                   << s.registered_workers << " workers active, " << s.pushes_rejected
+                   << " pushes rejected";
+      next_status += absl::Seconds(30);
+    }
   }
-  shard.Shutdown();
+  (*shard)->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  ShardStats s = shard.Stats();
-  if (!absl::GetFlag(FLAGS_staleness_csv).empty()) {
-    WriteStalenessCsv(absl::GetFlag(FLAGS_staleness_csv), s);
-  }
+  ShardStats s = (*shard)->Stats();
+  WriteOutputs(s);
   PS_LOG(INFO) << "stopped at version " << s.version << ": " << s.pushes_applied << " applied, "
+               << s.pushes_dropped_late + s.pushes_dropped_stale << " dropped, "
                << s.pushes_duplicate << " duplicate, " << s.pushes_rejected << " rejected, "
                << s.pulls << " pulls";
   return 0;

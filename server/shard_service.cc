@@ -105,6 +105,7 @@ grpc::Status ShardService::Push(grpc::ServerContext*, grpc::ServerReader<v1::Pus
   response->set_version(outcome->version);
   response->set_staleness(outcome->staleness);
   response->set_duplicate(outcome->duplicate);
+  response->set_dropped(outcome->dropped);
   return grpc::Status::OK;
 }
 
@@ -114,7 +115,7 @@ grpc::Status ShardService::Pull(grpc::ServerContext* context, const v1::PullRequ
   absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
                                  absl::FromChrono(context->deadline()));
   absl::StatusOr<ParameterShard::Snapshot> snapshot =
-      shard_->Read(request->offset(), request->length(), deadline);
+      shard_->Read(request->worker_id(), request->offset(), request->length(), deadline);
   if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
   v1::PullChunk chunk;
   bool ok = true;
@@ -130,24 +131,51 @@ grpc::Status ShardService::Pull(grpc::ServerContext* context, const v1::PullRequ
   return grpc::Status::OK;
 }
 
+grpc::Status ShardService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                                     v1::HeartbeatResponse* response) {
+  absl::StatusOr<int> active = shard_->Heartbeat(request->worker_id());
+  if (!active.ok()) return ToGrpcStatus(active.status());
+  response->set_active_workers(*active);
+  return grpc::Status::OK;
+}
+
 grpc::Status ShardService::GetStats(grpc::ServerContext*, const v1::StatsRequest*,
                                     v1::StatsResponse* response) {
-  ShardStats s = shard_->Stats();
-  response->set_shard_index(s.shard_index);
-  response->set_num_shards(s.num_shards);
-  response->set_initialized(s.initialized);
-  response->set_begin(s.range.begin);
-  response->set_end(s.range.end);
-  response->set_version(s.version);
-  response->set_pushes_applied(s.pushes_applied);
-  response->set_pushes_rejected(s.pushes_rejected);
-  response->set_pushes_duplicate(s.pushes_duplicate);
-  response->set_pulls(s.pulls);
-  response->set_registered_workers(s.registered_workers);
-  response->set_model_fingerprint(s.model_fingerprint);
-  response->set_optimizer(s.optimizer);
-  for (int64_t c : s.staleness_counts) response->add_staleness_counts(c);
+  *response = StatsToProto(shard_->Stats());
   return grpc::Status::OK;
+}
+
+v1::StatsResponse StatsToProto(const ShardStats& s) {
+  v1::StatsResponse r;
+  r.set_shard_index(s.shard_index);
+  r.set_num_shards(s.num_shards);
+  r.set_initialized(s.initialized);
+  r.set_begin(s.range.begin);
+  r.set_end(s.range.end);
+  r.set_version(s.version);
+  r.set_pushes_applied(s.pushes_applied);
+  r.set_pushes_rejected(s.pushes_rejected);
+  r.set_pushes_duplicate(s.pushes_duplicate);
+  r.set_pushes_dropped_late(s.pushes_dropped_late);
+  r.set_pushes_dropped_stale(s.pushes_dropped_stale);
+  r.set_pulls(s.pulls);
+  r.set_registered_workers(s.registered_workers);
+  r.set_active_workers(s.active_workers);
+  r.set_learning_rate(s.learning_rate);
+  r.set_model_fingerprint(s.model_fingerprint);
+  r.set_optimizer(s.optimizer);
+  r.set_consistency(s.consistency);
+  for (int64_t c : s.staleness_counts) r.add_staleness_counts(c);
+  for (const WorkerSnapshot& w : s.workers) {
+    v1::WorkerStats* out = r.add_workers();
+    out->set_worker_id(w.worker_id);
+    out->set_active(w.active);
+    out->set_clock(w.clock);
+    out->set_pushes_applied(w.pushes_applied);
+    out->set_seconds_since_seen(w.seconds_since_seen);
+    for (int64_t c : w.staleness_counts) out->add_staleness_counts(c);
+  }
+  return r;
 }
 
 }  // namespace ps

@@ -7,6 +7,9 @@
 
 namespace ps {
 
+// The shard's statistics as the wire (and the --stats_json file) carries them.
+v1::StatsResponse StatsToProto(const ShardStats& stats);
+
 class ShardService final : public v1::ParameterServer::Service {
  public:
   explicit ShardService(ParameterShard* shard) : shard_(shard) {}
@@ -20,6 +23,8 @@ class ShardService final : public v1::ParameterServer::Service {
                     v1::PushResponse* response) override;
   grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest* request,
                     grpc::ServerWriter<v1::PullChunk>* writer) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const v1::StatsRequest* request,
                         v1::StatsResponse* response) override;
 

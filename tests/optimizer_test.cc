@@ -11,7 +11,6 @@ namespace {
 std::vector<float> ApplySteps(const std::string& name, const std::vector<float>& grads, float lr = 0.1f) {
   OptimizerConfig c;
   c.name = name;
-  c.learning_rate = lr;
   auto opt = MakeOptimizer(c, 1);
   EXPECT_TRUE(opt.ok()) << opt.status();
   std::vector<float> w = {1.0f}, trace;
@@ -78,10 +77,6 @@ TEST(OptimizerTest, RejectsUnknownNamesAndBadHyperParameters) {
   EXPECT_EQ(MakeOptimizer(c, 1).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(MakeOptimizer(c, 1).status().message().find("unknown optimizer 'rmsprop'"),
             std::string::npos);
-  c.name = "sgd";
-  c.learning_rate = -1;
-  EXPECT_FALSE(MakeOptimizer(c, 1).ok());
-  c.learning_rate = 0.1f;
   c.name = "momentum";
   c.momentum = 1.5f;
   EXPECT_FALSE(MakeOptimizer(c, 1).ok());

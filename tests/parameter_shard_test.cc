@@ -12,30 +12,33 @@ namespace {
 
 const ModelIdentity kModel{"test:10", 10, 2};
 
-OptimizerConfig Sgd(float lr) {
-  OptimizerConfig c;
-  c.name = "sgd";
-  c.learning_rate = lr;
-  return c;
+// A shard of `num_shards` with plain SGD at rate `lr`.
+std::unique_ptr<ParameterShard> SgdShard(int index, int num_shards, float lr) {
+  ShardConfig c;
+  c.shard_index = index;
+  c.num_shards = num_shards;
+  c.optimizer.name = "sgd";
+  c.learning_rate.base = lr;
+  return *ParameterShard::Create(c);
 }
 
 // Shard 1 of 2 over 10 parameters owns [5, 10), initialised to 5..9.
 class ParameterShardTest : public ::testing::Test {
  protected:
-  ParameterShardTest() : shard_(1, 2, Sgd(1.0f)) {}
   void SetUp() override {
     ASSERT_TRUE(*shard_.Initialize(kModel, 5, Initial()));
     ASSERT_TRUE(shard_.Register(0, kModel).ok());
   }
   static std::vector<float> Initial() { return {5, 6, 7, 8, 9}; }
   std::vector<float> Weights() {
-    return shard_.Read(0, 0, absl::InfiniteFuture())->values;
+    return shard_.Read(-1, 0, 0, absl::InfiniteFuture())->values;
   }
   absl::StatusOr<PushOutcome> Push(int64_t sequence, int64_t base, int64_t offset,
                                    std::vector<float> g) {
     return shard_.Push({0, sequence, base, offset, static_cast<int64_t>(g.size())}, g);
   }
-  ParameterShard shard_;
+  std::unique_ptr<ParameterShard> owned_ = SgdShard(1, 2, 1.0f);
+  ParameterShard& shard_ = *owned_;
 };
 
 TEST_F(ParameterShardTest, AppliesPushesAndCountsStaleness) {
@@ -104,43 +107,47 @@ TEST_F(ParameterShardTest, InitialisesOnceAndChecksTheModel) {
 }
 
 TEST(ParameterShardInitTest, RejectsWrongRangeAndNonFiniteValues) {
-  ParameterShard shard(0, 2, Sgd(0.1f));
+  auto owned = SgdShard(0, 2, 0.1f);
+  ParameterShard& shard = *owned;
   EXPECT_NE(shard.Initialize(kModel, 0, {1, 2, 3}).status().message().find("owns [0, 5)"),
             std::string::npos);
   EXPECT_FALSE(shard.Initialize(kModel, 0, {1, 2, NAN, 4, 5}).ok());
-  EXPECT_EQ(shard.Read(0, 0, absl::Now()).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(shard.Read(-1, 0, 0, absl::Now()).status().code(), absl::StatusCode::kUnavailable);
   ModelIdentity huge{"huge", int64_t{1} << 40, 2};
   EXPECT_NE(shard.CheckInitialize(huge, 0, int64_t{1} << 39).status().message().find("limit"),
             std::string::npos);
 }
 
 TEST(ParameterShardInitTest, ReadWaitsForInitialisation) {
-  ParameterShard shard(0, 1, Sgd(0.1f));
+  auto owned = SgdShard(0, 1, 0.1f);
+  ParameterShard& shard = *owned;
   ModelIdentity m{"m", 3, 1};
   std::thread init([&] {
     absl::SleepFor(absl::Milliseconds(50));
     ASSERT_TRUE(shard.Initialize(m, 0, {1, 2, 3}).ok());
   });
-  absl::StatusOr<ParameterShard::Snapshot> s = shard.Read(0, 0, absl::Now() + absl::Seconds(10));
+  absl::StatusOr<ParameterShard::Snapshot> s = shard.Read(-1, 0, 0, absl::Now() + absl::Seconds(10));
   init.join();
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(s->values, (std::vector<float>{1, 2, 3}));
 }
 
 TEST(ParameterShardInitTest, ShutdownWakesWaitingReads) {
-  ParameterShard shard(0, 1, Sgd(0.1f));
+  auto owned = SgdShard(0, 1, 0.1f);
+  ParameterShard& shard = *owned;
   std::thread stop([&] {
     absl::SleepFor(absl::Milliseconds(50));
     shard.Shutdown();
   });
-  EXPECT_EQ(shard.Read(0, 0, absl::InfiniteFuture()).status().code(),
+  EXPECT_EQ(shard.Read(-1, 0, 0, absl::InfiniteFuture()).status().code(),
             absl::StatusCode::kUnavailable);
   stop.join();
 }
 
 TEST(ParameterShardConcurrencyTest, ConcurrentPushesAndPullsLoseNothing) {
   const int kWorkers = 4, kPushes = 500, kSize = 1000;
-  ParameterShard shard(0, 1, Sgd(1.0f));
+  auto owned = SgdShard(0, 1, 1.0f);
+  ParameterShard& shard = *owned;
   ModelIdentity m{"m", kSize, 1};
   ASSERT_TRUE(shard.Initialize(m, 0, std::vector<float>(kSize, 0.0f)).ok());
   std::vector<std::thread> threads;
@@ -149,7 +156,7 @@ TEST(ParameterShardConcurrencyTest, ConcurrentPushesAndPullsLoseNothing) {
     threads.emplace_back([&, w] {
       std::vector<float> g(kSize, 1.0f);
       for (int i = 0; i < kPushes; ++i) {
-        absl::StatusOr<ParameterShard::Snapshot> s = shard.Read(0, 0, absl::InfiniteFuture());
+        absl::StatusOr<ParameterShard::Snapshot> s = shard.Read(w, 0, 0, absl::InfiniteFuture());
         ASSERT_TRUE(s.ok());
         // Every element of one snapshot has seen the same number of updates.
         ASSERT_EQ(s->values.front(), s->values.back());
@@ -158,7 +165,7 @@ TEST(ParameterShardConcurrencyTest, ConcurrentPushesAndPullsLoseNothing) {
     });
   }
   for (std::thread& t : threads) t.join();
-  std::vector<float> w = shard.Read(0, 0, absl::InfiniteFuture())->values;
+  std::vector<float> w = shard.Read(-1, 0, 0, absl::InfiniteFuture())->values;
   for (float v : w) ASSERT_EQ(v, -kWorkers * kPushes);
   EXPECT_EQ(shard.Stats().version, kWorkers * kPushes);
 }

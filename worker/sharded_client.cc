@@ -11,7 +11,6 @@
 #include "common/chunking.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
-#include "common/shutdown.h"
 
 namespace ps {
 namespace {
@@ -59,8 +58,26 @@ v1::ModelIdentity ShardedClient::ModelProto() const {
   return m;
 }
 
+bool ShardedClient::Track(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  if (cancelled_) return false;
+  in_flight_.insert(context);
+  return true;
+}
+
+void ShardedClient::Untrack(grpc::ClientContext* context) {
+  absl::MutexLock lock(&mu_);
+  in_flight_.erase(context);
+}
+
+void ShardedClient::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  for (grpc::ClientContext* c : in_flight_) c->TryCancel();
+}
+
 absl::Status ShardedClient::ForEachShard(
-    const std::function<grpc::Status(int, grpc::ClientContext*)>& fn) {
+    const std::function<grpc::Status(int, grpc::ClientContext*)>& fn, bool retry) {
   std::vector<absl::Status> results(stubs_.size());
   auto run = [&](int shard) {
     absl::Time give_up = absl::Now() + options_.retry_for;
@@ -68,9 +85,13 @@ absl::Status ShardedClient::ForEachShard(
     for (;;) {
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-      grpc::Status s = fn(shard, &context);
+      grpc::Status s = grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled");
+      if (Track(&context)) {
+        s = fn(shard, &context);
+        Untrack(&context);
+      }
       if (s.ok()) return;
-      if (!IsTransient(s) || absl::Now() + backoff > give_up || ShutdownRequested()) {
+      if (!retry || !IsTransient(s) || absl::Now() + backoff > give_up) {
         results[shard] = absl::Status(FromGrpcStatus(s).code(),
                                       absl::StrCat("shard ", shard, " (", addresses_[shard],
                                                    "): ", s.error_message()));
@@ -187,8 +208,20 @@ absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(
   for (const v1::PushResponse& r : responses) {
     summary.max_staleness = std::max(summary.max_staleness, r.staleness());
     summary.duplicates += r.duplicate();
+    summary.dropped += r.dropped();
   }
   return summary;
+}
+
+absl::Status ShardedClient::Heartbeat() {
+  return ForEachShard(
+      [&](int shard, grpc::ClientContext* context) {
+        v1::HeartbeatRequest request;
+        request.set_worker_id(worker_id_);
+        v1::HeartbeatResponse response;
+        return stubs_[shard]->Heartbeat(context, request, &response);
+      },
+      /*retry=*/false);
 }
 
 absl::StatusOr<std::vector<v1::StatsResponse>> ShardedClient::Stats() {

@@ -2,15 +2,18 @@
 // Pull and Push fan out to all shards concurrently; every call has a deadline, and calls that
 // failed for a transient reason (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff. Retrying
 // is safe: pulls are reads, pushes carry a (worker, sequence) id that a shard applies once.
-// Not thread-safe: one thread drives a client.
+// Thread-compatible: one thread drives Pull/Push; Heartbeat and Cancel may be called from others.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/model_identity.h"
@@ -49,6 +52,7 @@ class ShardedClient {
   struct PushSummary {
     int64_t max_staleness = 0;  // over shards
     int duplicates = 0;         // shards that had applied this sequence before
+    int dropped = 0;            // shards whose consistency policy dropped it (counted there)
   };
   // Pushes each shard its slice of `gradient`, tagged with `sequence` and the version of that
   // shard the gradient was computed from.
@@ -58,10 +62,21 @@ class ShardedClient {
   // Every shard's statistics.
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats();
 
+  // Refreshes this worker's lease on every shard (one attempt each, no retries).
+  absl::Status Heartbeat();
+
+  // Cancels calls in flight and makes every later call fail at once (CANCELLED). For shutdown:
+  // a pull held back by a barrier returns now instead of at its deadline.
+  void Cancel();
+
  private:
   // Runs fn(shard) for every shard concurrently, retrying transient failures; returns the first
   // error, prefixed with the shard's address.
-  absl::Status ForEachShard(const std::function<grpc::Status(int shard, grpc::ClientContext*)>& fn);
+  absl::Status ForEachShard(const std::function<grpc::Status(int shard, grpc::ClientContext*)>& fn,
+                            bool retry = true);
+  // Tracks contexts in flight so that Cancel can reach them.
+  bool Track(grpc::ClientContext* context);
+  void Untrack(grpc::ClientContext* context);
   v1::ModelIdentity ModelProto() const;
 
   std::vector<std::string> addresses_;
@@ -70,6 +85,10 @@ class ShardedClient {
   int worker_id_;
   ClientOptions options_;
   std::vector<Range> ranges_;  // shard i's range of the flat vector
+
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ps

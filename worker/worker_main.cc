@@ -3,6 +3,7 @@
 // asks the shards where it stopped and carries on; it never re-initialises a trained model.
 #include <cmath>
 #include <memory>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -16,6 +17,7 @@
 #include "common/shutdown.h"
 #include "kernels/backend.h"
 #include "worker/batch_sampler.h"
+#include "worker/delay.h"
 #include "worker/idx_dataset.h"
 #include "worker/mlp.h"
 #include "worker/sharded_client.h"
@@ -35,6 +37,10 @@ ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
 ABSL_FLAG(int, health_port, -1, "Serve grpc.health.v1 on this port (0: any free one; -1: off).");
 ABSL_FLAG(double, rpc_timeout_seconds, 10, "Deadline of each RPC attempt.");
 ABSL_FLAG(double, retry_seconds, 60, "Give up after a shard has been unreachable this long.");
+ABSL_FLAG(double, heartbeat_seconds, 1, "Seconds between heartbeats (keep below the ps lease).");
+ABSL_FLAG(double, slowdown, 1, "Straggler injection: compute takes this many times longer.");
+ABSL_FLAG(std::string, pull_delay, "", "Delay before each pull: fixed:S | uniform:A,B | exp:MEAN.");
+ABSL_FLAG(std::string, push_delay, "", "Delay before each push: fixed:S | uniform:A,B | exp:MEAN.");
 
 namespace ps {
 namespace {
@@ -51,6 +57,13 @@ int Main(int argc, char** argv) {
     return Fail(absl::StrCat("--rank=", rank, " must be in [0, --num_workers=", workers, ")"));
   }
   if (batch < 1) return Fail("--batch_size must be positive");
+  const double slowdown = absl::GetFlag(FLAGS_slowdown);
+  if (!(slowdown >= 1)) return Fail("--slowdown must be >= 1");
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<Delay> pull_delay = Delay::Parse(absl::GetFlag(FLAGS_pull_delay), seed * 31 + rank);
+  if (!pull_delay.ok()) return Fail(std::string(pull_delay.status().message()));
+  absl::StatusOr<Delay> push_delay = Delay::Parse(absl::GetFlag(FLAGS_push_delay), seed * 37 + rank);
+  if (!push_delay.ok()) return Fail(std::string(push_delay.status().message()));
   absl::StatusOr<std::vector<std::string>> addresses = ParseShardAddresses(absl::GetFlag(FLAGS_ps));
   if (!addresses.ok()) return Fail(std::string(addresses.status().message()));
   absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
@@ -81,6 +94,21 @@ int Main(int argc, char** argv) {
   ShardedClient client(*addresses, model, rank, options);
   absl::StatusOr<int64_t> next_step = client.Register();
   if (!next_step.ok()) return Fail(std::string(next_step.status().message()));
+  // Heartbeats keep this worker in the shards' active set even while it computes or waits at a
+  // barrier; at shutdown the same thread cancels calls in flight.
+  std::thread heartbeat([&client] {
+    while (!WaitForShutdown(absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds)))) {
+      if (absl::Status s = client.Heartbeat(); !s.ok()) PS_LOG(WARNING) << "heartbeat: " << s;
+    }
+    client.Cancel();
+  });
+  struct JoinAtExit {
+    std::thread& t;
+    ~JoinAtExit() {
+      RequestShutdown();
+      t.join();
+    }
+  } join_heartbeat{heartbeat};
   if (rank == 0) {
     absl::StatusOr<int> applied = client.Initialize(mlp.InitialParams(absl::GetFlag(FLAGS_seed)));
     if (!applied.ok()) return Fail(std::string(applied.status().message()));
@@ -93,10 +121,10 @@ int Main(int argc, char** argv) {
 
   absl::StatusOr<CsvWriter> csv = CsvWriter::Open(
       absl::GetFlag(FLAGS_csv).empty() ? "/dev/null" : absl::GetFlag(FLAGS_csv),
-      {"step", "wall_time", "loss", "base_version", "staleness", "epoch"});
+      {"step", "wall_time", "loss", "base_version", "staleness", "epoch", "dropped"});
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
 
-  BatchSampler sampler(&*data, batch, absl::GetFlag(FLAGS_seed) * 1000003 + rank);
+  BatchSampler sampler(&*data, batch, seed * 1000003 + rank);
   std::vector<float> params(mlp.num_params()), grad(mlp.num_params()), inputs;
   std::vector<int32_t> labels;
   std::vector<int64_t> versions;
@@ -107,20 +135,30 @@ int Main(int argc, char** argv) {
   int64_t step = *next_step, first_step = step;
   for (; (steps == 0 || step < steps) && !ShutdownRequested(); ++step) {
     if (max_seconds > 0 && absl::Now() - start > absl::Seconds(max_seconds)) break;
+    if (pull_delay->enabled() && WaitForShutdown(pull_delay->Next())) break;
     if (absl::Status s = client.Pull(absl::MakeSpan(params), &versions); !s.ok()) {
+      if (ShutdownRequested()) break;
       return Fail(absl::StrCat("pull failed at step ", step, ": ", s.message()));
     }
     sampler.Batch(step, &inputs, &labels);
+    absl::Time compute_start = absl::Now();
     float loss = mlp.Gradient(params, inputs.data(), labels.data(), batch, absl::MakeSpan(grad));
     if (!std::isfinite(loss)) {
       return Fail(absl::StrCat("training diverged: loss is ", loss, " at step ", step,
                                " (lower the learning rate)"));
     }
+    // A straggler: make the compute take `slowdown` times as long.
+    if (slowdown > 1 && WaitForShutdown((slowdown - 1) * (absl::Now() - compute_start))) break;
+    if (push_delay->enabled() && WaitForShutdown(push_delay->Next())) break;
     absl::StatusOr<ShardedClient::PushSummary> push = client.Push(grad, step, versions);
-    if (!push.ok()) return Fail(absl::StrCat("push failed at step ", step, ": ", push.status().message()));
+    if (!push.ok()) {
+      if (ShutdownRequested()) break;
+      return Fail(absl::StrCat("push failed at step ", step, ": ", push.status().message()));
+    }
     int64_t base = *std::min_element(versions.begin(), versions.end());
-    csv->Row({absl::StrCat(step), WallTimeField(), absl::StrFormat("%.5f", loss), absl::StrCat(base),
-              absl::StrCat(push->max_staleness), absl::StrFormat("%.3f", sampler.Epoch(step))});
+    csv->Row({absl::StrCat(step), WallTimeField(), absl::StrFormat("%.5f", loss),
+              absl::StrCat(base), absl::StrCat(push->max_staleness),
+              absl::StrFormat("%.3f", sampler.Epoch(step)), absl::StrCat(push->dropped)});
     if (absl::Now() >= next_log) {
       double rate = (step + 1 - first_step) / absl::ToDoubleSeconds(absl::Now() - start);
       PS_LOG(INFO) << absl::StrFormat("step %d (epoch %.2f), %.1f steps/s, loss %.4f", step,
@@ -131,7 +169,7 @@ int Main(int argc, char** argv) {
   PS_LOG(INFO) << "done at step " << step << " after "
                << absl::ToDoubleSeconds(absl::Now() - start) << " s";
   if (health != nullptr) health->Shutdown();
-  return 0;
+  return 0;  // join_heartbeat stops the heartbeat thread
 }
 
 }  // namespace

@@ -1,0 +1,50 @@
+#include "server/membership.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace ps {
+
+Membership::Worker& Membership::Touch(int id, absl::Time now) {
+  auto [it, is_new] = workers_.try_emplace(id);
+  Worker& w = it->second;
+  if (is_new || !w.active) {
+    w.active = false;  // not part of the minimum it joins at
+    int64_t slowest = MinActiveClock();
+    if (slowest != std::numeric_limits<int64_t>::max()) w.clock = std::max(w.clock, slowest);
+    w.active = true;
+  }
+  w.last_seen = now;
+  return w;
+}
+
+Membership::Worker* Membership::Find(int id) {
+  auto it = workers_.find(id);
+  return it == workers_.end() ? nullptr : &it->second;
+}
+
+std::vector<int> Membership::Expire(absl::Time now) {
+  std::vector<int> expired;
+  for (auto& [id, w] : workers_) {
+    if (w.active && now - w.last_seen > lease_) {
+      w.active = false;
+      expired.push_back(id);
+    }
+  }
+  return expired;
+}
+
+int Membership::ActiveCount() const {
+  return static_cast<int>(std::count_if(workers_.begin(), workers_.end(),
+                                        [](const auto& kv) { return kv.second.active; }));
+}
+
+int64_t Membership::MinActiveClock() const {
+  int64_t slowest = std::numeric_limits<int64_t>::max();
+  for (const auto& [id, w] : workers_) {
+    if (w.active) slowest = std::min(slowest, w.clock);
+  }
+  return slowest;
+}
+
+}  // namespace ps

@@ -1,0 +1,49 @@
+// Who takes part, as one shard sees it: the registered workers, when each was last heard from,
+// whether it is inside its lease (active), its SSP clock and its own staleness histogram.
+// A worker silent longer than the lease leaves the active set, so sync barriers and the SSP clock
+// minimum never wait on a dead worker; hearing from it again brings it back.
+// Not thread-safe: ParameterShard guards it with its mutex.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/staleness_histogram.h"
+
+namespace ps {
+
+class Membership {
+ public:
+  struct Worker {
+    int64_t last_sequence = -1;  // last push sequence seen (applied or dropped)
+    int64_t clock = 0;           // pushes completed; the SSP clock
+    int64_t pushes_applied = 0;
+    absl::Time last_seen;
+    bool active = true;
+    StalenessHistogram staleness;
+  };
+
+  explicit Membership(absl::Duration lease) : lease_(lease) {}
+
+  // Registers `id` or refreshes its lease. A new worker, or one coming back after its lease
+  // expired, joins at the slowest active clock, so that it does not hold the others back.
+  Worker& Touch(int id, absl::Time now);
+  // The worker's record, or null if it never registered.
+  Worker* Find(int id);
+  // Marks workers silent since before now - lease inactive; returns their ids.
+  std::vector<int> Expire(absl::Time now);
+
+  int ActiveCount() const;
+  // The slowest clock among active workers; INT64_MAX when none is active.
+  int64_t MinActiveClock() const;
+  const std::map<int, Worker>& workers() const { return workers_; }
+  absl::Duration lease() const { return lease_; }
+
+ private:
+  absl::Duration lease_;
+  std::map<int, Worker> workers_;
+};
+
+}  // namespace ps
