@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <functional>
+#include <map>
 #include <thread>
 
 namespace ps {
@@ -168,6 +170,153 @@ TEST(ParameterShardConcurrencyTest, ConcurrentPushesAndPullsLoseNothing) {
   std::vector<float> w = shard.Read(-1, 0, 0, absl::InfiniteFuture())->values;
   for (float v : w) ASSERT_EQ(v, -kWorkers * kPushes);
   EXPECT_EQ(shard.Stats().version, kWorkers * kPushes);
+}
+
+}  // namespace
+}  // namespace ps
+
+namespace ps {
+namespace {
+
+// A one-shard cluster over 4 parameters initialised to zero, SGD with rate 1, `workers`
+// registered, and the consistency settings given.
+struct ConsistencyFixture {
+  ConsistencyFixture(const std::string& consistency, int workers,
+                     const std::function<void(ShardConfig&)>& tweak = nullptr) {
+    ShardConfig c;
+    c.optimizer.name = "sgd";
+    c.learning_rate.base = 1.0f;
+    EXPECT_TRUE(ParseConsistency(consistency, &c).ok());
+    if (tweak) tweak(c);
+    shard = *ParameterShard::Create(c);
+    EXPECT_TRUE(shard->Initialize(model, 0, {0, 0, 0, 0}).ok());
+    for (int w = 0; w < workers; ++w) EXPECT_TRUE(shard->Register(w, model).ok());
+  }
+  absl::StatusOr<PushOutcome> Push(int worker, int64_t base, std::vector<float> g) {
+    return shard->Push({worker, next_sequence[worker]++, base, 0, 4}, g);
+  }
+  // Whether `worker` may pull now (waits 50 ms at most).
+  bool MayPull(int worker) {
+    return shard->Read(worker, 0, 0, absl::Now() + absl::Milliseconds(50)).ok();
+  }
+  std::vector<float> Weights() { return shard->Read(-1, 0, 0, absl::Now())->values; }
+
+  ModelIdentity model{"m", 4, 1};
+  std::unique_ptr<ParameterShard> shard;
+  std::map<int, int64_t> next_sequence;
+};
+
+TEST(SyncTest, AveragesOneRoundAndHoldsPullsUntilItCloses) {
+  ConsistencyFixture f("sync", 2);
+  ASSERT_TRUE(f.Push(0, 0, {2, 2, 2, 2}).ok());
+  EXPECT_EQ(f.Weights(), (std::vector<float>{0, 0, 0, 0}));  // waiting for worker 1
+  EXPECT_FALSE(f.MayPull(0));
+  EXPECT_TRUE(f.MayPull(1));
+  absl::StatusOr<PushOutcome> closing = f.Push(1, 0, {4, 0, 4, 0});
+  ASSERT_TRUE(closing.ok());
+  EXPECT_EQ(closing->version, 1);
+  EXPECT_EQ(f.Weights(), (std::vector<float>{-3, -1, -3, -1}));  // minus the mean
+  EXPECT_TRUE(f.MayPull(0));
+  EXPECT_EQ(f.shard->Stats().staleness_counts, (std::vector<int64_t>{2}));
+}
+
+TEST(SyncTest, BackupWorkersCloseTheRoundEarlyAndLatePushesAreDropped) {
+  ConsistencyFixture f("sync", 3, [](ShardConfig& c) { c.backup_workers = 1; });
+  ASSERT_TRUE(f.Push(0, 0, {1, 1, 1, 1}).ok());
+  ASSERT_EQ(f.Push(1, 0, {3, 3, 3, 3})->version, 1);
+  absl::StatusOr<PushOutcome> late = f.Push(2, 0, {100, 100, 100, 100});
+  ASSERT_TRUE(late.ok());
+  EXPECT_TRUE(late->dropped);
+  EXPECT_EQ(f.Weights(), (std::vector<float>{-2, -2, -2, -2}));
+  EXPECT_EQ(f.shard->Stats().pushes_dropped_late, 1);
+}
+
+TEST(SyncTest, ASecondGradientForTheSameRoundIsRejected) {
+  ConsistencyFixture f("sync", 2);
+  ASSERT_TRUE(f.Push(0, 0, {1, 1, 1, 1}).ok());
+  EXPECT_EQ(f.Push(0, 0, {1, 1, 1, 1}).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(f.shard->Stats().version, 0);
+}
+
+TEST(SyncTest, AnExpiredLeaseLeavesTheBarrierAndHeartbeatsBringTheWorkerBack) {
+  ConsistencyFixture f("sync", 2, [](ShardConfig& c) { c.lease = absl::Milliseconds(200); });
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(f.Push(0, 0, {2, 2, 2, 2}).ok());  // refreshes worker 0 only
+  EXPECT_EQ(f.shard->Stats().version, 0);
+  EXPECT_EQ(f.shard->ExpireLeases(absl::Now()), (std::vector<int>{1}));
+  EXPECT_EQ(f.shard->Stats().version, 1);  // the round closed without worker 1
+  EXPECT_EQ(f.shard->Stats().active_workers, 1);
+  EXPECT_EQ(*f.shard->Heartbeat(1), 2);
+  ASSERT_TRUE(f.Push(1, 1, {2, 2, 2, 2}).ok());
+  EXPECT_EQ(f.shard->Stats().version, 1);  // now the round waits for both again
+}
+
+TEST(SspTest, AWorkerMayRunAtMostSClocksAheadOfTheSlowest) {
+  ConsistencyFixture f("ssp:1", 2);
+  EXPECT_TRUE(f.MayPull(0));
+  ASSERT_TRUE(f.Push(0, 0, {1, 1, 1, 1}).ok());  // clocks 1, 0
+  EXPECT_TRUE(f.MayPull(0));
+  ASSERT_TRUE(f.Push(0, 1, {1, 1, 1, 1}).ok());  // clocks 2, 0: 2 - 1 > 0
+  EXPECT_FALSE(f.MayPull(0));
+  ASSERT_TRUE(f.Push(1, 0, {1, 1, 1, 1}).ok());  // clocks 2, 1
+  EXPECT_TRUE(f.MayPull(0));
+  EXPECT_EQ(f.shard->Stats().version, 3);  // every push applied at once
+}
+
+TEST(SspTest, ANewWorkerJoinsAtTheSlowestClock) {
+  ConsistencyFixture f("ssp:0", 1);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(f.Push(0, i, {1, 1, 1, 1}).ok());
+  ASSERT_TRUE(f.shard->Register(1, f.model).ok());
+  EXPECT_TRUE(f.MayPull(0));  // worker 1 joined at clock 5, not 0
+}
+
+TEST(PolicyTest, StalenessAwareLearningRateDividesByStaleness) {
+  ConsistencyFixture f("async", 2, [](ShardConfig& c) { c.staleness_aware_lr = true; });
+  ASSERT_TRUE(f.Push(0, 0, {1, 1, 1, 1}).ok());
+  ASSERT_TRUE(f.Push(0, 1, {1, 1, 1, 1}).ok());
+  ASSERT_EQ(f.Push(1, 0, {4, 4, 4, 4})->staleness, 2);
+  EXPECT_EQ(f.Weights(), (std::vector<float>{-4, -4, -4, -4}));  // -1 -1 -4/2
+}
+
+TEST(PolicyTest, PushesStalerThanTheBoundAreDropped) {
+  ConsistencyFixture f("async", 2, [](ShardConfig& c) { c.max_staleness = 1; });
+  ASSERT_TRUE(f.Push(0, 0, {1, 1, 1, 1}).ok());
+  ASSERT_TRUE(f.Push(0, 1, {1, 1, 1, 1}).ok());
+  absl::StatusOr<PushOutcome> stale = f.Push(1, 0, {9, 9, 9, 9});
+  EXPECT_TRUE(stale->dropped);
+  EXPECT_FALSE(f.Push(1, 1, {1, 1, 1, 1})->dropped);  // staleness 1 is within the bound
+  EXPECT_EQ(f.Weights(), (std::vector<float>{-3, -3, -3, -3}));
+  EXPECT_EQ(f.shard->Stats().pushes_dropped_stale, 1);
+}
+
+TEST(PolicyTest, DcAsgdCompensatesWithTheWeightsTheWorkerPulled) {
+  ConsistencyFixture f("async", 2, [](ShardConfig& c) { c.dc_lambda = 0.5f; });
+  ASSERT_TRUE(f.shard->Read(1, 0, 0, absl::Now()).ok());  // worker 1 pulls w = 0
+  ASSERT_TRUE(f.Push(0, 0, {1, 2, 0, 0}).ok());           // w = -1 -2 0 0 (no pull: plain)
+  ASSERT_TRUE(f.Push(1, 0, {2, 1, 1, 0}).ok());
+  // g + 0.5 * g^2 * (w_now - w_pulled): 2 + 0.5*4*(-1) = 0, 1 + 0.5*1*(-2) = 0, 1, 0
+  EXPECT_EQ(f.Weights(), (std::vector<float>{-1, -2, -1, 0}));
+}
+
+TEST(PolicyTest, LearningRateScalesWithActiveWorkers) {
+  ConsistencyFixture f("async", 3, [](ShardConfig& c) { c.scale_lr_by_workers = true; });
+  ASSERT_TRUE(f.Push(0, 0, {1, 1, 1, 1}).ok());
+  EXPECT_EQ(f.Weights(), (std::vector<float>{-3, -3, -3, -3}));
+}
+
+TEST(ShardConfigTest, BadSettingsAreRejectedWithTheirName) {
+  ShardConfig c;
+  EXPECT_NE(ParseConsistency("ssp:-1", &c).message().find("unknown consistency model 'ssp:-1'"),
+            std::string::npos);
+  EXPECT_FALSE(ParseConsistency("bsp", &c).ok());
+  c.backup_workers = -1;
+  EXPECT_FALSE(ParameterShard::Create(c).ok());
+  c.backup_workers = 0;
+  c.learning_rate.schedule = "linear";
+  EXPECT_NE(ParameterShard::Create(c).status().message().find("'linear'"), std::string::npos);
+  c.learning_rate.schedule = "constant";
+  c.shard_index = 2;
+  EXPECT_FALSE(ParameterShard::Create(c).ok());
 }
 
 }  // namespace

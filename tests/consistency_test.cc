@@ -1,0 +1,189 @@
+// Multi-process tests of the consistency models: real ps processes on 127.0.0.1, workers either
+// real processes or in-test clients computing real gradients on Fashion-MNIST.
+#include <google/protobuf/util/json_util.h>
+#include <grpcpp/create_channel.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <fstream>
+#include <thread>
+
+#include "deploy/local_cluster.h"
+#include "kernels/backend.h"
+#include "proto/ps.grpc.pb.h"
+#include "worker/idx_dataset.h"
+#include "worker/mlp.h"
+#include "worker/sharded_client.h"
+
+namespace ps {
+namespace {
+
+std::string NewRunDir() {
+  std::string pattern = ::testing::TempDir() + "/consistency-XXXXXX";
+  return mkdtemp(pattern.data());
+}
+
+std::vector<v1::StatsResponse> AllStats(LocalCluster& cluster, int shards) {
+  std::vector<v1::StatsResponse> out;
+  for (int s = 0; s < shards; ++s) {
+    auto stub = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(cluster.ShardAddress(s), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::StatsResponse r;
+    EXPECT_TRUE(stub->GetStats(&context, v1::StatsRequest(), &r).ok());
+    out.push_back(r);
+  }
+  return out;
+}
+
+// Trains `steps` synchronous steps with one client thread per batch slice and returns the
+// final weights. Thread w at step s uses examples [(s*W + w)*B, (s*W + w + 1)*B).
+std::vector<float> TrainSync(int workers, int batch, int steps, const Examples& data) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  EXPECT_TRUE(cluster.StartShards(2, {"--consistency=sync", "--optimizer=sgd", "--lr=0.1"}).ok());
+  std::vector<int> sizes = {784, 32, 10};
+  std::unique_ptr<Backend> probe_backend = MakeCpuBackend(1);
+  Mlp probe(sizes, 1, probe_backend.get());
+  ModelIdentity model{probe.Fingerprint(), probe.num_params(), 2};
+  std::vector<std::string> addresses = {cluster.ShardAddress(0), cluster.ShardAddress(1)};
+  {
+    ShardedClient init(addresses, model, 0);
+    EXPECT_TRUE(init.Register().ok());
+    EXPECT_TRUE(init.Initialize(probe.InitialParams(5)).ok());
+  }
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+      Mlp mlp(sizes, batch, backend.get());
+      ShardedClient client(addresses, model, w);
+      ASSERT_TRUE(client.Register().ok());
+      std::vector<float> params(mlp.num_params()), grad(mlp.num_params());
+      std::vector<int64_t> versions;
+      for (int s = 0; s < steps; ++s) {
+        ASSERT_TRUE(client.Pull(absl::MakeSpan(params), &versions).ok());
+        EXPECT_EQ(versions[0], s);  // the barrier: every worker computes from version s
+        int64_t first = (static_cast<int64_t>(s) * workers + w) * batch;
+        mlp.Gradient(params, data.features.data() + first * 784, data.labels.data() + first, batch,
+                     absl::MakeSpan(grad));
+        ASSERT_TRUE(client.Push(grad, s, versions).ok());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ShardedClient reader(addresses, model, -1);
+  std::vector<float> params(probe.num_params());
+  std::vector<int64_t> versions;
+  EXPECT_TRUE(reader.Pull(absl::MakeSpan(params), &versions).ok());
+  EXPECT_EQ(versions, (std::vector<int64_t>{steps, steps}));
+  for (const v1::StatsResponse& s : AllStats(cluster, 2)) {
+    // Every applied gradient had staleness 0.
+    EXPECT_EQ(std::vector<int64_t>(s.staleness_counts().begin(), s.staleness_counts().end()),
+              std::vector<int64_t>{workers * steps});
+  }
+  return params;
+}
+
+TEST(SyncIdentityTest, FourWorkersOfBatchBEqualOneWorkerOfBatch4B) {
+  const int kBatch = 16, kSteps = 6;
+  Range first{0, 4 * kBatch * kSteps};
+  absl::StatusOr<Examples> data =
+      LoadFashionMnist("/usr/share/datasets/fashion-mnist", "train", &first);
+  ASSERT_TRUE(data.ok()) << data.status();
+  std::vector<float> four = TrainSync(4, kBatch, kSteps, *data);
+  std::vector<float> one = TrainSync(1, 4 * kBatch, kSteps, *data);
+  double diff = 0, norm = 0, moved = 0;
+  std::unique_ptr<Backend> backend = MakeCpuBackend(1);
+  std::vector<float> initial = Mlp({784, 32, 10}, 1, backend.get()).InitialParams(5);
+  for (size_t i = 0; i < one.size(); ++i) {
+    diff += (four[i] - one[i]) * (four[i] - one[i]);
+    norm += one[i] * one[i];
+    moved += (one[i] - initial[i]) * (one[i] - initial[i]);
+  }
+  EXPECT_GT(std::sqrt(moved / norm), 1e-3) << "training should have moved the weights";
+  EXPECT_LE(std::sqrt(diff / norm), 1e-5);
+}
+
+// Starts `workers` real worker processes with `flags`; worker 0 gets `straggler_flags` too.
+void StartWorkers(LocalCluster& cluster, int workers, std::vector<std::string> flags,
+                  const std::vector<std::string>& straggler_flags = {}) {
+  flags.push_back("--hidden=32");
+  flags.push_back("--heartbeat_seconds=0.2");
+  for (int r = 0; r < workers; ++r) {
+    std::vector<std::string> f = flags;
+    if (r == 0) f.insert(f.end(), straggler_flags.begin(), straggler_flags.end());
+    ASSERT_TRUE(cluster.StartWorker(r, workers, f).ok());
+  }
+}
+
+TEST(SspBoundTest, NoAppliedPushIsStalerThanTheStatedBound) {
+  const int kWorkers = 3, kBound = 1;
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(2, {"--consistency=ssp:1"}).ok());
+  StartWorkers(cluster, kWorkers, {"--steps=120"}, {"--slowdown=4"});
+  for (int r = 0; r < kWorkers; ++r) ASSERT_EQ(*cluster.worker(r)->Wait(absl::Minutes(3)), 0);
+  const int bound = (kWorkers - 1) * (2 * kBound + 1);
+  for (const v1::StatsResponse& s : AllStats(cluster, 2)) {
+    EXPECT_EQ(s.pushes_applied(), kWorkers * 120);
+    EXPECT_LE(s.staleness_counts_size() - 1, bound) << "max staleness above (W-1)(2s+1)";
+    int64_t stale = 0;
+    for (int k = 1; k < s.staleness_counts_size(); ++k) stale += s.staleness_counts(k);
+    EXPECT_GT(stale, 0) << "the workers should have overlapped at all";
+  }
+  EXPECT_EQ(cluster.Stop(), "");
+}
+
+TEST(SyncMembershipTest, BackupWorkerKeepsRoundsClosingWhenAWorkerStops) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(2, {"--consistency=sync", "--backup_workers=1",
+                                      "--lease_seconds=60"}).ok());
+  StartWorkers(cluster, 3, {});
+  auto version = [&] { return AllStats(cluster, 2)[0].version(); };
+  absl::Time deadline = absl::Now() + absl::Minutes(1);
+  while (version() < 30 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  cluster.worker(2)->Signal(SIGKILL);
+  ASSERT_EQ(*cluster.worker(2)->Wait(absl::Seconds(10)), 128 + SIGKILL);
+  int64_t at_kill = version();
+  absl::SleepFor(absl::Seconds(1));
+  EXPECT_GT(version(), at_kill + 10) << "rounds close with W-1 pushes, lease or not";
+  EXPECT_EQ(AllStats(cluster, 2)[0].active_workers(), 3);  // the lease has not run out
+}
+
+TEST(SyncMembershipTest, LeaseRemovesADeadWorkerAndItRejoinsWhenRestarted) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(2, {"--consistency=sync", "--lease_seconds=1"}).ok());
+  StartWorkers(cluster, 3, {});
+  auto stats = [&] { return AllStats(cluster, 2)[0]; };
+  absl::Time deadline = absl::Now() + absl::Minutes(1);
+  while (stats().version() < 30 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
+  cluster.worker(2)->Signal(SIGKILL);
+  ASSERT_EQ(*cluster.worker(2)->Wait(absl::Seconds(10)), 128 + SIGKILL);
+  // Within a couple of lease periods the shard stops waiting for it and rounds close again.
+  deadline = absl::Now() + absl::Seconds(10);
+  while (stats().active_workers() != 2 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_EQ(stats().active_workers(), 2);
+  int64_t without = stats().version();
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_GT(stats().version(), without + 5);
+  // Restarted, it registers, is active again and takes part in the rounds.
+  ASSERT_TRUE(cluster.StartWorker(2, 3, {"--hidden=32", "--heartbeat_seconds=0.2"}).ok());
+  deadline = absl::Now() + absl::Seconds(20);
+  while (stats().active_workers() != 3 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(stats().active_workers(), 3);
+  int64_t rejoined = stats().version();
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_GT(stats().version(), rejoined + 5);
+  v1::StatsResponse last = stats();
+  for (const v1::WorkerStats& w : last.workers()) EXPECT_TRUE(w.active()) << w.worker_id();
+  EXPECT_EQ(cluster.Stop(), "");
+}
+
+}  // namespace
+}  // namespace ps
