@@ -55,7 +55,7 @@ mkdir -p "$stage/bin" "$stage/lib"
 # Binaries: everything build/bin holds (daemons, benches, tests), stripped.
 binaries=()
 for f in build/bin/*; do
-  [ -f "$f" ] && [ -x "$f" ] || continue
+  if [ ! -f "$f" ] || [ ! -x "$f" ]; then continue; fi
   cp "$f" "$stage/bin/"
   strip --strip-unneeded "$stage/bin/$(basename "$f")"
   binaries+=("$f")

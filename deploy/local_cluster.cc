@@ -25,7 +25,8 @@ absl::Status LocalCluster::StartShards(int count, const std::vector<std::string>
     std::vector<std::string> argv = {
         bin_dir_ + "/ps", absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", count),
         "--host=127.0.0.1", "--port=0", "--port_file=" + port_file,
-        absl::StrCat("--staleness_csv=", run_dir_, "/staleness-shard-", i, ".csv")};
+        absl::StrCat("--staleness_csv=", run_dir_, "/staleness-shard-", i, ".csv"),
+        absl::StrCat("--stats_json=", run_dir_, "/stats-shard-", i, ".json")};
     argv.insert(argv.end(), flags.begin(), flags.end());
     absl::StatusOr<Subprocess> p = Subprocess::Start(argv, absl::StrCat(run_dir_, "/ps-", i, ".log"));
     if (!p.ok()) return p.status();
@@ -92,12 +93,17 @@ Subprocess* LocalCluster::worker(int rank) {
 
 std::string LocalCluster::Stop() {
   std::vector<std::string> bad;
-  auto stop = [&](Subprocess& p, const std::string& label) {
-    int code = p.Stop(absl::Seconds(15));
+  auto check = [&](int code, const std::string& label) {
     if (code != 0) bad.push_back(absl::StrCat(label, " exited with status ", code));
   };
-  for (auto& [rank, w] : workers_) w.Signal(SIGTERM);  // all at once, then wait for each
-  for (auto& [rank, w] : workers_) stop(w, absl::StrCat("worker ", rank));
+  auto stop = [&](Subprocess& p, const std::string& label) {
+    check(p.Stop(absl::Seconds(15)), label);
+  };
+  // All workers at once (one signal each: a second means "exit now"), then wait for each.
+  for (auto& [rank, w] : workers_) w.Signal(SIGTERM);
+  for (auto& [rank, w] : workers_) {
+    check(w.WaitOrKill(absl::Seconds(15)), absl::StrCat("worker ", rank));
+  }
   workers_.clear();
   if (evaluator_ != nullptr) stop(*evaluator_, "evaluator");
   evaluator_.reset();

@@ -90,6 +90,10 @@ absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {
 
 int Subprocess::Stop(absl::Duration grace) {
   Signal(SIGTERM);
+  return WaitOrKill(grace);
+}
+
+int Subprocess::WaitOrKill(absl::Duration grace) {
   if (absl::StatusOr<int> code = Wait(grace); code.ok()) return *code;
   Signal(SIGKILL);
   Reap(/*block=*/true);

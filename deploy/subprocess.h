@@ -31,8 +31,10 @@ class Subprocess {
   // Waits up to `timeout` for the child to exit; returns its exit code (128+signal when killed by
   // one), or DEADLINE_EXCEEDED.
   absl::StatusOr<int> Wait(absl::Duration timeout);
-  // SIGTERM, wait up to `grace`, then SIGKILL. Returns the exit code.
+  // SIGTERM, then WaitOrKill(grace). Returns the exit code.
   int Stop(absl::Duration grace);
+  // Waits up to `grace` for the child to exit, then SIGKILLs it. Returns the exit code.
+  int WaitOrKill(absl::Duration grace);
 
  private:
   Subprocess(pid_t pid, std::string name) : pid_(pid), name_(std::move(name)) {}

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Runs ON the lent GPU machine, from the repository root, with .gpu-bundle/ (made here by
+# deploy/gpu_bundle.sh) carried by the device tool:
+#
+#   device run: command "bash deploy/gpu_run.sh", carry [".gpu-bundle"], timeout_s 600
+#
+# Steps (about 7 minutes in all; E2E_SECONDS=60 shortens the two training runs):
+#   1. unpack the bundle into $BUNDLE_DIR (default /tmp/ps-gpu-bundle; outside the checkout, so a
+#      local run never makes .gpu-bundle/ too big to travel), find cuBLAS, print nvidia-smi
+#   2. GPU tests: cuda_backend_test and mlp_test (gtest binaries: no ctest there); a skipped test
+#      counts as a failure, since it means the GPU was not usable
+#   3. compute_bench on cuda with PS_CUDA_MATH=fp32, tf32, bf16, and on cpu (1 and all threads)
+#   4. torch_mlp_bench.py on cuda (fp32, tf32, bf16, fp32 + params upload) and on cpu
+#   5. launch --shards=2 --workers=4 for E2E_SECONDS on --device=cuda, then on --device=cpu
+# Independent steps go on after a failure; the script then exits 1 naming every failed step.
+#
+# Output, in ${OUT:-/tmp/gpu-out} (the device tool returns at most 8 files, 2 folders deep, so the
+# run directories and logs travel as one tarball): results.csv (both benches, one row per config),
+# gpu_run.log (this script's whole output), artifacts.tar.gz (every step's log, both run dirs).
+# Our binaries get LD_LIBRARY_PATH=<bundle>/lib; nvidia-smi and python3 do not (the bundle's older
+# libstdc++ must not shadow the one PyTorch was built against).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+
+OUT=${OUT:-/tmp/gpu-out}
+BUNDLE_DIR=${BUNDLE_DIR:-/tmp/ps-gpu-bundle}
+E2E_SECONDS=${E2E_SECONDS:-120}
+DATA_DIR=/usr/share/datasets/fashion-mnist  # the worker's and evaluator's default --data_dir
+mkdir -p "$OUT"
+WORK=$(mktemp -d /tmp/gpu-run.XXXXXX)
+mkdir -p "$WORK/logs"
+
+die() { echo "gpu_run: FATAL: $*"; exit 1; }
+failed=()
+fail() { echo "gpu_run: FAILED: $*"; failed+=("$1"); }
+
+# run_step NAME SECONDS CMD...: runs CMD with a time limit, its output in $WORK/logs/NAME.log and on
+# the console (QUIET=1: only gtest's result lines); records NAME as failed on a non-zero exit.
+run_step() {
+  local name=$1 limit=$2 rc
+  shift 2
+  echo
+  echo "=== $name ($(date -u +%H:%M:%S), ${SECONDS}s in)"
+  if [ -n "${QUIET:-}" ]; then
+    timeout --kill-after=10 "$limit" "$@" > "$WORK/logs/$name.log" 2>&1
+    rc=$?
+    grep -E '^\[ *(PASSED|FAILED|SKIPPED) *\]|tests? ran' "$WORK/logs/$name.log" | tail -n 30
+  else
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$WORK/logs/$name.log"
+    rc=${PIPESTATUS[0]}
+  fi
+  if ((rc == 124 || rc == 137)); then
+    fail "$name" "timed out after ${limit}s"
+  elif ((rc != 0)); then
+    fail "$name" "exit status $rc (log: logs/$name.log in artifacts.tar.gz)"
+  fi
+  return "$rc"
+}
+
+# "${ours[@]}" CMD runs one of our binaries with the bundle's libraries first, then wherever
+# cuBLAS was found (an env command, not a function, so that timeout can run it).
+ours=()
+set_ours() {
+  ours=(env "LD_LIBRARY_PATH=$BUNDLE_DIR/lib${CUBLAS_DIR:+:$CUBLAS_DIR}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+}
+
+main() {
+  echo "gpu_run: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname), output in $OUT, work in $WORK"
+  [ -f .gpu-bundle/bundle.tar.xz ] \
+    || die ".gpu-bundle/bundle.tar.xz is missing: run deploy/gpu_bundle.sh here and carry .gpu-bundle"
+  head -n 3 .gpu-bundle/MANIFEST.txt 2>/dev/null
+
+  # 1. Unpack (xz may be missing from the image: Python's tarfile reads .tar.xz too).
+  { rm -rf "$BUNDLE_DIR" && mkdir -p "$BUNDLE_DIR"; } || die "cannot create $BUNDLE_DIR"
+  if command -v xz > /dev/null; then
+    tar -C "$BUNDLE_DIR" -xJf .gpu-bundle/bundle.tar.xz || die "cannot unpack the bundle"
+  else
+    python3 -c 'import sys, tarfile; t = tarfile.open(sys.argv[1]); t.extractall(sys.argv[2],
+      **({"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}))' \
+      .gpu-bundle/bundle.tar.xz "$BUNDLE_DIR" || die "cannot unpack the bundle"
+  fi
+  local bin=$BUNDLE_DIR/bin
+
+  # cuBLAS comes from the machine's CUDA toolkit (the binaries' RUNPATH says /usr/local/cuda/lib),
+  # else from PyTorch's nvidia-cublas wheel.
+  CUBLAS_DIR=""
+  set_ours
+  if [[ "$("${ours[@]}" ldd "$bin/compute_bench")" == *"not found"* ]]; then
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+             $(python3 -c 'import nvidia, os; print(" ".join(os.path.dirname(p) for p in
+               __import__("glob").glob(os.path.join(list(nvidia.__path__)[0], "**",
+               "libcublas.so.*"), recursive=True)))' 2>/dev/null); do
+      if [ -e "$d/libcublas.so.13" ]; then CUBLAS_DIR=$d; break; fi
+    done
+    set_ours
+  fi
+  local libs
+  libs=$("${ours[@]}" ldd "$bin/compute_bench")
+  if [[ "$libs" == *"not found"* ]]; then
+    echo "$libs"
+    die "compute_bench cannot find the libraries marked 'not found' (cuBLAS 13 of CUDA 13 is expected)"
+  fi
+  echo "cuBLAS: $(awk '/libcublas\.so/ {print $3}' <<< "$libs")"
+
+  # Leave the card's settings alone: queries only.
+  run_step nvidia-smi 30 nvidia-smi || die "nvidia-smi failed: no usable GPU"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.draw,temperature.gpu \
+    --format=csv 2>&1 | tee "$WORK/logs/gpu-state-before.csv"
+  echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+
+  # 2. GPU tests.
+  local t
+  for t in cuda_backend_test mlp_test; do
+    if QUIET=1 run_step "$t" 180 "${ours[@]}" "$bin/$t" --gtest_color=no; then
+      grep -q '\[  SKIPPED \]' "$WORK/logs/$t.log" \
+        && fail "$t" "some tests were SKIPPED on a GPU machine (the GPU was not usable by them)"
+    fi
+  done
+
+  # 3. compute_bench. The CPU runs get a shorter budget: the big model is ~1 s/step per core.
+  local csv=$OUT/results.csv math threads
+  for math in fp32 tf32 bf16; do
+    run_step "compute_bench-cuda-$math" 120 "${ours[@]}" "PS_CUDA_MATH=$math" \
+      "$bin/compute_bench" --device=cuda --iters=100 --warmup=5 --csv="$csv"
+  done
+  for threads in 1 "$(nproc)"; do
+    run_step "compute_bench-cpu-${threads}thr" 120 "${ours[@]}" "$bin/compute_bench" --device=cpu --threads="$threads" --iters=20 \
+      --budget_seconds=4 --csv="$csv"
+  done
+
+  # 4. PyTorch, same models and batches.
+  local torch_bench=$BUNDLE_DIR/torch_mlp_bench.py variant
+  export PYTHONUNBUFFERED=1
+  for variant in "fp32:" "tf32:--tf32" "bf16:--bf16" "fp32-upload:--upload_params"; do
+    # shellcheck disable=SC2086
+    run_step "torch-cuda-${variant%%:*}" 150 python3 "$torch_bench" --device=cuda --iters=100 \
+      --warmup=5 --csv="$csv" ${variant#*:}
+  done
+  for threads in 1 "$(nproc)"; do
+    run_step "torch-cpu-${threads}thr" 120 python3 "$torch_bench" --device=cpu \
+      --threads="$threads" --iters=20 --budget_seconds=4 --csv="$csv"
+  done
+
+  # 5. End to end. The launcher passes no --data_dir, so the daemons read their default.
+  local data_ok=1
+  if ! { mkdir -p "$DATA_DIR" && cp .gpu-bundle/data/*.gz "$DATA_DIR/"; }; then
+    fail "dataset" "cannot copy .gpu-bundle/data to $DATA_DIR (not root?)"
+    data_ok=0
+  fi
+  local device
+  for device in cuda cpu; do
+    ((data_ok)) || break
+    # Keep the whole script inside the device tool's 10 minutes.
+    if ((SECONDS + E2E_SECONDS + 40 > 570)); then
+      fail "e2e-$device" "skipped: ${SECONDS}s spent, too little time left for a ${E2E_SECONDS}s run"
+      continue
+    fi
+    run_step "e2e-$device" $((E2E_SECONDS + 60)) "${ours[@]}" "$bin/launch" --shards=2 --workers=4 \
+      --device="$device" --max_seconds="$E2E_SECONDS" --run_dir="$WORK/run-$device"
+    cp "$WORK/run-$device/training.png" "$OUT/training-$device.png" 2>/dev/null
+  done
+  nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv \
+    > "$WORK/logs/gpu-state-after.csv" 2>&1
+
+  # Summary last: the device tool's reply carries the end of the output.
+  (cd "$WORK" && shopt -s nullglob && tar -czf "$OUT/artifacts.tar.gz" logs run-*) \
+    || fail "artifacts" "cannot write $OUT/artifacts.tar.gz"
+  echo
+  echo "=== summary (${SECONDS}s)"
+  if [ -f "$csv" ]; then
+    column -s, -t < "$csv" 2>/dev/null || cat "$csv"
+  fi
+  for device in cuda cpu; do
+    [ -f "$WORK/logs/e2e-$device.log" ] \
+      && echo "e2e $device: $(grep -h '^finished:' "$WORK/logs/e2e-$device.log" || echo 'no result')"
+  done
+  if ((${#failed[@]})); then
+    echo "gpu_run: ${#failed[@]} step(s) failed: ${failed[*]}"
+    return 1
+  fi
+  echo "gpu_run: all steps passed"
+}
+
+main "$@" 2>&1 | tee "$OUT/gpu_run.log"
+exit "${PIPESTATUS[0]}"

@@ -1,0 +1,147 @@
+#include "deploy/training_run.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/shutdown.h"
+#include "deploy/local_cluster.h"
+
+namespace ps {
+namespace {
+
+// Steps finished by all workers, from the last row of each worker's CSV.
+int64_t StepsDone(const std::string& run_dir, int workers) {
+  int64_t total = 0;
+  for (int r = 0; r < workers; ++r) {
+    double step = CsvField(LastLine(absl::StrCat(run_dir, "/worker-", r, ".csv")), 0);
+    if (!std::isnan(step)) total += static_cast<int64_t>(step) + 1;
+  }
+  return total;
+}
+
+void WriteConfig(const TrainingConfig& c, const LocalCluster& cluster, absl::Time start) {
+  std::ofstream out(c.run_dir + "/config.txt");
+  out << "started: " << absl::FormatTime(start) << "\nshards: " << c.shards
+      << "\nworkers: " << c.workers << "\nps addresses: " << cluster.ShardAddresses()
+      << "\nps flags: " << absl::StrJoin(c.ps_flags, " ")
+      << "\nworker flags: " << absl::StrJoin(c.worker_flags, " ")
+      << "\nevaluator flags: " << absl::StrJoin(c.evaluator_flags, " ") << "\n";
+  for (const auto& [rank, flags] : c.rank_flags) {
+    out << "worker " << rank << " extra flags: " << absl::StrJoin(flags, " ") << "\n";
+  }
+}
+
+}  // namespace
+
+double CsvField(const std::string& line, int column) {
+  std::vector<std::string> f = absl::StrSplit(line, ',');
+  double v = 0;
+  return column < static_cast<int>(f.size()) && absl::SimpleAtod(f[column], &v) ? v : NAN;
+}
+
+AccuracySummary SummariseAccuracy(const std::string& csv, double t0, double target) {
+  AccuracySummary s;
+  std::ifstream in(csv);
+  std::string line;
+  std::getline(in, line);  // header
+  while (std::getline(in, line)) {
+    double t = CsvField(line, 0) - t0, accuracy = CsvField(line, 3);
+    if (std::isnan(accuracy)) continue;
+    s.final_accuracy = accuracy;
+    if (!(s.best >= accuracy)) {
+      s.best = accuracy;
+      s.best_at = t;
+    }
+    if (accuracy >= target && std::isnan(s.target_at)) s.target_at = t;
+  }
+  return s;
+}
+
+TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
+  TrainingResult result;
+  LocalCluster cluster(ExecutableDir(), c.run_dir);
+  const absl::Time start = absl::Now();
+  result.start_unix_seconds = absl::ToDoubleSeconds(start - absl::UnixEpoch());
+  if (absl::Status s = cluster.StartShards(c.shards, c.ps_flags); !s.ok()) {
+    result.failure = std::string(s.message());
+    return result;
+  }
+  WriteConfig(c, cluster, start);
+  if (absl::Status s = cluster.StartEvaluator(c.evaluator_flags); !s.ok()) {
+    result.failure = std::string(s.message());
+  }
+  for (int r = 0; r < c.workers && result.failure.empty(); ++r) {
+    std::vector<std::string> flags = c.worker_flags;
+    if (auto it = c.rank_flags.find(r); it != c.rank_flags.end()) {
+      flags.insert(flags.end(), it->second.begin(), it->second.end());
+    }
+    if (absl::Status s = cluster.StartWorker(r, c.workers, flags); !s.ok()) {
+      result.failure = std::string(s.message());
+    }
+  }
+
+  int64_t last_steps = 0;
+  absl::Time last_time = start;
+  while (result.failure.empty()) {
+    result.interrupted = WaitForShutdown(absl::Seconds(c.progress_seconds));
+    absl::Time now = absl::Now();
+    int64_t steps = StepsDone(c.run_dir, c.workers);
+    double accuracy = CsvField(LastLine(c.run_dir + "/evaluator.csv"), 3);
+    progress << c.progress_prefix
+             << absl::StrFormat("[%6.1fs] %8d steps, %7.1f steps/s, test accuracy %s",
+                                absl::ToDoubleSeconds(now - start), steps,
+                                (steps - last_steps) / absl::ToDoubleSeconds(now - last_time),
+                                std::isnan(accuracy) ? "-" : absl::StrFormat("%.4f", accuracy))
+             << std::endl;
+    last_steps = steps;
+    last_time = now;
+    if (result.interrupted) {
+      progress << "interrupted: stopping the cluster" << std::endl;
+      break;
+    }
+    if (c.target_accuracy > 0 && accuracy >= c.target_accuracy) {
+      progress << c.progress_prefix << "reached target accuracy " << c.target_accuracy << std::endl;
+      break;
+    }
+    bool any_running = false;
+    for (int r = 0; r < c.workers; ++r) {
+      Subprocess* w = cluster.worker(r);
+      if (w->running()) {
+        any_running = true;
+      } else if (absl::StatusOr<int> code = w->Wait(absl::ZeroDuration()); *code != 0) {
+        result.failure = absl::StrCat("worker ", r, " exited with status ", *code, "; see ",
+                                      c.run_dir, "/worker-", r, ".log");
+      }
+    }
+    if (!any_running) break;
+    // Workers stop themselves at --max_seconds, but one held at a sync barrier may not.
+    if (c.max_seconds > 0 && now - start > absl::Seconds(c.max_seconds)) break;
+    for (Subprocess& s : cluster.shards()) {
+      if (!s.running()) result.failure = absl::StrCat(s.name(), " (pid ", s.pid(), ") exited early");
+    }
+  }
+  std::string stop_problems = cluster.Stop();
+  if (result.failure.empty() && !result.interrupted) result.failure = stop_problems;
+  result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  result.worker_steps = StepsDone(c.run_dir, c.workers);
+  for (int s = 0; s < c.shards; ++s) {
+    std::ifstream in(absl::StrCat(c.run_dir, "/stats-shard-", s, ".json"));
+    std::stringstream json;
+    json << in.rdbuf();
+    v1::StatsResponse stats;
+    if (google::protobuf::util::JsonStringToMessage(json.str(), &stats).ok()) {
+      result.shard_stats.push_back(stats);
+    }
+  }
+  return result;
+}
+
+}  // namespace ps

@@ -1,0 +1,52 @@
+// One training run on a local cluster: start S shards, the evaluator and W workers, report
+// progress, stop at the step/time/accuracy limit or on SIGINT/SIGTERM, and collect what the run
+// left behind. Shared by the `launch` and `experiment` commands.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "proto/ps.pb.h"
+
+namespace ps {
+
+struct TrainingConfig {
+  int shards = 2;
+  int workers = 4;
+  std::string run_dir;
+  double max_seconds = 120;      // 0: no limit
+  double target_accuracy = 0;    // stop once the evaluator reports this; 0: off
+  double progress_seconds = 5;
+  std::vector<std::string> ps_flags, worker_flags, evaluator_flags;
+  std::map<int, std::vector<std::string>> rank_flags;  // extra flags for one worker (stragglers)
+  std::string progress_prefix;  // printed before each progress line
+};
+
+struct TrainingResult {
+  std::string failure;   // empty on success: a one-line reason otherwise
+  bool interrupted = false;
+  double start_unix_seconds = 0;
+  double seconds = 0;
+  int64_t worker_steps = 0;                  // gradients computed, all workers together
+  std::vector<v1::StatsResponse> shard_stats;  // as each shard wrote them at shutdown
+};
+
+// Runs the cluster to completion; progress lines go to `progress`. The run directory gets
+// config.txt, the CSVs, logs, staleness-shard-S.csv and stats-shard-S.json.
+TrainingResult RunTraining(const TrainingConfig& config, std::ostream& progress);
+
+// Field `column` of a CSV line, or NaN.
+double CsvField(const std::string& line, int column);
+
+// From an evaluator CSV: the best test accuracy, when it was reached, and when accuracy first
+// reached `target` (seconds after `t0`; NaN when it never did).
+struct AccuracySummary {
+  double final_accuracy = NAN, best = NAN, best_at = NAN, target_at = NAN;
+};
+AccuracySummary SummariseAccuracy(const std::string& evaluator_csv, double t0, double target);
+
+}  // namespace ps
