@@ -66,8 +66,8 @@ absl::StatusOr<Config> ParseConfig(const std::string& text) {
   std::vector<std::string> parts = absl::StrSplit(text, ':');
   Config c;
   if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &c.batch) || c.batch <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("bad --configs entry '", text, "': expected LAYERS:BATCH like 784-256-10:256"));
+    return absl::InvalidArgumentError(absl::StrCat("bad --configs entry '", text,
+                                                   "': expected LAYERS:BATCH like 784-256-10:256"));
   }
   for (absl::string_view s : absl::StrSplit(parts[0], '-')) {
     int size = 0;
@@ -156,8 +156,8 @@ Result RunConfig(Backend* backend, const Config& config, uint64_t seed) {
 
   auto step = [&] {
     absl::Time start = absl::Now();
-    float loss = mlp.Gradient(params, inputs.data(), labels.data(), config.batch,
-                              absl::MakeSpan(grad));
+    float loss =
+        mlp.Gradient(params, inputs.data(), labels.data(), config.batch, absl::MakeSpan(grad));
     double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     if (!std::isfinite(loss)) {
       PS_LOG(ERROR) << "non-finite loss " << loss << " on " << config.name;
@@ -228,10 +228,9 @@ int Main(int argc, char** argv) {
 
   std::unique_ptr<CsvWriter> csv;
   if (!absl::GetFlag(FLAGS_csv).empty()) {
-    absl::StatusOr<CsvWriter> w =
-        CsvWriter::Open(absl::GetFlag(FLAGS_csv), {"bench", "device", "config", "batch", "ms",
-                                                   "samples_per_s", "gflops", "ceiling_gflops",
-                                                   "ratio"});
+    absl::StatusOr<CsvWriter> w = CsvWriter::Open(
+        absl::GetFlag(FLAGS_csv), {"bench", "device", "config", "batch", "ms", "samples_per_s",
+                                   "gflops", "ceiling_gflops", "ratio"});
     if (!w.ok()) return FailMain("compute_bench", std::string(w.status().message()));
     csv = std::make_unique<CsvWriter>(*std::move(w));
   }

@@ -143,7 +143,7 @@ std::string PlotScript(const std::vector<Run>& runs, double target) {
   for (const Run& r : runs) absl::StrAppend(&t0s, absl::StrFormat("%.3f ", r.result.start_unix_seconds));
   return absl::StrFormat(R"(# Regenerate with: gnuplot plots.gp (in this directory)
 set datafile separator ','
-set terminal pngcairo size 1100,700 font ',11'
+set terminal pngcairo size 1100,700 font ',11' noenhanced
 runs = '%s'
 t0s = '%s'
 set grid
@@ -170,17 +170,20 @@ set logscale y
 plot for [i=1:words(runs)] word(runs,i).'/train_loss.csv' every ::1 using 1:2 with lines lw 2 title word(runs,i)
 unset logscale y
 set output 'staleness.png'
-set terminal pngcairo size 1100,%d font ',10'
+set terminal pngcairo size 1100,%d font ',10' noenhanced
 set multiplot layout %d,2 title 'Staleness of applied gradients (all shards)'
 unset key
 set style fill solid 0.6
+set boxwidth 0.9
 set xlabel 'staleness (versions)'
 set ylabel 'share of pushes'
-set xrange [-0.5:*]
 do for [i=1:words(runs)] {
   set title word(runs,i)
-  stats word(runs,i).'/staleness.csv' every ::1 using 2 nooutput
-  total = STATS_sum
+  set autoscale
+  stats word(runs,i).'/staleness.csv' every ::1 using 1:2 nooutput
+  total = STATS_sum_y
+  set xrange [-0.5:(STATS_max_x < 4 ? 4 : STATS_max_x) + 0.5]
+  set yrange [0:1]
   plot word(runs,i).'/staleness.csv' every ::1 using 1:($2/total) with boxes
 }
 unset multiplot

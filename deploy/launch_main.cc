@@ -55,7 +55,7 @@ std::vector<std::string> Words(const std::string& text) {
 std::string PlotScript(double t0, int workers) {
   return absl::StrFormat(R"(# Regenerate with: gnuplot plot.gp (in this directory)
 set datafile separator ','
-set terminal pngcairo size 1000,900 font ',11'
+set terminal pngcairo size 1000,900 font ',11' noenhanced
 set output 'training.png'
 t0 = %.3f
 set multiplot layout 2,1 title 'Fashion-MNIST, %d workers'
