@@ -133,7 +133,8 @@ def run_config(args, device, sizes, batch):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads (torch.set_num_threads)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads (torch.set_num_threads)")
     parser.add_argument("--iters", type=int, default=20, help="timed steps per config, at most")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per config")
     parser.add_argument("--budget_seconds", type=float, default=10,
@@ -143,7 +144,8 @@ def main():
     parser.add_argument("--tf32", action="store_true", help="tf32 matrix products (GPU)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
     parser.add_argument("--upload_params", action="store_true",
-                        help="also copy the parameters from host memory every step, as a worker does")
+                        help="also copy the parameters from host memory every step, as a "
+                        "worker does")
     parser.add_argument("--csv", default="", help="append one row per config here")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()

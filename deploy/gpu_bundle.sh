@@ -97,7 +97,10 @@ for f in "$check"/bin/*; do
     [ "$arrow" = "=>" ] || continue
     [ "$path" = "not" ] && die "bundle check: $(basename "$f"): $name not found"
     is_base "$name" "$path" && continue
-    case "$path" in "$check/lib/"*) ;; *) die "bundle check: $(basename "$f") loads $path from outside the bundle" ;; esac
+    case "$path" in
+      "$check/lib/"*) ;;
+      *) die "bundle check: $(basename "$f") loads $path from outside the bundle" ;;
+    esac
   done < <(LD_LIBRARY_PATH="$check/lib" ldd "$f")
 done
 [[ "$(LD_LIBRARY_PATH="$check/lib" "$check/bin/ps" --help 2>&1)" == *"Flags from"* ]] \
@@ -106,10 +109,13 @@ LD_LIBRARY_PATH="$check/lib" "$check/bin/compute_bench" --device=cpu --iters=2 -
   --configs=784-256-128-10:256 > "$check/compute_bench.txt" 2>&1 \
   || { cat "$check/compute_bench.txt"; die "bundle check: bin/compute_bench --device=cpu failed"; }
 
+dirty=""
+[ -z "$(git status --porcelain 2>/dev/null)" ] || dirty=" (plus uncommitted changes)"
 {
-  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$([ -z "$(git status --porcelain 2>/dev/null)" ] || echo ' (plus uncommitted changes)')"
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$dirty"
   echo "made: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname)"
-  echo "unpacked: $(du -sb "$check/bin" | cut -f1) bytes bin/, $(du -sb "$check/lib" | cut -f1) bytes lib/"
+  echo "unpacked: $(du -sb "$check/bin" | cut -f1) bytes bin/," \
+    "$(du -sb "$check/lib" | cut -f1) bytes lib/"
   echo "bin: $(cd "$check/bin" && echo *)"
   echo "lib: $(cd "$check/lib" && echo *)"
   echo "data: $(cd .gpu-bundle/data && echo *)"
@@ -117,11 +123,16 @@ LD_LIBRARY_PATH="$check/lib" "$check/bin/compute_bench" --device=cpu --iters=2 -
 
 bundle_bytes=$(du -sb .gpu-bundle | cut -f1)
 # What the device tool sends: tracked and untracked-not-ignored files, plus the carried bundle.
-tree_bytes=$({ git ls-files -z -c -o --exclude-standard | xargs -0 -r stat -c %s || true; } 2>/dev/null \
-  | awk '{s += $1} END {print s + 0}')
+tree_bytes=$({ git ls-files -z -c -o --exclude-standard | xargs -0 -r stat -c %s || true; } \
+  2>/dev/null | awk '{s += $1} END {print s + 0}')
 mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
-echo "gpu_bundle: .gpu-bundle/ is $(mib "$bundle_bytes") (bundle.tar.xz $(mib "$(stat -c %s .gpu-bundle/bundle.tar.xz)"), data/ $(mib "$(du -sb .gpu-bundle/data | cut -f1)")); with the working tree ($(mib "$tree_bytes")) $(mib $((bundle_bytes + tree_bytes))) travels, limit 64 MiB"
+echo "gpu_bundle: .gpu-bundle/ is $(mib "$bundle_bytes")" \
+  "(bundle.tar.xz $(mib "$(stat -c %s .gpu-bundle/bundle.tar.xz)")," \
+  "data/ $(mib "$(du -sb .gpu-bundle/data | cut -f1)")); with the working tree" \
+  "($(mib "$tree_bytes")) $(mib $((bundle_bytes + tree_bytes))) travels, limit 64 MiB"
 ((bundle_bytes <= limit)) || die ".gpu-bundle/ is over 64 MiB"
 ((bundle_bytes + tree_bytes <= limit)) || die "the working tree plus .gpu-bundle/ is over 64 MiB"
-echo "gpu_bundle: ${#binaries[@]} binaries, ${#copied[@]} libraries; checked here: all load from the bundle, ps --help and compute_bench --device=cpu run"
-echo "gpu_bundle: on the GPU machine: device run, carry [\".gpu-bundle\"], command: bash deploy/gpu_run.sh"
+echo "gpu_bundle: ${#binaries[@]} binaries, ${#copied[@]} libraries; checked here: all load from" \
+  "the bundle, ps --help and compute_bench --device=cpu run"
+echo "gpu_bundle: on the GPU machine: device run with carry [\".gpu-bundle\"]," \
+  "command \"bash deploy/gpu_run.sh\", timeout_s 600"

@@ -11,7 +11,8 @@
 #      counts as a failure, since it means the GPU was not usable
 #   3. compute_bench on cuda with PS_CUDA_MATH=fp32, tf32, bf16, and on cpu (1 and all threads)
 #   4. torch_mlp_bench.py on cuda (fp32, tf32, bf16, fp32 + params upload) and on cpu
-#   5. launch --shards=2 --workers=4 for E2E_SECONDS on --device=cuda, then on --device=cpu
+#   5. launch --shards=2 --workers=4 for E2E_SECONDS on --device=cuda, then on --device=cpu, on the
+#      bundle's Fashion-MNIST (--data_dir, or copied to /usr/share/datasets/fashion-mnist)
 # Independent steps go on after a failure; the script then exits 1 naming every failed step.
 #
 # Output, in ${OUT:-/tmp/gpu-out} (the device tool returns at most 8 files, 2 folders deep, so the
@@ -124,8 +125,8 @@ main() {
       "$bin/compute_bench" --device=cuda --iters=100 --warmup=5 --csv="$csv"
   done
   for threads in 1 "$(nproc)"; do
-    run_step "compute_bench-cpu-${threads}thr" 120 "${ours[@]}" "$bin/compute_bench" --device=cpu --threads="$threads" --iters=20 \
-      --budget_seconds=4 --csv="$csv"
+    run_step "compute_bench-cpu-${threads}thr" 120 "${ours[@]}" "$bin/compute_bench" --device=cpu \
+      --threads="$threads" --iters=20 --budget_seconds=4 --csv="$csv"
   done
 
   # 4. PyTorch, same models and batches.
@@ -141,9 +142,12 @@ main() {
       --threads="$threads" --iters=20 --budget_seconds=4 --csv="$csv"
   done
 
-  # 5. End to end. The launcher passes no --data_dir, so the daemons read their default.
-  local data_ok=1
-  if ! { mkdir -p "$DATA_DIR" && cp .gpu-bundle/data/*.gz "$DATA_DIR/"; }; then
+  # 5. End to end, on the bundle's data: through launch --data_dir where the launcher has it, else
+  # copied to the daemons' default --data_dir (as root).
+  local data_ok=1 data_flag=()
+  if [[ "$("${ours[@]}" "$bin/launch" --help 2>&1)" == *"--data_dir"* ]]; then
+    data_flag=("--data_dir=$PWD/.gpu-bundle/data")
+  elif ! { mkdir -p "$DATA_DIR" && cp .gpu-bundle/data/*.gz "$DATA_DIR/"; }; then
     fail "dataset" "cannot copy .gpu-bundle/data to $DATA_DIR (not root?)"
     data_ok=0
   fi
@@ -156,7 +160,7 @@ main() {
       continue
     fi
     run_step "e2e-$device" $((E2E_SECONDS + 60)) "${ours[@]}" "$bin/launch" --shards=2 --workers=4 \
-      --device="$device" --max_seconds="$E2E_SECONDS" --run_dir="$WORK/run-$device"
+      --device="$device" --max_seconds="$E2E_SECONDS" --run_dir="$WORK/run-$device" "${data_flag[@]}"
     cp "$WORK/run-$device/training.png" "$OUT/training-$device.png" 2>/dev/null
   done
   nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv \
