@@ -310,7 +310,7 @@ std::pair<int, std::string> RunDaemon(std::vector<std::string> argv) {
   argv[0] = ExecutableDir() + "/" + argv[0];
   absl::StatusOr<Subprocess> p = Subprocess::Start(argv, log);
   EXPECT_TRUE(p.ok());
-  absl::StatusOr<int> code = p->Wait(absl::Seconds(30));
+  absl::StatusOr<int> code = p->Wait(absl::Seconds(90));
   EXPECT_TRUE(code.ok());
   return {code.ok() ? *code : -1, ReadFile(log)};
 }
@@ -339,6 +339,40 @@ TEST(DaemonTest, BadFlagsExitNonZeroWithAOneLineReason) {
     EXPECT_NE(code, 0) << c.argv[1];
     EXPECT_NE(output.find(c.reason), std::string::npos) << c.argv[1] << " printed: " << output;
   }
+}
+
+bool FileHasData(const std::string& path) { return ReadFile(path).size() > 100; }
+
+TEST(CommandTest, LaunchRunsAClusterAndLeavesCsvsAndAPlot) {
+  std::string dir = NewRunDir() + "/run";
+  auto [code, output] = RunDaemon({"launch", "--workers=2", "--max_seconds=4",
+                                   "--hidden=32", "--progress_seconds=1", "--run_dir=" + dir});
+  EXPECT_EQ(code, 0) << output;
+  EXPECT_NE(output.find("final test accuracy 0."), std::string::npos) << output;
+  EXPECT_NE(output.find("steps/s, test accuracy"), std::string::npos) << output;
+  for (const char* f : {"/training.png", "/evaluator.csv", "/worker-0.csv", "/worker-1.csv",
+                        "/config.txt", "/stats-shard-1.json", "/staleness-shard-0.csv"}) {
+    EXPECT_TRUE(FileHasData(dir + f)) << f;
+  }
+}
+
+TEST(CommandTest, ExperimentRunsAMatrixAndWritesAReport) {
+  std::string dir = NewRunDir() + "/report";
+  auto [code, output] = RunDaemon({"experiment", "--modes=async,sync-backup1", "--workers=2",
+                                   "--stragglers=1:3", "--max_seconds=3", "--hidden=32",
+                                   "--report_dir=" + dir});
+  EXPECT_EQ(code, 0) << output;
+  std::string summary = ReadFile(dir + "/summary.md");
+  EXPECT_NE(summary.find("| async_w2_strag1-3 | "), std::string::npos) << summary;
+  EXPECT_NE(summary.find("| sync-backup1_w2_strag1-3 | "), std::string::npos) << summary;
+  EXPECT_EQ(summary.find("failed"), std::string::npos) << summary;
+  for (const char* f : {"/accuracy_vs_time.png", "/accuracy_vs_updates.png", "/training_loss.png",
+                        "/staleness.png", "/async_w2_strag1-3/staleness.csv"}) {
+    EXPECT_TRUE(FileHasData(dir + f)) << f;
+  }
+  auto [bad, why] = RunDaemon({"experiment", "--modes=hogwild"});
+  EXPECT_NE(bad, 0);
+  EXPECT_NE(why.find("unknown mode 'hogwild'"), std::string::npos) << why;
 }
 
 TEST(DaemonTest, WorkerGivesUpOnUnreachableShardsWithAReason) {
