@@ -321,8 +321,8 @@ absl::StatusOr<ParameterShard::Snapshot> ParameterShard::Read(int worker_id, int
         absl::StrCat("shard ", config_.shard_index, " is not initialised yet"));
   }
   if (!Admits(worker_id)) {
-    return absl::UnavailableError(absl::StrCat("worker ", worker_id, " is still held back by ",
-                                               ConsistencyName(config_)));
+    return absl::AbortedError(absl::StrCat("worker ", worker_id, " is still held back by ",
+                                           ConsistencyName(config_), "; pull again"));
   }
   if (length == 0 && offset == 0) {
     offset = range_.begin;

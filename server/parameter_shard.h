@@ -152,7 +152,8 @@ class ParameterShard {
   };
   // Copies [offset, offset + length) (offset 0 and length 0: the whole shard). Waits until the
   // shard is initialised and the consistency model admits `worker_id` (observers, id < 0, never
-  // wait for it), or `deadline` passes (then UNAVAILABLE).
+  // wait for it), or `deadline` passes: then UNAVAILABLE if still uninitialised, ABORTED if the
+  // worker is still held back (a barrier or the SSP bound: waiting longer is normal).
   absl::StatusOr<Snapshot> Read(int worker_id, int64_t offset, int64_t length,
                                 absl::Time deadline);
 

@@ -111,9 +111,10 @@ grpc::Status ShardService::Push(grpc::ServerContext*, grpc::ServerReader<v1::Pus
 
 grpc::Status ShardService::Pull(grpc::ServerContext* context, const v1::PullRequest* request,
                                 grpc::ServerWriter<v1::PullChunk>* writer) {
-  // Wait for initialisation no longer than the client's deadline, and at most a minute.
+  // Wait at most a minute, and answer a little before the client's deadline so that it learns
+  // why (ABORTED: held back, pull again) instead of timing out.
   absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
-                                 absl::FromChrono(context->deadline()));
+                                 absl::FromChrono(context->deadline()) - absl::Milliseconds(250));
   absl::StatusOr<ParameterShard::Snapshot> snapshot =
       shard_->Read(request->worker_id(), request->offset(), request->length(), deadline);
   if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());

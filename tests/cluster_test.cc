@@ -379,6 +379,8 @@ TEST(CommandTest, ExperimentRunsAMatrixAndWritesAReport) {
 TEST(DaemonTest, WorkerGivesUpOnUnreachableShardsWithAReason) {
   auto [code, output] = RunDaemon({"worker", "--ps=127.0.0.1:1", "--retry_seconds=1",
                                    "--rpc_timeout_seconds=0.5", "--hidden=8"});
+  std::string why = RunDaemon({"worker", "--ps=127.0.0.1:1", "--rpc_timeout_seconds=0.1"}).second;
+  EXPECT_NE(why.find("--rpc_timeout_seconds must be >= 0.5"), std::string::npos) << why;
   EXPECT_EQ(code, 1);
   EXPECT_NE(output.find("worker: shard 0 (127.0.0.1:1)"), std::string::npos) << output;
 }

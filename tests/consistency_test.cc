@@ -136,6 +136,33 @@ TEST(SspBoundTest, NoAppliedPushIsStalerThanTheStatedBound) {
   EXPECT_EQ(cluster.Stop(), "");
 }
 
+TEST(SyncBarrierTest, APullHeldBackLongerThanTheRetryBudgetStillCompletes) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(1, {"--consistency=sync", "--optimizer=sgd"}).ok());
+  ModelIdentity model{"m", 8, 1};
+  ClientOptions fast_give_up{absl::Milliseconds(500), absl::Seconds(1)};
+  ShardedClient a({cluster.ShardAddress(0)}, model, 0, fast_give_up);
+  ShardedClient b({cluster.ShardAddress(0)}, model, 1, fast_give_up);
+  ASSERT_TRUE(a.Register().ok());
+  ASSERT_TRUE(b.Register().ok());
+  ASSERT_TRUE(a.Initialize(std::vector<float>(8, 1.0f)).ok());
+  std::vector<float> params(8), grad(8, 0.5f);
+  std::vector<int64_t> versions;
+  ASSERT_TRUE(a.Pull(absl::MakeSpan(params), &versions).ok());
+  ASSERT_TRUE(a.Push(grad, 0, versions).ok());
+  // A's next pull waits for B's gradient, three times longer than A's retry budget.
+  std::thread late_b([&] {
+    absl::SleepFor(absl::Seconds(3));
+    ASSERT_TRUE(b.Push(grad, 0, {0}).ok());
+  });
+  absl::Time start = absl::Now();
+  absl::Status held = a.Pull(absl::MakeSpan(params), &versions);
+  late_b.join();
+  ASSERT_TRUE(held.ok()) << held;
+  EXPECT_GE(absl::Now() - start, absl::Seconds(2.5));
+  EXPECT_EQ(versions[0], 1);
+}
+
 TEST(SyncMembershipTest, BackupWorkerKeepsRoundsClosingWhenAWorkerStops) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
   ASSERT_TRUE(cluster.StartShards(2, {"--consistency=sync", "--backup_workers=1",

@@ -91,6 +91,12 @@ absl::Status ShardedClient::ForEachShard(
         Untrack(&context);
       }
       if (s.ok()) return;
+      if (retry && s.error_code() == grpc::StatusCode::ABORTED) {
+        // Held back by the consistency model (a barrier, the SSP bound): the shard is alive and
+        // waiting is the protocol, so pull again at once and do not spend the retry budget.
+        give_up = absl::Now() + options_.retry_for;
+        continue;
+      }
       if (!retry || !IsTransient(s) || absl::Now() + backoff > give_up) {
         results[shard] = absl::Status(FromGrpcStatus(s).code(),
                                       absl::StrCat("shard ", shard, " (", addresses_[shard],

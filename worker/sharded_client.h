@@ -1,7 +1,8 @@
 // The worker-side view of the parameter servers: one flat parameter vector split over S shards.
 // Pull and Push fan out to all shards concurrently; every call has a deadline, and calls that
 // failed for a transient reason (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff. Retrying
-// is safe: pulls are reads, pushes carry a (worker, sequence) id that a shard applies once.
+// is safe: pulls are reads, pushes carry a (worker, sequence) id that a shard applies once. A pull
+// that a shard holds back (ABORTED: sync barrier, SSP bound) is repeated for as long as it takes.
 // Thread-compatible: one thread drives Pull/Push; Heartbeat and Cancel may be called from others.
 #pragma once
 

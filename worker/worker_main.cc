@@ -59,6 +59,10 @@ int Main(int argc, char** argv) {
   if (batch < 1) return Fail("--batch_size must be positive");
   const double slowdown = absl::GetFlag(FLAGS_slowdown);
   if (!(slowdown >= 1)) return Fail("--slowdown must be >= 1");
+  // Shards answer a held-back pull 0.25 s before its deadline; shorter deadlines would spin.
+  if (!(absl::GetFlag(FLAGS_rpc_timeout_seconds) >= 0.5)) {
+    return Fail("--rpc_timeout_seconds must be >= 0.5");
+  }
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   absl::StatusOr<Delay> pull_delay = Delay::Parse(absl::GetFlag(FLAGS_pull_delay), seed * 31 + rank);
   if (!pull_delay.ok()) return Fail(std::string(pull_delay.status().message()));
