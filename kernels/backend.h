@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace ps {
 
@@ -22,6 +23,16 @@ class Backend {
   virtual void Free(void* p) = 0;
   virtual void CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  // Host memory that the backend copies from and to fastest: page-locked for CUDA (full-speed
+  // DMA), ordinary aligned memory for the CPU. Never null (aborts on exhaustion).
+  virtual void* AllocateHost(size_t bytes) = 0;
+  virtual void FreeHost(void* p) = 0;
+
+  // dst row r = src row index[r], for r < rows, rows of row_bytes bytes; src, index and dst in
+  // backend memory. Lets a worker keep its whole data shard on the device and send only indices.
+  // REQUIRES: row_bytes % 4 == 0; every index within src.
+  virtual void GatherRows(const void* src, const int32_t* index, int rows, size_t row_bytes,
+                          void* dst) = 0;
 
   // C[m,n] = alpha * op(A) * op(B) + beta * C, where op(A) is [m,k] and op(B) is [k,n].
   virtual void Gemm(bool transpose_a, bool transpose_b, int m, int n, int k, float alpha,
@@ -73,6 +84,26 @@ class DeviceBuffer {
   Backend* backend_ = nullptr;
   T* data_ = nullptr;
   size_t count_ = 0;
+};
+
+// An owning, typed buffer of the backend's preferred host memory (see AllocateHost).
+template <typename T>
+class HostBuffer {
+ public:
+  HostBuffer(Backend* backend, size_t count)
+      : backend_(backend), data_(static_cast<T*>(backend->AllocateHost(count * sizeof(T)))),
+        count_(count) {}
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  ~HostBuffer() { backend_->FreeHost(data_); }
+  T* data() const { return data_; }
+  size_t size() const { return count_; }
+  absl::Span<T> span() const { return absl::Span<T>(data_, count_); }
+
+ private:
+  Backend* backend_;
+  T* data_;
+  size_t count_;
 };
 
 }  // namespace ps

@@ -30,6 +30,16 @@ class CpuBackend : public Backend {
   void CopyToHost(void* dst, const void* src, size_t bytes) override {
     std::memcpy(dst, src, bytes);
   }
+  void* AllocateHost(size_t bytes) override { return Allocate(bytes); }
+  void FreeHost(void* p) override { Free(p); }
+
+  void GatherRows(const void* src, const int32_t* index, int rows, size_t row_bytes,
+                  void* dst) override {
+    for (int r = 0; r < rows; ++r) {
+      std::memcpy(static_cast<char*>(dst) + r * row_bytes,
+                  static_cast<const char*>(src) + index[r] * row_bytes, row_bytes);
+    }
+  }
 
   void Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, const float* b,
             float beta, float* c) override {

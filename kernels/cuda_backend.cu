@@ -87,6 +87,16 @@ __global__ void AddBiasActivateKernel(float* z, const float* __restrict__ bias, 
   }
 }
 
+// 4-byte words: word w of row r comes from word w of row index[r].
+__global__ void GatherRowsKernel(const uint32_t* __restrict__ src, const int32_t* __restrict__ index,
+                                 int64_t n, int64_t words_per_row, uint32_t* __restrict__ dst) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / words_per_row;
+    dst[i] = src[index[r] * words_per_row + (i - r * words_per_row)];
+  }
+}
+
 __global__ void ReluBackwardKernel(float* dz, const float* __restrict__ activation, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -326,6 +336,37 @@ class CudaBackend : public Backend {
     UseDevice();
     PS_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     PS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void* AllocateHost(size_t bytes) override {
+    UseDevice();
+    void* p = nullptr;
+    cudaError_t e = cudaMallocHost(&p, std::max<size_t>(bytes, 1));
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      PS_LOG(ERROR) << "cudaMallocHost(" << bytes << " bytes) failed: " << CudaErrorText(e);
+      std::abort();
+    }
+    return p;
+  }
+
+  void FreeHost(void* p) override {
+    if (p == nullptr) return;
+    UseDevice();
+    PS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // copies queued from p finish first
+    PS_CUDA_CHECK(cudaFreeHost(p));
+  }
+
+  void GatherRows(const void* src, const int32_t* index, int rows, size_t row_bytes,
+                  void* dst) override {
+    const int64_t words = static_cast<int64_t>(row_bytes / 4);
+    const int64_t n = static_cast<int64_t>(rows) * words;
+    if (n <= 0) return;
+    UseDevice();
+    GatherRowsKernel<<<Blocks(n), kThreads, 0, stream_>>>(static_cast<const uint32_t*>(src),
+                                                           index, n, words,
+                                                           static_cast<uint32_t*>(dst));
+    PS_CUDA_CHECK_LAUNCH();
   }
 
   // cuBLAS is column-major, and a row-major [r,c] matrix is its column-major [c,r] transpose. So

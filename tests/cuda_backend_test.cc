@@ -271,6 +271,36 @@ TEST_F(CudaBackendTest, AllocateZeroBytesGivesAPointer) {
   gpu_->Free(p);
 }
 
+TEST_F(CudaBackendTest, GatherRowsMatchesCpu) {
+  std::mt19937 rng(21);
+  const int count = 50, cols = 784, rows = 37;
+  std::vector<float> features = RandomFloats(static_cast<size_t>(count) * cols, rng);
+  std::vector<int32_t> labels(count), index(rows);
+  for (int i = 0; i < count; ++i) labels[i] = i % 10;
+  for (int r = 0; r < rows; ++r) index[r] = static_cast<int32_t>(rng() % count);
+  std::vector<float> want(static_cast<size_t>(rows) * cols);
+  std::vector<int32_t> want_labels(rows);
+  cpu_->GatherRows(features.data(), index.data(), rows, cols * sizeof(float), want.data());
+  cpu_->GatherRows(labels.data(), index.data(), rows, sizeof(int32_t), want_labels.data());
+  DeviceBuffer<float> src = Upload(gpu_.get(), features), dst(gpu_.get(), want.size());
+  DeviceBuffer<int32_t> src_labels = Upload(gpu_.get(), labels), idx = Upload(gpu_.get(), index),
+                        dst_labels(gpu_.get(), rows);
+  gpu_->GatherRows(src.data(), idx.data(), rows, cols * sizeof(float), dst.data());
+  gpu_->GatherRows(src_labels.data(), idx.data(), rows, sizeof(int32_t), dst_labels.data());
+  EXPECT_EQ(Download(dst), want);
+  EXPECT_EQ(Download(dst_labels), want_labels);
+}
+
+TEST_F(CudaBackendTest, PinnedHostBuffersRoundTrip) {
+  HostBuffer<float> host(gpu_.get(), 1000), back(gpu_.get(), 1000);
+  for (int i = 0; i < 1000; ++i) host.data()[i] = 0.25f * i;
+  DeviceBuffer<float> device(gpu_.get(), 1000);
+  device.Upload(host.data(), 1000);
+  device.Download(back.data(), 1000);
+  EXPECT_EQ(std::vector<float>(back.data(), back.data() + 1000),
+            std::vector<float>(host.data(), host.data() + 1000));
+}
+
 TEST(CudaBackendDeviceTest, NoSuchDeviceIsAnError) {
   const int count = CudaDeviceCount();
   if (count == 0) GTEST_SKIP() << "no CUDA GPU on this machine";

@@ -79,27 +79,41 @@ TEST(MlpTest, LayerSizesFromFlag) {
   EXPECT_FALSE(MlpLayerSizes(784, "0", 10).ok());
 }
 
-TEST(BatchSamplerTest, DeterministicAndEachEpochVisitsEveryExampleOnce) {
-  Examples ex;
-  ex.count = 10;
-  ex.num_features = 1;
-  for (int i = 0; i < 10; ++i) {
-    ex.features.push_back(static_cast<float>(i));
-    ex.labels.push_back(i);
+TEST(MlpTest, GradientOfExamplesGathersTheSameBatch) {
+  auto backend = MakeCpuBackend(1);
+  const int rows = 4, count = 9;
+  Mlp mlp({6, 5, 3}, rows, backend.get());
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> features(count * 6);
+  for (float& x : features) x = normal(rng);
+  std::vector<int32_t> labels = {0, 1, 2, 0, 1, 2, 0, 1, 2}, indices = {8, 0, 3, 3};
+  std::vector<float> batch;
+  std::vector<int32_t> batch_labels;
+  for (int32_t i : indices) {
+    batch.insert(batch.end(), features.begin() + i * 6, features.begin() + (i + 1) * 6);
+    batch_labels.push_back(labels[i]);
   }
-  BatchSampler a(&ex, 5, 42), b(&ex, 5, 42);
-  std::vector<float> in_a, in_b;
-  std::vector<int32_t> la, lb;
+  std::vector<float> params = mlp.InitialParams(2), direct(mlp.num_params()),
+                     gathered(mlp.num_params());
+  float loss = mlp.Gradient(params, batch.data(), batch_labels.data(), rows, absl::MakeSpan(direct));
+  mlp.SetTrainingSet(features.data(), labels.data(), count);
+  EXPECT_EQ(mlp.GradientOfExamples(params, indices.data(), rows, absl::MakeSpan(gathered)), loss);
+  EXPECT_EQ(direct, gathered);
+}
+
+TEST(BatchSamplerTest, DeterministicAndEachEpochVisitsEveryExampleOnce) {
+  BatchSampler a(10, 5, 42), b(10, 5, 42);
+  std::vector<int32_t> ia, ib;
   std::vector<int> seen(10);
   for (int step : {0, 1}) {
-    a.Batch(step, &in_a, &la);
-    for (int32_t l : la) ++seen[l];
+    a.Indices(step, &ia);
+    for (int32_t i : ia) ++seen[i];
   }
   EXPECT_EQ(seen, std::vector<int>(10, 1));
-  a.Batch(7, &in_a, &la);  // a restarted worker jumping straight to step 7
-  for (int step = 0; step <= 7; ++step) b.Batch(step, &in_b, &lb);
-  EXPECT_EQ(la, lb);
-  EXPECT_EQ(in_a, in_b);
+  a.Indices(7, &ia);  // a restarted worker jumping straight to step 7
+  for (int step = 0; step <= 7; ++step) b.Indices(step, &ib);
+  EXPECT_EQ(ia, ib);
   EXPECT_DOUBLE_EQ(a.Epoch(4), 2.0);
 }
 

@@ -29,6 +29,7 @@ Mlp::Mlp(std::vector<int> layer_sizes, int max_batch, Backend* backend)
   grad_ = DeviceBuffer<float>(backend_, num_params_);
   inputs_ = DeviceBuffer<float>(backend_, static_cast<size_t>(max_batch) * sizes_.front());
   labels_ = DeviceBuffer<int32_t>(backend_, max_batch);
+  batch_index_ = DeviceBuffer<int32_t>(backend_, max_batch);
   delta_a_ = DeviceBuffer<float>(backend_, static_cast<size_t>(max_batch) * widest);
   delta_b_ = DeviceBuffer<float>(backend_, static_cast<size_t>(max_batch) * widest);
 }
@@ -64,9 +65,31 @@ float Mlp::Forward(int rows, bool want_grad, int64_t* correct) {
 
 float Mlp::Gradient(absl::Span<const float> params, const float* inputs, const int32_t* labels,
                     int rows, absl::Span<float> grad) {
-  params_.Upload(params.data(), num_params_);
   inputs_.Upload(inputs, static_cast<size_t>(rows) * sizes_.front());
   labels_.Upload(labels, rows);
+  return GradientOfLoadedBatch(params, rows, grad);
+}
+
+void Mlp::SetTrainingSet(const float* features, const int32_t* labels, int64_t count) {
+  train_features_ = DeviceBuffer<float>(backend_, static_cast<size_t>(count) * sizes_.front());
+  train_features_.Upload(features, train_features_.size());
+  train_labels_ = DeviceBuffer<int32_t>(backend_, count);
+  train_labels_.Upload(labels, count);
+}
+
+float Mlp::GradientOfExamples(absl::Span<const float> params, const int32_t* indices, int rows,
+                              absl::Span<float> grad) {
+  batch_index_.Upload(indices, rows);
+  backend_->GatherRows(train_features_.data(), batch_index_.data(), rows,
+                       sizes_.front() * sizeof(float), inputs_.data());
+  backend_->GatherRows(train_labels_.data(), batch_index_.data(), rows, sizeof(int32_t),
+                       labels_.data());
+  return GradientOfLoadedBatch(params, rows, grad);
+}
+
+float Mlp::GradientOfLoadedBatch(absl::Span<const float> params, int rows,
+                                 absl::Span<float> grad) {
+  params_.Upload(params.data(), num_params_);
   float loss = Forward(rows, /*want_grad=*/true, nullptr);
 
   // delta holds d(loss)/d(pre-activation) of layer l, [rows, sizes_[l+1]].

@@ -42,6 +42,14 @@ class Mlp {
   float Gradient(absl::Span<const float> params, const float* inputs, const int32_t* labels,
                  int rows, absl::Span<float> grad);
 
+  // Copies a training set into backend memory once ([count, num_inputs()] features), so that
+  // GradientOfExamples sends only the batch's indices each step.
+  void SetTrainingSet(const float* features, const int32_t* labels, int64_t count);
+  // As Gradient, for the training-set rows named by `indices` (rows of them).
+  // REQUIRES: SetTrainingSet was called; every index < its count.
+  float GradientOfExamples(absl::Span<const float> params, const int32_t* indices, int rows,
+                           absl::Span<float> grad);
+
   // Loss and correct predictions over a dataset, in batches of max_batch.
   struct Score {
     double loss = 0;
@@ -53,6 +61,8 @@ class Mlp {
  private:
   // Runs the forward pass on `rows` rows already in inputs_; returns mean loss.
   float Forward(int rows, bool want_grad, int64_t* correct);
+  // Gradient of the batch already in inputs_ and labels_.
+  float GradientOfLoadedBatch(absl::Span<const float> params, int rows, absl::Span<float> grad);
   const float* Weight(int layer) const;
   const float* Bias(int layer) const;
 
@@ -62,7 +72,9 @@ class Mlp {
   std::vector<TensorSlot> tensors_;
   int64_t num_params_ = 0;
   DeviceBuffer<float> params_, grad_, inputs_;
-  DeviceBuffer<int32_t> labels_;
+  DeviceBuffer<int32_t> labels_, batch_index_;
+  DeviceBuffer<float> train_features_;  // SetTrainingSet's copy
+  DeviceBuffer<int32_t> train_labels_;
   std::vector<DeviceBuffer<float>> activations_;  // [l] = output of layer l, [rows, sizes_[l+1]]
   DeviceBuffer<float> delta_a_, delta_b_;          // backward scratch, [rows, max width]
 };

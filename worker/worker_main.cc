@@ -128,9 +128,12 @@ int Main(int argc, char** argv) {
       {"step", "wall_time", "loss", "base_version", "staleness", "epoch", "dropped"});
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
 
-  BatchSampler sampler(&*data, batch, seed * 1000003 + rank);
-  std::vector<float> params(mlp.num_params()), grad(mlp.num_params()), inputs;
-  std::vector<int32_t> labels;
+  // The data shard lives in backend memory (the GPU's, with CUDA); each step sends indices only.
+  mlp.SetTrainingSet(data->features.data(), data->labels.data(), data->count);
+  BatchSampler sampler(data->count, batch, seed * 1000003 + rank);
+  *data = Examples();  // the backend has its own copy
+  HostBuffer<float> params(backend->get(), mlp.num_params()), grad(backend->get(), mlp.num_params());
+  std::vector<int32_t> indices;
   std::vector<int64_t> versions;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const absl::Time start = absl::Now();
@@ -140,13 +143,13 @@ int Main(int argc, char** argv) {
   for (; (steps == 0 || step < steps) && !ShutdownRequested(); ++step) {
     if (max_seconds > 0 && absl::Now() - start > absl::Seconds(max_seconds)) break;
     if (pull_delay->enabled() && WaitForShutdown(pull_delay->Next())) break;
-    if (absl::Status s = client.Pull(absl::MakeSpan(params), &versions); !s.ok()) {
+    if (absl::Status s = client.Pull(params.span(), &versions); !s.ok()) {
       if (ShutdownRequested()) break;
       return Fail(absl::StrCat("pull failed at step ", step, ": ", s.message()));
     }
-    sampler.Batch(step, &inputs, &labels);
+    sampler.Indices(step, &indices);
     absl::Time compute_start = absl::Now();
-    float loss = mlp.Gradient(params, inputs.data(), labels.data(), batch, absl::MakeSpan(grad));
+    float loss = mlp.GradientOfExamples(params.span(), indices.data(), batch, grad.span());
     if (!std::isfinite(loss)) {
       return Fail(absl::StrCat("training diverged: loss is ", loss, " at step ", step,
                                " (lower the learning rate)"));
@@ -154,7 +157,7 @@ int Main(int argc, char** argv) {
     // A straggler: make the compute take `slowdown` times as long.
     if (slowdown > 1 && WaitForShutdown((slowdown - 1) * (absl::Now() - compute_start))) break;
     if (push_delay->enabled() && WaitForShutdown(push_delay->Next())) break;
-    absl::StatusOr<ShardedClient::PushSummary> push = client.Push(grad, step, versions);
+    absl::StatusOr<ShardedClient::PushSummary> push = client.Push(grad.span(), step, versions);
     if (!push.ok()) {
       if (ShutdownRequested()) break;
       return Fail(absl::StrCat("push failed at step ", step, ": ", push.status().message()));
