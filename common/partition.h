@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 namespace ps {
 
@@ -20,15 +19,5 @@ struct Range {
 // [index*n/parts, (index+1)*n/parts). Sizes differ by at most one; with parts > n some are empty.
 // REQUIRES: n >= 0, parts > 0, 0 <= index < parts.
 Range PartRange(int64_t n, int index, int parts);
-
-// A piece of a range that lies inside one part.
-struct PartSlice {
-  int part = 0;
-  Range range;
-};
-
-// Splits [lo, hi) into the non-empty pieces that fall in each part, in order.
-// REQUIRES: 0 <= lo <= hi <= n, parts > 0.
-std::vector<PartSlice> SplitAcrossParts(int64_t n, int parts, int64_t lo, int64_t hi);
 
 }  // namespace ps

@@ -45,16 +45,5 @@ TEST(PartRangeTest, HugeVectorsDoNotOverflow) {
   EXPECT_EQ(PartRange(n, 1, 4).begin, n / 4);
 }
 
-TEST(SplitAcrossPartsTest, SplitsARangeAtPartBoundaries) {
-  std::vector<PartSlice> s = SplitAcrossParts(10, 3, 2, 8);
-  ASSERT_EQ(s.size(), 3u);
-  EXPECT_EQ(s[0].part, 0);
-  EXPECT_EQ(s[0].range, (Range{2, 3}));
-  EXPECT_EQ(s[1].range, (Range{3, 6}));
-  EXPECT_EQ(s[2].range, (Range{6, 8}));
-  EXPECT_TRUE(SplitAcrossParts(10, 3, 4, 4).empty());
-  EXPECT_EQ(SplitAcrossParts(3, 5, 0, 3).size(), 3u);  // empty parts are skipped
-}
-
 }  // namespace
 }  // namespace ps
