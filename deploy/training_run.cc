@@ -89,19 +89,26 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
   }
 
   int64_t last_steps = 0;
+  double last_version = 0;
   absl::Time last_time = start;
   while (result.failure.empty()) {
     result.interrupted = WaitForShutdown(absl::Seconds(c.progress_seconds));
     absl::Time now = absl::Now();
     int64_t steps = StepsDone(c.run_dir, c.workers);
-    double accuracy = CsvField(LastLine(c.run_dir + "/evaluator.csv"), 3);
+    // The evaluator's last row: the version it scored (applied updates) and the accuracy.
+    std::string evaluation = LastLine(c.run_dir + "/evaluator.csv");
+    double version = CsvField(evaluation, 1), accuracy = CsvField(evaluation, 3);
+    if (std::isnan(version)) version = last_version;
+    double dt = absl::ToDoubleSeconds(now - last_time);
     progress << c.progress_prefix
-             << absl::StrFormat("[%6.1fs] %8d steps, %7.1f steps/s, test accuracy %s",
-                                absl::ToDoubleSeconds(now - start), steps,
-                                (steps - last_steps) / absl::ToDoubleSeconds(now - last_time),
+             << absl::StrFormat("[%6.1fs] %8d steps (%6.1f/s), %7.0f updates (%6.1f/s), test "
+                                "accuracy %s",
+                                absl::ToDoubleSeconds(now - start), steps, (steps - last_steps) / dt,
+                                version, (version - last_version) / dt,
                                 std::isnan(accuracy) ? "-" : absl::StrFormat("%.4f", accuracy))
              << std::endl;
     last_steps = steps;
+    last_version = version;
     last_time = now;
     if (result.interrupted) {
       progress << "interrupted: stopping the cluster" << std::endl;
