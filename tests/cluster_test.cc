@@ -1,6 +1,7 @@
 // Multi-process tests: real ps, worker and evaluator processes talking gRPC on 127.0.0.1 with
 // ports chosen at run time.
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -11,6 +12,7 @@
 #include <limits>
 
 #include "absl/strings/numbers.h"
+#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/chunking.h"
@@ -289,6 +291,26 @@ TEST_F(BadInputTest, BadPullsRegistrationsAndReinitialisationChangeNothing) {
 
   // A restarted initialiser offering other values changes nothing.
   EXPECT_EQ(*client_->Initialize(std::vector<float>(1000, 7.0f)), 0);
+  ExpectWeightsUntouched();
+}
+
+TEST_F(BadInputTest, AClientOfAnotherProtocolVersionGetsUnimplemented) {
+  // The package name versions the wire contract: a ps.v2 client reaches no method here.
+  grpc::GenericStub generic(
+      grpc::CreateChannel(cluster_.ShardAddress(0), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::Slice empty_message("");
+  grpc::ByteBuffer request(&empty_message, 1), response;
+  grpc::Status status;
+  absl::Notification done;
+  generic.UnaryCall(&context, "/ps.v2.ParameterServer/GetStats", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status s) {
+                      status = s;
+                      done.Notify();
+                    });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << status.error_message();
   ExpectWeightsUntouched();
 }
 
