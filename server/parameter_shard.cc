@@ -333,8 +333,9 @@ absl::StatusOr<ParameterShard::Snapshot> ParameterShard::Read(int worker_id, int
   if (config_.dc_lambda > 0 && worker_id >= 0 && members_.Find(worker_id) != nullptr) {
     pulled_weights_[worker_id] = weights_;
   }
-  auto first = weights_.begin() + (offset - range_.begin);
-  return Snapshot{version_, offset, std::vector<float>(first, first + length)};
+  BufferPool::Lease values = snapshot_buffers_.Acquire(length);
+  std::copy_n(weights_.begin() + (offset - range_.begin), length, values.span().begin());
+  return Snapshot{version_, offset, std::move(values)};
 }
 
 ShardStats ParameterShard::Stats() const {

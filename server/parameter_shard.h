@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/buffer_pool.h"
 #include "common/model_identity.h"
 #include "common/partition.h"
 #include "common/staleness_histogram.h"
@@ -148,7 +149,7 @@ class ParameterShard {
   struct Snapshot {
     int64_t version = 0;
     int64_t offset = 0;  // global offset of values[0]
-    std::vector<float> values;
+    BufferPool::Lease values;
   };
   // Copies [offset, offset + length) (offset 0 and length 0: the whole shard). Waits until the
   // shard is initialised and the consistency model admits `worker_id` (observers, id < 0, never
@@ -200,6 +201,7 @@ class ParameterShard {
   int64_t pushes_dropped_late_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_dropped_stale_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
+  BufferPool snapshot_buffers_;
 };
 
 }  // namespace ps

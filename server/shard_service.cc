@@ -95,12 +95,12 @@ grpc::Status ShardService::Push(grpc::ServerContext*, grpc::ServerReader<v1::Pus
     shard_->RecordRejectedPush();
     return ToGrpcStatus(status);
   }
-  std::vector<float> gradient(header.length);
-  if (status = ReadPayload(reader, chunk, absl::MakeSpan(gradient)); !status.ok()) {
+  BufferPool::Lease gradient = push_buffers_.Acquire(header.length);
+  if (status = ReadPayload(reader, chunk, gradient.span()); !status.ok()) {
     shard_->RecordRejectedPush();
     return ToGrpcStatus(status);
   }
-  absl::StatusOr<PushOutcome> outcome = shard_->Push(header, gradient);
+  absl::StatusOr<PushOutcome> outcome = shard_->Push(header, gradient.span());
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
   response->set_version(outcome->version);
   response->set_staleness(outcome->staleness);
@@ -120,7 +120,7 @@ grpc::Status ShardService::Pull(grpc::ServerContext* context, const v1::PullRequ
   if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
   v1::PullChunk chunk;
   bool ok = true;
-  ForEachChunk(snapshot->values, kChunkFloats, [&](int64_t index, std::string_view bytes) {
+  ForEachChunk(snapshot->values.span(), kChunkFloats, [&](int64_t index, std::string_view bytes) {
     if (!ok) return;
     chunk.set_version(snapshot->version);
     chunk.set_offset(snapshot->offset + index);

@@ -30,6 +30,7 @@ class ShardService final : public v1::ParameterServer::Service {
 
  private:
   ParameterShard* shard_;
+  BufferPool push_buffers_;  // gradients being received
 };
 
 }  // namespace ps
