@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include "common/log.h"
@@ -53,7 +54,10 @@ bool WaitForShutdown(absl::Duration timeout) {
 }
 
 void RequestShutdown() {
-  if (!Requested().HasBeenNotified()) Requested().Notify();
+  // Several threads may ask at once (the signal watcher, a thread finishing its work), and
+  // Notify must be called exactly once.
+  static std::atomic<bool> claimed{false};
+  if (!claimed.exchange(true)) Requested().Notify();
 }
 
 }  // namespace ps

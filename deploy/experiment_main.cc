@@ -273,8 +273,11 @@ int Main(int argc, char** argv) {
     if (run.straggler != "none") {
       std::vector<std::string> parts = absl::StrSplit(run.straggler, ':');
       int rank = 0;
-      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rank) || rank >= run.workers) {
-        return Fail("bad straggler '" + run.straggler + "': expected RANK:FACTOR, RANK < workers");
+      double factor = 0;
+      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rank) || rank < 0 ||
+          rank >= run.workers || !absl::SimpleAtod(parts[1], &factor) || !(factor >= 1)) {
+        return Fail("bad straggler '" + run.straggler +
+                    "': expected RANK:FACTOR with 0 <= RANK < workers and FACTOR >= 1");
       }
       c.rank_flags[rank] = {"--slowdown=" + parts[1]};
     }

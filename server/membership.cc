@@ -5,7 +5,7 @@
 
 namespace ps {
 
-Membership::Worker& Membership::Touch(int id, absl::Time now) {
+Membership::Worker& Membership::Touch(int id, absl::Time now, int64_t version) {
   auto [it, is_new] = workers_.try_emplace(id);
   Worker& w = it->second;
   if (is_new || !w.active) {
@@ -13,6 +13,7 @@ Membership::Worker& Membership::Touch(int id, absl::Time now) {
     int64_t slowest = MinActiveClock();
     if (slowest != std::numeric_limits<int64_t>::max()) w.clock = std::max(w.clock, slowest);
     w.active = true;
+    w.joined_at_version = version;
   }
   w.last_seen = now;
   return w;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/model_identity.h"
 #include "common/staleness_histogram.h"
 
 namespace ps {
@@ -22,14 +23,19 @@ class Membership {
     int64_t pushes_applied = 0;
     absl::Time last_seen;
     bool active = true;
+    // The shard version when it last joined or came back after its lease expired: SSP drops its
+    // gradients computed from before then, which the others were not held back for.
+    int64_t joined_at_version = 0;
+    ModelIdentity model;  // as it registered; checked against the shard's once initialised
     StalenessHistogram staleness;
   };
 
   explicit Membership(absl::Duration lease) : lease_(lease) {}
 
   // Registers `id` or refreshes its lease. A new worker, or one coming back after its lease
-  // expired, joins at the slowest active clock, so that it does not hold the others back.
-  Worker& Touch(int id, absl::Time now);
+  // expired, joins at the slowest active clock (so that it does not hold the others back) and
+  // records `version` as joined_at_version.
+  Worker& Touch(int id, absl::Time now, int64_t version);
   // The worker's record, or null if it never registered.
   Worker* Find(int id);
   // Marks workers silent since before now - lease inactive; returns their ids.

@@ -11,6 +11,12 @@ namespace {
 
 std::string RangeText(int64_t lo, int64_t hi) { return absl::StrCat("[", lo, ", ", hi, ")"); }
 
+// offset + length for messages, without signed overflow on hostile values.
+int64_t End(int64_t offset, int64_t length) {
+  return static_cast<int64_t>(
+      std::clamp<__int128>(static_cast<__int128>(offset) + length, INT64_MIN, INT64_MAX));
+}
+
 // Returns the index of the first NaN or infinity, or -1.
 int64_t FirstNonFinite(absl::Span<const float> v) {
   for (size_t i = 0; i < v.size(); ++i) {
@@ -99,10 +105,27 @@ absl::StatusOr<Range> ParameterShard::CheckInitialize(const ModelIdentity& model
   }
   if (offset != r.begin || length != r.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "initialisation covers ", RangeText(offset, offset + length), ", shard ",
+        "initialisation covers ", RangeText(offset, End(offset, length)), ", shard ",
         config_.shard_index, " owns ", RangeText(r.begin, r.end)));
   }
   return r;
+}
+
+bool ParameterShard::initialized() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return initialized_;
+}
+
+bool ParameterShard::TryBeginInitialize() {
+  absl::MutexLock lock(&mu_);
+  if (initializing_) return false;
+  initializing_ = true;
+  return true;
+}
+
+void ParameterShard::EndInitialize() {
+  absl::MutexLock lock(&mu_);
+  initializing_ = false;
 }
 
 absl::StatusOr<bool> ParameterShard::Initialize(const ModelIdentity& model, int64_t offset,
@@ -132,7 +155,11 @@ absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const Model
   absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckModel(model); !s.ok()) return s;
   int64_t last = -1;
-  if (worker_id >= 0) last = members_.Touch(worker_id, absl::Now()).last_sequence;
+  if (worker_id >= 0) {
+    Membership::Worker& w = members_.Touch(worker_id, absl::Now(), version_);
+    w.model = model;
+    last = w.last_sequence;
+  }
   return Registration{config_.shard_index, initialized_, range_, version_, last};
 }
 
@@ -143,7 +170,7 @@ absl::StatusOr<int> ParameterShard::Heartbeat(int worker_id) {
                                                       " has not registered with shard ",
                                                       config_.shard_index));
   }
-  members_.Touch(worker_id, absl::Now());
+  members_.Touch(worker_id, absl::Now(), version_);
   return members_.ActiveCount();
 }
 
@@ -156,7 +183,7 @@ std::vector<int> ParameterShard::ExpireLeases(absl::Time now) {
 
 absl::Status ParameterShard::CheckRange(int64_t offset, int64_t length) const {
   if (length <= 0 || offset < range_.begin || offset > range_.end - length) {
-    return absl::InvalidArgumentError(absl::StrCat("range ", RangeText(offset, offset + length),
+    return absl::InvalidArgumentError(absl::StrCat("range ", RangeText(offset, End(offset, length)),
                                                    " is not inside shard ", config_.shard_index,
                                                    "'s ", RangeText(range_.begin, range_.end)));
   }
@@ -166,11 +193,14 @@ absl::Status ParameterShard::CheckRange(int64_t offset, int64_t length) const {
 absl::Status ParameterShard::CheckPushHeader(const PushHeaderInfo& h) const {
   absl::ReaderMutexLock lock(&mu_);
   if (!initialized_) return absl::FailedPreconditionError("shard is not initialised yet");
-  if (h.worker_id < 0 || members_.workers().count(h.worker_id) == 0) {
+  auto worker = members_.workers().find(h.worker_id);
+  if (h.worker_id < 0 || worker == members_.workers().end()) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", h.worker_id,
                                                       " has not registered with shard ",
                                                       config_.shard_index));
   }
+  // A worker that registered before initialisation was not checked against the model then.
+  if (absl::Status s = CheckModel(worker->second.model); !s.ok()) return s;
   if (h.sequence < 0) {
     return absl::InvalidArgumentError(absl::StrCat("push sequence ", h.sequence, " is negative"));
   }
@@ -206,7 +236,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
     ++pushes_rejected_;
     return status;
   }
-  Membership::Worker& worker = members_.Touch(h.worker_id, absl::Now());
+  Membership::Worker& worker = members_.Touch(h.worker_id, absl::Now(), version_);
   if (h.sequence <= worker.last_sequence) {
     ++pushes_duplicate_;
     return PushOutcome{version_, 0, /*duplicate=*/true, false};
@@ -220,6 +250,12 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
       return PushOutcome{version_, staleness, false, /*dropped=*/true};
     }
     return AddToRound(worker, h, gradient);
+  }
+  if (config_.mode == ConsistencyMode::kSsp && h.base_version < worker.joined_at_version) {
+    // Computed before its lease expired: the others were not held back for it, so applying it
+    // could break the staleness bound.
+    ++pushes_dropped_late_;
+    return PushOutcome{version_, staleness, false, /*dropped=*/true};
   }
   if (config_.max_staleness >= 0 && staleness > config_.max_staleness) {
     ++pushes_dropped_stale_;
@@ -304,22 +340,24 @@ bool ParameterShard::Admits(int worker_id) const {
   }
 }
 
-absl::StatusOr<ParameterShard::Snapshot> ParameterShard::Read(int worker_id, int64_t offset,
+absl::StatusOr<ParameterShard::Snapshot> ParameterShard::Read(const ModelIdentity& model,
+                                                              int worker_id, int64_t offset,
                                                               int64_t length,
                                                               absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   if (worker_id >= 0 && members_.Find(worker_id) != nullptr) {
-    members_.Touch(worker_id, absl::Now());
+    members_.Touch(worker_id, absl::Now(), version_);
   }
   auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return shutdown_ || (initialized_ && Admits(worker_id));
   };
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
   if (shutdown_) return absl::UnavailableError("shard is shutting down");
-  if (!initialized_) {
-    return absl::UnavailableError(
-        absl::StrCat("shard ", config_.shard_index, " is not initialised yet"));
+  if (!initialized_) {  // waiting for the initialiser is normal: the client pulls again
+    return absl::AbortedError(absl::StrCat("shard ", config_.shard_index,
+                                           " is not initialised yet; pull again"));
   }
+  if (absl::Status s = CheckModel(model); !s.ok()) return s;
   if (!Admits(worker_id)) {
     return absl::AbortedError(absl::StrCat("worker ", worker_id, " is still held back by ",
                                            ConsistencyName(config_), "; pull again"));

@@ -122,6 +122,13 @@ class ParameterShard {
   // Checks an Initialize header; returns the range the payload must cover.
   absl::StatusOr<Range> CheckInitialize(const ModelIdentity& model, int64_t offset,
                                         int64_t length) const;
+  // Whether Initialize already succeeded (a restarted initialiser then need not send anything).
+  bool initialized() const;
+  // At most one initialisation payload is received at a time, so that clients cannot make the
+  // shard hold many shard-sized buffers. Returns false if one is in progress; else the caller
+  // owns the slot until EndInitialize.
+  bool TryBeginInitialize();
+  void EndInitialize();
   // Sets the shard's values once. Returns true if this call initialised the shard, false if it was
   // already initialised for the same model (nothing changes). Fails on a different model, a range
   // that is not the shard's, or a non-finite value.
@@ -151,12 +158,12 @@ class ParameterShard {
     int64_t offset = 0;  // global offset of values[0]
     BufferPool::Lease values;
   };
-  // Copies [offset, offset + length) (offset 0 and length 0: the whole shard). Waits until the
-  // shard is initialised and the consistency model admits `worker_id` (observers, id < 0, never
-  // wait for it), or `deadline` passes: then UNAVAILABLE if still uninitialised, ABORTED if the
-  // worker is still held back (a barrier or the SSP bound: waiting longer is normal).
-  absl::StatusOr<Snapshot> Read(int worker_id, int64_t offset, int64_t length,
-                                absl::Time deadline);
+  // Copies [offset, offset + length) (offset 0 and length 0: the whole shard) for a client of
+  // `model`. Waits until the shard is initialised and the consistency model admits `worker_id`
+  // (observers, id < 0, never wait for it), or `deadline` passes: then ABORTED, since waiting
+  // longer is normal (for the initialiser, a barrier or the SSP bound).
+  absl::StatusOr<Snapshot> Read(const ModelIdentity& model, int worker_id, int64_t offset,
+                                int64_t length, absl::Time deadline);
 
   ShardStats Stats() const;
   // Wakes every waiting Read; they fail with UNAVAILABLE.
@@ -183,6 +190,7 @@ class ParameterShard {
   mutable absl::Mutex mu_;
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  bool initializing_ ABSL_GUARDED_BY(mu_) = false;
   ModelIdentity model_ ABSL_GUARDED_BY(mu_);
   Range range_ ABSL_GUARDED_BY(mu_);
   std::vector<float> weights_ ABSL_GUARDED_BY(mu_);

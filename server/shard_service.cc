@@ -1,5 +1,6 @@
 #include "server/shard_service.h"
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/chunking.h"
 #include "common/grpc_status.h"
@@ -65,6 +66,14 @@ grpc::Status ShardService::Initialize(grpc::ServerContext*,
   if (absl::Status s = CheckDType(h.dtype()); !s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<Range> range = shard_->CheckInitialize(model, h.offset(), h.length());
   if (!range.ok()) return ToGrpcStatus(range.status());
+  if (shard_->initialized()) {  // a restarted initialiser: keep the trained values, skip the data
+    response->set_applied(false);
+    return grpc::Status::OK;
+  }
+  if (!shard_->TryBeginInitialize()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "another initialisation is in progress");
+  }
+  absl::Cleanup end_initialize = [this] { shard_->EndInitialize(); };
   std::vector<float> values(range->size());
   int64_t offset = h.offset();
   if (absl::Status s = ReadPayload(reader, chunk, absl::MakeSpan(values)); !s.ok()) {
@@ -116,7 +125,8 @@ grpc::Status ShardService::Pull(grpc::ServerContext* context, const v1::PullRequ
   absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
                                  absl::FromChrono(context->deadline()) - absl::Milliseconds(250));
   absl::StatusOr<ParameterShard::Snapshot> snapshot =
-      shard_->Read(request->worker_id(), request->offset(), request->length(), deadline);
+      shard_->Read(FromProto(request->model()), request->worker_id(), request->offset(),
+                   request->length(), deadline);
   if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
   v1::PullChunk chunk;
   bool ok = true;

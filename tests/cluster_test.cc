@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -272,6 +273,9 @@ TEST_F(BadInputTest, BadPullsRegistrationsAndReinitialisationChangeNothing) {
   v1::PullRequest request;
   request.set_offset(100);
   request.set_length(10);
+  request.mutable_model()->set_fingerprint(model_.fingerprint);
+  request.mutable_model()->set_total_params(model_.total_params);
+  request.mutable_model()->set_num_shards(model_.num_shards);
   auto reader = stub_->Pull(&context, request);
   v1::PullChunk chunk;
   while (reader->Read(&chunk)) {
@@ -363,8 +367,12 @@ TEST(DaemonTest, BadFlagsExitNonZeroWithAOneLineReason) {
   }
 }
 
-// More than a CSV header: at least one row (or an image).
-bool FileHasData(const std::string& path) { return ReadFile(path).size() > 20; }
+// A CSV with at least one row after its header, or a non-empty image.
+bool FileHasData(const std::string& path) {
+  std::string text = ReadFile(path);
+  if (path.size() > 4 && path.substr(path.size() - 4) == ".png") return text.size() > 1000;
+  return std::count(text.begin(), text.end(), '\n') >= 2;
+}
 
 TEST(CommandTest, LaunchRunsAClusterAndLeavesCsvsAndAPlot) {
   std::string dir = NewRunDir() + "/run";
@@ -397,6 +405,76 @@ TEST(CommandTest, ExperimentRunsAMatrixAndWritesAReport) {
   auto [bad, why] = RunDaemon({"experiment", "--modes=hogwild"});
   EXPECT_NE(bad, 0);
   EXPECT_NE(why.find("unknown mode 'hogwild'"), std::string::npos) << why;
+}
+
+TEST(DaemonTest, SigtermStopsDaemonsWaitingOnAShardAtOnce) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(1, {}).ok());  // never initialised: both wait for rank 0
+  ASSERT_TRUE(cluster.StartEvaluator({"--hidden=8"}).ok());
+  ASSERT_TRUE(cluster.StartWorker(1, 2, {"--hidden=8"}).ok());
+  absl::SleepFor(absl::Seconds(2));  // long enough to be waiting inside Pull
+  for (Subprocess* p : {cluster.evaluator(), cluster.worker(1)}) {
+    ASSERT_TRUE(p->running());
+    p->Signal(SIGTERM);
+  }
+  for (Subprocess* p : {cluster.evaluator(), cluster.worker(1)}) {
+    absl::StatusOr<int> code = p->Wait(absl::Seconds(5));
+    ASSERT_TRUE(code.ok()) << p->name() << " ignored SIGTERM while waiting on a shard";
+    EXPECT_EQ(*code, 0) << p->name();
+  }
+}
+
+TEST(DaemonTest, OneInitialisationAtATime) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(1, {}).ok());
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(cluster.ShardAddress(0), grpc::InsecureChannelCredentials()));
+  v1::InitializeChunk first;
+  v1::InitializeHeader* h = first.mutable_header();
+  h->mutable_model()->set_fingerprint("m");
+  h->mutable_model()->set_total_params(4);
+  h->mutable_model()->set_num_shards(1);
+  h->set_length(4);
+  h->set_dtype(v1::FLOAT32);
+  first.set_data(std::string(AsBytes(std::vector<float>{1, 2})));
+  // A holds the initialisation slot: it sent half of its values and waits.
+  grpc::ClientContext a_context;
+  v1::InitializeResponse a_response;
+  auto a = stub->Initialize(&a_context, &a_response);
+  ASSERT_TRUE(a->Write(first));
+  auto initialise = [&](const std::vector<float>& values, v1::InitializeResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto writer = stub->Initialize(&context, response);
+    v1::InitializeChunk chunk = first;
+    chunk.set_data(std::string(AsBytes(values)));
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  v1::InitializeResponse b_response;
+  grpc::Status b = grpc::Status::OK;
+  // B is refused while A holds the slot (retry until A's header has surely arrived).
+  for (int i = 0; i < 100 && b.ok(); ++i) {
+    b = initialise({9, 9, 9, 9}, &b_response);
+    if (b.ok()) break;  // cannot happen before A finishes: B would have initialised
+  }
+  EXPECT_EQ(b.error_code(), grpc::StatusCode::UNAVAILABLE) << b.error_message();
+  EXPECT_NE(b.error_message().find("another initialisation is in progress"), std::string::npos);
+  v1::InitializeChunk rest;
+  rest.set_data(std::string(AsBytes(std::vector<float>{3, 4})));
+  ASSERT_TRUE(a->Write(rest));
+  a->WritesDone();
+  ASSERT_TRUE(a->Finish().ok());
+  EXPECT_TRUE(a_response.applied());
+  // Once initialised, a late initialiser is told so without sending (or keeping) its values.
+  ASSERT_TRUE(initialise({9, 9, 9, 9}, &b_response).ok());
+  EXPECT_FALSE(b_response.applied());
+  ShardedClient reader({cluster.ShardAddress(0)}, {"m", 4, 1}, -1);
+  std::vector<float> values(4);
+  std::vector<int64_t> versions;
+  ASSERT_TRUE(reader.Pull(absl::MakeSpan(values), &versions).ok());
+  EXPECT_EQ(values, (std::vector<float>{1, 2, 3, 4}));
 }
 
 TEST(DaemonTest, WorkerGivesUpOnUnreachableShardsWithAReason) {

@@ -37,7 +37,7 @@ class ParameterShardTest : public ::testing::Test {
   }
   static std::vector<float> Initial() { return {5, 6, 7, 8, 9}; }
   std::vector<float> Weights() {
-    return Values(*shard_.Read(-1, 0, 0, absl::InfiniteFuture()));
+    return Values(*shard_.Read(kModel, -1, 0, 0, absl::InfiniteFuture()));
   }
   absl::StatusOr<PushOutcome> Push(int64_t sequence, int64_t base, int64_t offset,
                                    std::vector<float> g) {
@@ -118,7 +118,7 @@ TEST(ParameterShardInitTest, RejectsWrongRangeAndNonFiniteValues) {
   EXPECT_NE(shard.Initialize(kModel, 0, {1, 2, 3}).status().message().find("owns [0, 5)"),
             std::string::npos);
   EXPECT_FALSE(shard.Initialize(kModel, 0, {1, 2, NAN, 4, 5}).ok());
-  EXPECT_EQ(shard.Read(-1, 0, 0, absl::Now()).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(shard.Read(kModel, -1, 0, 0, absl::Now()).status().code(), absl::StatusCode::kAborted);
   ModelIdentity huge{"huge", int64_t{1} << 40, 2};
   EXPECT_NE(shard.CheckInitialize(huge, 0, int64_t{1} << 39).status().message().find("limit"),
             std::string::npos);
@@ -132,7 +132,8 @@ TEST(ParameterShardInitTest, ReadWaitsForInitialisation) {
     absl::SleepFor(absl::Milliseconds(50));
     ASSERT_TRUE(shard.Initialize(m, 0, {1, 2, 3}).ok());
   });
-  absl::StatusOr<ParameterShard::Snapshot> s = shard.Read(-1, 0, 0, absl::Now() + absl::Seconds(10));
+  absl::StatusOr<ParameterShard::Snapshot> s =
+      shard.Read(m, -1, 0, 0, absl::Now() + absl::Seconds(10));
   init.join();
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(Values(*s), (std::vector<float>{1, 2, 3}));
@@ -145,7 +146,7 @@ TEST(ParameterShardInitTest, ShutdownWakesWaitingReads) {
     absl::SleepFor(absl::Milliseconds(50));
     shard.Shutdown();
   });
-  EXPECT_EQ(shard.Read(-1, 0, 0, absl::InfiniteFuture()).status().code(),
+  EXPECT_EQ(shard.Read(ModelIdentity{"m", 3, 1}, -1, 0, 0, absl::InfiniteFuture()).status().code(),
             absl::StatusCode::kUnavailable);
   stop.join();
 }
@@ -162,7 +163,7 @@ TEST(ParameterShardConcurrencyTest, ConcurrentPushesAndPullsLoseNothing) {
     threads.emplace_back([&, w] {
       std::vector<float> g(kSize, 1.0f);
       for (int i = 0; i < kPushes; ++i) {
-        absl::StatusOr<ParameterShard::Snapshot> s = shard.Read(w, 0, 0, absl::InfiniteFuture());
+        absl::StatusOr<ParameterShard::Snapshot> s = shard.Read(m, w, 0, 0, absl::InfiniteFuture());
         ASSERT_TRUE(s.ok());
         // Every element of one snapshot has seen the same number of updates.
         ASSERT_EQ(s->values.span().front(), s->values.span().back());
@@ -171,7 +172,7 @@ TEST(ParameterShardConcurrencyTest, ConcurrentPushesAndPullsLoseNothing) {
     });
   }
   for (std::thread& t : threads) t.join();
-  std::vector<float> w = Values(*shard.Read(-1, 0, 0, absl::InfiniteFuture()));
+  std::vector<float> w = Values(*shard.Read(m, -1, 0, 0, absl::InfiniteFuture()));
   for (float v : w) ASSERT_EQ(v, -kWorkers * kPushes);
   EXPECT_EQ(shard.Stats().version, kWorkers * kPushes);
 }
@@ -201,9 +202,9 @@ struct ConsistencyFixture {
   }
   // Whether `worker` may pull now (waits 50 ms at most).
   bool MayPull(int worker) {
-    return shard->Read(worker, 0, 0, absl::Now() + absl::Milliseconds(50)).ok();
+    return shard->Read(model, worker, 0, 0, absl::Now() + absl::Milliseconds(50)).ok();
   }
-  std::vector<float> Weights() { return Values(*shard->Read(-1, 0, 0, absl::Now())); }
+  std::vector<float> Weights() { return Values(*shard->Read(model, -1, 0, 0, absl::Now())); }
 
   ModelIdentity model{"m", 4, 1};
   std::unique_ptr<ParameterShard> shard;
@@ -274,6 +275,33 @@ TEST(SspTest, ANewWorkerJoinsAtTheSlowestClock) {
   EXPECT_TRUE(f.MayPull(0));  // worker 1 joined at clock 5, not 0
 }
 
+TEST(SspTest, AGradientFromBeforeALeaseExpiredIsDropped) {
+  ConsistencyFixture f("ssp:1", 2, [](ShardConfig& c) { c.lease = absl::Milliseconds(100); });
+  ASSERT_TRUE(f.MayPull(0));  // worker 0 pulls version 0, then goes silent
+  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(f.Push(1, 0, {1, 1, 1, 1}).ok());  // refreshes worker 1 only
+  ASSERT_EQ(f.shard->ExpireLeases(absl::Now()), (std::vector<int>{0}));
+  for (int64_t v = 1; v < 20; ++v) ASSERT_TRUE(f.Push(1, v, {1, 1, 1, 1}).ok());
+  absl::StatusOr<PushOutcome> late = f.Push(0, 0, {9, 9, 9, 9});  // staleness 20 > (W-1)(2S+1)
+  ASSERT_TRUE(late.ok());
+  EXPECT_TRUE(late->dropped);
+  EXPECT_EQ(f.Weights(), (std::vector<float>{-20, -20, -20, -20}));
+  EXPECT_FALSE(f.Push(0, 20, {1, 1, 1, 1})->dropped);  // computed after rejoining: applied
+}
+
+TEST(ModelCheckTest, AWorkerRegisteredBeforeInitialisationWithAnotherModelIsRefused) {
+  auto shard = SgdShard(0, 1, 1.0f);
+  ModelIdentity wrong{"mlp:784-32-10", 40, 1}, right{"m", 100, 1};
+  ASSERT_TRUE(shard->Register(1, wrong).ok());  // nothing to check against yet
+  ASSERT_TRUE(shard->Initialize(right, 0, std::vector<float>(100, 0.0f)).ok());
+  absl::StatusOr<PushOutcome> push = shard->Push({1, 0, 0, 0, 40}, std::vector<float>(40, 1.0f));
+  EXPECT_EQ(push.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(push.status().message().find("model mismatch"), std::string::npos) << push.status();
+  EXPECT_EQ(shard->Read(wrong, 1, 0, 40, absl::Now()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->Stats().version, 0);
+}
+
 TEST(PolicyTest, StalenessAwareLearningRateDividesByStaleness) {
   ConsistencyFixture f("async", 2, [](ShardConfig& c) { c.staleness_aware_lr = true; });
   ASSERT_TRUE(f.Push(0, 0, {1, 1, 1, 1}).ok());
@@ -295,7 +323,7 @@ TEST(PolicyTest, PushesStalerThanTheBoundAreDropped) {
 
 TEST(PolicyTest, DcAsgdCompensatesWithTheWeightsTheWorkerPulled) {
   ConsistencyFixture f("async", 2, [](ShardConfig& c) { c.dc_lambda = 0.5f; });
-  ASSERT_TRUE(f.shard->Read(1, 0, 0, absl::Now()).ok());  // worker 1 pulls w = 0
+  ASSERT_TRUE(f.shard->Read(f.model, 1, 0, 0, absl::Now()).ok());  // worker 1 pulls w = 0
   ASSERT_TRUE(f.Push(0, 0, {1, 2, 0, 0}).ok());           // w = -1 -2 0 0 (no pull: plain)
   ASSERT_TRUE(f.Push(1, 0, {2, 1, 1, 0}).ok());
   // g + 0.5 * g^2 * (w_now - w_pulled): 2 + 0.5*4*(-1) = 0, 1 + 0.5*1*(-2) = 0, 1, 0

@@ -62,7 +62,10 @@ int Main(int argc, char** argv) {
   ShardedClient client(*addresses,
                        {mlp.Fingerprint(), mlp.num_params(), static_cast<int>(addresses->size())},
                        /*worker_id=*/-1, options);
-  if (absl::StatusOr<int64_t> r = client.Register(); !r.ok()) return Fail(std::string(r.status().message()));
+  CancelOnShutdown cancel_on_shutdown(&client);  // the final pull below starts afresh
+  if (absl::StatusOr<int64_t> r = client.Register(); !r.ok()) {
+    return ShutdownRequested() ? 0 : Fail(std::string(r.status().message()));
+  }
   absl::StatusOr<CsvWriter> csv = CsvWriter::Open(
       absl::GetFlag(FLAGS_csv).empty() ? "/dev/null" : absl::GetFlag(FLAGS_csv),
       {"wall_time", "version", "test_loss", "test_accuracy"});
@@ -71,10 +74,14 @@ int Main(int argc, char** argv) {
   std::vector<float> params(mlp.num_params());
   std::vector<int64_t> versions;
   int64_t last_version = -1;
+  // At shutdown, the weights are scored once more (if there are any yet): the last row is the
+  // run's result.
   for (bool stopping = false; !stopping;) {
     stopping = ShutdownRequested();
+    if (stopping && last_version < 0) break;  // never initialised: nothing to score
     if (absl::Status s = client.Pull(absl::MakeSpan(params), &versions); !s.ok()) {
       if (stopping) break;  // the shards may already be gone at shutdown
+      if (ShutdownRequested()) continue;  // cancelled by the shutdown: go round for the last pull
       return Fail(absl::StrCat("pull failed: ", s.message()));
     }
     int64_t version = *std::min_element(versions.begin(), versions.end());

@@ -11,6 +11,7 @@
 #include "common/chunking.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/shutdown.h"
 
 namespace ps {
 namespace {
@@ -58,9 +59,9 @@ v1::ModelIdentity ShardedClient::ModelProto() const {
   return m;
 }
 
-bool ShardedClient::Track(grpc::ClientContext* context) {
+bool ShardedClient::Track(grpc::ClientContext* context, int64_t generation) {
   absl::MutexLock lock(&mu_);
-  if (cancelled_) return false;
+  if (generation != generation_) return false;
   in_flight_.insert(context);
   return true;
 }
@@ -70,42 +71,55 @@ void ShardedClient::Untrack(grpc::ClientContext* context) {
   in_flight_.erase(context);
 }
 
-void ShardedClient::Cancel() {
+void ShardedClient::CancelPending() {
   absl::MutexLock lock(&mu_);
-  cancelled_ = true;
+  ++generation_;
   for (grpc::ClientContext* c : in_flight_) c->TryCancel();
 }
 
 absl::Status ShardedClient::ForEachShard(
-    const std::function<grpc::Status(int, grpc::ClientContext*)>& fn, bool retry) {
+    const std::function<grpc::Status(int, grpc::ClientContext*)>& fn, bool retry,
+    absl::Duration timeout) {
+  int64_t generation;
+  {
+    absl::MutexLock lock(&mu_);
+    generation = generation_;
+  }
+  // Waits up to `d`; true if CancelPending was called meanwhile.
+  auto cancelled_within = [&](absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return generation_ != generation; };
+    return mu_.AwaitWithTimeout(absl::Condition(&changed), d);
+  };
   std::vector<absl::Status> results(stubs_.size());
   auto run = [&](int shard) {
     absl::Time give_up = absl::Now() + options_.retry_for;
     absl::Duration backoff = absl::Milliseconds(50);
     for (;;) {
       grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-      grpc::Status s = grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled");
-      if (Track(&context)) {
+      context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+      grpc::Status s = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled at shutdown");
+      if (Track(&context, generation)) {
         s = fn(shard, &context);
         Untrack(&context);
       }
       if (s.ok()) return;
-      if (retry && s.error_code() == grpc::StatusCode::ABORTED) {
-        // Held back by the consistency model (a barrier, the SSP bound): the shard is alive and
-        // waiting is the protocol, so pull again at once and do not spend the retry budget.
+      bool cancelled = s.error_code() == grpc::StatusCode::CANCELLED;
+      if (retry && !cancelled && s.error_code() == grpc::StatusCode::ABORTED) {
+        // Held back (waiting for the initialiser, a barrier, the SSP bound): the shard is alive
+        // and waiting is the protocol, so ask again at once without spending the retry budget.
         give_up = absl::Now() + options_.retry_for;
         continue;
       }
-      if (!retry || !IsTransient(s) || absl::Now() + backoff > give_up) {
+      if (!retry || !IsTransient(s) || absl::Now() + backoff > give_up ||
+          cancelled_within(backoff)) {
         results[shard] = absl::Status(FromGrpcStatus(s).code(),
                                       absl::StrCat("shard ", shard, " (", addresses_[shard],
                                                    "): ", s.error_message()));
         return;
       }
       PS_LOG(WARNING) << "shard " << shard << " (" << addresses_[shard] << "): "
-                      << s.error_message() << "; retrying in " << backoff;
-      absl::SleepFor(backoff);  // backoff between attempts, not a condition wait
+                      << s.error_message() << "; retried after " << backoff;
       backoff = std::min(backoff * 2, absl::Seconds(2));
     }
   };
@@ -117,6 +131,17 @@ absl::Status ShardedClient::ForEachShard(
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+CancelOnShutdown::CancelOnShutdown(ShardedClient* client)
+    : thread_([client] {
+        WaitForShutdown(absl::InfiniteDuration());
+        client->CancelPending();
+      }) {}
+
+CancelOnShutdown::~CancelOnShutdown() {
+  RequestShutdown();
+  thread_.join();
 }
 
 absl::StatusOr<int64_t> ShardedClient::Register() {
@@ -172,6 +197,7 @@ absl::Status ShardedClient::Pull(absl::Span<float> params, std::vector<int64_t>*
     request.set_offset(r.begin);
     request.set_length(r.size());
     request.set_worker_id(worker_id_);
+    *request.mutable_model() = ModelProto();
     auto reader = stubs_[shard]->Pull(context, request);
     ChunkAssembler assembler(params.subspan(r.begin, r.size()));
     v1::PullChunk chunk;
@@ -219,7 +245,7 @@ absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(
   return summary;
 }
 
-absl::Status ShardedClient::Heartbeat() {
+absl::Status ShardedClient::Heartbeat(absl::Duration timeout) {
   return ForEachShard(
       [&](int shard, grpc::ClientContext* context) {
         v1::HeartbeatRequest request;
@@ -227,7 +253,7 @@ absl::Status ShardedClient::Heartbeat() {
         v1::HeartbeatResponse response;
         return stubs_[shard]->Heartbeat(context, request, &response);
       },
-      /*retry=*/false);
+      /*retry=*/false, timeout);
 }
 
 absl::StatusOr<std::vector<v1::StatsResponse>> ShardedClient::Stats() {

@@ -3,13 +3,15 @@
 // failed for a transient reason (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff. Retrying
 // is safe: pulls are reads, pushes carry a (worker, sequence) id that a shard applies once. A pull
 // that a shard holds back (ABORTED: sync barrier, SSP bound) is repeated for as long as it takes.
-// Thread-compatible: one thread drives Pull/Push; Heartbeat and Cancel may be called from others.
+// Thread-compatible: one thread drives Pull/Push; Heartbeat and CancelPending may be called from
+// others.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -63,20 +65,25 @@ class ShardedClient {
   // Every shard's statistics.
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats();
 
-  // Refreshes this worker's lease on every shard (one attempt each, no retries).
-  absl::Status Heartbeat();
+  // Refreshes this worker's lease on every shard: one attempt each, with `timeout` (keep it well
+  // under the lease, so that one stalled shard does not delay the others' heartbeats).
+  absl::Status Heartbeat(absl::Duration timeout);
 
-  // Cancels calls in flight and makes every later call fail at once (CANCELLED). For shutdown:
-  // a pull held back by a barrier returns now instead of at its deadline.
-  void Cancel();
+  // Ends the calls in progress, retries and backoff included, with CANCELLED. Calls started
+  // afterwards work as usual. For shutdown: a pull held at a barrier returns now.
+  void CancelPending();
 
  private:
   // Runs fn(shard) for every shard concurrently, retrying transient failures; returns the first
   // error, prefixed with the shard's address.
   absl::Status ForEachShard(const std::function<grpc::Status(int shard, grpc::ClientContext*)>& fn,
-                            bool retry = true);
-  // Tracks contexts in flight so that Cancel can reach them.
-  bool Track(grpc::ClientContext* context);
+                            bool retry, absl::Duration timeout);
+  absl::Status ForEachShard(const std::function<grpc::Status(int shard, grpc::ClientContext*)>& fn) {
+    return ForEachShard(fn, /*retry=*/true, options_.rpc_timeout);
+  }
+  // Tracks contexts in flight so that CancelPending can reach them; false if the call's
+  // generation was cancelled already.
+  bool Track(grpc::ClientContext* context, int64_t generation);
   void Untrack(grpc::ClientContext* context);
   v1::ModelIdentity ModelProto() const;
 
@@ -88,8 +95,20 @@ class ShardedClient {
   std::vector<Range> ranges_;  // shard i's range of the flat vector
 
   absl::Mutex mu_;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // incremented by CancelPending
   std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+};
+
+// Cancels a client's pending calls once SIGTERM/SIGINT arrives, so that a process waiting on a
+// shard (for the initialiser, at a barrier, or retrying) stops at once. Destruction requests
+// shutdown and joins the thread: declare it after the client it watches.
+class CancelOnShutdown {
+ public:
+  explicit CancelOnShutdown(ShardedClient* client);
+  ~CancelOnShutdown();
+
+ private:
+  std::thread thread_;
 };
 
 }  // namespace ps

@@ -63,6 +63,7 @@ int Main(int argc, char** argv) {
   if (!(absl::GetFlag(FLAGS_rpc_timeout_seconds) >= 0.5)) {
     return Fail("--rpc_timeout_seconds must be >= 0.5");
   }
+  if (!(absl::GetFlag(FLAGS_heartbeat_seconds) > 0)) return Fail("--heartbeat_seconds must be > 0");
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   absl::StatusOr<Delay> pull_delay = Delay::Parse(absl::GetFlag(FLAGS_pull_delay), seed * 31 + rank);
   if (!pull_delay.ok()) return Fail(std::string(pull_delay.status().message()));
@@ -96,15 +97,20 @@ int Main(int argc, char** argv) {
   options.retry_for = absl::Seconds(absl::GetFlag(FLAGS_retry_seconds));
   ModelIdentity model{mlp.Fingerprint(), mlp.num_params(), static_cast<int>(addresses->size())};
   ShardedClient client(*addresses, model, rank, options);
+  CancelOnShutdown cancel_on_shutdown(&client);
   absl::StatusOr<int64_t> next_step = client.Register();
+  if (!next_step.ok() && ShutdownRequested()) return 0;
   if (!next_step.ok()) return Fail(std::string(next_step.status().message()));
-  // Heartbeats keep this worker in the shards' active set even while it computes or waits at a
-  // barrier; at shutdown the same thread cancels calls in flight.
-  std::thread heartbeat([&client] {
-    while (!WaitForShutdown(absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds)))) {
-      if (absl::Status s = client.Heartbeat(); !s.ok()) PS_LOG(WARNING) << "heartbeat: " << s;
+  // Heartbeats keep this worker in the shards' active set while it computes or waits at a
+  // barrier; each has a deadline of one interval, so a stalled shard does not delay the others.
+  const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds));
+  std::thread heartbeats([&client, heartbeat] {
+    while (!WaitForShutdown(heartbeat)) {
+      if (absl::Status s = client.Heartbeat(std::max(heartbeat, absl::Milliseconds(500)));
+          !s.ok()) {
+        PS_LOG(WARNING) << "heartbeat: " << s;
+      }
     }
-    client.Cancel();
   });
   struct JoinAtExit {
     std::thread& t;
@@ -112,7 +118,7 @@ int Main(int argc, char** argv) {
       RequestShutdown();
       t.join();
     }
-  } join_heartbeat{heartbeat};
+  } join_heartbeats{heartbeats};
   if (rank == 0) {
     absl::StatusOr<int> applied = client.Initialize(mlp.InitialParams(absl::GetFlag(FLAGS_seed)));
     if (!applied.ok()) return Fail(std::string(applied.status().message()));
@@ -176,7 +182,7 @@ int Main(int argc, char** argv) {
   PS_LOG(INFO) << "done at step " << step << " after "
                << absl::ToDoubleSeconds(absl::Now() - start) << " s";
   if (health != nullptr) health->Shutdown();
-  return 0;  // join_heartbeat stops the heartbeat thread
+  return 0;  // join_heartbeats and cancel_on_shutdown stop their threads
 }
 
 }  // namespace
