@@ -1,9 +1,14 @@
 #include "server/membership.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 
 namespace ps {
+
+absl::Time MonotonicNow() {
+  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
 
 Membership::Worker& Membership::Touch(int id, absl::Time now, int64_t version) {
   auto [it, is_new] = workers_.try_emplace(id);
@@ -33,6 +38,13 @@ std::vector<int> Membership::Expire(absl::Time now) {
     }
   }
   return expired;
+}
+
+bool Membership::Leave(int id) {
+  Worker* w = Find(id);
+  if (w == nullptr) return false;
+  w->active = false;
+  return true;
 }
 
 int Membership::ActiveCount() const {

@@ -15,6 +15,10 @@
 
 namespace ps {
 
+// The clock leases are measured on: monotonic, so that a step of the wall clock (NTP) neither
+// expires every worker at once nor keeps dead ones. Only differences of it mean anything.
+absl::Time MonotonicNow();
+
 class Membership {
  public:
   struct Worker {
@@ -40,6 +44,8 @@ class Membership {
   Worker* Find(int id);
   // Marks workers silent since before now - lease inactive; returns their ids.
   std::vector<int> Expire(absl::Time now);
+  // Marks a worker that said it is leaving inactive at once. Returns false if it is unknown.
+  bool Leave(int id);
 
   int ActiveCount() const;
   // The slowest clock among active workers; INT64_MAX when none is active.

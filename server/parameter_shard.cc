@@ -156,7 +156,7 @@ absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const Model
   if (absl::Status s = CheckModel(model); !s.ok()) return s;
   int64_t last = -1;
   if (worker_id >= 0) {
-    Membership::Worker& w = members_.Touch(worker_id, absl::Now(), version_);
+    Membership::Worker& w = members_.Touch(worker_id, MonotonicNow(), version_);
     w.model = model;
     last = w.last_sequence;
   }
@@ -170,8 +170,19 @@ absl::StatusOr<int> ParameterShard::Heartbeat(int worker_id) {
                                                       " has not registered with shard ",
                                                       config_.shard_index));
   }
-  members_.Touch(worker_id, absl::Now(), version_);
+  members_.Touch(worker_id, MonotonicNow(), version_);
   return members_.ActiveCount();
+}
+
+absl::Status ParameterShard::Leave(int worker_id) {
+  absl::MutexLock lock(&mu_);
+  if (!members_.Leave(worker_id)) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id,
+                                                      " has not registered with shard ",
+                                                      config_.shard_index));
+  }
+  MaybeCloseRound();  // a round may have been waiting only for it
+  return absl::OkStatus();
 }
 
 std::vector<int> ParameterShard::ExpireLeases(absl::Time now) {
@@ -236,7 +247,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
     ++pushes_rejected_;
     return status;
   }
-  Membership::Worker& worker = members_.Touch(h.worker_id, absl::Now(), version_);
+  Membership::Worker& worker = members_.Touch(h.worker_id, MonotonicNow(), version_);
   if (h.sequence <= worker.last_sequence) {
     ++pushes_duplicate_;
     return PushOutcome{version_, 0, /*duplicate=*/true, false};
@@ -346,7 +357,7 @@ absl::StatusOr<ParameterShard::Snapshot> ParameterShard::Read(const ModelIdentit
                                                               absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   if (worker_id >= 0 && members_.Find(worker_id) != nullptr) {
-    members_.Touch(worker_id, absl::Now(), version_);
+    members_.Touch(worker_id, MonotonicNow(), version_);
   }
   auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return shutdown_ || (initialized_ && Admits(worker_id));
@@ -397,7 +408,7 @@ ShardStats ParameterShard::Stats() const {
   s.optimizer = config_.optimizer.name;
   s.consistency = ConsistencyName(config_);
   s.staleness_counts = staleness_.counts();
-  absl::Time now = absl::Now();
+  absl::Time now = MonotonicNow();
   for (const auto& [id, w] : members_.workers()) {
     s.workers.push_back({id, w.active, w.clock, w.pushes_applied,
                          absl::ToDoubleSeconds(now - w.last_seen), w.staleness.counts()});

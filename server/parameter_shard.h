@@ -140,8 +140,11 @@ class ParameterShard {
   absl::StatusOr<Registration> Register(int worker_id, const ModelIdentity& model);
   // Refreshes a registered worker's lease; returns the number of active workers.
   absl::StatusOr<int> Heartbeat(int worker_id);
-  // Drops workers whose lease ran out at `now` from the active set (and closes a sync round that
-  // was waiting only for them). Returns their ids. The daemon calls this about once a second.
+  // Takes a worker that is stopping out of the active set at once, rather than after its lease.
+  absl::Status Leave(int worker_id);
+  // Drops workers whose lease ran out at `now` (MonotonicNow()) from the active set, and closes a
+  // sync round that was waiting only for them. Returns their ids. The daemon calls this every
+  // second.
   std::vector<int> ExpireLeases(absl::Time now);
 
   // Checks a push header before the payload is read (so no buffer is sized by a bad request).

@@ -141,7 +141,7 @@ int Main(int argc, char** argv) {
   // Leases are checked every second; a status line is logged every 30.
   absl::Time next_status = absl::Now() + absl::Seconds(30);
   while (!WaitForShutdown(absl::Seconds(1))) {
-    std::vector<int> expired = (*shard)->ExpireLeases(absl::Now());
+    std::vector<int> expired = (*shard)->ExpireLeases(MonotonicNow());
     if (!expired.empty()) {
       PS_LOG(WARNING) << "lease expired for worker(s) " << absl::StrJoin(expired, ",")
                       << ": no longer waited for";

@@ -150,6 +150,11 @@ grpc::Status ShardService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRe
   return grpc::Status::OK;
 }
 
+grpc::Status ShardService::Leave(grpc::ServerContext*, const v1::LeaveRequest* request,
+                                 v1::LeaveResponse*) {
+  return ToGrpcStatus(shard_->Leave(request->worker_id()));
+}
+
 grpc::Status ShardService::GetStats(grpc::ServerContext*, const v1::StatsRequest*,
                                     v1::StatsResponse* response) {
   *response = StatsToProto(shard_->Stats());

@@ -25,6 +25,8 @@ class ShardService final : public v1::ParameterServer::Service {
                     grpc::ServerWriter<v1::PullChunk>* writer) override;
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
+  grpc::Status Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
+                     v1::LeaveResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const v1::StatsRequest* request,
                         v1::StatsResponse* response) override;
 

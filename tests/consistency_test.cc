@@ -189,6 +189,22 @@ TEST(SyncMembershipTest, BackupWorkerKeepsRoundsClosingWhenAWorkerStops) {
   EXPECT_EQ(AllStats(cluster, 2)[0].active_workers(), 3);  // the 10-minute lease has not run out
 }
 
+TEST(SyncMembershipTest, AWorkerThatFinishesLeavesAndTheOthersCarryOn) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  // Without Leave the remaining worker would wait out a 10-minute lease.
+  ASSERT_TRUE(cluster.StartShards(2, {"--consistency=sync", "--lease_seconds=600"}).ok());
+  ASSERT_TRUE(cluster.StartWorker(0, 2, {"--hidden=32", "--steps=150"}).ok());
+  ASSERT_TRUE(cluster.StartWorker(1, 2, {"--hidden=32", "--steps=30"}).ok());
+  for (int r : {1, 0}) {
+    absl::StatusOr<int> code = cluster.worker(r)->Wait(absl::Minutes(2));
+    ASSERT_TRUE(code.ok()) << "worker " << r << " is stuck at the barrier";
+    EXPECT_EQ(*code, 0);
+  }
+  v1::StatsResponse s = AllStats(cluster, 2)[0];
+  EXPECT_EQ(s.active_workers(), 0);
+  EXPECT_EQ(s.version(), 150);  // 30 rounds of two gradients, then 120 of one
+}
+
 TEST(SyncMembershipTest, LeaseRemovesADeadWorkerAndItRejoinsWhenRestarted) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
   // A 3 s lease against 0.2 s heartbeats: a live worker is never starved that long.

@@ -248,12 +248,21 @@ TEST(SyncTest, AnExpiredLeaseLeavesTheBarrierAndHeartbeatsBringTheWorkerBack) {
   absl::SleepFor(absl::Milliseconds(300));
   ASSERT_TRUE(f.Push(0, 0, {2, 2, 2, 2}).ok());  // refreshes worker 0 only
   EXPECT_EQ(f.shard->Stats().version, 0);
-  EXPECT_EQ(f.shard->ExpireLeases(absl::Now()), (std::vector<int>{1}));
+  EXPECT_EQ(f.shard->ExpireLeases(MonotonicNow()), (std::vector<int>{1}));
   EXPECT_EQ(f.shard->Stats().version, 1);  // the round closed without worker 1
   EXPECT_EQ(f.shard->Stats().active_workers, 1);
   EXPECT_EQ(*f.shard->Heartbeat(1), 2);
   ASSERT_TRUE(f.Push(1, 1, {2, 2, 2, 2}).ok());
   EXPECT_EQ(f.shard->Stats().version, 1);  // now the round waits for both again
+}
+
+TEST(SyncTest, AWorkerThatLeavesClosesTheRoundWaitingForIt) {
+  ConsistencyFixture f("sync", 2);
+  ASSERT_TRUE(f.Push(0, 0, {2, 2, 2, 2}).ok());
+  ASSERT_TRUE(f.shard->Leave(1).ok());
+  EXPECT_EQ(f.shard->Stats().version, 1);
+  EXPECT_EQ(f.shard->Stats().active_workers, 1);
+  EXPECT_EQ(f.shard->Leave(7).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(SspTest, AWorkerMayRunAtMostSClocksAheadOfTheSlowest) {
@@ -280,7 +289,7 @@ TEST(SspTest, AGradientFromBeforeALeaseExpiredIsDropped) {
   ASSERT_TRUE(f.MayPull(0));  // worker 0 pulls version 0, then goes silent
   absl::SleepFor(absl::Milliseconds(200));
   ASSERT_TRUE(f.Push(1, 0, {1, 1, 1, 1}).ok());  // refreshes worker 1 only
-  ASSERT_EQ(f.shard->ExpireLeases(absl::Now()), (std::vector<int>{0}));
+  ASSERT_EQ(f.shard->ExpireLeases(MonotonicNow()), (std::vector<int>{0}));
   for (int64_t v = 1; v < 20; ++v) ASSERT_TRUE(f.Push(1, v, {1, 1, 1, 1}).ok());
   absl::StatusOr<PushOutcome> late = f.Push(0, 0, {9, 9, 9, 9});  // staleness 20 > (W-1)(2S+1)
   ASSERT_TRUE(late.ok());

@@ -256,6 +256,17 @@ absl::Status ShardedClient::Heartbeat(absl::Duration timeout) {
       /*retry=*/false, timeout);
 }
 
+absl::Status ShardedClient::Leave(absl::Duration timeout) {
+  return ForEachShard(
+      [&](int shard, grpc::ClientContext* context) {
+        v1::LeaveRequest request;
+        request.set_worker_id(worker_id_);
+        v1::LeaveResponse response;
+        return stubs_[shard]->Leave(context, request, &response);
+      },
+      /*retry=*/false, timeout);
+}
+
 absl::StatusOr<std::vector<v1::StatsResponse>> ShardedClient::Stats() {
   std::vector<v1::StatsResponse> out(num_shards());
   absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {

@@ -69,6 +69,10 @@ class ShardedClient {
   // under the lease, so that one stalled shard does not delay the others' heartbeats).
   absl::Status Heartbeat(absl::Duration timeout);
 
+  // Tells every shard this worker is stopping (one attempt each, `timeout`), so that barriers do
+  // not wait out its lease.
+  absl::Status Leave(absl::Duration timeout);
+
   // Ends the calls in progress, retries and backoff included, with CANCELLED. Calls started
   // afterwards work as usual. For shutdown: a pull held at a barrier returns now.
   void CancelPending();

@@ -104,21 +104,23 @@ int Main(int argc, char** argv) {
   // Heartbeats keep this worker in the shards' active set while it computes or waits at a
   // barrier; each has a deadline of one interval, so a stalled shard does not delay the others.
   const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds));
-  std::thread heartbeats([&client, heartbeat] {
+  // Stopped (idempotently) by shutdown: at the end of the run, or on any early return.
+  struct Heartbeats {
+    std::thread thread;
+    void Stop() {
+      if (!thread.joinable()) return;
+      RequestShutdown();
+      thread.join();
+    }
+    ~Heartbeats() { Stop(); }
+  } heartbeats{std::thread([&client, heartbeat] {
     while (!WaitForShutdown(heartbeat)) {
       if (absl::Status s = client.Heartbeat(std::max(heartbeat, absl::Milliseconds(500)));
           !s.ok()) {
         PS_LOG(WARNING) << "heartbeat: " << s;
       }
     }
-  });
-  struct JoinAtExit {
-    std::thread& t;
-    ~JoinAtExit() {
-      RequestShutdown();
-      t.join();
-    }
-  } join_heartbeats{heartbeats};
+  })};
   if (rank == 0) {
     absl::StatusOr<int> applied = client.Initialize(mlp.InitialParams(absl::GetFlag(FLAGS_seed)));
     if (!applied.ok()) return Fail(std::string(applied.status().message()));
@@ -181,8 +183,12 @@ int Main(int argc, char** argv) {
   }
   PS_LOG(INFO) << "done at step " << step << " after "
                << absl::ToDoubleSeconds(absl::Now() - start) << " s";
+  // Leave the active set now (after the last heartbeat, which would rejoin), so that sync rounds
+  // need not wait out this worker's lease.
+  heartbeats.Stop();
+  if (absl::Status s = client.Leave(absl::Seconds(2)); !s.ok()) PS_LOG(WARNING) << "leave: " << s;
   if (health != nullptr) health->Shutdown();
-  return 0;  // join_heartbeats and cancel_on_shutdown stop their threads
+  return 0;
 }
 
 }  // namespace
