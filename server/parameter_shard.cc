@@ -160,7 +160,8 @@ absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const Model
     w.model = model;
     last = w.last_sequence;
   }
-  return Registration{config_.shard_index, initialized_, range_, version_, last};
+  return Registration{config_.shard_index, ConsistencyName(config_), initialized_, range_, version_,
+                      last};
 }
 
 absl::StatusOr<int> ParameterShard::Heartbeat(int worker_id) {
@@ -286,15 +287,19 @@ PushOutcome ParameterShard::ApplyNow(Membership::Worker& worker, const PushHeade
   float lr = LearningRate();
   if (config_.staleness_aware_lr) lr /= static_cast<float>(std::max<int64_t>(1, staleness));
   int64_t local = h.offset - range_.begin;
-  auto pulled = pulled_weights_.find(h.worker_id);
-  if (config_.dc_lambda > 0 && pulled != pulled_weights_.end()) {
+  // The copy of the weights this gradient was computed from, if the shard kept it.
+  const std::vector<float>* pulled = nullptr;
+  if (auto w = pulled_weights_.find(h.worker_id); w != pulled_weights_.end()) {
+    if (auto v = w->second.find(h.base_version); v != w->second.end()) pulled = &v->second;
+  }
+  if (config_.dc_lambda > 0 && pulled != nullptr) {
     // DC-ASGD (Zheng et al. 2017): g + lambda * g * g * (w_now - w_at_pull) approximates the
     // gradient at the current weights from the stale one.
     compensated_.resize(gradient.size());
     for (size_t i = 0; i < gradient.size(); ++i) {
       float g = gradient[i];
       compensated_[i] =
-          g + config_.dc_lambda * g * g * (weights_[local + i] - pulled->second[local + i]);
+          g + config_.dc_lambda * g * g * (weights_[local + i] - (*pulled)[local + i]);
     }
     gradient = compensated_;
   }
@@ -380,7 +385,9 @@ absl::StatusOr<ParameterShard::Snapshot> ParameterShard::Read(const ModelIdentit
   if (absl::Status s = CheckRange(offset, length); !s.ok()) return s;
   ++pulls_;
   if (config_.dc_lambda > 0 && worker_id >= 0 && members_.Find(worker_id) != nullptr) {
-    pulled_weights_[worker_id] = weights_;
+    std::map<int64_t, std::vector<float>>& copies = pulled_weights_[worker_id];
+    copies[version_] = weights_;
+    while (copies.size() > 2) copies.erase(copies.begin());
   }
   BufferPool::Lease values = snapshot_buffers_.Acquire(length);
   std::copy_n(weights_.begin() + (offset - range_.begin), length, values.span().begin());

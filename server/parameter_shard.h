@@ -74,6 +74,7 @@ struct PushOutcome {
 
 struct Registration {
   int shard_index = 0;
+  std::string consistency;
   bool initialized = false;
   Range range;
   int64_t version = 0;
@@ -204,8 +205,9 @@ class ParameterShard {
   // sync: the running sum of this round's gradients and who contributed.
   std::vector<float> round_sum_ ABSL_GUARDED_BY(mu_);
   std::set<int> round_contributors_ ABSL_GUARDED_BY(mu_);
-  // DC-ASGD: each worker's copy of the weights at its last pull, and scratch.
-  std::map<int, std::vector<float>> pulled_weights_ ABSL_GUARDED_BY(mu_);
+  // DC-ASGD: each worker's copies of the weights at its last two pulls (a prefetching worker
+  // computes on the older one), by version; and scratch.
+  std::map<int, std::map<int64_t, std::vector<float>>> pulled_weights_ ABSL_GUARDED_BY(mu_);
   std::vector<float> compensated_ ABSL_GUARDED_BY(mu_);
   int64_t pushes_rejected_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_duplicate_ ABSL_GUARDED_BY(mu_) = 0;

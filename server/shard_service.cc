@@ -52,6 +52,7 @@ grpc::Status ShardService::Register(grpc::ServerContext*, const v1::RegisterRequ
   response->set_end(r->range.end);
   response->set_version(r->version);
   response->set_last_sequence(r->last_sequence);
+  response->set_consistency(r->consistency);
   return grpc::Status::OK;
 }
 

@@ -91,6 +91,27 @@ TEST(ClusterTest, TwoShardsTwoWorkersTrainToEightyPercent) {
             std::string::npos);
 }
 
+TEST(ClusterTest, PrefetchingWorkersTrainAndRefuseSyncShards) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(2, {"--optimizer=momentum", "--lr=0.01"}).ok());
+  ASSERT_TRUE(cluster.StartEvaluator({"--hidden=128,64", "--interval_seconds=1"}).ok());
+  std::vector<std::string> flags = kWorkerFlags;
+  flags.push_back("--steps=700");
+  flags.push_back("--prefetch");
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(cluster.StartWorker(r, 2, flags).ok());
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(*cluster.worker(r)->Wait(absl::Minutes(4)), 0);
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(Stats(cluster.ShardAddress(s)).pushes_applied(), 1400);
+  EXPECT_EQ(cluster.Stop(), "");
+  EXPECT_GE(Column(LastLine(cluster.run_dir() + "/evaluator.csv"), 3), 0.80);
+
+  LocalCluster sync(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(sync.StartShards(1, {"--consistency=sync"}).ok());
+  ASSERT_TRUE(sync.StartWorker(0, 1, {"--hidden=8", "--prefetch"}).ok());
+  EXPECT_EQ(*sync.worker(0)->Wait(absl::Seconds(30)), 1);
+  EXPECT_NE(ReadFile(sync.run_dir() + "/worker-0.log").find("--prefetch needs async or ssp"),
+            std::string::npos);
+}
+
 TEST(ClusterTest, WorkerKilledWithSigkillRejoinsAndTheRunCompletes) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
   ASSERT_TRUE(cluster.StartShards(2, {}).ok());

@@ -162,6 +162,7 @@ absl::StatusOr<int64_t> ShardedClient::Register() {
                                        ", listed as shard ", shard, " in --ps"));
     }
     last[shard] = response.last_sequence();
+    if (shard == 0) consistency_ = response.consistency();
     return status;
   });
   if (!s.ok()) return s;

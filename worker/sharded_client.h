@@ -43,6 +43,8 @@ class ShardedClient {
   // Registers with every shard (checking they agree on the model) and returns the sequence number
   // this worker's next push should carry: one past the last any shard applied from it.
   absl::StatusOr<int64_t> Register();
+  // The shards' consistency model ("async", "sync", "ssp:S"), known after Register.
+  const std::string& consistency() const { return consistency_; }
 
   // Offers initial values to every shard. Shards already initialised keep their values, so a
   // restarted initialiser never resets a trained model. Returns how many shards took the values.
@@ -97,6 +99,7 @@ class ShardedClient {
   int worker_id_;
   ClientOptions options_;
   std::vector<Range> ranges_;  // shard i's range of the flat vector
+  std::string consistency_;
 
   absl::Mutex mu_;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // incremented by CancelPending

@@ -2,6 +2,7 @@
 // gradient of a minibatch of its own data shard, push it to every shard. Killed and restarted, it
 // asks the shards where it stopped and carries on; it never re-initialises a trained model.
 #include <cmath>
+#include <future>
 #include <memory>
 #include <thread>
 
@@ -41,6 +42,9 @@ ABSL_FLAG(double, heartbeat_seconds, 1, "Seconds between heartbeats (keep below 
 ABSL_FLAG(double, slowdown, 1, "Straggler injection: compute takes this many times longer.");
 ABSL_FLAG(std::string, pull_delay, "", "Delay before each pull: fixed:S | uniform:A,B | exp:MEAN.");
 ABSL_FLAG(std::string, push_delay, "", "Delay before each push: fixed:S | uniform:A,B | exp:MEAN.");
+ABSL_FLAG(bool, prefetch, false,
+          "async/ssp: pull the next step's weights while computing this one (overlaps "
+          "communication with compute; the gradient is one step staler).");
 
 namespace ps {
 namespace {
@@ -101,6 +105,11 @@ int Main(int argc, char** argv) {
   absl::StatusOr<int64_t> next_step = client.Register();
   if (!next_step.ok() && ShutdownRequested()) return 0;
   if (!next_step.ok()) return Fail(std::string(next_step.status().message()));
+  const bool prefetch = absl::GetFlag(FLAGS_prefetch);
+  if (prefetch && client.consistency() == "sync") {
+    // The next round's weights do not exist until this step's gradient is in.
+    return Fail("--prefetch needs async or ssp:S shards; these run sync");
+  }
   // Heartbeats keep this worker in the shards' active set while it computes or waits at a
   // barrier; each has a deadline of one interval, so a stalled shard does not delay the others.
   const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds));
@@ -122,7 +131,8 @@ int Main(int argc, char** argv) {
     }
   })};
   if (rank == 0) {
-    absl::StatusOr<int> applied = client.Initialize(mlp.InitialParams(absl::GetFlag(FLAGS_seed)));
+    absl::StatusOr<int> applied = client.Initialize(mlp.InitialParams(seed));
+    if (!applied.ok() && ShutdownRequested()) return 0;
     if (!applied.ok()) return Fail(std::string(applied.status().message()));
     PS_LOG(INFO) << "initialised " << *applied << " of " << client.num_shards()
                  << " shards (the others already held the model)";
@@ -140,9 +150,15 @@ int Main(int argc, char** argv) {
   mlp.SetTrainingSet(data->features.data(), data->labels.data(), data->count);
   BatchSampler sampler(data->count, batch, seed * 1000003 + rank);
   *data = Examples();  // the backend has its own copy
-  HostBuffer<float> params(backend->get(), mlp.num_params()), grad(backend->get(), mlp.num_params());
+  // Two weight buffers: with --prefetch, one is filled for the next step while the other is used.
+  HostBuffer<float> params_a(backend->get(), mlp.num_params()),
+      params_b(backend->get(), mlp.num_params()), grad(backend->get(), mlp.num_params());
+  HostBuffer<float>*params = &params_a, *next_params = &params_b;
+  std::vector<int64_t> versions_a, versions_b;  // each buffer's shard versions
+  std::vector<int64_t>*versions = &versions_a, *next_versions = &versions_b;
+  // Destroyed (waiting for the pull in flight) before the buffers it writes into.
+  std::future<absl::Status> prefetched;
   std::vector<int32_t> indices;
-  std::vector<int64_t> versions;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const absl::Time start = absl::Now();
   const double max_seconds = absl::GetFlag(FLAGS_max_seconds);
@@ -151,13 +167,20 @@ int Main(int argc, char** argv) {
   for (; (steps == 0 || step < steps) && !ShutdownRequested(); ++step) {
     if (max_seconds > 0 && absl::Now() - start > absl::Seconds(max_seconds)) break;
     if (pull_delay->enabled() && WaitForShutdown(pull_delay->Next())) break;
-    if (absl::Status s = client.Pull(params.span(), &versions); !s.ok()) {
+    absl::Status pulled =
+        prefetched.valid() ? prefetched.get() : client.Pull(params->span(), versions);
+    if (!pulled.ok()) {
       if (ShutdownRequested()) break;
-      return Fail(absl::StrCat("pull failed at step ", step, ": ", s.message()));
+      return Fail(absl::StrCat("pull failed at step ", step, ": ", pulled.message()));
+    }
+    if (prefetch && (steps == 0 || step + 1 < steps)) {
+      prefetched = std::async(std::launch::async, [&client, next_params, next_versions] {
+        return client.Pull(next_params->span(), next_versions);
+      });
     }
     sampler.Indices(step, &indices);
     absl::Time compute_start = absl::Now();
-    float loss = mlp.GradientOfExamples(params.span(), indices.data(), batch, grad.span());
+    float loss = mlp.GradientOfExamples(params->span(), indices.data(), batch, grad.span());
     if (!std::isfinite(loss)) {
       return Fail(absl::StrCat("training diverged: loss is ", loss, " at step ", step,
                                " (lower the learning rate)"));
@@ -165,12 +188,12 @@ int Main(int argc, char** argv) {
     // A straggler: make the compute take `slowdown` times as long.
     if (slowdown > 1 && WaitForShutdown((slowdown - 1) * (absl::Now() - compute_start))) break;
     if (push_delay->enabled() && WaitForShutdown(push_delay->Next())) break;
-    absl::StatusOr<ShardedClient::PushSummary> push = client.Push(grad.span(), step, versions);
+    absl::StatusOr<ShardedClient::PushSummary> push = client.Push(grad.span(), step, *versions);
     if (!push.ok()) {
       if (ShutdownRequested()) break;
       return Fail(absl::StrCat("push failed at step ", step, ": ", push.status().message()));
     }
-    int64_t base = *std::min_element(versions.begin(), versions.end());
+    int64_t base = *std::min_element(versions->begin(), versions->end());
     csv->Row({absl::StrCat(step), WallTimeField(), absl::StrFormat("%.5f", loss),
               absl::StrCat(base), absl::StrCat(push->max_staleness),
               absl::StrFormat("%.3f", sampler.Epoch(step)), absl::StrCat(push->dropped)});
@@ -180,7 +203,12 @@ int Main(int argc, char** argv) {
                                       sampler.Epoch(step), rate, loss);
       next_log += absl::Seconds(10);
     }
+    if (prefetched.valid()) {
+      std::swap(params, next_params);
+      std::swap(versions, next_versions);
+    }
   }
+  if (prefetched.valid()) prefetched.wait();  // it writes into buffers that die with this scope
   PS_LOG(INFO) << "done at step " << step << " after "
                << absl::ToDoubleSeconds(absl::Now() - start) << " s";
   // Leave the active set now (after the last heartbeat, which would rejoin), so that sync rounds
