@@ -79,6 +79,7 @@ int Main(int argc, char** argv) {
   for (bool stopping = false; !stopping;) {
     stopping = ShutdownRequested();
     if (stopping && last_version < 0) break;  // never initialised: nothing to score
+    if (stopping) cancel_on_shutdown.Join();    // so that it cannot cancel the final pull
     if (absl::Status s = client.Pull(absl::MakeSpan(params), &versions); !s.ok()) {
       if (stopping) break;  // the shards may already be gone at shutdown
       if (ShutdownRequested()) continue;  // cancelled by the shutdown: go round for the last pull

@@ -139,7 +139,8 @@ CancelOnShutdown::CancelOnShutdown(ShardedClient* client)
         client->CancelPending();
       }) {}
 
-CancelOnShutdown::~CancelOnShutdown() {
+void CancelOnShutdown::Join() {
+  if (!thread_.joinable()) return;
   RequestShutdown();
   thread_.join();
 }

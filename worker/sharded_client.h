@@ -112,7 +112,10 @@ class ShardedClient {
 class CancelOnShutdown {
  public:
   explicit CancelOnShutdown(ShardedClient* client);
-  ~CancelOnShutdown();
+  ~CancelOnShutdown() { Join(); }
+  // Requests shutdown and returns once the pending calls were cancelled; calls made afterwards
+  // (a last Leave, a final pull) are not cancelled. Idempotent.
+  void Join();
 
  private:
   std::thread thread_;

@@ -214,6 +214,7 @@ int Main(int argc, char** argv) {
   // Leave the active set now (after the last heartbeat, which would rejoin), so that sync rounds
   // need not wait out this worker's lease.
   heartbeats.Stop();
+  cancel_on_shutdown.Join();  // or it could cancel the Leave
   if (absl::Status s = client.Leave(absl::Seconds(2)); !s.ok()) PS_LOG(WARNING) << "leave: " << s;
   if (health != nullptr) health->Shutdown();
   return 0;
