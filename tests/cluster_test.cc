@@ -445,54 +445,13 @@ TEST(DaemonTest, SigtermStopsDaemonsWaitingOnAShardAtOnce) {
   }
 }
 
-TEST(DaemonTest, OneInitialisationAtATime) {
+TEST(DaemonTest, ALateInitialiserIsToldSoAndChangesNothing) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
   ASSERT_TRUE(cluster.StartShards(1, {}).ok());
-  auto stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(cluster.ShardAddress(0), grpc::InsecureChannelCredentials()));
-  v1::InitializeChunk first;
-  v1::InitializeHeader* h = first.mutable_header();
-  h->mutable_model()->set_fingerprint("m");
-  h->mutable_model()->set_total_params(4);
-  h->mutable_model()->set_num_shards(1);
-  h->set_length(4);
-  h->set_dtype(v1::FLOAT32);
-  first.set_data(std::string(AsBytes(std::vector<float>{1, 2})));
-  // A holds the initialisation slot: it sent half of its values and waits.
-  grpc::ClientContext a_context;
-  v1::InitializeResponse a_response;
-  auto a = stub->Initialize(&a_context, &a_response);
-  ASSERT_TRUE(a->Write(first));
-  auto initialise = [&](const std::vector<float>& values, v1::InitializeResponse* response) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    auto writer = stub->Initialize(&context, response);
-    v1::InitializeChunk chunk = first;
-    chunk.set_data(std::string(AsBytes(values)));
-    writer->Write(chunk);
-    writer->WritesDone();
-    return writer->Finish();
-  };
-  // B offers only one of its four values: while A holds the slot it is refused (UNAVAILABLE);
-  // had it got the slot it would fail as truncated and change nothing. A's header may take a
-  // moment to reach the shard, so B asks until it is refused.
-  v1::InitializeResponse b_response;
-  grpc::Status b;
-  for (int i = 0; i < 500; ++i) {
-    b = initialise({9}, &b_response);
-    if (b.error_code() == grpc::StatusCode::UNAVAILABLE) break;
-    EXPECT_NE(b.error_message().find("truncated"), std::string::npos) << b.error_message();
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  v1::InitializeChunk rest;
-  rest.set_data(std::string(AsBytes(std::vector<float>{3, 4})));
-  ASSERT_TRUE(a->Write(rest));
-  a->WritesDone();
-  ASSERT_TRUE(a->Finish().ok());
-  EXPECT_TRUE(a_response.applied());
-  // Once initialised, a late initialiser is told so without sending (or keeping) its values.
-  ASSERT_TRUE(initialise({9, 9, 9, 9}, &b_response).ok());
-  EXPECT_FALSE(b_response.applied());
+  ShardedClient first({cluster.ShardAddress(0)}, {"m", 4, 1}, 0);
+  ASSERT_TRUE(first.Register().ok());
+  EXPECT_EQ(*first.Initialize({1, 2, 3, 4}), 1);
+  EXPECT_EQ(*first.Initialize({9, 9, 9, 9}), 0);
   ShardedClient reader({cluster.ShardAddress(0)}, {"m", 4, 1}, -1);
   std::vector<float> values(4);
   std::vector<int64_t> versions;

@@ -124,6 +124,15 @@ TEST(ParameterShardInitTest, RejectsWrongRangeAndNonFiniteValues) {
             std::string::npos);
 }
 
+TEST(ParameterShardInitTest, OneInitialisationPayloadAtATime) {
+  auto shard = SgdShard(0, 1, 0.1f);
+  EXPECT_TRUE(shard->TryBeginInitialize());
+  EXPECT_FALSE(shard->TryBeginInitialize());  // a second stream is refused while one is open
+  shard->EndInitialize();
+  EXPECT_TRUE(shard->TryBeginInitialize());
+  shard->EndInitialize();
+}
+
 TEST(ParameterShardInitTest, ReadWaitsForInitialisation) {
   auto owned = SgdShard(0, 1, 0.1f);
   ParameterShard& shard = *owned;
