@@ -180,7 +180,10 @@ TEST(SyncMembershipTest, BackupWorkerKeepsRoundsClosingWhenAWorkerStops) {
                                       "--lease_seconds=600"}).ok());
   StartWorkers(cluster, 3, {});
   auto version = [&] { return AllStats(cluster, 2)[0].version(); };
-  ASSERT_TRUE(Eventually([&] { return version() >= 30; }));
+  ASSERT_TRUE(Eventually([&] {  // all three taking part (data loading takes a moment)
+    v1::StatsResponse s = AllStats(cluster, 2)[0];
+    return s.registered_workers() == 3 && s.version() >= 30;
+  }));
   cluster.worker(2)->Signal(SIGKILL);
   ASSERT_EQ(*cluster.worker(2)->Wait(absl::Seconds(10)), 128 + SIGKILL);
   int64_t at_kill = version();
@@ -211,7 +214,10 @@ TEST(SyncMembershipTest, LeaseRemovesADeadWorkerAndItRejoinsWhenRestarted) {
   ASSERT_TRUE(cluster.StartShards(2, {"--consistency=sync", "--lease_seconds=3"}).ok());
   StartWorkers(cluster, 3, {});
   auto stats = [&] { return AllStats(cluster, 2)[0]; };
-  ASSERT_TRUE(Eventually([&] { return stats().version() >= 30; }));
+  ASSERT_TRUE(Eventually([&] {  // all three taking part (data loading takes a moment)
+    v1::StatsResponse s = stats();
+    return s.registered_workers() == 3 && s.version() >= 30;
+  }));
   cluster.worker(2)->Signal(SIGKILL);
   ASSERT_EQ(*cluster.worker(2)->Wait(absl::Seconds(10)), 128 + SIGKILL);
   // Once its lease runs out the shard stops waiting for it, and rounds close again.
