@@ -95,12 +95,12 @@ int Main(int argc, char** argv) {
   LocalCluster cluster(ExecutableDir(), run_dir);
   int raw_port = 0;
   while (!(std::ifstream(raw_port_file) >> raw_port)) absl::SleepFor(absl::Milliseconds(20));
-  auto raw_stub = bench::RawBytes::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", raw_port), grpc::InsecureChannelCredentials()));
+  auto raw_stub = bench::RawBytes::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", raw_port),
+                                                               grpc::InsecureChannelCredentials()));
 
-  std::cout << absl::StrFormat(
-      "%-8s | %-10s %-10s %-6s | %-10s %-10s %-6s | %-10s\n", "size", "push GB/s", "raw up",
-      "ratio", "pull GB/s", "raw down", "ratio", "memcpy");
+  std::cout << absl::StrFormat("%-8s | %-10s %-10s %-6s | %-10s %-10s %-6s | %-10s\n", "size",
+                               "push GB/s", "raw up", "ratio", "pull GB/s", "raw down", "ratio",
+                               "memcpy");
   for (const std::string& size_text : absl::GetFlag(FLAGS_sizes_mib)) {
     int64_t bytes = std::stoll(size_text) << 20;
     int64_t n = bytes / sizeof(float);
@@ -147,11 +147,13 @@ int Main(int argc, char** argv) {
       if (!reader->Finish().ok()) std::abort();
     });
     std::string copy(bytes, 'y');
-    double memcpy_s = MedianSeconds(repeats, [&] { std::memcpy(copy.data(), payload.data(), bytes); });
+    double memcpy_s =
+        MedianSeconds(repeats, [&] { std::memcpy(copy.data(), payload.data(), bytes); });
     auto gbs = [&](double s) { return bytes / s / 1e9; };
-    std::cout << absl::StrFormat("%5d MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f\n",
-                                 bytes >> 20, gbs(push), gbs(raw_up), raw_up / push, gbs(pull),
-                                 gbs(raw_down), raw_down / pull, gbs(memcpy_s));
+    std::cout << absl::StrFormat(
+        "%5d MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f\n", bytes >> 20,
+        gbs(push), gbs(raw_up), raw_up / push, gbs(pull), gbs(raw_down), raw_down / pull,
+        gbs(memcpy_s));
   }
   return 0;
 }

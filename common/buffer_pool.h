@@ -18,8 +18,8 @@ class BufferPool {
   // A buffer borrowed from a pool, returned to it on destruction. Contents start unspecified.
   class Lease {
    public:
-    Lease(Lease&& o) noexcept : pool_(o.pool_), data_(std::move(o.data_)), capacity_(o.capacity_),
-                                size_(o.size_) {}
+    Lease(Lease&& o) noexcept
+        : pool_(o.pool_), data_(std::move(o.data_)), capacity_(o.capacity_), size_(o.size_) {}
     Lease& operator=(Lease&&) = delete;
     ~Lease();
     absl::Span<float> span() const { return absl::Span<float>(data_.get(), size_); }

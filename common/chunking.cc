@@ -20,8 +20,8 @@ absl::Status ChunkAssembler::Append(std::string_view bytes) {
   }
   int64_t n = bytes.size() / sizeof(float);
   if (received_ + n > static_cast<int64_t>(dst_.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("data overruns the declared length: ",
-                                                   received_ + n, " values for ", dst_.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data overruns the declared length: ", received_ + n, " values for ", dst_.size()));
   }
   std::memcpy(dst_.data() + received_, bytes.data(), bytes.size());
   received_ += n;
@@ -30,8 +30,8 @@ absl::Status ChunkAssembler::Append(std::string_view bytes) {
 
 absl::Status ChunkAssembler::Finish() const {
   if (received_ != static_cast<int64_t>(dst_.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("truncated data: got ", received_,
-                                                   " values, declared ", dst_.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("truncated data: got ", received_, " values, declared ", dst_.size()));
   }
   return absl::OkStatus();
 }

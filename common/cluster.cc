@@ -18,7 +18,8 @@ absl::StatusOr<std::vector<std::string>> ParseShardAddresses(const std::string& 
     }
     out.emplace_back(a);
   }
-  if (out.empty()) return absl::InvalidArgumentError("no shard addresses given (--ps=host:port,...)");
+  if (out.empty())
+    return absl::InvalidArgumentError("no shard addresses given (--ps=host:port,...)");
   return out;
 }
 

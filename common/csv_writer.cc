@@ -30,6 +30,8 @@ void CsvWriter::Row(const std::vector<std::string>& fields) {
   std::fflush(file_);
 }
 
-std::string WallTimeField() { return absl::StrFormat("%.3f", absl::ToUnixMillis(absl::Now()) / 1e3); }
+std::string WallTimeField() {
+  return absl::StrFormat("%.3f", absl::ToUnixMillis(absl::Now()) / 1e3);
+}
 
 }  // namespace ps

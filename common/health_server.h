@@ -2,9 +2,9 @@
 // (workers, the evaluator). Parameter servers enable it on their own server.
 #pragma once
 
-#include <memory>
-
 #include <grpcpp/server.h>
+
+#include <memory>
 
 #include "absl/status/statusor.h"
 

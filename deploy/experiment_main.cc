@@ -41,7 +41,8 @@ ABSL_FLAG(std::string, optimizer, "momentum", "Server optimizer.");
 ABSL_FLAG(double, lr, 0.01, "Learning rate.");
 ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
-ABSL_FLAG(std::string, worker_flags, "", "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
+ABSL_FLAG(std::string, worker_flags, "",
+          "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
 ABSL_FLAG(std::string, report_dir, "", "Report directory (default reports/<date-time>).");
 
 namespace ps {
@@ -63,7 +64,8 @@ absl::StatusOr<std::vector<std::string>> ModeFlags(const std::string& mode) {
   if (mode.rfind("async-maxstale", 0) == 0 && absl::SimpleAtoi(mode.substr(14), &n) && n >= 0) {
     return std::vector<std::string>{"--consistency=async", absl::StrCat("--max_staleness=", n)};
   }
-  if (mode == "dcasgd" || (mode.rfind("dcasgd:", 0) == 0 && absl::SimpleAtod(mode.substr(7), &lambda))) {
+  if (mode == "dcasgd" ||
+      (mode.rfind("dcasgd:", 0) == 0 && absl::SimpleAtod(mode.substr(7), &lambda))) {
     return std::vector<std::string>{"--consistency=async", absl::StrCat("--dc_lambda=", lambda)};
   }
   return absl::InvalidArgumentError("unknown mode '" + mode + "' (see --help)");
@@ -140,7 +142,8 @@ std::string PlotScript(const std::vector<Run>& runs, double target) {
   for (const Run& r : runs) names.push_back(r.name);
   std::string list = absl::StrJoin(names, " ");
   std::string t0s;
-  for (const Run& r : runs) absl::StrAppend(&t0s, absl::StrFormat("%.3f ", r.result.start_unix_seconds));
+  for (const Run& r : runs)
+    absl::StrAppend(&t0s, absl::StrFormat("%.3f ", r.result.start_unix_seconds));
   return absl::StrFormat(R"(# Regenerate with: gnuplot plots.gp (in this directory)
 set datafile separator ','
 set terminal pngcairo size 1100,700 font ',11' noenhanced
@@ -201,11 +204,13 @@ int Main(int argc, char** argv) {
       "Example: experiment --preset=straggler   or   experiment --modes=async,sync,ssp:2 "
       "--workers=2,4 --stragglers=none,0:4 --seeds=1,2");
   absl::ParseCommandLine(argc, argv);
-  std::vector<std::string> modes = absl::GetFlag(FLAGS_modes), workers = absl::GetFlag(FLAGS_workers),
+  std::vector<std::string> modes = absl::GetFlag(FLAGS_modes),
+                           workers = absl::GetFlag(FLAGS_workers),
                            stragglers = absl::GetFlag(FLAGS_stragglers),
                            seeds = absl::GetFlag(FLAGS_seeds);
   if (absl::GetFlag(FLAGS_preset) == "straggler") {
-    if (modes.empty()) modes = {"sync", "sync-backup1", "async", "async-slr", "ssp:1", "ssp:4", "dcasgd"};
+    if (modes.empty())
+      modes = {"sync", "sync-backup1", "async", "async-slr", "ssp:1", "ssp:4", "dcasgd"};
     if (workers.empty()) workers = {"4"};
     if (stragglers.empty()) stragglers = {"3:4"};
   } else if (!absl::GetFlag(FLAGS_preset).empty()) {
@@ -263,10 +268,14 @@ int Main(int argc, char** argv) {
     c.ps_flags.push_back("--optimizer=" + absl::GetFlag(FLAGS_optimizer));
     c.ps_flags.push_back(absl::StrCat("--lr=", absl::GetFlag(FLAGS_lr)));
     std::string hidden = "--hidden=" + absl::GetFlag(FLAGS_hidden);
-    c.worker_flags = {hidden, absl::StrCat("--batch_size=", absl::GetFlag(FLAGS_batch_size)),
+    c.worker_flags = {hidden,
+                      absl::StrCat("--batch_size=", absl::GetFlag(FLAGS_batch_size)),
                       absl::StrCat("--max_seconds=", c.max_seconds),
-                      absl::StrCat("--seed=", run.seed), "--device=cpu", "--threads=1"};
-    for (absl::string_view f : absl::StrSplit(absl::GetFlag(FLAGS_worker_flags), ' ', absl::SkipWhitespace())) {
+                      absl::StrCat("--seed=", run.seed),
+                      "--device=cpu",
+                      "--threads=1"};
+    for (absl::string_view f :
+         absl::StrSplit(absl::GetFlag(FLAGS_worker_flags), ' ', absl::SkipWhitespace())) {
       c.worker_flags.emplace_back(f);
     }
     c.evaluator_flags = {hidden, "--interval_seconds=2"};
@@ -281,30 +290,35 @@ int Main(int argc, char** argv) {
       }
       c.rank_flags[rank] = {"--slowdown=" + parts[1]};
     }
-    std::cout << c.progress_prefix << "starting: ps " << absl::StrJoin(c.ps_flags, " ") << std::endl;
+    std::cout << c.progress_prefix << "starting: ps " << absl::StrJoin(c.ps_flags, " ")
+              << std::endl;
     run.result = RunTraining(c, std::cout);
     if (!run.result.failure.empty()) {
       std::cout << c.progress_prefix << "FAILED: " << run.result.failure << std::endl;
     }
-    run.accuracy = SummariseAccuracy(c.run_dir + "/evaluator.csv", run.result.start_unix_seconds, target);
+    run.accuracy =
+        SummariseAccuracy(c.run_dir + "/evaluator.csv", run.result.start_unix_seconds, target);
     SummariseStaleness(c.run_dir, run);
     WriteTrainingLoss(c.run_dir, run.workers, run.result.start_unix_seconds);
   }
 
   std::ofstream(report + "/plots.gp") << PlotScript(runs, target);
-  if (std::system(absl::StrCat("cd '", report, "' && gnuplot plots.gp 2> plots.log").c_str()) != 0) {
+  if (std::system(absl::StrCat("cd '", report, "' && gnuplot plots.gp 2> plots.log").c_str()) !=
+      0) {
     PS_LOG(WARNING) << "plotting failed; see " << report << "/plots.log";
   }
   std::ofstream md(report + "/summary.md");
   md << "# Experiment report\n\nCommand: `";
   for (int i = 0; i < argc; ++i) md << (i ? " " : "") << argv[i];
-  md << "`\n\n" << absl::GetFlag(FLAGS_shards) << " shards, optimizer " << absl::GetFlag(FLAGS_optimizer)
+  md << "`\n\n"
+     << absl::GetFlag(FLAGS_shards) << " shards, optimizer " << absl::GetFlag(FLAGS_optimizer)
      << " lr " << absl::GetFlag(FLAGS_lr) << ", MLP " << absl::GetFlag(FLAGS_hidden) << ", batch "
      << absl::GetFlag(FLAGS_batch_size) << " per worker, " << absl::GetFlag(FLAGS_max_seconds)
      << " s per configuration.\n\n";
-  md << absl::StrFormat("| configuration | time to %.2f (s) | final acc | best acc | steps/s | "
-                        "updates/s | staleness mean | p50 | p99 | max | dropped |\n",
-                        target);
+  md << absl::StrFormat(
+      "| configuration | time to %.2f (s) | final acc | best acc | steps/s | "
+      "updates/s | staleness mean | p50 | p99 | max | dropped |\n",
+      target);
   md << "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const Run& r : runs) {
     double seconds = std::max(r.result.seconds, 1e-9);

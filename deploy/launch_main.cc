@@ -25,10 +25,12 @@ ABSL_FLAG(int, workers, 4, "Workers.");
 ABSL_FLAG(std::string, run_dir, "", "Run directory (default runs/<date-time>).");
 ABSL_FLAG(double, max_seconds, 120, "Stop training after this many seconds; 0: no limit.");
 ABSL_FLAG(int64_t, steps, 0, "Steps per worker; 0: no limit.");
-ABSL_FLAG(double, target_accuracy, 0, "Stop once the evaluator reports this test accuracy; 0: off.");
+ABSL_FLAG(double, target_accuracy, 0,
+          "Stop once the evaluator reports this test accuracy; 0: off.");
 ABSL_FLAG(std::string, consistency, "async", "async | sync | ssp:S (see ps --help).");
 ABSL_FLAG(int, backup_workers, 0, "sync: rounds close after (workers - this) gradients.");
-ABSL_FLAG(std::string, optimizer, "momentum", "Server optimizer: sgd|momentum|nesterov|adam|adagrad.");
+ABSL_FLAG(std::string, optimizer, "momentum",
+          "Server optimizer: sgd|momentum|nesterov|adam|adagrad.");
 ABSL_FLAG(double, lr, 0.01, "Learning rate.");
 ABSL_FLAG(double, momentum, 0.9, "Momentum coefficient.");
 ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
@@ -38,7 +40,8 @@ ABSL_FLAG(std::string, device, "cpu", "Workers' device: auto | cpu | cuda | cuda
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
 ABSL_FLAG(std::string, straggler, "", "RANK:FACTOR makes worker RANK compute FACTOR times slower.");
 ABSL_FLAG(std::string, ps_flags, "", "More flags for every ps, e.g. \"--lr_schedule=cosine\".");
-ABSL_FLAG(std::string, worker_flags, "", "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
+ABSL_FLAG(std::string, worker_flags, "",
+          "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
 ABSL_FLAG(double, eval_interval_seconds, 2, "Seconds between evaluations.");
 ABSL_FLAG(double, progress_seconds, 5, "Seconds between progress lines.");
 
@@ -99,15 +102,18 @@ int Main(int argc, char** argv) {
   for (const std::string& w : Words(absl::GetFlag(FLAGS_ps_flags))) c.ps_flags.push_back(w);
   std::string model_flags[] = {"--hidden=" + absl::GetFlag(FLAGS_hidden),
                                "--data_dir=" + absl::GetFlag(FLAGS_data_dir)};
-  c.worker_flags = {model_flags[0], model_flags[1],
+  c.worker_flags = {model_flags[0],
+                    model_flags[1],
                     absl::StrCat("--batch_size=", absl::GetFlag(FLAGS_batch_size)),
                     absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
                     absl::StrCat("--max_seconds=", c.max_seconds),
                     absl::StrCat("--seed=", absl::GetFlag(FLAGS_seed)),
-                    "--device=" + absl::GetFlag(FLAGS_device), "--threads=1"};
+                    "--device=" + absl::GetFlag(FLAGS_device),
+                    "--threads=1"};
   for (const std::string& w : Words(absl::GetFlag(FLAGS_worker_flags))) c.worker_flags.push_back(w);
-  c.evaluator_flags = {model_flags[0], model_flags[1],
-                       absl::StrCat("--interval_seconds=", absl::GetFlag(FLAGS_eval_interval_seconds))};
+  c.evaluator_flags = {
+      model_flags[0], model_flags[1],
+      absl::StrCat("--interval_seconds=", absl::GetFlag(FLAGS_eval_interval_seconds))};
   if (std::string s = absl::GetFlag(FLAGS_straggler); !s.empty()) {
     std::vector<std::string> parts = absl::StrSplit(s, ':');
     int rank = -1;
@@ -126,14 +132,16 @@ int Main(int argc, char** argv) {
   SetLogTag("launch");
   InstallShutdownHandler();
 
-  std::cout << "run directory: " << c.run_dir << "\n" << c.shards << " shards, " << c.workers
-            << " workers, " << absl::GetFlag(FLAGS_consistency) << ", optimizer "
-            << absl::GetFlag(FLAGS_optimizer) << " lr " << absl::GetFlag(FLAGS_lr) << std::endl;
+  std::cout << "run directory: " << c.run_dir << "\n"
+            << c.shards << " shards, " << c.workers << " workers, "
+            << absl::GetFlag(FLAGS_consistency) << ", optimizer " << absl::GetFlag(FLAGS_optimizer)
+            << " lr " << absl::GetFlag(FLAGS_lr) << std::endl;
   TrainingResult r = RunTraining(c, std::cout);
   if (r.shard_stats.empty() && !r.failure.empty()) return Fail(r.failure);
 
   std::ofstream(c.run_dir + "/plot.gp") << PlotScript(r.start_unix_seconds, c.workers);
-  if (std::system(absl::StrCat("cd '", c.run_dir, "' && gnuplot plot.gp 2> plot.log").c_str()) != 0) {
+  if (std::system(absl::StrCat("cd '", c.run_dir, "' && gnuplot plot.gp 2> plot.log").c_str()) !=
+      0) {
     PS_LOG(WARNING) << "plotting failed (is gnuplot installed?); see " << c.run_dir << "/plot.log";
   }
   const double baseline = 0.8833;  // the dataset's published MLP 256-128-100 result

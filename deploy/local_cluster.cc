@@ -23,12 +23,17 @@ absl::Status LocalCluster::StartShards(int count, const std::vector<std::string>
     std::string port_file = absl::StrCat(run_dir_, "/ps-", i, ".port");
     std::remove(port_file.c_str());
     std::vector<std::string> argv = {
-        bin_dir_ + "/ps", absl::StrCat("--shard_index=", i), absl::StrCat("--num_shards=", count),
-        "--host=127.0.0.1", "--port=0", "--port_file=" + port_file,
+        bin_dir_ + "/ps",
+        absl::StrCat("--shard_index=", i),
+        absl::StrCat("--num_shards=", count),
+        "--host=127.0.0.1",
+        "--port=0",
+        "--port_file=" + port_file,
         absl::StrCat("--staleness_csv=", run_dir_, "/staleness-shard-", i, ".csv"),
         absl::StrCat("--stats_json=", run_dir_, "/stats-shard-", i, ".json")};
     argv.insert(argv.end(), flags.begin(), flags.end());
-    absl::StatusOr<Subprocess> p = Subprocess::Start(argv, absl::StrCat(run_dir_, "/ps-", i, ".log"));
+    absl::StatusOr<Subprocess> p =
+        Subprocess::Start(argv, absl::StrCat(run_dir_, "/ps-", i, ".log"));
     if (!p.ok()) return p.status();
     shards_.push_back(*std::move(p));
   }
@@ -38,8 +43,8 @@ absl::Status LocalCluster::StartShards(int count, const std::vector<std::string>
     int port = 0;
     while (!(std::ifstream(absl::StrCat(run_dir_, "/ps-", i, ".port")) >> port)) {
       if (!shards_[i].running()) {
-        return absl::UnavailableError(absl::StrCat("shard ", i, " exited at start; see ", run_dir_,
-                                                   "/ps-", i, ".log"));
+        return absl::UnavailableError(
+            absl::StrCat("shard ", i, " exited at start; see ", run_dir_, "/ps-", i, ".log"));
       }
       if (absl::Now() > deadline) {
         return absl::DeadlineExceededError(absl::StrCat("shard ", i, " did not start in 30 s"));
@@ -64,10 +69,9 @@ std::string LocalCluster::ShardAddresses() const {
 absl::Status LocalCluster::StartWorker(int rank, int num_workers,
                                        const std::vector<std::string>& flags) {
   std::string base = absl::StrCat(run_dir_, "/worker-", rank);
-  std::vector<std::string> argv = {bin_dir_ + "/worker", "--ps=" + ShardAddresses(),
-                                   absl::StrCat("--rank=", rank),
-                                   absl::StrCat("--num_workers=", num_workers),
-                                   "--csv=" + base + ".csv"};
+  std::vector<std::string> argv = {
+      bin_dir_ + "/worker", "--ps=" + ShardAddresses(), absl::StrCat("--rank=", rank),
+      absl::StrCat("--num_workers=", num_workers), "--csv=" + base + ".csv"};
   argv.insert(argv.end(), flags.begin(), flags.end());
   absl::StatusOr<Subprocess> p = Subprocess::Start(argv, base + ".log");
   if (!p.ok()) return p.status();

@@ -20,7 +20,8 @@ absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& arg
     return absl::NotFoundError(absl::StrCat("cannot execute ", argv[0], ": ", strerror(errno)));
   }
   int log = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (log < 0) return absl::NotFoundError(absl::StrCat("cannot open ", log_path, ": ", strerror(errno)));
+  if (log < 0)
+    return absl::NotFoundError(absl::StrCat("cannot open ", log_path, ": ", strerror(errno)));
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);

@@ -101,11 +101,12 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
     if (std::isnan(version)) version = last_version;
     double dt = absl::ToDoubleSeconds(now - last_time);
     progress << c.progress_prefix
-             << absl::StrFormat("[%6.1fs] %8d steps (%6.1f/s), %7.0f updates (%6.1f/s), test "
-                                "accuracy %s",
-                                absl::ToDoubleSeconds(now - start), steps, (steps - last_steps) / dt,
-                                version, (version - last_version) / dt,
-                                std::isnan(accuracy) ? "-" : absl::StrFormat("%.4f", accuracy))
+             << absl::StrFormat(
+                    "[%6.1fs] %8d steps (%6.1f/s), %7.0f updates (%6.1f/s), test "
+                    "accuracy %s",
+                    absl::ToDoubleSeconds(now - start), steps, (steps - last_steps) / dt, version,
+                    (version - last_version) / dt,
+                    std::isnan(accuracy) ? "-" : absl::StrFormat("%.4f", accuracy))
              << std::endl;
     last_steps = steps;
     last_version = version;
@@ -132,7 +133,8 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
     // Workers stop themselves at --max_seconds, but one held at a sync barrier may not.
     if (c.max_seconds > 0 && now - start > absl::Seconds(c.max_seconds)) break;
     for (Subprocess& s : cluster.shards()) {
-      if (!s.running()) result.failure = absl::StrCat(s.name(), " (pid ", s.pid(), ") exited early");
+      if (!s.running())
+        result.failure = absl::StrCat(s.name(), " (pid ", s.pid(), ") exited early");
     }
   }
   std::string stop_problems = cluster.Stop();

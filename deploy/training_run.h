@@ -18,20 +18,20 @@ struct TrainingConfig {
   int shards = 2;
   int workers = 4;
   std::string run_dir;
-  double max_seconds = 120;      // 0: no limit
-  double target_accuracy = 0;    // stop once the evaluator reports this; 0: off
+  double max_seconds = 120;    // 0: no limit
+  double target_accuracy = 0;  // stop once the evaluator reports this; 0: off
   double progress_seconds = 5;
   std::vector<std::string> ps_flags, worker_flags, evaluator_flags;
   std::map<int, std::vector<std::string>> rank_flags;  // extra flags for one worker (stragglers)
-  std::string progress_prefix;  // printed before each progress line
+  std::string progress_prefix;                         // printed before each progress line
 };
 
 struct TrainingResult {
-  std::string failure;   // empty on success: a one-line reason otherwise
+  std::string failure;  // empty on success: a one-line reason otherwise
   bool interrupted = false;
   double start_unix_seconds = 0;
   double seconds = 0;
-  int64_t worker_steps = 0;                  // gradients computed, all workers together
+  int64_t worker_steps = 0;                    // gradients computed, all workers together
   std::vector<v1::StatsResponse> shard_stats;  // as each shard wrote them at shutdown
 };
 

@@ -12,9 +12,8 @@ namespace ps {
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, int cpu_threads) {
   if (device == "cpu") return MakeCpuBackend(cpu_threads);
   int index = 0;
-  bool cuda = device == "cuda" ||
-              (device.rfind("cuda:", 0) == 0 && absl::SimpleAtoi(device.substr(5), &index) &&
-               index >= 0);
+  bool cuda = device == "cuda" || (device.rfind("cuda:", 0) == 0 &&
+                                   absl::SimpleAtoi(device.substr(5), &index) && index >= 0);
   if (!cuda && device != "auto") {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown --device '", device, "': expected auto, cpu, cuda or cuda:N"));
@@ -26,7 +25,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, 
 #else
   if (cuda) {
     return absl::FailedPreconditionError(
-        "--device=" + device + " asked for CUDA, but this build has no CUDA backend (nvcc was not "
+        "--device=" + device +
+        " asked for CUDA, but this build has no CUDA backend (nvcc was not "
         "found at configure time)");
   }
   PS_LOG(INFO) << "--device=auto: built without CUDA, using the CPU backend";

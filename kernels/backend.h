@@ -63,7 +63,8 @@ class DeviceBuffer {
  public:
   DeviceBuffer() = default;
   DeviceBuffer(Backend* backend, size_t count)
-      : backend_(backend), data_(static_cast<T*>(backend->Allocate(count * sizeof(T)))),
+      : backend_(backend),
+        data_(static_cast<T*>(backend->Allocate(count * sizeof(T)))),
         count_(count) {}
   DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
@@ -77,8 +78,12 @@ class DeviceBuffer {
   }
   T* data() const { return data_; }
   size_t size() const { return count_; }
-  void Upload(const T* host, size_t count) { backend_->CopyToDevice(data_, host, count * sizeof(T)); }
-  void Download(T* host, size_t count) const { backend_->CopyToHost(host, data_, count * sizeof(T)); }
+  void Upload(const T* host, size_t count) {
+    backend_->CopyToDevice(data_, host, count * sizeof(T));
+  }
+  void Download(T* host, size_t count) const {
+    backend_->CopyToHost(host, data_, count * sizeof(T));
+  }
 
  private:
   Backend* backend_ = nullptr;
@@ -91,7 +96,8 @@ template <typename T>
 class HostBuffer {
  public:
   HostBuffer(Backend* backend, size_t count)
-      : backend_(backend), data_(static_cast<T*>(backend->AllocateHost(count * sizeof(T)))),
+      : backend_(backend),
+        data_(static_cast<T*>(backend->AllocateHost(count * sizeof(T)))),
         count_(count) {}
   HostBuffer(const HostBuffer&) = delete;
   HostBuffer& operator=(const HostBuffer&) = delete;

@@ -43,8 +43,8 @@ class CpuBackend : public Backend {
 
   void Gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float* a, const float* b,
             float beta, float* c) override {
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m,
-                n, k, alpha, a, ta ? m : k, b, tb ? k : n, beta, c, n);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+                k, alpha, a, ta ? m : k, b, tb ? k : n, beta, c, n);
   }
 
   void AddBiasActivate(float* z, const float* bias, int rows, int cols, bool relu) override {

@@ -88,8 +88,9 @@ __global__ void AddBiasActivateKernel(float* z, const float* __restrict__ bias, 
 }
 
 // 4-byte words: word w of row r comes from word w of row index[r].
-__global__ void GatherRowsKernel(const uint32_t* __restrict__ src, const int32_t* __restrict__ index,
-                                 int64_t n, int64_t words_per_row, uint32_t* __restrict__ dst) {
+__global__ void GatherRowsKernel(const uint32_t* __restrict__ src,
+                                 const int32_t* __restrict__ index, int64_t n,
+                                 int64_t words_per_row, uint32_t* __restrict__ dst) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / words_per_row;
@@ -363,9 +364,8 @@ class CudaBackend : public Backend {
     const int64_t n = static_cast<int64_t>(rows) * words;
     if (n <= 0) return;
     UseDevice();
-    GatherRowsKernel<<<Blocks(n), kThreads, 0, stream_>>>(static_cast<const uint32_t*>(src),
-                                                           index, n, words,
-                                                           static_cast<uint32_t*>(dst));
+    GatherRowsKernel<<<Blocks(n), kThreads, 0, stream_>>>(static_cast<const uint32_t*>(src), index,
+                                                          n, words, static_cast<uint32_t*>(dst));
     PS_CUDA_CHECK_LAUNCH();
   }
 

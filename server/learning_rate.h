@@ -15,7 +15,7 @@ struct LearningRateConfig {
   int64_t warmup_updates = 0;         // linear ramp from base/warmup to base
   int64_t step_updates = 1000;        // step: multiply by gamma every step_updates
   float gamma = 0.5f;
-  int64_t total_updates = 10000;      // cosine: reaches 0 here, stays there
+  int64_t total_updates = 10000;  // cosine: reaches 0 here, stays there
 };
 
 class LearningRateSchedule {

@@ -86,7 +86,8 @@ absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& 
   if (c.name == "sgd") return std::make_unique<Sgd>();
   if (c.name == "momentum" || c.name == "nesterov") {
     if (!(c.momentum >= 0 && c.momentum < 1)) {
-      return absl::InvalidArgumentError(absl::StrCat("momentum must be in [0, 1), got ", c.momentum));
+      return absl::InvalidArgumentError(
+          absl::StrCat("momentum must be in [0, 1), got ", c.momentum));
     }
     return std::make_unique<Momentum>(size, c.momentum, c.name == "nesterov");
   }

@@ -37,8 +37,8 @@ absl::Status ParseConsistency(const std::string& text, ShardConfig* config) {
     config->mode = ConsistencyMode::kSsp;
     config->staleness_bound = bound;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown consistency model '", text, "': expected async, sync or ssp:S with S >= 0"));
+    return absl::InvalidArgumentError(absl::StrCat("unknown consistency model '", text,
+                                                   "': expected async, sync or ssp:S with S >= 0"));
   }
   return absl::OkStatus();
 }
@@ -56,9 +56,8 @@ std::string ConsistencyName(const ShardConfig& config) {
 
 absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(const ShardConfig& c) {
   if (c.num_shards < 1 || c.shard_index < 0 || c.shard_index >= c.num_shards) {
-    return absl::InvalidArgumentError(absl::StrCat("--shard_index=", c.shard_index,
-                                                   " must be in [0, --num_shards=", c.num_shards,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shard_index=", c.shard_index, " must be in [0, --num_shards=", c.num_shards, ")"));
   }
   if (absl::StatusOr<std::unique_ptr<Optimizer>> o = MakeOptimizer(c.optimizer, 0); !o.ok()) {
     return o.status();
@@ -86,9 +85,9 @@ absl::Status ParameterShard::CheckModel(const ModelIdentity& m) const {
   }
   if (initialized_ &&
       (m.fingerprint != model_.fingerprint || m.total_params != model_.total_params)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model mismatch: shard holds ", model_.fingerprint, " (", model_.total_params,
-        " parameters), client has ", m.fingerprint, " (", m.total_params, ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("model mismatch: shard holds ", model_.fingerprint, " (", model_.total_params,
+                     " parameters), client has ", m.fingerprint, " (", m.total_params, ")"));
   }
   return absl::OkStatus();
 }
@@ -99,14 +98,13 @@ absl::StatusOr<Range> ParameterShard::CheckInitialize(const ModelIdentity& model
   if (absl::Status s = CheckModel(model); !s.ok()) return s;
   Range r = PartRange(model.total_params, config_.shard_index, config_.num_shards);
   if (r.size() > kMaxShardElements) {
-    return absl::InvalidArgumentError(absl::StrCat("shard would hold ", r.size(),
-                                                   " parameters, above the limit of ",
-                                                   kMaxShardElements));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard would hold ", r.size(), " parameters, above the limit of ", kMaxShardElements));
   }
   if (offset != r.begin || length != r.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "initialisation covers ", RangeText(offset, End(offset, length)), ", shard ",
-        config_.shard_index, " owns ", RangeText(r.begin, r.end)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("initialisation covers ", RangeText(offset, End(offset, length)), ", shard ",
+                     config_.shard_index, " owns ", RangeText(r.begin, r.end)));
   }
   return r;
 }
@@ -130,8 +128,7 @@ void ParameterShard::EndInitialize() {
 
 absl::StatusOr<bool> ParameterShard::Initialize(const ModelIdentity& model, int64_t offset,
                                                 absl::Span<const float> values) {
-  absl::StatusOr<Range> range =
-      CheckInitialize(model, offset, static_cast<int64_t>(values.size()));
+  absl::StatusOr<Range> range = CheckInitialize(model, offset, static_cast<int64_t>(values.size()));
   if (!range.ok()) return range.status();
   if (int64_t bad = FirstNonFinite(values); bad >= 0) {
     return absl::InvalidArgumentError(
@@ -160,16 +157,15 @@ absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const Model
     w.model = model;
     last = w.last_sequence;
   }
-  return Registration{config_.shard_index, ConsistencyName(config_), initialized_, range_, version_,
-                      last};
+  return Registration{
+      config_.shard_index, ConsistencyName(config_), initialized_, range_, version_, last};
 }
 
 absl::StatusOr<int> ParameterShard::Heartbeat(int worker_id) {
   absl::MutexLock lock(&mu_);
   if (members_.Find(worker_id) == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id,
-                                                      " has not registered with shard ",
-                                                      config_.shard_index));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker_id, " has not registered with shard ", config_.shard_index));
   }
   members_.Touch(worker_id, MonotonicNow(), version_);
   return members_.ActiveCount();
@@ -178,9 +174,8 @@ absl::StatusOr<int> ParameterShard::Heartbeat(int worker_id) {
 absl::Status ParameterShard::Leave(int worker_id) {
   absl::MutexLock lock(&mu_);
   if (!members_.Leave(worker_id)) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id,
-                                                      " has not registered with shard ",
-                                                      config_.shard_index));
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker_id, " has not registered with shard ", config_.shard_index));
   }
   MaybeCloseRound();  // a round may have been waiting only for it
   return absl::OkStatus();
@@ -207,9 +202,8 @@ absl::Status ParameterShard::CheckPushHeader(const PushHeaderInfo& h) const {
   if (!initialized_) return absl::FailedPreconditionError("shard is not initialised yet");
   auto worker = members_.workers().find(h.worker_id);
   if (h.worker_id < 0 || worker == members_.workers().end()) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", h.worker_id,
-                                                      " has not registered with shard ",
-                                                      config_.shard_index));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", h.worker_id, " has not registered with shard ", config_.shard_index));
   }
   // A worker that registered before initialisation was not checked against the model then.
   if (absl::Status s = CheckModel(worker->second.model); !s.ok()) return s;
@@ -228,8 +222,8 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
                                                  absl::Span<const float> gradient) {
   absl::Status status = CheckPushHeader(h);
   if (status.ok() && static_cast<int64_t>(gradient.size()) != h.length) {
-    status = absl::InvalidArgumentError(absl::StrCat("push declares ", h.length,
-                                                     " values, carries ", gradient.size()));
+    status = absl::InvalidArgumentError(
+        absl::StrCat("push declares ", h.length, " values, carries ", gradient.size()));
   }
   // Checked outside the lock: the scan is the costly part and needs no shared state.
   if (int64_t bad = FirstNonFinite(gradient); status.ok() && bad >= 0) {
@@ -241,8 +235,8 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
   if (status.ok() && config_.mode == ConsistencyMode::kSync && h.base_version == version_ &&
       round_contributors_.count(h.worker_id) > 0 &&
       h.sequence > members_.Find(h.worker_id)->last_sequence) {
-    status = absl::FailedPreconditionError(absl::StrCat(
-        "worker ", h.worker_id, " already pushed a gradient for version ", version_));
+    status = absl::FailedPreconditionError(
+        absl::StrCat("worker ", h.worker_id, " already pushed a gradient for version ", version_));
   }
   if (!status.ok()) {
     ++pushes_rejected_;
@@ -358,8 +352,7 @@ bool ParameterShard::Admits(int worker_id) const {
 
 absl::StatusOr<ParameterShard::Snapshot> ParameterShard::Read(const ModelIdentity& model,
                                                               int worker_id, int64_t offset,
-                                                              int64_t length,
-                                                              absl::Time deadline) {
+                                                              int64_t length, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   if (worker_id >= 0 && members_.Find(worker_id) != nullptr) {
     members_.Touch(worker_id, MonotonicNow(), version_);
@@ -370,8 +363,8 @@ absl::StatusOr<ParameterShard::Snapshot> ParameterShard::Read(const ModelIdentit
   mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
   if (shutdown_) return absl::UnavailableError("shard is shutting down");
   if (!initialized_) {  // waiting for the initialiser is normal: the client pulls again
-    return absl::AbortedError(absl::StrCat("shard ", config_.shard_index,
-                                           " is not initialised yet; pull again"));
+    return absl::AbortedError(
+        absl::StrCat("shard ", config_.shard_index, " is not initialised yet; pull again"));
   }
   if (absl::Status s = CheckModel(model); !s.ok()) return s;
   if (!Admits(worker_id)) {

@@ -31,9 +31,11 @@ namespace ps {
 // the gradient was computed from.
 //   async:  every push applied at once; staleness unbounded.
 //   sync:   the gradients of all active workers (less backup_workers) for version v are averaged
-//           and applied once, v -> v+1; late ones are dropped. Every applied gradient has staleness 0.
+//           and applied once, v -> v+1; late ones are dropped. Every applied gradient has staleness
+//           0.
 //   ssp:s:  pushes applied at once; a worker whose clock (pushes done) is c may pull only when the
-//           slowest active worker's clock is >= c - s. Staleness <= (W-1)(2s+1) for W active workers.
+//           slowest active worker's clock is >= c - s. Staleness <= (W-1)(2s+1) for W active
+//           workers.
 enum class ConsistencyMode { kAsync, kSync, kSsp };
 
 struct ShardConfig {

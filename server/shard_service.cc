@@ -44,7 +44,8 @@ absl::Status ReadPayload(grpc::ServerReader<Chunk>* reader, Chunk& chunk, absl::
 
 grpc::Status ShardService::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
                                     v1::RegisterResponse* response) {
-  absl::StatusOr<Registration> r = shard_->Register(request->worker_id(), FromProto(request->model()));
+  absl::StatusOr<Registration> r =
+      shard_->Register(request->worker_id(), FromProto(request->model()));
   if (!r.ok()) return ToGrpcStatus(r.status());
   response->set_shard_index(r->shard_index);
   response->set_initialized(r->initialized);

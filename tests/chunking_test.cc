@@ -22,7 +22,8 @@ TEST(ChunkingTest, RoundTripsEveryLengthAroundTheChunkSize) {
       expected_index += bytes.size() / sizeof(float);
       wire.emplace_back(bytes);
     });
-    EXPECT_EQ(static_cast<int64_t>(wire.size()), std::max<int64_t>(1, (n + kChunkFloats - 1) / kChunkFloats));
+    EXPECT_EQ(static_cast<int64_t>(wire.size()),
+              std::max<int64_t>(1, (n + kChunkFloats - 1) / kChunkFloats));
     std::vector<float> out(n, -1.0f);
     ChunkAssembler assembler(absl::MakeSpan(out));
     for (const std::string& w : wire) ASSERT_TRUE(assembler.Append(w).ok());

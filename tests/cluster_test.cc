@@ -13,9 +13,9 @@
 #include <limits>
 
 #include "absl/strings/numbers.h"
-#include "absl/synchronization/notification.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "common/chunking.h"
 #include "deploy/local_cluster.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
@@ -226,31 +226,78 @@ TEST_F(BadInputTest, MalformedPushesGetInvalidArgumentAndChangeNothing) {
     std::string message;
   };
   std::vector<Case> cases = {
-      {"short payload", Header(500, 500), true, {Floats(std::vector<float>(499, 1))},
-       grpc::StatusCode::INVALID_ARGUMENT, "truncated data: got 499 values, declared 500"},
-      {"long payload", Header(500, 10), true, {Floats(std::vector<float>(11, 1))},
-       grpc::StatusCode::INVALID_ARGUMENT, "overruns the declared length"},
-      {"offset outside", Header(400, 10), true, {Floats(std::vector<float>(10, 1))},
-       grpc::StatusCode::INVALID_ARGUMENT, "[400, 410) is not inside shard 1's [500, 1000)"},
-      {"past the end", Header(995, 10), true, {Floats(std::vector<float>(10, 1))},
-       grpc::StatusCode::INVALID_ARGUMENT, "not inside shard 1"},
-      {"NaN", Header(500, 500), true, {Floats(with_nan)}, grpc::StatusCode::INVALID_ARGUMENT,
+      {"short payload",
+       Header(500, 500),
+       true,
+       {Floats(std::vector<float>(499, 1))},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "truncated data: got 499 values, declared 500"},
+      {"long payload",
+       Header(500, 10),
+       true,
+       {Floats(std::vector<float>(11, 1))},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "overruns the declared length"},
+      {"offset outside",
+       Header(400, 10),
+       true,
+       {Floats(std::vector<float>(10, 1))},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "[400, 410) is not inside shard 1's [500, 1000)"},
+      {"past the end",
+       Header(995, 10),
+       true,
+       {Floats(std::vector<float>(10, 1))},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "not inside shard 1"},
+      {"NaN",
+       Header(500, 500),
+       true,
+       {Floats(with_nan)},
+       grpc::StatusCode::INVALID_ARGUMENT,
        "gradient value at offset 503 is nan"},
-      {"Inf", Header(500, 10), true, {Floats(with_inf)}, grpc::StatusCode::INVALID_ARGUMENT,
+      {"Inf",
+       Header(500, 10),
+       true,
+       {Floats(with_inf)},
+       grpc::StatusCode::INVALID_ARGUMENT,
        "offset 509 is -inf"},
-      {"no dtype", no_dtype, true, {Floats(with_inf)}, grpc::StatusCode::INVALID_ARGUMENT,
+      {"no dtype",
+       no_dtype,
+       true,
+       {Floats(with_inf)},
+       grpc::StatusCode::INVALID_ARGUMENT,
        "unsupported dtype"},
-      {"no header", Header(500, 10), false, {Floats(grad)}, grpc::StatusCode::INVALID_ARGUMENT,
+      {"no header",
+       Header(500, 10),
+       false,
+       {Floats(grad)},
+       grpc::StatusCode::INVALID_ARGUMENT,
        "no header"},
-      {"partial float", Header(500, 10), true, {std::string(6, 'x')},
-       grpc::StatusCode::INVALID_ARGUMENT, "not a whole number of float32"},
-      {"base version ahead", ahead, true, {Floats(std::vector<float>(10, 1))},
-       grpc::StatusCode::INVALID_ARGUMENT, "base_version 99"},
-      {"unregistered worker", stranger, true, {Floats(std::vector<float>(10, 1))},
-       grpc::StatusCode::FAILED_PRECONDITION, "worker 7 has not registered"},
-      {"header twice", Header(500, 20), true,
+      {"partial float",
+       Header(500, 10),
+       true,
+       {std::string(6, 'x')},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "not a whole number of float32"},
+      {"base version ahead",
+       ahead,
+       true,
+       {Floats(std::vector<float>(10, 1))},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "base_version 99"},
+      {"unregistered worker",
+       stranger,
+       true,
+       {Floats(std::vector<float>(10, 1))},
+       grpc::StatusCode::FAILED_PRECONDITION,
+       "worker 7 has not registered"},
+      {"header twice",
+       Header(500, 20),
+       true,
        {Floats(std::vector<float>(10, 1)), Floats(std::vector<float>(10, 1))},
-       grpc::StatusCode::INVALID_ARGUMENT, "header appeared after the first chunk"},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "header appeared after the first chunk"},
   };
   // The "header twice" case needs the second chunk to carry a header too.
   for (const Case& c : cases) {
@@ -368,7 +415,8 @@ TEST(DaemonTest, BadFlagsExitNonZeroWithAOneLineReason) {
     std::string reason;
   };
   std::vector<Case> cases = {
-      {{"ps", "--shard_index=5", "--num_shards=2"}, "ps: --shard_index=5 must be in [0, --num_shards=2)"},
+      {{"ps", "--shard_index=5", "--num_shards=2"},
+       "ps: --shard_index=5 must be in [0, --num_shards=2)"},
       {{"ps", "--optimizer=rmsprop"}, "unknown optimizer 'rmsprop'"},
       {{"ps", "--lr=-1"}, "learning rate must be a positive number"},
       {{"ps", "--no_such_flag=1"}, "no_such_flag"},
@@ -397,8 +445,8 @@ bool FileHasData(const std::string& path) {
 
 TEST(CommandTest, LaunchRunsAClusterAndLeavesCsvsAndAPlot) {
   std::string dir = NewRunDir() + "/run";
-  auto [code, output] = RunDaemon({"launch", "--workers=2", "--max_seconds=4",
-                                   "--hidden=32", "--progress_seconds=1", "--run_dir=" + dir});
+  auto [code, output] = RunDaemon({"launch", "--workers=2", "--max_seconds=4", "--hidden=32",
+                                   "--progress_seconds=1", "--run_dir=" + dir});
   EXPECT_EQ(code, 0) << output;
   EXPECT_NE(output.find("final test accuracy 0."), std::string::npos) << output;
   EXPECT_NE(output.find("updates ("), std::string::npos) << output;
@@ -411,9 +459,9 @@ TEST(CommandTest, LaunchRunsAClusterAndLeavesCsvsAndAPlot) {
 
 TEST(CommandTest, ExperimentRunsAMatrixAndWritesAReport) {
   std::string dir = NewRunDir() + "/report";
-  auto [code, output] = RunDaemon({"experiment", "--modes=async,sync-backup1", "--workers=2",
-                                   "--stragglers=1:3", "--max_seconds=3", "--hidden=32",
-                                   "--report_dir=" + dir});
+  auto [code, output] =
+      RunDaemon({"experiment", "--modes=async,sync-backup1", "--workers=2", "--stragglers=1:3",
+                 "--max_seconds=3", "--hidden=32", "--report_dir=" + dir});
   EXPECT_EQ(code, 0) << output;
   std::string summary = ReadFile(dir + "/summary.md");
   EXPECT_NE(summary.find("| async_w2_strag1-3 | "), std::string::npos) << summary;

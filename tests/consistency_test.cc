@@ -168,7 +168,8 @@ TEST(SyncBarrierTest, APullHeldBackLongerThanTheRetryBudgetStillCompletes) {
 
 // Polls `condition` until it holds or `timeout` passes; returns its last value. The deadlines
 // are generous: on a loaded 2-core CI machine a check may take seconds to become true.
-bool Eventually(const std::function<bool()>& condition, absl::Duration timeout = absl::Seconds(30)) {
+bool Eventually(const std::function<bool()>& condition,
+                absl::Duration timeout = absl::Seconds(30)) {
   absl::Time deadline = absl::Now() + timeout;
   while (!condition() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
   return condition();
@@ -176,8 +177,9 @@ bool Eventually(const std::function<bool()>& condition, absl::Duration timeout =
 
 TEST(SyncMembershipTest, BackupWorkerKeepsRoundsClosingWhenAWorkerStops) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
-  ASSERT_TRUE(cluster.StartShards(2, {"--consistency=sync", "--backup_workers=1",
-                                      "--lease_seconds=600"}).ok());
+  ASSERT_TRUE(
+      cluster.StartShards(2, {"--consistency=sync", "--backup_workers=1", "--lease_seconds=600"})
+          .ok());
   StartWorkers(cluster, 3, {});
   auto version = [&] { return AllStats(cluster, 2)[0].version(); };
   ASSERT_TRUE(Eventually([&] {  // all three taking part (data loading takes a moment)

@@ -96,7 +96,8 @@ TEST(MlpTest, GradientOfExamplesGathersTheSameBatch) {
   }
   std::vector<float> params = mlp.InitialParams(2), direct(mlp.num_params()),
                      gathered(mlp.num_params());
-  float loss = mlp.Gradient(params, batch.data(), batch_labels.data(), rows, absl::MakeSpan(direct));
+  float loss =
+      mlp.Gradient(params, batch.data(), batch_labels.data(), rows, absl::MakeSpan(direct));
   mlp.SetTrainingSet(features.data(), labels.data(), count);
   EXPECT_EQ(mlp.GradientOfExamples(params, indices.data(), rows, absl::MakeSpan(gathered)), loss);
   EXPECT_EQ(direct, gathered);

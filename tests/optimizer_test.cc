@@ -8,7 +8,8 @@ namespace ps {
 namespace {
 
 // Applies `steps` updates of gradient g to a single weight starting at 1.
-std::vector<float> ApplySteps(const std::string& name, const std::vector<float>& grads, float lr = 0.1f) {
+std::vector<float> ApplySteps(const std::string& name, const std::vector<float>& grads,
+                              float lr = 0.1f) {
   OptimizerConfig c;
   c.name = name;
   auto opt = MakeOptimizer(c, 1);
@@ -35,8 +36,8 @@ TEST(OptimizerTest, MomentumMatchesHandComputedValues) {
 
 TEST(OptimizerTest, NesterovMatchesHandComputedValues) {
   std::vector<float> w = ApplySteps("nesterov", {0.5f, 0.5f});
-  EXPECT_FLOAT_EQ(w[0], 0.905f);           // v=0.5; step g+0.9v=0.95
-  EXPECT_FLOAT_EQ(w[1], 0.905f - 0.1355f); // v=0.95; step 0.5+0.855=1.355
+  EXPECT_FLOAT_EQ(w[0], 0.905f);            // v=0.5; step g+0.9v=0.95
+  EXPECT_FLOAT_EQ(w[1], 0.905f - 0.1355f);  // v=0.95; step 0.5+0.855=1.355
 }
 
 TEST(OptimizerTest, AdamMatchesHandComputedValues) {
@@ -52,7 +53,7 @@ TEST(OptimizerTest, AdamMatchesHandComputedValues) {
 
 TEST(OptimizerTest, AdaGradMatchesHandComputedValues) {
   std::vector<float> w = ApplySteps("adagrad", {0.5f, 0.5f});
-  EXPECT_NEAR(w[0], 0.9f, 1e-6);                    // s=0.25
+  EXPECT_NEAR(w[0], 0.9f, 1e-6);                            // s=0.25
   EXPECT_NEAR(w[1], 0.9f - 0.05f / std::sqrt(0.5f), 1e-6);  // s=0.5
 }
 

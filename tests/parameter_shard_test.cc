@@ -4,8 +4,8 @@
 
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -80,13 +80,22 @@ TEST_F(ParameterShardTest, RejectedPushesLeaveWeightsBitIdentical) {
     std::string message;
   };
   std::vector<Case> cases = {
-      {{0, 0, 0, 5, 5}, {1, 1, 1}, absl::StatusCode::kInvalidArgument, "declares 5 values, carries 3"},
-      {{0, 0, 0, 3, 2}, {1, 1}, absl::StatusCode::kInvalidArgument, "[3, 5) is not inside shard 1's [5, 10)"},
+      {{0, 0, 0, 5, 5},
+       {1, 1, 1},
+       absl::StatusCode::kInvalidArgument,
+       "declares 5 values, carries 3"},
+      {{0, 0, 0, 3, 2},
+       {1, 1},
+       absl::StatusCode::kInvalidArgument,
+       "[3, 5) is not inside shard 1's [5, 10)"},
       {{0, 0, 0, 9, 2}, {1, 1}, absl::StatusCode::kInvalidArgument, "not inside"},
       {{0, 0, 0, 5, 0}, {}, absl::StatusCode::kInvalidArgument, "not inside"},
       {{0, 0, 0, 5, 2}, {1, nan}, absl::StatusCode::kInvalidArgument, "offset 6 is nan"},
       {{0, 0, 0, 5, 2}, {-inf, 1}, absl::StatusCode::kInvalidArgument, "not finite"},
-      {{0, 0, 4, 5, 1}, {1}, absl::StatusCode::kInvalidArgument, "base_version 4 is outside [0, 0]"},
+      {{0, 0, 4, 5, 1},
+       {1},
+       absl::StatusCode::kInvalidArgument,
+       "base_version 4 is outside [0, 0]"},
       {{0, -1, 0, 5, 1}, {1}, absl::StatusCode::kInvalidArgument, "negative"},
       {{9, 0, 0, 5, 1}, {1}, absl::StatusCode::kFailedPrecondition, "worker 9 has not registered"},
   };
@@ -109,7 +118,8 @@ TEST_F(ParameterShardTest, InitialisesOnceAndChecksTheModel) {
   EXPECT_EQ(shard_.Register(1, other).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(shard_.Register(1, other).status().message().find("model mismatch"), std::string::npos);
   ModelIdentity three_shards{"test:10", 10, 3};
-  EXPECT_NE(shard_.Register(1, three_shards).status().message().find("3 shards"), std::string::npos);
+  EXPECT_NE(shard_.Register(1, three_shards).status().message().find("3 shards"),
+            std::string::npos);
 }
 
 TEST(ParameterShardInitTest, RejectsWrongRangeAndNonFiniteValues) {
@@ -342,7 +352,7 @@ TEST(PolicyTest, PushesStalerThanTheBoundAreDropped) {
 TEST(PolicyTest, DcAsgdCompensatesWithTheWeightsTheWorkerPulled) {
   ConsistencyFixture f("async", 2, [](ShardConfig& c) { c.dc_lambda = 0.5f; });
   ASSERT_TRUE(f.shard->Read(f.model, 1, 0, 0, absl::Now()).ok());  // worker 1 pulls w = 0
-  ASSERT_TRUE(f.Push(0, 0, {1, 2, 0, 0}).ok());           // w = -1 -2 0 0 (no pull: plain)
+  ASSERT_TRUE(f.Push(0, 0, {1, 2, 0, 0}).ok());                    // w = -1 -2 0 0 (no pull: plain)
   ASSERT_TRUE(f.Push(1, 0, {2, 1, 1, 0}).ok());
   // g + 0.5 * g^2 * (w_now - w_pulled): 2 + 0.5*4*(-1) = 0, 1 + 0.5*1*(-2) = 0, 1, 0
   EXPECT_EQ(f.Weights(), (std::vector<float>{-1, -2, -1, 0}));

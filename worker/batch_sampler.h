@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <vector>
 
-
 namespace ps {
 
 class BatchSampler {

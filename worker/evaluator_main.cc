@@ -66,9 +66,9 @@ int Main(int argc, char** argv) {
   if (absl::StatusOr<int64_t> r = client.Register(); !r.ok()) {
     return ShutdownRequested() ? 0 : Fail(std::string(r.status().message()));
   }
-  absl::StatusOr<CsvWriter> csv = CsvWriter::Open(
-      absl::GetFlag(FLAGS_csv).empty() ? "/dev/null" : absl::GetFlag(FLAGS_csv),
-      {"wall_time", "version", "test_loss", "test_accuracy"});
+  absl::StatusOr<CsvWriter> csv =
+      CsvWriter::Open(absl::GetFlag(FLAGS_csv).empty() ? "/dev/null" : absl::GetFlag(FLAGS_csv),
+                      {"wall_time", "version", "test_loss", "test_accuracy"});
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
 
   std::vector<float> params(mlp.num_params());
@@ -79,15 +79,16 @@ int Main(int argc, char** argv) {
   for (bool stopping = false; !stopping;) {
     stopping = ShutdownRequested();
     if (stopping && last_version < 0) break;  // never initialised: nothing to score
-    if (stopping) cancel_on_shutdown.Join();    // so that it cannot cancel the final pull
+    if (stopping) cancel_on_shutdown.Join();  // so that it cannot cancel the final pull
     if (absl::Status s = client.Pull(absl::MakeSpan(params), &versions); !s.ok()) {
-      if (stopping) break;  // the shards may already be gone at shutdown
+      if (stopping) break;                // the shards may already be gone at shutdown
       if (ShutdownRequested()) continue;  // cancelled by the shutdown: go round for the last pull
       return Fail(absl::StrCat("pull failed: ", s.message()));
     }
     int64_t version = *std::min_element(versions.begin(), versions.end());
     if (version != last_version) {
-      Mlp::Score score = mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count);
+      Mlp::Score score =
+          mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count);
       csv->Row({WallTimeField(), absl::StrCat(version), absl::StrFormat("%.5f", score.loss),
                 absl::StrFormat("%.4f", score.accuracy)});
       PS_LOG(INFO) << absl::StrFormat("version %d: test loss %.4f, accuracy %.4f", version,

@@ -51,8 +51,8 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path, int expected_rank)
         absl::StrCat(path, ": IDX element type 0x", absl::Hex(b[2]), ", expected 0x08 (ubyte)"));
   }
   if (b[3] != expected_rank) {
-    return absl::DataLossError(absl::StrCat(path, ": IDX rank ", b[3], ", expected ",
-                                            expected_rank));
+    return absl::DataLossError(
+        absl::StrCat(path, ": IDX rank ", b[3], ", expected ", expected_rank));
   }
   size_t header = 4 + 4 * static_cast<size_t>(expected_rank);
   if (b.size() < header) return absl::DataLossError(absl::StrCat(path, ": truncated IDX header"));
@@ -66,11 +66,10 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path, int expected_rank)
     elements *= dim;
   }
   if (static_cast<int64_t>(b.size() - header) != elements) {
-    return absl::DataLossError(absl::StrCat(path, ": payload has ", b.size() - header,
-                                            " bytes, header says ", elements,
-                                            b.size() - header < static_cast<size_t>(elements)
-                                                ? " (truncated file)"
-                                                : " (trailing garbage)"));
+    return absl::DataLossError(
+        absl::StrCat(path, ": payload has ", b.size() - header, " bytes, header says ", elements,
+                     b.size() - header < static_cast<size_t>(elements) ? " (truncated file)"
+                                                                       : " (trailing garbage)"));
   }
   out.data.assign(b.begin() + header, b.end());
   return out;
@@ -90,8 +89,8 @@ absl::StatusOr<Examples> LoadIdxExamples(const std::string& images_path,
   }
   Range r = slice != nullptr ? *slice : Range{0, n};
   if (!Range{0, n}.Contains(r.begin, r.end)) {
-    return absl::OutOfRangeError(absl::StrCat("slice [", r.begin, ", ", r.end,
-                                              ") is outside the ", n, " examples"));
+    return absl::OutOfRangeError(
+        absl::StrCat("slice [", r.begin, ", ", r.end, ") is outside the ", n, " examples"));
   }
   Examples ex;
   ex.count = r.size();

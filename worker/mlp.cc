@@ -87,8 +87,7 @@ float Mlp::GradientOfExamples(absl::Span<const float> params, const int32_t* ind
   return GradientOfLoadedBatch(params, rows, grad);
 }
 
-float Mlp::GradientOfLoadedBatch(absl::Span<const float> params, int rows,
-                                 absl::Span<float> grad) {
+float Mlp::GradientOfLoadedBatch(absl::Span<const float> params, int rows, absl::Span<float> grad) {
   params_.Upload(params.data(), num_params_);
   float loss = Forward(rows, /*want_grad=*/true, nullptr);
 
@@ -99,8 +98,7 @@ float Mlp::GradientOfLoadedBatch(absl::Span<const float> params, int rows,
     const float* layer_input = l == 0 ? inputs_.data() : activations_[l - 1].data();
     float* dw = grad_.data() + tensors_[2 * l].offset;
     float* db = grad_.data() + tensors_[2 * l + 1].offset;
-    backend_->Gemm(true, false, sizes_[l], sizes_[l + 1], rows, 1.0f, layer_input, delta, 0.0f,
-                   dw);
+    backend_->Gemm(true, false, sizes_[l], sizes_[l + 1], rows, 1.0f, layer_input, delta, 0.0f, dw);
     backend_->ColumnSum(delta, rows, sizes_[l + 1], db);
     if (l > 0) {
       backend_->Gemm(false, true, rows, sizes_[l], sizes_[l + 1], 1.0f, delta, Weight(l), 0.0f,
@@ -114,8 +112,8 @@ float Mlp::GradientOfLoadedBatch(absl::Span<const float> params, int rows,
   return loss;
 }
 
-Mlp::Score Mlp::Evaluate(absl::Span<const float> params, const float* inputs,
-                         const int32_t* labels, int64_t rows) {
+Mlp::Score Mlp::Evaluate(absl::Span<const float> params, const float* inputs, const int32_t* labels,
+                         int64_t rows) {
   params_.Upload(params.data(), num_params_);
   double loss_sum = 0;
   int64_t correct_sum = 0;

@@ -76,7 +76,7 @@ class Mlp {
   DeviceBuffer<float> train_features_;  // SetTrainingSet's copy
   DeviceBuffer<int32_t> train_labels_;
   std::vector<DeviceBuffer<float>> activations_;  // [l] = output of layer l, [rows, sizes_[l+1]]
-  DeviceBuffer<float> delta_a_, delta_b_;          // backward scratch, [rows, max width]
+  DeviceBuffer<float> delta_a_, delta_b_;         // backward scratch, [rows, max width]
 };
 
 // Layer sizes {inputs, hidden..., classes} from a --hidden flag such as "256,128" (may be empty

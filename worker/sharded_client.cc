@@ -29,8 +29,10 @@ bool WriteChunks(grpc::ClientWriter<Chunk>* writer, const Header& header,
   Chunk chunk;
   ForEachChunk(values, kChunkFloats, [&](int64_t index, std::string_view bytes) {
     if (!ok) return;
-    if (index == 0) *chunk.mutable_header() = header;
-    else chunk.clear_header();
+    if (index == 0)
+      *chunk.mutable_header() = header;
+    else
+      chunk.clear_header();
     chunk.set_data(bytes.data(), bytes.size());
     ok = writer->Write(chunk);
   });
@@ -39,15 +41,17 @@ bool WriteChunks(grpc::ClientWriter<Chunk>* writer, const Header& header,
 
 }  // namespace
 
-ShardedClient::ShardedClient(std::vector<std::string> addresses, ModelIdentity model,
-                             int worker_id, ClientOptions options)
-    : addresses_(std::move(addresses)), model_(std::move(model)), worker_id_(worker_id),
+ShardedClient::ShardedClient(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
+                             ClientOptions options)
+    : addresses_(std::move(addresses)),
+      model_(std::move(model)),
+      worker_id_(worker_id),
       options_(options) {
   for (size_t i = 0; i < addresses_.size(); ++i) {
     stubs_.push_back(v1::ParameterServer::NewStub(
         grpc::CreateChannel(addresses_[i], grpc::InsecureChannelCredentials())));
-    ranges_.push_back(PartRange(model_.total_params, static_cast<int>(i),
-                                 static_cast<int>(addresses_.size())));
+    ranges_.push_back(
+        PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses_.size())));
   }
 }
 
@@ -113,13 +117,13 @@ absl::Status ShardedClient::ForEachShard(
       }
       if (!retry || !IsTransient(s) || absl::Now() + backoff > give_up ||
           cancelled_within(backoff)) {
-        results[shard] = absl::Status(FromGrpcStatus(s).code(),
-                                      absl::StrCat("shard ", shard, " (", addresses_[shard],
-                                                   "): ", s.error_message()));
+        results[shard] = absl::Status(
+            FromGrpcStatus(s).code(),
+            absl::StrCat("shard ", shard, " (", addresses_[shard], "): ", s.error_message()));
         return;
       }
-      PS_LOG(WARNING) << "shard " << shard << " (" << addresses_[shard] << "): "
-                      << s.error_message() << "; retried after " << backoff;
+      PS_LOG(WARNING) << "shard " << shard << " (" << addresses_[shard]
+                      << "): " << s.error_message() << "; retried after " << backoff;
       backoff = std::min(backoff * 2, absl::Seconds(2));
     }
   };
@@ -147,8 +151,8 @@ void CancelOnShutdown::Join() {
 
 absl::StatusOr<int64_t> ShardedClient::Register() {
   if (model_.num_shards != num_shards()) {
-    return absl::InvalidArgumentError(absl::StrCat("model expects ", model_.num_shards,
-                                                   " shards, ", num_shards(), " addresses given"));
+    return absl::InvalidArgumentError(absl::StrCat("model expects ", model_.num_shards, " shards, ",
+                                                   num_shards(), " addresses given"));
   }
   std::vector<int64_t> last(num_shards(), -1);
   absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {

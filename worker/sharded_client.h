@@ -84,7 +84,8 @@ class ShardedClient {
   // error, prefixed with the shard's address.
   absl::Status ForEachShard(const std::function<grpc::Status(int shard, grpc::ClientContext*)>& fn,
                             bool retry, absl::Duration timeout);
-  absl::Status ForEachShard(const std::function<grpc::Status(int shard, grpc::ClientContext*)>& fn) {
+  absl::Status ForEachShard(
+      const std::function<grpc::Status(int shard, grpc::ClientContext*)>& fn) {
     return ForEachShard(fn, /*retry=*/true, options_.rpc_timeout);
   }
   // Tracks contexts in flight so that CancelPending can reach them; false if the call's

@@ -28,11 +28,13 @@ ABSL_FLAG(int, rank, 0, "This worker's rank r in [0, num_workers); rank 0 initia
 ABSL_FLAG(int, num_workers, 1, "Number of workers W; worker r trains on slice r of W of the data.");
 ABSL_FLAG(std::string, hidden, "256,128", "Hidden layer sizes of the MLP.");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size.");
-ABSL_FLAG(int64_t, steps, 0, "Stop after this many steps in total (restarts included); 0: no limit.");
+ABSL_FLAG(int64_t, steps, 0,
+          "Stop after this many steps in total (restarts included); 0: no limit.");
 ABSL_FLAG(double, max_seconds, 0, "Stop after this many seconds; 0: no limit.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial weights and of the batch order.");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
-ABSL_FLAG(std::string, csv, "", "Append a row per step here (step,wall_time,loss,base_version,...).");
+ABSL_FLAG(std::string, csv, "",
+          "Append a row per step here (step,wall_time,loss,base_version,...).");
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N.");
 ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
 ABSL_FLAG(int, health_port, -1, "Serve grpc.health.v1 on this port (0: any free one; -1: off).");
@@ -69,9 +71,11 @@ int Main(int argc, char** argv) {
   }
   if (!(absl::GetFlag(FLAGS_heartbeat_seconds) > 0)) return Fail("--heartbeat_seconds must be > 0");
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
-  absl::StatusOr<Delay> pull_delay = Delay::Parse(absl::GetFlag(FLAGS_pull_delay), seed * 31 + rank);
+  absl::StatusOr<Delay> pull_delay =
+      Delay::Parse(absl::GetFlag(FLAGS_pull_delay), seed * 31 + rank);
   if (!pull_delay.ok()) return Fail(std::string(pull_delay.status().message()));
-  absl::StatusOr<Delay> push_delay = Delay::Parse(absl::GetFlag(FLAGS_push_delay), seed * 37 + rank);
+  absl::StatusOr<Delay> push_delay =
+      Delay::Parse(absl::GetFlag(FLAGS_push_delay), seed * 37 + rank);
   if (!push_delay.ok()) return Fail(std::string(push_delay.status().message()));
   absl::StatusOr<std::vector<std::string>> addresses = ParseShardAddresses(absl::GetFlag(FLAGS_ps));
   if (!addresses.ok()) return Fail(std::string(addresses.status().message()));
@@ -209,8 +213,8 @@ int Main(int argc, char** argv) {
     }
   }
   if (prefetched.valid()) prefetched.wait();  // it writes into buffers that die with this scope
-  PS_LOG(INFO) << "done at step " << step << " after "
-               << absl::ToDoubleSeconds(absl::Now() - start) << " s";
+  PS_LOG(INFO) << "done at step " << step << " after " << absl::ToDoubleSeconds(absl::Now() - start)
+               << " s";
   // Leave the active set now (after the last heartbeat, which would rejoin), so that sync rounds
   // need not wait out this worker's lease.
   heartbeats.Stop();
