@@ -104,10 +104,12 @@ int Main(int argc, char** argv) {
   for (const std::string& size_text : absl::GetFlag(FLAGS_sizes_mib)) {
     int64_t bytes = std::stoll(size_text) << 20;
     int64_t n = bytes / sizeof(float);
-    ModelIdentity model{absl::StrCat("bench:", n), n, 1};
+    ModelIdentity model{absl::StrCat("flat:", n), n, 1};
     // A new model size needs a new shard.
     cluster.Stop();
-    if (absl::Status s = cluster.StartShards(1, {"--optimizer=sgd", "--lr=0.001"}); !s.ok()) {
+    if (absl::Status s =
+            cluster.StartShards(1, model.fingerprint, 1, {"--optimizer=sgd", "--lr=0.001"});
+        !s.ok()) {
       std::cerr << s << "\n";
       return 1;
     }

@@ -20,6 +20,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/log.h"
+#include "common/model_spec.h"
 #include "common/shutdown.h"
 #include "deploy/local_cluster.h"
 #include "deploy/training_run.h"
@@ -268,6 +269,9 @@ int Main(int argc, char** argv) {
     c.ps_flags.push_back("--optimizer=" + absl::GetFlag(FLAGS_optimizer));
     c.ps_flags.push_back(absl::StrCat("--lr=", absl::GetFlag(FLAGS_lr)));
     std::string hidden = "--hidden=" + absl::GetFlag(FLAGS_hidden);
+    absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
+    if (!sizes.ok()) return Fail(std::string(sizes.status().message()));
+    c.model = MlpSpec(*sizes);
     c.worker_flags = {hidden,
                       absl::StrCat("--batch_size=", absl::GetFlag(FLAGS_batch_size)),
                       absl::StrCat("--max_seconds=", c.max_seconds),

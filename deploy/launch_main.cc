@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/model_spec.h"
 #include "common/shutdown.h"
 #include "deploy/training_run.h"
 
@@ -100,6 +101,9 @@ int Main(int argc, char** argv) {
                 absl::StrCat("--lr=", absl::GetFlag(FLAGS_lr)),
                 absl::StrCat("--momentum=", absl::GetFlag(FLAGS_momentum))};
   for (const std::string& w : Words(absl::GetFlag(FLAGS_ps_flags))) c.ps_flags.push_back(w);
+  absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
+  if (!sizes.ok()) return Fail(std::string(sizes.status().message()));
+  c.model = MlpSpec(*sizes);
   std::string model_flags[] = {"--hidden=" + absl::GetFlag(FLAGS_hidden),
                                "--data_dir=" + absl::GetFlag(FLAGS_data_dir)};
   c.worker_flags = {model_flags[0],

@@ -18,7 +18,8 @@ LocalCluster::LocalCluster(std::string bin_dir, std::string run_dir)
 
 LocalCluster::~LocalCluster() { Stop(); }
 
-absl::Status LocalCluster::StartShards(int count, const std::vector<std::string>& flags) {
+absl::Status LocalCluster::StartShards(int count, const std::string& model, int num_workers,
+                                       const std::vector<std::string>& flags) {
   for (int i = 0; i < count; ++i) {
     std::string port_file = absl::StrCat(run_dir_, "/ps-", i, ".port");
     std::remove(port_file.c_str());
@@ -26,6 +27,8 @@ absl::Status LocalCluster::StartShards(int count, const std::vector<std::string>
         bin_dir_ + "/ps",
         absl::StrCat("--shard_index=", i),
         absl::StrCat("--num_shards=", count),
+        "--model=" + model,
+        absl::StrCat("--num_workers=", num_workers),
         "--host=127.0.0.1",
         "--port=0",
         "--port_file=" + port_file,

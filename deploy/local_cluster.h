@@ -20,8 +20,10 @@ class LocalCluster {
   // Stops everything still running (see Stop).
   ~LocalCluster();
 
-  // Starts `count` shards with --port=0 and waits until each has written the port it bound.
-  absl::Status StartShards(int count, const std::vector<std::string>& flags);
+  // Starts `count` shards of a job training `model` (a model spec, ps --model) with `num_workers`
+  // workers, with --port=0, and waits until each has written the port it bound.
+  absl::Status StartShards(int count, const std::string& model, int num_workers,
+                           const std::vector<std::string>& flags);
   // "127.0.0.1:p0,127.0.0.1:p1,...", for --ps.
   std::string ShardAddresses() const;
   std::string ShardAddress(int shard) const;

@@ -30,7 +30,8 @@ int64_t StepsDone(const std::string& run_dir, int workers) {
 void WriteConfig(const TrainingConfig& c, const LocalCluster& cluster, absl::Time start) {
   std::ofstream out(c.run_dir + "/config.txt");
   out << "started: " << absl::FormatTime(start) << "\nshards: " << c.shards
-      << "\nworkers: " << c.workers << "\nps addresses: " << cluster.ShardAddresses()
+      << "\nworkers: " << c.workers << "\nmodel: " << c.model
+      << "\nps addresses: " << cluster.ShardAddresses()
       << "\nps flags: " << absl::StrJoin(c.ps_flags, " ")
       << "\nworker flags: " << absl::StrJoin(c.worker_flags, " ")
       << "\nevaluator flags: " << absl::StrJoin(c.evaluator_flags, " ") << "\n";
@@ -70,7 +71,7 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
   LocalCluster cluster(ExecutableDir(), c.run_dir);
   const absl::Time start = absl::Now();
   result.start_unix_seconds = absl::ToDoubleSeconds(start - absl::UnixEpoch());
-  if (absl::Status s = cluster.StartShards(c.shards, c.ps_flags); !s.ok()) {
+  if (absl::Status s = cluster.StartShards(c.shards, c.model, c.workers, c.ps_flags); !s.ok()) {
     result.failure = std::string(s.message());
     return result;
   }

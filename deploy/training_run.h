@@ -17,6 +17,7 @@ namespace ps {
 struct TrainingConfig {
   int shards = 2;
   int workers = 4;
+  std::string model;  // the model spec every ps is given (ps --model)
   std::string run_dir;
   double max_seconds = 120;    // 0: no limit
   double target_accuracy = 0;  // stop once the evaluator reports this; 0: off

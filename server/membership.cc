@@ -18,10 +18,30 @@ Membership::Worker& Membership::Touch(int id, absl::Time now, int64_t version) {
     int64_t slowest = MinActiveClock();
     if (slowest != std::numeric_limits<int64_t>::max()) w.clock = std::max(w.clock, slowest);
     w.active = true;
+    w.stalled = false;
     w.joined_at_version = version;
+    w.last_progress = now;
   }
   w.last_seen = now;
   return w;
+}
+
+bool Membership::Refresh(int id, absl::Time now, int64_t version) {
+  Worker* w = Find(id);
+  if (w == nullptr) return false;
+  if (w->stalled) {
+    w->last_seen = now;
+  } else {
+    Touch(id, now, version);
+  }
+  return true;
+}
+
+void Membership::Stall(int id) {
+  Worker* w = Find(id);
+  if (w == nullptr) return;
+  w->active = false;
+  w->stalled = true;
 }
 
 Membership::Worker* Membership::Find(int id) {

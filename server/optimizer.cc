@@ -8,27 +8,68 @@
 namespace ps {
 namespace {
 
+// Each algorithm is written once: Prepare(lr, step) computes what is constant for one update, and
+// Update<kCommit>(i, w, g, offset, params) computes element i's new weight and state, returns
+// whether they are finite, and writes them (w and the state) only when kCommit. Kernel<> runs it
+// as the dry-run check and as the commit.
+template <typename Algorithm>
+class Kernel : public Optimizer {
+ protected:
+  int64_t FirstNonFinite(absl::Span<const float> w, absl::Span<const float> g, int64_t offset,
+                         float lr, int64_t step) override {
+    auto& self = static_cast<Algorithm&>(*this);
+    const auto params = self.Prepare(lr, step);
+    bool finite = true;
+    for (size_t i = 0; i < w.size(); ++i) {
+      float copy = w[i];
+      finite &= self.template Update<false>(i, copy, g[i], offset, params);
+    }
+    if (finite) return -1;
+    for (size_t i = 0; i < w.size(); ++i) {  // rare: find which element
+      float copy = w[i];
+      if (!self.template Update<false>(i, copy, g[i], offset, params)) {
+        return static_cast<int64_t>(i);
+      }
+    }
+    return -1;
+  }
+  void Commit(absl::Span<float> w, absl::Span<const float> g, int64_t offset, float lr,
+              int64_t step) override {
+    auto& self = static_cast<Algorithm&>(*this);
+    const auto params = self.Prepare(lr, step);
+    for (size_t i = 0; i < w.size(); ++i) self.template Update<true>(i, w[i], g[i], offset, params);
+  }
+};
+
 // w -= lr * g
-class Sgd : public Optimizer {
+class Sgd : public Kernel<Sgd> {
  public:
   std::string Name() const override { return "sgd"; }
-  void Apply(absl::Span<float> w, absl::Span<const float> g, int64_t, float lr, int64_t) override {
-    for (size_t i = 0; i < w.size(); ++i) w[i] -= lr * g[i];
+  float Prepare(float lr, int64_t) const { return lr; }
+  template <bool kCommit>
+  bool Update(size_t, float& w, float g, int64_t, float lr) {
+    float nw = w - lr * g;
+    if (kCommit) w = nw;
+    return std::isfinite(nw);
   }
 };
 
 // Heavy ball: v = mu * v + g; w -= lr * v. Nesterov: w -= lr * (g + mu * v) (PyTorch's form).
-class Momentum : public Optimizer {
+class Momentum : public Kernel<Momentum> {
  public:
   Momentum(int64_t size, float mu, bool nesterov) : v_(size, 0.0f), mu_(mu), nesterov_(nesterov) {}
   std::string Name() const override { return nesterov_ ? "nesterov" : "momentum"; }
-  void Apply(absl::Span<float> w, absl::Span<const float> g, int64_t offset, float lr,
-             int64_t) override {
-    float* v = v_.data() + offset;
-    for (size_t i = 0; i < w.size(); ++i) {
-      v[i] = mu_ * v[i] + g[i];
-      w[i] -= lr * (nesterov_ ? g[i] + mu_ * v[i] : v[i]);
+  float Prepare(float lr, int64_t) const { return lr; }
+  template <bool kCommit>
+  bool Update(size_t i, float& w, float g, int64_t offset, float lr) {
+    float& v = v_[offset + i];
+    float nv = mu_ * v + g;
+    float nw = w - lr * (nesterov_ ? g + mu_ * nv : nv);
+    if (kCommit) {
+      v = nv;
+      w = nw;
     }
+    return std::isfinite(nv) && std::isfinite(nw);
   }
 
  private:
@@ -38,22 +79,31 @@ class Momentum : public Optimizer {
 };
 
 // Adam (Kingma & Ba) with bias correction by the shard's update count.
-class Adam : public Optimizer {
+class Adam : public Kernel<Adam> {
  public:
   Adam(int64_t size, const OptimizerConfig& c) : m_(size, 0.0f), v_(size, 0.0f), c_(c) {}
   std::string Name() const override { return "adam"; }
-  void Apply(absl::Span<float> w, absl::Span<const float> g, int64_t offset, float lr,
-             int64_t step) override {
+  struct Params {
+    float lr, correction1, correction2;
+  };
+  Params Prepare(float lr, int64_t step) const {
     double t = static_cast<double>(step + 1);
-    float correction1 = static_cast<float>(1.0 - std::pow(c_.beta1, t));
-    float correction2 = static_cast<float>(1.0 - std::pow(c_.beta2, t));
-    float* m = m_.data() + offset;
-    float* v = v_.data() + offset;
-    for (size_t i = 0; i < w.size(); ++i) {
-      m[i] = c_.beta1 * m[i] + (1 - c_.beta1) * g[i];
-      v[i] = c_.beta2 * v[i] + (1 - c_.beta2) * g[i] * g[i];
-      w[i] -= lr * (m[i] / correction1) / (std::sqrt(v[i] / correction2) + c_.epsilon);
+    return {lr, static_cast<float>(1.0 - std::pow(c_.beta1, t)),
+            static_cast<float>(1.0 - std::pow(c_.beta2, t))};
+  }
+  template <bool kCommit>
+  bool Update(size_t i, float& w, float g, int64_t offset, const Params& p) {
+    float& m = m_[offset + i];
+    float& v = v_[offset + i];
+    float nm = c_.beta1 * m + (1 - c_.beta1) * g;
+    float nv = c_.beta2 * v + (1 - c_.beta2) * g * g;
+    float nw = w - p.lr * (nm / p.correction1) / (std::sqrt(nv / p.correction2) + c_.epsilon);
+    if (kCommit) {
+      m = nm;
+      v = nv;
+      w = nw;
     }
+    return std::isfinite(nm) && std::isfinite(nv) && std::isfinite(nw);
   }
 
  private:
@@ -62,17 +112,21 @@ class Adam : public Optimizer {
 };
 
 // AdaGrad: s += g^2; w -= lr * g / (sqrt(s) + eps).
-class AdaGrad : public Optimizer {
+class AdaGrad : public Kernel<AdaGrad> {
  public:
   AdaGrad(int64_t size, float eps) : s_(size, 0.0f), eps_(eps) {}
   std::string Name() const override { return "adagrad"; }
-  void Apply(absl::Span<float> w, absl::Span<const float> g, int64_t offset, float lr,
-             int64_t) override {
-    float* s = s_.data() + offset;
-    for (size_t i = 0; i < w.size(); ++i) {
-      s[i] += g[i] * g[i];
-      w[i] -= lr * g[i] / (std::sqrt(s[i]) + eps_);
+  float Prepare(float lr, int64_t) const { return lr; }
+  template <bool kCommit>
+  bool Update(size_t i, float& w, float g, int64_t offset, float lr) {
+    float& s = s_[offset + i];
+    float ns = s + g * g;
+    float nw = w - lr * g / (std::sqrt(ns) + eps_);
+    if (kCommit) {
+      s = ns;
+      w = nw;
     }
+    return std::isfinite(ns) && std::isfinite(nw);
   }
 
  private:
@@ -81,6 +135,17 @@ class AdaGrad : public Optimizer {
 };
 
 }  // namespace
+
+absl::Status Optimizer::Apply(absl::Span<float> weights, absl::Span<const float> grad,
+                              int64_t state_offset, float learning_rate, int64_t step) {
+  if (int64_t bad = FirstNonFinite(weights, grad, state_offset, learning_rate, step); bad >= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the update would make the weight or ", Name(), " state of element ", state_offset + bad,
+        " of the shard non-finite (gradient ", grad[bad], "); nothing was changed"));
+  }
+  Commit(weights, grad, state_offset, learning_rate, step);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<Optimizer>> MakeOptimizer(const OptimizerConfig& c, int64_t size) {
   if (c.name == "sgd") return std::make_unique<Sgd>();

@@ -24,11 +24,24 @@ class Optimizer {
  public:
   virtual ~Optimizer() = default;
   virtual std::string Name() const = 0;
+
   // Updates weights[i] with grad[i]; the elements sit at `state_offset` within the shard's range
   // (where their optimizer state lives). `step` counts updates applied before this one.
-  // REQUIRES: weights.size() == grad.size(), state_offset + size <= the size given at creation.
-  virtual void Apply(absl::Span<float> weights, absl::Span<const float> grad, int64_t state_offset,
-                     float learning_rate, int64_t step) = 0;
+  // All or nothing: if the update would make any weight or state value non-finite (a finite but
+  // huge gradient can), fails with INVALID_ARGUMENT naming the first such element and changes
+  // nothing. REQUIRES: weights.size() == grad.size(), state_offset + size <= the size given at
+  // creation.
+  absl::Status Apply(absl::Span<float> weights, absl::Span<const float> grad, int64_t state_offset,
+                     float learning_rate, int64_t step);
+
+ protected:
+  // The update with kCommit = false computes without writing and returns the index of the first
+  // element whose new weight or state would be non-finite (-1: none); with kCommit = true it
+  // writes. Both passes run the same arithmetic, so the check is exact.
+  virtual int64_t FirstNonFinite(absl::Span<const float> w, absl::Span<const float> g,
+                                 int64_t offset, float lr, int64_t step) = 0;
+  virtual void Commit(absl::Span<float> w, absl::Span<const float> g, int64_t offset, float lr,
+                      int64_t step) = 0;
 };
 
 // Creates the optimizer named in `config` for `size` elements, or fails naming the unknown

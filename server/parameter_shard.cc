@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/model_spec.h"
 
 namespace ps {
 namespace {
@@ -59,6 +62,18 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(const Sha
     return absl::InvalidArgumentError(absl::StrCat(
         "--shard_index=", c.shard_index, " must be in [0, --num_shards=", c.num_shards, ")"));
   }
+  absl::StatusOr<ModelIdentity> model = ParseModelSpec(c.model, c.num_shards);
+  if (!model.ok()) return model.status();
+  Range r = PartRange(model->total_params, c.shard_index, c.num_shards);
+  if (r.size() > kMaxShardElements) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shard would hold ", r.size(), " parameters, above the limit of ", kMaxShardElements));
+  }
+  if (r.size() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("model ", c.model, " has fewer parameters (",
+                                                   model->total_params, ") than shards"));
+  }
+  if (c.num_workers < 1) return absl::InvalidArgumentError("--num_workers must be >= 1");
   if (absl::StatusOr<std::unique_ptr<Optimizer>> o = MakeOptimizer(c.optimizer, 0); !o.ok()) {
     return o.status();
   }
@@ -66,25 +81,33 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(const Sha
   if (!schedule.ok()) return schedule.status();
   if (c.backup_workers < 0) return absl::InvalidArgumentError("--backup_workers must be >= 0");
   if (c.lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("the lease must be > 0");
+  if (c.progress_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("the progress timeout must be >= 0");
+  }
   if (!(c.dc_lambda >= 0) || !std::isfinite(c.dc_lambda)) {
     return absl::InvalidArgumentError("--dc_lambda must be a number >= 0");
   }
-  return std::unique_ptr<ParameterShard>(new ParameterShard(c, *std::move(schedule)));
+  if (!(c.clip_norm >= 0) || !std::isfinite(c.clip_norm)) {
+    return absl::InvalidArgumentError("--clip_norm must be a number >= 0");
+  }
+  return std::unique_ptr<ParameterShard>(
+      new ParameterShard(c, *std::move(model), *std::move(schedule)));
 }
 
-ParameterShard::ParameterShard(const ShardConfig& config, LearningRateSchedule schedule)
-    : config_(config), schedule_(std::move(schedule)), members_(config.lease) {}
+ParameterShard::ParameterShard(const ShardConfig& config, ModelIdentity model,
+                               LearningRateSchedule schedule)
+    : config_(config),
+      model_(std::move(model)),
+      range_(PartRange(model_.total_params, config.shard_index, config.num_shards)),
+      schedule_(std::move(schedule)),
+      members_(config.lease) {}
 
 absl::Status ParameterShard::CheckModel(const ModelIdentity& m) const {
   if (m.num_shards != config_.num_shards) {
     return absl::FailedPreconditionError(absl::StrCat(
         "client expects ", m.num_shards, " shards, this cluster has ", config_.num_shards));
   }
-  if (m.total_params <= 0 || m.fingerprint.empty()) {
-    return absl::InvalidArgumentError("model identity needs a fingerprint and total_params > 0");
-  }
-  if (initialized_ &&
-      (m.fingerprint != model_.fingerprint || m.total_params != model_.total_params)) {
+  if (m.fingerprint != model_.fingerprint || m.total_params != model_.total_params) {
     return absl::FailedPreconditionError(
         absl::StrCat("model mismatch: shard holds ", model_.fingerprint, " (", model_.total_params,
                      " parameters), client has ", m.fingerprint, " (", m.total_params, ")"));
@@ -92,21 +115,24 @@ absl::Status ParameterShard::CheckModel(const ModelIdentity& m) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<Range> ParameterShard::CheckInitialize(const ModelIdentity& model, int64_t offset,
-                                                      int64_t length) const {
-  absl::ReaderMutexLock lock(&mu_);
-  if (absl::Status s = CheckModel(model); !s.ok()) return s;
-  Range r = PartRange(model.total_params, config_.shard_index, config_.num_shards);
-  if (r.size() > kMaxShardElements) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "shard would hold ", r.size(), " parameters, above the limit of ", kMaxShardElements));
+absl::Status ParameterShard::CheckWorkerId(int worker_id) const {
+  if (worker_id < 0 || worker_id >= config_.num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("worker id ", worker_id,
+                                                   " is outside this job's [0, ",
+                                                   config_.num_workers, ") (ps --num_workers)"));
   }
-  if (offset != r.begin || length != r.size()) {
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::CheckInitialize(const ModelIdentity& model, int64_t offset,
+                                             int64_t length) const {
+  if (absl::Status s = CheckModel(model); !s.ok()) return s;
+  if (offset != range_.begin || length != range_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("initialisation covers ", RangeText(offset, End(offset, length)), ", shard ",
-                     config_.shard_index, " owns ", RangeText(r.begin, r.end)));
+                     config_.shard_index, " owns ", RangeText(range_.begin, range_.end)));
   }
-  return r;
+  return absl::OkStatus();
 }
 
 bool ParameterShard::initialized() const {
@@ -128,20 +154,20 @@ void ParameterShard::EndInitialize() {
 
 absl::StatusOr<bool> ParameterShard::Initialize(const ModelIdentity& model, int64_t offset,
                                                 absl::Span<const float> values) {
-  absl::StatusOr<Range> range = CheckInitialize(model, offset, static_cast<int64_t>(values.size()));
-  if (!range.ok()) return range.status();
+  if (absl::Status s = CheckInitialize(model, offset, static_cast<int64_t>(values.size()));
+      !s.ok()) {
+    return s;
+  }
   if (int64_t bad = FirstNonFinite(values); bad >= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("initial value at offset ", offset + bad, " is not finite"));
   }
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
-      MakeOptimizer(config_.optimizer, range->size());
+      MakeOptimizer(config_.optimizer, range_.size());
   if (!optimizer.ok()) return optimizer.status();
 
   absl::MutexLock lock(&mu_);
   if (initialized_) return false;  // a restarted initialiser: keep the trained values
-  model_ = model;
-  range_ = *range;
   weights_.assign(values.begin(), values.end());
   optimizer_ = *std::move(optimizer);
   initialized_ = true;
@@ -149,34 +175,35 @@ absl::StatusOr<bool> ParameterShard::Initialize(const ModelIdentity& model, int6
 }
 
 absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const ModelIdentity& model) {
-  absl::MutexLock lock(&mu_);
   if (absl::Status s = CheckModel(model); !s.ok()) return s;
-  int64_t last = -1;
   if (worker_id >= 0) {
-    Membership::Worker& w = members_.Touch(worker_id, MonotonicNow(), version_);
-    w.model = model;
-    last = w.last_sequence;
+    if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   }
+  absl::MutexLock lock(&mu_);
+  int64_t last = -1;
+  if (worker_id >= 0) last = members_.Touch(worker_id, MonotonicNow(), version_).last_sequence;
   return Registration{
       config_.shard_index, ConsistencyName(config_), initialized_, range_, version_, last};
 }
 
 absl::StatusOr<int> ParameterShard::Heartbeat(int worker_id) {
+  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
-  if (members_.Find(worker_id) == nullptr) {
+  if (!members_.Refresh(worker_id, MonotonicNow(), version_)) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker_id, " has not registered with shard ", config_.shard_index));
   }
-  members_.Touch(worker_id, MonotonicNow(), version_);
   return members_.ActiveCount();
 }
 
 absl::Status ParameterShard::Leave(int worker_id) {
+  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   if (!members_.Leave(worker_id)) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker_id, " has not registered with shard ", config_.shard_index));
   }
+  Forget(worker_id);
   MaybeCloseRound();  // a round may have been waiting only for it
   return absl::OkStatus();
 }
@@ -184,9 +211,33 @@ absl::Status ParameterShard::Leave(int worker_id) {
 std::vector<int> ParameterShard::ExpireLeases(absl::Time now) {
   absl::MutexLock lock(&mu_);
   std::vector<int> expired = members_.Expire(now);
+  if (config_.progress_timeout > absl::ZeroDuration() && config_.mode != ConsistencyMode::kAsync) {
+    // Who do the others wait for? Sync: the workers missing from an open round. SSP: the
+    // slowest, when some worker is (or, prefetching, may be) held back by it.
+    const int64_t slowest = members_.MinActiveClock();
+    bool someone_held = false;
+    for (const auto& [id, w] : members_.workers()) {
+      someone_held |=
+          w.active && w.clock > slowest && w.clock + 1 - config_.staleness_bound > slowest;
+    }
+    std::vector<int> stalled;
+    for (const auto& [id, w] : members_.workers()) {
+      bool waited_for = config_.mode == ConsistencyMode::kSync
+                            ? !round_contributors_.empty() && round_contributors_.count(id) == 0
+                            : someone_held && w.clock == slowest;
+      if (w.active && waited_for && now - w.last_progress > config_.progress_timeout) {
+        stalled.push_back(id);
+      }
+    }
+    for (int id : stalled) members_.Stall(id);
+    expired.insert(expired.end(), stalled.begin(), stalled.end());
+  }
+  for (int id : expired) Forget(id);
   if (!expired.empty()) MaybeCloseRound();
   return expired;
 }
+
+void ParameterShard::Forget(int worker_id) { pulled_weights_.erase(worker_id); }
 
 absl::Status ParameterShard::CheckRange(int64_t offset, int64_t length) const {
   if (length <= 0 || offset < range_.begin || offset > range_.end - length) {
@@ -198,24 +249,37 @@ absl::Status ParameterShard::CheckRange(int64_t offset, int64_t length) const {
 }
 
 absl::Status ParameterShard::CheckPushHeader(const PushHeaderInfo& h) const {
-  absl::ReaderMutexLock lock(&mu_);
-  if (!initialized_) return absl::FailedPreconditionError("shard is not initialised yet");
-  auto worker = members_.workers().find(h.worker_id);
-  if (h.worker_id < 0 || worker == members_.workers().end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", h.worker_id, " has not registered with shard ", config_.shard_index));
-  }
-  // A worker that registered before initialisation was not checked against the model then.
-  if (absl::Status s = CheckModel(worker->second.model); !s.ok()) return s;
+  if (absl::Status s = CheckWorkerId(h.worker_id); !s.ok()) return s;
   if (h.sequence < 0) {
     return absl::InvalidArgumentError(absl::StrCat("push sequence ", h.sequence, " is negative"));
+  }
+  if (h.offset != range_.begin || h.length != range_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "push covers ", RangeText(h.offset, End(h.offset, h.length)), "; a push must cover shard ",
+        config_.shard_index, "'s whole range ", RangeText(range_.begin, range_.end)));
+  }
+  absl::ReaderMutexLock lock(&mu_);
+  if (!initialized_) return absl::FailedPreconditionError("shard is not initialised yet");
+  if (members_.workers().count(h.worker_id) == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", h.worker_id, " has not registered with shard ", config_.shard_index));
   }
   if (h.base_version < 0 || h.base_version > version_) {
     return absl::InvalidArgumentError(absl::StrCat("base_version ", h.base_version,
                                                    " is outside [0, ", version_,
                                                    "] (the shard's current version)"));
   }
-  return CheckRange(h.offset, h.length);
+  return absl::OkStatus();
+}
+
+absl::Span<const float> ParameterShard::Clip(absl::Span<const float> gradient, double norm,
+                                             std::vector<float>* scratch, bool* clipped) const {
+  *clipped = config_.clip_norm > 0 && norm > config_.clip_norm;
+  if (!*clipped) return gradient;
+  float scale = static_cast<float>(config_.clip_norm / norm);
+  scratch->resize(gradient.size());
+  for (size_t i = 0; i < gradient.size(); ++i) (*scratch)[i] = gradient[i] * scale;
+  return *scratch;
 }
 
 absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
@@ -225,11 +289,18 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
     status = absl::InvalidArgumentError(
         absl::StrCat("push declares ", h.length, " values, carries ", gradient.size()));
   }
-  // Checked outside the lock: the scan is the costly part and needs no shared state.
+  // Scanned and clipped outside the lock: this is the costly part and needs no shared state.
+  double sum_of_squares = 0;
   if (int64_t bad = FirstNonFinite(gradient); status.ok() && bad >= 0) {
     status = absl::InvalidArgumentError(absl::StrCat("gradient value at offset ", h.offset + bad,
                                                      " is ", gradient[bad], " (not finite)"));
+  } else if (config_.clip_norm > 0) {
+    for (float g : gradient) sum_of_squares += static_cast<double>(g) * g;
   }
+  std::vector<float> clip_scratch;
+  bool clipped = false;
+  if (status.ok()) gradient = Clip(gradient, std::sqrt(sum_of_squares), &clip_scratch, &clipped);
+
   absl::MutexLock lock(&mu_);
   // The header was checked under an earlier lock; only the version can have moved, forward.
   if (status.ok() && config_.mode == ConsistencyMode::kSync && h.base_version == version_ &&
@@ -242,32 +313,45 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
     ++pushes_rejected_;
     return status;
   }
-  Membership::Worker& worker = members_.Touch(h.worker_id, MonotonicNow(), version_);
-  if (h.sequence <= worker.last_sequence) {
+  Membership::Worker* worker = members_.Find(h.worker_id);
+  if (h.sequence <= worker->last_sequence) {
     ++pushes_duplicate_;
     return PushOutcome{version_, 0, /*duplicate=*/true, false};
   }
-  worker.last_sequence = h.sequence;
-  ++worker.clock;
   int64_t staleness = version_ - h.base_version;
-  if (config_.mode == ConsistencyMode::kSync) {
-    if (staleness > 0) {  // its round closed without it (backup workers, or it was expired)
-      ++pushes_dropped_late_;
-      return PushOutcome{version_, staleness, false, /*dropped=*/true};
-    }
-    return AddToRound(worker, h, gradient);
-  }
-  if (config_.mode == ConsistencyMode::kSsp && h.base_version < worker.joined_at_version) {
-    // Computed before its lease expired: the others were not held back for it, so applying it
-    // could break the staleness bound.
+  absl::StatusOr<PushOutcome> outcome;
+  if (config_.mode == ConsistencyMode::kSync && staleness > 0) {
+    // Its round closed without it (backup workers, or it was expired).
     ++pushes_dropped_late_;
-    return PushOutcome{version_, staleness, false, /*dropped=*/true};
-  }
-  if (config_.max_staleness >= 0 && staleness > config_.max_staleness) {
+    outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
+  } else if (config_.mode == ConsistencyMode::kSync) {
+    outcome = AddToRound(*worker, h, gradient);
+  } else if (config_.mode == ConsistencyMode::kSsp &&
+             (h.base_version < worker->joined_at_version || !worker->active)) {
+    // Computed before it left the active set: the others were not held back for it, so applying
+    // it could break the staleness bound.
+    ++pushes_dropped_late_;
+    outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
+  } else if (config_.max_staleness >= 0 && staleness > config_.max_staleness) {
     ++pushes_dropped_stale_;
-    return PushOutcome{version_, staleness, false, /*dropped=*/true};
+    outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
+  } else {
+    outcome = ApplyNow(*worker, h, staleness, gradient);
   }
-  return ApplyNow(worker, h, staleness, gradient);
+  if (!outcome.ok()) {
+    ++pushes_rejected_;
+    ++updates_nonfinite_;
+    return outcome.status();
+  }
+  // Taken (applied, added to the round, or dropped by policy): the sequence is used up and the
+  // worker made progress.
+  pushes_clipped_ += clipped;
+  absl::Time now = MonotonicNow();
+  worker = &members_.Touch(h.worker_id, now, version_);
+  worker->last_sequence = h.sequence;
+  worker->last_progress = now;
+  ++worker->clock;
+  return outcome;
 }
 
 float ParameterShard::LearningRate() const {
@@ -276,11 +360,11 @@ float ParameterShard::LearningRate() const {
   return lr;
 }
 
-PushOutcome ParameterShard::ApplyNow(Membership::Worker& worker, const PushHeaderInfo& h,
-                                     int64_t staleness, absl::Span<const float> gradient) {
+absl::StatusOr<PushOutcome> ParameterShard::ApplyNow(Membership::Worker& worker,
+                                                     const PushHeaderInfo& h, int64_t staleness,
+                                                     absl::Span<const float> gradient) {
   float lr = LearningRate();
   if (config_.staleness_aware_lr) lr /= static_cast<float>(std::max<int64_t>(1, staleness));
-  int64_t local = h.offset - range_.begin;
   // The copy of the weights this gradient was computed from, if the shard kept it.
   const std::vector<float>* pulled = nullptr;
   if (auto w = pulled_weights_.find(h.worker_id); w != pulled_weights_.end()) {
@@ -289,16 +373,17 @@ PushOutcome ParameterShard::ApplyNow(Membership::Worker& worker, const PushHeade
   if (config_.dc_lambda > 0 && pulled != nullptr) {
     // DC-ASGD (Zheng et al. 2017): g + lambda * g * g * (w_now - w_at_pull) approximates the
     // gradient at the current weights from the stale one.
-    compensated_.resize(gradient.size());
+    scratch_.resize(gradient.size());
     for (size_t i = 0; i < gradient.size(); ++i) {
       float g = gradient[i];
-      compensated_[i] =
-          g + config_.dc_lambda * g * g * (weights_[local + i] - (*pulled)[local + i]);
+      scratch_[i] = g + config_.dc_lambda * g * g * (weights_[i] - (*pulled)[i]);
     }
-    gradient = compensated_;
+    gradient = scratch_;
   }
-  optimizer_->Apply(absl::MakeSpan(weights_).subspan(local, h.length), gradient, local, lr,
-                    version_);
+  if (absl::Status s = optimizer_->Apply(absl::MakeSpan(weights_), gradient, 0, lr, version_);
+      !s.ok()) {
+    return s;
+  }
   ++version_;
   staleness_.Add(staleness);
   worker.staleness.Add(staleness);
@@ -306,11 +391,17 @@ PushOutcome ParameterShard::ApplyNow(Membership::Worker& worker, const PushHeade
   return PushOutcome{version_, staleness, false, false};
 }
 
-PushOutcome ParameterShard::AddToRound(Membership::Worker& worker, const PushHeaderInfo& h,
-                                       absl::Span<const float> gradient) {
+absl::StatusOr<PushOutcome> ParameterShard::AddToRound(Membership::Worker& worker,
+                                                       const PushHeaderInfo& h,
+                                                       absl::Span<const float> gradient) {
   if (round_sum_.empty()) round_sum_.assign(range_.size(), 0.0f);
-  float* sum = round_sum_.data() + (h.offset - range_.begin);
-  for (size_t i = 0; i < gradient.size(); ++i) sum[i] += gradient[i];
+  bool finite = true;
+  for (size_t i = 0; i < gradient.size(); ++i) finite &= std::isfinite(round_sum_[i] + gradient[i]);
+  if (!finite) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adding worker ", h.worker_id, "'s gradient would make the round's sum non-finite"));
+  }
+  for (size_t i = 0; i < gradient.size(); ++i) round_sum_[i] += gradient[i];
   round_contributors_.insert(h.worker_id);
   worker.staleness.Add(0);
   ++worker.pushes_applied;
@@ -324,9 +415,17 @@ void ParameterShard::MaybeCloseRound() {
   if (static_cast<int>(round_contributors_.size()) < needed) return;
   float scale = 1.0f / static_cast<float>(round_contributors_.size());
   for (float& g : round_sum_) g *= scale;
-  optimizer_->Apply(absl::MakeSpan(weights_), round_sum_, 0, LearningRate(), version_);
-  ++version_;
-  for (size_t i = 0; i < round_contributors_.size(); ++i) staleness_.Add(0);
+  if (absl::Status s =
+          optimizer_->Apply(absl::MakeSpan(weights_), round_sum_, 0, LearningRate(), version_);
+      s.ok()) {
+    ++version_;
+    for (size_t i = 0; i < round_contributors_.size(); ++i) staleness_.Add(0);
+  } else {
+    // The average would poison the weights: the round is discarded (its workers are released
+    // and push again for the same version) and the weights stay as they were.
+    ++updates_nonfinite_;
+    PS_LOG(WARNING) << "sync round for version " << version_ << " discarded: " << s.message();
+  }
   std::fill(round_sum_.begin(), round_sum_.end(), 0.0f);
   round_contributors_.clear();
 }
@@ -336,7 +435,13 @@ void ParameterShard::RecordRejectedPush() {
   ++pushes_rejected_;
 }
 
-bool ParameterShard::Admits(int worker_id) const {
+bool ParameterShard::Pending(int worker_id, int64_t after_sequence) const {
+  auto it = members_.workers().find(worker_id);
+  return worker_id >= 0 && it != members_.workers().end() &&
+         it->second.last_sequence < after_sequence;
+}
+
+bool ParameterShard::Admits(int worker_id, int64_t after_sequence) const {
   if (worker_id < 0) return true;
   auto it = members_.workers().find(worker_id);
   if (it == members_.workers().end()) return true;
@@ -344,7 +449,8 @@ bool ParameterShard::Admits(int worker_id) const {
     case ConsistencyMode::kSync:
       return round_contributors_.count(worker_id) == 0;
     case ConsistencyMode::kSsp:
-      return it->second.clock - config_.staleness_bound <= members_.MinActiveClock();
+      return it->second.clock + Pending(worker_id, after_sequence) - config_.staleness_bound <=
+             members_.MinActiveClock();
     default:
       return true;
   }
@@ -352,42 +458,63 @@ bool ParameterShard::Admits(int worker_id) const {
 
 absl::StatusOr<ParameterShard::Snapshot> ParameterShard::Read(const ModelIdentity& model,
                                                               int worker_id, int64_t offset,
-                                                              int64_t length, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
-  if (worker_id >= 0 && members_.Find(worker_id) != nullptr) {
-    members_.Touch(worker_id, MonotonicNow(), version_);
-  }
-  auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return shutdown_ || (initialized_ && Admits(worker_id));
-  };
-  mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-  if (shutdown_) return absl::UnavailableError("shard is shutting down");
-  if (!initialized_) {  // waiting for the initialiser is normal: the client pulls again
-    return absl::AbortedError(
-        absl::StrCat("shard ", config_.shard_index, " is not initialised yet; pull again"));
-  }
+                                                              int64_t length, absl::Time deadline,
+                                                              int64_t after_sequence) {
   if (absl::Status s = CheckModel(model); !s.ok()) return s;
-  if (!Admits(worker_id)) {
-    return absl::AbortedError(absl::StrCat("worker ", worker_id, " is still held back by ",
-                                           ConsistencyName(config_), "; pull again"));
+  if (worker_id >= 0) {
+    if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   }
   if (length == 0 && offset == 0) {
     offset = range_.begin;
     length = range_.size();
   }
   if (absl::Status s = CheckRange(offset, length); !s.ok()) return s;
-  ++pulls_;
-  if (config_.dc_lambda > 0 && worker_id >= 0 && members_.Find(worker_id) != nullptr) {
-    std::map<int64_t, std::vector<float>>& copies = pulled_weights_[worker_id];
-    copies[version_] = weights_;
-    while (copies.size() > 2) copies.erase(copies.begin());
+  const bool whole_shard = offset == range_.begin && length == range_.size();
+  std::optional<Snapshot> snapshot;
+  bool keep_copy = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (worker_id >= 0) members_.Refresh(worker_id, MonotonicNow(), version_);
+    if (config_.mode == ConsistencyMode::kSync && Pending(worker_id, after_sequence)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker ", worker_id, " pulls ahead of its push ", after_sequence,
+          ", but under sync the next round's weights do not exist before its gradient is in"));
+    }
+    auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return shutdown_ || (initialized_ && Admits(worker_id, after_sequence));
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+    if (shutdown_) return absl::UnavailableError("shard is shutting down");
+    if (!initialized_) {  // waiting for the initialiser is normal: the client pulls again
+      return absl::AbortedError(
+          absl::StrCat("shard ", config_.shard_index, " is not initialised yet; pull again"));
+    }
+    if (!Admits(worker_id, after_sequence)) {
+      return absl::AbortedError(absl::StrCat("worker ", worker_id, " is still held back by ",
+                                             ConsistencyName(config_), "; pull again"));
+    }
+    ++pulls_;
+    const Membership::Worker* w = worker_id >= 0 ? members_.Find(worker_id) : nullptr;
+    keep_copy = config_.dc_lambda > 0 && whole_shard && w != nullptr && w->active;
+    snapshot.emplace(Snapshot{version_, offset, snapshot_buffers_.Acquire(length)});
+    std::copy_n(weights_.begin() + (offset - range_.begin), length,
+                snapshot->values.span().begin());
   }
-  BufferPool::Lease values = snapshot_buffers_.Acquire(length);
-  std::copy_n(weights_.begin() + (offset - range_.begin), length, values.span().begin());
-  return Snapshot{version_, offset, std::move(values)};
+  if (keep_copy) {
+    // DC-ASGD needs the weights this worker computes from; copied outside the lock.
+    std::vector<float> copy(snapshot->values.span().begin(), snapshot->values.span().end());
+    absl::MutexLock lock(&mu_);
+    const Membership::Worker* w = members_.Find(worker_id);
+    if (w != nullptr && w->active) {
+      std::map<int64_t, std::vector<float>>& copies = pulled_weights_[worker_id];
+      copies[snapshot->version] = std::move(copy);
+      while (copies.size() > 2) copies.erase(copies.begin());
+    }
+  }
+  return *std::move(snapshot);
 }
 
-ShardStats ParameterShard::Stats() const {
+ShardStats ParameterShard::Stats(int first_worker, int max_workers) const {
   absl::ReaderMutexLock lock(&mu_);
   ShardStats s;
   s.shard_index = config_.shard_index;
@@ -400,6 +527,8 @@ ShardStats ParameterShard::Stats() const {
   s.pushes_duplicate = pushes_duplicate_;
   s.pushes_dropped_late = pushes_dropped_late_;
   s.pushes_dropped_stale = pushes_dropped_stale_;
+  s.updates_nonfinite = updates_nonfinite_;
+  s.pushes_clipped = pushes_clipped_;
   s.pulls = pulls_;
   s.registered_workers = static_cast<int>(members_.workers().size());
   s.active_workers = members_.ActiveCount();
@@ -408,9 +537,16 @@ ShardStats ParameterShard::Stats() const {
   s.optimizer = config_.optimizer.name;
   s.consistency = ConsistencyName(config_);
   s.staleness_counts = staleness_.counts();
-  absl::Time now = MonotonicNow();
-  for (const auto& [id, w] : members_.workers()) {
-    s.workers.push_back({id, w.active, w.clock, w.pushes_applied,
+  const absl::Time now = MonotonicNow();
+  const int page = std::clamp(max_workers, 0, kMaxStatsWorkers);
+  for (auto it = members_.workers().lower_bound(first_worker); it != members_.workers().end();
+       ++it) {
+    if (static_cast<int>(s.workers.size()) == page) {
+      s.next_worker = it->first;
+      break;
+    }
+    const Membership::Worker& w = it->second;
+    s.workers.push_back({it->first, w.active, w.clock, w.pushes_applied,
                          absl::ToDoubleSeconds(now - w.last_seen), w.staleness.counts()});
   }
   return s;

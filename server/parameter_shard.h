@@ -41,16 +41,26 @@ enum class ConsistencyMode { kAsync, kSync, kSsp };
 struct ShardConfig {
   int shard_index = 0;
   int num_shards = 1;
+  // The job's model (from ps --model) and worker count: the shard knows both before any client
+  // speaks, so it sizes nothing on a request's word and takes worker ids in [0, num_workers) only.
+  std::string model = "flat:1";
+  int num_workers = 1;
   OptimizerConfig optimizer;
   LearningRateConfig learning_rate;
   ConsistencyMode mode = ConsistencyMode::kAsync;
   int staleness_bound = 0;                   // ssp: s
   int backup_workers = 0;                    // sync: rounds close after active - backup pushes
   absl::Duration lease = absl::Seconds(10);  // a worker silent this long leaves the active set
-  bool staleness_aware_lr = false;           // lr / max(1, staleness)
-  int64_t max_staleness = -1;                // drop pushes staler than this; -1: off
-  float dc_lambda = 0;                       // DC-ASGD delay compensation; 0: off
-  bool scale_lr_by_workers = false;          // lr * number of active workers
+  // sync/ssp: a worker that others wait for (an open round without its gradient; the slowest
+  // SSP clock) and that has not pushed for this long leaves the active set until it pushes or
+  // registers again (heartbeats alone do not bring it back). Zero: off.
+  absl::Duration progress_timeout = absl::Seconds(60);
+  bool staleness_aware_lr = false;   // lr / max(1, staleness)
+  int64_t max_staleness = -1;        // drop pushes staler than this; -1: off
+  float dc_lambda = 0;               // DC-ASGD delay compensation; 0: off
+  bool scale_lr_by_workers = false;  // lr * number of active workers
+  // Scale each push's gradient (this shard's part of it) down to this L2 norm; 0: off.
+  float clip_norm = 0;
 };
 
 // Parses --consistency: "async", "sync" or "ssp:S" (S >= 0) into config->mode/staleness_bound.
@@ -58,7 +68,8 @@ absl::Status ParseConsistency(const std::string& text, ShardConfig* config);
 // "async", "sync" or "ssp:S".
 std::string ConsistencyName(const ShardConfig& config);
 
-// The header of a push, checked before its payload is accepted.
+// The header of a push, checked before its payload is accepted. A push covers the shard's whole
+// range: offset is the shard's begin and length its size.
 struct PushHeaderInfo {
   int worker_id = 0;
   int64_t sequence = 0;
@@ -99,10 +110,14 @@ struct ShardStats {
   Range range;
   int64_t version = 0;
   int64_t pushes_applied = 0;
-  int64_t pushes_rejected = 0;
+  int64_t pushes_rejected = 0;  // all rejections, the non-finite ones included
   int64_t pushes_duplicate = 0;
   int64_t pushes_dropped_late = 0;
   int64_t pushes_dropped_stale = 0;
+  // Updates refused because they would have made a weight or optimizer state non-finite (a push,
+  // or under sync a whole round, which is then discarded).
+  int64_t updates_nonfinite = 0;
+  int64_t pushes_clipped = 0;  // gradients scaled down to --clip_norm
   int64_t pulls = 0;
   int registered_workers = 0;
   int active_workers = 0;
@@ -111,20 +126,29 @@ struct ShardStats {
   std::string optimizer;
   std::string consistency;
   std::vector<int64_t> staleness_counts;
+  // One page of the workers, by id from the one asked for; next_worker is where the next page
+  // starts, -1 after the last.
   std::vector<WorkerSnapshot> workers;
+  int next_worker = -1;
 };
 
 class ParameterShard {
  public:
-  // Largest shard accepted (4 GiB of float32), so a bad total_params cannot exhaust memory.
+  // Largest shard accepted (4 GiB of float32).
   static constexpr int64_t kMaxShardElements = int64_t{1} << 30;
+  // Most workers one Stats() page lists.
+  static constexpr int kMaxStatsWorkers = 256;
 
-  // Validates `config` (shard index, optimizer, schedule, policies); fails naming the bad setting.
+  // Validates `config` (shard index, model, worker count, optimizer, schedule, policies); fails
+  // naming the bad setting.
   static absl::StatusOr<std::unique_ptr<ParameterShard>> Create(const ShardConfig& config);
 
-  // Checks an Initialize header; returns the range the payload must cover.
-  absl::StatusOr<Range> CheckInitialize(const ModelIdentity& model, int64_t offset,
-                                        int64_t length) const;
+  // The model this shard serves and its range of it.
+  const ModelIdentity& model() const { return model_; }
+  const Range& range() const { return range_; }
+
+  // Checks an Initialize header: the client's model must be the shard's and the range its own.
+  absl::Status CheckInitialize(const ModelIdentity& model, int64_t offset, int64_t length) const;
   // Whether Initialize already succeeded (a restarted initialiser then need not send anything).
   bool initialized() const;
   // At most one initialisation payload is received at a time, so that clients cannot make the
@@ -133,27 +157,30 @@ class ParameterShard {
   bool TryBeginInitialize();
   void EndInitialize();
   // Sets the shard's values once. Returns true if this call initialised the shard, false if it was
-  // already initialised for the same model (nothing changes). Fails on a different model, a range
-  // that is not the shard's, or a non-finite value.
+  // already initialised (nothing changes). Fails on a different model, a range that is not the
+  // shard's, or a non-finite value.
   absl::StatusOr<bool> Initialize(const ModelIdentity& model, int64_t offset,
                                   absl::Span<const float> values);
 
   // Records that `worker_id` takes part (or is back), after checking it agrees on the model.
-  // A negative id is an observer (e.g. the evaluator): checked, not recorded.
+  // A negative id is an observer (e.g. the evaluator): checked, not recorded. Worker ids must lie
+  // in [0, num_workers).
   absl::StatusOr<Registration> Register(int worker_id, const ModelIdentity& model);
   // Refreshes a registered worker's lease; returns the number of active workers.
   absl::StatusOr<int> Heartbeat(int worker_id);
   // Takes a worker that is stopping out of the active set at once, rather than after its lease.
   absl::Status Leave(int worker_id);
-  // Drops workers whose lease ran out at `now` (MonotonicNow()) from the active set, and closes a
-  // sync round that was waiting only for them. Returns their ids. The daemon calls this every
-  // second.
+  // Drops from the active set the workers whose lease ran out at `now` (MonotonicNow()), or who
+  // stalled (see ShardConfig::progress_timeout), and closes a sync round that was waiting only
+  // for them. Returns their ids. The daemon calls this every second.
   std::vector<int> ExpireLeases(absl::Time now);
 
   // Checks a push header before the payload is read (so no buffer is sized by a bad request).
   absl::Status CheckPushHeader(const PushHeaderInfo& header) const;
-  // Takes a gradient for [offset, offset + length) under the consistency model. A rejected push
-  // (an error) changes no weight; a dropped one (outcome.dropped) is counted and not applied.
+  // Takes a gradient for the shard's range under the consistency model. A rejected push (an
+  // error) leaves the shard's state exactly as it was, weights and optimizer state included: a
+  // push whose update would make any of them non-finite is rejected (INVALID_ARGUMENT). A dropped
+  // one (outcome.dropped) is counted and not applied.
   absl::StatusOr<PushOutcome> Push(const PushHeaderInfo& header, absl::Span<const float> gradient);
   // Counts a push rejected before it reached Push (e.g. a malformed stream).
   void RecordRejectedPush();
@@ -167,38 +194,54 @@ class ParameterShard {
   // Copies [offset, offset + length) (offset 0 and length 0: the whole shard) for a client of
   // `model`. Waits until the shard is initialised and the consistency model admits `worker_id`
   // (observers, id < 0, never wait for it), or `deadline` passes: then ABORTED, since waiting
-  // longer is normal (for the initialiser, a barrier or the SSP bound).
+  // longer is normal (for the initialiser, a barrier or the SSP bound). A prefetching worker pulls
+  // step s+1's weights before its push of step s (`after_sequence`; -1: none) has landed: SSP
+  // admits it as if that push were done, sync refuses it (INVALID_ARGUMENT).
   absl::StatusOr<Snapshot> Read(const ModelIdentity& model, int worker_id, int64_t offset,
-                                int64_t length, absl::Time deadline);
+                                int64_t length, absl::Time deadline, int64_t after_sequence = -1);
 
-  ShardStats Stats() const;
+  // Counters and a page of at most `max_workers` (capped at kMaxStatsWorkers) workers with ids
+  // >= first_worker.
+  ShardStats Stats(int first_worker = 0, int max_workers = kMaxStatsWorkers) const;
   // Wakes every waiting Read; they fail with UNAVAILABLE.
   void Shutdown();
 
  private:
-  ParameterShard(const ShardConfig& config, LearningRateSchedule schedule);
+  ParameterShard(const ShardConfig& config, ModelIdentity model, LearningRateSchedule schedule);
 
-  absl::Status CheckModel(const ModelIdentity& model) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::Status CheckRange(int64_t offset, int64_t length) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // May worker_id's pull proceed now?
-  bool Admits(int worker_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckModel(const ModelIdentity& model) const;
+  absl::Status CheckWorkerId(int worker_id) const;
+  absl::Status CheckRange(int64_t offset, int64_t length) const;
+  // Whether worker_id's push of `after_sequence` has not landed yet (false for observers and
+  // unknown workers).
+  bool Pending(int worker_id, int64_t after_sequence) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // May worker_id's pull, made after its push of `after_sequence`, proceed now?
+  bool Admits(int worker_id, int64_t after_sequence) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   float LearningRate() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  PushOutcome ApplyNow(Membership::Worker& worker, const PushHeaderInfo& h, int64_t staleness,
-                       absl::Span<const float> gradient) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  PushOutcome AddToRound(Membership::Worker& worker, const PushHeaderInfo& h,
-                         absl::Span<const float> gradient) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The gradient to apply: `gradient` itself, or scaled down to clip_norm in scratch (`clipped`
+  // set). `norm` is its L2 norm.
+  absl::Span<const float> Clip(absl::Span<const float> gradient, double norm,
+                               std::vector<float>* scratch, bool* clipped) const;
+  absl::StatusOr<PushOutcome> ApplyNow(Membership::Worker& worker, const PushHeaderInfo& h,
+                                       int64_t staleness, absl::Span<const float> gradient)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<PushOutcome> AddToRound(Membership::Worker& worker, const PushHeaderInfo& h,
+                                         absl::Span<const float> gradient)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // sync: applies the averaged round once enough active workers contributed.
   void MaybeCloseRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets what the shard kept for a worker that left the active set (DC-ASGD copies).
+  void Forget(int worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ShardConfig config_;
+  const ModelIdentity model_;
+  const Range range_;
   const LearningRateSchedule schedule_;
 
   mutable absl::Mutex mu_;
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool initializing_ ABSL_GUARDED_BY(mu_) = false;
-  ModelIdentity model_ ABSL_GUARDED_BY(mu_);
-  Range range_ ABSL_GUARDED_BY(mu_);
   std::vector<float> weights_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
@@ -207,14 +250,16 @@ class ParameterShard {
   // sync: the running sum of this round's gradients and who contributed.
   std::vector<float> round_sum_ ABSL_GUARDED_BY(mu_);
   std::set<int> round_contributors_ ABSL_GUARDED_BY(mu_);
-  // DC-ASGD: each worker's copies of the weights at its last two pulls (a prefetching worker
-  // computes on the older one), by version; and scratch.
+  // DC-ASGD: each active worker's copies of the weights at its last two whole-shard pulls (a
+  // prefetching worker computes on the older one), by version: at most 2 * num_workers copies.
   std::map<int, std::map<int64_t, std::vector<float>>> pulled_weights_ ABSL_GUARDED_BY(mu_);
-  std::vector<float> compensated_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);  // DC-ASGD's compensated gradient
   int64_t pushes_rejected_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_duplicate_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_dropped_late_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_dropped_stale_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t updates_nonfinite_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pushes_clipped_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
   BufferPool snapshot_buffers_;
 };

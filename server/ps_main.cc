@@ -24,6 +24,10 @@ ABSL_FLAG(int, port, 50051, "Port to listen on; 0 picks a free one (see --port_f
 ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once serving.");
 ABSL_FLAG(int, shard_index, 0, "This shard's index i in [0, num_shards).");
 ABSL_FLAG(int, num_shards, 1, "Number of shards S; shard i owns [i*N/S, (i+1)*N/S).");
+ABSL_FLAG(std::string, model, "",
+          "Required: the job's model, mlp:IN-H1-...-OUT (e.g. mlp:784-256-128-10) or flat:N. "
+          "Clients of another model are refused.");
+ABSL_FLAG(int, num_workers, 0, "Required: the job's number of workers W; worker ids are [0, W).");
 ABSL_FLAG(std::string, consistency, "async",
           "async (apply at once) | sync (average all active workers' gradients per version) | "
           "ssp:S (bounded staleness: clocks at most S apart).");
@@ -41,6 +45,11 @@ ABSL_FLAG(bool, lr_scale_by_workers, false, "Multiply the rate by the number of 
 ABSL_FLAG(bool, staleness_lr, false, "Staleness-aware rate: lr / max(1, staleness) per push.");
 ABSL_FLAG(int64_t, max_staleness, -1, "Drop (and count) pushes staler than this; -1: off.");
 ABSL_FLAG(double, dc_lambda, 0, "DC-ASGD delay compensation lambda; 0: off.");
+ABSL_FLAG(double, clip_norm, 0,
+          "Scale each push's gradient (this shard's part) down to this L2 norm; 0: off.");
+ABSL_FLAG(double, progress_timeout_seconds, 60,
+          "sync/ssp: a worker the others wait for that has not pushed for this long leaves the "
+          "active set until it pushes again; 0: off.");
 ABSL_FLAG(double, momentum, 0.9, "Momentum coefficient (momentum, nesterov).");
 ABSL_FLAG(double, beta1, 0.9, "Adam beta1.");
 ABSL_FLAG(double, beta2, 0.999, "Adam beta2.");
@@ -87,6 +96,11 @@ absl::StatusOr<ShardConfig> ConfigFromFlags() {
   ShardConfig c;
   c.shard_index = absl::GetFlag(FLAGS_shard_index);
   c.num_shards = absl::GetFlag(FLAGS_num_shards);
+  c.model = absl::GetFlag(FLAGS_model);
+  if (c.model.empty())
+    return absl::InvalidArgumentError("--model is required (e.g. mlp:784-256-128-10)");
+  c.num_workers = absl::GetFlag(FLAGS_num_workers);
+  if (c.num_workers < 1) return absl::InvalidArgumentError("--num_workers is required (>= 1)");
   if (absl::Status s = ParseConsistency(absl::GetFlag(FLAGS_consistency), &c); !s.ok()) return s;
   c.backup_workers = absl::GetFlag(FLAGS_backup_workers);
   c.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_seconds));
@@ -105,13 +119,15 @@ absl::StatusOr<ShardConfig> ConfigFromFlags() {
   c.staleness_aware_lr = absl::GetFlag(FLAGS_staleness_lr);
   c.max_staleness = absl::GetFlag(FLAGS_max_staleness);
   c.dc_lambda = static_cast<float>(absl::GetFlag(FLAGS_dc_lambda));
+  c.clip_norm = static_cast<float>(absl::GetFlag(FLAGS_clip_norm));
+  c.progress_timeout = absl::Seconds(absl::GetFlag(FLAGS_progress_timeout_seconds));
   return c;
 }
 
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Parameter-server shard.\nExample: ps --shard_index=0 --num_shards=2 --port=50051 "
-      "--consistency=ssp:2");
+      "--model=mlp:784-256-128-10 --num_workers=4 --consistency=ssp:2");
   absl::ParseCommandLine(argc, argv);
   absl::StatusOr<ShardConfig> config = ConfigFromFlags();
   if (!config.ok()) return Fail(std::string(config.status().message()));
@@ -129,8 +145,14 @@ int Main(int argc, char** argv) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return Fail("cannot listen on " + address);
-  PS_LOG(INFO) << "shard " << config->shard_index << "/" << config->num_shards
-               << " serving on port " << port << ": " << ConsistencyName(*config) << ", "
+  // Health says SERVING only while the shard can serve: once initialised, until shutdown.
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus(false);
+  const Range& range = (*shard)->range();
+  PS_LOG(INFO) << "shard " << config->shard_index << "/" << config->num_shards << " of "
+               << config->model << " (" << (*shard)->model().total_params << " parameters; owns ["
+               << range.begin << ", " << range.end << ")) for " << config->num_workers
+               << " workers, serving on port " << port << ": " << ConsistencyName(*config) << ", "
                << config->optimizer.name << ", lr " << config->learning_rate.base << " ("
                << config->learning_rate.schedule << ")";
   std::string port_file = absl::GetFlag(FLAGS_port_file);
@@ -140,11 +162,19 @@ int Main(int argc, char** argv) {
 
   // Leases are checked every second; a status line is logged every 30.
   absl::Time next_status = absl::Now() + absl::Seconds(30);
-  while (!WaitForShutdown(absl::Seconds(1))) {
+  bool serving = false;
+  // Checked every 100 ms until the shard is initialised (for health), then every second.
+  while (!WaitForShutdown(serving ? absl::Seconds(1) : absl::Milliseconds(100))) {
+    if (!serving && (*shard)->initialized()) {
+      serving = true;
+      health->SetServingStatus(true);
+      PS_LOG(INFO) << "initialised: serving";
+    }
     std::vector<int> expired = (*shard)->ExpireLeases(MonotonicNow());
     if (!expired.empty()) {
-      PS_LOG(WARNING) << "lease expired for worker(s) " << absl::StrJoin(expired, ",")
-                      << ": no longer waited for";
+      PS_LOG(WARNING) << "worker(s) " << absl::StrJoin(expired, ",")
+                      << " left the active set (lease expired, or no push while others waited): "
+                         "no longer waited for";
     }
     if (absl::Now() >= next_status) {
       ShardStats s = (*shard)->Stats();
@@ -154,6 +184,7 @@ int Main(int argc, char** argv) {
       next_status += absl::Seconds(30);
     }
   }
+  health->SetServingStatus(false);
   (*shard)->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   ShardStats s = (*shard)->Stats();

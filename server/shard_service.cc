@@ -66,8 +66,9 @@ grpc::Status ShardService::Initialize(grpc::ServerContext*,
   const v1::InitializeHeader& h = chunk.header();
   ModelIdentity model = FromProto(h.model());
   if (absl::Status s = CheckDType(h.dtype()); !s.ok()) return ToGrpcStatus(s);
-  absl::StatusOr<Range> range = shard_->CheckInitialize(model, h.offset(), h.length());
-  if (!range.ok()) return ToGrpcStatus(range.status());
+  if (absl::Status s = shard_->CheckInitialize(model, h.offset(), h.length()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   if (shard_->initialized()) {  // a restarted initialiser: keep the trained values, skip the data
     response->set_applied(false);
     return grpc::Status::OK;
@@ -76,7 +77,7 @@ grpc::Status ShardService::Initialize(grpc::ServerContext*,
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "another initialisation is in progress");
   }
   absl::Cleanup end_initialize = [this] { shard_->EndInitialize(); };
-  std::vector<float> values(range->size());
+  std::vector<float> values(shard_->range().size());
   int64_t offset = h.offset();
   if (absl::Status s = ReadPayload(reader, chunk, absl::MakeSpan(values)); !s.ok()) {
     return ToGrpcStatus(s);
@@ -126,9 +127,9 @@ grpc::Status ShardService::Pull(grpc::ServerContext* context, const v1::PullRequ
   // why (ABORTED: held back, pull again) instead of timing out.
   absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
                                  absl::FromChrono(context->deadline()) - absl::Milliseconds(250));
-  absl::StatusOr<ParameterShard::Snapshot> snapshot =
-      shard_->Read(FromProto(request->model()), request->worker_id(), request->offset(),
-                   request->length(), deadline);
+  absl::StatusOr<ParameterShard::Snapshot> snapshot = shard_->Read(
+      FromProto(request->model()), request->worker_id(), request->offset(), request->length(),
+      deadline, request->has_after_sequence() ? request->after_sequence() : -1);
   if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
   v1::PullChunk chunk;
   bool ok = true;
@@ -157,9 +158,11 @@ grpc::Status ShardService::Leave(grpc::ServerContext*, const v1::LeaveRequest* r
   return ToGrpcStatus(shard_->Leave(request->worker_id()));
 }
 
-grpc::Status ShardService::GetStats(grpc::ServerContext*, const v1::StatsRequest*,
+grpc::Status ShardService::GetStats(grpc::ServerContext*, const v1::StatsRequest* request,
                                     v1::StatsResponse* response) {
-  *response = StatsToProto(shard_->Stats());
+  int page = request->max_workers();
+  if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
+  *response = StatsToProto(shard_->Stats(request->first_worker(), page));
   return grpc::Status::OK;
 }
 
@@ -180,6 +183,9 @@ v1::StatsResponse StatsToProto(const ShardStats& s) {
   r.set_registered_workers(s.registered_workers);
   r.set_active_workers(s.active_workers);
   r.set_learning_rate(s.learning_rate);
+  r.set_updates_nonfinite(s.updates_nonfinite);
+  r.set_pushes_clipped(s.pushes_clipped);
+  r.set_next_worker(s.next_worker);
   r.set_model_fingerprint(s.model_fingerprint);
   r.set_optimizer(s.optimizer);
   r.set_consistency(s.consistency);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <map>
 #include <thread>
@@ -12,17 +13,20 @@
 namespace ps {
 namespace {
 
-const ModelIdentity kModel{"test:10", 10, 2};
+const ModelIdentity kModel{"flat:10", 10, 2};
 
 std::vector<float> Values(const ParameterShard::Snapshot& s) {
   return std::vector<float>(s.values.span().begin(), s.values.span().end());
 }
 
-// A shard of `num_shards` with plain SGD at rate `lr`.
-std::unique_ptr<ParameterShard> SgdShard(int index, int num_shards, float lr) {
+// A shard of `num_shards` of `model` (a spec) with plain SGD at rate `lr`, for 4 workers.
+std::unique_ptr<ParameterShard> SgdShard(int index, int num_shards, float lr,
+                                         const std::string& model) {
   ShardConfig c;
   c.shard_index = index;
   c.num_shards = num_shards;
+  c.model = model;
+  c.num_workers = 4;
   c.optimizer.name = "sgd";
   c.learning_rate.base = lr;
   return *ParameterShard::Create(c);
@@ -43,17 +47,17 @@ class ParameterShardTest : public ::testing::Test {
                                    std::vector<float> g) {
     return shard_.Push({0, sequence, base, offset, static_cast<int64_t>(g.size())}, g);
   }
-  std::unique_ptr<ParameterShard> owned_ = SgdShard(1, 2, 1.0f);
+  std::unique_ptr<ParameterShard> owned_ = SgdShard(1, 2, 1.0f, "flat:10");
   ParameterShard& shard_ = *owned_;
 };
 
 TEST_F(ParameterShardTest, AppliesPushesAndCountsStaleness) {
   ASSERT_TRUE(Push(0, 0, 5, {1, 1, 1, 1, 1}).ok());
-  absl::StatusOr<PushOutcome> second = Push(1, 0, 7, {2, 2});  // computed from version 0
+  absl::StatusOr<PushOutcome> second = Push(1, 0, 5, {2, 0, 2, 0, 0});  // computed from version 0
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->version, 2);
   EXPECT_EQ(second->staleness, 1);
-  EXPECT_EQ(Weights(), (std::vector<float>{4, 5, 4, 5, 8}));
+  EXPECT_EQ(Weights(), (std::vector<float>{2, 5, 4, 7, 8}));
   ShardStats s = shard_.Stats();
   EXPECT_EQ(s.pushes_applied, 2);
   EXPECT_EQ(s.staleness_counts, (std::vector<int64_t>{1, 1}));
@@ -87,17 +91,25 @@ TEST_F(ParameterShardTest, RejectedPushesLeaveWeightsBitIdentical) {
       {{0, 0, 0, 3, 2},
        {1, 1},
        absl::StatusCode::kInvalidArgument,
-       "[3, 5) is not inside shard 1's [5, 10)"},
-      {{0, 0, 0, 9, 2}, {1, 1}, absl::StatusCode::kInvalidArgument, "not inside"},
-      {{0, 0, 0, 5, 0}, {}, absl::StatusCode::kInvalidArgument, "not inside"},
-      {{0, 0, 0, 5, 2}, {1, nan}, absl::StatusCode::kInvalidArgument, "offset 6 is nan"},
-      {{0, 0, 0, 5, 2}, {-inf, 1}, absl::StatusCode::kInvalidArgument, "not finite"},
-      {{0, 0, 4, 5, 1},
-       {1},
+       "push covers [3, 5); a push must cover shard 1's whole range [5, 10)"},
+      {{0, 0, 0, 9, 2}, {1, 1}, absl::StatusCode::kInvalidArgument, "whole range"},
+      {{0, 0, 0, 7, 2}, {1, 1}, absl::StatusCode::kInvalidArgument, "whole range"},
+      {{0, 0, 0, 5, 0}, {}, absl::StatusCode::kInvalidArgument, "whole range"},
+      {{0, 0, 0, 5, 5}, {1, nan, 1, 1, 1}, absl::StatusCode::kInvalidArgument, "offset 6 is nan"},
+      {{0, 0, 0, 5, 5}, {-inf, 1, 1, 1, 1}, absl::StatusCode::kInvalidArgument, "not finite"},
+      {{0, 0, 4, 5, 5},
+       {1, 1, 1, 1, 1},
        absl::StatusCode::kInvalidArgument,
        "base_version 4 is outside [0, 0]"},
-      {{0, -1, 0, 5, 1}, {1}, absl::StatusCode::kInvalidArgument, "negative"},
-      {{9, 0, 0, 5, 1}, {1}, absl::StatusCode::kFailedPrecondition, "worker 9 has not registered"},
+      {{0, -1, 0, 5, 5}, {1, 1, 1, 1, 1}, absl::StatusCode::kInvalidArgument, "negative"},
+      {{3, 0, 0, 5, 5},
+       {1, 1, 1, 1, 1},
+       absl::StatusCode::kFailedPrecondition,
+       "worker 3 has not registered"},
+      {{9, 0, 0, 5, 5},
+       {1, 1, 1, 1, 1},
+       absl::StatusCode::kInvalidArgument,
+       "worker id 9 is outside this job's [0, 4)"},
   };
   std::vector<float> before = Weights();
   for (const Case& c : cases) {
@@ -114,28 +126,29 @@ TEST_F(ParameterShardTest, RejectedPushesLeaveWeightsBitIdentical) {
 TEST_F(ParameterShardTest, InitialisesOnceAndChecksTheModel) {
   EXPECT_FALSE(*shard_.Initialize(kModel, 5, {0, 0, 0, 0, 0}));  // a restarted initialiser
   EXPECT_EQ(Weights(), Initial());
-  ModelIdentity other{"test:12", 12, 2};
+  ModelIdentity other{"flat:12", 12, 2};
   EXPECT_EQ(shard_.Register(1, other).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(shard_.Register(1, other).status().message().find("model mismatch"), std::string::npos);
-  ModelIdentity three_shards{"test:10", 10, 3};
+  ModelIdentity three_shards{"flat:10", 10, 3};
   EXPECT_NE(shard_.Register(1, three_shards).status().message().find("3 shards"),
             std::string::npos);
 }
 
 TEST(ParameterShardInitTest, RejectsWrongRangeAndNonFiniteValues) {
-  auto owned = SgdShard(0, 2, 0.1f);
+  auto owned = SgdShard(0, 2, 0.1f, "flat:10");
   ParameterShard& shard = *owned;
   EXPECT_NE(shard.Initialize(kModel, 0, {1, 2, 3}).status().message().find("owns [0, 5)"),
             std::string::npos);
   EXPECT_FALSE(shard.Initialize(kModel, 0, {1, 2, NAN, 4, 5}).ok());
   EXPECT_EQ(shard.Read(kModel, -1, 0, 0, absl::Now()).status().code(), absl::StatusCode::kAborted);
-  ModelIdentity huge{"huge", int64_t{1} << 40, 2};
-  EXPECT_NE(shard.CheckInitialize(huge, 0, int64_t{1} << 39).status().message().find("limit"),
+  // The shard knows its model: an initialiser of another one is refused before any payload.
+  ModelIdentity huge{"flat:1099511627776", int64_t{1} << 40, 2};
+  EXPECT_NE(shard.CheckInitialize(huge, 0, int64_t{1} << 39).message().find("model mismatch"),
             std::string::npos);
 }
 
 TEST(ParameterShardInitTest, OneInitialisationPayloadAtATime) {
-  auto shard = SgdShard(0, 1, 0.1f);
+  auto shard = SgdShard(0, 1, 0.1f, "flat:3");
   EXPECT_TRUE(shard->TryBeginInitialize());
   EXPECT_FALSE(shard->TryBeginInitialize());  // a second stream is refused while one is open
   shard->EndInitialize();
@@ -144,9 +157,9 @@ TEST(ParameterShardInitTest, OneInitialisationPayloadAtATime) {
 }
 
 TEST(ParameterShardInitTest, ReadWaitsForInitialisation) {
-  auto owned = SgdShard(0, 1, 0.1f);
+  auto owned = SgdShard(0, 1, 0.1f, "flat:3");
   ParameterShard& shard = *owned;
-  ModelIdentity m{"m", 3, 1};
+  ModelIdentity m{"flat:3", 3, 1};
   std::thread init([&] {
     absl::SleepFor(absl::Milliseconds(50));
     ASSERT_TRUE(shard.Initialize(m, 0, {1, 2, 3}).ok());
@@ -159,22 +172,23 @@ TEST(ParameterShardInitTest, ReadWaitsForInitialisation) {
 }
 
 TEST(ParameterShardInitTest, ShutdownWakesWaitingReads) {
-  auto owned = SgdShard(0, 1, 0.1f);
+  auto owned = SgdShard(0, 1, 0.1f, "flat:3");
   ParameterShard& shard = *owned;
   std::thread stop([&] {
     absl::SleepFor(absl::Milliseconds(50));
     shard.Shutdown();
   });
-  EXPECT_EQ(shard.Read(ModelIdentity{"m", 3, 1}, -1, 0, 0, absl::InfiniteFuture()).status().code(),
-            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(
+      shard.Read(ModelIdentity{"flat:3", 3, 1}, -1, 0, 0, absl::InfiniteFuture()).status().code(),
+      absl::StatusCode::kUnavailable);
   stop.join();
 }
 
 TEST(ParameterShardConcurrencyTest, ConcurrentPushesAndPullsLoseNothing) {
   const int kWorkers = 4, kPushes = 500, kSize = 1000;
-  auto owned = SgdShard(0, 1, 1.0f);
+  auto owned = SgdShard(0, 1, 1.0f, "flat:1000");
   ParameterShard& shard = *owned;
-  ModelIdentity m{"m", kSize, 1};
+  ModelIdentity m{"flat:1000", kSize, 1};
   ASSERT_TRUE(shard.Initialize(m, 0, std::vector<float>(kSize, 0.0f)).ok());
   std::vector<std::thread> threads;
   for (int w = 0; w < kWorkers; ++w) {
@@ -208,6 +222,8 @@ struct ConsistencyFixture {
   ConsistencyFixture(const std::string& consistency, int workers,
                      const std::function<void(ShardConfig&)>& tweak = nullptr) {
     ShardConfig c;
+    c.model = model.fingerprint;
+    c.num_workers = 8;
     c.optimizer.name = "sgd";
     c.learning_rate.base = 1.0f;
     EXPECT_TRUE(ParseConsistency(consistency, &c).ok());
@@ -225,7 +241,7 @@ struct ConsistencyFixture {
   }
   std::vector<float> Weights() { return Values(*shard->Read(model, -1, 0, 0, absl::Now())); }
 
-  ModelIdentity model{"m", 4, 1};
+  ModelIdentity model{"flat:4", 4, 1};
   std::unique_ptr<ParameterShard> shard;
   std::map<int, int64_t> next_sequence;
 };
@@ -317,17 +333,13 @@ TEST(SspTest, AGradientFromBeforeALeaseExpiredIsDropped) {
   EXPECT_FALSE(f.Push(0, 20, {1, 1, 1, 1})->dropped);  // computed after rejoining: applied
 }
 
-TEST(ModelCheckTest, AWorkerRegisteredBeforeInitialisationWithAnotherModelIsRefused) {
-  auto shard = SgdShard(0, 1, 1.0f);
-  ModelIdentity wrong{"mlp:784-32-10", 40, 1}, right{"m", 100, 1};
-  ASSERT_TRUE(shard->Register(1, wrong).ok());  // nothing to check against yet
-  ASSERT_TRUE(shard->Initialize(right, 0, std::vector<float>(100, 0.0f)).ok());
-  absl::StatusOr<PushOutcome> push = shard->Push({1, 0, 0, 0, 40}, std::vector<float>(40, 1.0f));
-  EXPECT_EQ(push.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(push.status().message().find("model mismatch"), std::string::npos) << push.status();
-  EXPECT_EQ(shard->Read(wrong, 1, 0, 40, absl::Now()).status().code(),
+TEST(ModelCheckTest, AClientOfAnotherModelIsRefusedBeforeInitialisation) {
+  auto shard = SgdShard(0, 1, 1.0f, "flat:100");
+  ModelIdentity wrong{"mlp:784-32-10", 25450, 1};
+  EXPECT_EQ(shard->Register(1, wrong).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->Stats().registered_workers, 0);
+  EXPECT_EQ(shard->Read(wrong, 1, 0, 0, absl::Now()).status().code(),
             absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(shard->Stats().version, 0);
 }
 
 TEST(PolicyTest, StalenessAwareLearningRateDividesByStaleness) {
@@ -377,6 +389,238 @@ TEST(ShardConfigTest, BadSettingsAreRejectedWithTheirName) {
   c.learning_rate.schedule = "constant";
   c.shard_index = 2;
   EXPECT_FALSE(ParameterShard::Create(c).ok());
+}
+
+}  // namespace
+}  // namespace ps
+
+namespace ps {
+namespace {
+
+// The hardening regressions: what one buggy or hostile client could do to a shard before.
+
+ShardConfig Config(const std::string& optimizer, const std::string& consistency = "async") {
+  ShardConfig c;
+  c.model = "flat:4";
+  c.num_workers = 4;
+  c.optimizer.name = optimizer;
+  c.learning_rate.base = 0.01f;
+  EXPECT_TRUE(ParseConsistency(consistency, &c).ok());
+  return c;
+}
+
+// A shard of Config(...) initialised to 1, 2, 3, 4 with workers 0 and 1 registered.
+std::unique_ptr<ParameterShard> Started(const ShardConfig& c) {
+  std::unique_ptr<ParameterShard> shard = *ParameterShard::Create(c);
+  EXPECT_TRUE(shard->Initialize({c.model, 4, 1}, 0, {1, 2, 3, 4}).ok());
+  EXPECT_TRUE(shard->Register(0, {c.model, 4, 1}).ok());
+  EXPECT_TRUE(shard->Register(1, {c.model, 4, 1}).ok());
+  return shard;
+}
+
+std::vector<float> Weights(ParameterShard& shard) {
+  return Values(*shard.Read({"flat:4", 4, 1}, -1, 0, 0, absl::Now()));
+}
+
+absl::StatusOr<PushOutcome> PushAll(ParameterShard& shard, int worker, int64_t sequence,
+                                    float value) {
+  int64_t version = shard.Stats().version;
+  return shard.Push({worker, sequence, version, 0, 4}, std::vector<float>(4, value));
+}
+
+TEST(NonFiniteUpdateTest, AFiniteHugeGradientCannotPoisonWeightsOrOptimizerState) {
+  for (const char* optimizer : {"sgd", "momentum", "nesterov", "adam", "adagrad"}) {
+    SCOPED_TRACE(optimizer);
+    // `poisoned` gets 3e38 pushes until one is refused; `clean` the same accepted ones only.
+    ShardConfig c = Config(optimizer);
+    c.learning_rate.base = 1.0f;
+    std::unique_ptr<ParameterShard> poisoned = Started(c);
+    std::unique_ptr<ParameterShard> clean = Started(c);
+    int64_t sequence = 0;
+    absl::Status refused;
+    for (; sequence < 5 && refused.ok(); ++sequence) {
+      absl::StatusOr<PushOutcome> r = PushAll(*poisoned, 0, sequence, 3e38f);
+      if (r.ok()) {
+        ASSERT_TRUE(PushAll(*clean, 0, sequence, 3e38f).ok());
+      } else {
+        refused = r.status();
+      }
+    }
+    ASSERT_FALSE(refused.ok()) << "3e38 pushes never overflowed";
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.message().find("non-finite"), std::string::npos) << refused;
+    std::vector<float> before = Weights(*clean), after = Weights(*poisoned);
+    EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * 4), 0);
+    for (float w : after) EXPECT_TRUE(std::isfinite(w));
+    ShardStats s = poisoned->Stats();
+    EXPECT_EQ(s.updates_nonfinite, 1);
+    EXPECT_EQ(s.version, clean->Stats().version);
+    // The optimizer state is untouched too: the same next pushes have the same outcome and give
+    // bit-identical weights. The refused sequence number is not used up.
+    bool accepted = false;
+    for (float next : {0.5f, -3e38f}) {
+      absl::StatusOr<PushOutcome> a = PushAll(*poisoned, 0, sequence - 1, next);
+      absl::StatusOr<PushOutcome> b = PushAll(*clean, 0, sequence - 1, next);
+      EXPECT_EQ(a.ok(), b.ok()) << next;
+      if ((accepted = b.ok())) break;
+    }
+    EXPECT_TRUE(accepted);
+    before = Weights(*clean);
+    after = Weights(*poisoned);
+    EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * 4), 0);
+  }
+}
+
+TEST(NonFiniteUpdateTest, SyncRefusesAnOverflowingSumAndDiscardsAPoisonedRound) {
+  std::unique_ptr<ParameterShard> shard = Started(Config("momentum", "sync"));
+  ASSERT_TRUE(PushAll(*shard, 0, 0, 3e38f).ok());
+  // 3e38 + 3e38 overflows the round's sum: refused, and the round still waits for worker 1.
+  EXPECT_EQ(PushAll(*shard, 1, 0, 3e38f).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->Stats().version, 0);
+  // Averages of 1.5e38 are finite, but the third round's momentum (2.85e38 * 0.9 + 1.5e38) is
+  // not: that round is discarded.
+  std::unique_ptr<ParameterShard> second = Started(Config("momentum", "sync"));
+  for (int64_t round = 0; round < 3; ++round) {
+    ASSERT_TRUE(PushAll(*second, 0, round, 1.5e38f).ok());
+    ASSERT_TRUE(PushAll(*second, 1, round, 1.5e38f).ok());
+  }
+  ShardStats s = second->Stats();
+  EXPECT_EQ(s.updates_nonfinite, 1);
+  EXPECT_EQ(s.version, 2);
+  for (float w : Weights(*second)) EXPECT_TRUE(std::isfinite(w));
+  // The workers were released from the discarded round and push for the same version again.
+  EXPECT_TRUE(second->Read({"flat:4", 4, 1}, 0, 0, 0, absl::Now()).ok());
+}
+
+TEST(ClipNormTest, GradientsAboveTheNormAreScaledDownAndCounted) {
+  ShardConfig c = Config("sgd");
+  c.learning_rate.base = 1.0f;
+  c.clip_norm = 1.0f;
+  std::unique_ptr<ParameterShard> shard = Started(c);
+  ASSERT_TRUE(shard->Push({0, 0, 0, 0, 4}, {3, 0, 4, 0}).ok());  // norm 5: scaled by 1/5
+  EXPECT_EQ(Weights(*shard), (std::vector<float>{1 - 0.6f, 2, 3 - 0.8f, 4}));
+  ASSERT_TRUE(shard->Push({0, 1, 1, 0, 4}, {0.5f, 0, 0, 0}).ok());  // norm 0.5: as is
+  EXPECT_EQ(Weights(*shard), (std::vector<float>{1 - 0.6f - 0.5f, 2, 3 - 0.8f, 4}));
+  EXPECT_EQ(shard->Stats().pushes_clipped, 1);
+}
+
+TEST(MembershipBoundsTest, WorkerIdsOutsideTheJobAreRefusedAndNothingIsKept) {
+  std::unique_ptr<ParameterShard> shard = Started(Config("sgd"));
+  for (int id : {4, 5, 666, 100000, std::numeric_limits<int>::max()}) {
+    EXPECT_EQ(shard->Register(id, {"flat:4", 4, 1}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(shard->Heartbeat(id).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(shard->Leave(id).code(), absl::StatusCode::kInvalidArgument);
+  }
+  // A flood of registrations costs nothing and changes nothing.
+  absl::Time start = absl::Now();
+  for (int id = 4; id < 100004; ++id) ASSERT_FALSE(shard->Register(id, {"flat:4", 4, 1}).ok());
+  std::cout << "100,000 refused registrations took " << absl::Now() - start << "\n";
+  ShardStats s = shard->Stats();
+  EXPECT_EQ(s.registered_workers, 2);
+  EXPECT_EQ(s.active_workers, 2);
+}
+
+TEST(MembershipBoundsTest, StatsListWorkersOnePageAtATime) {
+  ShardConfig c = Config("sgd");
+  c.num_workers = 600;
+  std::unique_ptr<ParameterShard> shard = *ParameterShard::Create(c);
+  for (int w = 0; w < 600; ++w) ASSERT_TRUE(shard->Register(w, {"flat:4", 4, 1}).ok());
+  ShardStats first = shard->Stats();
+  EXPECT_EQ(first.registered_workers, 600);
+  ASSERT_EQ(first.workers.size(), static_cast<size_t>(ParameterShard::kMaxStatsWorkers));
+  EXPECT_EQ(first.next_worker, ParameterShard::kMaxStatsWorkers);
+  int seen = 0;
+  for (int from = 0; from >= 0;) {
+    ShardStats page = shard->Stats(from, 100);
+    ASSERT_LE(page.workers.size(), 100u);
+    for (const WorkerSnapshot& w : page.workers) EXPECT_EQ(w.worker_id, seen++);
+    from = page.next_worker;
+  }
+  EXPECT_EQ(seen, 600);
+  EXPECT_EQ(shard->Stats(0, 1'000'000).workers.size(),
+            static_cast<size_t>(ParameterShard::kMaxStatsWorkers));
+}
+
+TEST(MembershipBoundsTest, AWorkerThatNeverPushesStopsBlockingSyncRounds) {
+  ShardConfig c = Config("sgd", "sync");
+  c.progress_timeout = absl::Milliseconds(100);
+  std::unique_ptr<ParameterShard> shard = Started(c);
+  ASSERT_TRUE(PushAll(*shard, 0, 0, 1).ok());  // the round waits for worker 1, which only beats
+  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(shard->Heartbeat(1).ok());
+  EXPECT_EQ(shard->ExpireLeases(MonotonicNow()), (std::vector<int>{1}));
+  EXPECT_EQ(shard->Stats().version, 1);  // the round closed without it
+  EXPECT_EQ(*shard->Heartbeat(1), 1);    // and heartbeats alone do not bring it back
+  ASSERT_TRUE(PushAll(*shard, 0, 1, 1).ok());
+  EXPECT_EQ(shard->Stats().version, 2);
+  // Worker 0, waiting in its round, was never the one waited for: it stays.
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_TRUE(shard->ExpireLeases(MonotonicNow()).empty());
+  // A push brings worker 1 back: rounds wait for both again.
+  ASSERT_TRUE(PushAll(*shard, 1, 0, 1).ok());
+  EXPECT_EQ(shard->Stats().active_workers, 2);
+  ASSERT_TRUE(PushAll(*shard, 0, 2, 1).ok());
+  EXPECT_EQ(shard->Stats().version, 3);
+}
+
+TEST(MembershipBoundsTest, AWorkerThatNeverPushesStopsHoldingTheSspMinimum) {
+  ShardConfig c = Config("sgd", "ssp:0");
+  c.progress_timeout = absl::Milliseconds(100);
+  std::unique_ptr<ParameterShard> shard = Started(c);
+  ASSERT_TRUE(PushAll(*shard, 0, 0, 1).ok());  // clocks 1, 0: worker 0 is held by worker 1
+  EXPECT_FALSE(shard->Read({"flat:4", 4, 1}, 0, 0, 0, absl::Now()).ok());
+  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(shard->Heartbeat(1).ok());
+  EXPECT_EQ(shard->ExpireLeases(MonotonicNow()), (std::vector<int>{1}));
+  EXPECT_TRUE(shard->Read({"flat:4", 4, 1}, 0, 0, 0, absl::Now()).ok());
+}
+
+TEST(DcAsgdMemoryTest, CopiesOnlyForActiveWorkersWholeShardPullsAndFreedOnLeave) {
+  ShardConfig c = Config("sgd");
+  c.dc_lambda = 0.5f;
+  c.learning_rate.base = 1.0f;
+  std::unique_ptr<ParameterShard> shard = Started(c);
+  const ModelIdentity m{"flat:4", 4, 1};
+  // A sub-range pull keeps nothing: the push after it is plain SGD.
+  ASSERT_TRUE(shard->Read(m, 1, 1, 2, absl::Now()).ok());
+  ASSERT_TRUE(PushAll(*shard, 0, 0, 1).ok());  // w = 0 1 2 3
+  ASSERT_TRUE(shard->Push({1, 0, 0, 0, 4}, {2, 2, 2, 2}).ok());
+  EXPECT_EQ(Weights(*shard), (std::vector<float>{-2, -1, 0, 1}));
+  // A whole-shard pull is kept, and compensates the next push...
+  ASSERT_TRUE(shard->Read(m, 1, 0, 0, absl::Now()).ok());  // at version 2: w = -2 -1 0 1
+  ASSERT_TRUE(PushAll(*shard, 0, 1, 1).ok());              // w = -3 -2 -1 0
+  ASSERT_TRUE(shard->Push({1, 1, 2, 0, 4}, {2, 0, 0, 0}).ok());
+  // 2 + 0.5 * 4 * (-1) = 0: compensated to nothing.
+  EXPECT_EQ(Weights(*shard), (std::vector<float>{-3, -2, -1, 0}));
+  // ...until the worker leaves: its copies are freed, and a late push is applied plainly.
+  ASSERT_TRUE(shard->Read(m, 1, 0, 0, absl::Now()).ok());  // version 4
+  ASSERT_TRUE(shard->Leave(1).ok());
+  ASSERT_TRUE(PushAll(*shard, 0, 2, 1).ok());  // w = -4 -3 -2 -1
+  ASSERT_TRUE(shard->Push({1, 2, 4, 0, 4}, {2, 0, 0, 0}).ok());
+  EXPECT_EQ(Weights(*shard), (std::vector<float>{-6, -3, -2, -1}));
+}
+
+TEST(SspPrefetchTest, APullAheadIsAdmittedAsIfThePendingPushWereDone) {
+  std::unique_ptr<ParameterShard> shard = Started(Config("sgd", "ssp:1"));
+  const ModelIdentity m{"flat:4", 4, 1};
+  auto may_pull = [&](int worker, int64_t after_sequence) {
+    return shard->Read(m, worker, 0, 0, absl::Now(), after_sequence).status().code();
+  };
+  ASSERT_TRUE(PushAll(*shard, 0, 0, 1).ok());  // clocks 1, 0
+  // Worker 0 computes step 1 and prefetches step 2's weights: as if at clock 2, 2 - 1 > 0.
+  EXPECT_EQ(may_pull(0, -1), absl::StatusCode::kOk);
+  EXPECT_EQ(may_pull(0, 1), absl::StatusCode::kAborted);
+  ASSERT_TRUE(PushAll(*shard, 1, 0, 1).ok());  // clocks 1, 1
+  EXPECT_EQ(may_pull(0, 1), absl::StatusCode::kOk);
+  ASSERT_TRUE(PushAll(*shard, 0, 1, 1).ok());  // clocks 2, 1: push 1 landed, nothing pending
+  EXPECT_EQ(may_pull(0, 1), absl::StatusCode::kOk);
+  EXPECT_EQ(may_pull(0, 2), absl::StatusCode::kAborted);
+  // Under sync a pull ahead of a pending push could never be admitted: refused.
+  std::unique_ptr<ParameterShard> sync = Started(Config("sgd", "sync"));
+  EXPECT_EQ(sync->Read(m, 0, 0, 0, absl::Now(), /*after_sequence=*/0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(sync->Read(m, 0, 0, 0, absl::Now()).status().code(), absl::StatusCode::kOk);
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ Mlp::Mlp(std::vector<int> layer_sizes, int max_batch, Backend* backend)
   delta_b_ = DeviceBuffer<float>(backend_, static_cast<size_t>(max_batch) * widest);
 }
 
-std::string Mlp::Fingerprint() const { return "mlp:" + absl::StrJoin(sizes_, "-"); }
+std::string Mlp::Fingerprint() const { return MlpSpec(sizes_); }
 
 std::vector<float> Mlp::InitialParams(uint64_t seed) const {
   std::vector<float> p(num_params_, 0.0f);
@@ -127,20 +127,6 @@ Mlp::Score Mlp::Evaluate(absl::Span<const float> params, const float* inputs, co
   }
   return Score{loss_sum / std::max<int64_t>(rows, 1),
                static_cast<double>(correct_sum) / std::max<int64_t>(rows, 1)};
-}
-
-absl::StatusOr<std::vector<int>> MlpLayerSizes(int inputs, const std::string& hidden, int classes) {
-  std::vector<int> sizes = {inputs};
-  for (absl::string_view h : absl::StrSplit(hidden, ',', absl::SkipWhitespace())) {
-    int size = 0;
-    if (!absl::SimpleAtoi(h, &size) || size <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad hidden layer size '", h, "': expected positive integers like 256,128"));
-    }
-    sizes.push_back(size);
-  }
-  sizes.push_back(classes);
-  return sizes;
 }
 
 }  // namespace ps

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/model_spec.h"
 #include "kernels/backend.h"
 
 namespace ps {
@@ -78,9 +79,5 @@ class Mlp {
   std::vector<DeviceBuffer<float>> activations_;  // [l] = output of layer l, [rows, sizes_[l+1]]
   DeviceBuffer<float> delta_a_, delta_b_;         // backward scratch, [rows, max width]
 };
-
-// Layer sizes {inputs, hidden..., classes} from a --hidden flag such as "256,128" (may be empty
-// for softmax regression). Fails naming a non-numeric or non-positive entry.
-absl::StatusOr<std::vector<int>> MlpLayerSizes(int inputs, const std::string& hidden, int classes);
 
 }  // namespace ps

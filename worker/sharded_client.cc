@@ -195,7 +195,8 @@ absl::StatusOr<int> ShardedClient::Initialize(absl::Span<const float> params) {
   return static_cast<int>(std::count(applied.begin(), applied.end(), 1));
 }
 
-absl::Status ShardedClient::Pull(absl::Span<float> params, std::vector<int64_t>* versions) {
+absl::Status ShardedClient::Pull(absl::Span<float> params, std::vector<int64_t>* versions,
+                                 int64_t after_sequence) {
   versions->assign(num_shards(), 0);
   return ForEachShard([&](int shard, grpc::ClientContext* context) {
     const Range& r = ranges_[shard];
@@ -203,6 +204,7 @@ absl::Status ShardedClient::Pull(absl::Span<float> params, std::vector<int64_t>*
     request.set_offset(r.begin);
     request.set_length(r.size());
     request.set_worker_id(worker_id_);
+    if (after_sequence >= 0) request.set_after_sequence(after_sequence);
     *request.mutable_model() = ModelProto();
     auto reader = stubs_[shard]->Pull(context, request);
     ChunkAssembler assembler(params.subspan(r.begin, r.size()));

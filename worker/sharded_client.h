@@ -51,8 +51,10 @@ class ShardedClient {
   absl::StatusOr<int> Initialize(absl::Span<const float> params);
 
   // Fills `params` (total_params floats) from all shards, waiting for initialisation if needed.
-  // versions[i] gets shard i's version.
-  absl::Status Pull(absl::Span<float> params, std::vector<int64_t>* versions);
+  // versions[i] gets shard i's version. A prefetching worker passes the sequence of its push that
+  // may still be in flight (see PullRequest.after_sequence); -1: none.
+  absl::Status Pull(absl::Span<float> params, std::vector<int64_t>* versions,
+                    int64_t after_sequence = -1);
 
   struct PushSummary {
     int64_t max_staleness = 0;  // over shards

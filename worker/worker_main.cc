@@ -178,8 +178,8 @@ int Main(int argc, char** argv) {
       return Fail(absl::StrCat("pull failed at step ", step, ": ", pulled.message()));
     }
     if (prefetch && (steps == 0 || step + 1 < steps)) {
-      prefetched = std::async(std::launch::async, [&client, next_params, next_versions] {
-        return client.Pull(next_params->span(), next_versions);
+      prefetched = std::async(std::launch::async, [&client, next_params, next_versions, step] {
+        return client.Pull(next_params->span(), next_versions, /*after_sequence=*/step);
       });
     }
     sampler.Indices(step, &indices);

@@ -1,0 +1,68 @@
+#include "common/model_spec.h"
+
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace ps {
+namespace {
+
+constexpr int64_t kMaxParams = int64_t{1} << 40;
+
+absl::Status Bad(const std::string& spec, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("bad model spec '", spec, "': ", why,
+                                                 " (expected mlp:IN-H1-...-OUT or flat:N)"));
+}
+
+}  // namespace
+
+absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_shards) {
+  std::vector<std::string> kind_and_shape = absl::StrSplit(spec, absl::MaxSplits(':', 1));
+  if (kind_and_shape.size() != 2) return Bad(spec, "no ':'");
+  const std::string& kind = kind_and_shape[0];
+  std::vector<int64_t> sizes;
+  for (absl::string_view part : absl::StrSplit(kind_and_shape[1], '-')) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1 || n > kMaxParams) {
+      return Bad(spec, absl::StrCat("size '", part, "' is not a number in [1, 2^40]"));
+    }
+    sizes.push_back(n);
+  }
+  int64_t total = 0;
+  if (kind == "flat") {
+    if (sizes.size() != 1) return Bad(spec, "flat takes one size");
+    total = sizes[0];
+  } else if (kind == "mlp") {
+    if (sizes.size() < 2) return Bad(spec, "an mlp needs at least inputs and outputs");
+    for (size_t i = 0; i + 1 < sizes.size() && total <= kMaxParams; ++i) {
+      // Each factor is <= 2^40, so the product fits in 128 bits; compare before narrowing.
+      __int128 layer = static_cast<__int128>(sizes[i]) * sizes[i + 1] + sizes[i + 1];
+      total = layer > kMaxParams ? kMaxParams + 1 : total + static_cast<int64_t>(layer);
+    }
+  } else {
+    return Bad(spec, absl::StrCat("unknown kind '", kind, "'"));
+  }
+  if (total > kMaxParams) return Bad(spec, "more than 2^40 parameters");
+  return ModelIdentity{spec, total, num_shards};
+}
+
+absl::StatusOr<std::vector<int>> MlpLayerSizes(int inputs, const std::string& hidden, int classes) {
+  std::vector<int> sizes = {inputs};
+  for (absl::string_view h : absl::StrSplit(hidden, ',', absl::SkipWhitespace())) {
+    int size = 0;
+    if (!absl::SimpleAtoi(h, &size) || size <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad hidden layer size '", h, "': expected positive integers like 256,128"));
+    }
+    sizes.push_back(size);
+  }
+  sizes.push_back(classes);
+  return sizes;
+}
+
+std::string MlpSpec(const std::vector<int>& sizes) { return "mlp:" + absl::StrJoin(sizes, "-"); }
+
+}  // namespace ps

@@ -1,0 +1,28 @@
+// The model a job trains, as a spec string every daemon is given (ps --model=..., the workers
+// derive theirs from their flags): enough for a shard to know, before any client speaks, exactly
+// how many parameters the job has and which range of them it owns.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_identity.h"
+
+namespace ps {
+
+// Parses a model spec into the identity shards and clients compare:
+//   "mlp:IN-H1-...-OUT"  dense layers (weights and biases), e.g. mlp:784-256-128-10
+//   "flat:N"             a bare vector of N parameters (tests and benchmarks)
+// The fingerprint is the spec itself. Fails naming the bad part on anything else, on sizes < 1,
+// or on a model of more than 2^40 parameters.
+absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_shards);
+
+// Layer sizes {inputs, hidden..., classes} from a --hidden flag such as "256,128" (may be empty
+// for softmax regression). Fails naming a non-numeric or non-positive entry.
+absl::StatusOr<std::vector<int>> MlpLayerSizes(int inputs, const std::string& hidden, int classes);
+
+// The spec of an MLP with these layer sizes: "mlp:784-256-128-10".
+std::string MlpSpec(const std::vector<int>& sizes);
+
+}  // namespace ps
