@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/log.h"
 #include "common/model_spec.h"
 
@@ -100,7 +101,48 @@ ParameterShard::ParameterShard(const ShardConfig& config, ModelIdentity model,
       model_(std::move(model)),
       range_(PartRange(model_.total_params, config.shard_index, config.num_shards)),
       schedule_(std::move(schedule)),
-      members_(config.lease) {}
+      members_(config.lease) {
+  deadline_thread_ = std::thread([this] { ExpireWaitersLoop(); });
+}
+
+ParameterShard::~ParameterShard() {
+  Shutdown();
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  deadline_thread_.join();
+}
+
+// Pull answers gathered under the lock and delivered once it is released: declare one before the
+// MutexLock, so that it is destroyed after it. DC-ASGD's copy of an answered whole-shard pull is
+// made here too, outside the lock.
+class ParameterShard::Completions {
+ public:
+  explicit Completions(ParameterShard* shard) : shard_(shard) {}
+  Completions(const Completions&) = delete;
+  Completions& operator=(const Completions&) = delete;
+  ~Completions() {
+    for (Answer& a : answers_) {
+      if (a.keep_copy && a.result.ok()) shard_->KeepPulledCopy(a.worker_id, *a.result);
+      a.done(std::move(a.result));
+    }
+  }
+  void Add(ReadDone done, absl::StatusOr<Snapshot> result, int worker_id = -1,
+           bool keep_copy = false) {
+    answers_.push_back({std::move(done), std::move(result), worker_id, keep_copy});
+  }
+
+ private:
+  struct Answer {
+    ReadDone done;
+    absl::StatusOr<Snapshot> result;
+    int worker_id;
+    bool keep_copy;
+  };
+  ParameterShard* shard_;
+  std::vector<Answer> answers_;
+};
 
 absl::Status ParameterShard::CheckModel(const ModelIdentity& m) const {
   if (m.num_shards != config_.num_shards) {
@@ -166,11 +208,13 @@ absl::StatusOr<bool> ParameterShard::Initialize(const ModelIdentity& model, int6
       MakeOptimizer(config_.optimizer, range_.size());
   if (!optimizer.ok()) return optimizer.status();
 
+  Completions answers(this);
   absl::MutexLock lock(&mu_);
   if (initialized_) return false;  // a restarted initialiser: keep the trained values
   weights_.assign(values.begin(), values.end());
   optimizer_ = *std::move(optimizer);
   initialized_ = true;
+  AnswerWaiters(&answers);
   return true;
 }
 
@@ -179,25 +223,30 @@ absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const Model
   if (worker_id >= 0) {
     if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   }
+  Completions answers(this);
   absl::MutexLock lock(&mu_);
   int64_t last = -1;
   if (worker_id >= 0) last = members_.Touch(worker_id, MonotonicNow(), version_).last_sequence;
+  AnswerWaiters(&answers);
   return Registration{
       config_.shard_index, ConsistencyName(config_), initialized_, range_, version_, last};
 }
 
 absl::StatusOr<int> ParameterShard::Heartbeat(int worker_id) {
   if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
+  Completions answers(this);
   absl::MutexLock lock(&mu_);
   if (!members_.Refresh(worker_id, MonotonicNow(), version_)) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker_id, " has not registered with shard ", config_.shard_index));
   }
+  AnswerWaiters(&answers);
   return members_.ActiveCount();
 }
 
 absl::Status ParameterShard::Leave(int worker_id) {
   if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
+  Completions answers(this);
   absl::MutexLock lock(&mu_);
   if (!members_.Leave(worker_id)) {
     return absl::FailedPreconditionError(
@@ -205,10 +254,12 @@ absl::Status ParameterShard::Leave(int worker_id) {
   }
   Forget(worker_id);
   MaybeCloseRound();  // a round may have been waiting only for it
+  AnswerWaiters(&answers);
   return absl::OkStatus();
 }
 
 std::vector<int> ParameterShard::ExpireLeases(absl::Time now) {
+  Completions answers(this);
   absl::MutexLock lock(&mu_);
   std::vector<int> expired = members_.Expire(now);
   if (config_.progress_timeout > absl::ZeroDuration() && config_.mode != ConsistencyMode::kAsync) {
@@ -233,7 +284,10 @@ std::vector<int> ParameterShard::ExpireLeases(absl::Time now) {
     expired.insert(expired.end(), stalled.begin(), stalled.end());
   }
   for (int id : expired) Forget(id);
-  if (!expired.empty()) MaybeCloseRound();
+  if (!expired.empty()) {
+    MaybeCloseRound();
+    AnswerWaiters(&answers);
+  }
   return expired;
 }
 
@@ -301,6 +355,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
   bool clipped = false;
   if (status.ok()) gradient = Clip(gradient, std::sqrt(sum_of_squares), &clip_scratch, &clipped);
 
+  Completions answers(this);
   absl::MutexLock lock(&mu_);
   // The header was checked under an earlier lock; only the version can have moved, forward.
   if (status.ok() && config_.mode == ConsistencyMode::kSync && h.base_version == version_ &&
@@ -351,6 +406,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
   worker->last_sequence = h.sequence;
   worker->last_progress = now;
   ++worker->clock;
+  AnswerWaiters(&answers);
   return outcome;
 }
 
@@ -456,62 +512,116 @@ bool ParameterShard::Admits(int worker_id, int64_t after_sequence) const {
   }
 }
 
+int64_t ParameterShard::StartRead(ReadRequest r, ReadDone done) {
+  absl::Status bad = CheckModel(r.model);
+  if (bad.ok() && r.worker_id >= 0) bad = CheckWorkerId(r.worker_id);
+  if (r.length == 0 && r.offset == 0) {
+    r.offset = range_.begin;
+    r.length = range_.size();
+  }
+  if (bad.ok()) bad = CheckRange(r.offset, r.length);
+  Completions answers(this);
+  absl::MutexLock lock(&mu_);
+  if (bad.ok() && r.worker_id >= 0) members_.Refresh(r.worker_id, MonotonicNow(), version_);
+  if (bad.ok() && config_.mode == ConsistencyMode::kSync &&
+      Pending(r.worker_id, r.after_sequence)) {
+    bad = absl::InvalidArgumentError(absl::StrCat(
+        "worker ", r.worker_id, " pulls ahead of its push ", r.after_sequence,
+        ", but under sync the next round's weights do not exist before its gradient is in"));
+  }
+  if (!bad.ok()) {
+    answers.Add(std::move(done), bad);
+    return 0;
+  }
+  if (TryAnswer(r, absl::Now(), done, &answers)) return 0;
+  int64_t ticket = next_ticket_++;
+  waiters_.emplace(ticket, Waiter{std::move(r), std::move(done)});
+  waiters_changed_ = true;  // the deadline thread may need to wake earlier
+  return ticket;
+}
+
+bool ParameterShard::TryAnswer(const ReadRequest& r, absl::Time now, const ReadDone& done,
+                               Completions* out) {
+  if (shutdown_) {
+    out->Add(done, absl::UnavailableError("shard is shutting down"));
+    return true;
+  }
+  if (initialized_ && Admits(r.worker_id, r.after_sequence)) {
+    ++pulls_;
+    const Membership::Worker* w = r.worker_id >= 0 ? members_.Find(r.worker_id) : nullptr;
+    bool whole_shard = r.offset == range_.begin && r.length == range_.size();
+    Snapshot snapshot{version_, r.offset, snapshot_buffers_.Acquire(r.length)};
+    std::copy_n(weights_.begin() + (r.offset - range_.begin), r.length,
+                snapshot.values.span().begin());
+    out->Add(done, std::move(snapshot), r.worker_id,
+             config_.dc_lambda > 0 && whole_shard && w != nullptr && w->active);
+    return true;
+  }
+  if (now < r.deadline) return false;
+  // Waiting longer is normal (for the initialiser, a barrier, the SSP bound): the client asks
+  // again.
+  out->Add(done, absl::AbortedError(
+                     initialized_ ? absl::StrCat("worker ", r.worker_id, " is still held back by ",
+                                                 ConsistencyName(config_), "; pull again")
+                                  : absl::StrCat("shard ", config_.shard_index,
+                                                 " is not initialised yet; pull again")));
+  return true;
+}
+
+void ParameterShard::AnswerWaiters(Completions* out) {
+  absl::Time now = absl::Now();
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    it = TryAnswer(it->second.request, now, it->second.done, out) ? waiters_.erase(it)
+                                                                  : std::next(it);
+  }
+}
+
+void ParameterShard::KeepPulledCopy(int worker_id, const Snapshot& snapshot) {
+  std::vector<float> copy(snapshot.values.span().begin(), snapshot.values.span().end());
+  absl::MutexLock lock(&mu_);
+  const Membership::Worker* w = members_.Find(worker_id);
+  if (w == nullptr || !w->active) return;
+  std::map<int64_t, std::vector<float>>& copies = pulled_weights_[worker_id];
+  copies[snapshot.version] = std::move(copy);
+  while (copies.size() > 2) copies.erase(copies.begin());
+}
+
+void ParameterShard::CancelRead(int64_t ticket) {
+  Completions answers(this);
+  absl::MutexLock lock(&mu_);
+  auto it = waiters_.find(ticket);
+  if (it == waiters_.end()) return;
+  answers.Add(std::move(it->second.done), absl::CancelledError("the pull was cancelled"));
+  waiters_.erase(it);
+}
+
+void ParameterShard::ExpireWaitersLoop() {
+  for (;;) {
+    Completions answers(this);
+    absl::MutexLock lock(&mu_);
+    absl::Time earliest = absl::InfiniteFuture();
+    for (const auto& [ticket, w] : waiters_) earliest = std::min(earliest, w.request.deadline);
+    waiters_changed_ = false;
+    auto wake = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || waiters_changed_; };
+    mu_.AwaitWithDeadline(absl::Condition(&wake), earliest);
+    if (stopping_) return;
+    AnswerWaiters(&answers);  // those past their deadline get ABORTED
+  }
+}
+
 absl::StatusOr<ParameterShard::Snapshot> ParameterShard::Read(const ModelIdentity& model,
                                                               int worker_id, int64_t offset,
                                                               int64_t length, absl::Time deadline,
                                                               int64_t after_sequence) {
-  if (absl::Status s = CheckModel(model); !s.ok()) return s;
-  if (worker_id >= 0) {
-    if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
-  }
-  if (length == 0 && offset == 0) {
-    offset = range_.begin;
-    length = range_.size();
-  }
-  if (absl::Status s = CheckRange(offset, length); !s.ok()) return s;
-  const bool whole_shard = offset == range_.begin && length == range_.size();
-  std::optional<Snapshot> snapshot;
-  bool keep_copy = false;
-  {
-    absl::MutexLock lock(&mu_);
-    if (worker_id >= 0) members_.Refresh(worker_id, MonotonicNow(), version_);
-    if (config_.mode == ConsistencyMode::kSync && Pending(worker_id, after_sequence)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "worker ", worker_id, " pulls ahead of its push ", after_sequence,
-          ", but under sync the next round's weights do not exist before its gradient is in"));
-    }
-    auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return shutdown_ || (initialized_ && Admits(worker_id, after_sequence));
-    };
-    mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
-    if (shutdown_) return absl::UnavailableError("shard is shutting down");
-    if (!initialized_) {  // waiting for the initialiser is normal: the client pulls again
-      return absl::AbortedError(
-          absl::StrCat("shard ", config_.shard_index, " is not initialised yet; pull again"));
-    }
-    if (!Admits(worker_id, after_sequence)) {
-      return absl::AbortedError(absl::StrCat("worker ", worker_id, " is still held back by ",
-                                             ConsistencyName(config_), "; pull again"));
-    }
-    ++pulls_;
-    const Membership::Worker* w = worker_id >= 0 ? members_.Find(worker_id) : nullptr;
-    keep_copy = config_.dc_lambda > 0 && whole_shard && w != nullptr && w->active;
-    snapshot.emplace(Snapshot{version_, offset, snapshot_buffers_.Acquire(length)});
-    std::copy_n(weights_.begin() + (offset - range_.begin), length,
-                snapshot->values.span().begin());
-  }
-  if (keep_copy) {
-    // DC-ASGD needs the weights this worker computes from; copied outside the lock.
-    std::vector<float> copy(snapshot->values.span().begin(), snapshot->values.span().end());
-    absl::MutexLock lock(&mu_);
-    const Membership::Worker* w = members_.Find(worker_id);
-    if (w != nullptr && w->active) {
-      std::map<int64_t, std::vector<float>>& copies = pulled_weights_[worker_id];
-      copies[snapshot->version] = std::move(copy);
-      while (copies.size() > 2) copies.erase(copies.begin());
-    }
-  }
-  return *std::move(snapshot);
+  absl::Notification answered;
+  std::optional<absl::StatusOr<Snapshot>> result;
+  StartRead({model, worker_id, offset, length, after_sequence, deadline},
+            [&](absl::StatusOr<Snapshot> r) {
+              result.emplace(std::move(r));
+              answered.Notify();
+            });
+  answered.WaitForNotification();
+  return *std::move(result);
 }
 
 ShardStats ParameterShard::Stats(int first_worker, int max_workers) const {
@@ -530,6 +640,7 @@ ShardStats ParameterShard::Stats(int first_worker, int max_workers) const {
   s.updates_nonfinite = updates_nonfinite_;
   s.pushes_clipped = pushes_clipped_;
   s.pulls = pulls_;
+  s.pulls_waiting = static_cast<int>(waiters_.size());
   s.registered_workers = static_cast<int>(members_.workers().size());
   s.active_workers = members_.ActiveCount();
   s.learning_rate = LearningRate();
@@ -553,8 +664,10 @@ ShardStats ParameterShard::Stats(int first_worker, int max_workers) const {
 }
 
 void ParameterShard::Shutdown() {
+  Completions answers(this);
   absl::MutexLock lock(&mu_);
   shutdown_ = true;
+  AnswerWaiters(&answers);
 }
 
 }  // namespace ps

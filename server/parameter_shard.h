@@ -6,10 +6,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -119,6 +121,7 @@ struct ShardStats {
   int64_t updates_nonfinite = 0;
   int64_t pushes_clipped = 0;  // gradients scaled down to --clip_norm
   int64_t pulls = 0;
+  int pulls_waiting = 0;  // held back right now
   int registered_workers = 0;
   int active_workers = 0;
   double learning_rate = 0;
@@ -191,22 +194,47 @@ class ParameterShard {
     int64_t offset = 0;  // global offset of values[0]
     BufferPool::Lease values;
   };
-  // Copies [offset, offset + length) (offset 0 and length 0: the whole shard) for a client of
-  // `model`. Waits until the shard is initialised and the consistency model admits `worker_id`
-  // (observers, id < 0, never wait for it), or `deadline` passes: then ABORTED, since waiting
-  // longer is normal (for the initialiser, a barrier or the SSP bound). A prefetching worker pulls
-  // step s+1's weights before its push of step s (`after_sequence`; -1: none) has landed: SSP
-  // admits it as if that push were done, sync refuses it (INVALID_ARGUMENT).
+  // A pull: [offset, offset + length) (offset 0 and length 0: the whole shard) for a client of
+  // `model`. It waits until the shard is initialised and the consistency model admits
+  // `worker_id` (observers, id < 0, never wait for it), or `deadline` passes: then ABORTED, since
+  // waiting longer is normal (for the initialiser, a barrier or the SSP bound). A prefetching
+  // worker pulls step s+1's weights before its push of step s (`after_sequence`; -1: none) has
+  // landed: SSP admits it as if that push were done, sync refuses it (INVALID_ARGUMENT).
+  struct ReadRequest {
+    ModelIdentity model;
+    int worker_id = -1;
+    int64_t offset = 0;
+    int64_t length = 0;
+    int64_t after_sequence = -1;
+    absl::Time deadline;
+  };
+  using ReadDone = std::function<void(absl::StatusOr<Snapshot>)>;
+  // Starts a pull without holding a thread while it waits. `done` is called exactly once, without
+  // the shard's lock held, and must not block: from this call when the request is bad or can be
+  // answered at once; later from the thread whose push, lease expiry, initialisation or shutdown
+  // admits (or ends) it, from the shard's deadline thread (ABORTED), or from CancelRead
+  // (CANCELLED). Returns a ticket for CancelRead.
+  int64_t StartRead(ReadRequest request, ReadDone done);
+  // Ends a pull that is still waiting with CANCELLED; a no-op once it was answered.
+  void CancelRead(int64_t ticket);
+  // StartRead, waiting for the answer (tests and in-process callers).
   absl::StatusOr<Snapshot> Read(const ModelIdentity& model, int worker_id, int64_t offset,
                                 int64_t length, absl::Time deadline, int64_t after_sequence = -1);
 
   // Counters and a page of at most `max_workers` (capped at kMaxStatsWorkers) workers with ids
   // >= first_worker.
   ShardStats Stats(int first_worker = 0, int max_workers = kMaxStatsWorkers) const;
-  // Wakes every waiting Read; they fail with UNAVAILABLE.
+  // Ends every waiting pull with UNAVAILABLE; later ones fail the same way.
   void Shutdown();
+  ~ParameterShard();
 
  private:
+  class Completions;
+  struct Waiter {
+    ReadRequest request;
+    ReadDone done;
+  };
+
   ParameterShard(const ShardConfig& config, ModelIdentity model, LearningRateSchedule schedule);
 
   absl::Status CheckModel(const ModelIdentity& model) const;
@@ -232,6 +260,16 @@ class ParameterShard {
   void MaybeCloseRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets what the shard kept for a worker that left the active set (DC-ASGD copies).
   void Forget(int worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers `request` now if it can be (admitted, shut down, or past its deadline at `now`):
+  // adds its answer to `out` and returns true.
+  bool TryAnswer(const ReadRequest& request, absl::Time now, const ReadDone& done, Completions* out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers every waiting pull that can be answered now. Called after each change of state.
+  void AnswerWaiters(Completions* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The deadline thread: answers waiting pulls whose deadline passed with ABORTED.
+  void ExpireWaitersLoop();
+  // DC-ASGD: keeps a copy of what an active worker pulled (copied outside the lock).
+  void KeepPulledCopy(int worker_id, const Snapshot& snapshot) ABSL_LOCKS_EXCLUDED(mu_);
 
   const ShardConfig config_;
   const ModelIdentity model_;
@@ -261,7 +299,14 @@ class ParameterShard {
   int64_t updates_nonfinite_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_clipped_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
-  BufferPool snapshot_buffers_;
+  // Pulls waiting to be admitted, by ticket; the deadline thread wakes for the earliest.
+  std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  int64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  bool waiters_changed_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // At most two idle snapshot buffers are kept between pulls.
+  BufferPool snapshot_buffers_{2};
+  std::thread deadline_thread_;
 };
 
 }  // namespace ps

@@ -2,6 +2,7 @@
 // vector over gRPC (ps.v1.ParameterServer plus grpc.health.v1.Health) until SIGTERM/SIGINT.
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/resource_quota.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
@@ -54,6 +55,15 @@ ABSL_FLAG(double, momentum, 0.9, "Momentum coefficient (momentum, nesterov).");
 ABSL_FLAG(double, beta1, 0.9, "Adam beta1.");
 ABSL_FLAG(double, beta2, 0.999, "Adam beta2.");
 ABSL_FLAG(double, epsilon, 1e-8, "Adam / AdaGrad epsilon.");
+ABSL_FLAG(int, max_streams, 0,
+          "Push and Initialize calls in progress at once; more are refused (RESOURCE_EXHAUSTED). "
+          "0: 2 * num_workers + 4.");
+ABSL_FLAG(int, max_pulls, 0,
+          "Pull calls in progress at once, held ones included; more are refused. "
+          "0: 4 * num_workers + 16.");
+ABSL_FLAG(double, stream_idle_seconds, 30,
+          "A Push, Initialize or Pull stream that moves no message this long is cancelled.");
+ABSL_FLAG(double, stream_max_seconds, 600, "No Push or Initialize stream lasts longer than this.");
 ABSL_FLAG(std::string, staleness_csv, "",
           "If set, write the staleness histogram (staleness,count) here at shutdown.");
 ABSL_FLAG(std::string, stats_json, "", "If set, write the shard's statistics here at shutdown.");
@@ -124,6 +134,33 @@ absl::StatusOr<ShardConfig> ConfigFromFlags() {
   return c;
 }
 
+ServiceLimits LimitsFromFlags(int num_workers) {
+  ServiceLimits l;
+  l.max_streams = absl::GetFlag(FLAGS_max_streams);
+  if (l.max_streams <= 0) l.max_streams = 2 * num_workers + 4;
+  l.max_pulls = absl::GetFlag(FLAGS_max_pulls);
+  if (l.max_pulls <= 0) l.max_pulls = 4 * num_workers + 16;
+  l.stream_idle = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_seconds));
+  l.stream_total = absl::Seconds(absl::GetFlag(FLAGS_stream_max_seconds));
+  return l;
+}
+
+// Transport limits gRPC enforces itself: streams per connection, threads of the synchronous
+// methods (Push, Initialize: one each while in progress, beside a few pollers), and keepalive
+// pings that close connections whose peer vanished.
+void ConfigureTransport(const ServiceLimits& limits, grpc::ServerBuilder* builder) {
+  grpc::ResourceQuota quota("ps");
+  quota.SetMaxThreads(2 * limits.max_streams + 8);
+  builder->SetResourceQuota(quota);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                              std::max(limits.max_streams, limits.max_pulls) + 8);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
+  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
+  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60'000);
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Parameter-server shard.\nExample: ps --shard_index=0 --num_shards=2 --port=50051 "
@@ -136,9 +173,15 @@ int Main(int argc, char** argv) {
   SetLogTag(absl::StrCat("ps[", config->shard_index, "]"));
   InstallShutdownHandler();
 
-  ShardService service(shard->get());
+  if (absl::GetFlag(FLAGS_stream_idle_seconds) <= 0 ||
+      absl::GetFlag(FLAGS_stream_max_seconds) <= 0) {
+    return Fail("--stream_idle_seconds and --stream_max_seconds must be > 0");
+  }
+  const ServiceLimits limits = LimitsFromFlags(config->num_workers);
+  ShardService service(shard->get(), limits);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  ConfigureTransport(limits, &builder);
   int port = 0;
   std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);

@@ -1,5 +1,9 @@
 #include "server/shard_service.h"
 
+#include <grpcpp/support/byte_buffer.h>
+
+#include <optional>
+
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/chunking.h"
@@ -24,15 +28,56 @@ absl::Status CheckDType(v1::DType dtype) {
   return absl::OkStatus();
 }
 
+// Parses a raw request; INVALID_ARGUMENT naming the method if the bytes are not one.
+template <typename Message>
+grpc::Status Parse(const grpc::ByteBuffer& bytes, const char* method, Message* message) {
+  grpc::Slice flat;
+  if (!bytes.TrySingleSlice(&flat).ok() && !bytes.DumpToSingleSlice(&flat).ok()) {
+    return InvalidArgument(absl::StrCat("cannot read the ", method, " request"));
+  }
+  if (!message->ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
+    return InvalidArgument(
+        absl::StrCat("cannot parse the ", method, " request (", flat.size(), " bytes)"));
+  }
+  return grpc::Status::OK;
+}
+
+template <typename Message>
+grpc::ByteBuffer Serialize(const Message& message) {
+  grpc::Slice slice(message.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// A unary call on raw bytes: parses the request, runs handler(request, &response) (a
+// grpc::Status), serialises the response and finishes.
+template <typename Request, typename Response, typename Handler>
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const grpc::ByteBuffer* in,
+                                grpc::ByteBuffer* out, const char* method, Handler handler) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Request request;
+  Response response;
+  grpc::Status status = Parse(*in, method, &request);
+  if (status.ok()) status = handler(request, &response);
+  if (status.ok()) *out = Serialize(response);
+  reactor->Finish(status);
+  return reactor;
+}
+
 // Reads the rest of a chunked stream (the first chunk already in `chunk`) into `dst`. Only the
-// first chunk may carry a header.
+// first chunk may carry a header, and every later one must carry data: a stream has at most
+// dst.size() + 1 chunks.
 template <typename Chunk>
-absl::Status ReadPayload(grpc::ServerReader<Chunk>* reader, Chunk& chunk, absl::Span<float> dst) {
+absl::Status ReadPayload(grpc::ServerReader<Chunk>* reader, Chunk& chunk, absl::Span<float> dst,
+                         StreamWatchdog::Guard& guard) {
   ChunkAssembler assembler(dst);
   bool first = true;
   do {
+    guard.Progress();
     if (!first && chunk.has_header()) {
       return absl::InvalidArgumentError("a header appeared after the first chunk");
+    }
+    if (!first && chunk.data().empty()) {
+      return absl::InvalidArgumentError("an empty chunk after the first");
     }
     first = false;
     if (absl::Status s = assembler.Append(chunk.data()); !s.ok()) return s;
@@ -40,26 +85,117 @@ absl::Status ReadPayload(grpc::ServerReader<Chunk>* reader, Chunk& chunk, absl::
   return assembler.Finish();
 }
 
-}  // namespace
-
-grpc::Status ShardService::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
-                                    v1::RegisterResponse* response) {
-  absl::StatusOr<Registration> r =
-      shard_->Register(request->worker_id(), FromProto(request->model()));
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  response->set_shard_index(r->shard_index);
-  response->set_initialized(r->initialized);
-  response->set_begin(r->range.begin);
-  response->set_end(r->range.end);
-  response->set_version(r->version);
-  response->set_last_sequence(r->last_sequence);
-  response->set_consistency(r->consistency);
-  return grpc::Status::OK;
+grpc::Status Busy(const char* what, int limit) {
+  return grpc::Status(
+      grpc::StatusCode::RESOURCE_EXHAUSTED,
+      absl::StrCat("this shard already serves ", limit, " ", what, " at once; try again later"));
 }
 
-grpc::Status ShardService::Initialize(grpc::ServerContext*,
+}  // namespace
+
+// Streams one Pull's answer: waits (without a thread) for the shard to admit the pull, then
+// writes its snapshot chunk by chunk. Deletes itself when gRPC is done with it.
+class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  PullWriter(ShardService* service, grpc::CallbackServerContext* context,
+             const grpc::ByteBuffer& request, CallLimit::Slot slot)
+      : service_(service), context_(context), slot_(std::move(slot)) {
+    v1::PullRequest r;
+    if (grpc::Status s = Parse(request, "Pull", &r); !s.ok()) {
+      Finish(s);
+      return;
+    }
+    // Wait at most a minute, and answer a little before the client's deadline so that it learns
+    // why (ABORTED: held back, pull again) instead of timing out.
+    absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
+                                   absl::FromChrono(context->deadline()) - absl::Milliseconds(250));
+    ticket_ = service_->shard_->StartRead(
+        {FromProto(r.model()), r.worker_id(), r.offset(), r.length(),
+         r.has_after_sequence() ? r.after_sequence() : -1, deadline},
+        [this](absl::StatusOr<ParameterShard::Snapshot> s) { OnAnswer(std::move(s)); });
+  }
+
+ private:
+  void OnAnswer(absl::StatusOr<ParameterShard::Snapshot> answer) {
+    if (!answer.ok()) {
+      Finish(ToGrpcStatus(answer.status()));
+      return;
+    }
+    snapshot_.emplace(*std::move(answer));
+    guard_.emplace(service_->watchdog_.Watch(context_));  // a reader that stops reading ends
+    WriteNext();
+  }
+  void WriteNext() {
+    absl::Span<const float> values = snapshot_->values.span();
+    if (next_ > 0 && next_ >= static_cast<int64_t>(values.size())) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    int64_t n = std::min<int64_t>(kChunkFloats, values.size() - next_);
+    v1::PullChunk chunk;
+    chunk.set_version(snapshot_->version);
+    chunk.set_offset(snapshot_->offset + next_);
+    chunk.set_dtype(v1::FLOAT32);
+    std::string_view bytes = AsBytes(values.subspan(next_, n));
+    chunk.set_data(bytes.data(), bytes.size());
+    next_ += std::max<int64_t>(n, 1);
+    message_ = Serialize(chunk);
+    StartWrite(&message_);
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away during Pull"));
+      return;
+    }
+    guard_->Progress();
+    WriteNext();
+  }
+  // The client went away or the call was cancelled: a pull still waiting ends now (its answer,
+  // CANCELLED, finishes the call); one being written ends with its next write.
+  void OnCancel() override { service_->shard_->CancelRead(ticket_); }
+  void OnDone() override { delete this; }
+
+  ShardService* service_;
+  grpc::CallbackServerContext* context_;
+  CallLimit::Slot slot_;
+  int64_t ticket_ = 0;
+  std::optional<ParameterShard::Snapshot> snapshot_;
+  std::optional<StreamWatchdog::Guard> guard_;
+  int64_t next_ = 0;  // index of the next value to write
+  grpc::ByteBuffer message_;
+};
+
+ShardService::ShardService(ParameterShard* shard, const ServiceLimits& limits)
+    : shard_(shard),
+      streams_(limits.max_streams),
+      pulls_(limits.max_pulls),
+      watchdog_(limits.stream_idle, limits.stream_total) {}
+
+grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* context,
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  return Unary<v1::RegisterRequest, v1::RegisterResponse>(
+      context, request, response, "Register", [this](const auto& request, auto* response) {
+        absl::StatusOr<Registration> r =
+            shard_->Register(request.worker_id(), FromProto(request.model()));
+        if (!r.ok()) return ToGrpcStatus(r.status());
+        response->set_shard_index(r->shard_index);
+        response->set_initialized(r->initialized);
+        response->set_begin(r->range.begin);
+        response->set_end(r->range.end);
+        response->set_version(r->version);
+        response->set_last_sequence(r->last_sequence);
+        response->set_consistency(r->consistency);
+        return grpc::Status::OK;
+      });
+}
+
+grpc::Status ShardService::Initialize(grpc::ServerContext* context,
                                       grpc::ServerReader<v1::InitializeChunk>* reader,
                                       v1::InitializeResponse* response) {
+  CallLimit::Slot slot = streams_.TryAcquire();
+  if (!slot) return Busy("streams", streams_.max_calls());
+  StreamWatchdog::Guard guard = watchdog_.Watch(context);
   v1::InitializeChunk chunk;
   if (!reader->Read(&chunk)) return InvalidArgument("empty Initialize stream");
   if (!chunk.has_header()) return InvalidArgument("the first Initialize chunk has no header");
@@ -79,7 +215,7 @@ grpc::Status ShardService::Initialize(grpc::ServerContext*,
   absl::Cleanup end_initialize = [this] { shard_->EndInitialize(); };
   std::vector<float> values(shard_->range().size());
   int64_t offset = h.offset();
-  if (absl::Status s = ReadPayload(reader, chunk, absl::MakeSpan(values)); !s.ok()) {
+  if (absl::Status s = ReadPayload(reader, chunk, absl::MakeSpan(values), guard); !s.ok()) {
     return ToGrpcStatus(s);
   }
   absl::StatusOr<bool> applied = shard_->Initialize(model, offset, values);
@@ -88,8 +224,12 @@ grpc::Status ShardService::Initialize(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Push(grpc::ServerContext*, grpc::ServerReader<v1::PushChunk>* reader,
+grpc::Status ShardService::Push(grpc::ServerContext* context,
+                                grpc::ServerReader<v1::PushChunk>* reader,
                                 v1::PushResponse* response) {
+  CallLimit::Slot slot = streams_.TryAcquire();
+  if (!slot) return Busy("streams", streams_.max_calls());
+  StreamWatchdog::Guard guard = watchdog_.Watch(context);
   v1::PushChunk chunk;
   absl::Status status;
   PushHeaderInfo header;
@@ -107,8 +247,9 @@ grpc::Status ShardService::Push(grpc::ServerContext*, grpc::ServerReader<v1::Pus
     shard_->RecordRejectedPush();
     return ToGrpcStatus(status);
   }
+  // The header matched the shard's range exactly, so this is the shard's size, never more.
   BufferPool::Lease gradient = push_buffers_.Acquire(header.length);
-  if (status = ReadPayload(reader, chunk, gradient.span()); !status.ok()) {
+  if (status = ReadPayload(reader, chunk, gradient.span(), guard); !status.ok()) {
     shard_->RecordRejectedPush();
     return ToGrpcStatus(status);
   }
@@ -121,49 +262,51 @@ grpc::Status ShardService::Push(grpc::ServerContext*, grpc::ServerReader<v1::Pus
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Pull(grpc::ServerContext* context, const v1::PullRequest* request,
-                                grpc::ServerWriter<v1::PullChunk>* writer) {
-  // Wait at most a minute, and answer a little before the client's deadline so that it learns
-  // why (ABORTED: held back, pull again) instead of timing out.
-  absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
-                                 absl::FromChrono(context->deadline()) - absl::Milliseconds(250));
-  absl::StatusOr<ParameterShard::Snapshot> snapshot = shard_->Read(
-      FromProto(request->model()), request->worker_id(), request->offset(), request->length(),
-      deadline, request->has_after_sequence() ? request->after_sequence() : -1);
-  if (!snapshot.ok()) return ToGrpcStatus(snapshot.status());
-  v1::PullChunk chunk;
-  bool ok = true;
-  ForEachChunk(snapshot->values.span(), kChunkFloats, [&](int64_t index, std::string_view bytes) {
-    if (!ok) return;
-    chunk.set_version(snapshot->version);
-    chunk.set_offset(snapshot->offset + index);
-    chunk.set_dtype(v1::FLOAT32);
-    chunk.set_data(bytes.data(), bytes.size());
-    ok = writer->Write(chunk);
-  });
-  if (!ok) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away during Pull");
-  return grpc::Status::OK;
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::Pull(grpc::CallbackServerContext* context,
+                                                               const grpc::ByteBuffer* request) {
+  CallLimit::Slot slot = pulls_.TryAcquire();
+  if (!slot) {
+    // A reactor that only finishes: the limit holds before any work is done.
+    struct Refusal : grpc::ServerWriteReactor<grpc::ByteBuffer> {
+      explicit Refusal(grpc::Status s) { Finish(s); }
+      void OnDone() override { delete this; }
+    };
+    return new Refusal(Busy("pulls", pulls_.max_calls()));
+  }
+  return new PullWriter(this, context, *request, std::move(slot));
 }
 
-grpc::Status ShardService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
-                                     v1::HeartbeatResponse* response) {
-  absl::StatusOr<int> active = shard_->Heartbeat(request->worker_id());
-  if (!active.ok()) return ToGrpcStatus(active.status());
-  response->set_active_workers(*active);
-  return grpc::Status::OK;
+grpc::ServerUnaryReactor* ShardService::Heartbeat(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  return Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+      context, request, response, "Heartbeat", [this](const auto& request, auto* response) {
+        absl::StatusOr<int> active = shard_->Heartbeat(request.worker_id());
+        if (!active.ok()) return ToGrpcStatus(active.status());
+        response->set_active_workers(*active);
+        return grpc::Status::OK;
+      });
 }
 
-grpc::Status ShardService::Leave(grpc::ServerContext*, const v1::LeaveRequest* request,
-                                 v1::LeaveResponse*) {
-  return ToGrpcStatus(shard_->Leave(request->worker_id()));
+grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* context,
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
+  return Unary<v1::LeaveRequest, v1::LeaveResponse>(
+      context, request, response, "Leave", [this](const auto& request, auto*) {
+        return ToGrpcStatus(shard_->Leave(request.worker_id()));
+      });
 }
 
-grpc::Status ShardService::GetStats(grpc::ServerContext*, const v1::StatsRequest* request,
-                                    v1::StatsResponse* response) {
-  int page = request->max_workers();
-  if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
-  *response = StatsToProto(shard_->Stats(request->first_worker(), page));
-  return grpc::Status::OK;
+grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* context,
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  return Unary<v1::StatsRequest, v1::StatsResponse>(
+      context, request, response, "GetStats", [this](const auto& request, auto* response) {
+        int page = request.max_workers();
+        if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
+        *response = StatsToProto(shard_->Stats(request.first_worker(), page));
+        return grpc::Status::OK;
+      });
 }
 
 v1::StatsResponse StatsToProto(const ShardStats& s) {
@@ -180,6 +323,7 @@ v1::StatsResponse StatsToProto(const ShardStats& s) {
   r.set_pushes_dropped_late(s.pushes_dropped_late);
   r.set_pushes_dropped_stale(s.pushes_dropped_stale);
   r.set_pulls(s.pulls);
+  r.set_pulls_waiting(s.pulls_waiting);
   r.set_registered_workers(s.registered_workers);
   r.set_active_workers(s.active_workers);
   r.set_learning_rate(s.learning_rate);

@@ -1,8 +1,14 @@
 // The gRPC face of a ParameterShard: parses and validates requests, streams tensors in chunks, and
 // translates results to gRPC statuses. Thread-safe (gRPC calls it from many threads).
+//
+// Register, Heartbeat, Leave, GetStats and Pull use gRPC's callback API on raw bytes: a pull held
+// back (sync barrier, SSP bound, waiting for the initialiser) holds no thread, and a request that
+// does not parse gets INVALID_ARGUMENT rather than gRPC's bare INTERNAL. Push and Initialize are
+// synchronous client streams, each under a CallLimit and the StreamWatchdog.
 #pragma once
 
 #include "proto/ps.grpc.pb.h"
+#include "server/call_limits.h"
 #include "server/parameter_shard.h"
 
 namespace ps {
@@ -10,29 +16,54 @@ namespace ps {
 // The shard's statistics as the wire (and the --stats_json file) carries them.
 v1::StatsResponse StatsToProto(const ShardStats& stats);
 
-class ShardService final : public v1::ParameterServer::Service {
- public:
-  explicit ShardService(ParameterShard* shard) : shard_(shard) {}
+// Limits on what clients may hold at once. With S the shard's size in bytes, a shard holds at
+// most (max_streams + max_pulls) * S in request buffers and snapshots, plus 4 * S idle buffers
+// kept for reuse, beside its values and optimizer state.
+struct ServiceLimits {
+  int max_streams = 16;                             // Push and Initialize calls in progress
+  int max_pulls = 256;                              // Pull calls in progress, held ones included
+  absl::Duration stream_idle = absl::Seconds(30);   // a stream moving no message this long ends
+  absl::Duration stream_total = absl::Minutes(10);  // and none lasts longer than this
+};
 
-  grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
-                        v1::RegisterResponse* response) override;
+using ShardServiceBase = v1::ParameterServer::WithRawCallbackMethod_Register<
+    v1::ParameterServer::WithRawCallbackMethod_Pull<
+        v1::ParameterServer::WithRawCallbackMethod_Heartbeat<
+            v1::ParameterServer::WithRawCallbackMethod_Leave<
+                v1::ParameterServer::WithRawCallbackMethod_GetStats<
+                    v1::ParameterServer::Service>>>>>;
+
+class ShardService final : public ShardServiceBase {
+ public:
+  ShardService(ParameterShard* shard, const ServiceLimits& limits);
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::Status Initialize(grpc::ServerContext* context,
                           grpc::ServerReader<v1::InitializeChunk>* reader,
                           v1::InitializeResponse* response) override;
   grpc::Status Push(grpc::ServerContext* context, grpc::ServerReader<v1::PushChunk>* reader,
                     v1::PushResponse* response) override;
-  grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest* request,
-                    grpc::ServerWriter<v1::PullChunk>* writer) override;
-  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
-                         v1::HeartbeatResponse* response) override;
-  grpc::Status Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
-                     v1::LeaveResponse* response) override;
-  grpc::Status GetStats(grpc::ServerContext* context, const v1::StatsRequest* request,
-                        v1::StatsResponse* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Pull(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
 
  private:
+  class PullWriter;
+
   ParameterShard* shard_;
-  BufferPool push_buffers_;  // gradients being received
+  CallLimit streams_, pulls_;
+  StreamWatchdog watchdog_;
+  BufferPool push_buffers_{2};  // gradients being received; two idle ones kept
 };
 
 }  // namespace ps

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -9,6 +10,8 @@
 #include <limits>
 #include <map>
 #include <thread>
+
+#include "absl/synchronization/notification.h"
 
 namespace ps {
 namespace {
@@ -621,6 +624,59 @@ TEST(SspPrefetchTest, APullAheadIsAdmittedAsIfThePendingPushWereDone) {
   EXPECT_EQ(sync->Read(m, 0, 0, 0, absl::Now(), /*after_sequence=*/0).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(sync->Read(m, 0, 0, 0, absl::Now()).status().code(), absl::StatusCode::kOk);
+}
+
+}  // namespace
+}  // namespace ps
+
+namespace ps {
+namespace {
+
+TEST(AsyncReadTest, HeldPullsWaitWithoutThreadsAndAreAnsweredByThePushThatAdmitsThem) {
+  std::unique_ptr<ParameterShard> shard = Started(Config("sgd", "sync"));
+  const ModelIdentity m{"flat:4", 4, 1};
+  ASSERT_TRUE(PushAll(*shard, 0, 0, 1).ok());  // worker 0 waits for worker 1's gradient
+  std::atomic<int> ok{0}, answered{0};
+  std::vector<int64_t> tickets;
+  for (int i = 0; i < 1000; ++i) {
+    tickets.push_back(shard->StartRead({m, 0, 0, 0, -1, absl::Now() + absl::Minutes(5)},
+                                       [&](absl::StatusOr<ParameterShard::Snapshot> s) {
+                                         ok += s.ok() && s->version == 1;
+                                         ++answered;
+                                       }));
+  }
+  EXPECT_EQ(answered, 0);
+  EXPECT_EQ(shard->Stats().pulls_waiting, 1000);
+  shard->CancelRead(tickets[0]);  // answered at once, with CANCELLED
+  EXPECT_EQ(answered, 1);
+  ASSERT_TRUE(PushAll(*shard, 1, 0, 1).ok());  // closes the round: the push answers the rest
+  EXPECT_EQ(answered, 1000);
+  EXPECT_EQ(ok, 999);
+  EXPECT_EQ(shard->Stats().pulls_waiting, 0);
+  shard->CancelRead(tickets[1]);  // already answered: nothing happens
+  EXPECT_EQ(answered, 1000);
+}
+
+TEST(AsyncReadTest, AWaitingPullIsAbortedAtItsDeadlineAndShutdownEndsTheRest) {
+  std::unique_ptr<ParameterShard> shard = *ParameterShard::Create(Config("sgd"));  // uninitialised
+  const ModelIdentity m{"flat:4", 4, 1};
+  absl::Notification aborted, unavailable;
+  absl::Time start = absl::Now();
+  shard->StartRead({m, -1, 0, 0, -1, start + absl::Milliseconds(100)},
+                   [&](absl::StatusOr<ParameterShard::Snapshot> s) {
+                     EXPECT_EQ(s.status().code(), absl::StatusCode::kAborted);
+                     aborted.Notify();
+                   });
+  shard->StartRead({m, -1, 0, 0, -1, start + absl::Hours(1)},
+                   [&](absl::StatusOr<ParameterShard::Snapshot> s) {
+                     EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable);
+                     unavailable.Notify();
+                   });
+  ASSERT_TRUE(aborted.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(100));
+  EXPECT_FALSE(unavailable.HasBeenNotified());
+  shard->Shutdown();
+  EXPECT_TRUE(unavailable.HasBeenNotified());
 }
 
 }  // namespace

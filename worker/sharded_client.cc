@@ -16,9 +16,12 @@
 namespace ps {
 namespace {
 
+// Worth another attempt: the shard was unreachable, slow, or busy (RESOURCE_EXHAUSTED: it
+// already serves as many calls as it allows).
 bool IsTransient(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
 }
 
 // Streams `values` as chunks, the first carrying `header`.

@@ -1,0 +1,81 @@
+#include "server/call_limits.h"
+
+#include <algorithm>
+
+namespace ps {
+
+CallLimit::Slot& CallLimit::Slot::operator=(Slot&& o) noexcept {
+  if (this != &o) {
+    this->~Slot();
+    limit_ = o.limit_;
+    o.limit_ = nullptr;
+  }
+  return *this;
+}
+
+CallLimit::Slot::~Slot() {
+  if (limit_ == nullptr) return;
+  absl::MutexLock lock(&limit_->mu_);
+  --limit_->in_use_;
+}
+
+CallLimit::Slot CallLimit::TryAcquire() {
+  absl::MutexLock lock(&mu_);
+  if (in_use_ >= max_calls_) return Slot();
+  ++in_use_;
+  return Slot(this);
+}
+
+int CallLimit::in_use() const {
+  absl::MutexLock lock(&mu_);
+  return in_use_;
+}
+
+StreamWatchdog::StreamWatchdog(absl::Duration idle, absl::Duration total)
+    : idle_(idle), total_(total), thread_([this] { Loop(); }) {}
+
+StreamWatchdog::~StreamWatchdog() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+StreamWatchdog::Guard StreamWatchdog::Watch(grpc::ServerContextBase* context) {
+  absl::MutexLock lock(&mu_);
+  absl::Time now = absl::Now();
+  calls_.emplace(next_id_, Entry{context, now, now});
+  return Guard(this, next_id_++);
+}
+
+StreamWatchdog::Guard::~Guard() {
+  if (dog_ == nullptr) return;
+  absl::MutexLock lock(&dog_->mu_);
+  dog_->calls_.erase(id_);
+}
+
+void StreamWatchdog::Guard::Progress() {
+  absl::MutexLock lock(&dog_->mu_);
+  dog_->calls_.at(id_).last_progress = absl::Now();
+}
+
+void StreamWatchdog::Loop() {
+  // Checks a few times per idle period: a stalled call lives at most ~1.25 x the limit.
+  const absl::Duration tick =
+      std::clamp(std::min(idle_, total_) / 4, absl::Milliseconds(10), absl::Seconds(1));
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), tick)) {
+    absl::Time now = absl::Now();
+    for (auto& [id, call] : calls_) {
+      if (!call.cancelled && (now - call.last_progress > idle_ || now - call.started > total_)) {
+        // Under the lock, so the guard (and its call) cannot be gone. gRPC runs callback reactions
+        // on its executor, never inside TryCancel, so none of them runs under this lock.
+        call.cancelled = true;
+        call.context->TryCancel();
+      }
+    }
+  }
+}
+
+}  // namespace ps

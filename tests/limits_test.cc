@@ -1,0 +1,286 @@
+// Multi-process tests of the shard's resource limits: a real `ps` on 127.0.0.1, driven by raw gRPC
+// clients that hold pulls at a barrier, stall streams, or send bytes that are no request at all.
+#include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/chunking.h"
+#include "deploy/local_cluster.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+#include "proto/ps.grpc.pb.h"
+#include "tests/run_dir.h"
+#include "worker/sharded_client.h"
+
+namespace ps {
+namespace {
+
+const ModelIdentity kModel{"flat:1000", 1000, 1};
+
+// The number of threads of a process, from /proc.
+int Threads(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  for (std::string line; std::getline(in, line);) {
+    int n = 0;
+    if (line.rfind("Threads:", 0) == 0 && absl::SimpleAtoi(line.substr(8), &n)) return n;
+  }
+  return -1;
+}
+
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return absl::ToChronoTime(absl::Now() + d);
+}
+
+// One shard of kModel for two workers, initialised to 0..999 by worker 0.
+class LimitsTest : public ::testing::Test {
+ protected:
+  void Start(const std::vector<std::string>& flags) {
+    ASSERT_TRUE(cluster_.StartShards(1, kModel.fingerprint, 2, flags).ok());
+    channel_ = grpc::CreateChannel(cluster_.ShardAddress(0), grpc::InsecureChannelCredentials());
+    stub_ = v1::ParameterServer::NewStub(channel_);
+    worker0_ = std::make_unique<ShardedClient>(std::vector<std::string>{cluster_.ShardAddress(0)},
+                                               kModel, 0);
+    ASSERT_TRUE(worker0_->Register().ok());
+    for (int i = 0; i < 1000; ++i) initial_[i] = static_cast<float>(i);
+    ASSERT_EQ(*worker0_->Initialize(initial_), 1);
+  }
+  pid_t pid() { return cluster_.shards()[0].pid(); }
+
+  v1::PullRequest PullAs(int worker) const {
+    v1::PullRequest r;
+    r.set_worker_id(worker);
+    r.mutable_model()->set_fingerprint(kModel.fingerprint);
+    r.mutable_model()->set_total_params(kModel.total_params);
+    r.mutable_model()->set_num_shards(kModel.num_shards);
+    return r;
+  }
+
+  // The weights as an observer sees them.
+  std::vector<float> Weights() {
+    ShardedClient observer({cluster_.ShardAddress(0)}, kModel, -1);
+    std::vector<float> w(1000);
+    std::vector<int64_t> versions;
+    EXPECT_TRUE(observer.Pull(absl::MakeSpan(w), &versions).ok());
+    return w;
+  }
+
+  // A push stream as worker 0 that sends its header and `floats` values, then stalls.
+  struct StalledPush {
+    grpc::ClientContext context;
+    v1::PushResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> writer;
+  };
+  std::unique_ptr<StalledPush> StartStalledPush(int floats) {
+    auto p = std::make_unique<StalledPush>();
+    p->context.set_deadline(In(absl::Seconds(60)));
+    p->writer = stub_->Push(&p->context, &p->response);
+    v1::PushChunk chunk;
+    v1::PushHeader* h = chunk.mutable_header();
+    h->set_worker_id(0);
+    h->set_offset(0);
+    h->set_length(1000);
+    h->set_dtype(v1::FLOAT32);
+    chunk.set_data(std::string(AsBytes(std::vector<float>(floats, 1.0f))));
+    p->writer->Write(chunk);
+    return p;
+  }
+
+  LocalCluster cluster_{ExecutableDir(), NewRunDir("limits")};
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+  std::unique_ptr<ShardedClient> worker0_;
+  std::vector<float> initial_ = std::vector<float>(1000);
+};
+
+// Reads one Pull to its end with the callback client API and reports its status.
+class PullReader : public grpc::ClientReadReactor<v1::PullChunk> {
+ public:
+  PullReader(v1::ParameterServer::Stub* stub, v1::PullRequest request)
+      : request_(std::move(request)) {
+    context_.set_deadline(In(absl::Seconds(120)));
+    stub->async()->Pull(&context_, &request_, this);
+    StartRead(&chunk_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (ok) StartRead(&chunk_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    status_ = s;
+    done_.Notify();
+  }
+  grpc::Status Wait() {
+    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(absl::Seconds(150)));
+    return status_;
+  }
+
+ private:
+  grpc::ClientContext context_;
+  const v1::PullRequest request_;  // read by gRPC until the call ends
+  v1::PullChunk chunk_;
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
+TEST_F(LimitsTest, PullsHeldAtABarrierHoldNoThreadsAndTheShardStillAnswers) {
+  // Before: 1,000 pulls held at a sync barrier made 1,013 server threads.
+  Start({"--consistency=sync", "--optimizer=sgd", "--lr=1", "--max_pulls=1100",
+         "--lease_seconds=600"});
+  ShardedClient worker1({cluster_.ShardAddress(0)}, kModel, 1);
+  ASSERT_TRUE(worker1.Register().ok());
+  ASSERT_TRUE(worker0_->Push(std::vector<float>(1000, 1.0f), 0, {0}).ok());  // waits for worker 1
+  const int before = Threads(pid());
+  std::vector<std::unique_ptr<PullReader>> held;
+  for (int i = 0; i < 1000; ++i)
+    held.push_back(std::make_unique<PullReader>(stub_.get(), PullAs(0)));
+  // All of them reach the shard and wait there.
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  v1::StatsResponse stats;
+  while (stats.pulls_waiting() < 1000 && absl::Now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    ASSERT_TRUE(stub_->GetStats(&context, v1::StatsRequest(), &stats).ok());
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_EQ(stats.pulls_waiting(), 1000) << stats.ShortDebugString();
+  const int during = Threads(pid());
+  // The shard answers health and statistics while they wait.
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  absl::Time start = absl::Now();
+  grpc::ClientContext health_context;
+  health_context.set_deadline(In(absl::Seconds(10)));
+  grpc::health::v1::HealthCheckResponse serving;
+  ASSERT_TRUE(
+      health->Check(&health_context, grpc::health::v1::HealthCheckRequest(), &serving).ok());
+  absl::Duration health_latency = absl::Now() - start;
+  start = absl::Now();
+  grpc::ClientContext stats_context;
+  stats_context.set_deadline(In(absl::Seconds(10)));
+  ASSERT_TRUE(stub_->GetStats(&stats_context, v1::StatsRequest(), &stats).ok());
+  absl::Duration stats_latency = absl::Now() - start;
+  std::cout << "1000 held pulls: ps threads " << before << " before, " << during
+            << " during; health answered in " << health_latency << ", GetStats in " << stats_latency
+            << "\n";
+  EXPECT_LT(during - before, 50) << "held pulls should not hold threads";
+  EXPECT_EQ(stats.version(), 0);
+  // Worker 1's gradient closes the round: every held pull is answered with the new weights.
+  ASSERT_TRUE(worker1.Push(std::vector<float>(1000, 1.0f), 0, {0}).ok());
+  int ok = 0;
+  for (auto& p : held) ok += p->Wait().ok();
+  EXPECT_EQ(ok, 1000);
+}
+
+TEST_F(LimitsTest, StalledPushStreamsAreBoundedAndCancelledAndChangeNothing) {
+  // Before: 1,000 push streams that sent a shard and never half-closed took 1.9 GB and 1,013
+  // threads, and never timed out.
+  Start({"--optimizer=sgd", "--max_streams=8", "--stream_idle_seconds=1"});
+  std::vector<std::unique_ptr<StalledPush>> stalled;
+  for (int i = 0; i < 20; ++i) stalled.push_back(StartStalledPush(500));
+  int refused = 0, cancelled = 0;
+  for (auto& p : stalled) {
+    grpc::Status s = p->writer->Finish();  // returns once the server ended the call
+    refused += s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    cancelled += s.error_code() == grpc::StatusCode::CANCELLED;
+  }
+  std::cout << refused << " refused at once, " << cancelled << " cancelled when idle\n";
+  EXPECT_EQ(refused + cancelled, 20);
+  EXPECT_GE(refused, 12);
+  std::vector<float> w = Weights();
+  EXPECT_EQ(std::memcmp(w.data(), initial_.data(), sizeof(float) * 1000), 0);
+  // The slots are free again: a real push goes through.
+  std::vector<int64_t> versions = {0};
+  ASSERT_TRUE(worker0_->Push(std::vector<float>(1000, 1.0f), 0, versions).ok());
+}
+
+TEST_F(LimitsTest, EndlessEmptyChunksAreRefused) {
+  Start({"--optimizer=sgd"});
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(30)));
+  v1::PushResponse response;
+  auto writer = stub_->Push(&context, &response);
+  v1::PushChunk chunk;
+  chunk.mutable_header()->set_worker_id(0);
+  chunk.mutable_header()->set_length(1000);
+  chunk.mutable_header()->set_dtype(v1::FLOAT32);
+  chunk.set_data(std::string(AsBytes(std::vector<float>(10, 1.0f))));
+  writer->Write(chunk);
+  v1::PushChunk empty;
+  for (int i = 0; i < 100000 && writer->Write(empty); ++i) {
+  }
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("empty chunk"), std::string::npos) << s.error_message();
+}
+
+TEST(InitialiseLimitsTest, AStalledInitialiserDoesNotLockOutTheRealOne) {
+  // Before: an Initialize header alone held the one initialisation slot with no deadline, and
+  // the real initialiser was refused for 60 s and gave up.
+  LocalCluster cluster(ExecutableDir(), NewRunDir("limits"));
+  ASSERT_TRUE(cluster.StartShards(1, kModel.fingerprint, 1, {"--stream_idle_seconds=1"}).ok());
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(cluster.ShardAddress(0), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(60)));
+  v1::InitializeResponse response;
+  auto stalled = stub->Initialize(&context, &response);
+  v1::InitializeChunk chunk;
+  chunk.mutable_header()->mutable_model()->set_fingerprint(kModel.fingerprint);
+  chunk.mutable_header()->mutable_model()->set_total_params(kModel.total_params);
+  chunk.mutable_header()->mutable_model()->set_num_shards(1);
+  chunk.mutable_header()->set_length(1000);
+  chunk.mutable_header()->set_dtype(v1::FLOAT32);
+  chunk.set_data(std::string(AsBytes(std::vector<float>(10, 9.0f))));
+  ASSERT_TRUE(stalled->Write(chunk));
+  absl::SleepFor(absl::Milliseconds(200));  // it holds the slot now (or soon: either is fine)
+  ClientOptions options;
+  options.retry_for = absl::Seconds(30);
+  ShardedClient real({cluster.ShardAddress(0)}, kModel, 0, options);
+  ASSERT_TRUE(real.Register().ok());
+  std::vector<float> values(1000, 0.5f);
+  absl::StatusOr<int> applied = real.Initialize(values);
+  ASSERT_TRUE(applied.ok()) << applied.status();
+  EXPECT_EQ(*applied, 1);
+  EXPECT_EQ(stalled->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  std::vector<float> now(1000);
+  std::vector<int64_t> versions;
+  ASSERT_TRUE(real.Pull(absl::MakeSpan(now), &versions).ok());
+  EXPECT_EQ(now, values);
+}
+
+TEST_F(LimitsTest, BytesThatAreNoRequestGetInvalidArgument) {
+  // Before: gRPC's generated code failed to parse them and answered INTERNAL with no details.
+  Start({});
+  grpc::GenericStub generic(channel_);
+  for (const char* method : {"Register", "Heartbeat", "Leave", "GetStats", "Pull"}) {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    grpc::Slice garbage(std::string("\xff\xff\xff\xff\x0f garbage", 14));
+    grpc::ByteBuffer request(&garbage, 1), response;
+    grpc::Status status;
+    absl::Notification done;
+    // Pull streams its answer, but a request that does not parse ends it before any message,
+    // so a unary call sees its status as well.
+    generic.UnaryCall(&context, absl::StrCat("/ps.v1.ParameterServer/", method),
+                      grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+                        status = s;
+                        done.Notify();
+                      });
+    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20))) << method;
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << method << ": " << status.error_message();
+    EXPECT_NE(status.error_message().find("cannot parse"), std::string::npos) << method;
+  }
+  std::vector<float> w = Weights();
+  EXPECT_EQ(std::memcmp(w.data(), initial_.data(), sizeof(float) * 1000), 0);
+}
+
+}  // namespace
+}  // namespace ps
