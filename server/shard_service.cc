@@ -40,10 +40,30 @@ absl::Status ReadPayload(grpc::ServerReader<Chunk>* reader, Chunk& chunk, absl::
   return assembler.Finish();
 }
 
+// Observers (negative ids) only read. A worker id touches the membership (Register joins it, a
+// Pull refreshes the worker's lease), so it needs write access.
+Access AccessFor(int worker_id) { return worker_id < 0 ? Access::kRead : Access::kWrite; }
+
 }  // namespace
 
-grpc::Status ShardService::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
+// An explicit check in each handler, not a grpc::AuthMetadataProcessor: gRPC 1.51 aborts when one
+// is set on InsecureServerCredentials (so a token without TLS would be impossible), and it would
+// guard the health service too, which stays open for probes.
+grpc::Status ShardService::Authorize(const grpc::ServerContext& context, Access needed,
+                                     absl::string_view call) const {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kAuthorizationMetadata);
+  absl::string_view value;
+  if (it != metadata.end()) value = absl::string_view(it->second.data(), it->second.size());
+  return ToGrpcStatus(tokens_.Authorize(value, needed, call));
+}
+
+grpc::Status ShardService::Register(grpc::ServerContext* context,
+                                    const v1::RegisterRequest* request,
                                     v1::RegisterResponse* response) {
+  if (grpc::Status s = Authorize(*context, AccessFor(request->worker_id()), "Register"); !s.ok()) {
+    return s;
+  }
   absl::StatusOr<Registration> r =
       shard_->Register(request->worker_id(), FromProto(request->model()));
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -57,9 +77,10 @@ grpc::Status ShardService::Register(grpc::ServerContext*, const v1::RegisterRequ
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Initialize(grpc::ServerContext*,
+grpc::Status ShardService::Initialize(grpc::ServerContext* context,
                                       grpc::ServerReader<v1::InitializeChunk>* reader,
                                       v1::InitializeResponse* response) {
+  if (grpc::Status s = Authorize(*context, Access::kWrite, "Initialize"); !s.ok()) return s;
   v1::InitializeChunk chunk;
   if (!reader->Read(&chunk)) return InvalidArgument("empty Initialize stream");
   if (!chunk.has_header()) return InvalidArgument("the first Initialize chunk has no header");
@@ -87,8 +108,10 @@ grpc::Status ShardService::Initialize(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Push(grpc::ServerContext*, grpc::ServerReader<v1::PushChunk>* reader,
+grpc::Status ShardService::Push(grpc::ServerContext* context,
+                                grpc::ServerReader<v1::PushChunk>* reader,
                                 v1::PushResponse* response) {
+  if (grpc::Status s = Authorize(*context, Access::kWrite, "Push"); !s.ok()) return s;
   v1::PushChunk chunk;
   absl::Status status;
   PushHeaderInfo header;
@@ -122,6 +145,9 @@ grpc::Status ShardService::Push(grpc::ServerContext*, grpc::ServerReader<v1::Pus
 
 grpc::Status ShardService::Pull(grpc::ServerContext* context, const v1::PullRequest* request,
                                 grpc::ServerWriter<v1::PullChunk>* writer) {
+  if (grpc::Status s = Authorize(*context, AccessFor(request->worker_id()), "Pull"); !s.ok()) {
+    return s;
+  }
   // Wait at most a minute, and answer a little before the client's deadline so that it learns
   // why (ABORTED: held back, pull again) instead of timing out.
   absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
@@ -144,21 +170,25 @@ grpc::Status ShardService::Pull(grpc::ServerContext* context, const v1::PullRequ
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+grpc::Status ShardService::Heartbeat(grpc::ServerContext* context,
+                                     const v1::HeartbeatRequest* request,
                                      v1::HeartbeatResponse* response) {
+  if (grpc::Status s = Authorize(*context, Access::kWrite, "Heartbeat"); !s.ok()) return s;
   absl::StatusOr<int> active = shard_->Heartbeat(request->worker_id());
   if (!active.ok()) return ToGrpcStatus(active.status());
   response->set_active_workers(*active);
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Leave(grpc::ServerContext*, const v1::LeaveRequest* request,
+grpc::Status ShardService::Leave(grpc::ServerContext* context, const v1::LeaveRequest* request,
                                  v1::LeaveResponse*) {
+  if (grpc::Status s = Authorize(*context, Access::kWrite, "Leave"); !s.ok()) return s;
   return ToGrpcStatus(shard_->Leave(request->worker_id()));
 }
 
-grpc::Status ShardService::GetStats(grpc::ServerContext*, const v1::StatsRequest*,
+grpc::Status ShardService::GetStats(grpc::ServerContext* context, const v1::StatsRequest*,
                                     v1::StatsResponse* response) {
+  if (grpc::Status s = Authorize(*context, Access::kRead, "GetStats"); !s.ok()) return s;
   *response = StatsToProto(shard_->Stats());
   return grpc::Status::OK;
 }

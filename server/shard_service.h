@@ -1,7 +1,9 @@
-// The gRPC face of a ParameterShard: parses and validates requests, streams tensors in chunks, and
-// translates results to gRPC statuses. Thread-safe (gRPC calls it from many threads).
+// The gRPC face of a ParameterShard: checks each caller's token, parses and validates requests,
+// streams tensors in chunks, and translates results to gRPC statuses. Thread-safe (gRPC calls it
+// from many threads).
 #pragma once
 
+#include "common/security.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/parameter_shard.h"
 
@@ -12,7 +14,9 @@ v1::StatsResponse StatsToProto(const ShardStats& stats);
 
 class ShardService final : public v1::ParameterServer::Service {
  public:
-  explicit ShardService(ParameterShard* shard) : shard_(shard) {}
+  // Every call is first checked against `tokens` (by default none: everyone may do everything).
+  explicit ShardService(ParameterShard* shard, TokenAuthenticator tokens = {})
+      : shard_(shard), tokens_(std::move(tokens)) {}
 
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
@@ -31,7 +35,12 @@ class ShardService final : public v1::ParameterServer::Service {
                         v1::StatsResponse* response) override;
 
  private:
+  // OK if the caller's token allows `call`; UNAUTHENTICATED or PERMISSION_DENIED otherwise.
+  grpc::Status Authorize(const grpc::ServerContext& context, Access needed,
+                         absl::string_view call) const;
+
   ParameterShard* shard_;
+  const TokenAuthenticator tokens_;
   BufferPool push_buffers_;  // gradients being received
 };
 
