@@ -8,14 +8,15 @@
 
 namespace ps {
 
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(int port, int* bound_port) {
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(const std::string& host, int port,
+                                                                int* bound_port) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(absl::StrCat("0.0.0.0:", port), grpc::InsecureServerCredentials(),
-                           bound_port);
+  std::string address = absl::StrCat(host, ":", port);
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), bound_port);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on port ", port));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
   }
   return server;
 }

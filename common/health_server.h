@@ -5,12 +5,15 @@
 #include <grpcpp/server.h>
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 
 namespace ps {
 
-// Starts a health-only server on 0.0.0.0:port (port 0 picks a free one; *bound_port gets it).
-absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(int port, int* bound_port);
+// Starts a health-only server on host:port (port 0 picks a free one; *bound_port gets it). It is
+// plaintext and unauthenticated: callers decide whether `host` is acceptable (CheckListenHost).
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(const std::string& host, int port,
+                                                                int* bound_port);
 
 }  // namespace ps

@@ -45,6 +45,14 @@ ABSL_FLAG(std::string, worker_flags, "",
           "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
 ABSL_FLAG(double, eval_interval_seconds, 2, "Seconds between evaluations.");
 ABSL_FLAG(double, progress_seconds, 5, "Seconds between progress lines.");
+ABSL_FLAG(std::string, tls_dir, "",
+          "Run the cluster over mutual TLS with the files deploy/make_test_certs.sh writes here "
+          "(ca.pem, server.pem, server.key, client.pem, client.key).");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the write token for shards and workers (else $PS_TOKEN, which the daemons "
+          "read themselves).");
+ABSL_FLAG(std::string, read_token_file, "",
+          "File holding a read-only token: the shards accept it and the evaluator uses it.");
 
 namespace ps {
 namespace {
@@ -128,6 +136,15 @@ int Main(int argc, char** argv) {
     }
     c.rank_flags[rank] = {absl::StrCat("--slowdown=", factor)};
   }
+  if (std::string dir = absl::GetFlag(FLAGS_tls_dir); !dir.empty()) {
+    c.security.ca = dir + "/ca.pem";
+    c.security.server_cert = dir + "/server.pem";
+    c.security.server_key = dir + "/server.key";
+    c.security.client_cert = dir + "/client.pem";
+    c.security.client_key = dir + "/client.key";
+  }
+  c.security.token_file = absl::GetFlag(FLAGS_token_file);
+  c.security.read_token_file = absl::GetFlag(FLAGS_read_token_file);
   c.run_dir = absl::GetFlag(FLAGS_run_dir);
   if (c.run_dir.empty()) {
     mkdir("runs", 0755);

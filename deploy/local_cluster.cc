@@ -11,12 +11,36 @@
 
 namespace ps {
 
-LocalCluster::LocalCluster(std::string bin_dir, std::string run_dir)
-    : bin_dir_(std::move(bin_dir)), run_dir_(std::move(run_dir)) {
+LocalCluster::LocalCluster(std::string bin_dir, std::string run_dir, ClusterSecurity security)
+    : bin_dir_(std::move(bin_dir)), run_dir_(std::move(run_dir)), security_(std::move(security)) {
   mkdir(run_dir_.c_str(), 0755);
 }
 
 LocalCluster::~LocalCluster() { Stop(); }
+
+void LocalCluster::AppendShardSecurityFlags(std::vector<std::string>* argv) const {
+  const ClusterSecurity& s = security_;
+  if (!s.server_cert.empty()) {
+    argv->push_back("--tls_cert=" + s.server_cert);
+    argv->push_back("--tls_key=" + s.server_key);
+    if (!s.client_cert.empty()) argv->push_back("--tls_ca=" + s.ca);
+  }
+  if (!s.token_file.empty()) argv->push_back("--token_file=" + s.token_file);
+  if (!s.read_token_file.empty()) argv->push_back("--read_token_file=" + s.read_token_file);
+}
+
+void LocalCluster::AppendClientSecurityFlags(const std::string& token_file,
+                                             std::vector<std::string>* argv) const {
+  const ClusterSecurity& s = security_;
+  if (!s.server_cert.empty()) {
+    argv->push_back("--tls_ca=" + s.ca);
+    if (!s.client_cert.empty()) {
+      argv->push_back("--tls_cert=" + s.client_cert);
+      argv->push_back("--tls_key=" + s.client_key);
+    }
+  }
+  if (!token_file.empty()) argv->push_back("--token_file=" + token_file);
+}
 
 absl::Status LocalCluster::StartShards(int count, const std::string& model, int num_workers,
                                        const std::vector<std::string>& flags) {
@@ -34,6 +58,7 @@ absl::Status LocalCluster::StartShards(int count, const std::string& model, int 
         "--port_file=" + port_file,
         absl::StrCat("--staleness_csv=", run_dir_, "/staleness-shard-", i, ".csv"),
         absl::StrCat("--stats_json=", run_dir_, "/stats-shard-", i, ".json")};
+    AppendShardSecurityFlags(&argv);
     argv.insert(argv.end(), flags.begin(), flags.end());
     absl::StatusOr<Subprocess> p =
         Subprocess::Start(argv, absl::StrCat(run_dir_, "/ps-", i, ".log"));
@@ -75,6 +100,7 @@ absl::Status LocalCluster::StartWorker(int rank, int num_workers,
   std::vector<std::string> argv = {
       bin_dir_ + "/worker", "--ps=" + ShardAddresses(), absl::StrCat("--rank=", rank),
       absl::StrCat("--num_workers=", num_workers), "--csv=" + base + ".csv"};
+  AppendClientSecurityFlags(security_.token_file, &argv);
   argv.insert(argv.end(), flags.begin(), flags.end());
   absl::StatusOr<Subprocess> p = Subprocess::Start(argv, base + ".log");
   if (!p.ok()) return p.status();
@@ -86,6 +112,8 @@ absl::Status LocalCluster::StartWorker(int rank, int num_workers,
 absl::Status LocalCluster::StartEvaluator(const std::vector<std::string>& flags) {
   std::vector<std::string> argv = {bin_dir_ + "/evaluator", "--ps=" + ShardAddresses(),
                                    "--csv=" + run_dir_ + "/evaluator.csv"};
+  AppendClientSecurityFlags(
+      security_.read_token_file.empty() ? security_.token_file : security_.read_token_file, &argv);
   argv.insert(argv.end(), flags.begin(), flags.end());
   absl::StatusOr<Subprocess> p = Subprocess::Start(argv, run_dir_ + "/evaluator.log");
   if (!p.ok()) return p.status();

@@ -13,10 +13,20 @@
 
 namespace ps {
 
+// TLS and tokens for every daemon of a cluster, as file paths; empty fields are off.
+struct ClusterSecurity {
+  std::string ca;                       // signed the shards' and the clients' certificates
+  std::string server_cert, server_key;  // the shards'; set: TLS
+  std::string client_cert, client_key;  // workers' and the evaluator's; set too: mutual TLS
+  std::string token_file;               // write token: shards, workers, and the evaluator ...
+  std::string read_token_file;          // ... unless this read-only token is set
+};
+
 class LocalCluster {
  public:
-  // Binaries are taken from `bin_dir`; logs and CSVs go to `run_dir` (created if missing).
-  LocalCluster(std::string bin_dir, std::string run_dir);
+  // Binaries are taken from `bin_dir`; logs and CSVs go to `run_dir` (created if missing). Every
+  // daemon started gets the flags that `security` implies.
+  LocalCluster(std::string bin_dir, std::string run_dir, ClusterSecurity security = {});
   // Stops everything still running (see Stop).
   ~LocalCluster();
 
@@ -42,7 +52,13 @@ class LocalCluster {
   std::string Stop();
 
  private:
+  // Append the security flags of a shard, and of a client sending the token in `token_file`.
+  void AppendShardSecurityFlags(std::vector<std::string>* argv) const;
+  void AppendClientSecurityFlags(const std::string& token_file,
+                                 std::vector<std::string>* argv) const;
+
   std::string bin_dir_, run_dir_;
+  ClusterSecurity security_;
   std::vector<Subprocess> shards_;
   std::vector<int> ports_;
   std::map<int, Subprocess> workers_;

@@ -35,6 +35,11 @@ void WriteConfig(const TrainingConfig& c, const LocalCluster& cluster, absl::Tim
       << "\nps flags: " << absl::StrJoin(c.ps_flags, " ")
       << "\nworker flags: " << absl::StrJoin(c.worker_flags, " ")
       << "\nevaluator flags: " << absl::StrJoin(c.evaluator_flags, " ") << "\n";
+  auto or_none = [](const std::string& path) { return path.empty() ? "none" : path; };
+  out << "TLS CA: " << or_none(c.security.ca)
+      << "\nclient certificate: " << or_none(c.security.client_cert)
+      << "\ntoken file: " << or_none(c.security.token_file)
+      << "\nread-only token file: " << or_none(c.security.read_token_file) << "\n";
   for (const auto& [rank, flags] : c.rank_flags) {
     out << "worker " << rank << " extra flags: " << absl::StrJoin(flags, " ") << "\n";
   }
@@ -68,7 +73,7 @@ AccuracySummary SummariseAccuracy(const std::string& csv, double t0, double targ
 
 TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
   TrainingResult result;
-  LocalCluster cluster(ExecutableDir(), c.run_dir);
+  LocalCluster cluster(ExecutableDir(), c.run_dir, c.security);
   const absl::Time start = absl::Now();
   result.start_unix_seconds = absl::ToDoubleSeconds(start - absl::UnixEpoch());
   if (absl::Status s = cluster.StartShards(c.shards, c.model, c.workers, c.ps_flags); !s.ok()) {

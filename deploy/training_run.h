@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "deploy/local_cluster.h"
 #include "proto/ps.pb.h"
 
 namespace ps {
@@ -24,6 +25,7 @@ struct TrainingConfig {
   double progress_seconds = 5;
   std::vector<std::string> ps_flags, worker_flags, evaluator_flags;
   std::map<int, std::vector<std::string>> rank_flags;  // extra flags for one worker (stragglers)
+  ClusterSecurity security;                            // TLS and tokens (default: neither)
   std::string progress_prefix;                         // printed before each progress line
 };
 

@@ -16,11 +16,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
+#include "common/security.h"
 #include "common/shutdown.h"
 #include "server/parameter_shard.h"
 #include "server/shard_service.h"
 
-ABSL_FLAG(std::string, host, "0.0.0.0", "Address to listen on.");
+ABSL_FLAG(
+    std::string, host, "127.0.0.1",
+    "Address to listen on. Anything but loopback needs a token or mutual TLS (or --insecure).");
 ABSL_FLAG(int, port, 50051, "Port to listen on; 0 picks a free one (see --port_file).");
 ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once serving.");
 ABSL_FLAG(int, shard_index, 0, "This shard's index i in [0, num_shards).");
@@ -67,6 +70,18 @@ ABSL_FLAG(double, stream_max_seconds, 600, "No Push or Initialize stream lasts l
 ABSL_FLAG(std::string, staleness_csv, "",
           "If set, write the staleness histogram (staleness,count) here at shutdown.");
 ABSL_FLAG(std::string, stats_json, "", "If set, write the shard's statistics here at shutdown.");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate (chain) to serve TLS with; needs --tls_key.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate(s): clients must present a certificate chaining to it (mutual TLS).");
+ABSL_FLAG(
+    std::string, token_file, "",
+    "File holding the write token every call must carry (else $PS_TOKEN; neither: no token).");
+ABSL_FLAG(std::string, read_token_file, "",
+          "File holding a read-only token (else $PS_READ_TOKEN): Pull, GetStats and Register as an "
+          "observer only. Needs a write token.");
+ABSL_FLAG(bool, insecure, false,
+          "Allow a non-loopback --host without a token or mutual TLS (logs a warning).");
 
 namespace ps {
 namespace {
@@ -170,7 +185,16 @@ int Main(int argc, char** argv) {
   if (!config.ok()) return Fail(std::string(config.status().message()));
   absl::StatusOr<std::unique_ptr<ParameterShard>> shard = ParameterShard::Create(*config);
   if (!shard.ok()) return Fail(std::string(shard.status().message()));
+  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
+      {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)},
+      absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_read_token_file));
+  if (!security.ok()) return Fail(std::string(security.status().message()));
   SetLogTag(absl::StrCat("ps[", config->shard_index, "]"));
+  const std::string host = absl::GetFlag(FLAGS_host);
+  if (absl::Status s = CheckListenHost("--host", host, *security, absl::GetFlag(FLAGS_insecure));
+      !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   InstallShutdownHandler();
 
   if (absl::GetFlag(FLAGS_stream_idle_seconds) <= 0 ||
@@ -178,13 +202,13 @@ int Main(int argc, char** argv) {
     return Fail("--stream_idle_seconds and --stream_max_seconds must be > 0");
   }
   const ServiceLimits limits = LimitsFromFlags(config->num_workers);
-  ShardService service(shard->get(), limits);
-  grpc::EnableDefaultHealthCheckService(true);
+  ShardService service(shard->get(), limits, security->tokens);
+  grpc::EnableDefaultHealthCheckService(true);  // open to all callers, for probes
   grpc::ServerBuilder builder;
   ConfigureTransport(limits, &builder);
   int port = 0;
-  std::string address = absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  std::string address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
+  builder.AddListeningPort(address, security->credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return Fail("cannot listen on " + address);
@@ -197,7 +221,7 @@ int Main(int argc, char** argv) {
                << range.begin << ", " << range.end << ")) for " << config->num_workers
                << " workers, serving on port " << port << ": " << ConsistencyName(*config) << ", "
                << config->optimizer.name << ", lr " << config->learning_rate.base << " ("
-               << config->learning_rate.schedule << ")";
+               << config->learning_rate.schedule << "); " << security->Describe();
   std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WriteFileAtomically(port_file, absl::StrCat(port, "\n"))) {
     return Fail("cannot write --port_file " + port_file);

@@ -48,15 +48,18 @@ grpc::ByteBuffer Serialize(const Message& message) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-// A unary call on raw bytes: parses the request, runs handler(request, &response) (a
-// grpc::Status), serialises the response and finishes.
-template <typename Request, typename Response, typename Handler>
+// A unary call on raw bytes: checks that the caller may at least `access` (before parsing, so a
+// stranger learns nothing about the request format), parses the request, runs
+// handler(request, &response) (a grpc::Status), serialises the response and finishes.
+template <typename Request, typename Response, typename Authorize, typename Handler>
 grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const grpc::ByteBuffer* in,
-                                grpc::ByteBuffer* out, const char* method, Handler handler) {
+                                grpc::ByteBuffer* out, const char* method, Authorize authorize,
+                                Handler handler) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Request request;
   Response response;
-  grpc::Status status = Parse(*in, method, &request);
+  grpc::Status status = authorize();
+  if (status.ok()) status = Parse(*in, method, &request);
   if (status.ok()) status = handler(request, &response);
   if (status.ok()) *out = Serialize(response);
   reactor->Finish(status);
@@ -85,6 +88,10 @@ absl::Status ReadPayload(grpc::ServerReader<Chunk>* reader, Chunk& chunk, absl::
   return assembler.Finish();
 }
 
+// Observers (negative ids) only read. A worker id touches the membership (Register joins it, a
+// Pull refreshes the worker's lease), so it needs write access.
+Access AccessFor(int worker_id) { return worker_id < 0 ? Access::kRead : Access::kWrite; }
+
 grpc::Status Busy(const char* what, int limit) {
   return grpc::Status(
       grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -101,8 +108,11 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
              const grpc::ByteBuffer& request, CallLimit::Slot slot)
       : service_(service), context_(context), slot_(std::move(slot)) {
     v1::PullRequest r;
-    if (grpc::Status s = Parse(request, "Pull", &r); !s.ok()) {
-      Finish(s);
+    grpc::Status checked = service_->Authorize(*context, Access::kRead, "Pull");
+    if (checked.ok()) checked = Parse(request, "Pull", &r);
+    if (checked.ok()) checked = service_->Authorize(*context, AccessFor(r.worker_id()), "Pull");
+    if (!checked.ok()) {
+      Finish(checked);
       return;
     }
     // Wait at most a minute, and answer a little before the client's deadline so that it learns
@@ -165,17 +175,37 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   grpc::ByteBuffer message_;
 };
 
-ShardService::ShardService(ParameterShard* shard, const ServiceLimits& limits)
+ShardService::ShardService(ParameterShard* shard, const ServiceLimits& limits,
+                           TokenAuthenticator tokens)
     : shard_(shard),
+      tokens_(std::move(tokens)),
       streams_(limits.max_streams),
       pulls_(limits.max_pulls),
       watchdog_(limits.stream_idle, limits.stream_total) {}
+
+// An explicit check in each handler, not a grpc::AuthMetadataProcessor: gRPC 1.51 aborts when one
+// is set on InsecureServerCredentials (so a token without TLS would be impossible), and it would
+// guard the health service too, which stays open for probes.
+grpc::Status ShardService::Authorize(const grpc::ServerContextBase& context, Access needed,
+                                     absl::string_view call) const {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kAuthorizationMetadata);
+  absl::string_view value;
+  if (it != metadata.end()) value = absl::string_view(it->second.data(), it->second.size());
+  return ToGrpcStatus(tokens_.Authorize(value, needed, call));
+}
 
 grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* context,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
   return Unary<v1::RegisterRequest, v1::RegisterResponse>(
-      context, request, response, "Register", [this](const auto& request, auto* response) {
+      context, request, response, "Register",
+      [&] { return Authorize(*context, Access::kRead, "Register"); },
+      [&](const auto& request, auto* response) {
+        if (grpc::Status s = Authorize(*context, AccessFor(request.worker_id()), "Register");
+            !s.ok()) {
+          return s;
+        }
         absl::StatusOr<Registration> r =
             shard_->Register(request.worker_id(), FromProto(request.model()));
         if (!r.ok()) return ToGrpcStatus(r.status());
@@ -193,6 +223,7 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
 grpc::Status ShardService::Initialize(grpc::ServerContext* context,
                                       grpc::ServerReader<v1::InitializeChunk>* reader,
                                       v1::InitializeResponse* response) {
+  if (grpc::Status s = Authorize(*context, Access::kWrite, "Initialize"); !s.ok()) return s;
   CallLimit::Slot slot = streams_.TryAcquire();
   if (!slot) return Busy("streams", streams_.max_calls());
   StreamWatchdog::Guard guard = watchdog_.Watch(context);
@@ -227,6 +258,7 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
 grpc::Status ShardService::Push(grpc::ServerContext* context,
                                 grpc::ServerReader<v1::PushChunk>* reader,
                                 v1::PushResponse* response) {
+  if (grpc::Status s = Authorize(*context, Access::kWrite, "Push"); !s.ok()) return s;
   CallLimit::Slot slot = streams_.TryAcquire();
   if (!slot) return Busy("streams", streams_.max_calls());
   StreamWatchdog::Guard guard = watchdog_.Watch(context);
@@ -280,7 +312,9 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(grpc::CallbackServerContext* c
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
   return Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
-      context, request, response, "Heartbeat", [this](const auto& request, auto* response) {
+      context, request, response, "Heartbeat",
+      [&] { return Authorize(*context, Access::kWrite, "Heartbeat"); },
+      [&](const auto& request, auto* response) {
         absl::StatusOr<int> active = shard_->Heartbeat(request.worker_id());
         if (!active.ok()) return ToGrpcStatus(active.status());
         response->set_active_workers(*active);
@@ -292,16 +326,18 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* conte
                                               const grpc::ByteBuffer* request,
                                               grpc::ByteBuffer* response) {
   return Unary<v1::LeaveRequest, v1::LeaveResponse>(
-      context, request, response, "Leave", [this](const auto& request, auto*) {
-        return ToGrpcStatus(shard_->Leave(request.worker_id()));
-      });
+      context, request, response, "Leave",
+      [&] { return Authorize(*context, Access::kWrite, "Leave"); },
+      [&](const auto& request, auto*) { return ToGrpcStatus(shard_->Leave(request.worker_id())); });
 }
 
 grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* context,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
   return Unary<v1::StatsRequest, v1::StatsResponse>(
-      context, request, response, "GetStats", [this](const auto& request, auto* response) {
+      context, request, response, "GetStats",
+      [&] { return Authorize(*context, Access::kRead, "GetStats"); },
+      [&](const auto& request, auto* response) {
         int page = request.max_workers();
         if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
         *response = StatsToProto(shard_->Stats(request.first_worker(), page));

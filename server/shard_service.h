@@ -1,5 +1,6 @@
-// The gRPC face of a ParameterShard: parses and validates requests, streams tensors in chunks, and
-// translates results to gRPC statuses. Thread-safe (gRPC calls it from many threads).
+// The gRPC face of a ParameterShard: checks each caller's token, parses and validates requests,
+// streams tensors in chunks, and translates results to gRPC statuses. Thread-safe (gRPC calls it
+// from many threads).
 //
 // Register, Heartbeat, Leave, GetStats and Pull use gRPC's callback API on raw bytes: a pull held
 // back (sync barrier, SSP bound, waiting for the initialiser) holds no thread, and a request that
@@ -7,6 +8,7 @@
 // synchronous client streams, each under a CallLimit and the StreamWatchdog.
 #pragma once
 
+#include "common/security.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/call_limits.h"
 #include "server/parameter_shard.h"
@@ -35,7 +37,8 @@ using ShardServiceBase = v1::ParameterServer::WithRawCallbackMethod_Register<
 
 class ShardService final : public ShardServiceBase {
  public:
-  ShardService(ParameterShard* shard, const ServiceLimits& limits);
+  // Every call is first checked against `tokens` (by default none: everyone may do everything).
+  ShardService(ParameterShard* shard, const ServiceLimits& limits, TokenAuthenticator tokens = {});
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -60,7 +63,12 @@ class ShardService final : public ShardServiceBase {
  private:
   class PullWriter;
 
+  // OK if the caller's token allows `call`; UNAUTHENTICATED or PERMISSION_DENIED otherwise.
+  grpc::Status Authorize(const grpc::ServerContextBase& context, Access needed,
+                         absl::string_view call) const;
+
   ParameterShard* shard_;
+  const TokenAuthenticator tokens_;
   CallLimit streams_, pulls_;
   StreamWatchdog watchdog_;
   BufferPool push_buffers_{2};  // gradients being received; two idle ones kept

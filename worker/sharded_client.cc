@@ -49,10 +49,12 @@ ShardedClient::ShardedClient(std::vector<std::string> addresses, ModelIdentity m
     : addresses_(std::move(addresses)),
       model_(std::move(model)),
       worker_id_(worker_id),
-      options_(options) {
+      options_(std::move(options)) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = options_.security.credentials;
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  if (!options_.security.token.empty()) authorization_ = BearerValue(options_.security.token);
   for (size_t i = 0; i < addresses_.size(); ++i) {
-    stubs_.push_back(v1::ParameterServer::NewStub(
-        grpc::CreateChannel(addresses_[i], grpc::InsecureChannelCredentials())));
+    stubs_.push_back(v1::ParameterServer::NewStub(grpc::CreateChannel(addresses_[i], credentials)));
     ranges_.push_back(
         PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses_.size())));
   }
@@ -105,6 +107,7 @@ absl::Status ShardedClient::ForEachShard(
     for (;;) {
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+      if (!authorization_.empty()) context.AddMetadata(kAuthorizationMetadata, authorization_);
       grpc::Status s = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled at shutdown");
       if (Track(&context, generation)) {
         s = fn(shard, &context);

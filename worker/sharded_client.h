@@ -1,10 +1,10 @@
 // The worker-side view of the parameter servers: one flat parameter vector split over S shards.
-// Pull and Push fan out to all shards concurrently; every call has a deadline, and calls that
-// failed for a transient reason (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff. Retrying
-// is safe: pulls are reads, pushes carry a (worker, sequence) id that a shard applies once. A pull
-// that a shard holds back (ABORTED: sync barrier, SSP bound) is repeated for as long as it takes.
-// Thread-compatible: one thread drives Pull/Push; Heartbeat and CancelPending may be called from
-// others.
+// Pull and Push fan out to all shards concurrently; every call has a deadline and carries the
+// token of ClientOptions::security (over TLS if set there), and calls that failed for a transient
+// reason (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff. Retrying is safe: pulls are
+// reads, pushes carry a (worker, sequence) id that a shard applies once. A pull that a shard holds
+// back (ABORTED: sync barrier, SSP bound) is repeated for as long as it takes. Thread-compatible:
+// one thread drives Pull/Push; Heartbeat and CancelPending may be called from others.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +21,7 @@
 #include "absl/types/span.h"
 #include "common/model_identity.h"
 #include "common/partition.h"
+#include "common/security.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace ps {
@@ -28,6 +29,8 @@ namespace ps {
 struct ClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(10);  // deadline of each attempt
   absl::Duration retry_for = absl::Seconds(60);    // give up after transient failures this long
+  // TLS credentials (default: plaintext) and the token every call carries (default: none).
+  ClientSecurity security = {};
 };
 
 class ShardedClient {
@@ -98,6 +101,7 @@ class ShardedClient {
 
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
+  std::string authorization_;  // the metadata value every call carries; "" : none
   ModelIdentity model_;
   int worker_id_;
   ClientOptions options_;

@@ -1,0 +1,278 @@
+#include "common/security.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <openssl/bio.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/sha.h>
+#include <openssl/x509.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/log.h"
+
+namespace ps {
+namespace {
+
+// The whole file at `path`, named by `flag` in errors.
+absl::StatusOr<std::string> ReadWholeFile(absl::string_view flag, const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  std::string text;
+  if (fd >= 0) {
+    char buffer[4096];
+    ssize_t n;
+    while ((n = read(fd, buffer, sizeof buffer)) > 0) text.append(buffer, static_cast<size_t>(n));
+    int read_errno = errno;
+    close(fd);
+    if (n == 0) return text;
+    errno = read_errno;
+  }
+  return absl::NotFoundError(absl::StrCat("cannot read ", flag, "=", path, ": ", strerror(errno)));
+}
+
+struct BioDeleter {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+struct X509Deleter {
+  void operator()(X509* x) const { X509_free(x); }
+};
+struct KeyDeleter {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+
+std::unique_ptr<BIO, BioDeleter> MemoryBio(const std::string& pem) {
+  return std::unique_ptr<BIO, BioDeleter>(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+}
+
+std::unique_ptr<X509, X509Deleter> FirstCertificate(const std::string& pem) {
+  return std::unique_ptr<X509, X509Deleter>(
+      PEM_read_bio_X509(MemoryBio(pem).get(), nullptr, nullptr, nullptr));
+}
+
+// A PEM file that must hold at least one certificate.
+absl::StatusOr<std::string> ReadCertificate(absl::string_view flag, const std::string& path) {
+  absl::StatusOr<std::string> pem = ReadWholeFile(flag, path);
+  if (pem.ok() && FirstCertificate(*pem) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, " holds no PEM certificate"));
+  }
+  return pem;
+}
+
+// cert/key PEM pair (both set): checks that the key parses and belongs to the certificate.
+absl::Status ReadKeyPair(const TlsFiles& files, std::string* cert, std::string* key) {
+  if (files.cert.empty() != files.key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together: give both or neither");
+  }
+  absl::StatusOr<std::string> c = ReadCertificate("--tls_cert", files.cert);
+  if (!c.ok()) return c.status();
+  absl::StatusOr<std::string> k = ReadWholeFile("--tls_key", files.key);
+  if (!k.ok()) return k.status();
+  std::unique_ptr<EVP_PKEY, KeyDeleter> parsed(
+      PEM_read_bio_PrivateKey(MemoryBio(*k).get(), nullptr, nullptr, nullptr));
+  if (parsed == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls_key=", files.key, " holds no (unencrypted) PEM private key"));
+  }
+  if (X509_check_private_key(FirstCertificate(*c).get(), parsed.get()) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls_key=", files.key, " does not belong to --tls_cert=", files.cert));
+  }
+  *cert = *std::move(c);
+  *key = *std::move(k);
+  return absl::OkStatus();
+}
+
+// A token from `file` (flag `flag`) if set, else from the environment variable `env` ("" if
+// unset). Surrounding whitespace (a trailing newline) is dropped.
+absl::StatusOr<std::string> LoadToken(absl::string_view flag, const std::string& file,
+                                      const char* env) {
+  std::string token, source;
+  if (!file.empty()) {
+    absl::StatusOr<std::string> text = ReadWholeFile(flag, file);
+    if (!text.ok()) return text.status();
+    token = *std::move(text);
+    source = absl::StrCat(flag, "=", file);
+  } else if (const char* value = std::getenv(env); value != nullptr) {
+    token = value;
+    source = env;
+  } else {
+    return std::string();
+  }
+  absl::StripAsciiWhitespace(&token);
+  if (token.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("the token in ", source, " is empty"));
+  }
+  for (char ch : token) {
+    // Call metadata carries printable ASCII only.
+    if (ch < '!' || ch > '~') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the token in ", source, " must be printable ASCII without spaces"));
+    }
+  }
+  return token;
+}
+
+}  // namespace
+
+std::string BearerValue(absl::string_view token) { return absl::StrCat("Bearer ", token); }
+
+absl::StatusOr<TokenAuthenticator> TokenAuthenticator::Create(absl::string_view write_token,
+                                                              absl::string_view read_token) {
+  if (write_token.empty()) {
+    return absl::InvalidArgumentError(
+        "a read-only token needs a write token too (--token_file or PS_TOKEN)");
+  }
+  if (write_token == read_token) {
+    return absl::InvalidArgumentError("the read-only token must differ from the write token");
+  }
+  TokenAuthenticator a;
+  a.write_ = Sha256(write_token);
+  if (!read_token.empty()) a.read_ = Sha256(read_token);
+  return a;
+}
+
+TokenAuthenticator::Digest TokenAuthenticator::Sha256(absl::string_view text) {
+  Digest d;
+  SHA256(reinterpret_cast<const unsigned char*>(text.data()), text.size(), d.data());
+  return d;
+}
+
+bool TokenAuthenticator::Equal(const Digest& a, const Digest& b) {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+absl::Status TokenAuthenticator::Authorize(absl::string_view authorization, Access needed,
+                                           absl::string_view call) const {
+  if (!enabled()) return absl::OkStatus();
+  if (authorization.empty()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat(call, " needs a token (call metadata 'authorization: Bearer <token>')"));
+  }
+  if (!absl::ConsumePrefix(&authorization, "Bearer ")) {
+    return absl::UnauthenticatedError(
+        "malformed authorization metadata: expected 'Bearer <token>'");
+  }
+  Digest presented = Sha256(authorization);
+  // Both comparisons always run, so the time taken does not tell which token matched.
+  bool is_write = Equal(presented, *write_);
+  bool is_read = read_.has_value() && Equal(presented, *read_);
+  if (is_write) return absl::OkStatus();
+  if (!is_read) return absl::UnauthenticatedError(absl::StrCat(call, ": invalid token"));
+  if (needed == Access::kWrite) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(call,
+                     " needs the write token; the read-only token allows Pull and Register as an "
+                     "observer and GetStats"));
+  }
+  return absl::OkStatus();
+}
+
+std::string ServerSecurity::Describe() const {
+  return absl::StrCat(mutual_tls ? "mutual TLS"
+                      : tls      ? "TLS (no client certificates)"
+                                 : "plaintext",
+                      ", ",
+                      !tokens.enabled()         ? "no token"
+                      : tokens.has_read_token() ? "write and read-only tokens"
+                                                : "write token");
+}
+
+absl::StatusOr<ServerSecurity> LoadServerSecurity(const TlsFiles& files,
+                                                  const std::string& token_file,
+                                                  const std::string& read_token_file) {
+  ServerSecurity s;
+  s.credentials = grpc::InsecureServerCredentials();
+  if (!files.cert.empty() || !files.key.empty()) {
+    grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+    if (absl::Status st = ReadKeyPair(files, &pair.cert_chain, &pair.private_key); !st.ok()) {
+      return st;
+    }
+    grpc::SslServerCredentialsOptions options(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    options.pem_key_cert_pairs.push_back(std::move(pair));
+    if (!files.ca.empty()) {
+      absl::StatusOr<std::string> ca = ReadCertificate("--tls_ca", files.ca);
+      if (!ca.ok()) return ca.status();
+      options.pem_root_certs = *std::move(ca);
+      options.client_certificate_request =
+          GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+      s.mutual_tls = true;
+    }
+    s.credentials = grpc::SslServerCredentials(options);
+    s.tls = true;
+  } else if (!files.ca.empty()) {
+    return absl::InvalidArgumentError("--tls_ca (mutual TLS) needs --tls_cert and --tls_key");
+  }
+  absl::StatusOr<std::string> write = LoadToken("--token_file", token_file, "PS_TOKEN");
+  if (!write.ok()) return write.status();
+  absl::StatusOr<std::string> read =
+      LoadToken("--read_token_file", read_token_file, "PS_READ_TOKEN");
+  if (!read.ok()) return read.status();
+  if (!write->empty() || !read->empty()) {
+    absl::StatusOr<TokenAuthenticator> tokens = TokenAuthenticator::Create(*write, *read);
+    if (!tokens.ok()) return tokens.status();
+    s.tokens = *std::move(tokens);
+  }
+  return s;
+}
+
+absl::StatusOr<ClientSecurity> LoadClientSecurity(const TlsFiles& files,
+                                                  const std::string& token_file) {
+  ClientSecurity s;
+  if (!files.ca.empty()) {
+    grpc::SslCredentialsOptions options;
+    absl::StatusOr<std::string> ca = ReadCertificate("--tls_ca", files.ca);
+    if (!ca.ok()) return ca.status();
+    options.pem_root_certs = *std::move(ca);
+    if (!files.cert.empty() || !files.key.empty()) {
+      if (absl::Status st = ReadKeyPair(files, &options.pem_cert_chain, &options.pem_private_key);
+          !st.ok()) {
+        return st;
+      }
+    }
+    s.credentials = grpc::SslCredentials(options);
+  } else if (!files.cert.empty() || !files.key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert/--tls_key need --tls_ca (the CA that signed the ps's certificate)");
+  }
+  absl::StatusOr<std::string> token = LoadToken("--token_file", token_file, "PS_TOKEN");
+  if (!token.ok()) return token.status();
+  s.token = *std::move(token);
+  return s;
+}
+
+bool IsLoopbackHost(absl::string_view host) {
+  if (host == "localhost" || host == "::1" || host == "[::1]") return true;
+  in_addr address;
+  return inet_pton(AF_INET, std::string(host).c_str(), &address) == 1 &&
+         (ntohl(address.s_addr) >> 24) == 127;
+}
+
+absl::Status CheckListenHost(absl::string_view flag, absl::string_view host,
+                             const ServerSecurity& security, bool insecure) {
+  if (IsLoopbackHost(host)) return absl::OkStatus();
+  if (!security.authenticates_callers()) {
+    if (!insecure) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("refusing to listen on ", flag, "=", host,
+                       ": not a loopback address, and neither a token nor mutual TLS keeps "
+                       "strangers out (pass --insecure to listen anyway)"));
+    }
+    PS_LOG(WARNING) << "--insecure: listening on " << flag << "=" << host
+                    << " where anyone who can reach it gets in";
+  } else if (!security.tls) {
+    PS_LOG(WARNING) << "listening on " << flag << "=" << host
+                    << " without TLS: the token travels in plaintext (give --tls_cert, --tls_key)";
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ps

@@ -1,0 +1,111 @@
+// Who may talk to a parameter server: TLS credentials built from PEM files (server-only or mutual),
+// shared-secret bearer tokens (a write token and an optional read-only one) compared in constant
+// time, and the rule for which addresses a daemon may listen on. Errors name the files by the
+// daemons' flags (--tls_cert, --tls_key, --tls_ca, --token_file, --read_token_file).
+#pragma once
+
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/server_credentials.h>
+
+#include <array>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ps {
+
+// Paths of PEM files for one end of a TLS connection; all empty means plaintext.
+struct TlsFiles {
+  std::string cert;  // this end's certificate (chain); server: turns TLS on; client: mutual TLS
+  std::string key;   // the certificate's private key
+  std::string ca;    // server: clients must present a certificate chaining to it (mutual TLS);
+                     // client: the server's certificate must chain to it (turns TLS on)
+};
+
+// Clients send their token as this call metadata: "authorization: Bearer <token>".
+inline constexpr char kAuthorizationMetadata[] = "authorization";
+std::string BearerValue(absl::string_view token);
+
+// What a call needs: kRead (Pull as an observer, GetStats, Register as an observer) or kWrite
+// (everything else).
+enum class Access { kRead, kWrite };
+
+// Decides from a call's authorization metadata whether the caller may do what it asks. Holds only
+// SHA-256 digests of the tokens and compares digests in constant time, so neither the tokens'
+// contents nor their lengths leak through timing. Immutable after construction: thread-safe.
+class TokenAuthenticator {
+ public:
+  // No tokens: every caller may do everything.
+  TokenAuthenticator() = default;
+  // `write_token` must not be empty; `read_token` may be ("" : no read-only token) but must differ
+  // from the write token. INVALID_ARGUMENT otherwise.
+  static absl::StatusOr<TokenAuthenticator> Create(absl::string_view write_token,
+                                                   absl::string_view read_token);
+
+  bool enabled() const { return write_.has_value(); }
+  bool has_read_token() const { return read_.has_value(); }
+
+  // OK if the caller presenting `authorization` (the metadata value, "" if absent) may do `call`,
+  // which needs `needed`. UNAUTHENTICATED: no, malformed or unknown token. PERMISSION_DENIED: the
+  // read-only token, for a call that needs kWrite. `call` names the call in messages.
+  absl::Status Authorize(absl::string_view authorization, Access needed,
+                         absl::string_view call) const;
+
+ private:
+  using Digest = std::array<unsigned char, 32>;
+  static Digest Sha256(absl::string_view text);
+  static bool Equal(const Digest& a, const Digest& b);  // constant time
+
+  std::optional<Digest> write_, read_;
+};
+
+// The ps's side of security, from its flags: the listening port's credentials and the tokens.
+struct ServerSecurity {
+  std::shared_ptr<grpc::ServerCredentials> credentials;  // TLS or plaintext
+  TokenAuthenticator tokens;
+  bool tls = false, mutual_tls = false;
+  // Whether strangers are kept out: mutual TLS or a token (server-only TLS encrypts but lets any
+  // client in).
+  bool authenticates_callers() const { return mutual_tls || tokens.enabled(); }
+  // For the log: "mutual TLS, write+read tokens", "plaintext, no token", ...
+  std::string Describe() const;
+};
+
+// Builds the ps's security. TLS when files.cert/files.key are set (both or neither); mutual TLS
+// when files.ca is set too. The write token comes from `token_file`, else the environment variable
+// PS_TOKEN; the read-only token from `read_token_file`, else PS_READ_TOKEN; a read-only token needs
+// a write token. Fails with a one-line reason for a missing or unreadable file, a file that holds
+// no PEM certificate or key, a key that does not match its certificate, or an empty token.
+absl::StatusOr<ServerSecurity> LoadServerSecurity(const TlsFiles& files,
+                                                  const std::string& token_file,
+                                                  const std::string& read_token_file);
+
+// A client's side (worker, evaluator, tests): channel credentials and the token it sends.
+struct ClientSecurity {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
+  std::string token;                                      // "": none sent
+};
+
+// Builds a client's security. TLS when files.ca is set (the CA that signed the ps's certificate);
+// files.cert/files.key (both or neither, and only with files.ca) add a client certificate for
+// mutual TLS. The token comes from `token_file`, else PS_TOKEN, else none. Fails as
+// LoadServerSecurity does.
+absl::StatusOr<ClientSecurity> LoadClientSecurity(const TlsFiles& files,
+                                                  const std::string& token_file);
+
+// True for addresses only this machine reaches: 127.0.0.0/8, ::1 and "localhost".
+bool IsLoopbackHost(absl::string_view host);
+
+// May a server protected by `security` listen on `host` (given as `flag`, e.g. "--host")?
+// Loopback: always. Any other address: only if security.authenticates_callers(), or if `insecure`
+// (then it logs a warning); a token without TLS is let through with a warning that it travels in
+// plaintext. Otherwise FAILED_PRECONDITION with a one-line reason. Health-only servers pass
+// ServerSecurity{} (plaintext, no tokens).
+absl::Status CheckListenHost(absl::string_view flag, absl::string_view host,
+                             const ServerSecurity& security, bool insecure);
+
+}  // namespace ps

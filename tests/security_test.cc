@@ -1,0 +1,499 @@
+// Who gets in: real ps processes on 127.0.0.1 (ports chosen at run time) guarded by tokens and TLS,
+// with certificates made at run time by deploy/make_test_certs.sh in a temporary directory. Every
+// refused call must leave the weights bit-identical.
+#include "common/security.h"
+
+#include <grpcpp/create_channel.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "deploy/local_cluster.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
+#include "proto/ps.grpc.pb.h"
+#include "tests/run_dir.h"
+#include "worker/sharded_client.h"
+
+namespace ps {
+namespace {
+
+std::string NewRunDir() { return ps::NewRunDir("security"); }
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+
+// Tokens of equal length: a wrong token differs from the real one in its last character only.
+constexpr char kWriteToken[] = "write-4f9c2a7e1b3d5f60";
+constexpr char kReadToken[] = "read-8e1d7c3b5a9f2e40x";
+constexpr char kWrongToken[] = "write-4f9c2a7e1b3d5f61";
+
+// Certificates (deploy/make_test_certs.sh) and token files in a fresh temporary directory.
+struct Secrets {
+  std::string dir = NewRunDir();
+  std::string File(const std::string& name) const { return dir + "/" + name; }
+
+  // Makes the certificates; false (with the script's output logged) if the script failed.
+  bool MakeCertificates() const {
+    absl::StatusOr<Subprocess> script = Subprocess::Start(
+        {"/bin/bash", std::string(PS_SOURCE_DIR) + "/deploy/make_test_certs.sh", dir + "/certs"},
+        File("make_test_certs.log"));
+    absl::StatusOr<int> code = script.ok() ? script->Wait(absl::Minutes(1)) : script.status();
+    if (code.ok() && *code == 0) return true;
+    ADD_FAILURE() << "make_test_certs.sh: " << code.status() << "\n"
+                  << ReadFile(File("make_test_certs.log"));
+    return false;
+  }
+  std::string Cert(const std::string& name) const { return dir + "/certs/" + name; }
+
+  ClusterSecurity Tokens() const {
+    WriteFile(File("token"), std::string(kWriteToken) + "\n");
+    WriteFile(File("read-token"), std::string(kReadToken) + "\n");
+    ClusterSecurity s;
+    s.token_file = File("token");
+    s.read_token_file = File("read-token");
+    return s;
+  }
+  ClusterSecurity MutualTlsAndTokens() const {
+    ClusterSecurity s = Tokens();
+    s.ca = Cert("ca.pem");
+    s.server_cert = Cert("server.pem");
+    s.server_key = Cert("server.key");
+    s.client_cert = Cert("client.pem");
+    s.client_key = Cert("client.key");
+    return s;
+  }
+};
+
+// A client's TLS settings: a CA to check the ps with and an optional client certificate.
+ClientSecurity Tls(const std::string& ca, const std::string& cert, const std::string& key,
+                   const std::string& token) {
+  absl::StatusOr<ClientSecurity> s = LoadClientSecurity({cert, key, ca}, "");
+  EXPECT_TRUE(s.ok()) << s.status();
+  ClientSecurity out = s.ok() ? *s : ClientSecurity{};
+  out.token = token;
+  return out;
+}
+
+ClientSecurity Plaintext(const std::string& token) { return ClientSecurity{nullptr, token}; }
+
+constexpr int kParams = 1000;
+constexpr int64_t kHugeSequence = int64_t{1} << 62;
+
+// A cluster of `shards` shards holding a kParams "model" initialised to 0.5 * i by worker 0, which
+// holds the write token (and a client certificate where TLS is on).
+class GuardedShards {
+ public:
+  GuardedShards(int shards, const ClusterSecurity& security, ClientSecurity owner)
+      : cluster_(ExecutableDir(), NewRunDir(), security),
+        model_{"flat:1000", kParams, shards},
+        owner_security_(std::move(owner)) {
+    absl::Status started =
+        cluster_.StartShards(shards, model_.fingerprint, 2, {"--optimizer=sgd", "--lr=0.5"});
+    EXPECT_TRUE(started.ok()) << started << "\n" << ReadFile(cluster_.run_dir() + "/ps-0.log");
+    if (!started.ok()) return;
+    owner_ = Client(0, owner_security_);
+    absl::StatusOr<int64_t> registered = owner_->Register();
+    EXPECT_TRUE(registered.ok()) << registered.status();
+    for (int i = 0; i < kParams; ++i) initial_[i] = 0.5f * i;
+    absl::StatusOr<int> initialised = owner_->Initialize(initial_);
+    EXPECT_TRUE(initialised.ok() && *initialised == shards) << initialised.status();
+  }
+
+  bool ok() const { return owner_ != nullptr; }
+
+  // A client of every shard. Calls expected to fail the TLS handshake pass `retry_for` 0, so that
+  // UNAVAILABLE is reported at once instead of retried.
+  std::unique_ptr<ShardedClient> Client(int worker_id, ClientSecurity security,
+                                        absl::Duration retry_for = absl::Seconds(30)) {
+    std::vector<std::string> addresses;
+    for (int s = 0; s < model_.num_shards; ++s) addresses.push_back(cluster_.ShardAddress(s));
+    ClientOptions options;
+    options.retry_for = retry_for;
+    options.security = std::move(security);
+    return std::make_unique<ShardedClient>(addresses, model_, worker_id, options);
+  }
+
+  // Pulls with the owner's credentials as an observer: the values must be the initial ones, bit
+  // for bit, at version `version` on every shard.
+  void ExpectWeights(int64_t version = 0) {
+    std::unique_ptr<ShardedClient> reader = Client(-1, owner_security_);
+    std::vector<float> now(kParams);
+    std::vector<int64_t> versions;
+    absl::Status pulled = reader->Pull(absl::MakeSpan(now), &versions);
+    ASSERT_TRUE(pulled.ok()) << pulled;
+    EXPECT_EQ(std::memcmp(now.data(), initial_.data(), sizeof(float) * kParams), 0);
+    EXPECT_EQ(versions, std::vector<int64_t>(model_.num_shards, version));
+  }
+
+  // Every call that needs the write token (a Pull as a worker too: it refreshes the lease), from
+  // `client`: each must fail with `code` and change nothing.
+  void ExpectEveryWriteRefused(ShardedClient& client, absl::StatusCode code,
+                               const std::string& who) {
+    std::vector<float> fifty(kParams, 50.0f), values(kParams);
+    std::vector<int64_t> base(model_.num_shards, 0), versions;
+    std::vector<std::pair<std::string, absl::Status>> calls = {
+        {"Register", client.Register().status()},
+        {"Initialize", client.Initialize(fifty).status()},
+        {"Push", client.Push(fifty, 0, base).status()},
+        {"Push with sequence 2^62", client.Push(fifty, kHugeSequence, base).status()},
+        {"Heartbeat", client.Heartbeat(absl::Seconds(10))},
+        {"Leave", client.Leave(absl::Seconds(10))},
+        {"Pull", client.Pull(absl::MakeSpan(values), &versions)},
+    };
+    for (const auto& [call, status] : calls) {
+      EXPECT_EQ(status.code(), code) << who << ", " << call << ": " << status;
+    }
+    ExpectWeights();
+  }
+
+  ShardedClient& owner() { return *owner_; }
+  LocalCluster& cluster() { return cluster_; }
+
+ private:
+  LocalCluster cluster_;
+  ModelIdentity model_;
+  ClientSecurity owner_security_;
+  std::unique_ptr<ShardedClient> owner_;
+  std::vector<float> initial_ = std::vector<float>(kParams);
+};
+
+// --- Tokens, plaintext on loopback ---
+
+class TokenTest : public ::testing::Test {
+ protected:
+  Secrets secrets_;
+  GuardedShards shards_{2, secrets_.Tokens(), Plaintext(kWriteToken)};
+  void SetUp() override { ASSERT_TRUE(shards_.ok()); }
+};
+
+TEST_F(TokenTest, CallersWithoutTheTokenAreUnauthenticatedAndChangeNothing) {
+  // The audit's stranger (worker 666 pushing 50.0) and its forged worker 0 (sequence 2^62), with
+  // no token, a wrong one, a prefix of the real one and the real one with a byte more.
+  for (const std::string& token :
+       {std::string(), std::string(kWrongToken), std::string(kWriteToken).substr(0, 10),
+        std::string(kWriteToken) + "0"}) {
+    for (int id : {666, 0}) {
+      std::unique_ptr<ShardedClient> stranger = shards_.Client(id, Plaintext(token));
+      shards_.ExpectEveryWriteRefused(*stranger, absl::StatusCode::kUnauthenticated,
+                                      absl::StrCat("worker ", id, " with token '", token, "'"));
+      EXPECT_EQ(stranger->Stats().status().code(), absl::StatusCode::kUnauthenticated);
+    }
+  }
+  // The token without "Bearer ", straight through a raw stub.
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(shards_.cluster().ShardAddress(0), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  context.AddMetadata(kAuthorizationMetadata, kWriteToken);
+  v1::StatsResponse stats;
+  grpc::Status raw = stub->GetStats(&context, v1::StatsRequest(), &stats);
+  EXPECT_EQ(raw.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(raw.error_message().find("expected 'Bearer <token>'"), std::string::npos)
+      << raw.error_message();
+
+  // Worker 0's own pushes still apply: the forged sequence 2^62 was never recorded. (A zero
+  // gradient under SGD leaves the weights bit-identical.)
+  std::vector<float> zero(kParams, 0.0f);
+  absl::StatusOr<ShardedClient::PushSummary> push = shards_.owner().Push(zero, 0, {0, 0});
+  ASSERT_TRUE(push.ok()) << push.status();
+  EXPECT_EQ(push->duplicates, 0);
+  shards_.ExpectWeights(/*version=*/1);
+  absl::StatusOr<std::vector<v1::StatsResponse>> all = shards_.owner().Stats();
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (const v1::StatsResponse& s : *all) {
+    EXPECT_EQ(s.registered_workers(), 1);  // worker 666 never joined
+    EXPECT_EQ(s.pushes_applied(), 1);
+  }
+}
+
+TEST_F(TokenTest, TheReadOnlyTokenReadsButNeverWrites) {
+  std::unique_ptr<ShardedClient> observer = shards_.Client(-1, Plaintext(kReadToken));
+  ASSERT_TRUE(observer->Register().ok());
+  std::vector<float> values(kParams);
+  std::vector<int64_t> versions;
+  ASSERT_TRUE(observer->Pull(absl::MakeSpan(values), &versions).ok());
+  EXPECT_EQ(values[999], 0.5f * 999);
+  ASSERT_TRUE(observer->Stats().ok());
+
+  for (int id : {0, 1}) {  // a registered worker's id and a fresh one
+    std::unique_ptr<ShardedClient> reader = shards_.Client(id, Plaintext(kReadToken));
+    shards_.ExpectEveryWriteRefused(*reader, absl::StatusCode::kPermissionDenied,
+                                    absl::StrCat("read-only token as worker ", id));
+  }
+  absl::Status push = shards_.Client(0, Plaintext(kReadToken))->Push(values, 0, {0, 0}).status();
+  EXPECT_NE(push.message().find("Push needs the write token"), std::string::npos) << push;
+  EXPECT_EQ((*shards_.owner().Stats())[0].registered_workers(), 1);
+}
+
+TEST_F(TokenTest, TheHealthServiceStaysOpen) {
+  auto health = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(shards_.cluster().ShardAddress(0), grpc::InsecureChannelCredentials()));
+  // No token needed; the shard (initialised) reports SERVING once its daemon has noticed.
+  auto status = [&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::health::v1::HealthCheckResponse response;
+    EXPECT_TRUE(health->Check(&context, grpc::health::v1::HealthCheckRequest(), &response).ok());
+    return response.status();
+  };
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (status() != grpc::health::v1::HealthCheckResponse::SERVING && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(status(), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+TEST(TokenFromTheEnvironmentTest, PsTokenGuardsTheShardsAndClientsSendIt) {
+  setenv("PS_TOKEN", kWriteToken, 1);  // inherited by the shard started below
+  absl::StatusOr<ClientSecurity> owner = LoadClientSecurity({}, "");
+  GuardedShards shards(1, ClusterSecurity{}, owner.ok() ? *owner : ClientSecurity{});
+  unsetenv("PS_TOKEN");
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  EXPECT_EQ(owner->token, kWriteToken);
+  ASSERT_TRUE(shards.ok());
+  shards.ExpectWeights();
+  std::unique_ptr<ShardedClient> stranger = shards.Client(0, Plaintext(""));
+  EXPECT_EQ(stranger->Register().status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+// --- TLS ---
+
+class MutualTlsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(secrets_.MakeCertificates());
+    owner_ = Tls(secrets_.Cert("ca.pem"), secrets_.Cert("client.pem"), secrets_.Cert("client.key"),
+                 kWriteToken);
+    shards_ = std::make_unique<GuardedShards>(1, secrets_.MutualTlsAndTokens(), owner_);
+    ASSERT_TRUE(shards_->ok());
+  }
+
+  Secrets secrets_;
+  ClientSecurity owner_;
+  std::unique_ptr<GuardedShards> shards_;
+};
+
+TEST_F(MutualTlsTest, ClientsWithoutATrustedCertificateCannotConnect) {
+  const std::string ca = secrets_.Cert("ca.pem");
+  struct Case {
+    std::string who;
+    ClientSecurity security;
+  };
+  std::vector<Case> cases = {
+      {"plaintext", Plaintext(kWriteToken)},
+      {"TLS without a client certificate", Tls(ca, "", "", kWriteToken)},
+      {"a client certificate from another CA",
+       Tls(ca, secrets_.Cert("other-client.pem"), secrets_.Cert("other-client.key"), kWriteToken)},
+      {"a client that does not trust the ps's CA",
+       Tls(secrets_.Cert("other-ca.pem"), secrets_.Cert("client.pem"), secrets_.Cert("client.key"),
+           kWriteToken)},
+  };
+  // gRPC reports a failed handshake as UNAVAILABLE ("failed to connect"): the call never reaches
+  // the service, so it cannot be UNAUTHENTICATED.
+  for (Case& c : cases) {
+    std::unique_ptr<ShardedClient> client =
+        shards_->Client(0, std::move(c.security), absl::ZeroDuration());
+    shards_->ExpectEveryWriteRefused(*client, absl::StatusCode::kUnavailable, c.who);
+    EXPECT_EQ(client->Stats().status().code(), absl::StatusCode::kUnavailable) << c.who;
+  }
+}
+
+TEST_F(MutualTlsTest, ATrustedCertificateStillNeedsTheToken) {
+  const std::string ca = secrets_.Cert("ca.pem"), cert = secrets_.Cert("client.pem"),
+                    key = secrets_.Cert("client.key");
+  std::unique_ptr<ShardedClient> no_token = shards_->Client(0, Tls(ca, cert, key, ""));
+  shards_->ExpectEveryWriteRefused(*no_token, absl::StatusCode::kUnauthenticated,
+                                   "certificate, no token");
+  std::unique_ptr<ShardedClient> reader = shards_->Client(0, Tls(ca, cert, key, kReadToken));
+  shards_->ExpectEveryWriteRefused(*reader, absl::StatusCode::kPermissionDenied,
+                                   "certificate, read-only token");
+  std::unique_ptr<ShardedClient> observer = shards_->Client(-1, Tls(ca, cert, key, kReadToken));
+  EXPECT_TRUE(observer->Register().ok());
+  EXPECT_TRUE(observer->Stats().ok());
+}
+
+TEST(ServerOnlyTlsTest, ClientsNeedNoCertificateButMustUseTls) {
+  Secrets secrets;
+  ASSERT_TRUE(secrets.MakeCertificates());
+  ClusterSecurity security = secrets.Tokens();
+  security.ca = secrets.Cert("ca.pem");
+  security.server_cert = secrets.Cert("server.pem");
+  security.server_key = secrets.Cert("server.key");
+  ClientSecurity owner = Tls(security.ca, "", "", kWriteToken);
+  GuardedShards shards(1, security, owner);
+  ASSERT_TRUE(shards.ok());
+  shards.ExpectWeights();
+  std::unique_ptr<ShardedClient> plaintext =
+      shards.Client(0, Plaintext(kWriteToken), absl::ZeroDuration());
+  shards.ExpectEveryWriteRefused(*plaintext, absl::StatusCode::kUnavailable, "plaintext");
+}
+
+// --- A whole cluster ---
+
+TEST(SecureClusterTest, WorkersAndAReadOnlyEvaluatorTrainOverMutualTlsWithTokens) {
+  Secrets secrets;
+  ASSERT_TRUE(secrets.MakeCertificates());
+  ClusterSecurity security = secrets.MutualTlsAndTokens();
+  LocalCluster cluster(ExecutableDir(), NewRunDir(), security);
+  ASSERT_TRUE(
+      cluster.StartShards(2, "mlp:784-32-10", 2, {"--optimizer=momentum", "--lr=0.01"}).ok());
+  EXPECT_NE(
+      ReadFile(cluster.run_dir() + "/ps-0.log").find("mutual TLS, write and read-only tokens"),
+      std::string::npos);
+  // The evaluator gets the read-only token (LocalCluster gives it the read token file).
+  ASSERT_TRUE(cluster.StartEvaluator({"--hidden=32", "--interval_seconds=1"}).ok());
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(cluster.StartWorker(r, 2, {"--hidden=32", "--steps=150"}).ok());
+  }
+  for (int r = 0; r < 2; ++r) {
+    absl::StatusOr<int> code = cluster.worker(r)->Wait(absl::Minutes(4));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << ReadFile(cluster.run_dir() + "/worker-" + std::to_string(r) + ".log");
+  }
+  ClientSecurity observer = Tls(security.ca, security.client_cert, security.client_key, kReadToken);
+  ClientOptions options;
+  options.security = observer;
+  ShardedClient stats_client({cluster.ShardAddress(0), cluster.ShardAddress(1)}, {"unused", 1, 2},
+                             -1, options);
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = stats_client.Stats();
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  for (const v1::StatsResponse& s : *stats) {
+    EXPECT_EQ(s.version(), 300);
+    EXPECT_EQ(s.pushes_applied(), 300);
+    EXPECT_EQ(s.pushes_rejected(), 0);
+    EXPECT_EQ(s.registered_workers(), 2);
+  }
+  EXPECT_EQ(cluster.Stop(), "");
+  // The read-only evaluator pulled and scored the final weights at shutdown.
+  std::string last = LastLine(cluster.run_dir() + "/evaluator.csv");
+  EXPECT_EQ(last.substr(last.find(',') + 1, 4), "300,") << last;
+}
+
+// --- Where daemons listen, and bad security flags ---
+
+// Runs a daemon to completion; returns its exit code and output. A ps is given a job (model and
+// workers) so that it gets as far as its security flags.
+std::pair<int, std::string> RunDaemon(std::vector<std::string> argv) {
+  std::string log = NewRunDir() + "/out.log";
+  if (argv[0] == "ps") argv.insert(argv.begin() + 1, {"--model=flat:4", "--num_workers=1"});
+  argv[0] = ExecutableDir() + "/" + argv[0];
+  absl::StatusOr<Subprocess> p = Subprocess::Start(argv, log);
+  EXPECT_TRUE(p.ok());
+  absl::StatusOr<int> code = p.ok() ? p->Wait(absl::Seconds(90)) : p.status();
+  EXPECT_TRUE(code.ok());
+  return {code.ok() ? *code : -1, ReadFile(log)};
+}
+
+TEST(ListenTest, ANonLoopbackAddressNeedsATokenOrMutualTlsOrInsecure) {
+  auto [code, output] = RunDaemon({"ps", "--host=0.0.0.0", "--port=0"});
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(output.find("ps: refusing to listen on --host=0.0.0.0: not a loopback address"),
+            std::string::npos)
+      << output;
+  auto [worker_code, worker_output] =
+      RunDaemon({"worker", "--ps=127.0.0.1:1", "--health_host=0.0.0.0", "--health_port=0"});
+  EXPECT_EQ(worker_code, 1);
+  EXPECT_NE(worker_output.find("worker: refusing to listen on --health_host=0.0.0.0"),
+            std::string::npos)
+      << worker_output;
+
+  // --insecure: it starts, says what it is doing, and serves (here reached through loopback).
+  LocalCluster insecure(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(insecure.StartShards(1, "flat:4", 1, {"--host=0.0.0.0", "--insecure"}).ok());
+  EXPECT_NE(ReadFile(insecure.run_dir() + "/ps-0.log")
+                .find("W ps[0]] --insecure: listening on --host=0.0.0.0 where anyone"),
+            std::string::npos);
+  EXPECT_TRUE(ShardedClient({insecure.ShardAddress(0)}, {"unused", 1, 1}, -1).Stats().ok());
+
+  // A token is enough, with a warning that it travels in plaintext.
+  Secrets secrets;
+  LocalCluster with_token(ExecutableDir(), NewRunDir(), secrets.Tokens());
+  ASSERT_TRUE(with_token.StartShards(1, "flat:4", 1, {"--host=0.0.0.0"}).ok());
+  EXPECT_NE(ReadFile(with_token.run_dir() + "/ps-0.log").find("the token travels in plaintext"),
+            std::string::npos);
+}
+
+TEST(ListenTest, BadSecurityFlagsExitWithAOneLineReason) {
+  Secrets secrets;
+  ASSERT_TRUE(secrets.MakeCertificates());
+  WriteFile(secrets.File("empty-token"), "\n");
+  const std::string server = secrets.Cert("server.pem"), client_key = secrets.Cert("client.key");
+  struct Case {
+    std::vector<std::string> argv;
+    std::string reason;
+  };
+  std::vector<Case> cases = {
+      {{"ps", "--tls_cert=/nonexistent.pem", "--tls_key=/nonexistent.key"},
+       "ps: cannot read --tls_cert=/nonexistent.pem: No such file or directory"},
+      {{"ps", "--tls_cert=" + server}, "ps: --tls_cert and --tls_key go together"},
+      {{"ps", "--tls_cert=" + server, "--tls_key=" + client_key},
+       "ps: --tls_key=" + client_key + " does not belong to --tls_cert=" + server},
+      {{"ps", "--tls_cert=" + client_key, "--tls_key=" + client_key},
+       "ps: --tls_cert=" + client_key + " holds no PEM certificate"},
+      {{"ps", "--tls_ca=" + secrets.Cert("ca.pem")}, "ps: --tls_ca (mutual TLS) needs --tls_cert"},
+      {{"ps", "--token_file=" + secrets.File("empty-token")}, "is empty"},
+      {{"ps", "--read_token_file=" + secrets.Cert("ca.pem")}, "must be printable ASCII"},
+      {{"ps", "--token_file=" + secrets.File("missing")}, "ps: cannot read --token_file="},
+      {{"worker", "--ps=127.0.0.1:1", "--tls_cert=" + server, "--tls_key=" + client_key},
+       "worker: --tls_cert/--tls_key need --tls_ca"},
+      {{"evaluator", "--ps=127.0.0.1:1", "--tls_ca=/nonexistent"},
+       "evaluator: cannot read --tls_ca=/nonexistent: No such file or directory"},
+  };
+  for (const Case& c : cases) {
+    auto [code, output] = RunDaemon(c.argv);
+    EXPECT_EQ(code, 1) << c.argv.back();
+    EXPECT_NE(output.find(c.reason), std::string::npos) << c.argv.back() << " printed: " << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << output;
+  }
+  WriteFile(secrets.File("read-only"), kReadToken);
+  auto [code, output] = RunDaemon({"ps", "--read_token_file=" + secrets.File("read-only")});
+  EXPECT_NE(output.find("a read-only token needs a write token too"), std::string::npos) << output;
+}
+
+// --- The pieces, without processes ---
+
+TEST(TokenAuthenticatorTest, CodesForEachKindOfCaller) {
+  absl::StatusOr<TokenAuthenticator> a = TokenAuthenticator::Create(kWriteToken, kReadToken);
+  ASSERT_TRUE(a.ok());
+  auto code = [&](const std::string& header, Access needed) {
+    return a->Authorize(header, needed, "Call").code();
+  };
+  for (Access needed : {Access::kRead, Access::kWrite}) {
+    EXPECT_EQ(code(BearerValue(kWriteToken), needed), absl::StatusCode::kOk);
+    EXPECT_EQ(code("", needed), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(code(BearerValue(kWrongToken), needed), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(code(kWriteToken, needed), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(code("bearer " + std::string(kWriteToken), needed),
+              absl::StatusCode::kUnauthenticated);
+  }
+  EXPECT_EQ(code(BearerValue(kReadToken), Access::kRead), absl::StatusCode::kOk);
+  EXPECT_EQ(code(BearerValue(kReadToken), Access::kWrite), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(TokenAuthenticator().Authorize("", Access::kWrite, "Call").ok());
+  EXPECT_FALSE(TokenAuthenticator::Create("", kReadToken).ok());
+  EXPECT_FALSE(TokenAuthenticator::Create(kWriteToken, kWriteToken).ok());
+}
+
+TEST(ListenHostTest, LoopbackIsAlwaysAllowed) {
+  for (const char* host : {"127.0.0.1", "127.1.2.3", "localhost", "::1", "[::1]"}) {
+    EXPECT_TRUE(IsLoopbackHost(host)) << host;
+    EXPECT_TRUE(CheckListenHost("--host", host, ServerSecurity{}, false).ok()) << host;
+  }
+  for (const char* host : {"0.0.0.0", "::", "[::]", "", "10.0.0.1", "128.0.0.1", "example.com"}) {
+    EXPECT_FALSE(IsLoopbackHost(host)) << host;
+    EXPECT_EQ(CheckListenHost("--host", host, ServerSecurity{}, false).code(),
+              absl::StatusCode::kFailedPrecondition)
+        << host;
+  }
+}
+
+}  // namespace
+}  // namespace ps
