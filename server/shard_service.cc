@@ -40,10 +40,65 @@ absl::Status ReadPayload(grpc::ServerReader<Chunk>* reader, Chunk& chunk, absl::
   return assembler.Finish();
 }
 
+grpc::Status CannotParse(const char* method) {
+  return InvalidArgument(absl::StrCat("cannot parse ", method, " request"));
+}
+
+// Reads the one request of a unary call, answers it with handle(request, response) and sends the
+// response if that succeeded.
+template <typename Request, typename Response, typename Handler>
+grpc::Status ServeUnary(const char* method, grpc::ServerUnaryStreamer<Request, Response>* stream,
+                        Handler handle) {
+  Request request;
+  if (!stream->Read(&request)) return CannotParse(method);
+  Response response;
+  grpc::Status status = handle(&request, &response);
+  if (status.ok()) stream->Write(response);
+  return status;
+}
+
 }  // namespace
 
-grpc::Status ShardService::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
-                                    v1::RegisterResponse* response) {
+grpc::Status ShardService::StreamedRegister(
+    grpc::ServerContext*,
+    grpc::ServerUnaryStreamer<v1::RegisterRequest, v1::RegisterResponse>* stream) {
+  return ServeUnary("Register", stream, [this](auto* request, auto* response) {
+    return HandleRegister(request, response);
+  });
+}
+
+grpc::Status ShardService::StreamedPull(
+    grpc::ServerContext* context,
+    grpc::ServerSplitStreamer<v1::PullRequest, v1::PullChunk>* stream) {
+  v1::PullRequest request;
+  if (!stream->Read(&request)) return CannotParse("Pull");
+  return HandlePull(context, &request, stream);
+}
+
+grpc::Status ShardService::StreamedHeartbeat(
+    grpc::ServerContext*,
+    grpc::ServerUnaryStreamer<v1::HeartbeatRequest, v1::HeartbeatResponse>* stream) {
+  return ServeUnary("Heartbeat", stream, [this](auto* request, auto* response) {
+    return HandleHeartbeat(request, response);
+  });
+}
+
+grpc::Status ShardService::StreamedLeave(
+    grpc::ServerContext*, grpc::ServerUnaryStreamer<v1::LeaveRequest, v1::LeaveResponse>* stream) {
+  return ServeUnary("Leave", stream, [this](auto* request, auto* response) {
+    return HandleLeave(request, response);
+  });
+}
+
+grpc::Status ShardService::StreamedGetStats(
+    grpc::ServerContext*, grpc::ServerUnaryStreamer<v1::StatsRequest, v1::StatsResponse>* stream) {
+  return ServeUnary("GetStats", stream, [this](auto*, v1::StatsResponse* response) {
+    return HandleGetStats(response);
+  });
+}
+
+grpc::Status ShardService::HandleRegister(const v1::RegisterRequest* request,
+                                          v1::RegisterResponse* response) {
   absl::StatusOr<Registration> r =
       shard_->Register(request->worker_id(), FromProto(request->model()));
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -120,8 +175,9 @@ grpc::Status ShardService::Push(grpc::ServerContext*, grpc::ServerReader<v1::Pus
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Pull(grpc::ServerContext* context, const v1::PullRequest* request,
-                                grpc::ServerWriter<v1::PullChunk>* writer) {
+grpc::Status ShardService::HandlePull(
+    grpc::ServerContext* context, const v1::PullRequest* request,
+    grpc::ServerSplitStreamer<v1::PullRequest, v1::PullChunk>* writer) {
   // Wait at most a minute, and answer a little before the client's deadline so that it learns
   // why (ABORTED: held back, pull again) instead of timing out.
   absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
@@ -144,21 +200,19 @@ grpc::Status ShardService::Pull(grpc::ServerContext* context, const v1::PullRequ
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
-                                     v1::HeartbeatResponse* response) {
+grpc::Status ShardService::HandleHeartbeat(const v1::HeartbeatRequest* request,
+                                           v1::HeartbeatResponse* response) {
   absl::StatusOr<int> active = shard_->Heartbeat(request->worker_id());
   if (!active.ok()) return ToGrpcStatus(active.status());
   response->set_active_workers(*active);
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::Leave(grpc::ServerContext*, const v1::LeaveRequest* request,
-                                 v1::LeaveResponse*) {
+grpc::Status ShardService::HandleLeave(const v1::LeaveRequest* request, v1::LeaveResponse*) {
   return ToGrpcStatus(shard_->Leave(request->worker_id()));
 }
 
-grpc::Status ShardService::GetStats(grpc::ServerContext*, const v1::StatsRequest*,
-                                    v1::StatsResponse* response) {
+grpc::Status ShardService::HandleGetStats(v1::StatsResponse* response) {
   *response = StatsToProto(shard_->Stats());
   return grpc::Status::OK;
 }
