@@ -23,7 +23,8 @@ absl::Status ChunkAssembler::Append(std::string_view bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data overruns the declared length: ", received_ + n, " values for ", dst_.size()));
   }
-  std::memcpy(dst_.data() + received_, bytes.data(), bytes.size());
+  // An empty span or string_view may hold null, which memcpy must not get even for 0 bytes.
+  if (n > 0) std::memcpy(dst_.data() + received_, bytes.data(), bytes.size());
   received_ += n;
   return absl::OkStatus();
 }

@@ -33,11 +33,10 @@ template <typename Message>
 grpc::Status Parse(const grpc::ByteBuffer& bytes, const char* method, Message* message) {
   grpc::Slice flat;
   if (!bytes.TrySingleSlice(&flat).ok() && !bytes.DumpToSingleSlice(&flat).ok()) {
-    return InvalidArgument(absl::StrCat("cannot read the ", method, " request"));
+    return InvalidArgument(absl::StrCat("cannot parse ", method, " request"));
   }
   if (!message->ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
-    return InvalidArgument(
-        absl::StrCat("cannot parse the ", method, " request (", flat.size(), " bytes)"));
+    return InvalidArgument(absl::StrCat("cannot parse ", method, " request"));
   }
   return grpc::Status::OK;
 }

@@ -210,6 +210,25 @@ class BadInputTest : public ::testing::Test {
     EXPECT_EQ(versions, (std::vector<int64_t>{0, 0}));
   }
 
+  // One request of raw bytes to shard 0 through the generic stub.
+  grpc::Status RawUnaryCall(const std::string& method, const std::string& bytes) {
+    grpc::GenericStub generic(
+        grpc::CreateChannel(cluster_.ShardAddress(0), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::Status status;
+    absl::Notification done;
+    generic.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                      [&](grpc::Status s) {
+                        status = s;
+                        done.Notify();
+                      });
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+    return status;
+  }
+
   LocalCluster cluster_{ExecutableDir(), NewRunDir()};
   ModelIdentity model_{"flat:1000", 1000, 2};
   std::unique_ptr<ShardedClient> client_;
@@ -441,21 +460,19 @@ TEST_F(BadInputTest, BadPullsRegistrationsAndReinitialisationChangeNothing) {
 
 TEST_F(BadInputTest, AClientOfAnotherProtocolVersionGetsUnimplemented) {
   // The package name versions the wire contract: a ps.v2 client reaches no method here.
-  grpc::GenericStub generic(
-      grpc::CreateChannel(cluster_.ShardAddress(0), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::Slice empty_message("");
-  grpc::ByteBuffer request(&empty_message, 1), response;
-  grpc::Status status;
-  absl::Notification done;
-  generic.UnaryCall(&context, "/ps.v2.ParameterServer/GetStats", grpc::StubOptions(), &request,
-                    &response, [&](grpc::Status s) {
-                      status = s;
-                      done.Notify();
-                    });
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  grpc::Status status = RawUnaryCall("/ps.v2.ParameterServer/GetStats", "");
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << status.error_message();
+  ExpectWeightsUntouched();
+}
+
+TEST_F(BadInputTest, AnUnparseableRequestGetsInvalidArgumentNamingTheMethod) {
+  // 0xff: field 31, wire type 7, which does not exist.
+  for (const char* method : {"Register", "Pull", "Heartbeat", "Leave", "GetStats"}) {
+    grpc::Status status =
+        RawUnaryCall(absl::StrCat("/ps.v1.ParameterServer/", method), std::string(8, '\xff'));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_EQ(status.error_message(), absl::StrCat("cannot parse ", method, " request"));
+  }
   ExpectWeightsUntouched();
 }
 

@@ -1,7 +1,6 @@
 // Multi-process tests of the shard's resource limits: a real `ps` on 127.0.0.1, driven by raw gRPC
 // clients that hold pulls at a barrier, stall streams, or send bytes that are no request at all.
 #include <grpcpp/create_channel.h>
-#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -253,33 +252,6 @@ TEST(InitialiseLimitsTest, AStalledInitialiserDoesNotLockOutTheRealOne) {
   std::vector<int64_t> versions;
   ASSERT_TRUE(real.Pull(absl::MakeSpan(now), &versions).ok());
   EXPECT_EQ(now, values);
-}
-
-TEST_F(LimitsTest, BytesThatAreNoRequestGetInvalidArgument) {
-  // Before: gRPC's generated code failed to parse them and answered INTERNAL with no details.
-  Start({});
-  grpc::GenericStub generic(channel_);
-  for (const char* method : {"Register", "Heartbeat", "Leave", "GetStats", "Pull"}) {
-    grpc::ClientContext context;
-    context.set_deadline(In(absl::Seconds(10)));
-    grpc::Slice garbage(std::string("\xff\xff\xff\xff\x0f garbage", 14));
-    grpc::ByteBuffer request(&garbage, 1), response;
-    grpc::Status status;
-    absl::Notification done;
-    // Pull streams its answer, but a request that does not parse ends it before any message,
-    // so a unary call sees its status as well.
-    generic.UnaryCall(&context, absl::StrCat("/ps.v1.ParameterServer/", method),
-                      grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
-                        status = s;
-                        done.Notify();
-                      });
-    ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20))) << method;
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
-        << method << ": " << status.error_message();
-    EXPECT_NE(status.error_message().find("cannot parse"), std::string::npos) << method;
-  }
-  std::vector<float> w = Weights();
-  EXPECT_EQ(std::memcmp(w.data(), initial_.data(), sizeof(float) * 1000), 0);
 }
 
 }  // namespace
