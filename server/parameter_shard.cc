@@ -150,9 +150,12 @@ absl::Status ParameterShard::CheckModel(const ModelIdentity& m) const {
         "client expects ", m.num_shards, " shards, this cluster has ", config_.num_shards));
   }
   if (m.fingerprint != model_.fingerprint || m.total_params != model_.total_params) {
+    // The client's fingerprint is echoed at most 100 characters long: an error message must not
+    // grow past gRPC's metadata limits on a client's word.
     return absl::FailedPreconditionError(
         absl::StrCat("model mismatch: shard holds ", model_.fingerprint, " (", model_.total_params,
-                     " parameters), client has ", m.fingerprint, " (", m.total_params, ")"));
+                     " parameters), client has ", m.fingerprint.substr(0, 100),
+                     m.fingerprint.size() > 100 ? "..." : "", " (", m.total_params, ")"));
   }
   return absl::OkStatus();
 }
