@@ -13,12 +13,11 @@
 #include "absl/strings/str_format.h"
 #include "common/cluster.h"
 #include "common/csv_writer.h"
-#include "common/health_server.h"
 #include "common/log.h"
-#include "common/security.h"
 #include "common/shutdown.h"
 #include "kernels/backend.h"
 #include "worker/batch_sampler.h"
+#include "worker/client_flags.h"
 #include "worker/delay.h"
 #include "worker/idx_dataset.h"
 #include "worker/mlp.h"
@@ -38,17 +37,6 @@ ABSL_FLAG(std::string, csv, "",
           "Append a row per step here (step,wall_time,loss,base_version,...).");
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N.");
 ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
-ABSL_FLAG(int, health_port, -1, "Serve grpc.health.v1 on this port (0: any free one; -1: off).");
-ABSL_FLAG(std::string, tls_ca, "",
-          "PEM CA certificate that the ps certificates must chain to; turns TLS on.");
-ABSL_FLAG(std::string, tls_cert, "",
-          "PEM client certificate for shards that require one (mutual TLS); needs --tls_key.");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
-ABSL_FLAG(std::string, token_file, "",
-          "File holding the token sent with every call (else $PS_TOKEN; neither: none).");
-ABSL_FLAG(std::string, health_host, "127.0.0.1",
-          "Address of the health service (plaintext: anything but loopback needs --insecure).");
-ABSL_FLAG(bool, insecure, false, "Allow a non-loopback --health_host (logs a warning).");
 ABSL_FLAG(double, rpc_timeout_seconds, 10, "Deadline of each RPC attempt.");
 ABSL_FLAG(double, retry_seconds, 60, "Give up after a shard has been unreachable this long.");
 ABSL_FLAG(double, heartbeat_seconds, 1, "Seconds between heartbeats (keep below the ps lease).");
@@ -93,17 +81,8 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
   if (!sizes.ok()) return Fail(std::string(sizes.status().message()));
   SetLogTag(absl::StrCat("worker[", rank, "]"));
-  absl::StatusOr<ClientSecurity> security = LoadClientSecurity(
-      {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)},
-      absl::GetFlag(FLAGS_token_file));
+  absl::StatusOr<ClientSecurity> security = ClientSecurityFromFlags();
   if (!security.ok()) return Fail(std::string(security.status().message()));
-  if (absl::GetFlag(FLAGS_health_port) >= 0) {
-    if (absl::Status s = CheckListenHost("--health_host", absl::GetFlag(FLAGS_health_host),
-                                         ServerSecurity{}, absl::GetFlag(FLAGS_insecure));
-        !s.ok()) {
-      return Fail(std::string(s.message()));
-    }
-  }
   InstallShutdownHandler();
 
   Range slice = PartRange(60000, rank, workers);
@@ -114,14 +93,8 @@ int Main(int argc, char** argv) {
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
   Mlp mlp(*sizes, batch, backend->get());
 
-  std::unique_ptr<grpc::Server> health;
-  if (int port = absl::GetFlag(FLAGS_health_port); port >= 0) {
-    absl::StatusOr<std::unique_ptr<grpc::Server>> h =
-        StartHealthServer(absl::GetFlag(FLAGS_health_host), port, &port);
-    if (!h.ok()) return Fail(std::string(h.status().message()));
-    health = *std::move(h);
-    PS_LOG(INFO) << "health service on port " << port;
-  }
+  absl::StatusOr<std::unique_ptr<grpc::Server>> health = StartHealthFromFlags();
+  if (!health.ok()) return Fail(std::string(health.status().message()));
 
   ClientOptions options;
   options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_seconds));
@@ -244,7 +217,7 @@ int Main(int argc, char** argv) {
   heartbeats.Stop();
   cancel_on_shutdown.Join();  // or it could cancel the Leave
   if (absl::Status s = client.Leave(absl::Seconds(2)); !s.ok()) PS_LOG(WARNING) << "leave: " << s;
-  if (health != nullptr) health->Shutdown();
+  if (*health != nullptr) (*health)->Shutdown();
   return 0;
 }
 

@@ -1,0 +1,46 @@
+#include "worker/client_flags.h"
+
+#include "absl/flags/flag.h"
+#include "common/health_server.h"
+#include "common/log.h"
+
+ABSL_FLAG(int, health_port, -1, "Serve grpc.health.v1 on this port (0: any free one; -1: off).");
+ABSL_FLAG(std::string, health_host, "127.0.0.1",
+          "Address of the health service (plaintext: anything but loopback needs --insecure).");
+ABSL_FLAG(bool, insecure, false, "Allow a non-loopback --health_host (logs a warning).");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA certificate that the ps certificates must chain to; turns TLS on.");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM client certificate for shards that require one (mutual TLS); needs --tls_key.");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, token_file, "",
+          "File holding the token sent with every call (else $PS_TOKEN; neither: none). The "
+          "evaluator needs only the shards' read-only token.");
+
+namespace ps {
+
+absl::StatusOr<ClientSecurity> ClientSecurityFromFlags() {
+  absl::StatusOr<ClientSecurity> security = LoadClientSecurity(
+      {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)},
+      absl::GetFlag(FLAGS_token_file));
+  if (!security.ok()) return security.status();
+  if (absl::GetFlag(FLAGS_health_port) >= 0) {
+    if (absl::Status s = CheckListenHost("--health_host", absl::GetFlag(FLAGS_health_host),
+                                         ServerSecurity{}, absl::GetFlag(FLAGS_insecure));
+        !s.ok()) {
+      return s;
+    }
+  }
+  return security;
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthFromFlags() {
+  int port = absl::GetFlag(FLAGS_health_port);
+  if (port < 0) return nullptr;
+  absl::StatusOr<std::unique_ptr<grpc::Server>> health =
+      StartHealthServer(absl::GetFlag(FLAGS_health_host), port, &port);
+  if (health.ok()) PS_LOG(INFO) << "health service on port " << port;
+  return health;
+}
+
+}  // namespace ps
