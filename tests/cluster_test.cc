@@ -71,7 +71,7 @@ const char kMlp[] = "mlp:784-128-64-10";  // the model kWorkerFlags train
 // cluster trains, not how well one interleaving did.
 constexpr double kTrainedAccuracy = 0.75;
 
-TEST(ClusterTest, TwoShardsTwoWorkersTrainToEightyPercent) {
+TEST(ClusterTest, TwoShardsTwoWorkersTrain) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
   ASSERT_TRUE(cluster.StartShards(2, kMlp, 2, {"--optimizer=momentum", "--lr=0.01"}).ok());
   ASSERT_TRUE(cluster.StartEvaluator({"--hidden=128,64", "--interval_seconds=1"}).ok());
