@@ -198,6 +198,36 @@ TEST_F(LimitsTest, StalledPushStreamsAreBoundedAndCancelledAndChangeNothing) {
   ASSERT_TRUE(worker0_->Push(std::vector<float>(1000, 1.0f), 0, versions).ok());
 }
 
+TEST(PullLimitsTest, APullWhoseReaderStopsReadingIsCancelled) {
+  // Before: 30 pulls that were never read pinned 30 threads and 550 MB for 65 s. A shard of
+  // 64 MB is far more than the transport's flow-control window, so the shard's writes stall.
+  LocalCluster cluster(ExecutableDir(), NewRunDir("limits"));
+  const ModelIdentity model{"flat:16000000", 16000000, 1};
+  ASSERT_TRUE(cluster.StartShards(1, model.fingerprint, 1, {"--stream_idle_seconds=1"}).ok());
+  ShardedClient owner({cluster.ShardAddress(0)}, model, 0);
+  ASSERT_TRUE(owner.Register().ok());
+  ASSERT_TRUE(owner.Initialize(std::vector<float>(16000000, 1.0f)).ok());
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(cluster.ShardAddress(0), grpc::InsecureChannelCredentials()));
+  v1::PullRequest request;
+  request.set_worker_id(-1);
+  request.mutable_model()->set_fingerprint(model.fingerprint);
+  request.mutable_model()->set_total_params(model.total_params);
+  request.mutable_model()->set_num_shards(1);
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(60)));
+  absl::Time start = absl::Now();
+  auto reader = stub->Pull(&context, request);
+  v1::PullChunk first;
+  ASSERT_TRUE(reader->Read(&first));  // the pull was answered; now this client stops reading
+  absl::SleepFor(absl::Seconds(3));
+  while (reader->Read(&first)) {  // what the transport had buffered, then the end
+  }
+  grpc::Status status = reader->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "ended by the client's deadline instead";
+}
+
 TEST_F(LimitsTest, EndlessEmptyChunksAreRefused) {
   Start({"--optimizer=sgd"});
   grpc::ClientContext context;
