@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 packages=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  libgtest-dev libgmock-dev libopenblas-dev zlib1g-dev libssl-dev openssl
+  libgtest-dev libgmock-dev libopenblas-dev zlib1g-dev nlohmann-json3-dev libssl-dev openssl
   dataset-fashion-mnist gnuplot-nox
 )
 missing=()

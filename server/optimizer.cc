@@ -45,6 +45,7 @@ class Kernel : public Optimizer {
 class Sgd : public Kernel<Sgd> {
  public:
   std::string Name() const override { return "sgd"; }
+  std::vector<std::pair<std::string, absl::Span<float>>> State() override { return {}; }
   float Prepare(float lr, int64_t) const { return lr; }
   template <bool kCommit>
   bool Update(size_t, float& w, float g, int64_t, float lr) {
@@ -59,6 +60,9 @@ class Momentum : public Kernel<Momentum> {
  public:
   Momentum(int64_t size, float mu, bool nesterov) : v_(size, 0.0f), mu_(mu), nesterov_(nesterov) {}
   std::string Name() const override { return nesterov_ ? "nesterov" : "momentum"; }
+  std::vector<std::pair<std::string, absl::Span<float>>> State() override {
+    return {{"momentum", absl::MakeSpan(v_)}};
+  }
   float Prepare(float lr, int64_t) const { return lr; }
   template <bool kCommit>
   bool Update(size_t i, float& w, float g, int64_t offset, float lr) {
@@ -83,6 +87,9 @@ class Adam : public Kernel<Adam> {
  public:
   Adam(int64_t size, const OptimizerConfig& c) : m_(size, 0.0f), v_(size, 0.0f), c_(c) {}
   std::string Name() const override { return "adam"; }
+  std::vector<std::pair<std::string, absl::Span<float>>> State() override {
+    return {{"adam_m", absl::MakeSpan(m_)}, {"adam_v", absl::MakeSpan(v_)}};
+  }
   struct Params {
     float lr, correction1, correction2;
   };
@@ -116,6 +123,9 @@ class AdaGrad : public Kernel<AdaGrad> {
  public:
   AdaGrad(int64_t size, float eps) : s_(size, 0.0f), eps_(eps) {}
   std::string Name() const override { return "adagrad"; }
+  std::vector<std::pair<std::string, absl::Span<float>>> State() override {
+    return {{"adagrad_sum", absl::MakeSpan(s_)}};
+  }
   float Prepare(float lr, int64_t) const { return lr; }
   template <bool kCommit>
   bool Update(size_t i, float& w, float g, int64_t offset, float lr) {

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -33,6 +35,10 @@ class Optimizer {
   // creation.
   absl::Status Apply(absl::Span<float> weights, absl::Span<const float> grad, int64_t state_offset,
                      float learning_rate, int64_t step);
+
+  // The per-element state by slot name ("momentum", "adam_m", ...), as views of the optimizer's
+  // own buffers (one value per element of the shard): checkpoints read them and restore into them.
+  virtual std::vector<std::pair<std::string, absl::Span<float>>> State() = 0;
 
  protected:
   // The update with kCommit = false computes without writing and returns the index of the first

@@ -185,6 +185,11 @@ bool ParameterShard::initialized() const {
   return initialized_;
 }
 
+int64_t ParameterShard::version() const {
+  absl::ReaderMutexLock lock(&mu_);
+  return version_;
+}
+
 bool ParameterShard::TryBeginInitialize() {
   absl::MutexLock lock(&mu_);
   if (initializing_) return false;
@@ -664,6 +669,88 @@ ShardStats ParameterShard::Stats(int first_worker, int max_workers) const {
                          absl::ToDoubleSeconds(now - w.last_seen), w.staleness.counts()});
   }
   return s;
+}
+
+absl::StatusOr<ShardCheckpoint> ParameterShard::Checkpoint() const {
+  absl::ReaderMutexLock lock(&mu_);
+  if (!initialized_) return absl::FailedPreconditionError("shard is not initialised yet");
+  ShardCheckpoint c;
+  c.model = model_.fingerprint;
+  c.shard_index = config_.shard_index;
+  c.num_shards = config_.num_shards;
+  c.optimizer = config_.optimizer.name;
+  c.consistency = ConsistencyName(config_);
+  c.version = version_;
+  c.values = weights_;
+  for (const auto& [slot, state] : optimizer_->State()) {
+    c.optimizer_state.emplace_back(slot, std::vector<float>(state.begin(), state.end()));
+  }
+  for (const auto& [id, w] : members_.workers()) {
+    c.workers.push_back({id, w.last_sequence, w.clock, w.pushes_applied, w.joined_at_version});
+  }
+  if (!round_contributors_.empty()) {
+    c.round_sum = round_sum_;
+    c.round_contributors.assign(round_contributors_.begin(), round_contributors_.end());
+  }
+  return c;
+}
+
+absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
+  auto differs = [&](const std::string& what, const auto& theirs, const auto& ours) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the checkpoint is for ", what, " ", theirs, ", this shard has ", ours));
+  };
+  if (c.model != model_.fingerprint) return differs("model", c.model, model_.fingerprint);
+  if (c.shard_index != config_.shard_index || c.num_shards != config_.num_shards) {
+    return differs("shard", absl::StrCat(c.shard_index, "/", c.num_shards),
+                   absl::StrCat(config_.shard_index, "/", config_.num_shards));
+  }
+  if (c.optimizer != config_.optimizer.name) {
+    return differs("optimizer", c.optimizer, config_.optimizer.name);
+  }
+  if (c.version < 0 || static_cast<int64_t>(c.values.size()) != range_.size() ||
+      (!c.round_sum.empty() && static_cast<int64_t>(c.round_sum.size()) != range_.size())) {
+    return absl::InvalidArgumentError("the checkpoint's sizes do not match the shard's range");
+  }
+  for (int id : c.round_contributors) {
+    if (absl::Status s = CheckWorkerId(id); !s.ok()) return s;
+  }
+  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
+      MakeOptimizer(config_.optimizer, range_.size());
+  if (!optimizer.ok()) return optimizer.status();
+  std::vector<std::pair<std::string, absl::Span<float>>> slots = (*optimizer)->State();
+  if (slots.size() != c.optimizer_state.size()) {
+    return absl::InvalidArgumentError("the checkpoint's optimizer state has other slots");
+  }
+  for (auto& [name, state] : slots) {
+    auto saved = std::find_if(c.optimizer_state.begin(), c.optimizer_state.end(),
+                              [&](const auto& slot) { return slot.first == name; });
+    if (saved == c.optimizer_state.end() || saved->second.size() != state.size()) {
+      return absl::InvalidArgumentError("the checkpoint has no optimizer slot " + name +
+                                        " of the shard's size");
+    }
+    std::copy(saved->second.begin(), saved->second.end(), state.begin());
+  }
+  absl::MutexLock lock(&mu_);
+  if (initialized_) return absl::FailedPreconditionError("shard is initialised already");
+  for (const ShardCheckpoint::Worker& w : c.workers) {
+    if (absl::Status s = CheckWorkerId(w.id); !s.ok()) return s;
+  }
+  weights_ = c.values;
+  optimizer_ = *std::move(optimizer);
+  version_ = c.version;
+  absl::Time now = MonotonicNow();
+  for (const ShardCheckpoint::Worker& w : c.workers) {
+    Membership::Worker& m = members_.Touch(w.id, now, version_);
+    m.last_sequence = w.last_sequence;
+    m.clock = w.clock;
+    m.pushes_applied = w.pushes_applied;
+    m.joined_at_version = w.joined_at_version;
+  }
+  round_sum_ = c.round_sum;
+  round_contributors_ = std::set<int>(c.round_contributors.begin(), c.round_contributors.end());
+  initialized_ = true;
+  return absl::OkStatus();
 }
 
 void ParameterShard::Shutdown() {

@@ -135,6 +135,30 @@ struct ShardStats {
   int next_worker = -1;
 };
 
+// Everything a shard needs to resume where it was: values, optimizer state, version (which is
+// also the learning-rate schedule's and Adam's step), each worker's exactly-once and SSP
+// bookkeeping, and an open sync round. Statistics (histograms, counters) start afresh.
+struct ShardCheckpoint {
+  std::string model;  // the model spec
+  int shard_index = 0;
+  int num_shards = 0;
+  std::string optimizer;
+  std::string consistency;
+  int64_t version = 0;
+  std::vector<float> values;
+  std::vector<std::pair<std::string, std::vector<float>>> optimizer_state;  // by slot
+  struct Worker {
+    int id = 0;
+    int64_t last_sequence = -1;
+    int64_t clock = 0;
+    int64_t pushes_applied = 0;
+    int64_t joined_at_version = 0;  // SSP drops its gradients from before then
+  };
+  std::vector<Worker> workers;
+  std::vector<float> round_sum;  // sync: the open round's sum; empty when none is open
+  std::vector<int> round_contributors;
+};
+
 class ParameterShard {
  public:
   // Largest shard accepted (4 GiB of float32).
@@ -154,6 +178,8 @@ class ParameterShard {
   absl::Status CheckInitialize(const ModelIdentity& model, int64_t offset, int64_t length) const;
   // Whether Initialize already succeeded (a restarted initialiser then need not send anything).
   bool initialized() const;
+  // Updates applied so far.
+  int64_t version() const;
   // At most one initialisation payload is received at a time, so that clients cannot make the
   // shard hold many shard-sized buffers. Returns false if one is in progress; else the caller
   // owns the slot until EndInitialize.
@@ -224,6 +250,14 @@ class ParameterShard {
   // Counters and a page of at most `max_workers` (capped at kMaxStatsWorkers) workers with ids
   // >= first_worker.
   ShardStats Stats(int first_worker = 0, int max_workers = kMaxStatsWorkers) const;
+
+  // The shard's state now, copied under its lock (pushes wait for a copy of the shard, no more);
+  // FAILED_PRECONDITION before initialisation.
+  absl::StatusOr<ShardCheckpoint> Checkpoint() const;
+  // Resumes from `checkpoint`, which must be of this shard (model, index, count, optimizer and
+  // sizes; INVALID_ARGUMENT naming what differs). Workers come back active with a fresh lease: a
+  // shard restarted within the lease loses none of them. REQUIRES: not initialised yet.
+  absl::Status Restore(const ShardCheckpoint& checkpoint);
   // Ends every waiting pull with UNAVAILABLE; later ones fail the same way.
   void Shutdown();
   ~ParameterShard();

@@ -18,6 +18,7 @@
 #include "common/log.h"
 #include "common/security.h"
 #include "common/shutdown.h"
+#include "server/checkpoint_store.h"
 #include "server/parameter_shard.h"
 #include "server/shard_service.h"
 
@@ -67,6 +68,13 @@ ABSL_FLAG(int, max_pulls, 0,
 ABSL_FLAG(double, stream_idle_seconds, 30,
           "A Push, Initialize or Pull stream that moves no message this long is cancelled.");
 ABSL_FLAG(double, stream_max_seconds, 600, "No Push or Initialize stream lasts longer than this.");
+ABSL_FLAG(
+    std::string, checkpoint_dir, "",
+    "Write checkpoints here (and on SIGTERM), and resume from the newest valid one at start.");
+ABSL_FLAG(double, checkpoint_seconds, 60, "With --checkpoint_dir: checkpoint this often; 0: off.");
+ABSL_FLAG(int64_t, checkpoint_updates, 0,
+          "With --checkpoint_dir: also checkpoint every this many updates; 0: off.");
+ABSL_FLAG(int, checkpoint_keep, 3, "With --checkpoint_dir: keep this many newest checkpoints.");
 ABSL_FLAG(std::string, staleness_csv, "",
           "If set, write the staleness histogram (staleness,count) here at shutdown.");
 ABSL_FLAG(std::string, stats_json, "", "If set, write the shard's statistics here at shutdown.");
@@ -176,6 +184,22 @@ void ConfigureTransport(const ServiceLimits& limits, grpc::ServerBuilder* builde
   builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60'000);
 }
 
+// Writes a checkpoint of `shard` (if it is initialised) and logs where; returns its version, or
+// `last` if none was written.
+int64_t WriteCheckpoint(const ParameterShard& shard, CheckpointStore& store, int64_t last) {
+  absl::StatusOr<ShardCheckpoint> checkpoint = shard.Checkpoint();  // a copy, under the lock
+  if (!checkpoint.ok()) return last;  // not initialised: nothing to keep
+  absl::Time start = absl::Now();
+  absl::StatusOr<std::string> path = store.Write(*checkpoint);  // outside the lock
+  if (!path.ok()) {
+    PS_LOG(ERROR) << "checkpoint failed: " << path.status().message();
+    return last;
+  }
+  PS_LOG(INFO) << "checkpoint at version " << checkpoint->version << " written to " << *path
+               << " in " << absl::Now() - start;
+  return checkpoint->version;
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Parameter-server shard.\nExample: ps --shard_index=0 --num_shards=2 --port=50051 "
@@ -196,6 +220,25 @@ int Main(int argc, char** argv) {
     return Fail(std::string(s.message()));
   }
   InstallShutdownHandler();
+
+  std::unique_ptr<CheckpointStore> checkpoints;
+  int64_t checkpointed = -1;  // the version of the last checkpoint written or resumed from
+  if (const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir); !dir.empty()) {
+    checkpoints = std::make_unique<CheckpointStore>(dir, config->shard_index,
+                                                    absl::GetFlag(FLAGS_checkpoint_keep));
+    absl::StatusOr<std::optional<ShardCheckpoint>> newest = checkpoints->LoadNewest();
+    if (!newest.ok()) return Fail(std::string(newest.status().message()));
+    if (newest->has_value()) {
+      if (absl::Status s = (*shard)->Restore(**newest); !s.ok()) {
+        return Fail("cannot resume from " + dir + ": " + std::string(s.message()));
+      }
+      checkpointed = (*newest)->version;
+      PS_LOG(INFO) << "resumed from the checkpoint at version " << checkpointed << " in " << dir;
+    }
+  }
+  const absl::Duration checkpoint_every = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_seconds));
+  const int64_t checkpoint_updates = absl::GetFlag(FLAGS_checkpoint_updates);
+  absl::Time next_checkpoint = absl::Now() + checkpoint_every;
 
   if (absl::GetFlag(FLAGS_stream_idle_seconds) <= 0 ||
       absl::GetFlag(FLAGS_stream_max_seconds) <= 0) {
@@ -243,6 +286,14 @@ int Main(int argc, char** argv) {
                       << " left the active set (lease expired, or no push while others waited): "
                          "no longer waited for";
     }
+    if (checkpoints != nullptr &&
+        ((checkpoint_every > absl::ZeroDuration() && absl::Now() >= next_checkpoint) ||
+         (checkpoint_updates > 0 && (*shard)->version() >= checkpointed + checkpoint_updates))) {
+      if ((*shard)->version() != checkpointed) {
+        checkpointed = WriteCheckpoint(**shard, *checkpoints, checkpointed);
+      }
+      next_checkpoint = absl::Now() + checkpoint_every;
+    }
     if (absl::Now() >= next_status) {
       ShardStats s = (*shard)->Stats();
       PS_LOG(INFO) << "version " << s.version << ", " << s.active_workers << "/"
@@ -254,6 +305,7 @@ int Main(int argc, char** argv) {
   health->SetServingStatus(false);
   (*shard)->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (checkpoints != nullptr) WriteCheckpoint(**shard, *checkpoints, checkpointed);
   ShardStats s = (*shard)->Stats();
   WriteOutputs(s);
   PS_LOG(INFO) << "stopped at version " << s.version << ": " << s.pushes_applied << " applied, "

@@ -16,7 +16,7 @@ std::vector<float> ApplySteps(const std::string& name, const std::vector<float>&
   EXPECT_TRUE(opt.ok()) << opt.status();
   std::vector<float> w = {1.0f}, trace;
   for (size_t t = 0; t < grads.size(); ++t) {
-    (*opt)->Apply(absl::MakeSpan(w), absl::MakeConstSpan(&grads[t], 1), 0, lr, t);
+    EXPECT_TRUE((*opt)->Apply(absl::MakeSpan(w), absl::MakeConstSpan(&grads[t], 1), 0, lr, t).ok());
     trace.push_back(w[0]);
   }
   return trace;
@@ -63,11 +63,14 @@ TEST(OptimizerTest, StateIsPerElementAtItsOffset) {
   auto opt = MakeOptimizer(c, 4);
   ASSERT_TRUE(opt.ok());
   std::vector<float> w = {1, 1, 1, 1}, g = {1, 1};
-  (*opt)->Apply(absl::MakeSpan(w).subspan(2, 2), g, 2, 0.1f, 0);  // velocity of 2,3 only
-  (*opt)->Apply(absl::MakeSpan(w).subspan(0, 2), g, 0, 0.1f, 1);  // fresh velocity for 0,1
+  ASSERT_TRUE(
+      (*opt)->Apply(absl::MakeSpan(w).subspan(2, 2), g, 2, 0.1f, 0).ok());  // velocity of 2,3 only
+  ASSERT_TRUE((*opt)
+                  ->Apply(absl::MakeSpan(w).subspan(0, 2), g, 0, 0.1f, 1)
+                  .ok());  // fresh velocity for 0,1
   EXPECT_FLOAT_EQ(w[0], 0.9f);
   EXPECT_FLOAT_EQ(w[2], 0.9f);
-  (*opt)->Apply(absl::MakeSpan(w).subspan(2, 2), g, 2, 0.1f, 2);
+  ASSERT_TRUE((*opt)->Apply(absl::MakeSpan(w).subspan(2, 2), g, 2, 0.1f, 2).ok());
   EXPECT_FLOAT_EQ(w[2], 0.9f - 0.19f);
   EXPECT_FLOAT_EQ(w[0], 0.9f);
 }

@@ -1,0 +1,165 @@
+#include "common/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors are little-endian");
+
+absl::Status Errno(const std::string& what, const std::string& path) {
+  return absl::UnavailableError(absl::StrCat("cannot ", what, " ", path, ": ", strerror(errno)));
+}
+
+uint32_t Crc32(uint32_t crc, const void* data, size_t bytes) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (bytes > 0) {  // zlib takes uInt lengths
+    uInt n = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
+    crc = crc32(crc, p, n);
+    p += n;
+    bytes -= n;
+  }
+  return crc;
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Errno("write", path);
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+std::string Directory(const std::string& path) {
+  size_t slash = path.rfind('/');
+  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+}
+
+absl::Status DataLoss(const std::string& path, const std::string& why) {
+  return absl::DataLossError(absl::StrCat(path, ": ", why));
+}
+
+}  // namespace
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                              std::map<std::string, std::string> metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  uint64_t offset = 0;
+  uint32_t crc = crc32(0, nullptr, 0);
+  for (const TensorView& t : tensors) {
+    uint64_t bytes = t.data.size() * sizeof(float);
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    crc = Crc32(crc, t.data.data(), bytes);
+  }
+  metadata["crc32"] = absl::StrCat(crc);
+  header["__metadata__"] = metadata;
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  uint64_t length = text.size();
+
+  std::string tmp = path + ".tmp";
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("create", tmp);
+  absl::Status s = WriteAll(fd, &length, sizeof(length), tmp);
+  if (s.ok()) s = WriteAll(fd, text.data(), text.size(), tmp);
+  for (size_t i = 0; s.ok() && i < tensors.size(); ++i) {
+    s = WriteAll(fd, tensors[i].data.data(), tensors[i].data.size() * sizeof(float), tmp);
+  }
+  if (s.ok() && fsync(fd) != 0) s = Errno("fsync", tmp);
+  if (close(fd) != 0 && s.ok()) s = Errno("close", tmp);
+  if (s.ok() && rename(tmp.c_str(), path.c_str()) != 0) s = Errno("rename to", path);
+  if (!s.ok()) {
+    unlink(tmp.c_str());
+    return s;
+  }
+  // The rename is durable only once the directory is.
+  std::string dir = Directory(path);
+  int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return Errno("open directory", dir);
+  s = fsync(dir_fd) == 0 ? absl::OkStatus() : Errno("fsync directory", dir);
+  close(dir_fd);
+  return s;
+}
+
+absl::StatusOr<Safetensors> ReadSafetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t length = 0;
+  if (bytes.size() < sizeof(length)) return DataLoss(path, "shorter than its 8-byte header length");
+  std::memcpy(&length, bytes.data(), sizeof(length));
+  if (length > bytes.size() - sizeof(length)) {
+    return DataLoss(path, absl::StrCat("header of ", length, " bytes runs past the end"));
+  }
+  nlohmann::json header = nlohmann::json::parse(
+      bytes.begin() + sizeof(length), bytes.begin() + static_cast<int64_t>(sizeof(length) + length),
+      /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (!header.is_object()) return DataLoss(path, "the header is not a JSON object");
+  const uint64_t data_start = sizeof(length) + length, data_size = bytes.size() - data_start;
+  Safetensors out;
+  uint32_t crc = crc32(0, nullptr, 0);
+  // Tensors in file order (by offset) for the checksum.
+  std::map<uint64_t, std::string> by_offset;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) return DataLoss(path, "__metadata__ is not an object");
+      for (const auto& [key, value] : entry.items()) {
+        if (!value.is_string()) return DataLoss(path, "metadata value " + key + " is not a string");
+        out.metadata[key] = value.get<std::string>();
+      }
+      continue;
+    }
+    const nlohmann::json* offsets =
+        entry.is_object() && entry.contains("data_offsets") ? &entry["data_offsets"] : nullptr;
+    if (offsets == nullptr || !entry.contains("dtype") || entry["dtype"] != "F32" ||
+        !entry.contains("shape") || !entry["shape"].is_array() || !offsets->is_array() ||
+        offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
+        !(*offsets)[1].is_number_unsigned()) {
+      return DataLoss(path, "tensor " + name + " is not an F32 tensor with shape and offsets");
+    }
+    uint64_t begin = (*offsets)[0], end = (*offsets)[1];
+    Safetensors::Tensor t;
+    uint64_t count = 1;
+    for (const nlohmann::json& d : entry["shape"]) {
+      if (!d.is_number_unsigned()) return DataLoss(path, "tensor " + name + " has a bad shape");
+      t.shape.push_back(d.get<int64_t>());
+      count *= d.get<uint64_t>();
+    }
+    if (begin > end || end > data_size || end - begin != count * sizeof(float)) {
+      return DataLoss(path, absl::StrCat("tensor ", name, " [", begin, ", ", end,
+                                         ") does not fit its shape or the file"));
+    }
+    t.data.resize(count);
+    if (count > 0) std::memcpy(t.data.data(), bytes.data() + data_start + begin, end - begin);
+    by_offset[begin] = name;
+    out.tensors[name] = std::move(t);
+  }
+  for (const auto& [offset, name] : by_offset) {
+    const std::vector<float>& d = out.tensors[name].data;
+    crc = Crc32(crc, d.data(), d.size() * sizeof(float));
+  }
+  uint32_t expected = 0;
+  auto it = out.metadata.find("crc32");
+  if (it == out.metadata.end() || !absl::SimpleAtoi(it->second, &expected) || expected != crc) {
+    return DataLoss(path, "checksum mismatch: the tensors are corrupt or the file is torn");
+  }
+  return out;
+}
+
+}  // namespace ps

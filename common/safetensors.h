@@ -1,0 +1,44 @@
+// safetensors files (https://huggingface.co/docs/safetensors): an 8-byte little-endian header
+// length, a JSON header naming each tensor's dtype, shape and byte range, then the raw
+// little-endian tensors. NumPy (safetensors.numpy) and PyTorch read them. This project writes
+// float32 tensors only, plus string metadata in "__metadata__", including "crc32" (zlib's) of the
+// tensor bytes so that a torn or corrupt file is detected.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace ps {
+
+struct TensorView {
+  std::string name;
+  std::vector<int64_t> shape;
+  absl::Span<const float> data;  // product(shape) values
+};
+
+// Writes `tensors` and `metadata` to `path` atomically: a temporary file beside it, fsync,
+// rename, fsync of the directory. A reader sees the old file or the whole new one, even after a
+// crash. Fails naming the file and the system error.
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
+                              std::map<std::string, std::string> metadata);
+
+struct Safetensors {
+  std::map<std::string, std::string> metadata;
+  struct Tensor {
+    std::vector<int64_t> shape;
+    std::vector<float> data;
+  };
+  std::map<std::string, Tensor> tensors;
+};
+
+// Reads a file written by WriteSafetensors. Fails with DATA_LOSS naming the problem (truncated,
+// a header that does not parse or points outside the file, a dtype other than F32, a checksum
+// mismatch) and with NOT_FOUND if there is no such file.
+absl::StatusOr<Safetensors> ReadSafetensors(const std::string& path);
+
+}  // namespace ps

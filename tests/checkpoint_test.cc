@@ -1,0 +1,169 @@
+// Checkpoints: the safetensors file format, a shard's state round trip, corruption fallback, and a
+// real ps stopped and restarted from its checkpoint directory.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "common/safetensors.h"
+#include "deploy/local_cluster.h"
+#include "server/checkpoint_store.h"
+#include "server/parameter_shard.h"
+#include "tests/run_dir.h"
+#include "worker/sharded_client.h"
+
+namespace ps {
+namespace {
+
+TEST(SafetensorsTest, RoundTripsTensorsAndMetadataAndDetectsCorruption) {
+  std::string path = NewRunDir("checkpoint") + "/t.safetensors";
+  std::vector<float> a = {1.5f, -2, 3e38f}, b(1000, 0.25f);
+  ASSERT_TRUE(WriteSafetensors(path, {{"a", {3}, a}, {"b.c", {10, 100}, b}}, {{"k", "v"}}).ok());
+  absl::StatusOr<Safetensors> read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->metadata.at("k"), "v");
+  EXPECT_EQ(read->tensors.at("a").data, a);
+  EXPECT_EQ(read->tensors.at("b.c").shape, (std::vector<int64_t>{10, 100}));
+  EXPECT_EQ(read->tensors.at("b.c").data, b);
+  // The data starts 8-byte aligned after the header, as the format recommends.
+  uint64_t header = 0;
+  std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(&header), 8);
+  EXPECT_EQ(header % 8, 0u);
+
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto write = [&](const std::string& contents) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << contents;
+  };
+  write(bytes.substr(0, bytes.size() - 7));  // torn
+  EXPECT_EQ(ReadSafetensors(path).status().code(), absl::StatusCode::kDataLoss);
+  std::string flipped = bytes;
+  flipped[flipped.size() - 1] ^= 1;  // one bit of the last tensor
+  write(flipped);
+  absl::Status s = ReadSafetensors(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("checksum mismatch"), std::string::npos) << s;
+  write(std::string(4, 'x'));
+  EXPECT_EQ(ReadSafetensors(path).status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ReadSafetensors(path + ".missing").status().code(), absl::StatusCode::kNotFound);
+}
+
+ShardConfig AdamSsp() {
+  ShardConfig c;
+  c.model = "flat:6";
+  c.num_workers = 3;
+  c.optimizer.name = "adam";
+  c.learning_rate.base = 0.1f;
+  EXPECT_TRUE(ParseConsistency("ssp:2", &c).ok());
+  return c;
+}
+
+const ModelIdentity kModel{"flat:6", 6, 1};
+
+std::vector<float> Weights(ParameterShard& shard) {
+  absl::StatusOr<ParameterShard::Snapshot> s = shard.Read(kModel, -1, 0, 0, absl::Now());
+  return std::vector<float>(s->values.span().begin(), s->values.span().end());
+}
+
+TEST(ShardCheckpointTest, ARestoredShardContinuesBitIdentically) {
+  std::unique_ptr<ParameterShard> original = *ParameterShard::Create(AdamSsp());
+  ASSERT_TRUE(original->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(original->Register(w, kModel).ok());
+  for (int64_t s = 0; s < 3; ++s) {
+    for (int w = 0; w < 2; ++w) {
+      std::vector<float> g = {0.1f * w, -0.2f, 0.3f, s * 0.5f, -1, 2};
+      ASSERT_TRUE(original->Push({w, s, original->version(), 0, 6}, g).ok());
+    }
+  }
+  CheckpointStore store(NewRunDir("checkpoint"), 0, 3);
+  absl::StatusOr<std::string> path = store.Write(*original->Checkpoint());
+  ASSERT_TRUE(path.ok()) << path.status();
+  absl::StatusOr<std::optional<ShardCheckpoint>> loaded = store.LoadNewest();
+  ASSERT_TRUE(loaded.ok() && loaded->has_value());
+  std::unique_ptr<ParameterShard> restored = *ParameterShard::Create(AdamSsp());
+  ASSERT_TRUE(restored->Restore(**loaded).ok());
+  EXPECT_EQ(restored->version(), 6);
+  std::vector<float> before = Weights(*original), after = Weights(*restored);
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * 6), 0);
+  // Exactly-once survives: a replayed push is a duplicate; the next is applied, and Adam's state
+  // and step make both shards agree to the bit.
+  EXPECT_TRUE(restored->Push({1, 2, 6, 0, 6}, std::vector<float>(6, 1.0f))->duplicate);
+  for (ParameterShard* shard : {original.get(), restored.get()}) {
+    absl::StatusOr<PushOutcome> next = shard->Push({1, 3, 6, 0, 6}, {1, 1, 1, -1, -1, -1});
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_FALSE(next->duplicate);
+  }
+  before = Weights(*original);
+  after = Weights(*restored);
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * 6), 0);
+  // The bookkeeping came back too: last sequences and SSP clocks.
+  EXPECT_EQ(restored->Register(0, kModel)->last_sequence, 2);
+  ShardStats stats = restored->Stats();
+  ASSERT_EQ(stats.workers.size(), 2u);
+  EXPECT_EQ(stats.workers[0].clock, 3);
+  EXPECT_EQ(stats.workers[1].clock, 4);
+  // A checkpoint of another shard or optimizer is refused.
+  ShardConfig momentum = AdamSsp();
+  momentum.optimizer.name = "momentum";
+  EXPECT_EQ((*ParameterShard::Create(momentum))->Restore(**loaded).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShardCheckpointTest, ATornNewestCheckpointFallsBackToThePreviousAndOnlyKOfThemAreKept) {
+  std::string dir = NewRunDir("checkpoint");
+  CheckpointStore store(dir, 0, 2);
+  ShardCheckpoint c = *[] {
+    std::unique_ptr<ParameterShard> s = *ParameterShard::Create(AdamSsp());
+    EXPECT_TRUE(s->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
+    return s->Checkpoint();
+  }();
+  std::vector<std::string> paths;
+  for (int64_t v : {10, 20, 30}) {
+    c.version = v;
+    paths.push_back(*store.Write(c));
+  }
+  EXPECT_FALSE(std::filesystem::exists(paths[0])) << "only the newest 2 are kept";
+  std::filesystem::resize_file(paths[2], std::filesystem::file_size(paths[2]) - 3);
+  absl::StatusOr<std::optional<ShardCheckpoint>> newest = store.LoadNewest();
+  ASSERT_TRUE(newest.ok() && newest->has_value());
+  EXPECT_EQ((*newest)->version, 20);
+}
+
+TEST(CheckpointDaemonTest, AStoppedShardRestartsFromItsCheckpointAndTheWorkerResumes) {
+  const std::string checkpoints = NewRunDir("checkpoint") + "/checkpoints";
+  const std::vector<std::string> ps_flags = {"--checkpoint_dir=" + checkpoints, "--optimizer=adam",
+                                             "--lr=0.001"};
+  const ModelIdentity model{"mlp:784-32-10", 25450, 1};
+  std::vector<float> before(model.total_params), after(model.total_params);
+  std::vector<int64_t> versions;
+  {
+    LocalCluster cluster(ExecutableDir(), NewRunDir("checkpoint"));
+    ASSERT_TRUE(cluster.StartShards(1, model.fingerprint, 1, ps_flags).ok());
+    ASSERT_TRUE(cluster.StartWorker(0, 1, {"--hidden=32", "--steps=100"}).ok());
+    ASSERT_EQ(*cluster.worker(0)->Wait(absl::Minutes(3)), 0);
+    ShardedClient observer({cluster.ShardAddress(0)}, model, -1);
+    ASSERT_TRUE(observer.Pull(absl::MakeSpan(before), &versions).ok());
+    EXPECT_EQ(versions[0], 100);
+    EXPECT_EQ(cluster.Stop(), "");  // SIGTERM: the shard writes its last checkpoint
+  }
+  LocalCluster cluster(ExecutableDir(), NewRunDir("checkpoint"));
+  ASSERT_TRUE(cluster.StartShards(1, model.fingerprint, 1, ps_flags).ok());
+  ShardedClient observer({cluster.ShardAddress(0)}, model, -1);
+  ASSERT_TRUE(observer.Pull(absl::MakeSpan(after), &versions).ok());
+  EXPECT_EQ(versions[0], 100);
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * before.size()), 0);
+  // The worker, started again, resumes at step 100 and is not re-initialised.
+  ASSERT_TRUE(cluster.StartWorker(0, 1, {"--hidden=32", "--steps=150"}).ok());
+  ASSERT_EQ(*cluster.worker(0)->Wait(absl::Minutes(3)), 0);
+  std::ifstream log(cluster.run_dir() + "/worker-0.log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("initialised 0 of 1 shards"), std::string::npos) << text;
+  EXPECT_NE(text.find("starting at step 100"), std::string::npos) << text;
+  ASSERT_TRUE(observer.Pull(absl::MakeSpan(after), &versions).ok());
+  EXPECT_EQ(versions[0], 150);
+  EXPECT_EQ(cluster.Stop(), "");
+}
+
+}  // namespace
+}  // namespace ps
