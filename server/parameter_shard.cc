@@ -671,28 +671,34 @@ ShardStats ParameterShard::Stats(int first_worker, int max_workers) const {
   return s;
 }
 
-absl::StatusOr<ShardCheckpoint> ParameterShard::Checkpoint() const {
+absl::Status ParameterShard::Checkpoint(ShardCheckpoint* out) const {
   absl::ReaderMutexLock lock(&mu_);
   if (!initialized_) return absl::FailedPreconditionError("shard is not initialised yet");
-  ShardCheckpoint c;
+  ShardCheckpoint& c = *out;
   c.model = model_.fingerprint;
   c.shard_index = config_.shard_index;
   c.num_shards = config_.num_shards;
   c.optimizer = config_.optimizer.name;
   c.consistency = ConsistencyName(config_);
   c.version = version_;
-  c.values = weights_;
-  for (const auto& [slot, state] : optimizer_->State()) {
-    c.optimizer_state.emplace_back(slot, std::vector<float>(state.begin(), state.end()));
+  c.values = weights_;  // copy-assignment keeps the destination's storage when it fits
+  std::vector<std::pair<std::string, absl::Span<float>>> slots = optimizer_->State();
+  c.optimizer_state.resize(slots.size());
+  for (size_t i = 0; i < slots.size(); ++i) {
+    c.optimizer_state[i].first = slots[i].first;
+    c.optimizer_state[i].second.assign(slots[i].second.begin(), slots[i].second.end());
   }
+  c.workers.clear();
   for (const auto& [id, w] : members_.workers()) {
     c.workers.push_back({id, w.last_sequence, w.clock, w.pushes_applied, w.joined_at_version});
   }
+  c.round_sum.clear();
+  c.round_contributors.clear();
   if (!round_contributors_.empty()) {
     c.round_sum = round_sum_;
     c.round_contributors.assign(round_contributors_.begin(), round_contributors_.end());
   }
-  return c;
+  return absl::OkStatus();
 }
 
 absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {

@@ -251,9 +251,10 @@ class ParameterShard {
   // >= first_worker.
   ShardStats Stats(int first_worker = 0, int max_workers = kMaxStatsWorkers) const;
 
-  // The shard's state now, copied under its lock (pushes wait for a copy of the shard, no more);
-  // FAILED_PRECONDITION before initialisation.
-  absl::StatusOr<ShardCheckpoint> Checkpoint() const;
+  // Fills `out` with the shard's state now, copied under its lock (pushes wait for a copy of the
+  // shard, no more). Reuses out's buffers: pass the same one each time and, after the first, the
+  // copy goes into memory already mapped. FAILED_PRECONDITION before initialisation.
+  absl::Status Checkpoint(ShardCheckpoint* out) const;
   // Resumes from `checkpoint`, which must be of this shard (model, index, count, optimizer and
   // sizes; INVALID_ARGUMENT naming what differs). Workers come back active with a fresh lease: a
   // shard restarted within the lease loses none of them. REQUIRES: not initialised yet.
