@@ -322,9 +322,15 @@ absl::Status ParameterShard::CheckPushHeader(const PushHeaderInfo& h) const {
   }
   absl::ReaderMutexLock lock(&mu_);
   if (!initialized_) return absl::FailedPreconditionError("shard is not initialised yet");
-  if (members_.workers().count(h.worker_id) == 0) {
+  auto worker = members_.workers().find(h.worker_id);
+  if (worker == members_.workers().end()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "worker ", h.worker_id, " has not registered with shard ", config_.shard_index));
+  }
+  if (int64_t last = worker->second.last_sequence; h.sequence > last + kMaxSequenceAhead) {
+    return absl::InvalidArgumentError(absl::StrCat("push sequence ", h.sequence, " is more than ",
+                                                   kMaxSequenceAhead, " ahead of worker ",
+                                                   h.worker_id, "'s last (", last, ")"));
   }
   if (h.base_version < 0 || h.base_version > version_) {
     return absl::InvalidArgumentError(absl::StrCat("base_version ", h.base_version,

@@ -161,6 +161,10 @@ struct ShardCheckpoint {
 
 class ParameterShard {
  public:
+  // How far a push's sequence may run ahead of the worker's last one: a restarted worker resumes
+  // one past its lowest last sequence over the shards, so it is never more than a step ahead;
+  // without a bound, one push of sequence INT64_MAX would make every later push a duplicate.
+  static constexpr int64_t kMaxSequenceAhead = 1024;
   // Largest shard accepted (4 GiB of float32).
   static constexpr int64_t kMaxShardElements = int64_t{1} << 30;
   // Most workers one Stats() page lists.

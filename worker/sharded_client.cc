@@ -177,7 +177,7 @@ absl::StatusOr<int64_t> ShardedClient::Register() {
     return status;
   });
   if (!s.ok()) return s;
-  return *std::max_element(last.begin(), last.end()) + 1;
+  return *std::min_element(last.begin(), last.end()) + 1;
 }
 
 absl::StatusOr<int> ShardedClient::Initialize(absl::Span<const float> params) {

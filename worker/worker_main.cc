@@ -165,6 +165,7 @@ int Main(int argc, char** argv) {
   const double max_seconds = absl::GetFlag(FLAGS_max_seconds);
   absl::Time next_log = start + absl::Seconds(10);
   int64_t step = *next_step, first_step = step;
+  int64_t duplicate_pushes = 0;  // shards that answered a push "already applied"
   for (; (steps == 0 || step < steps) && !ShutdownRequested(); ++step) {
     if (max_seconds > 0 && absl::Now() - start > absl::Seconds(max_seconds)) break;
     if (pull_delay->enabled() && WaitForShutdown(pull_delay->Next())) break;
@@ -194,6 +195,11 @@ int Main(int argc, char** argv) {
       if (ShutdownRequested()) break;
       return Fail(absl::StrCat("push failed at step ", step, ": ", push.status().message()));
     }
+    if (push->duplicates > 0) {
+      duplicate_pushes += push->duplicates;
+      PS_LOG(WARNING) << "step " << step << " had already been applied on " << push->duplicates
+                      << " shard(s): a retried or resumed push, applied once";
+    }
     int64_t base = *std::min_element(versions->begin(), versions->end());
     csv->Row({absl::StrCat(step), WallTimeField(), absl::StrFormat("%.5f", loss),
               absl::StrCat(base), absl::StrCat(push->max_staleness),
@@ -211,7 +217,7 @@ int Main(int argc, char** argv) {
   }
   if (prefetched.valid()) prefetched.wait();  // it writes into buffers that die with this scope
   PS_LOG(INFO) << "done at step " << step << " after " << absl::ToDoubleSeconds(absl::Now() - start)
-               << " s";
+               << " s; " << duplicate_pushes << " duplicate push(es)";
   // Leave the active set now (after the last heartbeat, which would rejoin), so that sync rounds
   // need not wait out this worker's lease.
   heartbeats.Stop();
