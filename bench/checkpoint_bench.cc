@@ -52,7 +52,10 @@ int Main(int argc, char** argv) {
   const ModelIdentity model{config.model, n, 1};
   std::vector<float> values(n, 0.5f);
   if (!(*shard)->Initialize(model, 0, values).ok() || !(*shard)->Register(0, model).ok() ||
-      !(*shard)->Push({0, 0, 0, 0, n}, std::vector<float>(n, 0.01f)).ok()) {
+      !(*shard)
+           ->Push({0, 0, 0, 0, n, (*shard)->Stats().workers[0].incarnation},
+                  std::vector<float>(n, 0.01f))
+           .ok()) {
     std::cerr << "cannot set up the shard\n";
     return 1;
   }

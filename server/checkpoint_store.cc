@@ -55,7 +55,8 @@ absl::StatusOr<std::string> CheckpointStore::Write(const ShardCheckpoint& c) {
                        {"last_sequence", w.last_sequence},
                        {"clock", w.clock},
                        {"pushes_applied", w.pushes_applied},
-                       {"joined_at_version", w.joined_at_version}});
+                       {"joined_at_version", w.joined_at_version},
+                       {"incarnation", w.incarnation}});
   }
   std::map<std::string, std::string> metadata = {
       {"format", kFormat},
@@ -99,12 +100,13 @@ absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path) {
   };
   for (const nlohmann::json& w : workers) {
     if (!integer(w, "id") || !integer(w, "last_sequence") || !integer(w, "clock") ||
-        !integer(w, "pushes_applied") || !integer(w, "joined_at_version")) {
+        !integer(w, "pushes_applied") || !integer(w, "joined_at_version") ||
+        !integer(w, "incarnation")) {
       return bad("bad worker entry " + w.dump());
     }
     c.workers.push_back({w["id"].get<int>(), w["last_sequence"].get<int64_t>(),
                          w["clock"].get<int64_t>(), w["pushes_applied"].get<int64_t>(),
-                         w["joined_at_version"].get<int64_t>()});
+                         w["joined_at_version"].get<int64_t>(), w["incarnation"].get<int64_t>()});
   }
   for (const nlohmann::json& id : contributors) {
     if (!id.is_number_integer()) return bad("bad round contributor");

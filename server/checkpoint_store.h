@@ -3,7 +3,8 @@
 // (one value per element of the shard's range), "round.sum" when a sync round is open. Metadata
 // (strings): "format" = "ps.shard.v1", "model", "shard_index", "num_shards", "optimizer",
 // "consistency", "version", "workers" (JSON: [{"id", "last_sequence", "clock",
-// "pushes_applied", "joined_at_version"}]), "round_contributors" (JSON list), "crc32".
+// "pushes_applied", "joined_at_version", "incarnation"}]), "round_contributors" (JSON list),
+// "crc32".
 // Not thread-safe.
 #pragma once
 

@@ -22,6 +22,7 @@ class Membership {
  public:
   struct Worker {
     int64_t last_sequence = -1;  // last push sequence seen (applied or dropped)
+    int64_t incarnation = 0;     // of the process that registered last; older ones are refused
     int64_t clock = 0;           // pushes completed; the SSP clock
     int64_t pushes_applied = 0;
     absl::Time last_seen;

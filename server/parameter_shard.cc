@@ -233,33 +233,50 @@ absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const Model
   }
   Completions answers(this);
   absl::MutexLock lock(&mu_);
-  int64_t last = -1;
-  if (worker_id >= 0) last = members_.Touch(worker_id, MonotonicNow(), version_).last_sequence;
+  Registration r{config_.shard_index, ConsistencyName(config_), initialized_, range_, version_};
+  if (worker_id >= 0) {
+    Membership::Worker& w = members_.Touch(worker_id, MonotonicNow(), version_);
+    // Increasing across restarts of the shard too (checkpoints keep the workers' incarnations).
+    last_incarnation_ = std::max(last_incarnation_ + 1, absl::ToUnixMicros(absl::Now()));
+    w.incarnation = last_incarnation_;
+    r.last_sequence = w.last_sequence;
+    r.incarnation = w.incarnation;
+  }
   AnswerWaiters(&answers);
-  return Registration{
-      config_.shard_index, ConsistencyName(config_), initialized_, range_, version_, last};
+  return r;
 }
 
-absl::StatusOr<int> ParameterShard::Heartbeat(int worker_id) {
-  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
-  Completions answers(this);
-  absl::MutexLock lock(&mu_);
-  if (!members_.Refresh(worker_id, MonotonicNow(), version_)) {
+absl::Status ParameterShard::CheckIncarnation(int worker_id, int64_t incarnation) const {
+  auto it = members_.workers().find(worker_id);
+  if (it == members_.workers().end()) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker ", worker_id, " has not registered with shard ", config_.shard_index));
   }
+  if (it->second.incarnation != incarnation) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker_id, " (incarnation ", incarnation,
+                     ") was superseded by a newer process with the same rank (incarnation ",
+                     it->second.incarnation, ") at shard ", config_.shard_index));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ParameterShard::Heartbeat(int worker_id, int64_t incarnation) {
+  if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
+  Completions answers(this);
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckIncarnation(worker_id, incarnation); !s.ok()) return s;
+  members_.Refresh(worker_id, MonotonicNow(), version_);
   AnswerWaiters(&answers);
   return members_.ActiveCount();
 }
 
-absl::Status ParameterShard::Leave(int worker_id) {
+absl::Status ParameterShard::Leave(int worker_id, int64_t incarnation) {
   if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   Completions answers(this);
   absl::MutexLock lock(&mu_);
-  if (!members_.Leave(worker_id)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker ", worker_id, " has not registered with shard ", config_.shard_index));
-  }
+  if (absl::Status s = CheckIncarnation(worker_id, incarnation); !s.ok()) return s;
+  members_.Leave(worker_id);
   Forget(worker_id);
   MaybeCloseRound();  // a round may have been waiting only for it
   AnswerWaiters(&answers);
@@ -322,12 +339,9 @@ absl::Status ParameterShard::CheckPushHeader(const PushHeaderInfo& h) const {
   }
   absl::ReaderMutexLock lock(&mu_);
   if (!initialized_) return absl::FailedPreconditionError("shard is not initialised yet");
-  auto worker = members_.workers().find(h.worker_id);
-  if (worker == members_.workers().end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker ", h.worker_id, " has not registered with shard ", config_.shard_index));
-  }
-  if (int64_t last = worker->second.last_sequence; h.sequence > last + kMaxSequenceAhead) {
+  if (absl::Status s = CheckIncarnation(h.worker_id, h.incarnation); !s.ok()) return s;
+  if (int64_t last = members_.workers().at(h.worker_id).last_sequence;
+      h.sequence > last + kMaxSequenceAhead) {
     return absl::InvalidArgumentError(absl::StrCat("push sequence ", h.sequence, " is more than ",
                                                    kMaxSequenceAhead, " ahead of worker ",
                                                    h.worker_id, "'s last (", last, ")"));
@@ -371,7 +385,9 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
 
   Completions answers(this);
   absl::MutexLock lock(&mu_);
-  // The header was checked under an earlier lock; only the version can have moved, forward.
+  // The header was checked under an earlier lock; since then the version can have moved forward
+  // and a newer process of this worker can have registered.
+  if (status.ok()) status = CheckIncarnation(h.worker_id, h.incarnation);
   if (status.ok() && config_.mode == ConsistencyMode::kSync && h.base_version == version_ &&
       round_contributors_.count(h.worker_id) > 0 &&
       h.sequence > members_.Find(h.worker_id)->last_sequence) {
@@ -672,7 +688,8 @@ ShardStats ParameterShard::Stats(int first_worker, int max_workers) const {
     }
     const Membership::Worker& w = it->second;
     s.workers.push_back({it->first, w.active, w.clock, w.pushes_applied,
-                         absl::ToDoubleSeconds(now - w.last_seen), w.staleness.counts()});
+                         absl::ToDoubleSeconds(now - w.last_seen), w.staleness.counts(),
+                         w.incarnation});
   }
   return s;
 }
@@ -696,7 +713,8 @@ absl::Status ParameterShard::Checkpoint(ShardCheckpoint* out) const {
   }
   c.workers.clear();
   for (const auto& [id, w] : members_.workers()) {
-    c.workers.push_back({id, w.last_sequence, w.clock, w.pushes_applied, w.joined_at_version});
+    c.workers.push_back(
+        {id, w.last_sequence, w.clock, w.pushes_applied, w.joined_at_version, w.incarnation});
   }
   c.round_sum.clear();
   c.round_contributors.clear();
@@ -758,6 +776,8 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
     m.clock = w.clock;
     m.pushes_applied = w.pushes_applied;
     m.joined_at_version = w.joined_at_version;
+    m.incarnation = w.incarnation;
+    last_incarnation_ = std::max(last_incarnation_, w.incarnation);
   }
   round_sum_ = c.round_sum;
   round_contributors_ = std::set<int>(c.round_contributors.begin(), c.round_contributors.end());

@@ -78,6 +78,7 @@ struct PushHeaderInfo {
   int64_t base_version = 0;
   int64_t offset = 0;
   int64_t length = 0;
+  int64_t incarnation = 0;  // from Registration
 };
 
 struct PushOutcome {
@@ -94,6 +95,7 @@ struct Registration {
   Range range;
   int64_t version = 0;
   int64_t last_sequence = -1;
+  int64_t incarnation = 0;  // workers: carried by their pushes, heartbeats and Leave
 };
 
 struct WorkerSnapshot {
@@ -103,6 +105,7 @@ struct WorkerSnapshot {
   int64_t pushes_applied = 0;
   double seconds_since_seen = 0;
   std::vector<int64_t> staleness_counts;
+  int64_t incarnation = 0;
 };
 
 struct ShardStats {
@@ -153,6 +156,7 @@ struct ShardCheckpoint {
     int64_t clock = 0;
     int64_t pushes_applied = 0;
     int64_t joined_at_version = 0;  // SSP drops its gradients from before then
+    int64_t incarnation = 0;
   };
   std::vector<Worker> workers;
   std::vector<float> round_sum;  // sync: the open round's sum; empty when none is open
@@ -195,14 +199,16 @@ class ParameterShard {
   absl::StatusOr<bool> Initialize(const ModelIdentity& model, int64_t offset,
                                   absl::Span<const float> values);
 
-  // Records that `worker_id` takes part (or is back), after checking it agrees on the model.
-  // A negative id is an observer (e.g. the evaluator): checked, not recorded. Worker ids must lie
-  // in [0, num_workers).
+  // Records that `worker_id` takes part (or is back), after checking it agrees on the model, and
+  // hands the caller a new incarnation, which supersedes any earlier process of that id. A
+  // negative id is an observer (e.g. the evaluator): checked, not recorded. Worker ids must lie in
+  // [0, num_workers).
   absl::StatusOr<Registration> Register(int worker_id, const ModelIdentity& model);
-  // Refreshes a registered worker's lease; returns the number of active workers.
-  absl::StatusOr<int> Heartbeat(int worker_id);
+  // Refreshes a registered worker's lease; returns the number of active workers. Heartbeat, Leave
+  // and Push fail with FAILED_PRECONDITION for a superseded incarnation.
+  absl::StatusOr<int> Heartbeat(int worker_id, int64_t incarnation);
   // Takes a worker that is stopping out of the active set at once, rather than after its lease.
-  absl::Status Leave(int worker_id);
+  absl::Status Leave(int worker_id, int64_t incarnation);
   // Drops from the active set the workers whose lease ran out at `now` (MonotonicNow()), or who
   // stalled (see ShardConfig::progress_timeout), and closes a sync round that was waiting only
   // for them. Returns their ids. The daemon calls this every second.
@@ -278,6 +284,9 @@ class ParameterShard {
 
   absl::Status CheckModel(const ModelIdentity& model) const;
   absl::Status CheckWorkerId(int worker_id) const;
+  // OK if `worker_id` registered and `incarnation` is its current one.
+  absl::Status CheckIncarnation(int worker_id, int64_t incarnation) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status CheckRange(int64_t offset, int64_t length) const;
   // Whether worker_id's push of `after_sequence` has not landed yet (false for observers and
   // unknown workers).
@@ -341,6 +350,7 @@ class ParameterShard {
   // Pulls waiting to be admitted, by ticket; the deadline thread wakes for the earliest.
   std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   int64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t last_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   bool waiters_changed_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // At most two idle snapshot buffers are kept between pulls.

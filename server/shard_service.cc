@@ -215,6 +215,7 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
         response->set_version(r->version);
         response->set_last_sequence(r->last_sequence);
         response->set_consistency(r->consistency);
+        response->set_incarnation(r->incarnation);
         return grpc::Status::OK;
       });
 }
@@ -270,7 +271,8 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
     status = absl::InvalidArgumentError("the first Push chunk has no header");
   } else {
     const v1::PushHeader& h = chunk.header();
-    header = PushHeaderInfo{h.worker_id(), h.sequence(), h.base_version(), h.offset(), h.length()};
+    header = PushHeaderInfo{h.worker_id(), h.sequence(), h.base_version(),
+                            h.offset(),    h.length(),   h.incarnation()};
     status = CheckDType(h.dtype());
     if (status.ok()) status = shard_->CheckPushHeader(header);
   }
@@ -314,7 +316,7 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(grpc::CallbackServerContext* c
       context, request, response, "Heartbeat",
       [&] { return Authorize(*context, Access::kWrite, "Heartbeat"); },
       [&](const auto& request, auto* response) {
-        absl::StatusOr<int> active = shard_->Heartbeat(request.worker_id());
+        absl::StatusOr<int> active = shard_->Heartbeat(request.worker_id(), request.incarnation());
         if (!active.ok()) return ToGrpcStatus(active.status());
         response->set_active_workers(*active);
         return grpc::Status::OK;
@@ -327,7 +329,9 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* conte
   return Unary<v1::LeaveRequest, v1::LeaveResponse>(
       context, request, response, "Leave",
       [&] { return Authorize(*context, Access::kWrite, "Leave"); },
-      [&](const auto& request, auto*) { return ToGrpcStatus(shard_->Leave(request.worker_id())); });
+      [&](const auto& request, auto*) {
+        return ToGrpcStatus(shard_->Leave(request.worker_id(), request.incarnation()));
+      });
 }
 
 grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* context,
@@ -376,6 +380,7 @@ v1::StatsResponse StatsToProto(const ShardStats& s) {
     out->set_clock(w.clock);
     out->set_pushes_applied(w.pushes_applied);
     out->set_seconds_since_seen(w.seconds_since_seen);
+    out->set_incarnation(w.incarnation);
     for (int64_t c : w.staleness_counts) out->add_staleness_counts(c);
   }
   return r;

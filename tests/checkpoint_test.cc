@@ -61,6 +61,13 @@ ShardConfig AdamSsp() {
 
 const ModelIdentity kModel{"flat:6", 6, 1};
 
+int64_t Inc(const ParameterShard& shard, int id) {
+  for (const WorkerSnapshot& w : shard.Stats().workers) {
+    if (w.worker_id == id) return w.incarnation;
+  }
+  return 0;
+}
+
 std::vector<float> Weights(ParameterShard& shard) {
   absl::StatusOr<ParameterShard::Snapshot> s = shard.Read(kModel, -1, 0, 0, absl::Now());
   return std::vector<float>(s->values.span().begin(), s->values.span().end());
@@ -73,7 +80,7 @@ TEST(ShardCheckpointTest, ARestoredShardContinuesBitIdentically) {
   for (int64_t s = 0; s < 3; ++s) {
     for (int w = 0; w < 2; ++w) {
       std::vector<float> g = {0.1f * w, -0.2f, 0.3f, s * 0.5f, -1, 2};
-      ASSERT_TRUE(original->Push({w, s, original->version(), 0, 6}, g).ok());
+      ASSERT_TRUE(original->Push({w, s, original->version(), 0, 6, Inc(*original, w)}, g).ok());
     }
   }
   CheckpointStore store(NewRunDir("checkpoint"), 0, 3);
@@ -90,9 +97,11 @@ TEST(ShardCheckpointTest, ARestoredShardContinuesBitIdentically) {
   EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * 6), 0);
   // Exactly-once survives: a replayed push is a duplicate; the next is applied, and Adam's state
   // and step make both shards agree to the bit.
-  EXPECT_TRUE(restored->Push({1, 2, 6, 0, 6}, std::vector<float>(6, 1.0f))->duplicate);
+  EXPECT_TRUE(
+      restored->Push({1, 2, 6, 0, 6, Inc(*restored, 1)}, std::vector<float>(6, 1.0f))->duplicate);
   for (ParameterShard* shard : {original.get(), restored.get()}) {
-    absl::StatusOr<PushOutcome> next = shard->Push({1, 3, 6, 0, 6}, {1, 1, 1, -1, -1, -1});
+    absl::StatusOr<PushOutcome> next =
+        shard->Push({1, 3, 6, 0, 6, Inc(*shard, 1)}, {1, 1, 1, -1, -1, -1});
     ASSERT_TRUE(next.ok()) << next.status();
     EXPECT_FALSE(next->duplicate);
   }

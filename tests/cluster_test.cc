@@ -157,6 +157,31 @@ TEST(ClusterTest, WorkerKilledWithSigkillRejoinsAndTheRunCompletes) {
   EXPECT_EQ(cluster.Stop(), "");
 }
 
+TEST(ClusterTest, ASecondProcessWithTheSameRankSupersedesTheFirst) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(2, kMlp, 1, {}).ok());
+  std::vector<std::string> flags = kWorkerFlags;
+  flags.push_back("--steps=100000");
+  ASSERT_TRUE(cluster.StartWorker(0, 1, flags).ok());
+  ASSERT_TRUE(WaitForStep(cluster.run_dir() + "/worker-0.csv", 20, absl::Minutes(2)));
+  Subprocess first = std::move(*cluster.worker(0));
+  // The second process of rank 0 (its own log) registers and takes over the rank.
+  flags.back() = "--steps=200";
+  ASSERT_TRUE(cluster.StartWorker(0, 1, flags).ok());
+  absl::StatusOr<int> first_code = first.Wait(absl::Minutes(2));
+  ASSERT_TRUE(first_code.ok()) << "the superseded process went on";
+  EXPECT_EQ(*first_code, 1);
+  std::string log = ReadFile(cluster.run_dir() + "/worker-0.log");
+  EXPECT_NE(log.find("was superseded by a newer process with the same rank"), std::string::npos)
+      << log;
+  absl::StatusOr<int> second_code = cluster.worker(0)->Wait(absl::Minutes(3));
+  ASSERT_TRUE(second_code.ok());
+  EXPECT_EQ(*second_code, 0);
+  // Every step of the rank applied once on each shard, whichever process computed it.
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(Stats(cluster.ShardAddress(s)).pushes_applied(), 200);
+  EXPECT_EQ(cluster.Stop(), "");
+}
+
 // A shard pair holding a 1000-parameter "model" initialised to 0.5 * i, for malformed requests.
 class BadInputTest : public ::testing::Test {
  protected:
@@ -188,9 +213,11 @@ class BadInputTest : public ::testing::Test {
     return writer->Finish();
   }
 
-  static v1::PushHeader Header(int64_t offset, int64_t length) {
+  // A push header of worker 0, as registered by client_.
+  v1::PushHeader Header(int64_t offset, int64_t length) const {
     v1::PushHeader h;
     h.set_worker_id(0);
+    h.set_incarnation(client_->incarnation(1));
     h.set_sequence(0);
     h.set_base_version(0);
     h.set_offset(offset);

@@ -83,6 +83,7 @@ class LimitsTest : public ::testing::Test {
     v1::PushChunk chunk;
     v1::PushHeader* h = chunk.mutable_header();
     h->set_worker_id(0);
+    h->set_incarnation(worker0_->incarnation(0));
     h->set_offset(0);
     h->set_length(1000);
     h->set_dtype(v1::FLOAT32);
@@ -236,6 +237,7 @@ TEST_F(LimitsTest, EndlessEmptyChunksAreRefused) {
   auto writer = stub_->Push(&context, &response);
   v1::PushChunk chunk;
   chunk.mutable_header()->set_worker_id(0);
+  chunk.mutable_header()->set_incarnation(worker0_->incarnation(0));
   chunk.mutable_header()->set_length(1000);
   chunk.mutable_header()->set_dtype(v1::FLOAT32);
   chunk.set_data(std::string(AsBytes(std::vector<float>(10, 1.0f))));

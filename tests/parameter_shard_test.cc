@@ -18,6 +18,15 @@ namespace {
 
 const ModelIdentity kModel{"flat:10", 10, 2};
 
+// The incarnation worker `id` got when it last registered (its pushes, heartbeats and Leave carry
+// it).
+int64_t Inc(const ParameterShard& shard, int id) {
+  for (const WorkerSnapshot& w : shard.Stats().workers) {
+    if (w.worker_id == id) return w.incarnation;
+  }
+  return 0;
+}
+
 std::vector<float> Values(const ParameterShard::Snapshot& s) {
   return std::vector<float>(s.values.span().begin(), s.values.span().end());
 }
@@ -48,7 +57,8 @@ class ParameterShardTest : public ::testing::Test {
   }
   absl::StatusOr<PushOutcome> Push(int64_t sequence, int64_t base, int64_t offset,
                                    std::vector<float> g) {
-    return shard_.Push({0, sequence, base, offset, static_cast<int64_t>(g.size())}, g);
+    return shard_.Push({0, sequence, base, offset, static_cast<int64_t>(g.size()), Inc(shard_, 0)},
+                       g);
   }
   std::unique_ptr<ParameterShard> owned_ = SgdShard(1, 2, 1.0f, "flat:10");
   ParameterShard& shard_ = *owned_;
@@ -119,7 +129,8 @@ TEST_F(ParameterShardTest, RejectedPushesLeaveWeightsBitIdentical) {
        "worker id 9 is outside this job's [0, 4)"},
   };
   std::vector<float> before = Weights();
-  for (const Case& c : cases) {
+  for (Case& c : cases) {
+    c.header.incarnation = Inc(shard_, c.header.worker_id);
     absl::StatusOr<PushOutcome> r = shard_.Push(c.header, c.gradient);
     EXPECT_EQ(r.status().code(), c.code) << r.status();
     EXPECT_NE(r.status().message().find(c.message), std::string::npos) << r.status();
@@ -207,7 +218,7 @@ TEST(ParameterShardConcurrencyTest, ConcurrentPushesAndPullsLoseNothing) {
         ASSERT_TRUE(s.ok());
         // Every element of one snapshot has seen the same number of updates.
         ASSERT_EQ(s->values.span().front(), s->values.span().back());
-        ASSERT_TRUE(shard.Push({w, i, s->version, 0, kSize}, g).ok());
+        ASSERT_TRUE(shard.Push({w, i, s->version, 0, kSize, Inc(shard, w)}, g).ok());
       }
     });
   }
@@ -240,7 +251,7 @@ struct ConsistencyFixture {
     for (int w = 0; w < workers; ++w) EXPECT_TRUE(shard->Register(w, model).ok());
   }
   absl::StatusOr<PushOutcome> Push(int worker, int64_t base, std::vector<float> g) {
-    return shard->Push({worker, next_sequence[worker]++, base, 0, 4}, g);
+    return shard->Push({worker, next_sequence[worker]++, base, 0, 4, Inc(*shard, worker)}, g);
   }
   // Whether `worker` may pull now (waits 50 ms at most).
   bool MayPull(int worker) {
@@ -293,7 +304,7 @@ TEST(SyncTest, AnExpiredLeaseLeavesTheBarrierAndHeartbeatsBringTheWorkerBack) {
   EXPECT_EQ(f.shard->ExpireLeases(MonotonicNow()), (std::vector<int>{1}));
   EXPECT_EQ(f.shard->Stats().version, 1);  // the round closed without worker 1
   EXPECT_EQ(f.shard->Stats().active_workers, 1);
-  EXPECT_EQ(*f.shard->Heartbeat(1), 2);
+  EXPECT_EQ(*f.shard->Heartbeat(1, Inc(*f.shard, 1)), 2);
   ASSERT_TRUE(f.Push(1, 1, {2, 2, 2, 2}).ok());
   EXPECT_EQ(f.shard->Stats().version, 1);  // now the round waits for both again
 }
@@ -301,10 +312,10 @@ TEST(SyncTest, AnExpiredLeaseLeavesTheBarrierAndHeartbeatsBringTheWorkerBack) {
 TEST(SyncTest, AWorkerThatLeavesClosesTheRoundWaitingForIt) {
   ConsistencyFixture f("sync", 2);
   ASSERT_TRUE(f.Push(0, 0, {2, 2, 2, 2}).ok());
-  ASSERT_TRUE(f.shard->Leave(1).ok());
+  ASSERT_TRUE(f.shard->Leave(1, Inc(*f.shard, 1)).ok());
   EXPECT_EQ(f.shard->Stats().version, 1);
   EXPECT_EQ(f.shard->Stats().active_workers, 1);
-  EXPECT_EQ(f.shard->Leave(7).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(f.shard->Leave(7, 0).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(SspTest, AWorkerMayRunAtMostSClocksAheadOfTheSlowest) {
@@ -432,7 +443,8 @@ std::vector<float> Weights(ParameterShard& shard) {
 absl::StatusOr<PushOutcome> PushAll(ParameterShard& shard, int worker, int64_t sequence,
                                     float value) {
   int64_t version = shard.Stats().version;
-  return shard.Push({worker, sequence, version, 0, 4}, std::vector<float>(4, value));
+  return shard.Push({worker, sequence, version, 0, 4, Inc(shard, worker)},
+                    std::vector<float>(4, value));
 }
 
 TEST(NonFiniteUpdateTest, AFiniteHugeGradientCannotPoisonWeightsOrOptimizerState) {
@@ -504,9 +516,11 @@ TEST(ClipNormTest, GradientsAboveTheNormAreScaledDownAndCounted) {
   c.learning_rate.base = 1.0f;
   c.clip_norm = 1.0f;
   std::unique_ptr<ParameterShard> shard = Started(c);
-  ASSERT_TRUE(shard->Push({0, 0, 0, 0, 4}, {3, 0, 4, 0}).ok());  // norm 5: scaled by 1/5
+  ASSERT_TRUE(
+      shard->Push({0, 0, 0, 0, 4, Inc(*shard, 0)}, {3, 0, 4, 0}).ok());  // norm 5: scaled by 1/5
   EXPECT_EQ(Weights(*shard), (std::vector<float>{1 - 0.6f, 2, 3 - 0.8f, 4}));
-  ASSERT_TRUE(shard->Push({0, 1, 1, 0, 4}, {0.5f, 0, 0, 0}).ok());  // norm 0.5: as is
+  ASSERT_TRUE(
+      shard->Push({0, 1, 1, 0, 4, Inc(*shard, 0)}, {0.5f, 0, 0, 0}).ok());  // norm 0.5: as is
   EXPECT_EQ(Weights(*shard), (std::vector<float>{1 - 0.6f - 0.5f, 2, 3 - 0.8f, 4}));
   EXPECT_EQ(shard->Stats().pushes_clipped, 1);
 }
@@ -516,8 +530,8 @@ TEST(MembershipBoundsTest, WorkerIdsOutsideTheJobAreRefusedAndNothingIsKept) {
   for (int id : {4, 5, 666, 100000, std::numeric_limits<int>::max()}) {
     EXPECT_EQ(shard->Register(id, {"flat:4", 4, 1}).status().code(),
               absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(shard->Heartbeat(id).status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_EQ(shard->Leave(id).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(shard->Heartbeat(id, 0).status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(shard->Leave(id, 0).code(), absl::StatusCode::kInvalidArgument);
   }
   // A flood of registrations costs nothing and changes nothing.
   absl::Time start = absl::Now();
@@ -555,10 +569,10 @@ TEST(MembershipBoundsTest, AWorkerThatNeverPushesStopsBlockingSyncRounds) {
   std::unique_ptr<ParameterShard> shard = Started(c);
   ASSERT_TRUE(PushAll(*shard, 0, 0, 1).ok());  // the round waits for worker 1, which only beats
   absl::SleepFor(absl::Milliseconds(200));
-  ASSERT_TRUE(shard->Heartbeat(1).ok());
+  ASSERT_TRUE(shard->Heartbeat(1, Inc(*shard, 1)).ok());
   EXPECT_EQ(shard->ExpireLeases(MonotonicNow()), (std::vector<int>{1}));
-  EXPECT_EQ(shard->Stats().version, 1);  // the round closed without it
-  EXPECT_EQ(*shard->Heartbeat(1), 1);    // and heartbeats alone do not bring it back
+  EXPECT_EQ(shard->Stats().version, 1);                // the round closed without it
+  EXPECT_EQ(*shard->Heartbeat(1, Inc(*shard, 1)), 1);  // and heartbeats alone do not bring it back
   ASSERT_TRUE(PushAll(*shard, 0, 1, 1).ok());
   EXPECT_EQ(shard->Stats().version, 2);
   // Worker 0, waiting in its round, was never the one waited for: it stays.
@@ -578,7 +592,7 @@ TEST(MembershipBoundsTest, AWorkerThatNeverPushesStopsHoldingTheSspMinimum) {
   ASSERT_TRUE(PushAll(*shard, 0, 0, 1).ok());  // clocks 1, 0: worker 0 is held by worker 1
   EXPECT_FALSE(shard->Read({"flat:4", 4, 1}, 0, 0, 0, absl::Now()).ok());
   absl::SleepFor(absl::Milliseconds(200));
-  ASSERT_TRUE(shard->Heartbeat(1).ok());
+  ASSERT_TRUE(shard->Heartbeat(1, Inc(*shard, 1)).ok());
   EXPECT_EQ(shard->ExpireLeases(MonotonicNow()), (std::vector<int>{1}));
   EXPECT_TRUE(shard->Read({"flat:4", 4, 1}, 0, 0, 0, absl::Now()).ok());
 }
@@ -592,19 +606,19 @@ TEST(DcAsgdMemoryTest, CopiesOnlyForActiveWorkersWholeShardPullsAndFreedOnLeave)
   // A sub-range pull keeps nothing: the push after it is plain SGD.
   ASSERT_TRUE(shard->Read(m, 1, 1, 2, absl::Now()).ok());
   ASSERT_TRUE(PushAll(*shard, 0, 0, 1).ok());  // w = 0 1 2 3
-  ASSERT_TRUE(shard->Push({1, 0, 0, 0, 4}, {2, 2, 2, 2}).ok());
+  ASSERT_TRUE(shard->Push({1, 0, 0, 0, 4, Inc(*shard, 1)}, {2, 2, 2, 2}).ok());
   EXPECT_EQ(Weights(*shard), (std::vector<float>{-2, -1, 0, 1}));
   // A whole-shard pull is kept, and compensates the next push...
   ASSERT_TRUE(shard->Read(m, 1, 0, 0, absl::Now()).ok());  // at version 2: w = -2 -1 0 1
   ASSERT_TRUE(PushAll(*shard, 0, 1, 1).ok());              // w = -3 -2 -1 0
-  ASSERT_TRUE(shard->Push({1, 1, 2, 0, 4}, {2, 0, 0, 0}).ok());
+  ASSERT_TRUE(shard->Push({1, 1, 2, 0, 4, Inc(*shard, 1)}, {2, 0, 0, 0}).ok());
   // 2 + 0.5 * 4 * (-1) = 0: compensated to nothing.
   EXPECT_EQ(Weights(*shard), (std::vector<float>{-3, -2, -1, 0}));
   // ...until the worker leaves: its copies are freed, and a late push is applied plainly.
   ASSERT_TRUE(shard->Read(m, 1, 0, 0, absl::Now()).ok());  // version 4
-  ASSERT_TRUE(shard->Leave(1).ok());
+  ASSERT_TRUE(shard->Leave(1, Inc(*shard, 1)).ok());
   ASSERT_TRUE(PushAll(*shard, 0, 2, 1).ok());  // w = -4 -3 -2 -1
-  ASSERT_TRUE(shard->Push({1, 2, 4, 0, 4}, {2, 0, 0, 0}).ok());
+  ASSERT_TRUE(shard->Push({1, 2, 4, 0, 4, Inc(*shard, 1)}, {2, 0, 0, 0}).ok());
   EXPECT_EQ(Weights(*shard), (std::vector<float>{-6, -3, -2, -1}));
 }
 
@@ -681,6 +695,32 @@ TEST(AsyncReadTest, AWaitingPullIsAbortedAtItsDeadlineAndShutdownEndsTheRest) {
   EXPECT_FALSE(unavailable.HasBeenNotified());
   shard->Shutdown();
   EXPECT_TRUE(unavailable.HasBeenNotified());
+}
+
+}  // namespace
+}  // namespace ps
+
+namespace ps {
+namespace {
+
+TEST(FencingTest, ANewerProcessOfTheSameRankSupersedesTheOlder) {
+  std::unique_ptr<ParameterShard> shard = Started(Config("sgd"));
+  const int64_t old_incarnation = Inc(*shard, 0);
+  absl::StatusOr<Registration> newer = shard->Register(0, {"flat:4", 4, 1});
+  ASSERT_TRUE(newer.ok());
+  EXPECT_GT(newer->incarnation, old_incarnation);
+  // Before: two processes with one rank silently dropped each other's gradients as duplicates.
+  absl::StatusOr<PushOutcome> stale =
+      shard->Push({0, 0, 0, 0, 4, old_incarnation}, std::vector<float>(4, 1.0f));
+  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(stale.status().message().find("superseded by a newer process"), std::string::npos)
+      << stale.status();
+  EXPECT_EQ(shard->Heartbeat(0, old_incarnation).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->Leave(0, old_incarnation).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->Stats().version, 0);
+  EXPECT_TRUE(shard->Push({0, 0, 0, 0, 4, newer->incarnation}, std::vector<float>(4, 1.0f)).ok());
+  EXPECT_TRUE(shard->Heartbeat(0, newer->incarnation).ok());
 }
 
 }  // namespace

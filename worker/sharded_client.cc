@@ -49,7 +49,8 @@ ShardedClient::ShardedClient(std::vector<std::string> addresses, ModelIdentity m
     : addresses_(std::move(addresses)),
       model_(std::move(model)),
       worker_id_(worker_id),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      incarnations_(addresses_.size(), 0) {
   std::shared_ptr<grpc::ChannelCredentials> credentials = options_.security.credentials;
   if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
   if (!options_.security.token.empty()) authorization_ = BearerValue(options_.security.token);
@@ -173,6 +174,7 @@ absl::StatusOr<int64_t> ShardedClient::Register() {
                                        ", listed as shard ", shard, " in --ps"));
     }
     last[shard] = response.last_sequence();
+    incarnations_[shard] = response.incarnation();
     if (shard == 0) consistency_ = response.consistency();
     return status;
   });
@@ -239,6 +241,7 @@ absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(
     const Range& r = ranges_[shard];
     v1::PushHeader header;
     header.set_worker_id(worker_id_);
+    header.set_incarnation(incarnations_[shard]);
     header.set_sequence(sequence);
     header.set_base_version(base_versions[shard]);
     header.set_offset(r.begin);
@@ -264,6 +267,7 @@ absl::Status ShardedClient::Heartbeat(absl::Duration timeout) {
       [&](int shard, grpc::ClientContext* context) {
         v1::HeartbeatRequest request;
         request.set_worker_id(worker_id_);
+        request.set_incarnation(incarnations_[shard]);
         v1::HeartbeatResponse response;
         return stubs_[shard]->Heartbeat(context, request, &response);
       },
@@ -275,6 +279,7 @@ absl::Status ShardedClient::Leave(absl::Duration timeout) {
       [&](int shard, grpc::ClientContext* context) {
         v1::LeaveRequest request;
         request.set_worker_id(worker_id_);
+        request.set_incarnation(incarnations_[shard]);
         v1::LeaveResponse response;
         return stubs_[shard]->Leave(context, request, &response);
       },

@@ -50,6 +50,9 @@ class ShardedClient {
   absl::StatusOr<int64_t> Register();
   // The shards' consistency model ("async", "sync", "ssp:S"), known after Register.
   const std::string& consistency() const { return consistency_; }
+  // This process's incarnation at shard `shard`, from Register (0 before): pushes, heartbeats and
+  // Leave carry it, and a later Register of the same worker id elsewhere supersedes it.
+  int64_t incarnation(int shard) const { return incarnations_[shard]; }
 
   // Offers initial values to every shard. Shards already initialised keep their values, so a
   // restarted initialiser never resets a trained model. Returns how many shards took the values.
@@ -109,6 +112,7 @@ class ShardedClient {
   ClientOptions options_;
   std::vector<Range> ranges_;  // shard i's range of the flat vector
   std::string consistency_;
+  std::vector<int64_t> incarnations_;  // per shard, from Register
 
   absl::Mutex mu_;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // incremented by CancelPending
