@@ -179,6 +179,10 @@ absl::StatusOr<int64_t> ShardedClient::Register() {
     return status;
   });
   if (!s.ok()) return s;
+  // Under sync a step that reached only some shards is not sent again: its round has closed (the
+  // others would drop it as late), and a duplicate on one shard with a contribution on another
+  // would put this worker in different rounds on different shards, which deadlocks the barrier.
+  if (consistency_ == "sync") return *std::max_element(last.begin(), last.end()) + 1;
   return *std::min_element(last.begin(), last.end()) + 1;
 }
 

@@ -46,7 +46,7 @@ class ShardedClient {
   // Registers with every shard (checking they agree on the model) and returns the sequence number
   // this worker's next push should carry: one past the lowest last sequence over the shards, so
   // that a step that reached only some shards is delivered to the others (those that have it
-  // answer duplicate).
+  // answer duplicate); under sync, one past the highest (that step's round has closed).
   absl::StatusOr<int64_t> Register();
   // The shards' consistency model ("async", "sync", "ssp:S"), known after Register.
   const std::string& consistency() const { return consistency_; }
