@@ -13,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/median_seconds.h"
 #include "server/checkpoint_store.h"
 #include "server/parameter_shard.h"
 
@@ -23,18 +24,6 @@ ABSL_FLAG(std::string, dir, "/tmp/checkpoint-bench", "Where to write the checkpo
 
 namespace ps {
 namespace {
-
-template <typename Fn>
-double MedianSeconds(int repeats, Fn fn) {
-  std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) {
-    absl::Time start = absl::Now();
-    fn();
-    t.push_back(absl::ToDoubleSeconds(absl::Now() - start));
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);

@@ -18,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/median_seconds.h"
 #include "bench/raw_bytes.grpc.pb.h"
 #include "common/chunking.h"
 #include "deploy/local_cluster.h"
@@ -65,19 +66,6 @@ int ServeRaw(const std::string& port_file) {
   std::rename((port_file + ".tmp").c_str(), port_file.c_str());
   server->Wait();  // until the benchmark kills this process
   return 0;
-}
-
-// Median seconds of `repeats` runs of fn.
-template <typename Fn>
-double MedianSeconds(int repeats, Fn fn) {
-  std::vector<double> t;
-  for (int i = 0; i < repeats; ++i) {
-    absl::Time start = absl::Now();
-    fn();
-    t.push_back(absl::ToDoubleSeconds(absl::Now() - start));
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 int Main(int argc, char** argv) {
