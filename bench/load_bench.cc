@@ -61,7 +61,7 @@ ClientResult RunClient(const std::vector<std::string>& addresses, const ModelIde
     return r;
   }
   std::vector<float> params(model.total_params), gradient(model.total_params, 1e-4f);
-  std::vector<int64_t> versions;
+  ShardedClient::Versions versions;
   while (absl::Now() < stop) {
     absl::Time start = absl::Now();
     if (absl::Status s = client.Pull(absl::MakeSpan(params), &versions); !s.ok()) {

@@ -103,7 +103,7 @@ int Main(int argc, char** argv) {
     }
     ShardedClient client({cluster.ShardAddress(0)}, model, 0);
     std::vector<float> params(n, 0.5f), grad(n, 0.001f);
-    std::vector<int64_t> versions;
+    ShardedClient::Versions versions;
     if (!client.Register().ok() || !client.Initialize(params).ok()) return 1;
     int64_t sequence = 0;
     double push = MedianSeconds(repeats, [&] {

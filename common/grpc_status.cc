@@ -13,4 +13,17 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
+namespace {
+constexpr char kShardRestarted[] = "ps.v1.shard-restarted";
+}  // namespace
+
+grpc::Status ShardRestartedStatus(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, message, kShardRestarted);
+}
+
+bool IsShardRestarted(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
+         s.error_details() == kShardRestarted;
+}
+
 }  // namespace ps

@@ -1,7 +1,11 @@
-// Conversions between absl::Status (used inside the code) and grpc::Status (at the RPC edge).
+// Conversions between absl::Status (used inside the code) and grpc::Status (at the RPC edge), and
+// the one status clients must recognise beyond its code: "this shard restarted since you
+// registered".
 #pragma once
 
 #include <grpcpp/support/status.h>
+
+#include <string>
 
 #include "absl/status/status.h"
 
@@ -9,5 +13,10 @@ namespace ps {
 
 grpc::Status ToGrpcStatus(const absl::Status& s);
 absl::Status FromGrpcStatus(const grpc::Status& s);
+
+// FAILED_PRECONDITION carrying the error detail "ps.v1.shard-restarted" (see
+// RegisterResponse.shard_incarnation): the caller should register with the shard again.
+grpc::Status ShardRestartedStatus(const std::string& message);
+bool IsShardRestarted(const grpc::Status& s);
 
 }  // namespace ps

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
 
 namespace ps {
@@ -45,8 +46,6 @@ void LocalCluster::AppendClientSecurityFlags(const std::string& token_file,
 absl::Status LocalCluster::StartShards(int count, const std::string& model, int num_workers,
                                        const std::vector<std::string>& flags) {
   for (int i = 0; i < count; ++i) {
-    std::string port_file = absl::StrCat(run_dir_, "/ps-", i, ".port");
-    std::remove(port_file.c_str());
     std::vector<std::string> argv = {
         bin_dir_ + "/ps",
         absl::StrCat("--shard_index=", i),
@@ -55,33 +54,62 @@ absl::Status LocalCluster::StartShards(int count, const std::string& model, int 
         absl::StrCat("--num_workers=", num_workers),
         "--host=127.0.0.1",
         "--port=0",
-        "--port_file=" + port_file,
+        "--port_file=" + PortFile(i),
         absl::StrCat("--staleness_csv=", run_dir_, "/staleness-shard-", i, ".csv"),
         absl::StrCat("--stats_json=", run_dir_, "/stats-shard-", i, ".json")};
     AppendShardSecurityFlags(&argv);
     argv.insert(argv.end(), flags.begin(), flags.end());
-    absl::StatusOr<Subprocess> p =
-        Subprocess::Start(argv, absl::StrCat(run_dir_, "/ps-", i, ".log"));
-    if (!p.ok()) return p.status();
-    shards_.push_back(*std::move(p));
+    shard_argv_.push_back(argv);
+    ports_.push_back(0);
+    shards_.emplace_back();
+    if (absl::Status s = LaunchShard(i); !s.ok()) return s;
   }
-  // The port file appears (atomically) once the shard is serving.
-  absl::Time deadline = absl::Now() + absl::Seconds(30);
   for (int i = 0; i < count; ++i) {
-    int port = 0;
-    while (!(std::ifstream(absl::StrCat(run_dir_, "/ps-", i, ".port")) >> port)) {
-      if (!shards_[i].running()) {
-        return absl::UnavailableError(
-            absl::StrCat("shard ", i, " exited at start; see ", run_dir_, "/ps-", i, ".log"));
-      }
-      if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("shard ", i, " did not start in 30 s"));
-      }
-      absl::SleepFor(absl::Milliseconds(20));  // polling a file another process writes
-    }
-    ports_.push_back(port);
+    if (absl::Status s = AwaitPort(i); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+std::string LocalCluster::PortFile(int shard) const {
+  return absl::StrCat(run_dir_, "/ps-", shard, ".port");
+}
+
+absl::Status LocalCluster::LaunchShard(int shard) {
+  std::remove(PortFile(shard).c_str());
+  absl::StatusOr<Subprocess> p =
+      Subprocess::Start(shard_argv_[shard], absl::StrCat(run_dir_, "/ps-", shard, ".log"));
+  if (!p.ok()) return p.status();
+  shards_[shard] = *std::move(p);
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::AwaitPort(int shard) {
+  // The port file appears (atomically) once the shard is serving.
+  absl::Time deadline = absl::Now() + absl::Seconds(30);
+  int port = 0;
+  while (!(std::ifstream(PortFile(shard)) >> port)) {
+    if (!shards_[shard].running()) {
+      return absl::UnavailableError(
+          absl::StrCat("shard ", shard, " exited at start; see ", run_dir_, "/ps-", shard, ".log"));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("shard ", shard, " did not start in 30 s"));
+    }
+    absl::SleepFor(absl::Milliseconds(20));  // polling a file another process writes
+  }
+  ports_[shard] = port;
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::RestartShard(int shard) {
+  if (shards_[shard].running()) {
+    return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " is still running"));
+  }
+  for (std::string& arg : shard_argv_[shard]) {
+    if (absl::StartsWith(arg, "--port=")) arg = absl::StrCat("--port=", ports_[shard]);
+  }
+  if (absl::Status s = LaunchShard(shard); !s.ok()) return s;
+  return AwaitPort(shard);
 }
 
 std::string LocalCluster::ShardAddress(int shard) const {

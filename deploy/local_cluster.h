@@ -34,6 +34,10 @@ class LocalCluster {
   // workers, with --port=0, and waits until each has written the port it bound.
   absl::Status StartShards(int count, const std::string& model, int num_workers,
                            const std::vector<std::string>& flags);
+  // Starts shard `shard`, which must have exited, again with the same flags on the same port
+  // (with --checkpoint_dir among the flags, it resumes from its checkpoint), and waits until it
+  // serves.
+  absl::Status RestartShard(int shard);
   // "127.0.0.1:p0,127.0.0.1:p1,...", for --ps.
   std::string ShardAddresses() const;
   std::string ShardAddress(int shard) const;
@@ -57,8 +61,15 @@ class LocalCluster {
   void AppendClientSecurityFlags(const std::string& token_file,
                                  std::vector<std::string>* argv) const;
 
+  std::string PortFile(int shard) const;
+  // Starts shard `shard` from shard_argv_ (replacing shards_[shard]) / waits until it wrote its
+  // port file, then records the port.
+  absl::Status LaunchShard(int shard);
+  absl::Status AwaitPort(int shard);
+
   std::string bin_dir_, run_dir_;
   ClusterSecurity security_;
+  std::vector<std::vector<std::string>> shard_argv_;
   std::vector<Subprocess> shards_;
   std::vector<int> ports_;
   std::map<int, Subprocess> workers_;

@@ -63,7 +63,7 @@ Subprocess::~Subprocess() {
 }
 
 bool Subprocess::Reap(bool block) {
-  if (exit_code_ >= 0) return true;
+  if (exit_code_ >= 0 || pid_ <= 0) return true;
   int status = 0;
   pid_t r = waitpid(pid_, &status, block ? 0 : WNOHANG);
   if (r != pid_) return false;

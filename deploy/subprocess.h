@@ -18,6 +18,7 @@ class Subprocess {
   // Starts argv[0] (a path) with `argv`; output goes to `log_path` (appended).
   static absl::StatusOr<Subprocess> Start(const std::vector<std::string>& argv,
                                           const std::string& log_path);
+  Subprocess() = default;  // no process: never running, exit code -1
   Subprocess(Subprocess&& o) noexcept;
   Subprocess& operator=(Subprocess&& o) noexcept;
   // Kills (SIGKILL) and reaps a child still running, so tests never leak processes.

@@ -226,10 +226,15 @@ absl::StatusOr<bool> ParameterShard::Initialize(const ModelIdentity& model, int6
   return true;
 }
 
-absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const ModelIdentity& model) {
+absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const ModelIdentity& model,
+                                                      int64_t resume_sequence) {
   if (absl::Status s = CheckModel(model); !s.ok()) return s;
   if (worker_id >= 0) {
     if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
+  }
+  if (resume_sequence < -1 || resume_sequence > kMaxResumeSequence) {
+    return absl::InvalidArgumentError(absl::StrCat("resume_sequence ", resume_sequence,
+                                                   " is outside [0, 2^62]"));
   }
   Completions answers(this);
   absl::MutexLock lock(&mu_);
@@ -239,6 +244,9 @@ absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const Model
     // Increasing across restarts of the shard too (checkpoints keep the workers' incarnations).
     last_incarnation_ = std::max(last_incarnation_ + 1, absl::ToUnixMicros(absl::Now()));
     w.incarnation = last_incarnation_;
+    // The steps between this shard's checkpoint and the worker's position were lost with the
+    // shard's updates: the worker goes on from where it is.
+    if (resume_sequence >= 0) w.last_sequence = std::max(w.last_sequence, resume_sequence - 1);
     r.last_sequence = w.last_sequence;
     r.incarnation = w.incarnation;
   }
@@ -471,6 +479,7 @@ absl::StatusOr<PushOutcome> ParameterShard::ApplyNow(Membership::Worker& worker,
     return s;
   }
   ++version_;
+  if (config_.on_update) config_.on_update(version_);
   staleness_.Add(staleness);
   worker.staleness.Add(staleness);
   ++worker.pushes_applied;
@@ -505,6 +514,7 @@ void ParameterShard::MaybeCloseRound() {
           optimizer_->Apply(absl::MakeSpan(weights_), round_sum_, 0, LearningRate(), version_);
       s.ok()) {
     ++version_;
+    if (config_.on_update) config_.on_update(version_);
     for (size_t i = 0; i < round_contributors_.size(); ++i) staleness_.Add(0);
   } else {
     // The average would poison the weights: the round is discarded (its workers are released
@@ -588,13 +598,16 @@ bool ParameterShard::TryAnswer(const ReadRequest& r, absl::Time now, const ReadD
     return true;
   }
   if (now < r.deadline) return false;
-  // Waiting longer is normal (for the initialiser, a barrier, the SSP bound): the client asks
-  // again.
-  out->Add(done, absl::AbortedError(
-                     initialized_ ? absl::StrCat("worker ", r.worker_id, " is still held back by ",
-                                                 ConsistencyName(config_), "; pull again")
-                                  : absl::StrCat("shard ", config_.shard_index,
-                                                 " is not initialised yet; pull again")));
+  // Held back by the consistency model: waiting longer is the protocol (the shard bounds it with
+  // the progress timeout), so the client asks again at once. Not initialised: the client retries
+  // within its budget for unavailable shards, so it cannot wait forever for an initialiser.
+  out->Add(done, initialized_
+                     ? absl::AbortedError(absl::StrCat("worker ", r.worker_id,
+                                                       " is still held back by ",
+                                                       ConsistencyName(config_), "; pull again"))
+                     : absl::UnavailableError(absl::StrCat(
+                           "shard ", config_.shard_index,
+                           " is not initialised yet (waiting for worker 0 to initialise it)")));
   return true;
 }
 

@@ -63,6 +63,9 @@ struct ShardConfig {
   bool scale_lr_by_workers = false;  // lr * number of active workers
   // Scale each push's gradient (this shard's part of it) down to this L2 norm; 0: off.
   float clip_norm = 0;
+  // Called with the new version after every update, under the shard's lock: must be cheap and
+  // must not call the shard. Unset: nothing.
+  std::function<void(int64_t version)> on_update;
 };
 
 // Parses --consistency: "async", "sync" or "ssp:S" (S >= 0) into config->mode/staleness_bound.
@@ -169,6 +172,7 @@ class ParameterShard {
   // one past its lowest last sequence over the shards, so it is never more than a step ahead;
   // without a bound, one push of sequence INT64_MAX would make every later push a duplicate.
   static constexpr int64_t kMaxSequenceAhead = 1024;
+  static constexpr int64_t kMaxResumeSequence = int64_t{1} << 62;
   // Largest shard accepted (4 GiB of float32).
   static constexpr int64_t kMaxShardElements = int64_t{1} << 30;
   // Most workers one Stats() page lists.
@@ -178,8 +182,9 @@ class ParameterShard {
   // naming the bad setting.
   static absl::StatusOr<std::unique_ptr<ParameterShard>> Create(const ShardConfig& config);
 
-  // The model this shard serves and its range of it.
+  // The model this shard serves, its index and its range of it.
   const ModelIdentity& model() const { return model_; }
+  int index() const { return config_.shard_index; }
   const Range& range() const { return range_; }
 
   // Checks an Initialize header: the client's model must be the shard's and the range its own.
@@ -202,8 +207,11 @@ class ParameterShard {
   // Records that `worker_id` takes part (or is back), after checking it agrees on the model, and
   // hands the caller a new incarnation, which supersedes any earlier process of that id. A
   // negative id is an observer (e.g. the evaluator): checked, not recorded. Worker ids must lie in
-  // [0, num_workers).
-  absl::StatusOr<Registration> Register(int worker_id, const ModelIdentity& model);
+  // [0, num_workers). A worker registering again after this shard restarted passes the sequence
+  // of its next push as `resume_sequence` (at most kMaxResumeSequence; -1: none): the steps in
+  // between were lost with the updates after the checkpoint, and its pushes go on from there.
+  absl::StatusOr<Registration> Register(int worker_id, const ModelIdentity& model,
+                                        int64_t resume_sequence = -1);
   // Refreshes a registered worker's lease; returns the number of active workers. Heartbeat, Leave
   // and Push fail with FAILED_PRECONDITION for a superseded incarnation.
   absl::StatusOr<int> Heartbeat(int worker_id, int64_t incarnation);
@@ -232,8 +240,9 @@ class ParameterShard {
   };
   // A pull: [offset, offset + length) (offset 0 and length 0: the whole shard) for a client of
   // `model`. It waits until the shard is initialised and the consistency model admits
-  // `worker_id` (observers, id < 0, never wait for it), or `deadline` passes: then ABORTED, since
-  // waiting longer is normal (for the initialiser, a barrier or the SSP bound). A prefetching
+  // `worker_id` (observers, id < 0, never wait for it), or `deadline` passes: then ABORTED if
+  // the consistency model holds it back (waiting longer is normal: a barrier, the SSP bound), or
+  // UNAVAILABLE if the shard is still not initialised. A prefetching
   // worker pulls step s+1's weights before its push of step s (`after_sequence`; -1: none) has
   // landed: SSP admits it as if that push were done, sync refuses it (INVALID_ARGUMENT).
   struct ReadRequest {
@@ -314,7 +323,7 @@ class ParameterShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers every waiting pull that can be answered now. Called after each change of state.
   void AnswerWaiters(Completions* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The deadline thread: answers waiting pulls whose deadline passed with ABORTED.
+  // The deadline thread: answers waiting pulls whose deadline passed (ABORTED, UNAVAILABLE).
   void ExpireWaitersLoop();
   // DC-ASGD: keeps a copy of what an active worker pulled (copied outside the lock).
   void KeepPulledCopy(int worker_id, const Snapshot& snapshot) ABSL_LOCKS_EXCLUDED(mu_);

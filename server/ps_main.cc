@@ -18,7 +18,7 @@
 #include "common/log.h"
 #include "common/security.h"
 #include "common/shutdown.h"
-#include "server/checkpoint_store.h"
+#include "server/checkpointer.h"
 #include "server/parameter_shard.h"
 #include "server/shard_service.h"
 
@@ -107,7 +107,7 @@ bool WriteFileAtomically(const std::string& path, const std::string& text) {
   return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
-void WriteOutputs(const ShardStats& stats) {
+void WriteOutputs(const ShardStats& stats, const ShardProcess& process) {
   if (std::string path = absl::GetFlag(FLAGS_staleness_csv); !path.empty()) {
     std::string text = "staleness,count\n";
     for (size_t k = 0; k < stats.staleness_counts.size(); ++k) {
@@ -120,7 +120,7 @@ void WriteOutputs(const ShardStats& stats) {
     google::protobuf::util::JsonPrintOptions options;
     options.add_whitespace = true;
     options.always_print_primitive_fields = true;
-    (void)google::protobuf::util::MessageToJsonString(StatsToProto(stats), &json, options);
+    (void)google::protobuf::util::MessageToJsonString(StatsToProto(stats, process), &json, options);
     if (!WriteFileAtomically(path, json)) PS_LOG(WARNING) << "cannot write " << path;
   }
 }
@@ -184,23 +184,6 @@ void ConfigureTransport(const ServiceLimits& limits, grpc::ServerBuilder* builde
   builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60'000);
 }
 
-// Writes a checkpoint of `shard` (if it is initialised) through `buffer`, reused from call to
-// call, and logs where; returns its version, or `last` if none was written.
-int64_t WriteCheckpoint(const ParameterShard& shard, CheckpointStore& store,
-                        ShardCheckpoint* buffer, int64_t last) {
-  absl::Time start = absl::Now();
-  if (!shard.Checkpoint(buffer).ok()) return last;  // not initialised: nothing to keep
-  absl::Duration copy = absl::Now() - start;
-  absl::StatusOr<std::string> path = store.Write(*buffer);  // outside the lock
-  if (!path.ok()) {
-    PS_LOG(ERROR) << "checkpoint failed: " << path.status().message();
-    return last;
-  }
-  PS_LOG(INFO) << "checkpoint at version " << buffer->version << " written to " << *path << " in "
-               << absl::Now() - start << " (" << copy << " of it copying under the lock)";
-  return buffer->version;
-}
-
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Parameter-server shard.\nExample: ps --shard_index=0 --num_shards=2 --port=50051 "
@@ -208,6 +191,17 @@ int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   absl::StatusOr<ShardConfig> config = ConfigFromFlags();
   if (!config.ok()) return Fail(std::string(config.status().message()));
+  std::unique_ptr<Checkpointer> checkpointer;
+  if (const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir); !dir.empty()) {
+    absl::StatusOr<std::unique_ptr<Checkpointer>> opened = Checkpointer::Open(
+        {dir, absl::GetFlag(FLAGS_checkpoint_keep),
+         absl::Seconds(absl::GetFlag(FLAGS_checkpoint_seconds)),
+         absl::GetFlag(FLAGS_checkpoint_updates)},
+        config->shard_index);
+    if (!opened.ok()) return Fail(std::string(opened.status().message()));
+    checkpointer = *std::move(opened);
+    config->on_update = [c = checkpointer.get()](int64_t version) { c->OnUpdate(version); };
+  }
   absl::StatusOr<std::unique_ptr<ParameterShard>> shard = ParameterShard::Create(*config);
   if (!shard.ok()) return Fail(std::string(shard.status().message()));
   absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
@@ -222,32 +216,20 @@ int Main(int argc, char** argv) {
   }
   InstallShutdownHandler();
 
-  std::unique_ptr<CheckpointStore> checkpoints;
-  ShardCheckpoint checkpoint_buffer;
-  int64_t checkpointed = -1;  // the version of the last checkpoint written or resumed from
-  if (const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir); !dir.empty()) {
-    checkpoints = std::make_unique<CheckpointStore>(dir, config->shard_index,
-                                                    absl::GetFlag(FLAGS_checkpoint_keep));
-    absl::StatusOr<std::optional<ShardCheckpoint>> newest = checkpoints->LoadNewest();
-    if (!newest.ok()) return Fail(std::string(newest.status().message()));
-    if (newest->has_value()) {
-      if (absl::Status s = (*shard)->Restore(**newest); !s.ok()) {
-        return Fail("cannot resume from " + dir + ": " + std::string(s.message()));
-      }
-      checkpointed = (*newest)->version;
-      PS_LOG(INFO) << "resumed from the checkpoint at version " << checkpointed << " in " << dir;
-    }
+  ShardProcess process{absl::ToUnixMicros(absl::Now())};
+  if (checkpointer != nullptr) {
+    absl::StatusOr<Checkpointer::Resumed> resumed = checkpointer->Start(shard->get());
+    if (!resumed.ok()) return Fail(std::string(resumed.status().message()));
+    process.resumed_version = resumed->version;
+    process.updates_lost = resumed->updates_lost;
   }
-  const absl::Duration checkpoint_every = absl::Seconds(absl::GetFlag(FLAGS_checkpoint_seconds));
-  const int64_t checkpoint_updates = absl::GetFlag(FLAGS_checkpoint_updates);
-  absl::Time next_checkpoint = absl::Now() + checkpoint_every;
 
   if (absl::GetFlag(FLAGS_stream_idle_seconds) <= 0 ||
       absl::GetFlag(FLAGS_stream_max_seconds) <= 0) {
     return Fail("--stream_idle_seconds and --stream_max_seconds must be > 0");
   }
   const ServiceLimits limits = LimitsFromFlags(config->num_workers);
-  ShardService service(shard->get(), limits, security->tokens);
+  ShardService service(shard->get(), process, limits, security->tokens);
   grpc::EnableDefaultHealthCheckService(true);  // open to all callers, for probes
   grpc::ServerBuilder builder;
   ConfigureTransport(limits, &builder);
@@ -288,14 +270,6 @@ int Main(int argc, char** argv) {
                       << " left the active set (lease expired, or no push while others waited): "
                          "no longer waited for";
     }
-    if (checkpoints != nullptr &&
-        ((checkpoint_every > absl::ZeroDuration() && absl::Now() >= next_checkpoint) ||
-         (checkpoint_updates > 0 && (*shard)->version() >= checkpointed + checkpoint_updates))) {
-      if ((*shard)->version() != checkpointed) {
-        checkpointed = WriteCheckpoint(**shard, *checkpoints, &checkpoint_buffer, checkpointed);
-      }
-      next_checkpoint = absl::Now() + checkpoint_every;
-    }
     if (absl::Now() >= next_status) {
       ShardStats s = (*shard)->Stats();
       PS_LOG(INFO) << "version " << s.version << ", " << s.active_workers << "/"
@@ -307,10 +281,9 @@ int Main(int argc, char** argv) {
   health->SetServingStatus(false);
   (*shard)->Shutdown();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  if (checkpoints != nullptr)
-    WriteCheckpoint(**shard, *checkpoints, &checkpoint_buffer, checkpointed);
+  if (checkpointer != nullptr) checkpointer->Stop();  // a last checkpoint
   ShardStats s = (*shard)->Stats();
-  WriteOutputs(s);
+  WriteOutputs(s, process);
   PS_LOG(INFO) << "stopped at version " << s.version << ": " << s.pushes_applied << " applied, "
                << s.pushes_dropped_late + s.pushes_dropped_stale << " dropped, "
                << s.pushes_duplicate << " duplicate, " << s.pushes_rejected << " rejected, "

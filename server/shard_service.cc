@@ -110,6 +110,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     grpc::Status checked = service_->Authorize(*context, Access::kRead, "Pull");
     if (checked.ok()) checked = Parse(request, "Pull", &r);
     if (checked.ok()) checked = service_->Authorize(*context, AccessFor(r.worker_id()), "Pull");
+    if (checked.ok()) checked = service_->CheckShardIncarnation(r.shard_incarnation());
     if (!checked.ok()) {
       Finish(checked);
       return;
@@ -174,9 +175,10 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   grpc::ByteBuffer message_;
 };
 
-ShardService::ShardService(ParameterShard* shard, const ServiceLimits& limits,
-                           TokenAuthenticator tokens)
+ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
+                           const ServiceLimits& limits, TokenAuthenticator tokens)
     : shard_(shard),
+      process_(process),
       tokens_(std::move(tokens)),
       streams_(limits.max_streams),
       pulls_(limits.max_pulls),
@@ -194,6 +196,13 @@ grpc::Status ShardService::Authorize(const grpc::ServerContextBase& context, Acc
   return ToGrpcStatus(tokens_.Authorize(value, needed, call));
 }
 
+grpc::Status ShardService::CheckShardIncarnation(int64_t claimed) const {
+  if (claimed == 0 || claimed == process_.incarnation) return grpc::Status::OK;
+  return ShardRestartedStatus(absl::StrCat(
+      "shard ", shard_->index(), " restarted since this client registered (now ",
+      "incarnation ", process_.incarnation, ", registered with ", claimed, "): register again"));
+}
+
 grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* context,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
@@ -206,7 +215,8 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
           return s;
         }
         absl::StatusOr<Registration> r =
-            shard_->Register(request.worker_id(), FromProto(request.model()));
+            shard_->Register(request.worker_id(), FromProto(request.model()),
+                             request.has_resume_sequence() ? request.resume_sequence() : -1);
         if (!r.ok()) return ToGrpcStatus(r.status());
         response->set_shard_index(r->shard_index);
         response->set_initialized(r->initialized);
@@ -216,6 +226,7 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
         response->set_last_sequence(r->last_sequence);
         response->set_consistency(r->consistency);
         response->set_incarnation(r->incarnation);
+        response->set_shard_incarnation(process_.incarnation);
         return grpc::Status::OK;
       });
 }
@@ -271,6 +282,7 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
     status = absl::InvalidArgumentError("the first Push chunk has no header");
   } else {
     const v1::PushHeader& h = chunk.header();
+    if (grpc::Status s = CheckShardIncarnation(h.shard_incarnation()); !s.ok()) return s;
     header = PushHeaderInfo{h.worker_id(), h.sequence(), h.base_version(),
                             h.offset(),    h.length(),   h.incarnation()};
     status = CheckDType(h.dtype());
@@ -316,6 +328,7 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(grpc::CallbackServerContext* c
       context, request, response, "Heartbeat",
       [&] { return Authorize(*context, Access::kWrite, "Heartbeat"); },
       [&](const auto& request, auto* response) {
+        if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
         absl::StatusOr<int> active = shard_->Heartbeat(request.worker_id(), request.incarnation());
         if (!active.ok()) return ToGrpcStatus(active.status());
         response->set_active_workers(*active);
@@ -330,6 +343,7 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* conte
       context, request, response, "Leave",
       [&] { return Authorize(*context, Access::kWrite, "Leave"); },
       [&](const auto& request, auto*) {
+        if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
         return ToGrpcStatus(shard_->Leave(request.worker_id(), request.incarnation()));
       });
 }
@@ -343,13 +357,16 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
       [&](const auto& request, auto* response) {
         int page = request.max_workers();
         if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
-        *response = StatsToProto(shard_->Stats(request.first_worker(), page));
+        *response = StatsToProto(shard_->Stats(request.first_worker(), page), process_);
         return grpc::Status::OK;
       });
 }
 
-v1::StatsResponse StatsToProto(const ShardStats& s) {
+v1::StatsResponse StatsToProto(const ShardStats& s, const ShardProcess& process) {
   v1::StatsResponse r;
+  r.set_shard_incarnation(process.incarnation);
+  r.set_resumed_version(process.resumed_version);
+  r.set_updates_lost(process.updates_lost);
   r.set_shard_index(s.shard_index);
   r.set_num_shards(s.num_shards);
   r.set_initialized(s.initialized);

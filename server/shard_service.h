@@ -15,8 +15,17 @@
 
 namespace ps {
 
+// What the service tells clients about the shard process it runs in.
+struct ShardProcess {
+  // New at every start (see RegisterResponse.shard_incarnation); requests naming another are
+  // refused so that clients register again.
+  int64_t incarnation = 0;
+  int64_t resumed_version = -1;  // the checkpoint's version resumed from at start; -1: none
+  int64_t updates_lost = -1;     // applied after that checkpoint by the previous process; -1: unknown
+};
+
 // The shard's statistics as the wire (and the --stats_json file) carries them.
-v1::StatsResponse StatsToProto(const ShardStats& stats);
+v1::StatsResponse StatsToProto(const ShardStats& stats, const ShardProcess& process);
 
 // Limits on what clients may hold at once. With S the shard's size in bytes, a shard holds at
 // most (max_streams + max_pulls) * S in request buffers and snapshots, plus 4 * S idle buffers
@@ -38,7 +47,8 @@ using ShardServiceBase = v1::ParameterServer::WithRawCallbackMethod_Register<
 class ShardService final : public ShardServiceBase {
  public:
   // Every call is first checked against `tokens` (by default none: everyone may do everything).
-  ShardService(ParameterShard* shard, const ServiceLimits& limits, TokenAuthenticator tokens = {});
+  ShardService(ParameterShard* shard, const ShardProcess& process, const ServiceLimits& limits,
+               TokenAuthenticator tokens = {});
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -66,8 +76,12 @@ class ShardService final : public ShardServiceBase {
   // OK if the caller's token allows `call`; UNAUTHENTICATED or PERMISSION_DENIED otherwise.
   grpc::Status Authorize(const grpc::ServerContextBase& context, Access needed,
                          absl::string_view call) const;
+  // OK if a request's shard_incarnation is 0 (unchecked) or this process's; otherwise the
+  // client registered with an earlier process of this shard: ShardRestartedStatus.
+  grpc::Status CheckShardIncarnation(int64_t claimed) const;
 
   ParameterShard* shard_;
+  const ShardProcess process_;
   const TokenAuthenticator tokens_;
   CallLimit streams_, pulls_;
   StreamWatchdog watchdog_;

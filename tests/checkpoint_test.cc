@@ -31,8 +31,7 @@ TEST(SafetensorsTest, RoundTripsTensorsAndMetadataAndDetectsCorruption) {
   std::ifstream(path, std::ios::binary).read(reinterpret_cast<char*>(&header), 8);
   EXPECT_EQ(header % 8, 0u);
 
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes = ReadFile(path);
   auto write = [&](const std::string& contents) {
     std::ofstream(path, std::ios::binary | std::ios::trunc) << contents;
   };
@@ -146,7 +145,7 @@ TEST(CheckpointDaemonTest, AStoppedShardRestartsFromItsCheckpointAndTheWorkerRes
                                              "--lr=0.001"};
   const ModelIdentity model{"mlp:784-32-10", 25450, 1};
   std::vector<float> before(model.total_params), after(model.total_params);
-  std::vector<int64_t> versions;
+  ShardedClient::Versions versions;
   {
     LocalCluster cluster(ExecutableDir(), NewRunDir("checkpoint"));
     ASSERT_TRUE(cluster.StartShards(1, model.fingerprint, 1, ps_flags).ok());
@@ -154,24 +153,23 @@ TEST(CheckpointDaemonTest, AStoppedShardRestartsFromItsCheckpointAndTheWorkerRes
     ASSERT_EQ(*cluster.worker(0)->Wait(absl::Minutes(3)), 0);
     ShardedClient observer({cluster.ShardAddress(0)}, model, -1);
     ASSERT_TRUE(observer.Pull(absl::MakeSpan(before), &versions).ok());
-    EXPECT_EQ(versions[0], 100);
+    EXPECT_EQ(versions.version[0], 100);
     EXPECT_EQ(cluster.Stop(), "");  // SIGTERM: the shard writes its last checkpoint
   }
   LocalCluster cluster(ExecutableDir(), NewRunDir("checkpoint"));
   ASSERT_TRUE(cluster.StartShards(1, model.fingerprint, 1, ps_flags).ok());
   ShardedClient observer({cluster.ShardAddress(0)}, model, -1);
   ASSERT_TRUE(observer.Pull(absl::MakeSpan(after), &versions).ok());
-  EXPECT_EQ(versions[0], 100);
+  EXPECT_EQ(versions.version[0], 100);
   EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * before.size()), 0);
   // The worker, started again, resumes at step 100 and is not re-initialised.
   ASSERT_TRUE(cluster.StartWorker(0, 1, {"--hidden=32", "--steps=150"}).ok());
   ASSERT_EQ(*cluster.worker(0)->Wait(absl::Minutes(3)), 0);
-  std::ifstream log(cluster.run_dir() + "/worker-0.log");
-  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  std::string text = ReadFile(cluster.run_dir() + "/worker-0.log");
   EXPECT_NE(text.find("initialised 0 of 1 shards"), std::string::npos) << text;
   EXPECT_NE(text.find("starting at step 100"), std::string::npos) << text;
   ASSERT_TRUE(observer.Pull(absl::MakeSpan(after), &versions).ok());
-  EXPECT_EQ(versions[0], 150);
+  EXPECT_EQ(versions.version[0], 150);
   EXPECT_EQ(cluster.Stop(), "");
 }
 

@@ -30,38 +30,6 @@ namespace {
 
 std::string NewRunDir() { return ps::NewRunDir("cluster"); }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
-double Column(const std::string& csv_line, int column) {
-  std::vector<std::string> f = absl::StrSplit(csv_line, ',');
-  double v = NAN;
-  if (column < static_cast<int>(f.size())) (void)absl::SimpleAtod(f[column], &v);
-  return v;
-}
-
-// Waits until the last step in a worker's CSV reaches `step`.
-bool WaitForStep(const std::string& csv, int64_t step, absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (Column(LastLine(csv), 0) >= step) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
-
-v1::StatsResponse Stats(const std::string& address) {
-  auto stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::StatsResponse response;
-  EXPECT_TRUE(stub->GetStats(&context, v1::StatsRequest(), &response).ok());
-  return response;
-}
-
 const std::vector<std::string> kWorkerFlags = {"--hidden=128,64", "--batch_size=64"};
 const char kMlp[] = "mlp:784-128-64-10";  // the model kWorkerFlags train
 
@@ -230,10 +198,10 @@ class BadInputTest : public ::testing::Test {
 
   void ExpectWeightsUntouched() {
     std::vector<float> now(1000);
-    std::vector<int64_t> versions;
+    ShardedClient::Versions versions;
     ASSERT_TRUE(client_->Pull(absl::MakeSpan(now), &versions).ok());
     EXPECT_EQ(std::memcmp(now.data(), initial_.data(), sizeof(float) * 1000), 0);
-    EXPECT_EQ(versions, (std::vector<int64_t>{0, 0}));
+    EXPECT_EQ(versions.version, (std::vector<int64_t>{0, 0}));
   }
 
   // One request of raw bytes to shard 0 through the generic stub.
@@ -411,7 +379,7 @@ TEST_F(BadInputTest, FiniteGradientsThatWouldOverflowAreRefusedAndChangeNothing)
   // 0.01 and weights up to 500, 3e38 pushes overflow after a few hundred; here the client pushes
   // until one is refused.
   std::vector<float> huge(1000, 3e38f), before(1000), after(1000);
-  std::vector<int64_t> versions;
+  ShardedClient::Versions versions;
   grpc::StatusCode refused = grpc::StatusCode::OK;
   int64_t sequence = 0;
   for (; sequence < 200 && refused == grpc::StatusCode::OK; ++sequence) {
@@ -639,7 +607,7 @@ TEST(DaemonTest, ALateInitialiserIsToldSoAndChangesNothing) {
   EXPECT_EQ(*first.Initialize({9, 9, 9, 9}), 0);
   ShardedClient reader({cluster.ShardAddress(0)}, {"flat:4", 4, 1}, -1);
   std::vector<float> values(4);
-  std::vector<int64_t> versions;
+  ShardedClient::Versions versions;
   ASSERT_TRUE(reader.Pull(absl::MakeSpan(values), &versions).ok());
   EXPECT_EQ(values, (std::vector<float>{1, 2, 3, 4}));
 }

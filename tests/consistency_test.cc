@@ -66,10 +66,10 @@ std::vector<float> TrainSync(int workers, int batch, int steps, const Examples& 
       ShardedClient client(addresses, model, w);
       ASSERT_TRUE(client.Register().ok());
       std::vector<float> params(mlp.num_params()), grad(mlp.num_params());
-      std::vector<int64_t> versions;
+      ShardedClient::Versions versions;
       for (int s = 0; s < steps; ++s) {
         ASSERT_TRUE(client.Pull(absl::MakeSpan(params), &versions).ok());
-        EXPECT_EQ(versions[0], s);  // the barrier: every worker computes from version s
+        EXPECT_EQ(versions.version[0], s);  // the barrier: every worker computes from version s
         int64_t first = (static_cast<int64_t>(s) * workers + w) * batch;
         mlp.Gradient(params, data.features.data() + first * 784, data.labels.data() + first, batch,
                      absl::MakeSpan(grad));
@@ -80,9 +80,9 @@ std::vector<float> TrainSync(int workers, int batch, int steps, const Examples& 
   for (std::thread& t : threads) t.join();
   ShardedClient reader(addresses, model, -1);
   std::vector<float> params(probe.num_params());
-  std::vector<int64_t> versions;
+  ShardedClient::Versions versions;
   EXPECT_TRUE(reader.Pull(absl::MakeSpan(params), &versions).ok());
-  EXPECT_EQ(versions, (std::vector<int64_t>{steps, steps}));
+  EXPECT_EQ(versions.version, (std::vector<int64_t>{steps, steps}));
   for (const v1::StatsResponse& s : AllStats(cluster, 2)) {
     // Every applied gradient had staleness 0.
     EXPECT_EQ(std::vector<int64_t>(s.staleness_counts().begin(), s.staleness_counts().end()),
@@ -169,7 +169,7 @@ TEST(SyncBarrierTest, APullHeldBackLongerThanTheRetryBudgetStillCompletes) {
   ASSERT_TRUE(b.Register().ok());
   ASSERT_TRUE(a.Initialize(std::vector<float>(8, 1.0f)).ok());
   std::vector<float> params(8), grad(8, 0.5f);
-  std::vector<int64_t> versions;
+  ShardedClient::Versions versions;
   ASSERT_TRUE(a.Pull(absl::MakeSpan(params), &versions).ok());
   ASSERT_TRUE(a.Push(grad, 0, versions).ok());
   // A's next pull waits for B's gradient, three times longer than A's retry budget.
@@ -182,7 +182,7 @@ TEST(SyncBarrierTest, APullHeldBackLongerThanTheRetryBudgetStillCompletes) {
   late_b.join();
   ASSERT_TRUE(held.ok()) << held;
   EXPECT_GE(absl::Now() - start, absl::Seconds(2.5));
-  EXPECT_EQ(versions[0], 1);
+  EXPECT_EQ(versions.version[0], 1);
 }
 
 // Polls `condition` until it holds or `timeout` passes; returns its last value. The deadlines

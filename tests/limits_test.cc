@@ -65,7 +65,7 @@ class LimitsTest : public ::testing::Test {
   std::vector<float> Weights() {
     ShardedClient observer({cluster_.ShardAddress(0)}, kModel, -1);
     std::vector<float> w(1000);
-    std::vector<int64_t> versions;
+    ShardedClient::Versions versions;
     EXPECT_TRUE(observer.Pull(absl::MakeSpan(w), &versions).ok());
     return w;
   }
@@ -195,7 +195,7 @@ TEST_F(LimitsTest, StalledPushStreamsAreBoundedAndCancelledAndChangeNothing) {
   std::vector<float> w = Weights();
   EXPECT_EQ(std::memcmp(w.data(), initial_.data(), sizeof(float) * 1000), 0);
   // The slots are free again: a real push goes through.
-  std::vector<int64_t> versions = {0};
+  ShardedClient::Versions versions = {0};
   ASSERT_TRUE(worker0_->Push(std::vector<float>(1000, 1.0f), 0, versions).ok());
 }
 
@@ -281,7 +281,7 @@ TEST(InitialiseLimitsTest, AStalledInitialiserDoesNotLockOutTheRealOne) {
   EXPECT_EQ(*applied, 1);
   EXPECT_EQ(stalled->Finish().error_code(), grpc::StatusCode::CANCELLED);
   std::vector<float> now(1000);
-  std::vector<int64_t> versions;
+  ShardedClient::Versions versions;
   ASSERT_TRUE(real.Pull(absl::MakeSpan(now), &versions).ok());
   EXPECT_EQ(now, values);
 }

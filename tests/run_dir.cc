@@ -3,9 +3,18 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <grpcpp/create_channel.h>
+
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "deploy/local_cluster.h"
+#include "proto/ps.grpc.pb.h"
 
 namespace ps {
 namespace {
@@ -43,6 +52,37 @@ std::string NewRunDir(const std::string& prefix) {
   std::string dir = mkdtemp(pattern.data());
   Made().push_back(dir);
   return dir;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+double Column(const std::string& csv_line, int column) {
+  std::vector<std::string> f = absl::StrSplit(csv_line, ',');
+  double v = NAN;
+  if (column < static_cast<int>(f.size())) (void)absl::SimpleAtod(f[column], &v);
+  return v;
+}
+
+bool WaitForStep(const std::string& csv, int64_t step, absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (Column(LastLine(csv), 0) >= step) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+v1::StatsResponse Stats(const std::string& address) {
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::StatsResponse response;
+  EXPECT_TRUE(stub->GetStats(&context, v1::StatsRequest(), &response).ok());
+  return response;
 }
 
 }  // namespace ps

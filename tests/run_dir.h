@@ -1,13 +1,26 @@
 // Run directories for multi-process tests: a fresh temporary directory per call, removed when the
 // test that made it passes and kept (its path printed) when it fails, so failures can be read and
-// passing runs leave nothing behind.
+// passing runs leave nothing behind. Also what those tests read from them and from the shards.
 #pragma once
 
+#include <cstdint>
 #include <string>
+
+#include "absl/time/time.h"
+#include "proto/ps.pb.h"
 
 namespace ps {
 
 // Creates <TempDir>/<prefix>-XXXXXX and returns its path.
 std::string NewRunDir(const std::string& prefix = "run");
+
+// The whole file ("" if it cannot be read).
+std::string ReadFile(const std::string& path);
+// Field `column` of a CSV line as a number; NaN if absent.
+double Column(const std::string& csv_line, int column);
+// Waits until the last step in a worker's CSV reaches `step`.
+bool WaitForStep(const std::string& csv, int64_t step, absl::Duration timeout);
+// GetStats of the plaintext shard at `address` (a failed call is a test failure).
+v1::StatsResponse Stats(const std::string& address);
 
 }  // namespace ps

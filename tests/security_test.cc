@@ -24,11 +24,6 @@ namespace {
 
 std::string NewRunDir() { return ps::NewRunDir("security"); }
 
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
 // Tokens of equal length: a wrong token differs from the real one in its last character only.
@@ -127,11 +122,11 @@ class GuardedShards {
   void ExpectWeights(int64_t version = 0) {
     std::unique_ptr<ShardedClient> reader = Client(-1, owner_security_);
     std::vector<float> now(kParams);
-    std::vector<int64_t> versions;
+    ShardedClient::Versions versions;
     absl::Status pulled = reader->Pull(absl::MakeSpan(now), &versions);
     ASSERT_TRUE(pulled.ok()) << pulled;
     EXPECT_EQ(std::memcmp(now.data(), initial_.data(), sizeof(float) * kParams), 0);
-    EXPECT_EQ(versions, std::vector<int64_t>(model_.num_shards, version));
+    EXPECT_EQ(versions.version, std::vector<int64_t>(model_.num_shards, version));
   }
 
   // Every call that needs the write token (a Pull as a worker too: it refreshes the lease), from
@@ -139,7 +134,9 @@ class GuardedShards {
   void ExpectEveryWriteRefused(ShardedClient& client, absl::StatusCode code,
                                const std::string& who) {
     std::vector<float> fifty(kParams, 50.0f), values(kParams);
-    std::vector<int64_t> base(model_.num_shards, 0), versions;
+    ShardedClient::Versions base, versions;
+    base.version.assign(model_.num_shards, 0);
+    base.shard_incarnation.assign(model_.num_shards, 0);
     std::vector<std::pair<std::string, absl::Status>> calls = {
         {"Register", client.Register().status()},
         {"Initialize", client.Initialize(fifty).status()},
@@ -219,7 +216,7 @@ TEST_F(TokenTest, TheReadOnlyTokenReadsButNeverWrites) {
   std::unique_ptr<ShardedClient> observer = shards_.Client(-1, Plaintext(kReadToken));
   ASSERT_TRUE(observer->Register().ok());
   std::vector<float> values(kParams);
-  std::vector<int64_t> versions;
+  ShardedClient::Versions versions;
   ASSERT_TRUE(observer->Pull(absl::MakeSpan(values), &versions).ok());
   EXPECT_EQ(values[999], 0.5f * 999);
   ASSERT_TRUE(observer->Stats().ok());

@@ -70,20 +70,23 @@ int Main(int argc, char** argv) {
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
 
   std::vector<float> params(mlp.num_params());
-  std::vector<int64_t> versions;
+  ShardedClient::Versions versions;
   int64_t last_version = -1;
   // At shutdown, the weights are scored once more (if there are any yet): the last row is the
   // run's result.
   for (bool stopping = false; !stopping;) {
     stopping = ShutdownRequested();
     if (stopping && last_version < 0) break;  // never initialised: nothing to score
-    if (stopping) cancel_on_shutdown.Join();  // so that it cannot cancel the final pull
+    if (stopping) {
+      cancel_on_shutdown.Join();  // so that it cannot cancel the final pull
+      client.LimitCallsTo(absl::Seconds(1));  // which must not wait on a dead shard
+    }
     if (absl::Status s = client.Pull(absl::MakeSpan(params), &versions); !s.ok()) {
       if (stopping) break;                // the shards may already be gone at shutdown
       if (ShutdownRequested()) continue;  // cancelled by the shutdown: go round for the last pull
       return Fail(absl::StrCat("pull failed: ", s.message()));
     }
-    int64_t version = *std::min_element(versions.begin(), versions.end());
+    int64_t version = versions.Min();
     if (version != last_version) {
       Mlp::Score score =
           mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count);

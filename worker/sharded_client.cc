@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/chunking.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -50,7 +51,7 @@ ShardedClient::ShardedClient(std::vector<std::string> addresses, ModelIdentity m
       model_(std::move(model)),
       worker_id_(worker_id),
       options_(std::move(options)),
-      incarnations_(addresses_.size(), 0) {
+      sessions_(addresses_.size()) {
   std::shared_ptr<grpc::ChannelCredentials> credentials = options_.security.credentials;
   if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
   if (!options_.security.token.empty()) authorization_ = BearerValue(options_.security.token);
@@ -58,7 +59,24 @@ ShardedClient::ShardedClient(std::vector<std::string> addresses, ModelIdentity m
     stubs_.push_back(v1::ParameterServer::NewStub(grpc::CreateChannel(addresses_[i], credentials)));
     ranges_.push_back(
         PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses_.size())));
+    register_mu_.push_back(std::make_unique<absl::Mutex>());
   }
+}
+
+int64_t ShardedClient::Versions::Min() const {
+  return version.empty() ? 0 : *std::min_element(version.begin(), version.end());
+}
+
+ShardedClient::Session ShardedClient::SessionOf(int shard) const {
+  absl::MutexLock lock(&sessions_mu_);
+  return sessions_[shard];
+}
+
+int64_t ShardedClient::incarnation(int shard) const { return SessionOf(shard).incarnation; }
+
+int ShardedClient::reregistrations() const {
+  absl::MutexLock lock(&sessions_mu_);
+  return reregistrations_;
 }
 
 v1::ModelIdentity ShardedClient::ModelProto() const {
@@ -81,10 +99,29 @@ void ShardedClient::Untrack(grpc::ClientContext* context) {
   in_flight_.erase(context);
 }
 
+void ShardedClient::LimitCallsTo(absl::Duration timeout) {
+  options_.rpc_timeout = timeout;
+  options_.retry_for = absl::ZeroDuration();
+}
+
 void ShardedClient::CancelPending() {
   absl::MutexLock lock(&mu_);
   ++generation_;
   for (grpc::ClientContext* c : in_flight_) c->TryCancel();
+}
+
+grpc::Status ShardedClient::Attempt(
+    int shard, const std::function<grpc::Status(int, grpc::ClientContext*)>& fn,
+    int64_t generation, absl::Duration timeout) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  if (!authorization_.empty()) context.AddMetadata(kAuthorizationMetadata, authorization_);
+  if (!Track(&context, generation)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled at shutdown");
+  }
+  grpc::Status s = fn(shard, &context);
+  Untrack(&context);
+  return s;
 }
 
 absl::Status ShardedClient::ForEachShard(
@@ -105,20 +142,22 @@ absl::Status ShardedClient::ForEachShard(
   auto run = [&](int shard) {
     absl::Time give_up = absl::Now() + options_.retry_for;
     absl::Duration backoff = absl::Milliseconds(50);
-    for (;;) {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-      if (!authorization_.empty()) context.AddMetadata(kAuthorizationMetadata, authorization_);
-      grpc::Status s = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled at shutdown");
-      if (Track(&context, generation)) {
-        s = fn(shard, &context);
-        Untrack(&context);
+    // A shard that keeps saying it restarted after we registered again is not one we can use.
+    for (int reregistered = 0;;) {
+      const int64_t shard_incarnation = SessionOf(shard).shard_incarnation;
+      grpc::Status s = Attempt(shard, fn, generation, timeout);
+      if (IsShardRestarted(s) && reregistered++ < 3) {
+        PS_LOG(WARNING) << "shard " << shard << " (" << addresses_[shard]
+                        << ") restarted: registering again";
+        s = Reregister(shard, shard_incarnation, generation);
+        if (s.ok()) continue;
       }
       if (s.ok()) return;
       bool cancelled = s.error_code() == grpc::StatusCode::CANCELLED;
       if (retry && !cancelled && s.error_code() == grpc::StatusCode::ABORTED) {
-        // Held back (waiting for the initialiser, a barrier, the SSP bound): the shard is alive
-        // and waiting is the protocol, so ask again at once without spending the retry budget.
+        // Held back (a barrier, the SSP bound; bounded by the shard's progress timeout): the
+        // shard is alive and waiting is the protocol, so ask again at once without spending the
+        // retry budget.
         give_up = absl::Now() + options_.retry_for;
         continue;
       }
@@ -144,6 +183,57 @@ absl::Status ShardedClient::ForEachShard(
   return absl::OkStatus();
 }
 
+grpc::Status ShardedClient::RegisterWith(int shard, grpc::ClientContext* context,
+                                         int64_t resume_sequence) {
+  v1::RegisterRequest request;
+  request.set_worker_id(worker_id_);
+  *request.mutable_model() = ModelProto();
+  if (resume_sequence >= 0) request.set_resume_sequence(resume_sequence);
+  v1::RegisterResponse response;
+  grpc::Status status = stubs_[shard]->Register(context, request, &response);
+  if (!status.ok()) return status;
+  if (response.shard_index() != shard) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("this address serves shard ", response.shard_index(),
+                                     ", listed as shard ", shard, " in --ps"));
+  }
+  absl::MutexLock lock(&sessions_mu_);
+  Session& session = sessions_[shard];
+  if (session.initialized && !response.initialized()) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("shard ", shard, " restarted without the model it held (it had reached "
+                     "version ", session.version, "); the job cannot go on without it. Restart "
+                     "it with the --checkpoint_dir it wrote checkpoints to, or start the whole "
+                     "job again"));
+  }
+  session = Session{response.incarnation(), response.shard_incarnation(), response.version(),
+                    response.last_sequence(), response.initialized() || session.initialized};
+  if (shard == 0) consistency_ = response.consistency();
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardedClient::Reregister(int shard, int64_t stale, int64_t generation) {
+  absl::MutexLock registering(register_mu_[shard].get());
+  int64_t resume_sequence = -1;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    if (sessions_[shard].shard_incarnation != stale) return grpc::Status::OK;  // done already
+    if (worker_id_ >= 0) resume_sequence = next_sequence_;
+  }
+  grpc::Status s = Attempt(
+      shard,
+      [&](int i, grpc::ClientContext* context) { return RegisterWith(i, context, resume_sequence); },
+      generation, options_.rpc_timeout);
+  if (s.ok()) {
+    absl::MutexLock lock(&sessions_mu_);
+    ++reregistrations_;
+    PS_LOG(INFO) << "registered again with shard " << shard << " (" << addresses_[shard]
+                 << "), now at version " << sessions_[shard].version;
+  }
+  return s;
+}
+
 CancelOnShutdown::CancelOnShutdown(ShardedClient* client)
     : thread_([client] {
         WaitForShutdown(absl::InfiniteDuration());
@@ -161,29 +251,34 @@ absl::StatusOr<int64_t> ShardedClient::Register() {
     return absl::InvalidArgumentError(absl::StrCat("model expects ", model_.num_shards, " shards, ",
                                                    num_shards(), " addresses given"));
   }
-  std::vector<int64_t> last(num_shards(), -1);
   absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
-    v1::RegisterRequest request;
-    request.set_worker_id(worker_id_);
-    *request.mutable_model() = ModelProto();
-    v1::RegisterResponse response;
-    grpc::Status status = stubs_[shard]->Register(context, request, &response);
-    if (status.ok() && response.shard_index() != shard) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          absl::StrCat("this address serves shard ", response.shard_index(),
-                                       ", listed as shard ", shard, " in --ps"));
-    }
-    last[shard] = response.last_sequence();
-    incarnations_[shard] = response.incarnation();
-    if (shard == 0) consistency_ = response.consistency();
-    return status;
+    return RegisterWith(shard, context, /*resume_sequence=*/-1);
   });
   if (!s.ok()) return s;
+  absl::MutexLock lock(&sessions_mu_);
+  // Shards without the model beside trained ones: some shard lost its state (a restart without
+  // its checkpoints). Initialising it would silently reset part of the model.
+  int64_t trained = 0;
+  std::vector<int> empty;
+  for (int i = 0; i < num_shards(); ++i) {
+    if (!sessions_[i].initialized) empty.push_back(i);
+    trained = std::max(trained, sessions_[i].version);
+  }
+  if (!empty.empty() && trained > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "shard(s) ", absl::StrJoin(empty, ","), " hold no model while the others are trained (up "
+        "to version ", trained, "): a shard restarted without its checkpoints. Restart it with "
+        "the --checkpoint_dir it wrote checkpoints to, or start the whole job again"));
+  }
+  std::vector<int64_t> last;
+  for (const Session& session : sessions_) last.push_back(session.last_sequence);
   // Under sync a step that reached only some shards is not sent again: its round has closed (the
   // others would drop it as late), and a duplicate on one shard with a contribution on another
   // would put this worker in different rounds on different shards, which deadlocks the barrier.
-  if (consistency_ == "sync") return *std::max_element(last.begin(), last.end()) + 1;
-  return *std::min_element(last.begin(), last.end()) + 1;
+  next_sequence_ = (consistency_ == "sync" ? *std::max_element(last.begin(), last.end())
+                                           : *std::min_element(last.begin(), last.end())) +
+                   1;
+  return next_sequence_;
 }
 
 absl::StatusOr<int> ShardedClient::Initialize(absl::Span<const float> params) {
@@ -207,9 +302,10 @@ absl::StatusOr<int> ShardedClient::Initialize(absl::Span<const float> params) {
   return static_cast<int>(std::count(applied.begin(), applied.end(), 1));
 }
 
-absl::Status ShardedClient::Pull(absl::Span<float> params, std::vector<int64_t>* versions,
+absl::Status ShardedClient::Pull(absl::Span<float> params, Versions* versions,
                                  int64_t after_sequence) {
-  versions->assign(num_shards(), 0);
+  versions->version.assign(num_shards(), 0);
+  versions->shard_incarnation.assign(num_shards(), 0);
   return ForEachShard([&](int shard, grpc::ClientContext* context) {
     const Range& r = ranges_[shard];
     v1::PullRequest request;
@@ -217,13 +313,14 @@ absl::Status ShardedClient::Pull(absl::Span<float> params, std::vector<int64_t>*
     request.set_length(r.size());
     request.set_worker_id(worker_id_);
     if (after_sequence >= 0) request.set_after_sequence(after_sequence);
+    request.set_shard_incarnation(SessionOf(shard).shard_incarnation);
     *request.mutable_model() = ModelProto();
     auto reader = stubs_[shard]->Pull(context, request);
     ChunkAssembler assembler(params.subspan(r.begin, r.size()));
     v1::PullChunk chunk;
     absl::Status bad;
     for (bool first = true; reader->Read(&chunk); first = false) {
-      if (first) (*versions)[shard] = chunk.version();
+      if (first) versions->version[shard] = chunk.version();
       if (!bad.ok()) continue;  // drain the stream so Finish() returns
       if (chunk.offset() != r.begin + assembler.received()) {
         bad = absl::DataLossError(absl::StrCat("chunk at offset ", chunk.offset(), ", expected ",
@@ -234,20 +331,42 @@ absl::Status ShardedClient::Pull(absl::Span<float> params, std::vector<int64_t>*
     }
     grpc::Status status = reader->Finish();
     if (status.ok() && bad.ok()) bad = assembler.Finish();
-    return status.ok() ? ToGrpcStatus(bad) : status;
+    if (!status.ok() || !bad.ok()) return status.ok() ? ToGrpcStatus(bad) : status;
+    versions->shard_incarnation[shard] = request.shard_incarnation();
+    absl::MutexLock lock(&sessions_mu_);
+    Session& session = sessions_[shard];
+    if (session.shard_incarnation == request.shard_incarnation()) {
+      session.initialized = true;
+      session.version = std::max(session.version, versions->version[shard]);
+    }
+    return grpc::Status::OK;
   });
 }
 
-absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(
-    absl::Span<const float> gradient, int64_t sequence, const std::vector<int64_t>& base_versions) {
+absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(absl::Span<const float> gradient,
+                                                               int64_t sequence,
+                                                               const Versions& base) {
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    next_sequence_ = sequence;
+  }
   std::vector<v1::PushResponse> responses(num_shards());
   absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
     const Range& r = ranges_[shard];
+    const Session session = SessionOf(shard);
+    int64_t base_version = base.version[shard];
+    if (base.shard_incarnation[shard] != 0 &&
+        base.shard_incarnation[shard] != session.shard_incarnation) {
+      // Computed from an earlier process of this shard, whose updates since its checkpoint are
+      // lost: the gradient is taken as computed from the version the shard came back at.
+      base_version = std::min(base_version, session.version);
+    }
     v1::PushHeader header;
     header.set_worker_id(worker_id_);
-    header.set_incarnation(incarnations_[shard]);
+    header.set_incarnation(session.incarnation);
+    header.set_shard_incarnation(session.shard_incarnation);
     header.set_sequence(sequence);
-    header.set_base_version(base_versions[shard]);
+    header.set_base_version(base_version);
     header.set_offset(r.begin);
     header.set_length(r.size());
     header.set_dtype(v1::FLOAT32);
@@ -263,6 +382,10 @@ absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(
     summary.duplicates += r.duplicate();
     summary.dropped += r.dropped();
   }
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    next_sequence_ = sequence + 1;
+  }
   return summary;
 }
 
@@ -270,8 +393,10 @@ absl::Status ShardedClient::Heartbeat(absl::Duration timeout) {
   return ForEachShard(
       [&](int shard, grpc::ClientContext* context) {
         v1::HeartbeatRequest request;
+        const Session session = SessionOf(shard);
         request.set_worker_id(worker_id_);
-        request.set_incarnation(incarnations_[shard]);
+        request.set_incarnation(session.incarnation);
+        request.set_shard_incarnation(session.shard_incarnation);
         v1::HeartbeatResponse response;
         return stubs_[shard]->Heartbeat(context, request, &response);
       },
@@ -282,8 +407,10 @@ absl::Status ShardedClient::Leave(absl::Duration timeout) {
   return ForEachShard(
       [&](int shard, grpc::ClientContext* context) {
         v1::LeaveRequest request;
+        const Session session = SessionOf(shard);
         request.set_worker_id(worker_id_);
-        request.set_incarnation(incarnations_[shard]);
+        request.set_incarnation(session.incarnation);
+        request.set_shard_incarnation(session.shard_incarnation);
         v1::LeaveResponse response;
         return stubs_[shard]->Leave(context, request, &response);
       },

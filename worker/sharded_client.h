@@ -3,11 +3,19 @@
 // token of ClientOptions::security (over TLS if set there), and calls that failed for a transient
 // reason (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff. Retrying is safe: pulls are
 // reads, pushes carry a (worker, sequence) id that a shard applies once. A pull that a shard holds
-// back (ABORTED: sync barrier, SSP bound) is repeated for as long as it takes. Thread-compatible:
-// one thread drives Pull/Push; Heartbeat and CancelPending may be called from others.
+// back (ABORTED: sync barrier, SSP bound) is repeated for as long as it takes.
+//
+// A shard that restarted (a new process, resumed from its checkpoint) refuses calls made under
+// the old registration; the client then registers with it again by itself and repeats the call.
+// A shard that came back without the model it held (no checkpoint) fails every call with
+// FAILED_PRECONDITION naming it: the job cannot go on, and nothing is re-initialised.
+//
+// Thread-compatible: one thread drives Pull/Push; Heartbeat and CancelPending may be called from
+// others.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <set>
 #include <string>
@@ -35,6 +43,16 @@ struct ClientOptions {
 
 class ShardedClient {
  public:
+  // The version of each shard a pull saw, and which process of that shard served it: a restarted
+  // shard's versions go on from its checkpoint, so a version means something only with it.
+  struct Versions {
+    std::vector<int64_t> version;
+    std::vector<int64_t> shard_incarnation;  // 0: unknown (taken as the current process)
+    Versions() = default;
+    Versions(std::initializer_list<int64_t> v) : version(v), shard_incarnation(v.size(), 0) {}
+    int64_t Min() const;
+  };
+
   // `model.num_shards` must equal addresses.size(). worker_id < 0 makes an observer, which may
   // pull but not push.
   ShardedClient(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
@@ -46,23 +64,26 @@ class ShardedClient {
   // Registers with every shard (checking they agree on the model) and returns the sequence number
   // this worker's next push should carry: one past the lowest last sequence over the shards, so
   // that a step that reached only some shards is delivered to the others (those that have it
-  // answer duplicate); under sync, one past the highest (that step's round has closed).
+  // answer duplicate); under sync, one past the highest (that step's round has closed). Fails
+  // (FAILED_PRECONDITION) if some shards hold a trained model and others none.
   absl::StatusOr<int64_t> Register();
   // The shards' consistency model ("async", "sync", "ssp:S"), known after Register.
   const std::string& consistency() const { return consistency_; }
   // This process's incarnation at shard `shard`, from Register (0 before): pushes, heartbeats and
   // Leave carry it, and a later Register of the same worker id elsewhere supersedes it.
-  int64_t incarnation(int shard) const { return incarnations_[shard]; }
+  int64_t incarnation(int shard) const;
+  // How many times this client registered again with a restarted shard.
+  int reregistrations() const;
 
   // Offers initial values to every shard. Shards already initialised keep their values, so a
   // restarted initialiser never resets a trained model. Returns how many shards took the values.
   absl::StatusOr<int> Initialize(absl::Span<const float> params);
 
-  // Fills `params` (total_params floats) from all shards, waiting for initialisation if needed.
-  // versions[i] gets shard i's version. A prefetching worker passes the sequence of its push that
-  // may still be in flight (see PullRequest.after_sequence); -1: none.
-  absl::Status Pull(absl::Span<float> params, std::vector<int64_t>* versions,
-                    int64_t after_sequence = -1);
+  // Fills `params` (total_params floats) from all shards, waiting for initialisation if needed
+  // (up to ClientOptions::retry_for). `versions` gets what each shard served. A prefetching
+  // worker passes the sequence of its push that may still be in flight (see
+  // PullRequest.after_sequence); -1: none.
+  absl::Status Pull(absl::Span<float> params, Versions* versions, int64_t after_sequence = -1);
 
   struct PushSummary {
     int64_t max_staleness = 0;  // over shards
@@ -70,9 +91,10 @@ class ShardedClient {
     int dropped = 0;            // shards whose consistency policy dropped it (counted there)
   };
   // Pushes each shard its slice of `gradient`, tagged with `sequence` and the version of that
-  // shard the gradient was computed from.
+  // shard the gradient was computed from (from the Pull that gave the weights). A shard that
+  // restarted since that pull gets the gradient as computed from its current version.
   absl::StatusOr<PushSummary> Push(absl::Span<const float> gradient, int64_t sequence,
-                                   const std::vector<int64_t>& base_versions);
+                                   const Versions& base);
 
   // Every shard's statistics.
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats();
@@ -84,6 +106,10 @@ class ShardedClient {
   // Tells every shard this worker is stopping (one attempt each, `timeout`), so that barriers do
   // not wait out its lease.
   absl::Status Leave(absl::Duration timeout);
+
+  // From now on every call makes one attempt of at most `timeout`: for a last call at shutdown,
+  // which must not wait on a dead shard. Call while no other call is in progress.
+  void LimitCallsTo(absl::Duration timeout);
 
   // Ends the calls in progress, retries and backoff included, with CANCELLED. Calls started
   // afterwards work as usual. For shutdown: a pull held at a barrier returns now.
@@ -98,11 +124,31 @@ class ShardedClient {
       const std::function<grpc::Status(int shard, grpc::ClientContext*)>& fn) {
     return ForEachShard(fn, /*retry=*/true, options_.rpc_timeout);
   }
+  // Runs one attempt of fn with a fresh context (deadline `timeout`, token), tracked for
+  // CancelPending; CANCELLED if `generation` was cancelled already.
+  grpc::Status Attempt(int shard, const std::function<grpc::Status(int, grpc::ClientContext*)>& fn,
+                       int64_t generation, absl::Duration timeout);
   // Tracks contexts in flight so that CancelPending can reach them; false if the call's
   // generation was cancelled already.
   bool Track(grpc::ClientContext* context, int64_t generation);
   void Untrack(grpc::ClientContext* context);
   v1::ModelIdentity ModelProto() const;
+
+  // What this client knows of one shard since it last registered there.
+  struct Session {
+    int64_t incarnation = 0;        // this process's, at the shard
+    int64_t shard_incarnation = 0;  // the shard process's
+    int64_t version = 0;            // the shard's, at registration or the last pull since
+    int64_t last_sequence = -1;     // this worker's last push the shard applied
+    bool initialized = false;       // the shard held the model (at a registration or pull)
+  };
+  Session SessionOf(int shard) const;
+  // One Register call to `shard`; records the session. `resume_sequence` >= 0 when registering
+  // again with a restarted shard. Fails if the shard lost the model it held before.
+  grpc::Status RegisterWith(int shard, grpc::ClientContext* context, int64_t resume_sequence);
+  // Registers again with `shard`, which said it restarted, unless another thread already did since
+  // the session whose shard_incarnation was `stale`.
+  grpc::Status Reregister(int shard, int64_t stale, int64_t generation);
 
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
@@ -112,7 +158,15 @@ class ShardedClient {
   ClientOptions options_;
   std::vector<Range> ranges_;  // shard i's range of the flat vector
   std::string consistency_;
-  std::vector<int64_t> incarnations_;  // per shard, from Register
+
+  // One per shard: held while registering again, so that two threads noticing one restart do
+  // not register twice (the second registration would supersede the first).
+  std::vector<std::unique_ptr<absl::Mutex>> register_mu_;
+  mutable absl::Mutex sessions_mu_;
+  std::vector<Session> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+  int reregistrations_ ABSL_GUARDED_BY(sessions_mu_) = 0;
+  // The sequence of the push in progress or of the next one, for registering again.
+  int64_t next_sequence_ ABSL_GUARDED_BY(sessions_mu_) = 0;
 
   absl::Mutex mu_;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // incremented by CancelPending

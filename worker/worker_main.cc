@@ -113,7 +113,12 @@ int Main(int argc, char** argv) {
   }
   // Heartbeats keep this worker in the shards' active set while it computes or waits at a
   // barrier; each has a deadline of one interval, so a stalled shard does not delay the others.
+  // The same thread ends the run at --max_seconds, even in the middle of a wait on a shard.
   const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds));
+  const double max_seconds = absl::GetFlag(FLAGS_max_seconds);
+  const absl::Time start = absl::Now();
+  const absl::Time time_limit =
+      max_seconds > 0 ? start + absl::Seconds(max_seconds) : absl::InfiniteFuture();
   // Stopped (idempotently) by shutdown: at the end of the run, or on any early return.
   struct Heartbeats {
     std::thread thread;
@@ -123,8 +128,13 @@ int Main(int argc, char** argv) {
       thread.join();
     }
     ~Heartbeats() { Stop(); }
-  } heartbeats{std::thread([&client, heartbeat] {
-    while (!WaitForShutdown(heartbeat)) {
+  } heartbeats{std::thread([&client, heartbeat, time_limit] {
+    while (!WaitForShutdown(std::min(heartbeat, time_limit - absl::Now()))) {
+      if (absl::Now() >= time_limit) {
+        PS_LOG(INFO) << "--max_seconds reached: stopping";
+        RequestShutdown();
+        break;
+      }
       if (absl::Status s = client.Heartbeat(std::max(heartbeat, absl::Milliseconds(500)));
           !s.ok()) {
         PS_LOG(WARNING) << "heartbeat: " << s;
@@ -155,25 +165,30 @@ int Main(int argc, char** argv) {
   HostBuffer<float> params_a(backend->get(), mlp.num_params()),
       params_b(backend->get(), mlp.num_params()), grad(backend->get(), mlp.num_params());
   HostBuffer<float>*params = &params_a, *next_params = &params_b;
-  std::vector<int64_t> versions_a, versions_b;  // each buffer's shard versions
-  std::vector<int64_t>*versions = &versions_a, *next_versions = &versions_b;
+  ShardedClient::Versions versions_a, versions_b;  // each buffer's shard versions
+  ShardedClient::Versions *versions = &versions_a, *next_versions = &versions_b;
   // Destroyed (waiting for the pull in flight) before the buffers it writes into.
   std::future<absl::Status> prefetched;
   std::vector<int32_t> indices;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
-  const absl::Time start = absl::Now();
-  const double max_seconds = absl::GetFlag(FLAGS_max_seconds);
+  // A failure ends the run: a prefetch in flight is cancelled first (it writes into buffers that
+  // die with this scope, and could otherwise wait on a shard for a long time).
+  auto fail = [&](const std::string& reason) {
+    client.CancelPending();
+    if (prefetched.valid()) prefetched.wait();
+    return Fail(reason);
+  };
   absl::Time next_log = start + absl::Seconds(10);
   int64_t step = *next_step, first_step = step;
   int64_t duplicate_pushes = 0;  // shards that answered a push "already applied"
   for (; (steps == 0 || step < steps) && !ShutdownRequested(); ++step) {
-    if (max_seconds > 0 && absl::Now() - start > absl::Seconds(max_seconds)) break;
+    if (absl::Now() >= time_limit) break;
     if (pull_delay->enabled() && WaitForShutdown(pull_delay->Next())) break;
     absl::Status pulled =
         prefetched.valid() ? prefetched.get() : client.Pull(params->span(), versions);
     if (!pulled.ok()) {
       if (ShutdownRequested()) break;
-      return Fail(absl::StrCat("pull failed at step ", step, ": ", pulled.message()));
+      return fail(absl::StrCat("pull failed at step ", step, ": ", pulled.message()));
     }
     if (prefetch && (steps == 0 || step + 1 < steps)) {
       prefetched = std::async(std::launch::async, [&client, next_params, next_versions, step] {
@@ -184,7 +199,7 @@ int Main(int argc, char** argv) {
     absl::Time compute_start = absl::Now();
     float loss = mlp.GradientOfExamples(params->span(), indices.data(), batch, grad.span());
     if (!std::isfinite(loss)) {
-      return Fail(absl::StrCat("training diverged: loss is ", loss, " at step ", step,
+      return fail(absl::StrCat("training diverged: loss is ", loss, " at step ", step,
                                " (lower the learning rate)"));
     }
     // A straggler: make the compute take `slowdown` times as long.
@@ -193,14 +208,14 @@ int Main(int argc, char** argv) {
     absl::StatusOr<ShardedClient::PushSummary> push = client.Push(grad.span(), step, *versions);
     if (!push.ok()) {
       if (ShutdownRequested()) break;
-      return Fail(absl::StrCat("push failed at step ", step, ": ", push.status().message()));
+      return fail(absl::StrCat("push failed at step ", step, ": ", push.status().message()));
     }
     if (push->duplicates > 0) {
       duplicate_pushes += push->duplicates;
       PS_LOG(WARNING) << "step " << step << " had already been applied on " << push->duplicates
                       << " shard(s): a retried or resumed push, applied once";
     }
-    int64_t base = *std::min_element(versions->begin(), versions->end());
+    int64_t base = versions->Min();
     csv->Row({absl::StrCat(step), WallTimeField(), absl::StrFormat("%.5f", loss),
               absl::StrCat(base), absl::StrCat(push->max_staleness),
               absl::StrFormat("%.3f", sampler.Epoch(step)), absl::StrCat(push->dropped)});
@@ -217,7 +232,8 @@ int Main(int argc, char** argv) {
   }
   if (prefetched.valid()) prefetched.wait();  // it writes into buffers that die with this scope
   PS_LOG(INFO) << "done at step " << step << " after " << absl::ToDoubleSeconds(absl::Now() - start)
-               << " s; " << duplicate_pushes << " duplicate push(es)";
+               << " s; " << duplicate_pushes << " duplicate push(es), registered again with "
+               << client.reregistrations() << " restarted shard(s)";
   // Leave the active set now (after the last heartbeat, which would rejoin), so that sync rounds
   // need not wait out this worker's lease.
   heartbeats.Stop();

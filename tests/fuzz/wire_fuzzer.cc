@@ -774,7 +774,7 @@ void WireFuzzer::SendOne() {
 // What the weights check compares: a full pull and every shard's statistics.
 struct Snapshot {
   std::vector<float> weights;
-  std::vector<int64_t> versions;
+  ShardedClient::Versions versions;
   std::vector<v1::StatsResponse> stats;
 };
 
@@ -799,7 +799,7 @@ std::string Difference(const Snapshot& before, const Snapshot& after) {
   for (size_t i = 0; i < before.stats.size(); ++i) {
     const v1::StatsResponse &b = before.stats[i], &a = after.stats[i];
     if (a.version() != b.version() || a.pushes_applied() != b.pushes_applied() ||
-        after.versions[i] != before.versions[i]) {
+        after.versions.version[i] != before.versions.version[i]) {
       what.push_back(absl::StrCat("shard ", i, ": version ", b.version(), " -> ", a.version(),
                                   ", pushes applied ", b.pushes_applied(), " -> ",
                                   a.pushes_applied()));

@@ -1,0 +1,72 @@
+// A shard's durability: at start it resumes the shard from the newest valid checkpoint in its
+// directory and says how many updates the previous process applied after it (from the progress
+// file beside the checkpoints); then it writes checkpoints on its own thread, every
+// `every` and/or as soon as `updates` updates were applied since the last one, and a last one at
+// Stop(). A checkpoint copies the shard under its lock and writes outside it.
+// Thread-safe; OnUpdate is meant for ShardConfig::on_update.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/checkpoint_store.h"
+#include "server/parameter_shard.h"
+#include "server/progress_file.h"
+
+namespace ps {
+
+class Checkpointer {
+ public:
+  struct Options {
+    std::string dir;
+    int keep = 3;                                 // newest checkpoints kept
+    absl::Duration every = absl::ZeroDuration();  // zero: no timed checkpoints
+    int64_t updates = 0;                          // 0: none by update count
+  };
+  // Where a shard resumed from.
+  struct Resumed {
+    int64_t version = -1;       // of the checkpoint; -1: none (the shard starts empty)
+    int64_t updates_lost = -1;  // applied after it by the previous process; -1: unknown
+  };
+
+  // Creates the directory if missing and opens the shard's progress file there; fails naming
+  // the problem.
+  static absl::StatusOr<std::unique_ptr<Checkpointer>> Open(const Options& options,
+                                                            int shard_index);
+  ~Checkpointer() { Stop(); }
+
+  // Records a new version (progress file; wakes the writer when a checkpoint is due). Cheap.
+  void OnUpdate(int64_t version);
+  // Resumes `shard` (not initialised yet) from the newest valid checkpoint, if any, logging what
+  // it found, then starts writing checkpoints of it. `shard` must outlive Stop(). Call once.
+  absl::StatusOr<Resumed> Start(ParameterShard* shard);
+  // Stops the writer and writes a last checkpoint (if the shard changed since the last one).
+  // Idempotent.
+  void Stop();
+
+ private:
+  Checkpointer(const Options& options, int shard_index, std::unique_ptr<ProgressFile> progress);
+  void WriterLoop();
+  // Writes a checkpoint unless the shard is uninitialised or unchanged since the last one; false
+  // if writing failed (logged).
+  bool Write();
+
+  const Options options_;
+  CheckpointStore store_;
+  const std::unique_ptr<ProgressFile> progress_;
+  ParameterShard* shard_ = nullptr;
+  ShardCheckpoint buffer_;  // reused: after the first, a checkpoint copies into mapped memory
+  absl::Mutex mu_;
+  int64_t latest_ ABSL_GUARDED_BY(mu_) = 0;   // the shard's version, from OnUpdate
+  int64_t written_ ABSL_GUARDED_BY(mu_) = -1;  // of the last checkpoint written or resumed from
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread writer_;
+};
+
+}  // namespace ps
