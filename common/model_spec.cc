@@ -1,5 +1,6 @@
 #include "common/model_spec.h"
 
+#include <limits>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -17,13 +18,19 @@ absl::Status Bad(const std::string& spec, const std::string& why) {
                                                  " (expected mlp:IN-H1-...-OUT or flat:N)"));
 }
 
-}  // namespace
+// A spec's kind ("mlp" or "flat"), sizes and parameter count, validated.
+struct ParsedSpec {
+  std::string kind;
+  std::vector<int64_t> sizes;
+  int64_t total = 0;
+};
 
-absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_shards) {
+absl::StatusOr<ParsedSpec> Parse(const std::string& spec) {
   std::vector<std::string> kind_and_shape = absl::StrSplit(spec, absl::MaxSplits(':', 1));
   if (kind_and_shape.size() != 2) return Bad(spec, "no ':'");
-  const std::string& kind = kind_and_shape[0];
-  std::vector<int64_t> sizes;
+  ParsedSpec parsed;
+  parsed.kind = kind_and_shape[0];
+  std::vector<int64_t>& sizes = parsed.sizes;
   for (absl::string_view part : absl::StrSplit(kind_and_shape[1], '-')) {
     int64_t n = 0;
     if (!absl::SimpleAtoi(part, &n) || n < 1 || n > kMaxParams) {
@@ -31,11 +38,11 @@ absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_sh
     }
     sizes.push_back(n);
   }
-  int64_t total = 0;
-  if (kind == "flat") {
+  int64_t& total = parsed.total;
+  if (parsed.kind == "flat") {
     if (sizes.size() != 1) return Bad(spec, "flat takes one size");
     total = sizes[0];
-  } else if (kind == "mlp") {
+  } else if (parsed.kind == "mlp") {
     if (sizes.size() < 2) return Bad(spec, "an mlp needs at least inputs and outputs");
     for (size_t i = 0; i + 1 < sizes.size() && total <= kMaxParams; ++i) {
       // Each factor is <= 2^40, so the product fits in 128 bits; compare before narrowing.
@@ -43,10 +50,36 @@ absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_sh
       total = layer > kMaxParams ? kMaxParams + 1 : total + static_cast<int64_t>(layer);
     }
   } else {
-    return Bad(spec, absl::StrCat("unknown kind '", kind, "'"));
+    return Bad(spec, absl::StrCat("unknown kind '", parsed.kind, "'"));
   }
   if (total > kMaxParams) return Bad(spec, "more than 2^40 parameters");
-  return ModelIdentity{spec, total, num_shards};
+  return parsed;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_shards) {
+  absl::StatusOr<ParsedSpec> parsed = Parse(spec);
+  if (!parsed.ok()) return parsed.status();
+  return ModelIdentity{spec, parsed->total, num_shards};
+}
+
+absl::StatusOr<std::vector<int>> ParseMlpSpec(const std::string& spec) {
+  absl::StatusOr<ParsedSpec> parsed = Parse(spec);
+  if (!parsed.ok()) return parsed.status();
+  if (parsed->kind != "mlp") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model '", spec, "' is not an mlp:IN-H1-...-OUT"));
+  }
+  std::vector<int> sizes;
+  for (int64_t size : parsed->sizes) {
+    if (size > std::numeric_limits<int>::max()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model '", spec, "' has a layer wider than 2^31-1"));
+    }
+    sizes.push_back(static_cast<int>(size));
+  }
+  return sizes;
 }
 
 absl::StatusOr<std::vector<int>> MlpLayerSizes(int inputs, const std::string& hidden, int classes) {

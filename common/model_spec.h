@@ -18,6 +18,10 @@ namespace ps {
 // or on a model of more than 2^40 parameters.
 absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_shards);
 
+// Layer sizes {inputs, hidden..., classes} of an "mlp:..." spec, the inverse of MlpSpec. Fails as
+// ParseModelSpec does, and on a flat:N spec or a layer wider than 2^31-1.
+absl::StatusOr<std::vector<int>> ParseMlpSpec(const std::string& spec);
+
 // Layer sizes {inputs, hidden..., classes} from a --hidden flag such as "256,128" (may be empty
 // for softmax regression). Fails naming a non-numeric or non-positive entry.
 absl::StatusOr<std::vector<int>> MlpLayerSizes(int inputs, const std::string& hidden, int classes);

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -98,9 +99,18 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorV
 }
 
 absl::StatusOr<Safetensors> ReadSafetensors(const std::string& path) {
+  std::error_code error;
+  const uintmax_t size = std::filesystem::file_size(path, error);  // fails on a directory too
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (error || !in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot open ", path, error ? ": " + error.message() : ""));
+  }
+  // One read of the whole file (an istreambuf_iterator copies it a character at a time).
+  std::string bytes(size, '\0');
+  if (!in.read(bytes.data(), static_cast<std::streamsize>(size))) {
+    return DataLoss(path, "could not be read to its end");
+  }
   uint64_t length = 0;
   if (bytes.size() < sizeof(length)) return DataLoss(path, "shorter than its 8-byte header length");
   std::memcpy(&length, bytes.data(), sizeof(length));

@@ -38,7 +38,7 @@ struct Safetensors {
 
 // Reads a file written by WriteSafetensors. Fails with DATA_LOSS naming the problem (truncated,
 // a header that does not parse or points outside the file, a dtype other than F32, a checksum
-// mismatch) and with NOT_FOUND if there is no such file.
+// mismatch) and with NOT_FOUND if there is no such regular file or it cannot be opened.
 absl::StatusOr<Safetensors> ReadSafetensors(const std::string& path);
 
 }  // namespace ps

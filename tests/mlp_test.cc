@@ -17,6 +17,7 @@ TEST(MlpTest, LayoutNamesAndOffsets) {
   EXPECT_EQ(mlp.Fingerprint(), "mlp:784-256-128-10");
   ASSERT_EQ(mlp.tensors().size(), 6u);
   EXPECT_EQ(mlp.tensors()[0].name, "fc1.weight");
+  EXPECT_EQ(mlp.tensors()[0].shape, (std::vector<int64_t>{784, 256}));  // [in, out]
   EXPECT_EQ(mlp.tensors()[1].offset, 784 * 256);
   EXPECT_EQ(mlp.tensors()[5].name, "fc3.bias");
 }
@@ -77,6 +78,14 @@ TEST(MlpTest, LayerSizesFromFlag) {
   EXPECT_EQ(*MlpLayerSizes(784, "", 10), (std::vector<int>{784, 10}));
   EXPECT_FALSE(MlpLayerSizes(784, "256,x", 10).ok());
   EXPECT_FALSE(MlpLayerSizes(784, "0", 10).ok());
+}
+
+TEST(MlpTest, LayerSizesFromASpecInvertMlpSpec) {
+  EXPECT_EQ(*ParseMlpSpec("mlp:784-256-128-10"), (std::vector<int>{784, 256, 128, 10}));
+  EXPECT_EQ(MlpSpec(*ParseMlpSpec("mlp:4-3-2")), "mlp:4-3-2");
+  EXPECT_NE(ParseMlpSpec("flat:6").status().message().find("not an mlp"), std::string::npos);
+  EXPECT_FALSE(ParseMlpSpec("mlp:4").ok());
+  EXPECT_FALSE(ParseMlpSpec("mlp:3000000000-2").ok());  // wider than an int
 }
 
 TEST(MlpTest, GradientOfExamplesGathersTheSameBatch) {

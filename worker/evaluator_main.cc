@@ -1,6 +1,9 @@
 // evaluator: pulls the weights every few seconds, scores them on the 10,000 test images and
 // appends (wall_time, version, test_loss, test_accuracy) to a CSV. On SIGTERM it scores the final
-// weights once more before exiting, so the last row is the run's result.
+// weights once more before exiting, so the last row is the run's result. With --model_file it
+// scores an exported model (export_model) once, offline.
+#include <algorithm>
+#include <cstdio>
 #include <memory>
 
 #include "absl/flags/flag.h"
@@ -8,6 +11,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/cluster.h"
 #include "common/csv_writer.h"
 #include "common/log.h"
@@ -16,6 +20,7 @@
 #include "worker/client_flags.h"
 #include "worker/idx_dataset.h"
 #include "worker/mlp.h"
+#include "worker/model_file.h"
 #include "worker/sharded_client.h"
 
 ABSL_FLAG(std::string, ps, "", "Shard addresses in shard order: host:port,host:port,...");
@@ -26,20 +31,58 @@ ABSL_FLAG(std::string, csv, "", "Append a row per evaluation here.");
 ABSL_FLAG(std::string, device, "cpu", "auto | cpu | cuda | cuda:N.");
 ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
 ABSL_FLAG(double, retry_seconds, 60, "Give up after a shard has been unreachable this long.");
+ABSL_FLAG(std::string, model_file, "",
+          "Score this exported model file (export_model) once, offline, instead of the shards'.");
 
 namespace ps {
 namespace {
 
 int Fail(const std::string& reason) { return FailMain("evaluator", reason); }
 
+absl::StatusOr<CsvWriter> OpenCsv() {
+  return CsvWriter::Open(absl::GetFlag(FLAGS_csv).empty() ? "/dev/null" : absl::GetFlag(FLAGS_csv),
+                         {"wall_time", "version", "test_loss", "test_accuracy"});
+}
+
+std::vector<std::string> CsvRow(int64_t version, const Mlp::Score& score) {
+  return {WallTimeField(), absl::StrCat(version), absl::StrFormat("%.5f", score.loss),
+          absl::StrFormat("%.4f", score.accuracy)};
+}
+
+// --model_file: scores the file on the test set, prints the result and appends it to --csv.
+int ScoreModelFile(const std::vector<int>& sizes) {
+  const std::string path = absl::GetFlag(FLAGS_model_file);
+  absl::StatusOr<ModelFile> file = ReadModelFile(path, MlpSpec(sizes));
+  if (!file.ok()) return Fail(std::string(file.status().message()));
+  absl::StatusOr<Examples> test = LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), "t10k");
+  if (!test.ok()) return Fail(std::string(test.status().message()));
+  absl::StatusOr<std::unique_ptr<Backend>> backend =
+      MakeBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_threads));
+  if (!backend.ok()) return Fail(std::string(backend.status().message()));
+  absl::StatusOr<CsvWriter> csv = OpenCsv();
+  if (!csv.ok()) return Fail(std::string(csv.status().message()));
+  Mlp mlp(sizes, /*max_batch=*/1000, backend->get());
+  Mlp::Score score =
+      mlp.Evaluate(file->params, test->features.data(), test->labels.data(), test->count);
+  int64_t version = *std::min_element(file->versions.begin(), file->versions.end());
+  csv->Row(CsvRow(version, score));
+  std::printf("%s\n", absl::StrFormat("%s (%s, versions [%s]): test loss %.6f, accuracy %.4f", path,
+                                      file->model, absl::StrJoin(file->versions, ","), score.loss,
+                                      score.accuracy)
+                          .c_str());
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Test-set evaluator.\nExample: evaluator --ps=host1:50051,host2:50051 --csv=eval.csv");
+      "Test-set evaluator.\nExample: evaluator --ps=host1:50051,host2:50051 --csv=eval.csv\n"
+      "         evaluator --model_file=model.safetensors (offline, no shards)");
   absl::ParseCommandLine(argc, argv);
-  absl::StatusOr<std::vector<std::string>> addresses = ParseShardAddresses(absl::GetFlag(FLAGS_ps));
-  if (!addresses.ok()) return Fail(std::string(addresses.status().message()));
   absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
   if (!sizes.ok()) return Fail(std::string(sizes.status().message()));
+  if (!absl::GetFlag(FLAGS_model_file).empty()) return ScoreModelFile(*sizes);
+  absl::StatusOr<std::vector<std::string>> addresses = ParseShardAddresses(absl::GetFlag(FLAGS_ps));
+  if (!addresses.ok()) return Fail(std::string(addresses.status().message()));
   SetLogTag("evaluator");
   absl::StatusOr<ClientSecurity> security = ClientSecurityFromFlags();
   if (!security.ok()) return Fail(std::string(security.status().message()));
@@ -64,9 +107,7 @@ int Main(int argc, char** argv) {
   if (absl::StatusOr<int64_t> r = client.Register(); !r.ok()) {
     return ShutdownRequested() ? 0 : Fail(std::string(r.status().message()));
   }
-  absl::StatusOr<CsvWriter> csv =
-      CsvWriter::Open(absl::GetFlag(FLAGS_csv).empty() ? "/dev/null" : absl::GetFlag(FLAGS_csv),
-                      {"wall_time", "version", "test_loss", "test_accuracy"});
+  absl::StatusOr<CsvWriter> csv = OpenCsv();
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
 
   std::vector<float> params(mlp.num_params());
@@ -90,8 +131,7 @@ int Main(int argc, char** argv) {
     if (version != last_version) {
       Mlp::Score score =
           mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count);
-      csv->Row({WallTimeField(), absl::StrCat(version), absl::StrFormat("%.5f", score.loss),
-                absl::StrFormat("%.4f", score.accuracy)});
+      csv->Row(CsvRow(version, score));
       PS_LOG(INFO) << absl::StrFormat("version %d: test loss %.4f, accuracy %.4f", version,
                                       score.loss, score.accuracy);
       last_version = version;

@@ -11,18 +11,30 @@
 
 namespace ps {
 
+std::vector<TensorSlot> MlpTensorSlots(const std::vector<int>& layer_sizes) {
+  std::vector<TensorSlot> slots;
+  int64_t offset = 0;
+  for (size_t l = 0; l + 1 < layer_sizes.size(); ++l) {
+    std::string prefix = "fc" + std::to_string(l + 1);
+    int64_t in = layer_sizes[l], out = layer_sizes[l + 1];
+    slots.push_back({prefix + ".weight", {in, out}, offset, in * out});
+    offset += in * out;
+    slots.push_back({prefix + ".bias", {out}, offset, out});
+    offset += out;
+  }
+  return slots;
+}
+
 Mlp::Mlp(std::vector<int> layer_sizes, int max_batch, Backend* backend)
-    : sizes_(std::move(layer_sizes)), max_batch_(max_batch), backend_(backend) {
+    : sizes_(std::move(layer_sizes)),
+      max_batch_(max_batch),
+      backend_(backend),
+      tensors_(MlpTensorSlots(sizes_)),
+      num_params_(tensors_.back().offset + tensors_.back().size) {
   int widest = 0;
   for (size_t l = 0; l + 1 < sizes_.size(); ++l) {
-    std::string prefix = "fc" + std::to_string(l + 1);
-    int64_t in = sizes_[l], out = sizes_[l + 1];
-    tensors_.push_back({prefix + ".weight", {in, out}, num_params_, in * out});
-    num_params_ += in * out;
-    tensors_.push_back({prefix + ".bias", {out}, num_params_, out});
-    num_params_ += out;
-    activations_.emplace_back(backend_, static_cast<size_t>(max_batch) * out);
-    widest = std::max<int>(widest, out);
+    activations_.emplace_back(backend_, static_cast<size_t>(max_batch) * sizes_[l + 1]);
+    widest = std::max<int>(widest, sizes_[l + 1]);
   }
   widest = std::max(widest, sizes_.front());
   params_ = DeviceBuffer<float>(backend_, num_params_);

@@ -1,6 +1,7 @@
 // A multilayer perceptron (ReLU hidden layers, softmax cross-entropy) written once against the
-// Backend interface. Its parameters are one flat float vector laid out tensor by tensor:
-// fc1.weight [in, h1], fc1.bias [h1], fc2.weight [h1, h2], ... Not thread-safe.
+// Backend interface. Its parameters are one flat float vector laid out tensor by tensor as
+// MlpTensorSlots says: fc1.weight [in, h1], fc1.bias [h1], fc2.weight [h1, h2], ... Not
+// thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,12 @@ struct TensorSlot {
   int64_t offset = 0;
   int64_t size = 0;
 };
+
+// The flat layout of an MLP with layer_sizes = {inputs, hidden..., classes}: for each layer l
+// (from 1), "fcl.weight" [in, out] row-major (out varies fastest: a layer computes x W + b, with
+// x a row vector), then "fcl.bias" [out]; tensors back to back from offset 0.
+// REQUIRES: at least two sizes, all positive.
+std::vector<TensorSlot> MlpTensorSlots(const std::vector<int>& layer_sizes);
 
 class Mlp {
  public:

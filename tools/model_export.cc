@@ -1,0 +1,104 @@
+#include "tools/model_export.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/model_spec.h"
+#include "common/partition.h"
+#include "server/checkpoint_store.h"
+
+namespace ps {
+namespace {
+
+// What makes checkpoints of one job, for messages: "mlp:784-32-10, 2 shards, adam, async".
+std::string JobText(const ShardCheckpoint& c) {
+  return absl::StrCat(c.model, ", ", c.num_shards, " shards, ", c.optimizer, ", ", c.consistency);
+}
+
+absl::StatusOr<ShardCheckpoint> NewestCheckpoint(const std::string& dir, int shard) {
+  absl::StatusOr<std::optional<ShardCheckpoint>> newest =
+      CheckpointStore(dir, shard, /*keep=*/1).LoadNewest();
+  if (!newest.ok()) return newest.status();
+  if (!newest->has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat("no readable checkpoint of shard ", shard, " in ", dir));
+  }
+  return **std::move(newest);
+}
+
+}  // namespace
+
+absl::StatusOr<ModelFile> ModelFromCheckpoints(const std::string& dir,
+                                               const std::string& expected_model) {
+  std::error_code error;
+  if (!std::filesystem::is_directory(dir, error)) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint directory ", dir));
+  }
+  absl::StatusOr<ShardCheckpoint> first = NewestCheckpoint(dir, 0);
+  if (!first.ok()) return first.status();
+  if (first->model != expected_model) {
+    return absl::InvalidArgumentError(absl::StrCat("the checkpoints in ", dir, " are of model ",
+                                                   first->model, ", expected ", expected_model));
+  }
+  const int num_shards = first->num_shards;
+  if (num_shards < 1) {
+    return absl::DataLossError("shard 0's checkpoint in " + dir + " says the job has no shards");
+  }
+  absl::StatusOr<ModelIdentity> model = ParseModelSpec(first->model, num_shards);
+  if (!model.ok()) return model.status();
+  ModelFile file{first->model, {}, std::vector<float>(model->total_params)};
+  // Checks that `c` is shard `shard` of shard 0's job and copies its values into place.
+  auto add = [&](const ShardCheckpoint& c, int shard) {
+    if (JobText(c) != JobText(*first) || c.shard_index != shard) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoints in ", dir, " are of different jobs: shard 0 is of (", JobText(*first),
+          "), the newest of shard ", shard, " is shard ", c.shard_index, " of (", JobText(c), ")"));
+    }
+    Range range = PartRange(model->total_params, shard, num_shards);
+    if (static_cast<int64_t>(c.values.size()) != range.size()) {
+      return absl::DataLossError(absl::StrCat("the checkpoint of shard ", shard, " in ", dir,
+                                              " holds ", c.values.size(), " values, expected ",
+                                              range.size()));
+    }
+    std::copy(c.values.begin(), c.values.end(), file.params.begin() + range.begin);
+    file.versions.push_back(c.version);
+    return absl::OkStatus();
+  };
+  if (absl::Status s = add(*first, 0); !s.ok()) return s;
+  for (int shard = 1; shard < num_shards; ++shard) {
+    absl::StatusOr<ShardCheckpoint> c = NewestCheckpoint(dir, shard);
+    if (!c.ok()) {
+      return absl::Status(c.status().code(), absl::StrCat(c.status().message(), " (the job has ",
+                                                          num_shards, " shards)"));
+    }
+    if (absl::Status s = add(*c, shard); !s.ok()) return s;
+  }
+  return file;
+}
+
+absl::StatusOr<ModelFile> ModelFromShards(const std::vector<std::string>& addresses,
+                                          const std::string& model, const ClientOptions& options) {
+  absl::StatusOr<ModelIdentity> identity =
+      ParseModelSpec(model, static_cast<int>(addresses.size()));
+  if (!identity.ok()) return identity.status();
+  ShardedClient client(addresses, *identity, /*worker_id=*/-1, options);
+  if (absl::StatusOr<int64_t> r = client.Register(); !r.ok()) return r.status();
+  // A pull would wait for an initialiser; an uninitialised job has nothing to export.
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = client.Stats();
+  if (!stats.ok()) return stats.status();
+  for (size_t shard = 0; shard < stats->size(); ++shard) {
+    if (!(*stats)[shard].initialized()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "shard ", shard, " (", addresses[shard], ") is not initialised yet: nothing to export"));
+    }
+  }
+  ModelFile file{model, {}, std::vector<float>(identity->total_params)};
+  ShardedClient::Versions pulled;
+  if (absl::Status s = client.Pull(absl::MakeSpan(file.params), &pulled); !s.ok()) return s;
+  file.versions = pulled.version;
+  return file;
+}
+
+}  // namespace ps
