@@ -51,6 +51,14 @@ ABSL_FLAG(std::string, tls_dir, "",
 ABSL_FLAG(std::string, token_file, "",
           "File holding the write token for shards and workers (else $PS_TOKEN, which the daemons "
           "read themselves).");
+ABSL_FLAG(std::string, checkpoint_dir, "",
+          "Shards write checkpoints here and a shard that dies is started again from them "
+          "(default: <run_dir>/checkpoints; none: off, and a dead shard ends the run).");
+ABSL_FLAG(double, checkpoint_seconds, 10, "Seconds between checkpoints of each shard.");
+ABSL_FLAG(std::string, kill, "",
+          "Deaths to inject, e.g. worker:2@20s,ps:1@40s (SIGKILL at those times); the run "
+          "restarts what dies.");
+ABSL_FLAG(int, max_restarts, 3, "Times one process may be restarted; one more death ends the run.");
 ABSL_FLAG(std::string, read_token_file, "",
           "File holding a read-only token: the shards accept it and the evaluator uses it.");
 
@@ -150,6 +158,21 @@ int Main(int argc, char** argv) {
     mkdir("runs", 0755);
     c.run_dir = "runs/" + absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone());
   }
+  c.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  if (c.checkpoint_dir.empty()) c.checkpoint_dir = c.run_dir + "/checkpoints";
+  if (c.checkpoint_dir == "none") c.checkpoint_dir.clear();
+  c.ps_flags.insert(c.ps_flags.begin(),
+                    absl::StrCat("--checkpoint_seconds=", absl::GetFlag(FLAGS_checkpoint_seconds)));
+  absl::StatusOr<std::vector<Kill>> kills =
+      ParseKillPlan(absl::GetFlag(FLAGS_kill), c.shards, c.workers);
+  if (!kills.ok()) return Fail(std::string(kills.status().message()));
+  for (const Kill& k : *kills) {
+    if (k.role == Kill::Role::kShard && c.checkpoint_dir.empty()) {
+      return Fail("--kill=ps:... needs checkpoints (not --checkpoint_dir=none)");
+    }
+  }
+  c.kills = *std::move(kills);
+  c.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   SetLogTag("launch");
   InstallShutdownHandler();
 
@@ -177,6 +200,14 @@ int Main(int argc, char** argv) {
                                            : absl::StrFormat("after %.0f s", a.target_at),
                    c.run_dir)
             << std::endl;
+  if (!r.recoveries.empty()) {
+    int64_t lost = 0;
+    for (const v1::StatsResponse& s : r.shard_stats) lost += std::max<int64_t>(s.updates_lost(), 0);
+    std::cout << "recovered " << r.recoveries.size() << " time(s) (" << lost
+              << " update(s) lost with restarted shards):\n";
+    for (const std::string& line : r.recoveries) std::cout << "  " << line << "\n";
+    std::cout << std::flush;
+  }
   if (!r.failure.empty()) return Fail(r.failure);
   return r.interrupted ? 130 : 0;
 }

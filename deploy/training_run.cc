@@ -2,7 +2,10 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include <signal.h>
+
 #include <cmath>
+#include <functional>
 #include <fstream>
 #include <sstream>
 
@@ -43,6 +46,10 @@ void WriteConfig(const TrainingConfig& c, const LocalCluster& cluster, absl::Tim
   for (const auto& [rank, flags] : c.rank_flags) {
     out << "worker " << rank << " extra flags: " << absl::StrJoin(flags, " ") << "\n";
   }
+  out << "checkpoints: " << or_none(c.checkpoint_dir) << "\n";
+  for (const Kill& k : c.kills) {
+    out << "kill " << k.Name() << " at " << absl::ToDoubleSeconds(k.at) << " s\n";
+  }
 }
 
 }  // namespace
@@ -76,47 +83,119 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
   LocalCluster cluster(ExecutableDir(), c.run_dir, c.security);
   const absl::Time start = absl::Now();
   result.start_unix_seconds = absl::ToDoubleSeconds(start - absl::UnixEpoch());
-  if (absl::Status s = cluster.StartShards(c.shards, c.model, c.workers, c.ps_flags); !s.ok()) {
+  std::vector<std::string> ps_flags = c.ps_flags;
+  if (!c.checkpoint_dir.empty()) ps_flags.push_back("--checkpoint_dir=" + c.checkpoint_dir);
+  if (absl::Status s = cluster.StartShards(c.shards, c.model, c.workers, ps_flags); !s.ok()) {
     result.failure = std::string(s.message());
     return result;
   }
   WriteConfig(c, cluster, start);
-  if (absl::Status s = cluster.StartEvaluator(c.evaluator_flags); !s.ok()) {
-    result.failure = std::string(s.message());
-  }
-  for (int r = 0; r < c.workers && result.failure.empty(); ++r) {
+  // Worker r's flags; a worker started again gets the time left of the run.
+  auto worker_flags = [&](int r) {
     std::vector<std::string> flags = c.worker_flags;
     if (auto it = c.rank_flags.find(r); it != c.rank_flags.end()) {
       flags.insert(flags.end(), it->second.begin(), it->second.end());
     }
-    if (absl::Status s = cluster.StartWorker(r, c.workers, flags); !s.ok()) {
+    if (c.max_seconds > 0) {
+      double left = c.max_seconds - absl::ToDoubleSeconds(absl::Now() - start);
+      flags.push_back(absl::StrCat("--max_seconds=", std::max(left, 0.1)));  // the last one counts
+    }
+    return flags;
+  };
+  if (absl::Status s = cluster.StartEvaluator(c.evaluator_flags); !s.ok()) {
+    result.failure = std::string(s.message());
+  }
+  for (int r = 0; r < c.workers && result.failure.empty(); ++r) {
+    if (absl::Status s = cluster.StartWorker(r, c.workers, worker_flags(r)); !s.ok()) {
       result.failure = std::string(s.message());
     }
   }
 
+  auto stamp = [&](absl::Time t) {
+    return absl::StrFormat("%s[%6.1fs] ", c.progress_prefix, absl::ToDoubleSeconds(t - start));
+  };
+  // Starts a process that died (exit `code`) again with `start_again`, unless it has been
+  // restarted max_restarts times already: then the run ends with the reason.
+  std::map<std::string, int> restarts;
+  auto recover = [&](const std::string& name, int code, const std::string& how,
+                     const std::function<absl::Status()>& start_again) {
+    int& n = restarts[name];
+    if (n >= c.max_restarts) {
+      result.failure = absl::StrCat(name, " exited with status ", code, " again after ", n,
+                                    " restart(s); see its log in ", c.run_dir);
+      return;
+    }
+    ++n;
+    std::string line = absl::StrCat(name, " exited with status ", code, ": ", how, " (restart ",
+                                    n, " of at most ", c.max_restarts, ")");
+    progress << stamp(absl::Now()) << line << std::endl;
+    if (absl::Status s = start_again(); !s.ok()) {
+      result.failure = absl::StrCat("cannot restart ", name, ": ", s.message());
+      return;
+    }
+    result.recoveries.push_back(line);
+  };
+
   int64_t last_steps = 0;
   double last_version = 0;
   absl::Time last_time = start;
+  size_t next_kill = 0;
+  // Processes are watched every 200 ms; a progress line is printed every progress_seconds.
   while (result.failure.empty()) {
-    result.interrupted = WaitForShutdown(absl::Seconds(c.progress_seconds));
+    result.interrupted = WaitForShutdown(absl::Milliseconds(200));
     absl::Time now = absl::Now();
-    int64_t steps = StepsDone(c.run_dir, c.workers);
+    for (; next_kill < c.kills.size() && now - start >= c.kills[next_kill].at; ++next_kill) {
+      const Kill& k = c.kills[next_kill];
+      (k.role == Kill::Role::kWorker ? *cluster.worker(k.index) : cluster.shards()[k.index])
+          .Signal(SIGKILL);
+      progress << stamp(now) << "killed " << k.Name() << " (--kill)" << std::endl;
+    }
+    bool any_running = false;
+    for (int r = 0; r < c.workers && result.failure.empty(); ++r) {
+      Subprocess* w = cluster.worker(r);
+      if (w->running()) {
+        any_running = true;
+      } else if (int code = *w->Wait(absl::ZeroDuration()); code != 0) {
+        any_running = true;
+        recover(absl::StrCat("worker ", r), code, "starting it again (it rejoins and resumes)",
+                [&] { return cluster.StartWorker(r, c.workers, worker_flags(r)); });
+      }
+    }
+    for (int i = 0; i < c.shards && result.failure.empty(); ++i) {
+      if (cluster.shards()[i].running()) continue;
+      int code = *cluster.shards()[i].Wait(absl::ZeroDuration());
+      if (c.checkpoint_dir.empty()) {
+        result.failure = absl::StrCat("shard ", i, " exited with status ", code,
+                                      " and checkpoints are off: the run cannot go on");
+        break;
+      }
+      recover(absl::StrCat("shard ", i), code, "starting it again from its checkpoints",
+              [&] { return cluster.RestartShard(i); });
+    }
+    if (result.failure.empty() && !cluster.evaluator()->running()) {
+      int code = *cluster.evaluator()->Wait(absl::ZeroDuration());
+      recover("evaluator", code, "starting it again",
+              [&] { return cluster.StartEvaluator(c.evaluator_flags); });
+    }
     // The evaluator's last row: the version it scored (applied updates) and the accuracy.
     std::string evaluation = LastLine(c.run_dir + "/evaluator.csv");
-    double version = CsvField(evaluation, 1), accuracy = CsvField(evaluation, 3);
-    if (std::isnan(version)) version = last_version;
-    double dt = absl::ToDoubleSeconds(now - last_time);
-    progress << c.progress_prefix
-             << absl::StrFormat(
-                    "[%6.1fs] %8d steps (%6.1f/s), %7.0f updates (%6.1f/s), test "
-                    "accuracy %s",
-                    absl::ToDoubleSeconds(now - start), steps, (steps - last_steps) / dt, version,
-                    (version - last_version) / dt,
-                    std::isnan(accuracy) ? "-" : absl::StrFormat("%.4f", accuracy))
-             << std::endl;
-    last_steps = steps;
-    last_version = version;
-    last_time = now;
+    double accuracy = CsvField(evaluation, 3);
+    if (now - last_time >= absl::Seconds(c.progress_seconds) || result.interrupted ||
+        !any_running) {
+      int64_t steps = StepsDone(c.run_dir, c.workers);
+      double version = CsvField(evaluation, 1);
+      if (std::isnan(version)) version = last_version;
+      double dt = absl::ToDoubleSeconds(now - last_time);
+      progress << stamp(now)
+               << absl::StrFormat(
+                      "%8d steps (%6.1f/s), %7.0f updates (%6.1f/s), test accuracy %s", steps,
+                      (steps - last_steps) / dt, version, (version - last_version) / dt,
+                      std::isnan(accuracy) ? "-" : absl::StrFormat("%.4f", accuracy))
+               << std::endl;
+      last_steps = steps;
+      last_version = version;
+      last_time = now;
+    }
     if (result.interrupted) {
       progress << "interrupted: stopping the cluster" << std::endl;
       break;
@@ -125,23 +204,9 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
       progress << c.progress_prefix << "reached target accuracy " << c.target_accuracy << std::endl;
       break;
     }
-    bool any_running = false;
-    for (int r = 0; r < c.workers; ++r) {
-      Subprocess* w = cluster.worker(r);
-      if (w->running()) {
-        any_running = true;
-      } else if (absl::StatusOr<int> code = w->Wait(absl::ZeroDuration()); *code != 0) {
-        result.failure = absl::StrCat("worker ", r, " exited with status ", *code, "; see ",
-                                      c.run_dir, "/worker-", r, ".log");
-      }
-    }
     if (!any_running) break;
     // Workers stop themselves at --max_seconds, but one held at a sync barrier may not.
     if (c.max_seconds > 0 && now - start > absl::Seconds(c.max_seconds)) break;
-    for (Subprocess& s : cluster.shards()) {
-      if (!s.running())
-        result.failure = absl::StrCat(s.name(), " (pid ", s.pid(), ") exited early");
-    }
   }
   std::string stop_problems = cluster.Stop();
   if (result.failure.empty() && !result.interrupted) result.failure = stop_problems;

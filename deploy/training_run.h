@@ -1,6 +1,8 @@
 // One training run on a local cluster: start S shards, the evaluator and W workers, report
-// progress, stop at the step/time/accuracy limit or on SIGINT/SIGTERM, and collect what the run
-// left behind. Shared by the `launch` and `experiment` commands.
+// progress, keep the run going when processes die (a dead worker or evaluator is started again
+// and resumes; a dead shard is started again from its checkpoints when there are any), stop at
+// the step/time/accuracy limit or on SIGINT/SIGTERM, and collect what the run left behind.
+// Shared by the `launch` and `experiment` commands.
 #pragma once
 
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "deploy/kill_plan.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.pb.h"
 
@@ -27,6 +30,11 @@ struct TrainingConfig {
   std::map<int, std::vector<std::string>> rank_flags;  // extra flags for one worker (stragglers)
   ClusterSecurity security;                            // TLS and tokens (default: neither)
   std::string progress_prefix;                         // printed before each progress line
+  // Every shard writes its checkpoints here (ps --checkpoint_dir). Empty: none, and a shard that
+  // dies ends the run.
+  std::string checkpoint_dir;
+  std::vector<Kill> kills;  // deaths to inject (launch --kill)
+  int max_restarts = 3;     // per process; one more death ends the run
 };
 
 struct TrainingResult {
@@ -35,6 +43,7 @@ struct TrainingResult {
   double start_unix_seconds = 0;
   double seconds = 0;
   int64_t worker_steps = 0;                    // gradients computed, all workers together
+  std::vector<std::string> recoveries;         // one line per process started again
   std::vector<v1::StatsResponse> shard_stats;  // as each shard wrote them at shutdown
 };
 
