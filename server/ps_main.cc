@@ -280,7 +280,9 @@ int Main(int argc, char** argv) {
   }
   health->SetServingStatus(false);
   (*shard)->Shutdown();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // Calls in progress get a second to finish (a stalled client's stream is cancelled then), so
+  // that the shard stops within 2 s of SIGTERM, its last checkpoint included.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (checkpointer != nullptr) checkpointer->Stop();  // a last checkpoint
   ShardStats s = (*shard)->Stats();
   WriteOutputs(s, process);

@@ -137,5 +137,46 @@ TEST(RecoveryTest, AShardRestartedEmptyInATrainedJobStopsEveryWorkerWithTheFix) 
   EXPECT_FALSE(Stats(cluster.ShardAddress(1)).initialized());  // nothing was re-initialised
 }
 
+// SIGTERM, then the seconds until `p` exited; its exit code must be 0.
+double SecondsToStop(Subprocess& p) {
+  EXPECT_TRUE(p.running()) << p.name();
+  absl::Time sent = absl::Now();
+  p.Signal(SIGTERM);
+  absl::StatusOr<int> code = p.Wait(absl::Seconds(30));
+  EXPECT_TRUE(code.ok()) << p.name() << " ignored SIGTERM";
+  EXPECT_EQ(code.value_or(-1), 0) << p.name();
+  double seconds = absl::ToDoubleSeconds(absl::Now() - sent);
+  std::cout << p.name() << " stopped " << seconds << " s after SIGTERM" << std::endl;
+  return seconds;
+}
+
+// Every daemon ends within 2 s of SIGTERM whatever it is waiting for: a worker held at a sync
+// barrier, a shard holding that pull, a worker and an evaluator retrying a dead shard.
+TEST(ShutdownTest, SigtermEndsEveryDaemonWithinTwoSecondsInEveryState) {
+  {
+    LocalCluster cluster(ExecutableDir(), NewRunDir("shutdown"));
+    ASSERT_TRUE(cluster.StartShards(1, kMlp, 2, {"--consistency=sync"}).ok());
+    for (int rank : {0, 1}) ASSERT_TRUE(cluster.StartWorker(rank, 2, kHidden).ok());
+    ASSERT_TRUE(WaitForVersion(cluster.ShardAddress(0), 5, absl::Minutes(1)));
+    cluster.worker(1)->Signal(SIGSTOP);  // worker 0 waits at the barrier for it
+    absl::SleepFor(absl::Seconds(1));
+    EXPECT_EQ(Stats(cluster.ShardAddress(0)).pulls_waiting(), 1);
+    EXPECT_LT(SecondsToStop(*cluster.worker(0)), 2) << "worker at a barrier";
+    EXPECT_LT(SecondsToStop(cluster.shards()[0]), 2) << "shard";
+    cluster.worker(1)->Signal(SIGKILL);
+  }
+  LocalCluster cluster(ExecutableDir(), NewRunDir("shutdown"));
+  ASSERT_TRUE(cluster.StartShards(2, kMlp, 1, {}).ok());
+  ASSERT_TRUE(cluster.StartWorker(0, 1, kHidden).ok());
+  ASSERT_TRUE(cluster.StartEvaluator(With(kHidden, {"--interval_seconds=0.2"})).ok());
+  ASSERT_TRUE(WaitForVersion(cluster.ShardAddress(1), 20, absl::Minutes(1)));
+  ASSERT_TRUE(WaitForStep(cluster.run_dir() + "/worker-0.csv", 20, absl::Minutes(1)));
+  cluster.shards()[1].Signal(SIGKILL);
+  absl::SleepFor(absl::Seconds(2));  // both are retrying the dead shard
+  EXPECT_LT(SecondsToStop(*cluster.worker(0)), 2) << "worker retrying a dead shard";
+  EXPECT_LT(SecondsToStop(*cluster.evaluator()), 2) << "evaluator retrying a dead shard";
+  EXPECT_LT(SecondsToStop(cluster.shards()[0]), 2) << "shard";
+}
+
 }  // namespace
 }  // namespace ps
