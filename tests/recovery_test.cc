@@ -91,8 +91,12 @@ TEST(RecoveryTest, AKilledShardResumesFromItsCheckpointAndTheWorkersCarryOn) {
     EXPECT_NE(log.find("registered again with shard 1"), std::string::npos) << log;
     EXPECT_EQ(Column(LastLine(absl::StrCat(run_dir, "/worker-", rank, ".csv")), 0), 599);
   }
-  // Every step after the restart reached shard 1 once: 1,200 pushes, less those lost.
-  EXPECT_EQ(Stats(cluster.ShardAddress(1)).version(), 1200 - (reached - checkpointed));
+  // Every step reached shard 1: 1,200 pushes, less those lost. A push the dead process had
+  // applied whose answer the frozen worker never read was sent again and applied once more by
+  // the new process (at most one per worker).
+  const int64_t version = Stats(cluster.ShardAddress(1)).version();
+  EXPECT_GE(version, 1200 - (reached - checkpointed));
+  EXPECT_LE(version, 1200 - (reached - checkpointed) + 2);
   EXPECT_EQ(cluster.Stop(), "");  // the evaluator, which saw the shard restart too, scores last
   // Measured over 4 runs on a 2-core machine (2026-11-22): 0.75-0.83 (constant learning rate, so
   // the last evaluation oscillates). The bar is well above chance (0.10) and below the lowest.
@@ -111,9 +115,9 @@ TEST(RecoveryTest, AShardRestartedEmptyInATrainedJobStopsEveryWorkerWithTheFix) 
   const std::string run_dir = NewRunDir("recovery");
   LocalCluster cluster(ExecutableDir(), run_dir);
   ASSERT_TRUE(cluster.StartShards(2, kMlp, 2, {}).ok());
-  for (int rank : {0, 1}) {
-    ASSERT_TRUE(cluster.StartWorker(rank, 2, With(kHidden, {"--max_seconds=300"})).ok());
-  }
+  ASSERT_TRUE(cluster.StartWorker(0, 2, With(kHidden, {"--max_seconds=300"})).ok());
+  // A prefetching worker's pull in flight must not keep it from exiting.
+  ASSERT_TRUE(cluster.StartWorker(1, 2, With(kHidden, {"--max_seconds=300", "--prefetch"})).ok());
   ASSERT_TRUE(WaitForVersion(cluster.ShardAddress(1), 50, absl::Minutes(2)));
   cluster.shards()[1].Signal(SIGKILL);
   ASSERT_TRUE(cluster.shards()[1].Wait(absl::Seconds(10)).ok());
@@ -176,6 +180,25 @@ TEST(ShutdownTest, SigtermEndsEveryDaemonWithinTwoSecondsInEveryState) {
   EXPECT_LT(SecondsToStop(*cluster.worker(0)), 2) << "worker retrying a dead shard";
   EXPECT_LT(SecondsToStop(*cluster.evaluator()), 2) << "evaluator retrying a dead shard";
   EXPECT_LT(SecondsToStop(cluster.shards()[0]), 2) << "shard";
+}
+
+// --max_seconds bounds the whole run, a wait on a shard that stopped answering included.
+TEST(ShutdownTest, MaxSecondsEndsAWorkerWaitingOnAStalledShard) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir("shutdown"));
+  ASSERT_TRUE(cluster.StartShards(1, kMlp, 1, {}).ok());
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(cluster.StartWorker(0, 1, With(kHidden, {"--max_seconds=8"})).ok());
+  ASSERT_TRUE(WaitForVersion(cluster.ShardAddress(0), 10, absl::Seconds(7)));
+  cluster.shards()[0].Signal(SIGSTOP);  // calls now wait for their 10 s deadline, then retry
+  absl::StatusOr<int> code = cluster.worker(0)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok());
+  EXPECT_EQ(*code, 0);
+  const absl::Duration ran = absl::Now() - start;
+  std::cout << "worker ran " << ran << " with --max_seconds=8" << std::endl;
+  // 8 s, start-up, and the 2 s deadline of its Leave to the stalled shard (measured: 10.5 s); not
+  // its pull's retries, which would go on for --retry_seconds (60).
+  EXPECT_LT(ran, absl::Seconds(15));
+  cluster.shards()[0].Signal(SIGCONT);
 }
 
 }  // namespace
