@@ -162,9 +162,14 @@ TEST(ShutdownTest, SigtermEndsEveryDaemonWithinTwoSecondsInEveryState) {
     ASSERT_TRUE(cluster.StartShards(1, kMlp, 2, {"--consistency=sync"}).ok());
     for (int rank : {0, 1}) ASSERT_TRUE(cluster.StartWorker(rank, 2, kHidden).ok());
     ASSERT_TRUE(WaitForVersion(cluster.ShardAddress(0), 5, absl::Minutes(1)));
-    cluster.worker(1)->Signal(SIGSTOP);  // worker 0 waits at the barrier for it
-    absl::SleepFor(absl::Seconds(1));
-    EXPECT_EQ(Stats(cluster.ShardAddress(0)).pulls_waiting(), 1);
+    cluster.worker(1)->Signal(SIGSTOP);  // worker 0 comes to wait at the barrier for it
+    bool held = false;
+    for (absl::Time end = absl::Now() + absl::Seconds(20); !held && absl::Now() < end;) {
+      absl::SleepFor(absl::Milliseconds(100));
+      held = Stats(cluster.ShardAddress(0)).pulls_waiting() >= 1;
+    }
+    ASSERT_TRUE(held) << "no pull held at the barrier";
+    absl::SleepFor(absl::Milliseconds(500));
     EXPECT_LT(SecondsToStop(*cluster.worker(0)), 2) << "worker at a barrier";
     EXPECT_LT(SecondsToStop(cluster.shards()[0]), 2) << "shard";
     cluster.worker(1)->Signal(SIGKILL);
