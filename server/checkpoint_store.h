@@ -27,7 +27,6 @@ class CheckpointStore {
   // The newest checkpoint that reads back whole, skipping (and logging) torn or corrupt ones;
   // nullopt if there is none. Fails only if the directory cannot be read.
   absl::StatusOr<std::optional<ShardCheckpoint>> LoadNewest();
-  const std::string& dir() const { return dir_; }
 
  private:
   // This shard's checkpoint files, oldest first.

@@ -30,6 +30,7 @@ void Checkpointer::OnUpdate(int64_t version) {
   progress_->Set(version);
   absl::MutexLock lock(&mu_);
   latest_ = version;
+  changed_ = true;
 }
 
 absl::StatusOr<Checkpointer::Resumed> Checkpointer::Start(ParameterShard* shard) {
@@ -62,11 +63,11 @@ absl::StatusOr<Checkpointer::Resumed> Checkpointer::Start(ParameterShard* shard)
                       << reached << ", older than the checkpoint: did the host go down?)";
     }
   }
-  int64_t version = std::max<int64_t>(resumed.version, 0);
-  progress_->Set(version);
+  // The progress file keeps the previous process's version until this one applies an update:
+  // if it dies before that, the same updates are still lost.
   {
     absl::MutexLock lock(&mu_);
-    latest_ = version;
+    latest_ = std::max<int64_t>(resumed.version, 0);
     written_ = resumed.version;
   }
   writer_ = std::thread([this] { WriterLoop(); });
@@ -77,13 +78,16 @@ void Checkpointer::WriterLoop() {
   absl::Time next = absl::Now() + options_.every;
   absl::MutexLock lock(&mu_);
   for (;;) {
+    // Due: the first state of a shard that started empty, or `updates` more updates.
     auto due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || (options_.updates > 0 && latest_ >= written_ + options_.updates);
+      return stopping_ || (changed_ && (written_ < 0 || (options_.updates > 0 &&
+                                                          latest_ >= written_ + options_.updates)));
     };
     mu_.AwaitWithDeadline(absl::Condition(&due), options_.every > absl::ZeroDuration()
                                                      ? next
                                                      : absl::InfiniteFuture());
     if (stopping_) return;
+    changed_ = false;
     mu_.Unlock();
     bool written = Write();
     mu_.Lock();

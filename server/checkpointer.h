@@ -1,8 +1,9 @@
 // A shard's durability: at start it resumes the shard from the newest valid checkpoint in its
 // directory and says how many updates the previous process applied after it (from the progress
-// file beside the checkpoints); then it writes checkpoints on its own thread, every
-// `every` and/or as soon as `updates` updates were applied since the last one, and a last one at
-// Stop(). A checkpoint copies the shard under its lock and writes outside it.
+// file beside the checkpoints); then it writes checkpoints on its own thread: one as soon as a
+// shard that started empty is initialised, then every `every` and/or as soon as `updates`
+// updates were applied since the last one, and a last one at Stop(). A checkpoint copies the
+// shard under its lock and writes outside it.
 // Thread-safe; OnUpdate is meant for ShardConfig::on_update.
 #pragma once
 
@@ -41,7 +42,8 @@ class Checkpointer {
                                                             int shard_index);
   ~Checkpointer() { Stop(); }
 
-  // Records a new version (progress file; wakes the writer when a checkpoint is due). Cheap.
+  // Records a new version, or the initialisation (version 0): progress file; wakes the writer
+  // when a checkpoint is due. Cheap.
   void OnUpdate(int64_t version);
   // Resumes `shard` (not initialised yet) from the newest valid checkpoint, if any, logging what
   // it found, then starts writing checkpoints of it. `shard` must outlive Stop(). Call once.
@@ -65,6 +67,7 @@ class Checkpointer {
   absl::Mutex mu_;
   int64_t latest_ ABSL_GUARDED_BY(mu_) = 0;   // the shard's version, from OnUpdate
   int64_t written_ ABSL_GUARDED_BY(mu_) = -1;  // of the last checkpoint written or resumed from
+  bool changed_ ABSL_GUARDED_BY(mu_) = false;  // an OnUpdate since the writer last looked
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;
 };

@@ -222,6 +222,7 @@ absl::StatusOr<bool> ParameterShard::Initialize(const ModelIdentity& model, int6
   weights_.assign(values.begin(), values.end());
   optimizer_ = *std::move(optimizer);
   initialized_ = true;
+  if (config_.on_update) config_.on_update(version_);
   AnswerWaiters(&answers);
   return true;
 }
@@ -245,8 +246,12 @@ absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const Model
     last_incarnation_ = std::max(last_incarnation_ + 1, absl::ToUnixMicros(absl::Now()));
     w.incarnation = last_incarnation_;
     // The steps between this shard's checkpoint and the worker's position were lost with the
-    // shard's updates: the worker goes on from where it is.
-    if (resume_sequence >= 0) w.last_sequence = std::max(w.last_sequence, resume_sequence - 1);
+    // shard's updates: the worker goes on from where it is. Only once per worker, and only on a
+    // shard that resumed from a checkpoint.
+    if (resume_sequence >= 0 && restored_ && registered_.insert(worker_id).second) {
+      w.last_sequence = std::max(w.last_sequence, resume_sequence - 1);
+    }
+    registered_.insert(worker_id);
     r.last_sequence = w.last_sequence;
     r.incarnation = w.incarnation;
   }
@@ -782,6 +787,7 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   weights_ = c.values;
   optimizer_ = *std::move(optimizer);
   version_ = c.version;
+  restored_ = true;
   absl::Time now = MonotonicNow();
   for (const ShardCheckpoint::Worker& w : c.workers) {
     Membership::Worker& m = members_.Touch(w.id, now, version_);

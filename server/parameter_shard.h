@@ -63,8 +63,8 @@ struct ShardConfig {
   bool scale_lr_by_workers = false;  // lr * number of active workers
   // Scale each push's gradient (this shard's part of it) down to this L2 norm; 0: off.
   float clip_norm = 0;
-  // Called with the new version after every update, under the shard's lock: must be cheap and
-  // must not call the shard. Unset: nothing.
+  // Called with the version after initialisation and after every update, under the shard's lock:
+  // must be cheap and must not call the shard. Unset: nothing.
   std::function<void(int64_t version)> on_update;
 };
 
@@ -210,6 +210,7 @@ class ParameterShard {
   // [0, num_workers). A worker registering again after this shard restarted passes the sequence
   // of its next push as `resume_sequence` (at most kMaxResumeSequence; -1: none): the steps in
   // between were lost with the updates after the checkpoint, and its pushes go on from there.
+  // Taken only by a shard that was restored, from a worker's first registration with it.
   absl::StatusOr<Registration> Register(int worker_id, const ModelIdentity& model,
                                         int64_t resume_sequence = -1);
   // Refreshes a registered worker's lease; returns the number of active workers. Heartbeat, Leave
@@ -360,6 +361,8 @@ class ParameterShard {
   std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   int64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t last_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool restored_ ABSL_GUARDED_BY(mu_) = false;  // Restore() succeeded
+  std::set<int> registered_ ABSL_GUARDED_BY(mu_);  // worker ids registered with this object
   bool waiters_changed_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // At most two idle snapshot buffers are kept between pulls.

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -214,19 +215,22 @@ int Main(int argc, char** argv) {
       !s.ok()) {
     return Fail(std::string(s.message()));
   }
+  if (absl::GetFlag(FLAGS_stream_idle_seconds) <= 0 ||
+      absl::GetFlag(FLAGS_stream_max_seconds) <= 0) {
+    return Fail("--stream_idle_seconds and --stream_max_seconds must be > 0");
+  }
   InstallShutdownHandler();
 
   ShardProcess process{absl::ToUnixMicros(absl::Now())};
+  // Stops the checkpoint writer on every way out, before the shard it reads is destroyed.
+  absl::Cleanup stop_checkpoints = [&checkpointer] {
+    if (checkpointer != nullptr) checkpointer->Stop();
+  };
   if (checkpointer != nullptr) {
     absl::StatusOr<Checkpointer::Resumed> resumed = checkpointer->Start(shard->get());
     if (!resumed.ok()) return Fail(std::string(resumed.status().message()));
     process.resumed_version = resumed->version;
     process.updates_lost = resumed->updates_lost;
-  }
-
-  if (absl::GetFlag(FLAGS_stream_idle_seconds) <= 0 ||
-      absl::GetFlag(FLAGS_stream_max_seconds) <= 0) {
-    return Fail("--stream_idle_seconds and --stream_max_seconds must be > 0");
   }
   const ServiceLimits limits = LimitsFromFlags(config->num_workers);
   ShardService service(shard->get(), process, limits, security->tokens);
@@ -283,7 +287,7 @@ int Main(int argc, char** argv) {
   // Calls in progress get a second to finish (a stalled client's stream is cancelled then), so
   // that the shard stops within 2 s of SIGTERM, its last checkpoint included.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  if (checkpointer != nullptr) checkpointer->Stop();  // a last checkpoint
+  std::move(stop_checkpoints).Invoke();  // a last checkpoint
   ShardStats s = (*shard)->Stats();
   WriteOutputs(s, process);
   PS_LOG(INFO) << "stopped at version " << s.version << ": " << s.pushes_applied << " applied, "

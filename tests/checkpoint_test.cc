@@ -9,6 +9,7 @@
 #include "common/safetensors.h"
 #include "deploy/local_cluster.h"
 #include "server/checkpoint_store.h"
+#include "server/checkpointer.h"
 #include "server/parameter_shard.h"
 #include "tests/run_dir.h"
 #include "worker/sharded_client.h"
@@ -118,6 +119,56 @@ TEST(ShardCheckpointTest, ARestoredShardContinuesBitIdentically) {
   momentum.optimizer.name = "momentum";
   EXPECT_EQ((*ParameterShard::Create(momentum))->Restore(**loaded).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A worker registering again with a restarted shard skips the steps lost with it
+// (resume_sequence), once; a shard that was not restored, or a second registration, ignores it,
+// so no client can push a rank's sequence far ahead at will.
+TEST(ShardCheckpointTest, AResumeSequenceIsTakenOnlyOnceAndOnlyByARestoredShard) {
+  std::unique_ptr<ParameterShard> original = *ParameterShard::Create(AdamSsp());
+  ASSERT_TRUE(original->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
+  ASSERT_EQ(original->Register(0, kModel, 500)->last_sequence, -1);  // never restored
+  ASSERT_TRUE(original->Push({0, 0, 0, 0, 6, Inc(*original, 0)}, std::vector<float>(6, 1)).ok());
+  ShardCheckpoint saved;
+  ASSERT_TRUE(original->Checkpoint(&saved).ok());
+  std::unique_ptr<ParameterShard> restored = *ParameterShard::Create(AdamSsp());
+  ASSERT_TRUE(restored->Restore(saved).ok());
+  EXPECT_EQ(restored->Register(0, kModel, 40)->last_sequence, 39);
+  EXPECT_EQ(restored->Register(0, kModel, 900)->last_sequence, 39);
+  EXPECT_EQ(restored->Register(1, kModel, 7)->last_sequence, 6);  // joined after the checkpoint
+  EXPECT_EQ(restored->Register(2, kModel, ParameterShard::kMaxResumeSequence + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A shard that started empty is checkpointed as soon as it is initialised (not a timed interval
+// later: a crash before then would leave a trained job without this shard), then by update count.
+TEST(CheckpointerTest, WritesTheInitialisedStateAtOnceThenEveryNUpdates) {
+  const std::string dir = NewRunDir("checkpoint");
+  absl::StatusOr<std::unique_ptr<Checkpointer>> checkpointer =
+      Checkpointer::Open({dir, 3, absl::ZeroDuration(), 2}, 0);
+  ASSERT_TRUE(checkpointer.ok()) << checkpointer.status();
+  ShardConfig config = AdamSsp();
+  config.on_update = [c = checkpointer->get()](int64_t v) { c->OnUpdate(v); };
+  std::unique_ptr<ParameterShard> shard = *ParameterShard::Create(config);
+  absl::StatusOr<Checkpointer::Resumed> resumed = (*checkpointer)->Start(shard.get());
+  ASSERT_TRUE(resumed.ok());
+  EXPECT_EQ(resumed->version, -1);
+  auto newest_version = [&](int64_t want) {
+    for (absl::Time end = absl::Now() + absl::Seconds(30); absl::Now() < end;) {
+      absl::StatusOr<std::optional<ShardCheckpoint>> c = CheckpointStore(dir, 0, 3).LoadNewest();
+      if (c.ok() && c->has_value() && (*c)->version == want) return true;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  };
+  ASSERT_TRUE(shard->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
+  EXPECT_TRUE(newest_version(0));
+  ASSERT_TRUE(shard->Register(0, kModel).ok());
+  for (int64_t s = 0; s < 2; ++s) {
+    ASSERT_TRUE(shard->Push({0, s, s, 0, 6, Inc(*shard, 0)}, std::vector<float>(6, 1)).ok());
+  }
+  EXPECT_TRUE(newest_version(2));
+  (*checkpointer)->Stop();
 }
 
 TEST(ShardCheckpointTest, ATornNewestCheckpointFallsBackToThePreviousAndOnlyKOfThemAreKept) {

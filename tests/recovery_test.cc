@@ -161,7 +161,10 @@ TEST(ShutdownTest, SigtermEndsEveryDaemonWithinTwoSecondsInEveryState) {
     LocalCluster cluster(ExecutableDir(), NewRunDir("shutdown"));
     ASSERT_TRUE(cluster.StartShards(1, kMlp, 2, {"--consistency=sync"}).ok());
     for (int rank : {0, 1}) ASSERT_TRUE(cluster.StartWorker(rank, 2, kHidden).ok());
-    ASSERT_TRUE(WaitForVersion(cluster.ShardAddress(0), 5, absl::Minutes(1)));
+    for (int rank : {0, 1}) {  // both take part in the rounds
+      ASSERT_TRUE(WaitForStep(absl::StrCat(cluster.run_dir(), "/worker-", rank, ".csv"), 2,
+                              absl::Minutes(1)));
+    }
     cluster.worker(1)->Signal(SIGSTOP);  // worker 0 comes to wait at the barrier for it
     bool held = false;
     for (absl::Time end = absl::Now() + absl::Seconds(20); !held && absl::Now() < end;) {

@@ -19,6 +19,10 @@ namespace {
 
 // Worth another attempt: the shard was unreachable, slow, or busy (RESOURCE_EXHAUSTED: it
 // already serves as many calls as it allows).
+// How to get a job whose shard lost its model going again.
+constexpr char kLostModelFix[] =
+    "Restart it with the --checkpoint_dir it wrote checkpoints to, or start the whole job again";
+
 bool IsTransient(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
@@ -200,16 +204,17 @@ grpc::Status ShardedClient::RegisterWith(int shard, grpc::ClientContext* context
   absl::MutexLock lock(&sessions_mu_);
   Session& session = sessions_[shard];
   if (session.initialized && !response.initialized()) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("shard ", shard, " restarted without the model it held (it had reached "
-                     "version ", session.version, "); the job cannot go on without it. Restart "
-                     "it with the --checkpoint_dir it wrote checkpoints to, or start the whole "
-                     "job again"));
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("shard ", shard,
+                                     " restarted without the model it held (it had reached "
+                                     "version ",
+                                     session.version, "); the job cannot go on without it. ",
+                                     kLostModelFix));
   }
-  session = Session{response.incarnation(), response.shard_incarnation(), response.version(),
-                    response.last_sequence(), response.initialized() || session.initialized};
-  if (shard == 0) consistency_ = response.consistency();
+  session = Session{response.incarnation(),   response.shard_incarnation(),
+                    response.version(),       response.version(),
+                    response.last_sequence(), response.initialized() || session.initialized,
+                    response.consistency()};
   return grpc::Status::OK;
 }
 
@@ -267,9 +272,10 @@ absl::StatusOr<int64_t> ShardedClient::Register() {
   if (!empty.empty() && trained > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "shard(s) ", absl::StrJoin(empty, ","), " hold no model while the others are trained (up "
-        "to version ", trained, "): a shard restarted without its checkpoints. Restart it with "
-        "the --checkpoint_dir it wrote checkpoints to, or start the whole job again"));
+        "to version ", trained, "): a shard restarted without its checkpoints. ",
+        kLostModelFix));
   }
+  consistency_ = sessions_[0].consistency;
   std::vector<int64_t> last;
   for (const Session& session : sessions_) last.push_back(session.last_sequence);
   // Under sync a step that reached only some shards is not sent again: its round has closed (the
@@ -359,7 +365,7 @@ absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(absl::Span<const 
         base.shard_incarnation[shard] != session.shard_incarnation) {
       // Computed from an earlier process of this shard, whose updates since its checkpoint are
       // lost: the gradient is taken as computed from the version the shard came back at.
-      base_version = std::min(base_version, session.version);
+      base_version = std::min(base_version, session.registered_version);
     }
     v1::PushHeader header;
     header.set_worker_id(worker_id_);

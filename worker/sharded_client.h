@@ -11,7 +11,8 @@
 // FAILED_PRECONDITION naming it: the job cannot go on, and nothing is re-initialised.
 //
 // Thread-compatible: one thread drives Pull/Push; Heartbeat and CancelPending may be called from
-// others.
+// others. Registering again happens on whichever of those threads meets the restart first (once
+// per restart: the others wait for it).
 #pragma once
 
 #include <cstdint>
@@ -138,9 +139,11 @@ class ShardedClient {
   struct Session {
     int64_t incarnation = 0;        // this process's, at the shard
     int64_t shard_incarnation = 0;  // the shard process's
-    int64_t version = 0;            // the shard's, at registration or the last pull since
+    int64_t registered_version = 0;  // the shard's, at registration
+    int64_t version = 0;             // the shard's, at registration or the last pull since
     int64_t last_sequence = -1;     // this worker's last push the shard applied
     bool initialized = false;       // the shard held the model (at a registration or pull)
+    std::string consistency;
   };
   Session SessionOf(int shard) const;
   // One Register call to `shard`; records the session. `resume_sequence` >= 0 when registering
