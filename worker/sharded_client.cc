@@ -93,7 +93,7 @@ v1::ModelIdentity ShardedClient::ModelProto() const {
 
 bool ShardedClient::Track(grpc::ClientContext* context, int64_t generation) {
   absl::MutexLock lock(&mu_);
-  if (generation != generation_) return false;
+  if (generation != generation_ || closed_) return false;
   in_flight_.insert(context);
   return true;
 }
@@ -112,6 +112,14 @@ void ShardedClient::CancelPending() {
   absl::MutexLock lock(&mu_);
   ++generation_;
   for (grpc::ClientContext* c : in_flight_) c->TryCancel();
+}
+
+void ShardedClient::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  CancelPending();
 }
 
 grpc::Status ShardedClient::Attempt(

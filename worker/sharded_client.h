@@ -115,6 +115,9 @@ class ShardedClient {
   // Ends the calls in progress, retries and backoff included, with CANCELLED. Calls started
   // afterwards work as usual. For shutdown: a pull held at a barrier returns now.
   void CancelPending();
+  // Ends the calls in progress and every later one with CANCELLED: for a process that is giving
+  // up (a call on another thread that has not started yet cannot slip through).
+  void Close();
 
  private:
   // Runs fn(shard) for every shard concurrently, retrying transient failures; returns the first
@@ -173,6 +176,7 @@ class ShardedClient {
 
   absl::Mutex mu_;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // incremented by CancelPending
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 

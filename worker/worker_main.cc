@@ -174,7 +174,7 @@ int Main(int argc, char** argv) {
   // A failure ends the run: a prefetch in flight is cancelled first (it writes into buffers that
   // die with this scope, and could otherwise wait on a shard for a long time).
   auto fail = [&](const std::string& reason) {
-    client.CancelPending();
+    client.Close();
     if (prefetched.valid()) prefetched.wait();
     return Fail(reason);
   };
