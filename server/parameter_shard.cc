@@ -401,8 +401,16 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
   // The header was checked under an earlier lock; since then the version can have moved forward
   // and a newer process of this worker can have registered.
   if (status.ok()) status = CheckIncarnation(h.worker_id, h.incarnation);
-  if (status.ok() && config_.mode == ConsistencyMode::kSync && h.base_version == version_ &&
-      round_contributors_.count(h.worker_id) > 0 &&
+  // sync, after a restart: the open round was restored with this worker's gradient in it, and
+  // the worker (which registered again) now sends its next step for the same round. Dropped as
+  // late, like a gradient whose round closed without it; the worker's next pull waits for the
+  // round as usual.
+  const bool again_in_restored_round =
+      status.ok() && config_.mode == ConsistencyMode::kSync && h.base_version == version_ &&
+      restored_contributors_.count(h.worker_id) > 0 &&
+      h.sequence > members_.Find(h.worker_id)->last_sequence;
+  if (status.ok() && !again_in_restored_round && config_.mode == ConsistencyMode::kSync &&
+      h.base_version == version_ && round_contributors_.count(h.worker_id) > 0 &&
       h.sequence > members_.Find(h.worker_id)->last_sequence) {
     status = absl::FailedPreconditionError(
         absl::StrCat("worker ", h.worker_id, " already pushed a gradient for version ", version_));
@@ -418,8 +426,8 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
   }
   int64_t staleness = version_ - h.base_version;
   absl::StatusOr<PushOutcome> outcome;
-  if (config_.mode == ConsistencyMode::kSync && staleness > 0) {
-    // Its round closed without it (backup workers, or it was expired).
+  if (config_.mode == ConsistencyMode::kSync && (staleness > 0 || again_in_restored_round)) {
+    // Its round closed without it (backup workers, or it was expired), or see above.
     ++pushes_dropped_late_;
     outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
   } else if (config_.mode == ConsistencyMode::kSync) {
@@ -529,6 +537,7 @@ void ParameterShard::MaybeCloseRound() {
   }
   std::fill(round_sum_.begin(), round_sum_.end(), 0.0f);
   round_contributors_.clear();
+  restored_contributors_.clear();
 }
 
 void ParameterShard::RecordRejectedPush() {
@@ -800,6 +809,7 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   }
   round_sum_ = c.round_sum;
   round_contributors_ = std::set<int>(c.round_contributors.begin(), c.round_contributors.end());
+  restored_contributors_ = round_contributors_;
   initialized_ = true;
   return absl::OkStatus();
 }

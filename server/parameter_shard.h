@@ -346,6 +346,8 @@ class ParameterShard {
   // sync: the running sum of this round's gradients and who contributed.
   std::vector<float> round_sum_ ABSL_GUARDED_BY(mu_);
   std::set<int> round_contributors_ ABSL_GUARDED_BY(mu_);
+  // sync: those of them restored from a checkpoint, until the round closes.
+  std::set<int> restored_contributors_ ABSL_GUARDED_BY(mu_);
   // DC-ASGD: each active worker's copies of the weights at its last two whole-shard pulls (a
   // prefetching worker computes on the older one), by version: at most 2 * num_workers copies.
   std::map<int, std::map<int64_t, std::vector<float>>> pulled_weights_ ABSL_GUARDED_BY(mu_);

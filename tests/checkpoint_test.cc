@@ -171,6 +171,39 @@ TEST(CheckpointerTest, WritesTheInitialisedStateAtOnceThenEveryNUpdates) {
   (*checkpointer)->Stop();
 }
 
+// sync: a shard restarted with a round open keeps the round; a worker whose gradient it holds
+// and that sends its next step for that round (after registering again) is dropped as late, not
+// refused, and the round closes with the others' gradients.
+TEST(ShardCheckpointTest, ASyncRoundRestoredOpenClosesAndAWorkerAlreadyInItIsDroppedNotRefused) {
+  ShardConfig sync = AdamSsp();
+  ASSERT_TRUE(ParseConsistency("sync", &sync).ok());
+  std::unique_ptr<ParameterShard> original = *ParameterShard::Create(sync);
+  ASSERT_TRUE(original->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(original->Register(w, kModel).ok());
+  ASSERT_TRUE(original->Push({0, 0, 0, 0, 6, Inc(*original, 0)}, std::vector<float>(6, 1)).ok());
+  ShardCheckpoint saved;
+  ASSERT_TRUE(original->Checkpoint(&saved).ok());
+  ASSERT_EQ(saved.round_contributors, std::vector<int>{0});
+  std::unique_ptr<ParameterShard> restored = *ParameterShard::Create(sync);
+  ASSERT_TRUE(restored->Restore(saved).ok());
+  ASSERT_TRUE(restored->Register(0, kModel, 2).ok());
+  absl::StatusOr<PushOutcome> again =
+      restored->Push({0, 2, 0, 0, 6, Inc(*restored, 0)}, std::vector<float>(6, 5));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->dropped);
+  EXPECT_EQ(restored->Stats().pushes_dropped_late, 1);
+  absl::StatusOr<PushOutcome> closing =
+      restored->Push({1, 0, 0, 0, 6, Inc(*restored, 1)}, std::vector<float>(6, 3));
+  ASSERT_TRUE(closing.ok()) << closing.status();
+  EXPECT_EQ(restored->version(), 1);  // the average of worker 0's restored 1s and worker 1's 3s
+  // Past the restored round the usual rule holds again: a second gradient for one round is refused.
+  ASSERT_TRUE(restored->Push({0, 3, 1, 0, 6, Inc(*restored, 0)}, std::vector<float>(6, 1)).ok());
+  EXPECT_EQ(restored->Push({0, 4, 1, 0, 6, Inc(*restored, 0)}, std::vector<float>(6, 1))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(ShardCheckpointTest, ATornNewestCheckpointFallsBackToThePreviousAndOnlyKOfThemAreKept) {
   std::string dir = NewRunDir("checkpoint");
   CheckpointStore store(dir, 0, 2);
