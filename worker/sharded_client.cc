@@ -17,12 +17,12 @@
 namespace ps {
 namespace {
 
-// Worth another attempt: the shard was unreachable, slow, or busy (RESOURCE_EXHAUSTED: it
-// already serves as many calls as it allows).
 // How to get a job whose shard lost its model going again.
 constexpr char kLostModelFix[] =
     "Restart it with the --checkpoint_dir it wrote checkpoints to, or start the whole job again";
 
+// Worth another attempt: the shard was unreachable, slow, or busy (RESOURCE_EXHAUSTED: it
+// already serves as many calls as it allows).
 bool IsTransient(const grpc::Status& s) {
   return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
