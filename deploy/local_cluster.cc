@@ -1,7 +1,11 @@
 #include "deploy/local_cluster.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -43,41 +47,82 @@ void LocalCluster::AppendClientSecurityFlags(const std::string& token_file,
   if (!token_file.empty()) argv->push_back("--token_file=" + token_file);
 }
 
+namespace {
+
+// A port nothing listens on now (the kernel's pick for a socket bound to port 0), for a process
+// that must know its peer's port before that peer starts.
+absl::StatusOr<int> FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), length) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  if (fd >= 0) close(fd);
+  if (!ok) return absl::UnavailableError("cannot find a free port on 127.0.0.1");
+  return ntohs(address.sin_port);
+}
+
+}  // namespace
+
 absl::Status LocalCluster::StartShards(int count, const std::string& model, int num_workers,
-                                       const std::vector<std::string>& flags) {
-  for (int i = 0; i < count; ++i) {
+                                       const std::vector<std::string>& flags, int replicas) {
+  replicas_ = replicas;
+  const int processes = count * replicas;
+  ports_.assign(processes, 0);
+  if (replicas > 1) {
+    for (int& port : ports_) {
+      absl::StatusOr<int> free = FreePort();
+      if (!free.ok()) return free.status();
+      port = *free;
+    }
+  }
+  for (int p = 0; p < processes; ++p) {
+    const int shard = p / replicas;
+    const std::string name = ProcessName(p);
     std::vector<std::string> argv = {
         bin_dir_ + "/ps",
-        absl::StrCat("--shard_index=", i),
+        absl::StrCat("--shard_index=", shard),
         absl::StrCat("--num_shards=", count),
         "--model=" + model,
         absl::StrCat("--num_workers=", num_workers),
         "--host=127.0.0.1",
-        "--port=0",
-        "--port_file=" + PortFile(i),
-        absl::StrCat("--staleness_csv=", run_dir_, "/staleness-shard-", i, ".csv"),
-        absl::StrCat("--stats_json=", run_dir_, "/stats-shard-", i, ".json")};
+        absl::StrCat("--port=", ports_[p]),
+        "--port_file=" + PortFile(p),
+        absl::StrCat("--staleness_csv=", run_dir_, "/staleness-shard-", name.substr(3), ".csv"),
+        absl::StrCat("--stats_json=", run_dir_, "/stats-shard-", name.substr(3), ".json")};
+    if (replicas > 1) {
+      const int replica = p % replicas;
+      const int peer = shard * replicas + (replica + 1) % replicas;
+      argv.push_back("--peer=" + ProcessAddress(peer));
+      argv.push_back(absl::StrCat("--replica=", replica));
+    }
     AppendShardSecurityFlags(&argv);
     argv.insert(argv.end(), flags.begin(), flags.end());
     shard_argv_.push_back(argv);
-    ports_.push_back(0);
     shards_.emplace_back();
-    if (absl::Status s = LaunchShard(i); !s.ok()) return s;
+    if (absl::Status s = LaunchShard(p); !s.ok()) return s;
   }
-  for (int i = 0; i < count; ++i) {
-    if (absl::Status s = AwaitPort(i); !s.ok()) return s;
+  for (int p = 0; p < processes; ++p) {
+    if (absl::Status s = AwaitPort(p); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
 
-std::string LocalCluster::PortFile(int shard) const {
-  return absl::StrCat(run_dir_, "/ps-", shard, ".port");
+std::string LocalCluster::ProcessName(int process) const {
+  if (replicas_ == 1) return absl::StrCat("ps-", process);
+  return absl::StrCat("ps-", process / replicas_, "-", process % replicas_);
+}
+
+std::string LocalCluster::PortFile(int process) const {
+  return absl::StrCat(run_dir_, "/", ProcessName(process), ".port");
 }
 
 absl::Status LocalCluster::LaunchShard(int shard) {
   std::remove(PortFile(shard).c_str());
   absl::StatusOr<Subprocess> p =
-      Subprocess::Start(shard_argv_[shard], absl::StrCat(run_dir_, "/ps-", shard, ".log"));
+      Subprocess::Start(shard_argv_[shard], absl::StrCat(run_dir_, "/", ProcessName(shard), ".log"));
   if (!p.ok()) return p.status();
   shards_[shard] = *std::move(p);
   return absl::OkStatus();
@@ -89,11 +134,11 @@ absl::Status LocalCluster::AwaitPort(int shard) {
   int port = 0;
   while (!(std::ifstream(PortFile(shard)) >> port)) {
     if (!shards_[shard].running()) {
-      return absl::UnavailableError(
-          absl::StrCat("shard ", shard, " exited at start; see ", run_dir_, "/ps-", shard, ".log"));
+      return absl::UnavailableError(absl::StrCat(ProcessName(shard), " exited at start; see ",
+                                                 run_dir_, "/", ProcessName(shard), ".log"));
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("shard ", shard, " did not start in 30 s"));
+      return absl::DeadlineExceededError(ProcessName(shard) + " did not start in 30 s");
     }
     absl::SleepFor(absl::Milliseconds(20));  // polling a file another process writes
   }
@@ -103,7 +148,7 @@ absl::Status LocalCluster::AwaitPort(int shard) {
 
 absl::Status LocalCluster::RestartShard(int shard) {
   if (shards_[shard].running()) {
-    return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " is still running"));
+    return absl::FailedPreconditionError(ProcessName(shard) + " is still running");
   }
   for (std::string& arg : shard_argv_[shard]) {
     if (absl::StartsWith(arg, "--port=")) arg = absl::StrCat("--port=", ports_[shard]);
@@ -112,13 +157,21 @@ absl::Status LocalCluster::RestartShard(int shard) {
   return AwaitPort(shard);
 }
 
+std::string LocalCluster::ProcessAddress(int process) const {
+  return absl::StrCat("127.0.0.1:", ports_[process]);
+}
+
 std::string LocalCluster::ShardAddress(int shard) const {
-  return absl::StrCat("127.0.0.1:", ports_[shard]);
+  std::vector<std::string> replicas;
+  for (int r = 0; r < replicas_; ++r) replicas.push_back(ProcessAddress(shard * replicas_ + r));
+  return absl::StrJoin(replicas, "/");
 }
 
 std::string LocalCluster::ShardAddresses() const {
   std::vector<std::string> a;
-  for (size_t i = 0; i < ports_.size(); ++i) a.push_back(ShardAddress(static_cast<int>(i)));
+  for (size_t i = 0; i < ports_.size() / replicas_; ++i) {
+    a.push_back(ShardAddress(static_cast<int>(i)));
+  }
   return absl::StrJoin(a, ",");
 }
 
@@ -170,7 +223,7 @@ std::string LocalCluster::Stop() {
   workers_.clear();
   if (evaluator_ != nullptr) stop(*evaluator_, "evaluator");
   evaluator_.reset();
-  for (size_t i = 0; i < shards_.size(); ++i) stop(shards_[i], absl::StrCat("shard ", i));
+  for (size_t i = 0; i < shards_.size(); ++i) stop(shards_[i], ProcessName(static_cast<int>(i)));
   shards_.clear();
   ports_.clear();
   return absl::StrJoin(bad, "; ");

@@ -31,16 +31,21 @@ class LocalCluster {
   ~LocalCluster();
 
   // Starts `count` shards of a job training `model` (a model spec, ps --model) with `num_workers`
-  // workers, with --port=0, and waits until each has written the port it bound.
+  // workers, with --port=0, and waits until each has written the port it bound. With `replicas`
+  // = 2, each shard is two processes (ps --peer, ports picked beforehand), replica 0 first.
   absl::Status StartShards(int count, const std::string& model, int num_workers,
-                           const std::vector<std::string>& flags);
-  // Starts shard `shard`, which must have exited, again with the same flags on the same port
-  // (with --checkpoint_dir among the flags, it resumes from its checkpoint), and waits until it
-  // serves.
-  absl::Status RestartShard(int shard);
-  // "127.0.0.1:p0,127.0.0.1:p1,...", for --ps.
+                           const std::vector<std::string>& flags, int replicas = 1);
+  // Starts shard process `process` (shards()[process]: shard * replicas + replica), which must
+  // have exited, again with the same flags on the same port (with --checkpoint_dir among the
+  // flags, it resumes from its checkpoint; a replica joins its peer), and waits until it listens.
+  absl::Status RestartShard(int process);
+  // "127.0.0.1:p0,127.0.0.1:p1,..." (a replicated shard: "127.0.0.1:p/127.0.0.1:q"), for --ps.
   std::string ShardAddresses() const;
   std::string ShardAddress(int shard) const;
+  // One process's address: shards()[process].
+  std::string ProcessAddress(int process) const;
+  // "ps-<shard>" or, replicated, "ps-<shard>-<replica>": its log is run_dir/<name>.log.
+  std::string ProcessName(int process) const;
   // (Re)starts worker `rank` of `num_workers`, appending to worker-<rank>.{log,csv}.
   absl::Status StartWorker(int rank, int num_workers, const std::vector<std::string>& flags);
   absl::Status StartEvaluator(const std::vector<std::string>& flags);
@@ -69,7 +74,8 @@ class LocalCluster {
 
   std::string bin_dir_, run_dir_;
   ClusterSecurity security_;
-  std::vector<std::vector<std::string>> shard_argv_;
+  int replicas_ = 1;
+  std::vector<std::vector<std::string>> shard_argv_;  // by process
   std::vector<Subprocess> shards_;
   std::vector<int> ports_;
   std::map<int, Subprocess> workers_;

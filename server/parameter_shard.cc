@@ -222,7 +222,7 @@ absl::StatusOr<bool> ParameterShard::Initialize(const ModelIdentity& model, int6
   weights_.assign(values.begin(), values.end());
   optimizer_ = *std::move(optimizer);
   initialized_ = true;
-  if (config_.on_update) config_.on_update(version_);
+  Changed({.kind = ShardChange::Kind::kInitialize, .values = weights_});
   AnswerWaiters(&answers);
   return true;
 }
@@ -426,6 +426,8 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
   }
   int64_t staleness = version_ - h.base_version;
   absl::StatusOr<PushOutcome> outcome;
+  ShardChange change{.kind = ShardChange::Kind::kTaken, .worker_id = h.worker_id,
+                     .sequence = h.sequence, .staleness = staleness};
   if (config_.mode == ConsistencyMode::kSync && (staleness > 0 || again_in_restored_round)) {
     // Its round closed without it (backup workers, or it was expired), or see above.
     ++pushes_dropped_late_;
@@ -442,7 +444,8 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
     ++pushes_dropped_stale_;
     outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
   } else {
-    outcome = ApplyNow(*worker, h, staleness, gradient);
+    outcome = ApplyNow(*worker, h, staleness, gradient, &change);
+    change.kind = ShardChange::Kind::kUpdate;
   }
   if (!outcome.ok()) {
     ++pushes_rejected_;
@@ -456,9 +459,16 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
   worker = &members_.Touch(h.worker_id, now, version_);
   worker->last_sequence = h.sequence;
   worker->last_progress = now;
-  ++worker->clock;
+  change.clock = ++worker->clock;
+  if (outcome->dropped || change.kind == ShardChange::Kind::kUpdate) Changed(change);
   AnswerWaiters(&answers);
   return outcome;
+}
+
+void ParameterShard::Changed(ShardChange change) {
+  change.index = ++changes_;
+  change.version = version_;
+  if (config_.on_change) config_.on_change(change);
 }
 
 float ParameterShard::LearningRate() const {
@@ -469,7 +479,8 @@ float ParameterShard::LearningRate() const {
 
 absl::StatusOr<PushOutcome> ParameterShard::ApplyNow(Membership::Worker& worker,
                                                      const PushHeaderInfo& h, int64_t staleness,
-                                                     absl::Span<const float> gradient) {
+                                                     absl::Span<const float> gradient,
+                                                     ShardChange* change) {
   float lr = LearningRate();
   if (config_.staleness_aware_lr) lr /= static_cast<float>(std::max<int64_t>(1, staleness));
   // The copy of the weights this gradient was computed from, if the shard kept it.
@@ -492,7 +503,8 @@ absl::StatusOr<PushOutcome> ParameterShard::ApplyNow(Membership::Worker& worker,
     return s;
   }
   ++version_;
-  if (config_.on_update) config_.on_update(version_);
+  change->values = gradient;
+  change->learning_rate = lr;
   staleness_.Add(staleness);
   worker.staleness.Add(staleness);
   ++worker.pushes_applied;
@@ -523,11 +535,11 @@ void ParameterShard::MaybeCloseRound() {
   if (static_cast<int>(round_contributors_.size()) < needed) return;
   float scale = 1.0f / static_cast<float>(round_contributors_.size());
   for (float& g : round_sum_) g *= scale;
-  if (absl::Status s =
-          optimizer_->Apply(absl::MakeSpan(weights_), round_sum_, 0, LearningRate(), version_);
+  const float lr = LearningRate();
+  if (absl::Status s = optimizer_->Apply(absl::MakeSpan(weights_), round_sum_, 0, lr, version_);
       s.ok()) {
     ++version_;
-    if (config_.on_update) config_.on_update(version_);
+    Changed({.kind = ShardChange::Kind::kUpdate, .learning_rate = lr, .values = round_sum_});
     for (size_t i = 0; i < round_contributors_.size(); ++i) staleness_.Add(0);
   } else {
     // The average would poison the weights: the round is discarded (its workers are released
@@ -731,6 +743,7 @@ absl::Status ParameterShard::Checkpoint(ShardCheckpoint* out) const {
   c.optimizer = config_.optimizer.name;
   c.consistency = ConsistencyName(config_);
   c.version = version_;
+  c.changes = changes_;
   c.values = weights_;  // copy-assignment keeps the destination's storage when it fits
   std::vector<std::pair<std::string, absl::Span<float>>> slots = optimizer_->State();
   c.optimizer_state.resize(slots.size());
@@ -788,15 +801,18 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
     }
     std::copy(saved->second.begin(), saved->second.end(), state.begin());
   }
-  absl::MutexLock lock(&mu_);
-  if (initialized_) return absl::FailedPreconditionError("shard is initialised already");
   for (const ShardCheckpoint::Worker& w : c.workers) {
     if (absl::Status s = CheckWorkerId(w.id); !s.ok()) return s;
   }
+  Completions answers(this);
+  absl::MutexLock lock(&mu_);
   weights_ = c.values;
   optimizer_ = *std::move(optimizer);
   version_ = c.version;
+  changes_ = c.changes;
   restored_ = true;
+  members_ = Membership(config_.lease);
+  pulled_weights_.clear();
   absl::Time now = MonotonicNow();
   for (const ShardCheckpoint::Worker& w : c.workers) {
     Membership::Worker& m = members_.Touch(w.id, now, version_);
@@ -811,6 +827,62 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   round_contributors_ = std::set<int>(c.round_contributors.begin(), c.round_contributors.end());
   restored_contributors_ = round_contributors_;
   initialized_ = true;
+  AnswerWaiters(&answers);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterShard::ApplyChange(const ShardChange& c) {
+  using Kind = ShardChange::Kind;
+  std::unique_ptr<Optimizer> fresh;
+  if (c.kind == Kind::kInitialize) {
+    absl::StatusOr<std::unique_ptr<Optimizer>> made =
+        MakeOptimizer(config_.optimizer, range_.size());
+    if (!made.ok()) return made.status();
+    fresh = *std::move(made);
+  }
+  Completions answers(this);
+  absl::MutexLock lock(&mu_);
+  auto mismatch = [&](absl::string_view what) {
+    return absl::FailedPreconditionError(absl::StrCat("change ", c.index, " (version ", c.version,
+                                                      ") does not fit this shard: ", what));
+  };
+  if (c.index != changes_ + 1) {
+    return mismatch(absl::StrCat("the shard has applied ", changes_, " changes"));
+  }
+  const bool sized = static_cast<int64_t>(c.values.size()) == range_.size();
+  if (c.kind == Kind::kInitialize) {
+    if (initialized_ || !sized) return mismatch("an initialisation of an initialised shard");
+    weights_.assign(c.values.begin(), c.values.end());
+    optimizer_ = std::move(fresh);
+    initialized_ = true;
+  } else if (!initialized_) {
+    return mismatch("the shard is not initialised");
+  } else if (c.kind == Kind::kUpdate) {
+    if (!sized || c.version != version_ + 1) return mismatch("not the next update");
+    if (absl::Status s =
+            optimizer_->Apply(absl::MakeSpan(weights_), c.values, 0, c.learning_rate, version_);
+        !s.ok()) {
+      return mismatch(s.message());
+    }
+    ++version_;
+    staleness_.Add(c.staleness);
+  } else if (c.version != version_) {
+    return mismatch("a push taken at another version");
+  }
+  if (c.worker_id >= 0 && c.kind != Kind::kInitialize) {
+    if (absl::Status s = CheckWorkerId(c.worker_id); !s.ok()) return mismatch(s.message());
+    Membership::Worker& w = members_.Touch(c.worker_id, MonotonicNow(), version_);
+    w.last_sequence = c.sequence;
+    w.clock = c.clock;
+    if (c.kind == Kind::kUpdate) {
+      ++w.pushes_applied;
+      w.staleness.Add(c.staleness);
+    } else {
+      ++pushes_dropped_stale_;
+    }
+  }
+  Changed(c);
+  AnswerWaiters(&answers);
   return absl::OkStatus();
 }
 

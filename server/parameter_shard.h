@@ -40,6 +40,26 @@ namespace ps {
 //           workers.
 enum class ConsistencyMode { kAsync, kSync, kSsp };
 
+// One change of a shard's state, in the order the shard made it: a primary streams these to its
+// backup, whose ApplyChange repeats each one and reaches the same state bit for bit (the update
+// is replayed with the gradient as applied and the rate used, not recomputed).
+struct ShardChange {
+  enum class Kind {
+    kInitialize,  // values: the initial values
+    kUpdate,      // values: the gradient as applied (clipped, averaged, compensated)
+    kTaken,       // a push taken without an update (dropped by policy): bookkeeping only
+  };
+  int64_t index = 0;  // the shard's change count after this change: 1, 2, 3, ...
+  Kind kind = Kind::kUpdate;
+  int64_t version = 0;  // the shard's version after it
+  int worker_id = -1;   // whose push (kUpdate, kTaken); -1: none (a sync round)
+  int64_t sequence = 0;
+  int64_t clock = 0;  // the worker's SSP clock after it
+  int64_t staleness = 0;
+  float learning_rate = 0;
+  absl::Span<const float> values;  // valid during the call it is passed to
+};
+
 struct ShardConfig {
   int shard_index = 0;
   int num_shards = 1;
@@ -63,9 +83,10 @@ struct ShardConfig {
   bool scale_lr_by_workers = false;  // lr * number of active workers
   // Scale each push's gradient (this shard's part of it) down to this L2 norm; 0: off.
   float clip_norm = 0;
-  // Called with the version after initialisation and after every update, under the shard's lock:
-  // must be cheap and must not call the shard. Unset: nothing.
-  std::function<void(int64_t version)> on_update;
+  // Called with each change (initialisation, every update, every push taken without one), under
+  // the shard's lock: must be cheap (a copy of the values at most) and must not call the shard.
+  // Not called for a sync round's contributions before it closes. Unset: nothing.
+  std::function<void(const ShardChange&)> on_change;
 };
 
 // Parses --consistency: "async", "sync" or "ssp:S" (S >= 0) into config->mode/staleness_bound.
@@ -164,6 +185,7 @@ struct ShardCheckpoint {
   std::vector<Worker> workers;
   std::vector<float> round_sum;  // sync: the open round's sum; empty when none is open
   std::vector<int> round_contributors;
+  int64_t changes = 0;  // the shard's change count (ShardChange::index); not kept in files
 };
 
 class ParameterShard {
@@ -277,8 +299,13 @@ class ParameterShard {
   absl::Status Checkpoint(ShardCheckpoint* out) const;
   // Resumes from `checkpoint`, which must be of this shard (model, index, count, optimizer and
   // sizes; INVALID_ARGUMENT naming what differs). Workers come back active with a fresh lease: a
-  // shard restarted within the lease loses none of them. REQUIRES: not initialised yet.
+  // shard restarted within the lease loses none of them. Replaces whatever state the shard had
+  // (a backup joining its primary again starts over from the primary's).
   absl::Status Restore(const ShardCheckpoint& checkpoint);
+  // A backup: repeats `change`, made by its primary, which must be the next one (its index one
+  // past the shard's change count; FAILED_PRECONDITION otherwise, and on a change that does not
+  // fit the shard's state). Calls on_change like the primary did.
+  absl::Status ApplyChange(const ShardChange& change);
   // Ends every waiting pull with UNAVAILABLE; later ones fail the same way.
   void Shutdown();
   ~ParameterShard();
@@ -308,9 +335,12 @@ class ParameterShard {
   // set). `norm` is its L2 norm.
   absl::Span<const float> Clip(absl::Span<const float> gradient, double norm,
                                std::vector<float>* scratch, bool* clipped) const;
+  // Applies a push at once; fills change's values and learning rate.
   absl::StatusOr<PushOutcome> ApplyNow(Membership::Worker& worker, const PushHeaderInfo& h,
-                                       int64_t staleness, absl::Span<const float> gradient)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                       int64_t staleness, absl::Span<const float> gradient,
+                                       ShardChange* change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `change` (sets its index and version) and passes it to on_change.
+  void Changed(ShardChange change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<PushOutcome> AddToRound(Membership::Worker& worker, const PushHeaderInfo& h,
                                          absl::Span<const float> gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -341,6 +371,7 @@ class ParameterShard {
   std::vector<float> weights_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // ShardChange::index of the last change
   Membership members_ ABSL_GUARDED_BY(mu_);
   StalenessHistogram staleness_ ABSL_GUARDED_BY(mu_);
   // sync: the running sum of this round's gradients and who contributed.

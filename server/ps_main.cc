@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <optional>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
@@ -21,6 +22,7 @@
 #include "common/shutdown.h"
 #include "server/checkpointer.h"
 #include "server/parameter_shard.h"
+#include "server/replica.h"
 #include "server/shard_service.h"
 
 ABSL_FLAG(
@@ -76,6 +78,15 @@ ABSL_FLAG(double, checkpoint_seconds, 60, "With --checkpoint_dir: checkpoint thi
 ABSL_FLAG(int64_t, checkpoint_updates, 0,
           "With --checkpoint_dir: also checkpoint every this many updates; 0: off.");
 ABSL_FLAG(int, checkpoint_keep, 3, "With --checkpoint_dir: keep this many newest checkpoints.");
+ABSL_FLAG(std::string, peer, "",
+          "Replication: the address of this shard's other replica (its backup or its primary). "
+          "A push is acknowledged once both have applied it; when the primary dies, the backup "
+          "takes over. Takes async and ssp:S.");
+ABSL_FLAG(int, replica, 0,
+          "With --peer: 0 or 1. Replica 0 starts as the primary when its peer has no model to "
+          "give; otherwise a replica joins its peer as the backup.");
+ABSL_FLAG(double, failover_seconds, 1,
+          "With --peer: a backup takes over once its primary has been silent this long.");
 ABSL_FLAG(std::string, staleness_csv, "",
           "If set, write the staleness histogram (staleness,count) here at shutdown.");
 ABSL_FLAG(std::string, stats_json, "", "If set, write the shard's statistics here at shutdown.");
@@ -201,8 +212,27 @@ int Main(int argc, char** argv) {
         config->shard_index);
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     checkpointer = *std::move(opened);
-    config->on_update = [c = checkpointer.get()](int64_t version) { c->OnUpdate(version); };
   }
+  const std::string peer = absl::GetFlag(FLAGS_peer);
+  if (!peer.empty()) {
+    if (config->mode == ConsistencyMode::kSync) {
+      return Fail("--peer (replication) takes --consistency=async or ssp:S; sync rounds are not "
+                  "replicated");
+    }
+    if (absl::GetFlag(FLAGS_replica) != 0 && absl::GetFlag(FLAGS_replica) != 1) {
+      return Fail("--replica must be 0 or 1");
+    }
+    if (absl::GetFlag(FLAGS_failover_seconds) <= 0) return Fail("--failover_seconds must be > 0");
+    if (!absl::GetFlag(FLAGS_tls_cert).empty() && absl::GetFlag(FLAGS_tls_ca).empty()) {
+      return Fail("--peer over TLS needs --tls_ca: the replicas check each other's certificates");
+    }
+  }
+  // Set once the replica exists; changes made before (a checkpoint's restore) need no copy.
+  Replica* replica = nullptr;
+  config->on_change = [&checkpointer, &replica](const ShardChange& change) {
+    if (checkpointer != nullptr) checkpointer->OnUpdate(change.version);
+    if (replica != nullptr) replica->OnChange(change);
+  };
   absl::StatusOr<std::unique_ptr<ParameterShard>> shard = ParameterShard::Create(*config);
   if (!shard.ok()) return Fail(std::string(shard.status().message()));
   absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
@@ -232,8 +262,26 @@ int Main(int argc, char** argv) {
     process.resumed_version = resumed->version;
     process.updates_lost = resumed->updates_lost;
   }
+  std::unique_ptr<Replica> replication;
+  if (!peer.empty()) {
+    absl::StatusOr<ClientSecurity> client = LoadClientSecurity(
+        {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)},
+        absl::GetFlag(FLAGS_token_file));
+    if (!client.ok()) return Fail(std::string(client.status().message()));
+    replication = std::make_unique<Replica>(
+        shard->get(), process.incarnation,
+        Replica::Options{peer, absl::GetFlag(FLAGS_replica),
+                         absl::Seconds(absl::GetFlag(FLAGS_failover_seconds)), *client});
+    replica = replication.get();
+  }
+  // Ends the replication streams on every way out, before the shard is destroyed.
+  absl::Cleanup stop_replication = [&replication] {
+    if (replication != nullptr) replication->Stop();
+  };
   const ServiceLimits limits = LimitsFromFlags(config->num_workers);
-  ShardService service(shard->get(), process, limits, security->tokens);
+  ShardService service(shard->get(), process, limits, security->tokens, replica);
+  std::optional<ReplicationService> replication_service;
+  if (replica != nullptr) replication_service.emplace(replica, security->tokens);
   grpc::EnableDefaultHealthCheckService(true);  // open to all callers, for probes
   grpc::ServerBuilder builder;
   ConfigureTransport(limits, &builder);
@@ -241,6 +289,7 @@ int Main(int argc, char** argv) {
   std::string address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
   builder.AddListeningPort(address, security->credentials, &port);
   builder.RegisterService(&service);
+  if (replication_service) builder.RegisterService(&*replication_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) return Fail("cannot listen on " + address);
   // Health says SERVING only while the shard can serve: once initialised, until shutdown.
@@ -253,6 +302,11 @@ int Main(int argc, char** argv) {
                << " workers, serving on port " << port << ": " << ConsistencyName(*config) << ", "
                << config->optimizer.name << ", lr " << config->learning_rate.base << " ("
                << config->learning_rate.schedule << "); " << security->Describe();
+  if (replica != nullptr) {
+    PS_LOG(INFO) << "replica " << absl::GetFlag(FLAGS_replica) << " of shard "
+                 << config->shard_index << "; its peer is " << peer;
+    replica->Start();
+  }
   std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WriteFileAtomically(port_file, absl::StrCat(port, "\n"))) {
     return Fail("cannot write --port_file " + port_file);
@@ -261,12 +315,18 @@ int Main(int argc, char** argv) {
   // Leases are checked every second; a status line is logged every 30.
   absl::Time next_status = absl::Now() + absl::Seconds(30);
   bool serving = false;
-  // Checked every 100 ms until the shard is initialised (for health), then every second.
+  // Checked every 100 ms until the shard serves (for health), then every second.
   while (!WaitForShutdown(serving ? absl::Seconds(1) : absl::Milliseconds(100))) {
-    if (!serving && (*shard)->initialized()) {
-      serving = true;
-      health->SetServingStatus(true);
-      PS_LOG(INFO) << "initialised: serving";
+    if (replica != nullptr && replica->role() == Replica::Role::kFenced) {
+      health->SetServingStatus(false);
+      return Fail(replica->fenced_reason());
+    }
+    const bool can_serve = (*shard)->initialized() &&
+                           (replica == nullptr || replica->role() == Replica::Role::kPrimary);
+    if (serving != can_serve) {
+      serving = can_serve;
+      health->SetServingStatus(serving);
+      PS_LOG(INFO) << (serving ? "serving clients" : "not serving clients");
     }
     std::vector<int> expired = (*shard)->ExpireLeases(MonotonicNow());
     if (!expired.empty()) {
@@ -283,6 +343,7 @@ int Main(int argc, char** argv) {
     }
   }
   health->SetServingStatus(false);
+  std::move(stop_replication).Invoke();
   (*shard)->Shutdown();
   // Calls in progress get a second to finish (a stalled client's stream is cancelled then), so
   // that the shard stops within 2 s of SIGTERM, its last checkpoint included.

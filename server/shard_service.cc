@@ -110,6 +110,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     grpc::Status checked = service_->Authorize(*context, Access::kRead, "Pull");
     if (checked.ok()) checked = Parse(request, "Pull", &r);
     if (checked.ok()) checked = service_->Authorize(*context, AccessFor(r.worker_id()), "Pull");
+    if (checked.ok()) checked = service_->CheckServing();
     if (checked.ok()) checked = service_->CheckShardIncarnation(r.shard_incarnation());
     if (!checked.ok()) {
       Finish(checked);
@@ -176,10 +177,11 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
 };
 
 ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
-                           const ServiceLimits& limits, TokenAuthenticator tokens)
+                           const ServiceLimits& limits, TokenAuthenticator tokens, Replica* replica)
     : shard_(shard),
       process_(process),
       tokens_(std::move(tokens)),
+      replica_(replica),
       streams_(limits.max_streams),
       pulls_(limits.max_pulls),
       watchdog_(limits.stream_idle, limits.stream_total) {}
@@ -187,13 +189,18 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
 // An explicit check in each handler, not a grpc::AuthMetadataProcessor: gRPC 1.51 aborts when one
 // is set on InsecureServerCredentials (so a token without TLS would be impossible), and it would
 // guard the health service too, which stays open for probes.
-grpc::Status ShardService::Authorize(const grpc::ServerContextBase& context, Access needed,
-                                     absl::string_view call) const {
+grpc::Status AuthorizeCall(const TokenAuthenticator& tokens, const grpc::ServerContextBase& context,
+                           Access access, absl::string_view call) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kAuthorizationMetadata);
   absl::string_view value;
   if (it != metadata.end()) value = absl::string_view(it->second.data(), it->second.size());
-  return ToGrpcStatus(tokens_.Authorize(value, needed, call));
+  return ToGrpcStatus(tokens.Authorize(value, access, call));
+}
+
+grpc::Status ShardService::Authorize(const grpc::ServerContextBase& context, Access needed,
+                                     absl::string_view call) const {
+  return AuthorizeCall(tokens_, context, needed, call);
 }
 
 grpc::Status ShardService::CheckShardIncarnation(int64_t claimed) const {
@@ -201,6 +208,18 @@ grpc::Status ShardService::CheckShardIncarnation(int64_t claimed) const {
   return ShardRestartedStatus(absl::StrCat(
       "shard ", shard_->index(), " restarted since this client registered (now ",
       "incarnation ", process_.incarnation, ", registered with ", claimed, "): register again"));
+}
+
+grpc::Status ShardService::CheckServing() const {
+  if (replica_ == nullptr) return grpc::Status::OK;
+  return ToGrpcStatus(replica_->CheckServing(/*may_take_over=*/true));
+}
+
+grpc::Status ShardService::WaitReplicated(const grpc::ServerContextBase& context) const {
+  if (replica_ == nullptr) return grpc::Status::OK;
+  absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
+                                 absl::FromChrono(context.deadline()) - absl::Milliseconds(250));
+  return ToGrpcStatus(replica_->WaitReplicated(deadline));
 }
 
 grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* context,
@@ -214,6 +233,7 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
             !s.ok()) {
           return s;
         }
+        if (grpc::Status s = CheckServing(); !s.ok()) return s;
         absl::StatusOr<Registration> r =
             shard_->Register(request.worker_id(), FromProto(request.model()),
                              request.has_resume_sequence() ? request.resume_sequence() : -1);
@@ -235,6 +255,7 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
                                       grpc::ServerReader<v1::InitializeChunk>* reader,
                                       v1::InitializeResponse* response) {
   if (grpc::Status s = Authorize(*context, Access::kWrite, "Initialize"); !s.ok()) return s;
+  if (grpc::Status s = CheckServing(); !s.ok()) return s;
   CallLimit::Slot slot = streams_.TryAcquire();
   if (!slot) return Busy("streams", streams_.max_calls());
   StreamWatchdog::Guard guard = watchdog_.Watch(context);
@@ -249,7 +270,7 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
   }
   if (shard_->initialized()) {  // a restarted initialiser: keep the trained values, skip the data
     response->set_applied(false);
-    return grpc::Status::OK;
+    return WaitReplicated(*context);
   }
   if (!shard_->TryBeginInitialize()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "another initialisation is in progress");
@@ -263,13 +284,14 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
   absl::StatusOr<bool> applied = shard_->Initialize(model, offset, values);
   if (!applied.ok()) return ToGrpcStatus(applied.status());
   response->set_applied(*applied);
-  return grpc::Status::OK;
+  return WaitReplicated(*context);
 }
 
 grpc::Status ShardService::Push(grpc::ServerContext* context,
                                 grpc::ServerReader<v1::PushChunk>* reader,
                                 v1::PushResponse* response) {
   if (grpc::Status s = Authorize(*context, Access::kWrite, "Push"); !s.ok()) return s;
+  if (grpc::Status s = CheckServing(); !s.ok()) return s;
   CallLimit::Slot slot = streams_.TryAcquire();
   if (!slot) return Busy("streams", streams_.max_calls());
   StreamWatchdog::Guard guard = watchdog_.Watch(context);
@@ -304,7 +326,8 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   response->set_staleness(outcome->staleness);
   response->set_duplicate(outcome->duplicate);
   response->set_dropped(outcome->dropped);
-  return grpc::Status::OK;
+  // A duplicate too: its first delivery may still be on its way to the backup.
+  return WaitReplicated(*context);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::Pull(grpc::CallbackServerContext* context,
@@ -328,6 +351,7 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(grpc::CallbackServerContext* c
       context, request, response, "Heartbeat",
       [&] { return Authorize(*context, Access::kWrite, "Heartbeat"); },
       [&](const auto& request, auto* response) {
+        if (grpc::Status s = CheckServing(); !s.ok()) return s;
         if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
         absl::StatusOr<int> active = shard_->Heartbeat(request.worker_id(), request.incarnation());
         if (!active.ok()) return ToGrpcStatus(active.status());
@@ -343,6 +367,7 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* conte
       context, request, response, "Leave",
       [&] { return Authorize(*context, Access::kWrite, "Leave"); },
       [&](const auto& request, auto*) {
+        if (grpc::Status s = CheckServing(); !s.ok()) return s;
         if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
         return ToGrpcStatus(shard_->Leave(request.worker_id(), request.incarnation()));
       });
@@ -358,6 +383,10 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
         int page = request.max_workers();
         if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
         *response = StatsToProto(shard_->Stats(request.first_worker(), page), process_);
+        if (replica_ != nullptr) {
+          response->set_replica_role(Replica::RoleName(replica_->role()));
+          response->set_replica_epoch(replica_->epoch());
+        }
         return grpc::Status::OK;
       });
 }

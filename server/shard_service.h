@@ -12,6 +12,7 @@
 #include "proto/ps.grpc.pb.h"
 #include "server/call_limits.h"
 #include "server/parameter_shard.h"
+#include "server/replica.h"
 
 namespace ps {
 
@@ -23,6 +24,11 @@ struct ShardProcess {
   int64_t resumed_version = -1;  // the checkpoint's version resumed from at start; -1: none
   int64_t updates_lost = -1;     // applied after that checkpoint by the previous process; -1: unknown
 };
+
+// OK if the token the call carries allows `access`; UNAUTHENTICATED or PERMISSION_DENIED
+// (naming `call`) otherwise.
+grpc::Status AuthorizeCall(const TokenAuthenticator& tokens, const grpc::ServerContextBase& context,
+                           Access access, absl::string_view call);
 
 // The shard's statistics as the wire (and the --stats_json file) carries them.
 v1::StatsResponse StatsToProto(const ShardStats& stats, const ShardProcess& process);
@@ -47,8 +53,10 @@ using ShardServiceBase = v1::ParameterServer::WithRawCallbackMethod_Register<
 class ShardService final : public ShardServiceBase {
  public:
   // Every call is first checked against `tokens` (by default none: everyone may do everything).
+  // With a `replica` (replication on), calls are served only while it serves them, and a push or
+  // initialisation is answered once the backup has it.
   ShardService(ParameterShard* shard, const ShardProcess& process, const ServiceLimits& limits,
-               TokenAuthenticator tokens = {});
+               TokenAuthenticator tokens = {}, Replica* replica = nullptr);
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -79,10 +87,16 @@ class ShardService final : public ShardServiceBase {
   // OK if a request's shard_incarnation is 0 (unchecked) or this process's; otherwise the
   // client registered with an earlier process of this shard: ShardRestartedStatus.
   grpc::Status CheckShardIncarnation(int64_t claimed) const;
+  // OK without replication or while this replica serves clients (see Replica::CheckServing).
+  grpc::Status CheckServing() const;
+  // OK without replication or once the backup has every change so far (Replica::WaitReplicated),
+  // waiting until a little before the call's deadline.
+  grpc::Status WaitReplicated(const grpc::ServerContextBase& context) const;
 
   ParameterShard* shard_;
   const ShardProcess process_;
   const TokenAuthenticator tokens_;
+  Replica* const replica_;
   CallLimit streams_, pulls_;
   StreamWatchdog watchdog_;
   BufferPool push_buffers_{2};  // gradients being received; two idle ones kept

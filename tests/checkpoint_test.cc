@@ -148,7 +148,9 @@ TEST(CheckpointerTest, WritesTheInitialisedStateAtOnceThenEveryNUpdates) {
       Checkpointer::Open({dir, 3, absl::ZeroDuration(), 2}, 0);
   ASSERT_TRUE(checkpointer.ok()) << checkpointer.status();
   ShardConfig config = AdamSsp();
-  config.on_update = [c = checkpointer->get()](int64_t v) { c->OnUpdate(v); };
+  config.on_change = [c = checkpointer->get()](const ShardChange& change) {
+    c->OnUpdate(change.version);
+  };
   std::unique_ptr<ParameterShard> shard = *ParameterShard::Create(config);
   absl::StatusOr<Checkpointer::Resumed> resumed = (*checkpointer)->Start(shard.get());
   ASSERT_TRUE(resumed.ok());

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/chunking.h"
+#include "common/cluster.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/shutdown.h"
@@ -51,20 +52,51 @@ bool WriteChunks(grpc::ClientWriter<Chunk>* writer, const Header& header,
 
 ShardedClient::ShardedClient(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
                              ClientOptions options)
-    : addresses_(std::move(addresses)),
-      model_(std::move(model)),
+    : model_(std::move(model)),
       worker_id_(worker_id),
       options_(std::move(options)),
-      sessions_(addresses_.size()) {
+      sessions_(addresses.size()),
+      current_(addresses.size(), 0) {
   std::shared_ptr<grpc::ChannelCredentials> credentials = options_.security.credentials;
   if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
   if (!options_.security.token.empty()) authorization_ = BearerValue(options_.security.token);
-  for (size_t i = 0; i < addresses_.size(); ++i) {
-    stubs_.push_back(v1::ParameterServer::NewStub(grpc::CreateChannel(addresses_[i], credentials)));
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    std::vector<Replica>& replicas = replicas_.emplace_back();
+    for (const std::string& address : ShardReplicas(addresses[i])) {
+      replicas.push_back(
+          {address, v1::ParameterServer::NewStub(grpc::CreateChannel(address, credentials))});
+    }
     ranges_.push_back(
-        PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses_.size())));
+        PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses.size())));
     register_mu_.push_back(std::make_unique<absl::Mutex>());
   }
+}
+
+int ShardedClient::CurrentReplica(int shard) const {
+  absl::MutexLock lock(&sessions_mu_);
+  return current_[shard];
+}
+
+v1::ParameterServer::Stub* ShardedClient::Stub(int shard) const {
+  return replicas_[shard][CurrentReplica(shard)].stub.get();
+}
+
+std::string ShardedClient::Address(int shard) const {
+  return replicas_[shard][CurrentReplica(shard)].address;
+}
+
+bool ShardedClient::SwitchReplica(int shard, int replica, const grpc::Status& failure) {
+  const int count = static_cast<int>(replicas_[shard].size());
+  if (count < 2) return false;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    if (current_[shard] != replica) return false;
+    current_[shard] = (replica + 1) % count;
+  }
+  PS_LOG(WARNING) << "shard " << shard << " (" << replicas_[shard][replica].address
+                  << "): " << failure.error_message() << "; trying its other replica, "
+                  << replicas_[shard][(replica + 1) % count].address;
+  return true;
 }
 
 int64_t ShardedClient::Versions::Min() const {
@@ -150,17 +182,21 @@ absl::Status ShardedClient::ForEachShard(
     auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return generation_ != generation; };
     return mu_.AwaitWithTimeout(absl::Condition(&changed), d);
   };
-  std::vector<absl::Status> results(stubs_.size());
+  std::vector<absl::Status> results(num_shards());
   auto run = [&](int shard) {
     absl::Time give_up = absl::Now() + options_.retry_for;
     absl::Duration backoff = absl::Milliseconds(50);
     // A shard that keeps saying it restarted after we registered again is not one we can use.
+    // With two replicas, a failure is tried at the other at once, then again after the backoff.
+    bool switched_at_once = false;
     for (int reregistered = 0;;) {
       const int64_t shard_incarnation = SessionOf(shard).shard_incarnation;
+      const int replica = CurrentReplica(shard);
       grpc::Status s = Attempt(shard, fn, generation, timeout);
       if (IsShardRestarted(s) && reregistered++ < 3) {
-        PS_LOG(WARNING) << "shard " << shard << " (" << addresses_[shard]
-                        << ") restarted: registering again";
+        PS_LOG(WARNING) << "shard " << shard << " (" << Address(shard)
+                        << ") is another process than the one this client registered with: "
+                           "registering again";
         s = Reregister(shard, shard_incarnation, generation);
         if (s.ok()) continue;
       }
@@ -173,14 +209,21 @@ absl::Status ShardedClient::ForEachShard(
         give_up = absl::Now() + options_.retry_for;
         continue;
       }
+      const bool switched = IsTransient(s) && SwitchReplica(shard, replica, s);
+      if (retry && switched && !switched_at_once && absl::Now() < give_up) {
+        switched_at_once = true;
+        continue;
+      }
+      switched_at_once = false;
       if (!retry || !IsTransient(s) || absl::Now() + backoff > give_up ||
           cancelled_within(backoff)) {
         results[shard] = absl::Status(
             FromGrpcStatus(s).code(),
-            absl::StrCat("shard ", shard, " (", addresses_[shard], "): ", s.error_message()));
+            absl::StrCat("shard ", shard, " (", replicas_[shard][replica].address,
+                         "): ", s.error_message()));
         return;
       }
-      PS_LOG(WARNING) << "shard " << shard << " (" << addresses_[shard]
+      PS_LOG(WARNING) << "shard " << shard << " (" << replicas_[shard][replica].address
                       << "): " << s.error_message() << "; retried after " << backoff;
       backoff = std::min(backoff * 2, absl::Seconds(2));
     }
@@ -202,7 +245,7 @@ grpc::Status ShardedClient::RegisterWith(int shard, grpc::ClientContext* context
   *request.mutable_model() = ModelProto();
   if (resume_sequence >= 0) request.set_resume_sequence(resume_sequence);
   v1::RegisterResponse response;
-  grpc::Status status = stubs_[shard]->Register(context, request, &response);
+  grpc::Status status = Stub(shard)->Register(context, request, &response);
   if (!status.ok()) return status;
   if (response.shard_index() != shard) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -239,9 +282,10 @@ grpc::Status ShardedClient::Reregister(int shard, int64_t stale, int64_t generat
       [&](int i, grpc::ClientContext* context) { return RegisterWith(i, context, resume_sequence); },
       generation, options_.rpc_timeout);
   if (s.ok()) {
+    const std::string address = Address(shard);
     absl::MutexLock lock(&sessions_mu_);
     ++reregistrations_;
-    PS_LOG(INFO) << "registered again with shard " << shard << " (" << addresses_[shard]
+    PS_LOG(INFO) << "registered again with shard " << shard << " (" << address
                  << "), now at version " << sessions_[shard].version;
   }
   return s;
@@ -305,7 +349,7 @@ absl::StatusOr<int> ShardedClient::Initialize(absl::Span<const float> params) {
     header.set_length(r.size());
     header.set_dtype(v1::FLOAT32);
     v1::InitializeResponse response;
-    auto writer = stubs_[shard]->Initialize(context, &response);
+    auto writer = Stub(shard)->Initialize(context, &response);
     WriteChunks(writer.get(), header, params.subspan(r.begin, r.size()));
     writer->WritesDone();
     grpc::Status status = writer->Finish();
@@ -329,7 +373,7 @@ absl::Status ShardedClient::Pull(absl::Span<float> params, Versions* versions,
     if (after_sequence >= 0) request.set_after_sequence(after_sequence);
     request.set_shard_incarnation(SessionOf(shard).shard_incarnation);
     *request.mutable_model() = ModelProto();
-    auto reader = stubs_[shard]->Pull(context, request);
+    auto reader = Stub(shard)->Pull(context, request);
     ChunkAssembler assembler(params.subspan(r.begin, r.size()));
     v1::PullChunk chunk;
     absl::Status bad;
@@ -384,7 +428,7 @@ absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(absl::Span<const 
     header.set_offset(r.begin);
     header.set_length(r.size());
     header.set_dtype(v1::FLOAT32);
-    auto writer = stubs_[shard]->Push(context, &responses[shard]);
+    auto writer = Stub(shard)->Push(context, &responses[shard]);
     WriteChunks(writer.get(), header, gradient.subspan(r.begin, r.size()));
     writer->WritesDone();
     return writer->Finish();
@@ -412,7 +456,7 @@ absl::Status ShardedClient::Heartbeat(absl::Duration timeout) {
         request.set_incarnation(session.incarnation);
         request.set_shard_incarnation(session.shard_incarnation);
         v1::HeartbeatResponse response;
-        return stubs_[shard]->Heartbeat(context, request, &response);
+        return Stub(shard)->Heartbeat(context, request, &response);
       },
       /*retry=*/false, timeout);
 }
@@ -426,7 +470,7 @@ absl::Status ShardedClient::Leave(absl::Duration timeout) {
         request.set_incarnation(session.incarnation);
         request.set_shard_incarnation(session.shard_incarnation);
         v1::LeaveResponse response;
-        return stubs_[shard]->Leave(context, request, &response);
+        return Stub(shard)->Leave(context, request, &response);
       },
       /*retry=*/false, timeout);
 }
@@ -434,7 +478,7 @@ absl::Status ShardedClient::Leave(absl::Duration timeout) {
 absl::StatusOr<std::vector<v1::StatsResponse>> ShardedClient::Stats() {
   std::vector<v1::StatsResponse> out(num_shards());
   absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
-    return stubs_[shard]->GetStats(context, v1::StatsRequest(), &out[shard]);
+    return Stub(shard)->GetStats(context, v1::StatsRequest(), &out[shard]);
   });
   if (!s.ok()) return s;
   return out;

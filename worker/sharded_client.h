@@ -10,6 +10,10 @@
 // A shard that came back without the model it held (no checkpoint) fails every call with
 // FAILED_PRECONDITION naming it: the job cannot go on, and nothing is re-initialised.
 //
+// A shard listed as two replicas ("primary/backup", ps --peer) is called at the one that served
+// last; a call that fails there for a transient reason is tried at the other at once (which takes
+// over if the primary is gone), and the client registers with it as with a restarted shard.
+//
 // Thread-compatible: one thread drives Pull/Push; Heartbeat and CancelPending may be called from
 // others. Registering again happens on whichever of those threads meets the restart first (once
 // per restart: the others wait for it).
@@ -54,12 +58,12 @@ class ShardedClient {
     int64_t Min() const;
   };
 
-  // `model.num_shards` must equal addresses.size(). worker_id < 0 makes an observer, which may
-  // pull but not push.
+  // `model.num_shards` must equal addresses.size(); an address may list a shard's two replicas
+  // ("a/b", see common/cluster.h). worker_id < 0 makes an observer, which may pull but not push.
   ShardedClient(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
                 ClientOptions options = {});
 
-  int num_shards() const { return static_cast<int>(stubs_.size()); }
+  int num_shards() const { return static_cast<int>(replicas_.size()); }
   const ModelIdentity& model() const { return model_; }
 
   // Registers with every shard (checking they agree on the model) and returns the sequence number
@@ -138,6 +142,14 @@ class ShardedClient {
   void Untrack(grpc::ClientContext* context);
   v1::ModelIdentity ModelProto() const;
 
+  // The replica of `shard` calls go to now, its stub and its address.
+  int CurrentReplica(int shard) const;
+  v1::ParameterServer::Stub* Stub(int shard) const;
+  std::string Address(int shard) const;
+  // After a transient failure at `replica` of `shard`: calls go to the other replica, if the
+  // shard has one and no other thread switched already. Returns whether it switched.
+  bool SwitchReplica(int shard, int replica, const grpc::Status& failure);
+
   // What this client knows of one shard since it last registered there.
   struct Session {
     int64_t incarnation = 0;        // this process's, at the shard
@@ -156,8 +168,11 @@ class ShardedClient {
   // the session whose shard_incarnation was `stale`.
   grpc::Status Reregister(int shard, int64_t stale, int64_t generation);
 
-  std::vector<std::string> addresses_;
-  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
+  struct Replica {
+    std::string address;
+    std::unique_ptr<v1::ParameterServer::Stub> stub;
+  };
+  std::vector<std::vector<Replica>> replicas_;  // by shard: one, or two with replication
   std::string authorization_;  // the metadata value every call carries; "" : none
   ModelIdentity model_;
   int worker_id_;
@@ -170,6 +185,7 @@ class ShardedClient {
   std::vector<std::unique_ptr<absl::Mutex>> register_mu_;
   mutable absl::Mutex sessions_mu_;
   std::vector<Session> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+  std::vector<int> current_ ABSL_GUARDED_BY(sessions_mu_);  // by shard: the replica called
   int reregistrations_ ABSL_GUARDED_BY(sessions_mu_) = 0;
   // The sequence of the push in progress or of the next one, for registering again.
   int64_t next_sequence_ ABSL_GUARDED_BY(sessions_mu_) = 0;

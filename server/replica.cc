@@ -1,0 +1,535 @@
+#include "server/replica.h"
+
+#include <grpcpp/create_channel.h>
+
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/chunking.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "server/shard_service.h"
+
+namespace ps {
+namespace {
+
+constexpr absl::Duration kHeartbeat = absl::Milliseconds(100);  // primary to backup, when idle
+constexpr absl::Duration kTick = absl::Milliseconds(100);       // the role thread's pace
+constexpr absl::Duration kProbeTimeout = absl::Milliseconds(500);
+
+using Stream = grpc::ClientReaderWriter<v1::BackupMessage, v1::ReplicationMessage>;
+
+// Reads data messages into `dst` until it is full. The stream must carry nothing else meanwhile.
+absl::Status ReadValues(Stream* stream, int64_t epoch, absl::Span<float> dst) {
+  ChunkAssembler assembler(dst);
+  v1::ReplicationMessage m;
+  while (assembler.received() < static_cast<int64_t>(dst.size())) {
+    if (!stream->Read(&m)) return absl::UnavailableError("the primary's stream ended");
+    if (m.epoch() != epoch || m.has_state() || m.has_change() || m.data().empty()) {
+      return absl::DataLossError("the primary's stream broke off a tensor");
+    }
+    if (absl::Status s = assembler.Append(m.data()); !s.ok()) return s;
+  }
+  return assembler.Finish();
+}
+
+// Writes `values` as data messages.
+bool WriteValues(grpc::ServerReaderWriter<v1::ReplicationMessage, v1::BackupMessage>* stream,
+                 int64_t epoch, absl::Span<const float> values) {
+  bool ok = true;
+  v1::ReplicationMessage m;
+  m.set_epoch(epoch);
+  ForEachChunk(values, kChunkFloats, [&](int64_t, std::string_view bytes) {
+    if (!ok) return;
+    m.set_data(bytes.data(), bytes.size());
+    ok = stream->Write(m);
+  });
+  return ok;
+}
+
+v1::ChangeHeader::Kind ToProto(ShardChange::Kind kind) {
+  switch (kind) {
+    case ShardChange::Kind::kInitialize:
+      return v1::ChangeHeader::INITIALIZE;
+    case ShardChange::Kind::kTaken:
+      return v1::ChangeHeader::TAKEN;
+    default:
+      return v1::ChangeHeader::UPDATE;
+  }
+}
+
+absl::StatusOr<ShardChange::Kind> FromProto(v1::ChangeHeader::Kind kind) {
+  switch (kind) {
+    case v1::ChangeHeader::INITIALIZE:
+      return ShardChange::Kind::kInitialize;
+    case v1::ChangeHeader::UPDATE:
+      return ShardChange::Kind::kUpdate;
+    case v1::ChangeHeader::TAKEN:
+      return ShardChange::Kind::kTaken;
+    default:
+      return absl::DataLossError("a change of unknown kind");
+  }
+}
+
+}  // namespace
+
+const char* Replica::RoleName(Role role) {
+  switch (role) {
+    case Role::kBackup:
+      return "backup";
+    case Role::kPrimary:
+      return "primary";
+    case Role::kFenced:
+      return "fenced";
+    default:
+      return "joining";
+  }
+}
+
+Replica::Replica(ParameterShard* shard, int64_t shard_incarnation, Options options)
+    : shard_(shard), shard_incarnation_(shard_incarnation), options_(std::move(options)) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = options_.security.credentials;
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+  peer_ = v1::Replication::NewStub(grpc::CreateCustomChannel(options_.peer, credentials, args));
+}
+
+Replica::~Replica() { Stop(); }
+
+void Replica::Start() { thread_ = std::thread([this] { Run(); }); }
+
+void Replica::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (follow_context_ != nullptr) follow_context_->TryCancel();
+  }
+  log_.Close();
+  if (thread_.joinable()) thread_.join();
+}
+
+Replica::Role Replica::role() const {
+  absl::MutexLock lock(&mu_);
+  return role_;
+}
+
+int64_t Replica::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+std::string Replica::fenced_reason() const {
+  absl::MutexLock lock(&mu_);
+  return fenced_reason_;
+}
+
+absl::Duration Replica::SilenceLocked() const { return absl::Now() - last_heard_; }
+
+bool Replica::TakeOverLocked(absl::string_view why) {
+  if (role_ != Role::kBackup || !caught_up_ || SilenceLocked() < options_.failover) return false;
+  ++epoch_;
+  role_ = Role::kPrimary;
+  alone_ = true;
+  if (follow_context_ != nullptr) follow_context_->TryCancel();
+  PS_LOG(WARNING) << "took over as the primary of shard " << shard_->index() << " at epoch "
+                  << epoch_ << " (" << why << "; the primary at " << options_.peer
+                  << " was last heard from " << absl::FormatDuration(SilenceLocked())
+                  << " ago), at version " << shard_->version()
+                  << "; serving alone until a backup joins";
+  return true;
+}
+
+void Replica::FenceLocked(std::string reason) {
+  if (role_ == Role::kFenced) return;
+  role_ = Role::kFenced;
+  fenced_reason_ = std::move(reason);
+  log_.Close();
+  PS_LOG(ERROR) << fenced_reason_;
+}
+
+absl::Status Replica::CheckServing(bool may_take_over) {
+  absl::MutexLock lock(&mu_);
+  if (role_ == Role::kBackup && may_take_over) TakeOverLocked("a client found the primary gone");
+  switch (role_) {
+    case Role::kPrimary:
+      if (alone_ || log_.attached()) return absl::OkStatus();
+      return absl::UnavailableError(absl::StrCat(
+          "shard ", shard_->index(), ": this primary (epoch ", epoch_,
+          ") has no backup following it and acknowledges nothing until one joins"));
+    case Role::kBackup:
+      return absl::UnavailableError(absl::StrCat(
+          "shard ", shard_->index(), ": this replica is the backup (its primary at ",
+          options_.peer, " was heard from ", absl::FormatDuration(SilenceLocked()), " ago)"));
+    case Role::kFenced:
+      return absl::UnavailableError(fenced_reason_);
+    default:
+      return absl::UnavailableError(absl::StrCat("shard ", shard_->index(),
+                                                 ": this replica is joining its primary at ",
+                                                 options_.peer));
+  }
+}
+
+absl::Status Replica::WaitReplicated(absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (role_ == Role::kPrimary && alone_) return absl::OkStatus();
+    if (role_ != Role::kPrimary) {
+      return absl::UnavailableError(absl::StrCat("shard ", shard_->index(), ": this replica is ",
+                                                 RoleName(role_), " now; not acknowledged"));
+    }
+  }
+  return log_.WaitReplicated(deadline);
+}
+
+v1::ReplicaStatusResponse Replica::Status(bool take_over) {
+  absl::MutexLock lock(&mu_);
+  if (take_over) TakeOverLocked("its peer asked, finding no primary");
+  v1::ReplicaStatusResponse r;
+  r.set_shard_index(shard_->index());
+  r.set_role(RoleName(role_));
+  r.set_epoch(epoch_);
+  r.set_shard_incarnation(shard_incarnation_);
+  if (role_ == Role::kBackup) {
+    r.set_seconds_since_primary(absl::ToDoubleSeconds(SilenceLocked()));
+  }
+  r.set_backup_attached(role_ == Role::kPrimary && log_.attached());
+  r.set_caught_up(caught_up_ || role_ == Role::kPrimary);
+  return r;
+}
+
+grpc::Status Replica::ProbePeer(bool take_over, v1::ReplicaStatusResponse* status) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kProbeTimeout));
+  if (!options_.security.token.empty()) {
+    context.AddMetadata(kAuthorizationMetadata, BearerValue(options_.security.token));
+  }
+  v1::ReplicaStatusRequest request;
+  request.set_take_over(take_over);
+  return peer_->Status(&context, request, status);
+}
+
+void Replica::Run() {
+  absl::Time next_complaint = absl::Now();
+  auto complain = [&](const std::string& what) {  // at most every 10 s
+    if (absl::Now() < next_complaint) return;
+    PS_LOG(WARNING) << what;
+    next_complaint = absl::Now() + absl::Seconds(10);
+  };
+  for (;;) {
+    Role role;
+    int64_t epoch;
+    bool lone_primary;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), kTick)) return;
+      role = role_;
+      epoch = epoch_;
+      lone_primary = role_ == Role::kPrimary && !alone_ && !log_.attached();
+      if (role_ == Role::kBackup && !follow_context_) TakeOverLocked("the primary is gone");
+      if (role_ != role) continue;
+    }
+    if (role == Role::kFenced || (role == Role::kPrimary && !lone_primary)) continue;
+    v1::ReplicaStatusResponse peer;
+    const bool reached = ProbePeer(false, &peer).ok();
+    if (role == Role::kPrimary) {  // without a backup: was it replaced?
+      if (reached && peer.role() == "primary" && peer.epoch() > epoch) {
+        absl::MutexLock lock(&mu_);
+        FenceLocked(absl::StrCat("shard ", shard_->index(), ": the replica at ", options_.peer,
+                                 " took over as primary at epoch ", peer.epoch(),
+                                 " (this process had epoch ", epoch,
+                                 "); this one is fenced and acknowledges nothing"));
+      } else {
+        complain(absl::StrCat("shard ", shard_->index(), ": waiting for a backup to join from ",
+                              options_.peer, "; no push is acknowledged meanwhile"));
+      }
+      continue;
+    }
+    // Joining, or a backup whose stream ended.
+    if (reached && peer.role() == "primary") {
+      bool joinable;
+      {
+        absl::MutexLock lock(&mu_);
+        joinable = peer.epoch() > epoch_ ||
+                   (peer.epoch() == epoch_ && (!caught_up_ || peer.shard_incarnation() == followed_));
+      }
+      if (!joinable) {
+        complain(absl::StrCat("shard ", shard_->index(), ": not joining the primary at ",
+                              options_.peer, " (epoch ", peer.epoch(),
+                              "): it is not the one this backup followed, whose state it holds"));
+        continue;
+      }
+      if (absl::Status s = Follow(peer); !s.ok() && this->role() != Role::kPrimary) {
+        complain(absl::StrCat("shard ", shard_->index(), ": following the primary at ",
+                              options_.peer, " ended: ", s.message()));
+      }
+      continue;
+    }
+    if (role == Role::kBackup) continue;  // takes over once the silence is long enough
+    if (reached && peer.role() == "backup" && peer.caught_up()) {
+      // Its primary is gone, or soon will be: have it take over, then join it.
+      ProbePeer(true, &peer).IgnoreError();
+    } else if (options_.replica == 0 && (!reached || peer.role() == "joining")) {
+      absl::MutexLock lock(&mu_);
+      role_ = Role::kPrimary;
+      epoch_ = std::max<int64_t>(epoch_, 1);
+      PS_LOG(INFO) << "no primary to join at " << options_.peer << ": serving as the primary of "
+                   << "shard " << shard_->index() << " at epoch " << epoch_
+                   << "; pushes are acknowledged once a backup follows";
+    } else {
+      complain(absl::StrCat("shard ", shard_->index(), ": waiting for a primary at ",
+                            options_.peer));
+    }
+  }
+}
+
+absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
+  grpc::ClientContext context;
+  if (!options_.security.token.empty()) {
+    context.AddMetadata(kAuthorizationMetadata, BearerValue(options_.security.token));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::CancelledError("stopping");
+    follow_context_ = &context;
+    if (peer.shard_incarnation() != followed_) caught_up_ = false;
+  }
+  absl::Cleanup forget = [&] {
+    absl::MutexLock lock(&mu_);
+    follow_context_ = nullptr;
+  };
+  std::unique_ptr<Stream> stream = peer_->Replicate(&context);
+  v1::BackupMessage join;
+  const ModelIdentity& model = shard_->model();
+  join.mutable_model()->set_fingerprint(model.fingerprint);
+  join.mutable_model()->set_total_params(model.total_params);
+  join.mutable_model()->set_num_shards(model.num_shards);
+  join.set_shard_index(shard_->index());
+  join.set_epoch(epoch());
+  v1::ReplicationMessage m;
+  absl::Status status;
+  if (!stream->Write(join) || !stream->Read(&m)) {
+    status = absl::UnavailableError("the primary refused the join");
+  } else {
+    status = ReceiveState(m, stream.get());
+  }
+  const int64_t joined_epoch = m.epoch();
+  if (status.ok()) {
+    {
+      absl::MutexLock lock(&mu_);
+      role_ = Role::kBackup;
+      epoch_ = joined_epoch;
+      caught_up_ = true;
+      followed_ = peer.shard_incarnation();
+      last_heard_ = absl::Now();
+    }
+    PS_LOG(INFO) << "following the primary at " << options_.peer << " (epoch " << joined_epoch
+                 << ") from version " << shard_->version();
+  }
+  std::vector<float> values;
+  v1::BackupMessage ack;
+  ack.set_applied(m.state().index());
+  while (status.ok() && stream->Write(ack) && stream->Read(&m)) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (role_ != Role::kBackup) break;  // took over: the old primary gets no more acks
+      last_heard_ = absl::Now();
+    }
+    if (m.epoch() != joined_epoch) {
+      status = absl::DataLossError("the primary's epoch changed within its stream");
+    } else if (m.has_change()) {
+      const v1::ChangeHeader& h = m.change();
+      absl::StatusOr<ShardChange::Kind> kind = FromProto(h.kind());
+      status = kind.status();
+      if (status.ok() && (h.length() < 0 || h.length() > shard_->range().size())) {
+        status = absl::DataLossError("a change longer than the shard");
+      }
+      if (status.ok()) {
+        values.resize(h.length());
+        status = ReadValues(stream.get(), joined_epoch, absl::MakeSpan(values));
+      }
+      if (status.ok()) {
+        status = shard_->ApplyChange({h.index(), *kind, h.version(), h.worker_id(), h.sequence(),
+                                      h.clock(), h.staleness(), h.learning_rate(), values});
+      }
+      ack.set_applied(h.index());
+    }
+  }
+  context.TryCancel();
+  stream->Finish().IgnoreError();
+  return status.ok() ? absl::UnavailableError("the stream ended") : status;
+}
+
+absl::Status Replica::ReceiveState(const v1::ReplicationMessage& first, Stream* stream) {
+  if (!first.has_state()) return absl::DataLossError("the primary sent no state first");
+  if (first.epoch() < epoch()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the primary is at epoch ", first.epoch(), ", older than this replica's ", epoch()));
+  }
+  const v1::StateHeader& h = first.state();
+  if (!h.initialized()) {
+    if (shard_->initialized()) {
+      return absl::FailedPreconditionError(
+          "the primary holds no model while this replica holds one: not replacing it");
+    }
+    return absl::OkStatus();
+  }
+  if (h.length() != shard_->range().size()) {
+    return absl::FailedPreconditionError("the primary's shard has another size");
+  }
+  ShardCheckpoint c;
+  c.model = shard_->model().fingerprint;
+  c.shard_index = shard_->index();
+  c.num_shards = shard_->model().num_shards;
+  c.optimizer = h.optimizer();
+  c.version = h.version();
+  c.changes = h.index();
+  c.values.resize(h.length());
+  if (absl::Status s = ReadValues(stream, first.epoch(), absl::MakeSpan(c.values)); !s.ok()) {
+    return s;
+  }
+  for (const std::string& slot : h.slots()) {
+    c.optimizer_state.emplace_back(slot, std::vector<float>(h.length()));
+    if (absl::Status s =
+            ReadValues(stream, first.epoch(), absl::MakeSpan(c.optimizer_state.back().second));
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (const v1::WorkerState& w : h.workers()) {
+    c.workers.push_back({w.id(), w.last_sequence(), w.clock(), w.pushes_applied(),
+                         w.joined_at_version(), w.incarnation()});
+  }
+  return shard_->Restore(c);
+}
+
+grpc::Status Replica::ServeBackup(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::ReplicationMessage, v1::BackupMessage>* stream) {
+  v1::BackupMessage join;
+  if (!stream->Read(&join)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no join message");
+  }
+  const ModelIdentity& model = shard_->model();
+  if (join.model().fingerprint() != model.fingerprint ||
+      join.model().total_params() != model.total_params ||
+      join.model().num_shards() != model.num_shards || join.shard_index() != shard_->index()) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("a backup of shard ", join.shard_index(), " of ", join.model().fingerprint(),
+                     " cannot follow shard ", shard_->index(), " of ", model.fingerprint));
+  }
+  int64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (join.epoch() > epoch_) {
+      FenceLocked(absl::StrCat("shard ", shard_->index(), ": a backup knows epoch ", join.epoch(),
+                               ", newer than this primary's ", epoch_,
+                               "; this one is fenced and acknowledges nothing"));
+    }
+    if (role_ != Role::kPrimary) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("this replica is ", RoleName(role_), ", not the primary"));
+    }
+    epoch = epoch_;
+  }
+  const int64_t attachment = log_.Attach();
+  if (attachment == 0) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "shutting down");
+  {
+    absl::MutexLock lock(&mu_);
+    alone_ = false;  // from now on every change waits for this backup
+  }
+  PS_LOG(INFO) << "a backup is joining from " << context->peer() << ": sending the state";
+  // The acknowledgements, read beside the changes written below.
+  std::thread acks([&] {
+    v1::BackupMessage ack;
+    while (stream->Read(&ack)) log_.Acknowledge(attachment, ack.applied());
+    log_.Detach(attachment);
+  });
+  absl::Cleanup stop_acks = [&] {
+    log_.Detach(attachment);
+    context->TryCancel();
+    acks.join();
+  };
+  ShardCheckpoint state;
+  v1::ReplicationMessage m;
+  m.set_epoch(epoch);
+  v1::StateHeader* h = m.mutable_state();
+  if (shard_->Checkpoint(&state).ok()) {
+    h->set_initialized(true);
+    h->set_index(state.changes);
+    h->set_version(state.version);
+    h->set_length(static_cast<int64_t>(state.values.size()));
+    h->set_optimizer(state.optimizer);
+    for (const auto& [slot, values] : state.optimizer_state) h->add_slots(slot);
+    for (const ShardCheckpoint::Worker& w : state.workers) {
+      v1::WorkerState* out = h->add_workers();
+      out->set_id(w.id);
+      out->set_last_sequence(w.last_sequence);
+      out->set_clock(w.clock);
+      out->set_pushes_applied(w.pushes_applied);
+      out->set_joined_at_version(w.joined_at_version);
+      out->set_incarnation(w.incarnation);
+    }
+  }
+  int64_t sent = h->index();
+  log_.Start(attachment, sent);
+  bool ok = stream->Write(m) && WriteValues(stream, epoch, state.values);
+  for (const auto& [slot, values] : state.optimizer_state) {
+    ok = ok && WriteValues(stream, epoch, values);
+  }
+  state = ShardCheckpoint();  // the backup has it: free the copy
+  if (ok) PS_LOG(INFO) << "a backup joined at change " << sent << ": streaming changes";
+  while (ok) {
+    absl::StatusOr<std::optional<std::shared_ptr<const ReplicationLog::Entry>>> next =
+        log_.Next(attachment, sent, kHeartbeat);
+    if (!next.ok()) break;
+    v1::ReplicationMessage out;
+    out.set_epoch(epoch);
+    if (!next->has_value()) {  // idle: a heartbeat
+      ok = stream->Write(out);
+      continue;
+    }
+    const ShardChange& c = (**next)->change;
+    v1::ChangeHeader* header = out.mutable_change();
+    header->set_index(c.index);
+    header->set_kind(ToProto(c.kind));
+    header->set_version(c.version);
+    header->set_worker_id(c.worker_id);
+    header->set_sequence(c.sequence);
+    header->set_clock(c.clock);
+    header->set_staleness(c.staleness);
+    header->set_learning_rate(c.learning_rate);
+    header->set_length(static_cast<int64_t>(c.values.size()));
+    ok = stream->Write(out) && WriteValues(stream, epoch, c.values);
+    sent = c.index;
+  }
+  PS_LOG(WARNING) << "the backup at " << context->peer() << " went away"
+                  << "; no push is acknowledged until a backup joins";
+  return grpc::Status::OK;
+}
+
+grpc::Status ReplicationService::Status(grpc::ServerContext* context,
+                                        const v1::ReplicaStatusRequest* request,
+                                        v1::ReplicaStatusResponse* response) {
+  if (grpc::Status s = AuthorizeCall(tokens_, *context, Access::kWrite, "Status"); !s.ok()) {
+    return s;
+  }
+  *response = replica_->Status(request->take_over());
+  return grpc::Status::OK;
+}
+
+grpc::Status ReplicationService::Replicate(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::ReplicationMessage, v1::BackupMessage>* stream) {
+  if (grpc::Status s = AuthorizeCall(tokens_, *context, Access::kWrite, "Replicate"); !s.ok()) {
+    return s;
+  }
+  return replica_->ServeBackup(context, stream);
+}
+
+}  // namespace ps
