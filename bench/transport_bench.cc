@@ -1,6 +1,8 @@
 // transport_bench: push and pull throughput of a real ps shard process over loopback gRPC,
 // against two ceilings measured in the same run: raw gRPC byte streams of the same 1 MiB chunks
-// to a server that does nothing with them, and memcpy of the same number of bytes.
+// to a server that does nothing with them, and memcpy of the same number of bytes. The cost of
+// replication: pushes to a replicated shard (ps --peer: acknowledged once the backup applied them)
+// against pushes to a lone one.
 //
 //   build/bin/transport_bench --sizes_mib=1,16,64 --repeats=7
 #include <grpcpp/create_channel.h>
@@ -86,15 +88,22 @@ int Main(int argc, char** argv) {
   auto raw_stub = bench::RawBytes::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", raw_port),
                                                                grpc::InsecureChannelCredentials()));
 
-  std::cout << absl::StrFormat("%-8s | %-10s %-10s %-6s | %-10s %-10s %-6s | %-10s\n", "size",
-                               "push GB/s", "raw up", "ratio", "pull GB/s", "raw down", "ratio",
-                               "memcpy");
+  std::cout << absl::StrFormat(
+      "%-8s | %-10s %-10s %-6s | %-10s %-10s %-6s | %-10s | %-12s %-6s\n", "size", "push GB/s",
+      "raw up", "ratio", "pull GB/s", "raw down", "ratio", "memcpy", "replicated", "ratio");
   for (const std::string& size_text : absl::GetFlag(FLAGS_sizes_mib)) {
     int64_t bytes = std::stoll(size_text) << 20;
     int64_t n = bytes / sizeof(float);
     ModelIdentity model{absl::StrCat("flat:", n), n, 1};
     // A new model size needs a new shard.
     cluster.Stop();
+    LocalCluster replicated(ExecutableDir(), run_dir + "/replicated");
+    if (absl::Status s = replicated.StartShards(1, model.fingerprint, 1,
+                                                {"--optimizer=sgd", "--lr=0.001"}, /*replicas=*/2);
+        !s.ok()) {
+      std::cerr << s << "\n";
+      return 1;
+    }
     if (absl::Status s =
             cluster.StartShards(1, model.fingerprint, 1, {"--optimizer=sgd", "--lr=0.001"});
         !s.ok()) {
@@ -109,6 +118,13 @@ int Main(int argc, char** argv) {
     double push = MedianSeconds(repeats, [&] {
       if (!client.Push(grad, sequence++, {0}).ok()) std::abort();
     });
+    ShardedClient replicated_client({replicated.ShardAddress(0)}, model, 0);
+    if (!replicated_client.Register().ok() || !replicated_client.Initialize(params).ok()) return 1;
+    int64_t replicated_sequence = 0;
+    double replicated_push = MedianSeconds(repeats, [&] {
+      if (!replicated_client.Push(grad, replicated_sequence++, {0}).ok()) std::abort();
+    });
+    replicated.Stop();
     double pull = MedianSeconds(repeats, [&] {
       if (!client.Pull(absl::MakeSpan(params), &versions).ok()) std::abort();
     });
@@ -141,9 +157,9 @@ int Main(int argc, char** argv) {
         MedianSeconds(repeats, [&] { std::memcpy(copy.data(), payload.data(), bytes); });
     auto gbs = [&](double s) { return bytes / s / 1e9; };
     std::cout << absl::StrFormat(
-        "%5d MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f\n", bytes >> 20,
-        gbs(push), gbs(raw_up), raw_up / push, gbs(pull), gbs(raw_down), raw_down / pull,
-        gbs(memcpy_s));
+        "%5d MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f | %-12.2f %-6.2f\n",
+        bytes >> 20, gbs(push), gbs(raw_up), raw_up / push, gbs(pull), gbs(raw_down),
+        raw_down / pull, gbs(memcpy_s), gbs(replicated_push), push / replicated_push);
   }
   return 0;
 }

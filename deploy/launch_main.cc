@@ -55,9 +55,14 @@ ABSL_FLAG(std::string, checkpoint_dir, "",
           "Shards write checkpoints here and a shard that dies is started again from them "
           "(default: <run_dir>/checkpoints; none: off, and a dead shard ends the run).");
 ABSL_FLAG(double, checkpoint_seconds, 10, "Seconds between checkpoints of each shard.");
+ABSL_FLAG(int, replicas, 1,
+          "2: each shard runs as a primary and a backup (ps --peer); pushes are acknowledged once "
+          "both applied them, and a replica that dies is started again and joins its peer. "
+          "Replaces checkpoints (off by default then); async and ssp:S only.");
 ABSL_FLAG(std::string, kill, "",
-          "Deaths to inject, e.g. worker:2@20s,ps:1@40s (SIGKILL at those times); the run "
-          "restarts what dies.");
+          "Deaths to inject, e.g. worker:2@20s,ps:1@40s (SIGKILL at those times; with "
+          "--replicas=2, ps:S is shard S's replica 0, its first primary); the run restarts what "
+          "dies.");
 ABSL_FLAG(int, max_restarts, 3, "Times one process may be restarted; one more death ends the run.");
 ABSL_FLAG(std::string, read_token_file, "",
           "File holding a read-only token: the shards accept it and the evaluator uses it.");
@@ -158,8 +163,14 @@ int Main(int argc, char** argv) {
     mkdir("runs", 0755);
     c.run_dir = "runs/" + absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone());
   }
+  c.replicas = absl::GetFlag(FLAGS_replicas);
+  if (c.replicas != 1 && c.replicas != 2) return Fail("--replicas must be 1 or 2");
   c.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  if (c.checkpoint_dir.empty()) c.checkpoint_dir = c.run_dir + "/checkpoints";
+  if (c.replicas > 1 && !c.checkpoint_dir.empty() && c.checkpoint_dir != "none") {
+    return Fail("--replicas=2 replaces checkpoints in launch (both replicas of a shard would "
+                "write one directory); drop --checkpoint_dir");
+  }
+  if (c.checkpoint_dir.empty() && c.replicas == 1) c.checkpoint_dir = c.run_dir + "/checkpoints";
   if (c.checkpoint_dir == "none") c.checkpoint_dir.clear();
   c.ps_flags.insert(c.ps_flags.begin(),
                     absl::StrCat("--checkpoint_seconds=", absl::GetFlag(FLAGS_checkpoint_seconds)));
@@ -167,8 +178,8 @@ int Main(int argc, char** argv) {
       ParseKillPlan(absl::GetFlag(FLAGS_kill), c.shards, c.workers);
   if (!kills.ok()) return Fail(std::string(kills.status().message()));
   for (const Kill& k : *kills) {
-    if (k.role == Kill::Role::kShard && c.checkpoint_dir.empty()) {
-      return Fail("--kill=ps:... needs checkpoints (not --checkpoint_dir=none)");
+    if (k.role == Kill::Role::kShard && c.checkpoint_dir.empty() && c.replicas == 1) {
+      return Fail("--kill=ps:... needs checkpoints (not --checkpoint_dir=none) or --replicas=2");
     }
   }
   c.kills = *std::move(kills);

@@ -70,6 +70,8 @@ absl::Status LocalCluster::StartShards(int count, const std::string& model, int 
                                        const std::vector<std::string>& flags, int replicas) {
   replicas_ = replicas;
   const int processes = count * replicas;
+  shard_argv_.clear();
+  shards_.clear();
   ports_.assign(processes, 0);
   if (replicas > 1) {
     for (int& port : ports_) {

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -33,7 +34,7 @@ int64_t StepsDone(const std::string& run_dir, int workers) {
 void WriteConfig(const TrainingConfig& c, const LocalCluster& cluster, absl::Time start) {
   std::ofstream out(c.run_dir + "/config.txt");
   out << "started: " << absl::FormatTime(start) << "\nshards: " << c.shards
-      << "\nworkers: " << c.workers << "\nmodel: " << c.model
+      << "\nreplicas: " << c.replicas << "\nworkers: " << c.workers << "\nmodel: " << c.model
       << "\nps addresses: " << cluster.ShardAddresses()
       << "\nps flags: " << absl::StrJoin(c.ps_flags, " ")
       << "\nworker flags: " << absl::StrJoin(c.worker_flags, " ")
@@ -85,7 +86,8 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
   result.start_unix_seconds = absl::ToDoubleSeconds(start - absl::UnixEpoch());
   std::vector<std::string> ps_flags = c.ps_flags;
   if (!c.checkpoint_dir.empty()) ps_flags.push_back("--checkpoint_dir=" + c.checkpoint_dir);
-  if (absl::Status s = cluster.StartShards(c.shards, c.model, c.workers, ps_flags); !s.ok()) {
+  if (absl::Status s = cluster.StartShards(c.shards, c.model, c.workers, ps_flags, c.replicas);
+      !s.ok()) {
     result.failure = std::string(s.message());
     return result;
   }
@@ -146,7 +148,8 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
     absl::Time now = absl::Now();
     for (; next_kill < c.kills.size() && now - start >= c.kills[next_kill].at; ++next_kill) {
       const Kill& k = c.kills[next_kill];
-      (k.role == Kill::Role::kWorker ? *cluster.worker(k.index) : cluster.shards()[k.index])
+      (k.role == Kill::Role::kWorker ? *cluster.worker(k.index)
+                                     : cluster.shards()[k.index * c.replicas])  // replica 0
           .Signal(SIGKILL);
       progress << stamp(now) << "killed " << k.Name() << " (--kill)" << std::endl;
     }
@@ -161,9 +164,15 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
                 [&] { return cluster.StartWorker(r, c.workers, worker_flags(r)); });
       }
     }
-    for (int i = 0; i < c.shards && result.failure.empty(); ++i) {
+    for (int i = 0; i < c.shards * c.replicas && result.failure.empty(); ++i) {
       if (cluster.shards()[i].running()) continue;
       int code = *cluster.shards()[i].Wait(absl::ZeroDuration());
+      if (c.replicas > 1) {
+        recover(absl::StrCat("shard ", i / c.replicas, " replica ", i % c.replicas), code,
+                "starting it again (it joins its peer as the backup)",
+                [&] { return cluster.RestartShard(i); });
+        continue;
+      }
       if (c.checkpoint_dir.empty()) {
         result.failure = absl::StrCat("shard ", i, " exited with status ", code,
                                       " and checkpoints are off: the run cannot go on");
@@ -213,13 +222,19 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
   result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   result.worker_steps = StepsDone(c.run_dir, c.workers);
   for (int s = 0; s < c.shards; ++s) {
-    std::ifstream in(absl::StrCat(c.run_dir, "/stats-shard-", s, ".json"));
-    std::stringstream json;
-    json << in.rdbuf();
-    v1::StatsResponse stats;
-    if (google::protobuf::util::JsonStringToMessage(json.str(), &stats).ok()) {
-      result.shard_stats.push_back(stats);
+    std::optional<v1::StatsResponse> furthest;
+    for (int r = 0; r < c.replicas; ++r) {
+      std::ifstream in(absl::StrCat(c.run_dir, "/stats-shard-", s,
+                                    c.replicas > 1 ? absl::StrCat("-", r) : "", ".json"));
+      std::stringstream json;
+      json << in.rdbuf();
+      v1::StatsResponse stats;
+      if (google::protobuf::util::JsonStringToMessage(json.str(), &stats).ok() &&
+          (!furthest || stats.version() > furthest->version())) {
+        furthest = stats;
+      }
     }
+    if (furthest) result.shard_stats.push_back(*furthest);
   }
   return result;
 }

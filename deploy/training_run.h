@@ -31,8 +31,11 @@ struct TrainingConfig {
   ClusterSecurity security;                            // TLS and tokens (default: neither)
   std::string progress_prefix;                         // printed before each progress line
   // Every shard writes its checkpoints here (ps --checkpoint_dir). Empty: none, and a shard that
-  // dies ends the run.
+  // dies ends the run, unless it is replicated.
   std::string checkpoint_dir;
+  // 2: each shard is a primary and a backup (ps --peer); a replica that dies is started again and
+  // joins its peer. Not together with checkpoint_dir (both replicas would write one directory).
+  int replicas = 1;
   std::vector<Kill> kills;  // deaths to inject (launch --kill)
   int max_restarts = 3;     // per process; one more death ends the run
 };
@@ -48,7 +51,8 @@ struct TrainingResult {
 };
 
 // Runs the cluster to completion; progress lines go to `progress`. The run directory gets
-// config.txt, the CSVs, logs, staleness-shard-S.csv and stats-shard-S.json.
+// config.txt, the CSVs, logs, staleness-shard-S.csv and stats-shard-S.json (replicated:
+// -S-R for replica R; shard_stats has the replica that ended furthest on).
 TrainingResult RunTraining(const TrainingConfig& config, std::ostream& progress);
 
 // Field `column` of a CSV line, or NaN.

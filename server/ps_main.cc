@@ -119,7 +119,7 @@ bool WriteFileAtomically(const std::string& path, const std::string& text) {
   return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
-void WriteOutputs(const ShardStats& stats, const ShardProcess& process) {
+void WriteOutputs(const ShardStats& stats, const ShardProcess& process, const Replica* replica) {
   if (std::string path = absl::GetFlag(FLAGS_staleness_csv); !path.empty()) {
     std::string text = "staleness,count\n";
     for (size_t k = 0; k < stats.staleness_counts.size(); ++k) {
@@ -132,7 +132,8 @@ void WriteOutputs(const ShardStats& stats, const ShardProcess& process) {
     google::protobuf::util::JsonPrintOptions options;
     options.add_whitespace = true;
     options.always_print_primitive_fields = true;
-    (void)google::protobuf::util::MessageToJsonString(StatsToProto(stats, process), &json, options);
+    (void)google::protobuf::util::MessageToJsonString(StatsToProto(stats, process, replica), &json,
+                                                      options);
     if (!WriteFileAtomically(path, json)) PS_LOG(WARNING) << "cannot write " << path;
   }
 }
@@ -167,6 +168,35 @@ absl::StatusOr<ShardConfig> ConfigFromFlags() {
   c.clip_norm = static_cast<float>(absl::GetFlag(FLAGS_clip_norm));
   c.progress_timeout = absl::Seconds(absl::GetFlag(FLAGS_progress_timeout_seconds));
   return c;
+}
+
+// Replication's settings (--peer and what goes with it), or nullopt without --peer.
+absl::StatusOr<std::optional<Replica::Options>> ReplicaFromFlags(const ShardConfig& config) {
+  Replica::Options o;
+  o.peer = absl::GetFlag(FLAGS_peer);
+  if (o.peer.empty()) return std::nullopt;
+  if (config.mode == ConsistencyMode::kSync) {
+    return absl::InvalidArgumentError(
+        "--peer (replication) takes --consistency=async or ssp:S; sync rounds are not replicated");
+  }
+  o.replica = absl::GetFlag(FLAGS_replica);
+  if (o.replica != 0 && o.replica != 1) {
+    return absl::InvalidArgumentError("--replica must be 0 or 1");
+  }
+  o.failover = absl::Seconds(absl::GetFlag(FLAGS_failover_seconds));
+  if (o.failover <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--failover_seconds must be > 0");
+  }
+  const TlsFiles tls{absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
+                     absl::GetFlag(FLAGS_tls_ca)};
+  if (!tls.cert.empty() && tls.ca.empty()) {
+    return absl::InvalidArgumentError(
+        "--peer over TLS needs --tls_ca: the replicas check each other's certificates");
+  }
+  absl::StatusOr<ClientSecurity> client = LoadClientSecurity(tls, absl::GetFlag(FLAGS_token_file));
+  if (!client.ok()) return client.status();
+  o.security = *std::move(client);
+  return o;
 }
 
 ServiceLimits LimitsFromFlags(int num_workers) {
@@ -213,20 +243,8 @@ int Main(int argc, char** argv) {
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     checkpointer = *std::move(opened);
   }
-  const std::string peer = absl::GetFlag(FLAGS_peer);
-  if (!peer.empty()) {
-    if (config->mode == ConsistencyMode::kSync) {
-      return Fail("--peer (replication) takes --consistency=async or ssp:S; sync rounds are not "
-                  "replicated");
-    }
-    if (absl::GetFlag(FLAGS_replica) != 0 && absl::GetFlag(FLAGS_replica) != 1) {
-      return Fail("--replica must be 0 or 1");
-    }
-    if (absl::GetFlag(FLAGS_failover_seconds) <= 0) return Fail("--failover_seconds must be > 0");
-    if (!absl::GetFlag(FLAGS_tls_cert).empty() && absl::GetFlag(FLAGS_tls_ca).empty()) {
-      return Fail("--peer over TLS needs --tls_ca: the replicas check each other's certificates");
-    }
-  }
+  absl::StatusOr<std::optional<Replica::Options>> replica_options = ReplicaFromFlags(*config);
+  if (!replica_options.ok()) return Fail(std::string(replica_options.status().message()));
   // Set once the replica exists; changes made before (a checkpoint's restore) need no copy.
   Replica* replica = nullptr;
   config->on_change = [&checkpointer, &replica](const ShardChange& change) {
@@ -263,15 +281,8 @@ int Main(int argc, char** argv) {
     process.updates_lost = resumed->updates_lost;
   }
   std::unique_ptr<Replica> replication;
-  if (!peer.empty()) {
-    absl::StatusOr<ClientSecurity> client = LoadClientSecurity(
-        {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)},
-        absl::GetFlag(FLAGS_token_file));
-    if (!client.ok()) return Fail(std::string(client.status().message()));
-    replication = std::make_unique<Replica>(
-        shard->get(), process.incarnation,
-        Replica::Options{peer, absl::GetFlag(FLAGS_replica),
-                         absl::Seconds(absl::GetFlag(FLAGS_failover_seconds)), *client});
+  if (replica_options->has_value()) {
+    replication = std::make_unique<Replica>(shard->get(), process.incarnation, **replica_options);
     replica = replication.get();
   }
   // Ends the replication streams on every way out, before the shard is destroyed.
@@ -303,8 +314,8 @@ int Main(int argc, char** argv) {
                << config->optimizer.name << ", lr " << config->learning_rate.base << " ("
                << config->learning_rate.schedule << "); " << security->Describe();
   if (replica != nullptr) {
-    PS_LOG(INFO) << "replica " << absl::GetFlag(FLAGS_replica) << " of shard "
-                 << config->shard_index << "; its peer is " << peer;
+    PS_LOG(INFO) << "replica " << (*replica_options)->replica << " of shard "
+                 << config->shard_index << "; its peer is " << (*replica_options)->peer;
     replica->Start();
   }
   std::string port_file = absl::GetFlag(FLAGS_port_file);
@@ -350,7 +361,7 @@ int Main(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   std::move(stop_checkpoints).Invoke();  // a last checkpoint
   ShardStats s = (*shard)->Stats();
-  WriteOutputs(s, process);
+  WriteOutputs(s, process, replica);
   PS_LOG(INFO) << "stopped at version " << s.version << ": " << s.pushes_applied << " applied, "
                << s.pushes_dropped_late + s.pushes_dropped_stale << " dropped, "
                << s.pushes_duplicate << " duplicate, " << s.pushes_rejected << " rejected, "

@@ -214,7 +214,8 @@ grpc::Status Replica::ProbePeer(bool take_over, v1::ReplicaStatusResponse* statu
 }
 
 void Replica::Run() {
-  absl::Time next_complaint = absl::Now();
+  // Roles take a few ticks to settle at start: nothing is worth a warning before 5 s.
+  absl::Time next_complaint = absl::Now() + absl::Seconds(5);
   auto complain = [&](const std::string& what) {  // at most every 10 s
     if (absl::Now() < next_complaint) return;
     PS_LOG(WARNING) << what;

@@ -382,17 +382,18 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
       [&](const auto& request, auto* response) {
         int page = request.max_workers();
         if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
-        *response = StatsToProto(shard_->Stats(request.first_worker(), page), process_);
-        if (replica_ != nullptr) {
-          response->set_replica_role(Replica::RoleName(replica_->role()));
-          response->set_replica_epoch(replica_->epoch());
-        }
+        *response = StatsToProto(shard_->Stats(request.first_worker(), page), process_, replica_);
         return grpc::Status::OK;
       });
 }
 
-v1::StatsResponse StatsToProto(const ShardStats& s, const ShardProcess& process) {
+v1::StatsResponse StatsToProto(const ShardStats& s, const ShardProcess& process,
+                               const Replica* replica) {
   v1::StatsResponse r;
+  if (replica != nullptr) {
+    r.set_replica_role(Replica::RoleName(replica->role()));
+    r.set_replica_epoch(replica->epoch());
+  }
   r.set_shard_incarnation(process.incarnation);
   r.set_resumed_version(process.resumed_version);
   r.set_updates_lost(process.updates_lost);

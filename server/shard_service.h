@@ -31,7 +31,9 @@ grpc::Status AuthorizeCall(const TokenAuthenticator& tokens, const grpc::ServerC
                            Access access, absl::string_view call);
 
 // The shard's statistics as the wire (and the --stats_json file) carries them.
-v1::StatsResponse StatsToProto(const ShardStats& stats, const ShardProcess& process);
+// `replica`: its role and epoch, with replication on (else null).
+v1::StatsResponse StatsToProto(const ShardStats& stats, const ShardProcess& process,
+                               const Replica* replica);
 
 // Limits on what clients may hold at once. With S the shard's size in bytes, a shard holds at
 // most (max_streams + max_pulls) * S in request buffers and snapshots, plus 4 * S idle buffers

@@ -524,6 +524,12 @@ TEST(DaemonTest, BadFlagsExitNonZeroWithAOneLineReason) {
        "fewer parameters (2) than shards"},
       {{"ps", "--model=flat:4", "--num_workers=1", "--clip_norm=-1"}, "--clip_norm must be"},
       {{"ps", "--no_such_flag=1"}, "no_such_flag"},
+      {{"ps", "--model=flat:4", "--num_workers=1", "--consistency=sync", "--peer=127.0.0.1:1"},
+       "sync rounds are not replicated"},
+      {{"ps", "--model=flat:4", "--num_workers=1", "--peer=127.0.0.1:1", "--replica=2"},
+       "--replica must be 0 or 1"},
+      {{"worker", "--ps=127.0.0.1:1/127.0.0.1:2/127.0.0.1:3"}, "at most two replicas"},
+      {{"launch", "--replicas=2", "--checkpoint_dir=/tmp/x"}, "--replicas=2 replaces checkpoints"},
       {{"worker", "--ps=localhost"}, "worker: bad shard address 'localhost'"},
       {{"worker", "--ps=127.0.0.1:1", "--rank=4", "--num_workers=4"}, "--rank=4 must be in"},
       {{"worker", "--ps=127.0.0.1:1", "--hidden=12,abc"}, "bad hidden layer size 'abc'"},
@@ -589,6 +595,25 @@ TEST(CommandTest, LaunchRecoversFromAWorkerAndAShardKilledMidRun) {
   EXPECT_NE(bad_plan, 0);
   EXPECT_NE(reason.find("bad --kill item 'worker:9@1s': no worker 9"), std::string::npos)
       << reason;
+}
+
+// With --replicas=2 a killed primary needs no checkpoint: its backup takes over, and the killed
+// replica, started again, joins it. Nothing is lost: each shard ends with one update per step.
+TEST(CommandTest, LaunchWithReplicasLosesNothingWhenAPrimaryIsKilled) {
+  std::string dir = NewRunDir() + "/run";
+  auto [code, output] = RunDaemon({"launch", "--workers=2", "--steps=1000", "--replicas=2",
+                                   "--kill=ps:1@6s", "--run_dir=" + dir});
+  EXPECT_EQ(code, 0) << output;
+  for (const char* line :
+       {"killed shard 1 (--kill)",
+        "shard 1 replica 0 exited with status 137: starting it again (it joins its peer as the "
+        "backup)",
+        "recovered 1 time(s) (0 update(s) lost"}) {
+    EXPECT_NE(output.find(line), std::string::npos) << line << " missing from: " << output;
+  }
+  for (const char* stats : {"/stats-shard-1-0.json", "/stats-shard-1-1.json"}) {
+    EXPECT_NE(ReadFile(dir + stats).find("\"version\": \"2000\""), std::string::npos) << stats;
+  }
 }
 
 TEST(CommandTest, ExperimentRunsAMatrixAndWritesAReport) {

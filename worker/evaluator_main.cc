@@ -23,7 +23,9 @@
 #include "worker/model_file.h"
 #include "worker/sharded_client.h"
 
-ABSL_FLAG(std::string, ps, "", "Shard addresses in shard order: host:port,host:port,...");
+ABSL_FLAG(std::string, ps, "",
+          "Shard addresses in shard order: host:port,host:port,... (a replicated shard: its two "
+          "replicas as host:port/host:port).");
 ABSL_FLAG(std::string, hidden, "256,128", "Hidden layer sizes of the MLP (as the workers').");
 ABSL_FLAG(double, interval_seconds, 2, "Seconds between evaluations.");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");

@@ -23,7 +23,9 @@
 #include "worker/mlp.h"
 #include "worker/sharded_client.h"
 
-ABSL_FLAG(std::string, ps, "", "Shard addresses in shard order: host:port,host:port,...");
+ABSL_FLAG(std::string, ps, "",
+          "Shard addresses in shard order: host:port,host:port,... (a replicated shard: its two "
+          "replicas as host:port/host:port).");
 ABSL_FLAG(int, rank, 0, "This worker's rank r in [0, num_workers); rank 0 initialises the model.");
 ABSL_FLAG(int, num_workers, 1, "Number of workers W; worker r trains on slice r of W of the data.");
 ABSL_FLAG(std::string, hidden, "256,128", "Hidden layer sizes of the MLP.");
