@@ -99,6 +99,7 @@ absl::Status LocalCluster::StartShards(int count, const std::string& model, int 
       const int peer = shard * replicas + (replica + 1) % replicas;
       argv.push_back("--peer=" + ProcessAddress(peer));
       argv.push_back(absl::StrCat("--replica=", replica));
+      argv.push_back(absl::StrCat("--epoch_file=", run_dir_, "/", name, ".epoch"));
     }
     AppendShardSecurityFlags(&argv);
     argv.insert(argv.end(), flags.begin(), flags.end());

@@ -87,6 +87,10 @@ ABSL_FLAG(int, replica, 0,
           "give; otherwise a replica joins its peer as the backup.");
 ABSL_FLAG(double, failover_seconds, 1,
           "With --peer: a backup takes over once its primary has been silent this long.");
+ABSL_FLAG(std::string, epoch_file, "",
+          "With --peer: keep here the highest epoch this replica took part in, so that restarted "
+          "it never joins a primary older than one it knew (whose state misses pushes "
+          "acknowledged since). Recommended; remove the file when the whole shard starts over.");
 ABSL_FLAG(std::string, staleness_csv, "",
           "If set, write the staleness histogram (staleness,count) here at shutdown.");
 ABSL_FLAG(std::string, stats_json, "", "If set, write the shard's statistics here at shutdown.");
@@ -196,6 +200,7 @@ absl::StatusOr<std::optional<Replica::Options>> ReplicaFromFlags(const ShardConf
   absl::StatusOr<ClientSecurity> client = LoadClientSecurity(tls, absl::GetFlag(FLAGS_token_file));
   if (!client.ok()) return client.status();
   o.security = *std::move(client);
+  o.epoch_file = absl::GetFlag(FLAGS_epoch_file);
   return o;
 }
 
@@ -316,7 +321,7 @@ int Main(int argc, char** argv) {
   if (replica != nullptr) {
     PS_LOG(INFO) << "replica " << (*replica_options)->replica << " of shard "
                  << config->shard_index << "; its peer is " << (*replica_options)->peer;
-    replica->Start();
+    if (absl::Status s = replica->Start(); !s.ok()) return Fail(std::string(s.message()));
   }
   std::string port_file = absl::GetFlag(FLAGS_port_file);
   if (!port_file.empty() && !WriteFileAtomically(port_file, absl::StrCat(port, "\n"))) {
@@ -326,20 +331,22 @@ int Main(int argc, char** argv) {
   // Leases are checked every second; a status line is logged every 30.
   absl::Time next_status = absl::Now() + absl::Seconds(30);
   bool serving = false;
+  std::string fenced;  // why this replica must stop, if it must
   // Checked every 100 ms until the shard serves (for health), then every second.
   while (!WaitForShutdown(serving ? absl::Seconds(1) : absl::Milliseconds(100))) {
     if (replica != nullptr && replica->role() == Replica::Role::kFenced) {
-      health->SetServingStatus(false);
-      return Fail(replica->fenced_reason());
+      fenced = replica->fenced_reason();
+      break;
     }
-    const bool can_serve = (*shard)->initialized() &&
-                           (replica == nullptr || replica->role() == Replica::Role::kPrimary);
+    const bool primary = replica == nullptr || replica->role() == Replica::Role::kPrimary;
+    const bool can_serve = (*shard)->initialized() && primary;
     if (serving != can_serve) {
       serving = can_serve;
       health->SetServingStatus(serving);
       PS_LOG(INFO) << (serving ? "serving clients" : "not serving clients");
     }
-    std::vector<int> expired = (*shard)->ExpireLeases(MonotonicNow());
+    // A backup hears no heartbeats: leases are the primary's business.
+    std::vector<int> expired = primary ? (*shard)->ExpireLeases(MonotonicNow()) : std::vector<int>();
     if (!expired.empty()) {
       PS_LOG(WARNING) << "worker(s) " << absl::StrJoin(expired, ",")
                       << " left the active set (lease expired, or no push while others waited): "
@@ -366,7 +373,7 @@ int Main(int argc, char** argv) {
                << s.pushes_dropped_late + s.pushes_dropped_stale << " dropped, "
                << s.pushes_duplicate << " duplicate, " << s.pushes_rejected << " rejected, "
                << s.pulls << " pulls";
-  return 0;
+  return fenced.empty() ? 0 : Fail(fenced);
 }
 
 }  // namespace

@@ -1,7 +1,13 @@
 #include "server/replica.h"
 
+#include <fcntl.h>
 #include <grpcpp/create_channel.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <utility>
 #include <vector>
 
@@ -22,18 +28,17 @@ constexpr absl::Duration kProbeTimeout = absl::Milliseconds(500);
 
 using Stream = grpc::ClientReaderWriter<v1::BackupMessage, v1::ReplicationMessage>;
 
-// Reads data messages into `dst` until it is full. The stream must carry nothing else meanwhile.
-absl::Status ReadValues(Stream* stream, int64_t epoch, absl::Span<float> dst) {
-  ChunkAssembler assembler(dst);
-  v1::ReplicationMessage m;
-  while (assembler.received() < static_cast<int64_t>(dst.size())) {
-    if (!stream->Read(&m)) return absl::UnavailableError("the primary's stream ended");
-    if (m.epoch() != epoch || m.has_state() || m.has_change() || m.data().empty()) {
-      return absl::DataLossError("the primary's stream broke off a tensor");
-    }
-    if (absl::Status s = assembler.Append(m.data()); !s.ok()) return s;
-  }
-  return assembler.Finish();
+// Writes `epoch` to `path` durably: a temporary file, fsync, rename.
+absl::Status WriteEpoch(const std::string& path, int64_t epoch) {
+  const std::string tmp = path + ".tmp";
+  const std::string text = absl::StrCat(epoch, "\n");
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+            fsync(fd) == 0;
+  if (fd >= 0) ok = close(fd) == 0 && ok;
+  ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok) return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
+  return absl::OkStatus();
 }
 
 // Writes `values` as data messages.
@@ -101,7 +106,36 @@ Replica::Replica(ParameterShard* shard, int64_t shard_incarnation, Options optio
 
 Replica::~Replica() { Stop(); }
 
-void Replica::Start() { thread_ = std::thread([this] { Run(); }); }
+absl::Status Replica::Start() {
+  if (!options_.epoch_file.empty()) {
+    std::ifstream in(options_.epoch_file);
+    int64_t epoch = 0;
+    if (in && !(in >> epoch)) {
+      return absl::InvalidArgumentError(options_.epoch_file + " holds no epoch");
+    }
+    absl::MutexLock lock(&mu_);
+    epoch_ = epoch;
+    veteran_ = epoch > 0;
+    if (veteran_) {
+      PS_LOG(INFO) << "this replica took part in the job up to epoch " << epoch << " ("
+                   << options_.epoch_file << "): it joins its peer, and starts no primary itself";
+    }
+  }
+  thread_ = std::thread([this] { Run(); });
+  return absl::OkStatus();
+}
+
+bool Replica::SetEpochLocked(int64_t epoch) {
+  if (!options_.epoch_file.empty()) {
+    if (absl::Status s = WriteEpoch(options_.epoch_file, epoch); !s.ok()) {
+      PS_LOG(ERROR) << "not moving to epoch " << epoch << ": " << s.message();
+      return false;
+    }
+  }
+  epoch_ = epoch;
+  veteran_ = true;
+  return true;
+}
 
 void Replica::Stop() {
   {
@@ -123,6 +157,11 @@ int64_t Replica::epoch() const {
   return epoch_;
 }
 
+bool Replica::veteran() const {
+  absl::MutexLock lock(&mu_);
+  return veteran_;
+}
+
 std::string Replica::fenced_reason() const {
   absl::MutexLock lock(&mu_);
   return fenced_reason_;
@@ -131,8 +170,10 @@ std::string Replica::fenced_reason() const {
 absl::Duration Replica::SilenceLocked() const { return absl::Now() - last_heard_; }
 
 bool Replica::TakeOverLocked(absl::string_view why) {
-  if (role_ != Role::kBackup || !caught_up_ || SilenceLocked() < options_.failover) return false;
-  ++epoch_;
+  if (role_ != Role::kBackup || !caught_up_ || transferring_ ||
+      SilenceLocked() < options_.failover || !SetEpochLocked(epoch_ + 1)) {
+    return false;
+  }
   role_ = Role::kPrimary;
   alone_ = true;
   if (follow_context_ != nullptr) follow_context_->TryCancel();
@@ -252,11 +293,12 @@ void Replica::Run() {
     }
     // Joining, or a backup whose stream ended.
     if (reached && peer.role() == "primary") {
+      // At our epoch, only the primary we followed: another process there lacks our state. At an
+      // older one, the join (carrying our epoch) fences it.
       bool joinable;
       {
         absl::MutexLock lock(&mu_);
-        joinable = peer.epoch() > epoch_ ||
-                   (peer.epoch() == epoch_ && (!caught_up_ || peer.shard_incarnation() == followed_));
+        joinable = peer.epoch() != epoch_ || !caught_up_ || peer.shard_incarnation() == followed_;
       }
       if (!joinable) {
         complain(absl::StrCat("shard ", shard_->index(), ": not joining the primary at ",
@@ -274,16 +316,21 @@ void Replica::Run() {
     if (reached && peer.role() == "backup" && peer.caught_up()) {
       // Its primary is gone, or soon will be: have it take over, then join it.
       ProbePeer(true, &peer).IgnoreError();
-    } else if (options_.replica == 0 && (!reached || peer.role() == "joining")) {
+    } else if (options_.replica == 0 && !veteran() && (!reached || peer.role() == "joining")) {
       absl::MutexLock lock(&mu_);
-      role_ = Role::kPrimary;
-      epoch_ = std::max<int64_t>(epoch_, 1);
-      PS_LOG(INFO) << "no primary to join at " << options_.peer << ": serving as the primary of "
-                   << "shard " << shard_->index() << " at epoch " << epoch_
-                   << "; pushes are acknowledged once a backup follows";
+      if (SetEpochLocked(epoch_ + 1)) {
+        role_ = Role::kPrimary;
+        PS_LOG(INFO) << "no primary to join at " << options_.peer << ": serving as the primary of "
+                     << "shard " << shard_->index() << " at epoch " << epoch_
+                     << "; pushes are acknowledged once a backup follows";
+      }
     } else {
       complain(absl::StrCat("shard ", shard_->index(), ": waiting for a primary at ",
-                            options_.peer));
+                            options_.peer,
+                            veteran() ? " (this replica took part before, so it starts none "
+                                        "itself; if the whole shard starts over, remove its "
+                                        "--epoch_file)"
+                                      : ""));
     }
   }
 }
@@ -297,11 +344,13 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::CancelledError("stopping");
     follow_context_ = &context;
+    transferring_ = true;
     if (peer.shard_incarnation() != followed_) caught_up_ = false;
   }
   absl::Cleanup forget = [&] {
     absl::MutexLock lock(&mu_);
     follow_context_ = nullptr;
+    transferring_ = false;
   };
   std::unique_ptr<Stream> stream = peer_->Replicate(&context);
   v1::BackupMessage join;
@@ -313,21 +362,31 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
   join.set_epoch(epoch());
   v1::ReplicationMessage m;
   absl::Status status;
-  if (!stream->Write(join) || !stream->Read(&m)) {
-    status = absl::UnavailableError("the primary refused the join");
-  } else {
-    status = ReceiveState(m, stream.get());
-  }
+  absl::StatusOr<std::optional<ShardCheckpoint>> state =
+      absl::UnavailableError("the primary refused the join");
+  if (stream->Write(join) && stream->Read(&m)) state = ReceiveState(m, stream.get());
+  status = state.status();
   const int64_t joined_epoch = m.epoch();
   if (status.ok()) {
-    {
-      absl::MutexLock lock(&mu_);
+    // The new state and role together, and only if this replica did not take over (or stop)
+    // meanwhile: what it acknowledged as primary must not be overwritten.
+    absl::MutexLock lock(&mu_);
+    transferring_ = false;
+    if (stopping_ || role_ == Role::kPrimary || role_ == Role::kFenced) {
+      status = absl::CancelledError("no longer following");
+    } else if (!SetEpochLocked(joined_epoch)) {
+      status = absl::UnavailableError("cannot keep the epoch");
+    } else if (state->has_value()) {
+      status = shard_->Restore(**state);  // lock order: ours, then the shard's
+    }
+    if (status.ok()) {
       role_ = Role::kBackup;
-      epoch_ = joined_epoch;
       caught_up_ = true;
       followed_ = peer.shard_incarnation();
       last_heard_ = absl::Now();
     }
+  }
+  if (status.ok()) {
     PS_LOG(INFO) << "following the primary at " << options_.peer << " (epoch " << joined_epoch
                  << ") from version " << shard_->version();
   }
@@ -365,7 +424,25 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
   return status.ok() ? absl::UnavailableError("the stream ended") : status;
 }
 
-absl::Status Replica::ReceiveState(const v1::ReplicationMessage& first, Stream* stream) {
+absl::Status Replica::ReadValues(Stream* stream, int64_t epoch, absl::Span<float> dst) {
+  ChunkAssembler assembler(dst);
+  v1::ReplicationMessage m;
+  while (assembler.received() < static_cast<int64_t>(dst.size())) {
+    if (!stream->Read(&m)) return absl::UnavailableError("the primary's stream ended");
+    if (m.epoch() != epoch || m.has_state() || m.has_change() || m.data().empty()) {
+      return absl::DataLossError("the primary's stream broke off a tensor");
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      last_heard_ = absl::Now();
+    }
+    if (absl::Status s = assembler.Append(m.data()); !s.ok()) return s;
+  }
+  return assembler.Finish();
+}
+
+absl::StatusOr<std::optional<ShardCheckpoint>> Replica::ReceiveState(
+    const v1::ReplicationMessage& first, Stream* stream) {
   if (!first.has_state()) return absl::DataLossError("the primary sent no state first");
   if (first.epoch() < epoch()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -377,7 +454,7 @@ absl::Status Replica::ReceiveState(const v1::ReplicationMessage& first, Stream* 
       return absl::FailedPreconditionError(
           "the primary holds no model while this replica holds one: not replacing it");
     }
-    return absl::OkStatus();
+    return std::nullopt;
   }
   if (h.length() != shard_->range().size()) {
     return absl::FailedPreconditionError("the primary's shard has another size");
@@ -405,7 +482,7 @@ absl::Status Replica::ReceiveState(const v1::ReplicationMessage& first, Stream* 
     c.workers.push_back({w.id(), w.last_sequence(), w.clock(), w.pushes_applied(),
                          w.joined_at_version(), w.incarnation()});
   }
-  return shard_->Restore(c);
+  return c;
 }
 
 grpc::Status Replica::ServeBackup(

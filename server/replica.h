@@ -10,8 +10,10 @@
 // backup it acknowledges nothing (clients then turn to its peer), so a primary that was only cut
 // off, or stopped and continued, cannot acknowledge pushes beside the one that replaced it; once
 // it sees its peer at a higher epoch it is *fenced* for good (ps exits, and comes back as a backup).
-// A backup joins only the primary it followed or one at a higher epoch, so a replica restarted
-// empty never overwrites the trained state.
+// A backup joins only the primary it followed or one at a higher epoch; with an epoch file the
+// highest epoch a replica took part in outlives it, so a replica restarted empty neither joins an
+// older primary (whose state misses pushes acknowledged since; it fences it instead) nor starts
+// one by itself.
 //
 // Thread-safe. Owns a thread that settles the role and follows the primary.
 #pragma once
@@ -20,6 +22,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -45,6 +48,9 @@ class Replica {
     // A backup takes over once its primary has been silent this long (it sends every 100 ms).
     absl::Duration failover = absl::Seconds(1);
     ClientSecurity security;  // to reach the peer (the job's token, TLS)
+    // Where the highest epoch this replica took part in is kept (fsynced before it acts at a new
+    // one); "": not kept, and a replica restarted after a takeover cannot tell a stale primary.
+    std::string epoch_file;
   };
 
   // `shard` must outlive this object; `shard_incarnation` is this process's (ShardProcess).
@@ -53,8 +59,9 @@ class Replica {
   Replica(const Replica&) = delete;
   Replica& operator=(const Replica&) = delete;
 
-  // Starts settling the role. Stop ends every stream and the thread; idempotent.
-  void Start();
+  // Reads the epoch file (if any), then starts settling the role. Fails if the file cannot be
+  // read. Stop ends every stream and the thread; idempotent.
+  absl::Status Start();
   void Stop();
 
   // For ShardConfig::on_change.
@@ -87,12 +94,20 @@ class Replica {
   grpc::Status ProbePeer(bool take_over, v1::ReplicaStatusResponse* status);
   // Joins the primary described by `peer` and applies its stream until it ends.
   absl::Status Follow(const v1::ReplicaStatusResponse& peer);
-  // Applies the state transfer that starts a stream (its first message is `first`).
-  absl::Status ReceiveState(const v1::ReplicationMessage& first,
-                            grpc::ClientReaderWriter<v1::BackupMessage, v1::ReplicationMessage>* s);
+  // Receives the state transfer that starts a stream (its first message is `first`); nullopt
+  // when the primary holds no model yet.
+  absl::StatusOr<std::optional<ShardCheckpoint>> ReceiveState(
+      const v1::ReplicationMessage& first,
+      grpc::ClientReaderWriter<v1::BackupMessage, v1::ReplicationMessage>* s);
+  // Reads the data messages of one tensor into `dst`; each counts as hearing from the primary.
+  absl::Status ReadValues(grpc::ClientReaderWriter<v1::BackupMessage, v1::ReplicationMessage>* s,
+                          int64_t epoch, absl::Span<float> dst);
+  // Moves to `epoch`, after writing it to the epoch file; false (logged) if that failed.
+  bool SetEpochLocked(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TakeOverLocked(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FenceLocked(std::string reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Duration SilenceLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool veteran() const;
 
   ParameterShard* const shard_;
   const int64_t shard_incarnation_;
@@ -111,6 +126,10 @@ class Replica {
   int64_t followed_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_heard_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   grpc::ClientContext* follow_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // A state transfer is being received: no takeover meanwhile (its end replaces the state).
+  bool transferring_ ABSL_GUARDED_BY(mu_) = false;
+  // Took part in the job before (an epoch from the epoch file): never starts a primary itself.
+  bool veteran_ ABSL_GUARDED_BY(mu_) = false;
   std::string fenced_reason_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -320,5 +320,38 @@ TEST(ReplicationTest, AStoppedPrimaryIsReplacedAndAcknowledgesNothingAfterwards)
   cluster.Stop();
 }
 
+// The double failure an epoch file guards against: the primary is cut off, its backup takes over
+// and acknowledges pushes, then dies. Restarted empty, the backup must not join the old primary,
+// whose state misses those pushes: its join carries the epoch it knew and fences that primary.
+TEST(ReplicationTest, AReplicaRestartedAfterATakeoverFencesTheStalePrimaryInsteadOfJoiningIt) {
+  const std::string run_dir = NewRunDir("replication");
+  LocalCluster cluster(ExecutableDir(), run_dir);
+  ASSERT_TRUE(cluster.StartShards(1, kMlp, 1, {}, /*replicas=*/2).ok());
+  ASSERT_TRUE(cluster
+                  .StartWorker(0, 1, {"--hidden=32", "--steps=100000", "--rpc_timeout_seconds=2"})
+                  .ok());
+  const std::string stale = cluster.ProcessAddress(0), backup = cluster.ProcessAddress(1);
+  ASSERT_TRUE(WaitForVersion(stale, 50, absl::Minutes(2)));
+  cluster.shards()[0].Signal(SIGSTOP);
+  ASSERT_TRUE(WaitForRole(backup, "primary", absl::Seconds(30)));
+  const int64_t taken_over_at = Stats(backup).version();
+  ASSERT_TRUE(WaitForVersion(backup, taken_over_at + 20, absl::Minutes(1)));  // acknowledged
+  cluster.worker(0)->Signal(SIGKILL);
+  cluster.shards()[1].Signal(SIGKILL);
+  ASSERT_EQ(*cluster.shards()[1].Wait(absl::Seconds(10)), 128 + SIGKILL);
+  EXPECT_EQ(ReadFile(run_dir + "/ps-0-1.epoch"), "2\n");
+  cluster.shards()[0].Signal(SIGCONT);
+  ASSERT_TRUE(cluster.RestartShard(1).ok());
+
+  absl::StatusOr<int> code = cluster.shards()[0].Wait(absl::Seconds(30));
+  ASSERT_TRUE(code.ok()) << "the stale primary is still running";
+  EXPECT_NE(*code, 0);
+  EXPECT_NE(ReadFile(run_dir + "/ps-0-0.log").find("a backup knows epoch 2"), std::string::npos);
+  const v1::StatsResponse restarted = Stats(backup);
+  EXPECT_EQ(restarted.replica_role(), "joining");
+  EXPECT_FALSE(restarted.initialized());  // nothing stale was copied into it
+  cluster.Stop();
+}
+
 }  // namespace
 }  // namespace ps

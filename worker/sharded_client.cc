@@ -209,8 +209,13 @@ absl::Status ShardedClient::ForEachShard(
         give_up = absl::Now() + options_.retry_for;
         continue;
       }
-      const bool switched = IsTransient(s) && SwitchReplica(shard, replica, s);
-      if (retry && switched && !switched_at_once && absl::Now() < give_up) {
+      // A call that is not retried (a heartbeat) leaves the choice to those that are; a busy
+      // replica (RESOURCE_EXHAUSTED) is alive and serving.
+      const bool switched = retry &&
+                            (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                             s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
+                            SwitchReplica(shard, replica, s);
+      if (switched && !switched_at_once && absl::Now() < give_up) {
         switched_at_once = true;
         continue;
       }

@@ -11,8 +11,9 @@
 // FAILED_PRECONDITION naming it: the job cannot go on, and nothing is re-initialised.
 //
 // A shard listed as two replicas ("primary/backup", ps --peer) is called at the one that served
-// last; a call that fails there for a transient reason is tried at the other at once (which takes
-// over if the primary is gone), and the client registers with it as with a restarted shard.
+// last; a retried call that finds it unreachable or unavailable (or past the deadline) is tried at
+// the other at once (which takes over if the primary is gone), and the client registers with it
+// as with a restarted shard.
 //
 // Thread-compatible: one thread drives Pull/Push; Heartbeat and CancelPending may be called from
 // others. Registering again happens on whichever of those threads meets the restart first (once
