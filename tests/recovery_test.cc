@@ -22,15 +22,6 @@ std::vector<std::string> With(std::vector<std::string> flags, const std::vector<
   return flags;
 }
 
-// Waits until shard `address` reaches `version`.
-bool WaitForVersion(const std::string& address, int64_t version, absl::Duration timeout) {
-  for (absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
-    if (Stats(address).version() >= version) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
-
 // The shard's version once it has stopped changing (its workers are stopped).
 int64_t SettledVersion(const std::string& address) {
   int64_t before = -1, now = Stats(address).version();

@@ -199,14 +199,6 @@ double LongestGapSeconds(const std::string& csv) {
   return longest;
 }
 
-bool WaitForVersion(const std::string& address, int64_t version, absl::Duration timeout) {
-  for (absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
-    if (Stats(address).version() >= version) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
-
 bool WaitForRole(const std::string& address, const std::string& role, absl::Duration timeout) {
   for (absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
     if (Stats(address).replica_role() == role) return true;

@@ -85,4 +85,12 @@ v1::StatsResponse Stats(const std::string& address) {
   return response;
 }
 
+bool WaitForVersion(const std::string& address, int64_t version, absl::Duration timeout) {
+  for (absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
+    if (Stats(address).version() >= version) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
 }  // namespace ps

@@ -22,5 +22,7 @@ double Column(const std::string& csv_line, int column);
 bool WaitForStep(const std::string& csv, int64_t step, absl::Duration timeout);
 // GetStats of the plaintext shard at `address` (a failed call is a test failure).
 v1::StatsResponse Stats(const std::string& address);
+// Waits until the shard at `address` reaches `version`.
+bool WaitForVersion(const std::string& address, int64_t version, absl::Duration timeout);
 
 }  // namespace ps
