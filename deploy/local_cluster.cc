@@ -99,7 +99,10 @@ absl::Status LocalCluster::StartShards(int count, const std::string& model, int 
       const int peer = shard * replicas + (replica + 1) % replicas;
       argv.push_back("--peer=" + ProcessAddress(peer));
       argv.push_back(absl::StrCat("--replica=", replica));
-      argv.push_back(absl::StrCat("--epoch_file=", run_dir_, "/", name, ".epoch"));
+      // A new job: no epoch from an earlier one in this directory (a restart keeps it).
+      const std::string epoch_file = absl::StrCat(run_dir_, "/", name, ".epoch");
+      std::remove(epoch_file.c_str());
+      argv.push_back("--epoch_file=" + epoch_file);
     }
     AppendShardSecurityFlags(&argv);
     argv.insert(argv.end(), flags.begin(), flags.end());
