@@ -14,17 +14,19 @@ std::string_view AsBytes(absl::Span<const float> values) {
 }
 
 absl::Status ChunkAssembler::Append(std::string_view bytes) {
-  if (bytes.size() % sizeof(float) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk of ", bytes.size(), " bytes is not a whole number of float32 values"));
+  const int width = WireBytes(type_);
+  if (bytes.size() % width != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk of ", bytes.size(),
+                                                   " bytes is not a whole number of ",
+                                                   WireTypeName(type_), " values"));
   }
-  int64_t n = bytes.size() / sizeof(float);
+  int64_t n = bytes.size() / width;
   if (received_ + n > static_cast<int64_t>(dst_.size())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "data overruns the declared length: ", received_ + n, " values for ", dst_.size()));
   }
   // An empty span or string_view may hold null, which memcpy must not get even for 0 bytes.
-  if (n > 0) std::memcpy(dst_.data() + received_, bytes.data(), bytes.size());
+  if (n > 0) DecodeValues(bytes, type_, dst_.subspan(received_, n));
   received_ += n;
   return absl::OkStatus();
 }

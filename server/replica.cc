@@ -37,7 +37,8 @@ absl::Status WriteEpoch(const std::string& path, int64_t epoch) {
             fsync(fd) == 0;
   if (fd >= 0) ok = close(fd) == 0 && ok;
   ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
-  if (!ok) return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
+  if (!ok)
+    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
   return absl::OkStatus();
 }
 
@@ -199,19 +200,18 @@ absl::Status Replica::CheckServing(bool may_take_over) {
   switch (role_) {
     case Role::kPrimary:
       if (alone_ || log_.attached()) return absl::OkStatus();
-      return absl::UnavailableError(absl::StrCat(
-          "shard ", shard_->index(), ": this primary (epoch ", epoch_,
-          ") has no backup following it and acknowledges nothing until one joins"));
+      return absl::UnavailableError(
+          absl::StrCat("shard ", shard_->index(), ": this primary (epoch ", epoch_,
+                       ") has no backup following it and acknowledges nothing until one joins"));
     case Role::kBackup:
       return absl::UnavailableError(absl::StrCat(
-          "shard ", shard_->index(), ": this replica is the backup (its primary at ",
-          options_.peer, " was heard from ", absl::FormatDuration(SilenceLocked()), " ago)"));
+          "shard ", shard_->index(), ": this replica is the backup (its primary at ", options_.peer,
+          " was heard from ", absl::FormatDuration(SilenceLocked()), " ago)"));
     case Role::kFenced:
       return absl::UnavailableError(fenced_reason_);
     default:
-      return absl::UnavailableError(absl::StrCat("shard ", shard_->index(),
-                                                 ": this replica is joining its primary at ",
-                                                 options_.peer));
+      return absl::UnavailableError(absl::StrCat(
+          "shard ", shard_->index(), ": this replica is joining its primary at ", options_.peer));
   }
 }
 
@@ -325,8 +325,7 @@ void Replica::Run() {
                      << "; pushes are acknowledged once a backup follows";
       }
     } else {
-      complain(absl::StrCat("shard ", shard_->index(), ": waiting for a primary at ",
-                            options_.peer,
+      complain(absl::StrCat("shard ", shard_->index(), ": waiting for a primary at ", options_.peer,
                             veteran() ? " (this replica took part before, so it starts none "
                                         "itself; if the whole shard starts over, remove its "
                                         "--epoch_file)"
@@ -445,8 +444,8 @@ absl::StatusOr<std::optional<ShardCheckpoint>> Replica::ReceiveState(
     const v1::ReplicationMessage& first, Stream* stream) {
   if (!first.has_state()) return absl::DataLossError("the primary sent no state first");
   if (first.epoch() < epoch()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the primary is at epoch ", first.epoch(), ", older than this replica's ", epoch()));
+    return absl::FailedPreconditionError(absl::StrCat("the primary is at epoch ", first.epoch(),
+                                                      ", older than this replica's ", epoch()));
   }
   const v1::StateHeader& h = first.state();
   if (!h.initialized()) {

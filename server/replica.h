@@ -9,10 +9,10 @@
 // serves alone until a new backup joins it. A primary never serves alone otherwise: without a
 // backup it acknowledges nothing (clients then turn to its peer), so a primary that was only cut
 // off, or stopped and continued, cannot acknowledge pushes beside the one that replaced it; once
-// it sees its peer at a higher epoch it is *fenced* for good (ps exits, and comes back as a backup).
-// A backup joins only the primary it followed or one at a higher epoch; with an epoch file the
-// highest epoch a replica took part in outlives it, so a replica restarted empty neither joins an
-// older primary (whose state misses pushes acknowledged since; it fences it instead) nor starts
+// it sees its peer at a higher epoch it is *fenced* for good (ps exits, and comes back as a
+// backup). A backup joins only the primary it followed or one at a higher epoch; with an epoch file
+// the highest epoch a replica took part in outlives it, so a replica restarted empty neither joins
+// an older primary (whose state misses pushes acknowledged since; it fences it instead) nor starts
 // one by itself.
 //
 // Thread-safe. Owns a thread that settles the role and follows the primary.

@@ -12,6 +12,11 @@
 namespace ps {
 namespace {
 
+static_assert(static_cast<int>(WireType::kFloat32) == v1::FLOAT32 &&
+                  static_cast<int>(WireType::kBFloat16) == v1::BFLOAT16 &&
+                  static_cast<int>(WireType::kFloat16) == v1::FLOAT16,
+              "WireType numbers are ps.v1.DType's");
+
 ModelIdentity FromProto(const v1::ModelIdentity& m) {
   return ModelIdentity{m.fingerprint(), m.total_params(), m.num_shards()};
 }
@@ -70,8 +75,8 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const grpc
 // dst.size() + 1 chunks.
 template <typename Chunk>
 absl::Status ReadPayload(grpc::ServerReader<Chunk>* reader, Chunk& chunk, absl::Span<float> dst,
-                         StreamWatchdog::Guard& guard) {
-  ChunkAssembler assembler(dst);
+                         StreamWatchdog::Guard& guard, WireType type = WireType::kFloat32) {
+  ChunkAssembler assembler(dst, type);
   bool first = true;
   do {
     guard.Progress();
@@ -110,6 +115,11 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     grpc::Status checked = service_->Authorize(*context, Access::kRead, "Pull");
     if (checked.ok()) checked = Parse(request, "Pull", &r);
     if (checked.ok()) checked = service_->Authorize(*context, AccessFor(r.worker_id()), "Pull");
+    if (checked.ok() && r.dtype() != v1::DTYPE_UNSPECIFIED) {
+      absl::StatusOr<WireType> type = WireTypeOfDType(r.dtype());
+      checked = ToGrpcStatus(type.status());
+      if (type.ok()) type_ = *type;
+    }
     if (checked.ok()) checked = service_->CheckServing();
     if (checked.ok()) checked = service_->CheckShardIncarnation(r.shard_incarnation());
     if (!checked.ok()) {
@@ -142,13 +152,12 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
       Finish(grpc::Status::OK);
       return;
     }
-    int64_t n = std::min<int64_t>(kChunkFloats, values.size() - next_);
+    int64_t n = std::min<int64_t>(kChunkBytes / WireBytes(type_), values.size() - next_);
     v1::PullChunk chunk;
     chunk.set_version(snapshot_->version);
     chunk.set_offset(snapshot_->offset + next_);
-    chunk.set_dtype(v1::FLOAT32);
-    std::string_view bytes = AsBytes(values.subspan(next_, n));
-    chunk.set_data(bytes.data(), bytes.size());
+    chunk.set_dtype(static_cast<v1::DType>(type_));
+    EncodeValues(values.subspan(next_, n), type_, chunk.mutable_data());
     next_ += std::max<int64_t>(n, 1);
     message_ = Serialize(chunk);
     StartWrite(&message_);
@@ -173,6 +182,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   std::optional<ParameterShard::Snapshot> snapshot_;
   std::optional<StreamWatchdog::Guard> guard_;
   int64_t next_ = 0;  // index of the next value to write
+  WireType type_ = WireType::kFloat32;  // what the values travel as
   grpc::ByteBuffer message_;
 };
 
@@ -298,6 +308,7 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   v1::PushChunk chunk;
   absl::Status status;
   PushHeaderInfo header;
+  WireType type = WireType::kFloat32;
   if (!reader->Read(&chunk)) {
     status = absl::InvalidArgumentError("empty Push stream");
   } else if (!chunk.has_header()) {
@@ -307,7 +318,9 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
     if (grpc::Status s = CheckShardIncarnation(h.shard_incarnation()); !s.ok()) return s;
     header = PushHeaderInfo{h.worker_id(), h.sequence(), h.base_version(),
                             h.offset(),    h.length(),   h.incarnation()};
-    status = CheckDType(h.dtype());
+    absl::StatusOr<WireType> wire = WireTypeOfDType(h.dtype());
+    status = wire.status();
+    if (status.ok()) type = *wire;
     if (status.ok()) status = shard_->CheckPushHeader(header);
   }
   if (!status.ok()) {
@@ -316,7 +329,7 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   }
   // The header matched the shard's range exactly, so this is the shard's size, never more.
   BufferPool::Lease gradient = push_buffers_.Acquire(header.length);
-  if (status = ReadPayload(reader, chunk, gradient.span(), guard); !status.ok()) {
+  if (status = ReadPayload(reader, chunk, gradient.span(), guard, type); !status.ok()) {
     shard_->RecordRejectedPush();
     return ToGrpcStatus(status);
   }

@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -65,6 +68,105 @@ TEST(ChunkAssemblerTest, FinishReportsTruncation) {
   absl::Status s = a.Finish();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("got 2 values, declared 3"), std::string::npos) << s;
+}
+
+uint32_t Bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+// Encodes then decodes through the wire type; `saturated` gets EncodeValues' count.
+std::vector<float> ThroughWire(const std::vector<float>& v, WireType type,
+                               int64_t* saturated = nullptr) {
+  std::string bytes;
+  int64_t n = EncodeValues(v, type, &bytes);
+  if (saturated != nullptr) *saturated = n;
+  EXPECT_EQ(bytes.size(), v.size() * WireBytes(type));
+  std::vector<float> out(v.size());
+  DecodeValues(bytes, type, absl::MakeSpan(out));
+  return out;
+}
+
+TEST(WireTypeTest, BFloat16RoundsToNearestEvenAndKeepsSpecials) {
+  const float one_ulp = std::ldexp(1.0f, -7);  // bfloat16's step just above 1
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> in = {1.0f, 1.0f + one_ulp / 2, 1.0f + one_ulp * 1.5f,
+                           1.0f + one_ulp / 2 + std::ldexp(1.0f, -20), -2.5f, 0.0f, inf, -inf,
+                           std::numeric_limits<float>::max()};
+  int64_t saturated = 0;
+  std::vector<float> out = ThroughWire(in, WireType::kBFloat16, &saturated);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 1.0f);                      // a tie goes to the even neighbour
+  EXPECT_EQ(out[2], 1.0f + 2 * one_ulp);        // a tie to the even one above
+  EXPECT_EQ(out[3], 1.0f + one_ulp);            // past the tie: up
+  EXPECT_EQ(out[4], -2.5f);                     // exact
+  EXPECT_EQ(Bits(out[5]), 0u);
+  EXPECT_EQ(out[6], inf);
+  EXPECT_EQ(out[7], -inf);
+  EXPECT_TRUE(std::isfinite(out[8]));           // saturated, not infinite
+  EXPECT_EQ(saturated, 1);
+  EXPECT_TRUE(std::isnan(ThroughWire({std::nanf("")}, WireType::kBFloat16)[0]));
+}
+
+TEST(WireTypeTest, Float16RoundsSaturatesAndKeepsSpecials) {
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> in = {1.0f, 1.0f + std::ldexp(1.0f, -11), 65504.0f, 70000.0f, -1e9f,
+                           std::ldexp(1.0f, -24), 1e-9f, inf, -3.140625f};
+  int64_t saturated = 0;
+  std::vector<float> out = ThroughWire(in, WireType::kFloat16, &saturated);
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 1.0f);  // a tie at half float16's step goes to the even neighbour
+  EXPECT_EQ(out[2], 65504.0f);
+  EXPECT_EQ(out[3], 65504.0f);
+  EXPECT_EQ(out[4], -65504.0f);
+  EXPECT_EQ(saturated, 2);
+  EXPECT_EQ(out[5], std::ldexp(1.0f, -24));  // the smallest subnormal survives
+  EXPECT_EQ(out[6], 0.0f);                   // below it: zero
+  EXPECT_EQ(out[7], inf);
+  EXPECT_EQ(out[8], -3.140625f);             // exact
+  EXPECT_TRUE(std::isnan(ThroughWire({std::nanf("")}, WireType::kFloat16)[0]));
+  // Long spans (the vectorised path and its tail) agree with element-by-element conversion.
+  std::vector<float> many(1037);
+  for (size_t i = 0; i < many.size(); ++i) many[i] = std::sin(0.37f * i) * 100.0f;
+  std::vector<float> whole = ThroughWire(many, WireType::kFloat16);
+  for (size_t i = 0; i < many.size(); ++i) {
+    ASSERT_EQ(whole[i], ThroughWire({many[i]}, WireType::kFloat16)[0]) << i;
+    ASSERT_NEAR(whole[i], many[i], std::fabs(many[i]) / 1024) << i;
+  }
+}
+
+TEST(WireTypeTest, ParsesNamesAndDTypeNumbers) {
+  EXPECT_EQ(*ParseWireType("bf16"), WireType::kBFloat16);
+  EXPECT_EQ(*ParseWireType("fp16"), WireType::kFloat16);
+  EXPECT_EQ(*ParseWireType("fp32"), WireType::kFloat32);
+  EXPECT_FALSE(ParseWireType("int8").ok());
+  EXPECT_EQ(*WireTypeOfDType(2), WireType::kBFloat16);
+  EXPECT_FALSE(WireTypeOfDType(0).ok());
+  EXPECT_FALSE(WireTypeOfDType(4).ok());
+}
+
+TEST(ChunkAssemblerTest, Decodes16BitChunksAcrossTheChunkSizeAndRefusesHalfValues) {
+  std::vector<float> in(kChunkBytes / 2 + 5);
+  for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i % 64) * 0.25f;  // exact in bfloat16
+  std::vector<float> out(in.size());
+  ChunkAssembler a(absl::MakeSpan(out), WireType::kBFloat16);
+  std::string scratch;
+  int pieces = 0;
+  EXPECT_EQ(ForEachChunk(in, WireType::kBFloat16, &scratch,
+                         [&](int64_t, std::string_view bytes) {
+                           ++pieces;
+                           EXPECT_LE(static_cast<int64_t>(bytes.size()), kChunkBytes);
+                           ASSERT_TRUE(a.Append(bytes).ok());
+                         }),
+            0);
+  EXPECT_EQ(pieces, 2);
+  ASSERT_TRUE(a.Finish().ok());
+  EXPECT_EQ(out, in);
+  ChunkAssembler odd(absl::MakeSpan(out), WireType::kFloat16);
+  absl::Status s = odd.Append(std::string(3, 'x'));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("whole number of fp16 values"), std::string::npos) << s;
 }
 
 }  // namespace

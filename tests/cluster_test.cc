@@ -39,12 +39,19 @@ const char kMlp[] = "mlp:784-128-64-10";  // the model kWorkerFlags train
 // cluster trains, not how well one interleaving did.
 constexpr double kTrainedAccuracy = 0.75;
 
-TEST(ClusterTest, TwoShardsTwoWorkersTrain) {
+// Two shards, two workers of 700 steps each and an evaluator, with `client_flags` added to the
+// workers' and the evaluator's: every step applied once, and the model trains.
+void TrainTwoShardsTwoWorkers(const std::vector<std::string>& client_flags) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
   ASSERT_TRUE(cluster.StartShards(2, kMlp, 2, {"--optimizer=momentum", "--lr=0.01"}).ok());
-  ASSERT_TRUE(cluster.StartEvaluator({"--hidden=128,64", "--interval_seconds=1"}).ok());
+  std::vector<std::string> evaluator = {"--hidden=128,64", "--interval_seconds=1"};
   std::vector<std::string> flags = kWorkerFlags;
   flags.push_back("--steps=700");
+  for (const std::string& f : client_flags) {
+    flags.push_back(f);
+    if (f.rfind("--pull_dtype", 0) == 0) evaluator.push_back(f);
+  }
+  ASSERT_TRUE(cluster.StartEvaluator(evaluator).ok());
   for (int r = 0; r < 2; ++r) ASSERT_TRUE(cluster.StartWorker(r, 2, flags).ok());
   for (int r = 0; r < 2; ++r) {
     absl::StatusOr<int> code = cluster.worker(r)->Wait(absl::Minutes(4));
@@ -65,6 +72,14 @@ TEST(ClusterTest, TwoShardsTwoWorkersTrain) {
   EXPECT_GE(Column(last, 3), kTrainedAccuracy) << last;
   EXPECT_NE(ReadFile(cluster.run_dir() + "/staleness-shard-0.csv").find("staleness,count\n0,"),
             std::string::npos);
+}
+
+TEST(ClusterTest, TwoShardsTwoWorkersTrain) { TrainTwoShardsTwoWorkers({}); }
+
+// Gradients as bfloat16 and weights as float16 on the wire (half the bytes each way) train to the
+// same bar; the shards keep and apply float32.
+TEST(ClusterTest, TwoShardsTwoWorkersTrainOnA16BitWire) {
+  TrainTwoShardsTwoWorkers({"--push_dtype=bf16", "--pull_dtype=fp16"});
 }
 
 TEST(ClusterTest, PrefetchingWorkersTrainAndRefuseSyncShards) {
@@ -237,6 +252,8 @@ TEST_F(BadInputTest, MalformedPushesGetInvalidArgumentAndChangeNothing) {
   with_inf[9] = -std::numeric_limits<float>::infinity();
   v1::PushHeader no_dtype = Header(500, 500);
   no_dtype.set_dtype(v1::DTYPE_UNSPECIFIED);
+  v1::PushHeader bf16 = Header(500, 500);
+  bf16.set_dtype(v1::BFLOAT16);
   v1::PushHeader ahead = Header(500, 500);
   ahead.set_base_version(99);
   v1::PushHeader unregistered = Header(500, 500);
@@ -302,6 +319,12 @@ TEST_F(BadInputTest, MalformedPushesGetInvalidArgumentAndChangeNothing) {
        {Floats(with_inf)},
        grpc::StatusCode::INVALID_ARGUMENT,
        "unsupported dtype"},
+      {"float32 bytes declared bfloat16",
+       bf16,
+       true,
+       {Floats(grad)},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "overruns the declared length: 1000 values for 500"},
       {"no header",
        Header(500, 500),
        false,
@@ -313,7 +336,7 @@ TEST_F(BadInputTest, MalformedPushesGetInvalidArgumentAndChangeNothing) {
        true,
        {std::string(6, 'x')},
        grpc::StatusCode::INVALID_ARGUMENT,
-       "not a whole number of float32"},
+       "not a whole number of fp32 values"},
       {"base version ahead",
        ahead,
        true,
@@ -529,6 +552,8 @@ TEST(DaemonTest, BadFlagsExitNonZeroWithAOneLineReason) {
       {{"ps", "--model=flat:4", "--num_workers=1", "--peer=127.0.0.1:1", "--replica=2"},
        "--replica must be 0 or 1"},
       {{"worker", "--ps=127.0.0.1:1/127.0.0.1:2/127.0.0.1:3"}, "at most two replicas"},
+      {{"worker", "--ps=127.0.0.1:1", "--push_dtype=int8"}, "--push_dtype: unknown wire type"},
+      {{"evaluator", "--ps=127.0.0.1:1", "--pull_dtype=fp8"}, "--pull_dtype: unknown wire type"},
       {{"launch", "--replicas=2", "--checkpoint_dir=/tmp/x"}, "--replicas=2 replaces checkpoints"},
       {{"worker", "--ps=localhost"}, "worker: bad shard address 'localhost'"},
       {{"worker", "--ps=127.0.0.1:1", "--rank=4", "--num_workers=4"}, "--rank=4 must be in"},

@@ -120,13 +120,17 @@ TEST(ReplicatedShardTest, ABackupRepeatingThePrimarysChangesIsBitIdentical) {
 TEST(ReplicatedShardTest, AChangeOutOfOrderOrThatDoesNotFitIsRefusedAndChangesNothing) {
   std::unique_ptr<ParameterShard> backup = *ParameterShard::Create(Config());
   std::vector<float> values(8, 1.0f);
-  ShardChange update{.index = 1, .kind = ShardChange::Kind::kUpdate, .version = 1,
-                     .worker_id = 0, .learning_rate = 0.1f, .values = values};
+  ShardChange update{.index = 1,
+                     .kind = ShardChange::Kind::kUpdate,
+                     .version = 1,
+                     .worker_id = 0,
+                     .learning_rate = 0.1f,
+                     .values = values};
   EXPECT_EQ(backup->ApplyChange(update).code(), absl::StatusCode::kFailedPrecondition);
   ShardChange init{.index = 1, .kind = ShardChange::Kind::kInitialize, .values = values};
   ASSERT_TRUE(backup->ApplyChange(init).ok());
   EXPECT_EQ(backup->ApplyChange(init).code(), absl::StatusCode::kFailedPrecondition);  // again
-  update.index = 3;  // a gap
+  update.index = 3;                                                                    // a gap
   EXPECT_EQ(backup->ApplyChange(update).code(), absl::StatusCode::kFailedPrecondition);
   update.index = 2;
   update.version = 5;  // not the next version
@@ -142,8 +146,8 @@ TEST(ReplicatedShardTest, AChangeOutOfOrderOrThatDoesNotFitIsRefusedAndChangesNo
 }
 
 ShardChange Change(int64_t index, const std::vector<float>& values) {
-  return ShardChange{.index = index, .kind = ShardChange::Kind::kUpdate, .version = index,
-                     .values = values};
+  return ShardChange{
+      .index = index, .kind = ShardChange::Kind::kUpdate, .version = index, .values = values};
 }
 
 TEST(ReplicationLogTest, AChangeCountsAsReplicatedOnlyOnceTheBackupAcknowledgedIt) {
@@ -271,9 +275,8 @@ TEST(ReplicationTest, AStoppedPrimaryIsReplacedAndAcknowledgesNothingAfterwards)
   const std::string run_dir = NewRunDir("replication");
   LocalCluster cluster(ExecutableDir(), run_dir);
   ASSERT_TRUE(cluster.StartShards(1, kMlp, 1, {}, /*replicas=*/2).ok());
-  ASSERT_TRUE(cluster
-                  .StartWorker(0, 1, {"--hidden=32", "--steps=400", "--rpc_timeout_seconds=2"})
-                  .ok());
+  ASSERT_TRUE(
+      cluster.StartWorker(0, 1, {"--hidden=32", "--steps=400", "--rpc_timeout_seconds=2"}).ok());
   const std::string old_primary = cluster.ProcessAddress(0);
   ASSERT_TRUE(WaitForVersion(old_primary, 100, absl::Minutes(2)));
   cluster.shards()[0].Signal(SIGSTOP);
@@ -307,8 +310,9 @@ TEST(ReplicationTest, AStoppedPrimaryIsReplacedAndAcknowledgesNothingAfterwards)
   const v1::StatsResponse survivor = Stats(cluster.ProcessAddress(1));
   EXPECT_EQ(survivor.version(), 400);  // every step acknowledged, none lost, none twice
   EXPECT_EQ(survivor.replica_epoch(), 2);
-  std::cout << "took over at version " << taken_over_at << "; longest stall of a step: "
-            << LongestGapSeconds(run_dir + "/worker-0.csv") << " s" << std::endl;
+  std::cout << "took over at version " << taken_over_at
+            << "; longest stall of a step: " << LongestGapSeconds(run_dir + "/worker-0.csv") << " s"
+            << std::endl;
   cluster.Stop();
 }
 
@@ -319,9 +323,8 @@ TEST(ReplicationTest, AReplicaRestartedAfterATakeoverFencesTheStalePrimaryInstea
   const std::string run_dir = NewRunDir("replication");
   LocalCluster cluster(ExecutableDir(), run_dir);
   ASSERT_TRUE(cluster.StartShards(1, kMlp, 1, {}, /*replicas=*/2).ok());
-  ASSERT_TRUE(cluster
-                  .StartWorker(0, 1, {"--hidden=32", "--steps=100000", "--rpc_timeout_seconds=2"})
-                  .ok());
+  ASSERT_TRUE(
+      cluster.StartWorker(0, 1, {"--hidden=32", "--steps=100000", "--rpc_timeout_seconds=2"}).ok());
   const std::string stale = cluster.ProcessAddress(0), backup = cluster.ProcessAddress(1);
   ASSERT_TRUE(WaitForVersion(stale, 50, absl::Minutes(2)));
   cluster.shards()[0].Signal(SIGSTOP);

@@ -17,7 +17,17 @@ ABSL_FLAG(std::string, token_file, "",
           "File holding the token sent with every call (else $PS_TOKEN; neither: none). The "
           "evaluator needs only the shards' read-only token.");
 
+ABSL_FLAG(std::string, pull_dtype, "fp32",
+          "What pulled weights travel as: fp32 | bf16 | fp16 (half the bytes; the shard keeps "
+          "float32).");
+
 namespace ps {
+
+absl::StatusOr<WireType> PullTypeFromFlags() {
+  absl::StatusOr<WireType> type = ParseWireType(absl::GetFlag(FLAGS_pull_dtype));
+  if (!type.ok()) return absl::InvalidArgumentError("--pull_dtype: " + std::string(type.status().message()));
+  return type;
+}
 
 absl::StatusOr<ClientSecurity> ClientSecurityFromFlags() {
   absl::StatusOr<ClientSecurity> security = LoadClientSecurity(

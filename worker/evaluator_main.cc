@@ -100,6 +100,9 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<grpc::Server>> health = StartHealthFromFlags();
   if (!health.ok()) return Fail(std::string(health.status().message()));
   ClientOptions options;
+  absl::StatusOr<WireType> pull_type = PullTypeFromFlags();
+  if (!pull_type.ok()) return Fail(std::string(pull_type.status().message()));
+  options.pull_type = *pull_type;
   options.retry_for = absl::Seconds(absl::GetFlag(FLAGS_retry_seconds));
   options.security = *std::move(security);
   ShardedClient client(*addresses,

@@ -30,13 +30,15 @@ bool IsTransient(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
 }
 
-// Streams `values` as chunks, the first carrying `header`.
+// Streams `values` as chunks of `type`, the first carrying `header`. Returns how many values were
+// saturated to the type's range.
 template <typename Chunk, typename Header>
-bool WriteChunks(grpc::ClientWriter<Chunk>* writer, const Header& header,
-                 absl::Span<const float> values) {
+int64_t WriteChunks(grpc::ClientWriter<Chunk>* writer, const Header& header,
+                    absl::Span<const float> values, WireType type = WireType::kFloat32) {
   bool ok = true;
   Chunk chunk;
-  ForEachChunk(values, kChunkFloats, [&](int64_t index, std::string_view bytes) {
+  std::string scratch;
+  return ForEachChunk(values, type, &scratch, [&](int64_t index, std::string_view bytes) {
     if (!ok) return;
     if (index == 0)
       *chunk.mutable_header() = header;
@@ -45,7 +47,6 @@ bool WriteChunks(grpc::ClientWriter<Chunk>* writer, const Header& header,
     chunk.set_data(bytes.data(), bytes.size());
     ok = writer->Write(chunk);
   });
-  return ok;
 }
 
 }  // namespace
@@ -377,15 +378,19 @@ absl::Status ShardedClient::Pull(absl::Span<float> params, Versions* versions,
     request.set_worker_id(worker_id_);
     if (after_sequence >= 0) request.set_after_sequence(after_sequence);
     request.set_shard_incarnation(SessionOf(shard).shard_incarnation);
+    request.set_dtype(static_cast<v1::DType>(options_.pull_type));
     *request.mutable_model() = ModelProto();
     auto reader = Stub(shard)->Pull(context, request);
-    ChunkAssembler assembler(params.subspan(r.begin, r.size()));
+    ChunkAssembler assembler(params.subspan(r.begin, r.size()), options_.pull_type);
     v1::PullChunk chunk;
     absl::Status bad;
     for (bool first = true; reader->Read(&chunk); first = false) {
       if (first) versions->version[shard] = chunk.version();
       if (!bad.ok()) continue;  // drain the stream so Finish() returns
-      if (chunk.offset() != r.begin + assembler.received()) {
+      if (chunk.dtype() != request.dtype()) {
+        bad = absl::DataLossError(absl::StrCat("asked for dtype ", request.dtype(), ", got ",
+                                               chunk.dtype(), " (an older shard?)"));
+      } else if (chunk.offset() != r.begin + assembler.received()) {
         bad = absl::DataLossError(absl::StrCat("chunk at offset ", chunk.offset(), ", expected ",
                                                r.begin + assembler.received()));
       } else {
@@ -414,6 +419,7 @@ absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(absl::Span<const 
     next_sequence_ = sequence;
   }
   std::vector<v1::PushResponse> responses(num_shards());
+  std::vector<int64_t> saturated(num_shards(), 0);
   absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
     const Range& r = ranges_[shard];
     const Session session = SessionOf(shard);
@@ -432,14 +438,16 @@ absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(absl::Span<const 
     header.set_base_version(base_version);
     header.set_offset(r.begin);
     header.set_length(r.size());
-    header.set_dtype(v1::FLOAT32);
+    header.set_dtype(static_cast<v1::DType>(options_.push_type));
     auto writer = Stub(shard)->Push(context, &responses[shard]);
-    WriteChunks(writer.get(), header, gradient.subspan(r.begin, r.size()));
+    saturated[shard] =
+        WriteChunks(writer.get(), header, gradient.subspan(r.begin, r.size()), options_.push_type);
     writer->WritesDone();
     return writer->Finish();
   });
   if (!s.ok()) return s;
   PushSummary summary;
+  for (int64_t n : saturated) summary.saturated += n;
   for (const v1::PushResponse& r : responses) {
     summary.max_staleness = std::max(summary.max_staleness, r.staleness());
     summary.duplicates += r.duplicate();

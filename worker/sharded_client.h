@@ -36,6 +36,7 @@
 #include "common/model_identity.h"
 #include "common/partition.h"
 #include "common/security.h"
+#include "common/wire_type.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace ps {
@@ -45,6 +46,9 @@ struct ClientOptions {
   absl::Duration retry_for = absl::Seconds(60);    // give up after transient failures this long
   // TLS credentials (default: plaintext) and the token every call carries (default: none).
   ClientSecurity security = {};
+  // What gradients and pulled weights travel as (common/wire_type.h).
+  WireType push_type = WireType::kFloat32;
+  WireType pull_type = WireType::kFloat32;
 };
 
 class ShardedClient {
@@ -95,6 +99,7 @@ class ShardedClient {
     int64_t max_staleness = 0;  // over shards
     int duplicates = 0;         // shards that had applied this sequence before
     int dropped = 0;            // shards whose consistency policy dropped it (counted there)
+    int64_t saturated = 0;      // gradient values beyond the wire type's range, sent as its largest
   };
   // Pushes each shard its slice of `gradient`, tagged with `sequence` and the version of that
   // shard the gradient was computed from (from the Pull that gave the weights). A shard that

@@ -40,6 +40,9 @@ ABSL_FLAG(std::string, csv, "",
 ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N.");
 ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
 ABSL_FLAG(double, rpc_timeout_seconds, 10, "Deadline of each RPC attempt.");
+ABSL_FLAG(std::string, push_dtype, "fp32",
+          "What gradients travel as: fp32 | bf16 | fp16 (half the bytes; values beyond fp16's "
+          "range are sent as +-65504, and counted).");
 ABSL_FLAG(double, retry_seconds, 60, "Give up after a shard has been unreachable this long.");
 ABSL_FLAG(double, heartbeat_seconds, 1, "Seconds between heartbeats (keep below the ps lease).");
 ABSL_FLAG(double, slowdown, 1, "Straggler injection: compute takes this many times longer.");
@@ -99,6 +102,12 @@ int Main(int argc, char** argv) {
   if (!health.ok()) return Fail(std::string(health.status().message()));
 
   ClientOptions options;
+  absl::StatusOr<WireType> push_type = ParseWireType(absl::GetFlag(FLAGS_push_dtype));
+  if (!push_type.ok()) return Fail("--push_dtype: " + std::string(push_type.status().message()));
+  absl::StatusOr<WireType> pull_type = PullTypeFromFlags();
+  if (!pull_type.ok()) return Fail(std::string(pull_type.status().message()));
+  options.push_type = *push_type;
+  options.pull_type = *pull_type;
   options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_seconds));
   options.retry_for = absl::Seconds(absl::GetFlag(FLAGS_retry_seconds));
   options.security = *std::move(security);
@@ -183,6 +192,7 @@ int Main(int argc, char** argv) {
   absl::Time next_log = start + absl::Seconds(10);
   int64_t step = *next_step, first_step = step;
   int64_t duplicate_pushes = 0;  // shards that answered a push "already applied"
+  int64_t saturated_pushes = 0;  // pushes with values beyond the wire type's range
   for (; (steps == 0 || step < steps) && !ShutdownRequested(); ++step) {
     if (absl::Now() >= time_limit) break;
     if (pull_delay->enabled() && WaitForShutdown(pull_delay->Next())) break;
@@ -211,6 +221,10 @@ int Main(int argc, char** argv) {
     if (!push.ok()) {
       if (ShutdownRequested()) break;
       return fail(absl::StrCat("push failed at step ", step, ": ", push.status().message()));
+    }
+    if (push->saturated > 0 && saturated_pushes++ == 0) {
+      PS_LOG(WARNING) << "step " << step << ": " << push->saturated << " gradient value(s) beyond "
+                      << WireTypeName(*push_type) << "'s range sent as its largest (logged once)";
     }
     if (push->duplicates > 0) {
       duplicate_pushes += push->duplicates;

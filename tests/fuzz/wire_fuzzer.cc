@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/chunking.h"
+#include "common/wire_type.h"
 #include "proto/ps.grpc.pb.h"
 #include "worker/sharded_client.h"
 
@@ -438,20 +439,22 @@ Stream<v1::PushChunk> WireFuzzer::MakePush() {
 bool WireFuzzer::CouldApply(const std::vector<v1::PushChunk>& chunks) const {
   if (chunks.empty() || !chunks[0].has_header()) return false;
   const v1::PushHeader& h = chunks[0].header();
-  if (h.dtype() != v1::FLOAT32 || h.worker_id() < 0 || registered_.count(h.worker_id()) == 0 ||
+  absl::StatusOr<WireType> type = WireTypeOfDType(h.dtype());
+  if (!type.ok() || h.worker_id() < 0 || registered_.count(h.worker_id()) == 0 ||
       h.sequence() < 0 || h.base_version() < 0 || h.base_version() > version_ || h.length() <= 0 ||
       h.offset() < range_.begin || h.offset() > range_.end - h.length()) {
     return false;
   }
   // Each failure below holds for every longer prefix too.
-  const int64_t declared_bytes = h.length() * static_cast<int64_t>(sizeof(float));
+  const int width = WireBytes(*type);
+  const int64_t declared_bytes = h.length() * width;
   int64_t bytes = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const std::string& data = chunks[i].data();
-    if ((i > 0 && chunks[i].has_header()) || data.size() % sizeof(float) != 0) return false;
-    for (size_t at = 0; at < data.size(); at += sizeof(float)) {
-      float v;
-      std::memcpy(&v, data.data() + at, sizeof(float));
+    if ((i > 0 && chunks[i].has_header()) || data.size() % width != 0) return false;
+    std::vector<float> values(data.size() / width);
+    DecodeValues(data, *type, absl::MakeSpan(values));
+    for (float v : values) {
       if (!std::isfinite(v)) return false;
     }
     bytes += static_cast<int64_t>(data.size());
