@@ -2,7 +2,8 @@
 // against two ceilings measured in the same run: raw gRPC byte streams of the same 1 MiB chunks
 // to a server that does nothing with them, and memcpy of the same number of bytes. The cost of
 // replication: pushes to a replicated shard (ps --peer: acknowledged once the backup applied them)
-// against pushes to a lone one.
+// against pushes to a lone one. And the 16-bit wire (--dtype): the same pushes and pulls with
+// gradients and weights travelling as bf16 or fp16, as parameters per second against float32's.
 //
 //   build/bin/transport_bench --sizes_mib=1,16,64 --repeats=7
 #include <grpcpp/create_channel.h>
@@ -29,6 +30,7 @@
 ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"1", "16", "64"}),
           "Tensor sizes to move, in MiB.");
 ABSL_FLAG(int, repeats, 7, "Timed repetitions per size (the median is reported).");
+ABSL_FLAG(std::string, dtype, "bf16", "The 16-bit wire type to compare with float32: bf16 | fp16.");
 ABSL_FLAG(std::string, serve_raw, "", "Internal: serve RawBytes and write the port to this file.");
 
 namespace ps {
@@ -88,9 +90,16 @@ int Main(int argc, char** argv) {
   auto raw_stub = bench::RawBytes::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", raw_port),
                                                                grpc::InsecureChannelCredentials()));
 
+  absl::StatusOr<WireType> half = ParseWireType(absl::GetFlag(FLAGS_dtype));
+  if (!half.ok() || *half == WireType::kFloat32) {
+    std::cerr << "--dtype must be bf16 or fp16\n";
+    return 1;
+  }
+  const std::string name = WireTypeName(*half);
   std::cout << absl::StrFormat(
-      "%-8s | %-10s %-10s %-6s | %-10s %-10s %-6s | %-10s | %-12s %-6s\n", "size", "push GB/s",
-      "raw up", "ratio", "pull GB/s", "raw down", "ratio", "memcpy", "replicated", "ratio");
+      "%-8s | %-10s %-10s %-6s | %-10s %-10s %-6s | %-10s | %-12s %-6s | %-14s %-14s\n", "size",
+      "push GB/s", "raw up", "ratio", "pull GB/s", "raw down", "ratio", "memcpy", "replicated",
+      "ratio", "push " + name + " x", "pull " + name + " x");
   for (const std::string& size_text : absl::GetFlag(FLAGS_sizes_mib)) {
     int64_t bytes = std::stoll(size_text) << 20;
     int64_t n = bytes / sizeof(float);
@@ -128,6 +137,16 @@ int Main(int argc, char** argv) {
     double pull = MedianSeconds(repeats, [&] {
       if (!client.Pull(absl::MakeSpan(params), &versions).ok()) std::abort();
     });
+    ClientOptions half_options;
+    half_options.push_type = half_options.pull_type = *half;
+    ShardedClient half_client({cluster.ShardAddress(0)}, model, 0, half_options);
+    if (!half_client.Register().ok()) return 1;
+    double half_push = MedianSeconds(repeats, [&] {
+      if (!half_client.Push(grad, sequence++, {0}).ok()) std::abort();
+    });
+    double half_pull = MedianSeconds(repeats, [&] {
+      if (!half_client.Pull(absl::MakeSpan(params), &versions).ok()) std::abort();
+    });
     std::string payload(bytes, 'x');
     double raw_up = MedianSeconds(repeats, [&] {
       grpc::ClientContext context;
@@ -157,9 +176,11 @@ int Main(int argc, char** argv) {
         MedianSeconds(repeats, [&] { std::memcpy(copy.data(), payload.data(), bytes); });
     auto gbs = [&](double s) { return bytes / s / 1e9; };
     std::cout << absl::StrFormat(
-        "%5d MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f | %-12.2f %-6.2f\n",
+        "%5d MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f | %-12.2f %-6.2f | "
+        "%-14.2f %-14.2f\n",
         bytes >> 20, gbs(push), gbs(raw_up), raw_up / push, gbs(pull), gbs(raw_down),
-        raw_down / pull, gbs(memcpy_s), gbs(replicated_push), push / replicated_push);
+        raw_down / pull, gbs(memcpy_s), gbs(replicated_push), push / replicated_push,
+        push / half_push, pull / half_pull);
   }
   return 0;
 }
