@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/chunking.h"
 #include "common/grpc_status.h"
+#include "common/tensor_codec.h"
 
 namespace ps {
 namespace {
@@ -142,7 +143,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
       Finish(ToGrpcStatus(answer.status()));
       return;
     }
-    snapshot_.emplace(*std::move(answer));
+    snapshot_ = std::make_shared<ParameterShard::Snapshot>(*std::move(answer));
     guard_.emplace(service_->watchdog_.Watch(context_));  // a reader that stops reading ends
     WriteNext();
   }
@@ -153,13 +154,21 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
       return;
     }
     int64_t n = std::min<int64_t>(kChunkBytes / WireBytes(type_), values.size() - next_);
-    v1::PullChunk chunk;
-    chunk.set_version(snapshot_->version);
-    chunk.set_offset(snapshot_->offset + next_);
-    chunk.set_dtype(static_cast<v1::DType>(type_));
-    EncodeValues(values.subspan(next_, n), type_, chunk.mutable_data());
+    v1::PullChunk head;  // all but the data
+    head.set_version(snapshot_->version);
+    head.set_offset(snapshot_->offset + next_);
+    head.set_dtype(static_cast<v1::DType>(type_));
+    absl::Span<const float> piece = values.subspan(next_, n);
+    if (type_ == WireType::kFloat32) {  // the snapshot itself goes out
+      message_ = EncodeWithTensor(head.SerializeAsString(), v1::PullChunk::kDataFieldNumber,
+                                  AsBytes(piece), snapshot_);
+    } else {
+      auto encoded = std::make_shared<std::string>();
+      EncodeValues(piece, type_, encoded.get());
+      message_ = EncodeWithTensor(head.SerializeAsString(), v1::PullChunk::kDataFieldNumber,
+                                  *encoded, encoded);
+    }
     next_ += std::max<int64_t>(n, 1);
-    message_ = Serialize(chunk);
     StartWrite(&message_);
   }
   void OnWriteDone(bool ok) override {
@@ -179,7 +188,8 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   grpc::CallbackServerContext* context_;
   CallLimit::Slot slot_;
   int64_t ticket_ = 0;
-  std::optional<ParameterShard::Snapshot> snapshot_;
+  // Shared with the slices that reference it on the wire (common/tensor_codec.h).
+  std::shared_ptr<ParameterShard::Snapshot> snapshot_;
   std::optional<StreamWatchdog::Guard> guard_;
   int64_t next_ = 0;  // index of the next value to write
   WireType type_ = WireType::kFloat32;  // what the values travel as

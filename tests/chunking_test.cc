@@ -2,12 +2,17 @@
 
 #include <gtest/gtest.h>
 
+#include <grpcpp/support/byte_buffer.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
+
+#include "common/tensor_codec.h"
+#include "proto/ps.pb.h"
 
 namespace ps {
 namespace {
@@ -167,6 +172,42 @@ TEST(ChunkAssemblerTest, Decodes16BitChunksAcrossTheChunkSizeAndRefusesHalfValue
   absl::Status s = odd.Append(std::string(3, 'x'));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("whole number of fp16 values"), std::string::npos) << s;
+}
+
+// A tensor referenced by the message parses as if it had been copied into it, and its owner is
+// released once gRPC (here: the ByteBuffer) lets go of the bytes.
+TEST(TensorCodecTest, AReferencedTensorParsesAsTheMessagesDataAndItsOwnerIsReleased) {
+  auto values = std::make_shared<std::vector<float>>(300000);
+  std::iota(values->begin(), values->end(), 0.5f);
+  v1::PullChunk head;
+  head.set_version(7);
+  head.set_offset(123456789012);
+  head.set_dtype(v1::BFLOAT16);
+  std::weak_ptr<std::vector<float>> watch = values;
+  {
+    grpc::ByteBuffer buffer = EncodeWithTensor(
+        head.SerializeAsString(), v1::PullChunk::kDataFieldNumber, AsBytes(*values), values);
+    values.reset();
+    EXPECT_FALSE(watch.expired());  // the slice still holds it
+    grpc::Slice flat;
+    ASSERT_TRUE(buffer.DumpToSingleSlice(&flat).ok());
+    v1::PullChunk parsed;
+    ASSERT_TRUE(parsed.ParseFromArray(flat.begin(), static_cast<int>(flat.size())));
+    EXPECT_EQ(parsed.version(), 7);
+    EXPECT_EQ(parsed.offset(), 123456789012);
+    EXPECT_EQ(parsed.dtype(), v1::BFLOAT16);
+    ASSERT_EQ(parsed.data().size(), 300000 * sizeof(float));
+    std::vector<float> back(300000);
+    std::memcpy(back.data(), parsed.data().data(), parsed.data().size());
+    EXPECT_EQ(back, *watch.lock());
+  }
+  EXPECT_TRUE(watch.expired());
+  grpc::ByteBuffer empty = EncodeWithTensor("", 3, std::string_view(), nullptr);
+  grpc::Slice flat;
+  ASSERT_TRUE(empty.DumpToSingleSlice(&flat).ok());
+  v1::PullChunk parsed;
+  ASSERT_TRUE(parsed.ParseFromArray(flat.begin(), static_cast<int>(flat.size())));
+  EXPECT_TRUE(parsed.data().empty());
 }
 
 }  // namespace
