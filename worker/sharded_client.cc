@@ -1,6 +1,7 @@
 #include "worker/sharded_client.h"
 
 #include <grpcpp/create_channel.h>
+#include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/security/credentials.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "common/chunking.h"
 #include "common/cluster.h"
 #include "common/grpc_status.h"
+#include "common/tensor_codec.h"
 #include "common/log.h"
 #include "common/shutdown.h"
 
@@ -30,15 +32,13 @@ bool IsTransient(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
 }
 
-// Streams `values` as chunks of `type`, the first carrying `header`. Returns how many values were
-// saturated to the type's range.
+// Streams `values` as chunks, the first carrying `header`.
 template <typename Chunk, typename Header>
-int64_t WriteChunks(grpc::ClientWriter<Chunk>* writer, const Header& header,
-                    absl::Span<const float> values, WireType type = WireType::kFloat32) {
+void WriteChunks(grpc::ClientWriter<Chunk>* writer, const Header& header,
+                 absl::Span<const float> values) {
   bool ok = true;
   Chunk chunk;
-  std::string scratch;
-  return ForEachChunk(values, type, &scratch, [&](int64_t index, std::string_view bytes) {
+  ForEachChunk(values, kChunkFloats, [&](int64_t index, std::string_view bytes) {
     if (!ok) return;
     if (index == 0)
       *chunk.mutable_header() = header;
@@ -46,6 +46,29 @@ int64_t WriteChunks(grpc::ClientWriter<Chunk>* writer, const Header& header,
       chunk.clear_header();
     chunk.set_data(bytes.data(), bytes.size());
     ok = writer->Write(chunk);
+  });
+}
+
+// Streams a gradient as PushChunks of `type` on raw bytes: float32 values go out from `values`
+// itself, referenced, not copied (common/tensor_codec.h); the writer is finished before the
+// caller may reuse them. Returns how many values were saturated to the type's range.
+int64_t WritePushChunks(grpc::ClientWriter<grpc::ByteBuffer>* writer, const v1::PushHeader& header,
+                        absl::Span<const float> values, WireType type) {
+  bool ok = true;
+  std::string scratch;
+  v1::PushChunk first;
+  *first.mutable_header() = header;
+  const std::string head = first.SerializeAsString();
+  return ForEachChunk(values, type, &scratch, [&](int64_t index, std::string_view bytes) {
+    if (!ok) return;
+    std::shared_ptr<const void> owner;
+    if (type != WireType::kFloat32) {  // the encoded copy in `scratch` is reused: hand it over
+      auto encoded = std::make_shared<std::string>(std::move(scratch));
+      bytes = *encoded;
+      owner = encoded;
+    }
+    ok = writer->Write(EncodeWithTensor(index == 0 ? head : std::string(),
+                                        v1::PushChunk::kDataFieldNumber, bytes, owner));
   });
 }
 
@@ -64,8 +87,11 @@ ShardedClient::ShardedClient(std::vector<std::string> addresses, ModelIdentity m
   for (size_t i = 0; i < addresses.size(); ++i) {
     std::vector<Replica>& replicas = replicas_.emplace_back();
     for (const std::string& address : ShardReplicas(addresses[i])) {
-      replicas.push_back(
-          {address, v1::ParameterServer::NewStub(grpc::CreateChannel(address, credentials))});
+      std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(address, credentials);
+      replicas.push_back({address, channel, v1::ParameterServer::NewStub(channel),
+                          std::make_unique<grpc::internal::RpcMethod>(
+                              "/ps.v1.ParameterServer/Push",
+                              grpc::internal::RpcMethod::CLIENT_STREAMING, channel)});
     }
     ranges_.push_back(
         PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses.size())));
@@ -78,8 +104,12 @@ int ShardedClient::CurrentReplica(int shard) const {
   return current_[shard];
 }
 
+const ShardedClient::Replica& ShardedClient::CurrentReplicaOf(int shard) const {
+  return replicas_[shard][CurrentReplica(shard)];
+}
+
 v1::ParameterServer::Stub* ShardedClient::Stub(int shard) const {
-  return replicas_[shard][CurrentReplica(shard)].stub.get();
+  return CurrentReplicaOf(shard).stub.get();
 }
 
 std::string ShardedClient::Address(int shard) const {
@@ -439,9 +469,12 @@ absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(absl::Span<const 
     header.set_offset(r.begin);
     header.set_length(r.size());
     header.set_dtype(static_cast<v1::DType>(options_.push_type));
-    auto writer = Stub(shard)->Push(context, &responses[shard]);
-    saturated[shard] =
-        WriteChunks(writer.get(), header, gradient.subspan(r.begin, r.size()), options_.push_type);
+    const Replica& replica = CurrentReplicaOf(shard);
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            replica.channel.get(), *replica.push, context, &responses[shard]));
+    saturated[shard] = WritePushChunks(writer.get(), header, gradient.subspan(r.begin, r.size()),
+                                       options_.push_type);
     writer->WritesDone();
     return writer->Finish();
   });

@@ -39,6 +39,10 @@
 #include "common/wire_type.h"
 #include "proto/ps.grpc.pb.h"
 
+namespace grpc::internal {
+class RpcMethod;
+}  // namespace grpc::internal
+
 namespace ps {
 
 struct ClientOptions {
@@ -176,8 +180,12 @@ class ShardedClient {
 
   struct Replica {
     std::string address;
+    std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::ParameterServer::Stub> stub;
+    // Push on raw bytes, so that gradients go out without a copy (common/tensor_codec.h).
+    std::unique_ptr<grpc::internal::RpcMethod> push;
   };
+  const Replica& CurrentReplicaOf(int shard) const;
   std::vector<std::vector<Replica>> replicas_;  // by shard: one, or two with replication
   std::string authorization_;  // the metadata value every call carries; "" : none
   ModelIdentity model_;
