@@ -68,6 +68,8 @@ class ChunkAssembler {
   absl::Status Finish() const;
 
   int64_t received() const { return received_; }
+  // Bytes per value of its wire type.
+  size_t element_bytes() const { return WireBytes(type_); }
 
  private:
   absl::Span<float> dst_;

@@ -1,6 +1,7 @@
 #include "server/shard_service.h"
 
 #include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/method_handler.h>
 
 #include <optional>
 
@@ -71,25 +72,53 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const grpc
   return reactor;
 }
 
-// Reads the rest of a chunked stream (the first chunk already in `chunk`) into `dst`. Only the
-// first chunk may carry a header, and every later one must carry data: a stream has at most
-// dst.size() + 1 chunks.
+// The first message of a chunked tensor stream (Initialize, Push), split: its fields but the
+// data parsed as `Chunk`, and the data still in gRPC's slices. INVALID_ARGUMENT naming `method`
+// for an empty stream, bytes that do not parse, or no header.
 template <typename Chunk>
-absl::Status ReadPayload(grpc::ServerReader<Chunk>* reader, Chunk& chunk, absl::Span<float> dst,
-                         StreamWatchdog::Guard& guard, WireType type = WireType::kFloat32) {
+absl::Status ReadFirstChunk(grpc::ServerReader<grpc::ByteBuffer>* reader, const char* method,
+                            Chunk* chunk, std::optional<TensorMessage>* data) {
+  grpc::ByteBuffer bytes;
+  if (!reader->Read(&bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("empty ", method, " stream"));
+  }
+  absl::StatusOr<TensorMessage> m = TensorMessage::Decode(bytes, Chunk::kDataFieldNumber);
+  if (!m.ok() || !chunk->ParseFromString(m->head())) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot parse ", method, " chunk"));
+  }
+  if (!chunk->has_header()) {
+    return absl::InvalidArgumentError(absl::StrCat("the first ", method, " chunk has no header"));
+  }
+  data->emplace(*std::move(m));
+  return absl::OkStatus();
+}
+
+// Reads a chunked stream, whose first message's data is `first`, into `dst` as values of `type`,
+// straight from gRPC's slices. Only the first chunk may carry a header, and every later one must
+// carry data: a stream has at most dst.size() + 1 chunks.
+template <typename Chunk>
+absl::Status ReadPayload(grpc::ServerReader<grpc::ByteBuffer>* reader, TensorMessage first,
+                         absl::Span<float> dst, StreamWatchdog::Guard& guard,
+                         WireType type = WireType::kFloat32) {
   ChunkAssembler assembler(dst, type);
-  bool first = true;
-  do {
+  std::optional<TensorMessage> m(std::move(first));
+  grpc::ByteBuffer bytes;
+  for (bool is_first = true;; is_first = false) {
     guard.Progress();
-    if (!first && chunk.has_header()) {
-      return absl::InvalidArgumentError("a header appeared after the first chunk");
+    if (!is_first) {
+      Chunk chunk;
+      if (!chunk.ParseFromString(m->head())) return absl::InvalidArgumentError("cannot parse a chunk");
+      if (chunk.has_header()) {
+        return absl::InvalidArgumentError("a header appeared after the first chunk");
+      }
+      if (m->tensor_bytes() == 0) return absl::InvalidArgumentError("an empty chunk after the first");
     }
-    if (!first && chunk.data().empty()) {
-      return absl::InvalidArgumentError("an empty chunk after the first");
-    }
-    first = false;
-    if (absl::Status s = assembler.Append(chunk.data()); !s.ok()) return s;
-  } while (reader->Read(&chunk));
+    if (absl::Status s = m->AppendTensorTo(&assembler); !s.ok()) return s;
+    if (!reader->Read(&bytes)) break;
+    absl::StatusOr<TensorMessage> next = TensorMessage::Decode(bytes, Chunk::kDataFieldNumber);
+    if (!next.ok()) return next.status();
+    m.emplace(*std::move(next));
+  }
   return assembler.Finish();
 }
 
@@ -204,7 +233,29 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
       replica_(replica),
       streams_(limits.max_streams),
       pulls_(limits.max_pulls),
-      watchdog_(limits.stream_idle, limits.stream_total) {}
+      watchdog_(limits.stream_idle, limits.stream_total) {
+  // Initialize and Push read raw bytes, so that tensors go from gRPC's slices straight into the
+  // shard's buffers: their generated synchronous handlers (methods 1 and 2 of the service, as
+  // ps.proto lists them) are replaced by handlers of ByteBuffer messages. The replacement API
+  // (meant for streamed methods) also marks them bidirectional, which changes nothing for a
+  // synchronous server: neither kind reads a request before the handler runs.
+  MarkMethodStreamed(1, new grpc::internal::ClientStreamingHandler<ShardService, grpc::ByteBuffer,
+                                                                   v1::InitializeResponse>(
+                            [](ShardService* s, grpc::ServerContext* context,
+                               grpc::ServerReader<grpc::ByteBuffer>* reader,
+                               v1::InitializeResponse* response) {
+                              return s->Initialize(context, reader, response);
+                            },
+                            this));
+  MarkMethodStreamed(2, new grpc::internal::ClientStreamingHandler<ShardService, grpc::ByteBuffer,
+                                                                   v1::PushResponse>(
+                            [](ShardService* s, grpc::ServerContext* context,
+                               grpc::ServerReader<grpc::ByteBuffer>* reader,
+                               v1::PushResponse* response) {
+                              return s->Push(context, reader, response);
+                            },
+                            this));
+}
 
 // An explicit check in each handler, not a grpc::AuthMetadataProcessor: gRPC 1.51 aborts when one
 // is set on InsecureServerCredentials (so a token without TLS would be impossible), and it would
@@ -272,7 +323,7 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
 }
 
 grpc::Status ShardService::Initialize(grpc::ServerContext* context,
-                                      grpc::ServerReader<v1::InitializeChunk>* reader,
+                                      grpc::ServerReader<grpc::ByteBuffer>* reader,
                                       v1::InitializeResponse* response) {
   if (grpc::Status s = Authorize(*context, Access::kWrite, "Initialize"); !s.ok()) return s;
   if (grpc::Status s = CheckServing(); !s.ok()) return s;
@@ -280,8 +331,10 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
   if (!slot) return Busy("streams", streams_.max_calls());
   StreamWatchdog::Guard guard = watchdog_.Watch(context);
   v1::InitializeChunk chunk;
-  if (!reader->Read(&chunk)) return InvalidArgument("empty Initialize stream");
-  if (!chunk.has_header()) return InvalidArgument("the first Initialize chunk has no header");
+  std::optional<TensorMessage> data;
+  if (absl::Status s = ReadFirstChunk(reader, "Initialize", &chunk, &data); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   const v1::InitializeHeader& h = chunk.header();
   ModelIdentity model = FromProto(h.model());
   if (absl::Status s = CheckDType(h.dtype()); !s.ok()) return ToGrpcStatus(s);
@@ -298,7 +351,9 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
   absl::Cleanup end_initialize = [this] { shard_->EndInitialize(); };
   std::vector<float> values(shard_->range().size());
   int64_t offset = h.offset();
-  if (absl::Status s = ReadPayload(reader, chunk, absl::MakeSpan(values), guard); !s.ok()) {
+  if (absl::Status s =
+          ReadPayload<v1::InitializeChunk>(reader, *std::move(data), absl::MakeSpan(values), guard);
+      !s.ok()) {
     return ToGrpcStatus(s);
   }
   absl::StatusOr<bool> applied = shard_->Initialize(model, offset, values);
@@ -308,7 +363,7 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
 }
 
 grpc::Status ShardService::Push(grpc::ServerContext* context,
-                                grpc::ServerReader<v1::PushChunk>* reader,
+                                grpc::ServerReader<grpc::ByteBuffer>* reader,
                                 v1::PushResponse* response) {
   if (grpc::Status s = Authorize(*context, Access::kWrite, "Push"); !s.ok()) return s;
   if (grpc::Status s = CheckServing(); !s.ok()) return s;
@@ -316,14 +371,11 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   if (!slot) return Busy("streams", streams_.max_calls());
   StreamWatchdog::Guard guard = watchdog_.Watch(context);
   v1::PushChunk chunk;
-  absl::Status status;
+  std::optional<TensorMessage> data;
   PushHeaderInfo header;
   WireType type = WireType::kFloat32;
-  if (!reader->Read(&chunk)) {
-    status = absl::InvalidArgumentError("empty Push stream");
-  } else if (!chunk.has_header()) {
-    status = absl::InvalidArgumentError("the first Push chunk has no header");
-  } else {
+  absl::Status status = ReadFirstChunk(reader, "Push", &chunk, &data);
+  if (status.ok()) {
     const v1::PushHeader& h = chunk.header();
     if (grpc::Status s = CheckShardIncarnation(h.shard_incarnation()); !s.ok()) return s;
     header = PushHeaderInfo{h.worker_id(), h.sequence(), h.base_version(),
@@ -339,7 +391,8 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   }
   // The header matched the shard's range exactly, so this is the shard's size, never more.
   BufferPool::Lease gradient = push_buffers_.Acquire(header.length);
-  if (status = ReadPayload(reader, chunk, gradient.span(), guard, type); !status.ok()) {
+  if (status = ReadPayload<v1::PushChunk>(reader, *std::move(data), gradient.span(), guard, type);
+      !status.ok()) {
     shard_->RecordRejectedPush();
     return ToGrpcStatus(status);
   }

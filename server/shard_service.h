@@ -63,11 +63,12 @@ class ShardService final : public ShardServiceBase {
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
+  // Synchronous client streams on raw bytes (registered by the constructor).
   grpc::Status Initialize(grpc::ServerContext* context,
-                          grpc::ServerReader<v1::InitializeChunk>* reader,
-                          v1::InitializeResponse* response) override;
-  grpc::Status Push(grpc::ServerContext* context, grpc::ServerReader<v1::PushChunk>* reader,
-                    v1::PushResponse* response) override;
+                          grpc::ServerReader<grpc::ByteBuffer>* reader,
+                          v1::InitializeResponse* response);
+  grpc::Status Push(grpc::ServerContext* context, grpc::ServerReader<grpc::ByteBuffer>* reader,
+                    v1::PushResponse* response);
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Pull(grpc::CallbackServerContext* context,
                                                    const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,

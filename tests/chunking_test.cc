@@ -210,5 +210,55 @@ TEST(TensorCodecTest, AReferencedTensorParsesAsTheMessagesDataAndItsOwnerIsRelea
   EXPECT_TRUE(parsed.data().empty());
 }
 
+// A message split into slices at awkward places (inside varints, inside a value of the tensor)
+// decodes to the same head and tensor; malformed bytes are refused.
+TEST(TensorCodecTest, DecodingSplitsAroundTheTensorAcrossAnySlicesAndRefusesMalformedBytes) {
+  std::vector<float> values = {1.5f, -2.25f, 3e-3f, 4e4f, -0.0f, 6.0f, 7.0f};
+  v1::PushChunk message;
+  message.mutable_header()->set_worker_id(3);
+  message.mutable_header()->set_sequence(1234567);
+  message.set_data(std::string(AsBytes(values)));
+  const std::string wire = message.SerializeAsString();
+  for (size_t cut1 = 1; cut1 < wire.size(); cut1 += 3) {
+    for (size_t cut2 = cut1 + 1; cut2 < wire.size(); cut2 += 5) {
+      grpc::Slice slices[3] = {grpc::Slice(wire.data(), cut1),
+                               grpc::Slice(wire.data() + cut1, cut2 - cut1),
+                               grpc::Slice(wire.data() + cut2, wire.size() - cut2)};
+      absl::StatusOr<TensorMessage> m =
+          TensorMessage::Decode(grpc::ByteBuffer(slices, 3), v1::PushChunk::kDataFieldNumber);
+      ASSERT_TRUE(m.ok()) << m.status();
+      v1::PushChunk head;
+      ASSERT_TRUE(head.ParseFromString(m->head()));
+      EXPECT_EQ(head.header().sequence(), 1234567);
+      EXPECT_TRUE(head.data().empty());
+      std::vector<float> out(values.size());
+      ChunkAssembler assembler(absl::MakeSpan(out));
+      ASSERT_TRUE(m->AppendTensorTo(&assembler).ok()) << cut1 << " " << cut2;
+      ASSERT_TRUE(assembler.Finish().ok());
+      ASSERT_EQ(std::memcmp(out.data(), values.data(), sizeof(float) * values.size()), 0);
+    }
+  }
+  auto decode = [](const std::string& bytes) {
+    grpc::Slice slice(bytes);
+    return TensorMessage::Decode(grpc::ByteBuffer(&slice, 1), v1::PushChunk::kDataFieldNumber)
+        .status();
+  };
+  EXPECT_EQ(decode(wire.substr(0, wire.size() - 1)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(decode(std::string("\x12\x80", 2)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(decode(std::string("\x10\x01", 2)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(decode(std::string("\x12\x00\x12\x00", 4)).code(),
+            absl::StatusCode::kInvalidArgument);  // the tensor twice
+  EXPECT_EQ(decode(std::string("\x0b\x0c", 2)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(decode(std::string("\x00", 1)).code(), absl::StatusCode::kInvalidArgument);
+  // A tensor whose length is not a whole number of values reaches the assembler, which refuses it.
+  grpc::Slice odd(std::string("\x12\x05" "abcde", 7));
+  absl::StatusOr<TensorMessage> m =
+      TensorMessage::Decode(grpc::ByteBuffer(&odd, 1), v1::PushChunk::kDataFieldNumber);
+  ASSERT_TRUE(m.ok());
+  std::vector<float> out(2);
+  ChunkAssembler assembler(absl::MakeSpan(out));
+  EXPECT_EQ(m->AppendTensorTo(&assembler).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace ps
