@@ -1,8 +1,41 @@
 #include "common/buffer_pool.h"
 
 #include <algorithm>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace ps {
+
+// The idle buffers, kept alive by the pool and by every lease.
+struct BufferPool::Lease::Shared {
+  struct Idle {
+    std::unique_ptr<float[]> data;
+    size_t capacity;
+  };
+  explicit Shared(size_t max) : max_idle(max) {}
+  void Release(std::unique_ptr<float[]> data, size_t capacity);
+
+  const size_t max_idle;
+  absl::Mutex mu;
+  std::vector<Idle> idle ABSL_GUARDED_BY(mu);
+};
+
+void BufferPool::Lease::Shared::Release(std::unique_ptr<float[]> data, size_t capacity) {
+  absl::MutexLock lock(&mu);
+  if (idle.size() < max_idle) {
+    idle.push_back({std::move(data), capacity});
+    return;
+  }
+  // Full: keep the larger buffers, which are the expensive ones to make.
+  auto smallest = std::min_element(idle.begin(), idle.end(), [](const Idle& a, const Idle& b) {
+    return a.capacity < b.capacity;
+  });
+  if (smallest->capacity < capacity) *smallest = {std::move(data), capacity};
+}
+
+BufferPool::BufferPool(size_t max_idle) : shared_(std::make_shared<Lease::Shared>(max_idle)) {}
 
 BufferPool::Lease::~Lease() {
   if (data_ != nullptr) pool_->Release(std::move(data_), capacity_);
@@ -10,33 +43,21 @@ BufferPool::Lease::~Lease() {
 
 BufferPool::Lease BufferPool::Acquire(size_t size) {
   {
-    absl::MutexLock lock(&mu_);
+    absl::MutexLock lock(&shared_->mu);
+    std::vector<Lease::Shared::Idle>& idle = shared_->idle;
     // The smallest idle buffer that fits, so that big buffers stay for big requests.
-    auto best = idle_.end();
-    for (auto it = idle_.begin(); it != idle_.end(); ++it) {
-      if (it->capacity >= size && (best == idle_.end() || it->capacity < best->capacity)) best = it;
+    auto best = idle.end();
+    for (auto it = idle.begin(); it != idle.end(); ++it) {
+      if (it->capacity >= size && (best == idle.end() || it->capacity < best->capacity)) best = it;
     }
-    if (best != idle_.end()) {
-      Idle found = std::move(*best);
-      idle_.erase(best);
-      return Lease(this, std::move(found.data), found.capacity, size);
+    if (best != idle.end()) {
+      Lease::Shared::Idle found = std::move(*best);
+      idle.erase(best);
+      return Lease(shared_, std::move(found.data), found.capacity, size);
     }
   }
   size_t capacity = std::max<size_t>(size, 1);
-  return Lease(this, std::unique_ptr<float[]>(new float[capacity]), capacity, size);
-}
-
-void BufferPool::Release(std::unique_ptr<float[]> data, size_t capacity) {
-  absl::MutexLock lock(&mu_);
-  if (idle_.size() < max_idle_) {
-    idle_.push_back({std::move(data), capacity});
-    return;
-  }
-  // Full: keep the larger buffers, which are the expensive ones to make.
-  auto smallest = std::min_element(idle_.begin(), idle_.end(), [](const Idle& a, const Idle& b) {
-    return a.capacity < b.capacity;
-  });
-  if (smallest->capacity < capacity) *smallest = {std::move(data), capacity};
+  return Lease(shared_, std::unique_ptr<float[]>(new float[capacity]), capacity, size);
 }
 
 }  // namespace ps

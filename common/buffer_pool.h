@@ -5,10 +5,7 @@
 
 #include <cstddef>
 #include <memory>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 
 namespace ps {
@@ -16,39 +13,38 @@ namespace ps {
 class BufferPool {
  public:
   // A buffer borrowed from a pool, returned to it on destruction. Contents start unspecified.
+  // It may outlive the pool (gRPC may release a buffer it sends after the pool's owner is gone):
+  // the buffer is then freed.
   class Lease {
    public:
     Lease(Lease&& o) noexcept
-        : pool_(o.pool_), data_(std::move(o.data_)), capacity_(o.capacity_), size_(o.size_) {}
+        : pool_(std::move(o.pool_)),
+          data_(std::move(o.data_)),
+          capacity_(o.capacity_),
+          size_(o.size_) {}
     Lease& operator=(Lease&&) = delete;
     ~Lease();
     absl::Span<float> span() const { return absl::Span<float>(data_.get(), size_); }
 
    private:
     friend class BufferPool;
-    Lease(BufferPool* pool, std::unique_ptr<float[]> data, size_t capacity, size_t size)
-        : pool_(pool), data_(std::move(data)), capacity_(capacity), size_(size) {}
-    BufferPool* pool_;
+    struct Shared;
+    Lease(std::shared_ptr<Shared> pool, std::unique_ptr<float[]> data, size_t capacity,
+          size_t size)
+        : pool_(std::move(pool)), data_(std::move(data)), capacity_(capacity), size_(size) {}
+    std::shared_ptr<Shared> pool_;
     std::unique_ptr<float[]> data_;
     size_t capacity_, size_;
   };
 
   // Keeps at most `max_idle` buffers between uses (one per concurrent request is plenty).
-  explicit BufferPool(size_t max_idle = 8) : max_idle_(max_idle) {}
+  explicit BufferPool(size_t max_idle = 8);
 
   // A buffer of `size` floats: an idle one that is large enough, or a new one.
   Lease Acquire(size_t size);
 
  private:
-  struct Idle {
-    std::unique_ptr<float[]> data;
-    size_t capacity;
-  };
-  void Release(std::unique_ptr<float[]> data, size_t capacity);
-
-  const size_t max_idle_;
-  absl::Mutex mu_;
-  std::vector<Idle> idle_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Lease::Shared> shared_;  // the idle buffers, shared with the leases
 };
 
 }  // namespace ps

@@ -1,13 +1,11 @@
 // Tensor chunking for streaming RPCs: float spans go out as little-endian `bytes` pieces of at most
-// kChunkBytes, as float32 or a 16-bit wire type (common/wire_type.h), and are reassembled,
-// checked and decoded, into a destination float buffer.
+// kChunkBytes (float32, or a 16-bit wire type: common/wire_type.h) and are reassembled, checked and
+// decoded, into a destination float buffer.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <string_view>
-
-#include <string>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
@@ -32,25 +30,6 @@ void ForEachChunk(absl::Span<const float> values, int64_t max_floats, Fn fn) {
     fn(i, AsBytes(values.subspan(i, n)));
     i += n;
   } while (i < static_cast<int64_t>(values.size()));
-}
-
-// As ForEachChunk, with the pieces encoded as `type` (at most kChunkBytes each; float32 goes out
-// as is, without a copy; 16-bit types through `scratch`). Returns how many values were saturated
-// (see EncodeValues).
-template <typename Fn>
-int64_t ForEachChunk(absl::Span<const float> values, WireType type, std::string* scratch, Fn fn) {
-  if (type == WireType::kFloat32) {
-    ForEachChunk(values, kChunkFloats, fn);
-    return 0;
-  }
-  int64_t saturated = 0;
-  ForEachChunk(values, kChunkBytes / WireBytes(type), [&](int64_t i, std::string_view bytes) {
-    absl::Span<const float> piece(reinterpret_cast<const float*>(bytes.data()),
-                                  bytes.size() / sizeof(float));
-    saturated += EncodeValues(piece, type, scratch);
-    fn(i, std::string_view(*scratch));
-  });
-  return saturated;
 }
 
 // Reassembles a stream of byte chunks of `type` values into a destination span, in order. Not

@@ -7,10 +7,11 @@
 // Received, such a message is split the other way (DecodeWithTensor): its other fields are parsed
 // as usual, and the tensor's bytes go from gRPC's slices straight into the destination.
 //
-// Copies on the way (a 16-bit type adds its conversion, which replaces no copy), not counting the
-// kernel's: a push, from the worker's gradient to the shard's buffer: 1 (this decoding); a pull,
-// from the shard's values to the worker's buffer: 3 (the snapshot taken under the shard's lock,
-// the client's protobuf parse and its ChunkAssembler).
+// Copies on the way (a 16-bit type's conversion takes the place of one), not counting the
+// kernel's: a push, from the worker's gradient to the shard's buffer: 2 (the client's into buffers
+// the slices own, since gRPC may hold a failed call's bytes after it returned; the shard's from
+// gRPC's slices); a pull, from the shard's values to the worker's buffer: 3 (the snapshot taken
+// under the shard's lock, the client's protobuf parse and its ChunkAssembler).
 #pragma once
 
 #include <grpcpp/support/byte_buffer.h>

@@ -36,9 +36,16 @@ int64_t ToBFloat16(absl::Span<const float> in, uint16_t* out) {
   return saturated;
 }
 
-void FromBFloat16(const uint16_t* in, absl::Span<float> out) {
+// `in` may be unaligned (bytes straight from gRPC's slices): read through memcpy.
+uint16_t Half(const char* in, size_t i) {
+  uint16_t h;
+  std::memcpy(&h, in + 2 * i, sizeof(h));
+  return h;
+}
+
+void FromBFloat16(const char* in, absl::Span<float> out) {
   for (size_t i = 0; i < out.size(); ++i) {
-    uint32_t u = static_cast<uint32_t>(in[i]) << 16;
+    uint32_t u = static_cast<uint32_t>(Half(in, i)) << 16;
     std::memcpy(&out[i], &u, sizeof(u));
   }
 }
@@ -64,13 +71,13 @@ __attribute__((target("avx,f16c"))) void ToFloat16F16c(const float* in, size_t n
   for (; i < n; ++i) out[i] = _cvtss_sh(in[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
-__attribute__((target("avx,f16c"))) void FromFloat16F16c(const uint16_t* in, size_t n, float* out) {
+__attribute__((target("avx,f16c"))) void FromFloat16F16c(const char* in, size_t n, float* out) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i));
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + 2 * i));
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
   }
-  for (; i < n; ++i) out[i] = _cvtsh_ss(in[i]);
+  for (; i < n; ++i) out[i] = _cvtsh_ss(Half(in, i));
 }
 
 // Without F16C: the compiler's _Float16 conversions (round to nearest even).
@@ -81,10 +88,10 @@ void ToFloat16Portable(const float* in, size_t n, uint16_t* out) {
   }
 }
 
-void FromFloat16Portable(const uint16_t* in, size_t n, float* out) {
+void FromFloat16Portable(const char* in, size_t n, float* out) {
   for (size_t i = 0; i < n; ++i) {
     _Float16 h;
-    std::memcpy(&h, &in[i], sizeof(h));
+    std::memcpy(&h, in + 2 * i, sizeof(h));
     out[i] = static_cast<float>(h);
   }
 }
@@ -153,7 +160,7 @@ int64_t EncodeValues(absl::Span<const float> values, WireType type, std::string*
 
 void DecodeValues(std::string_view bytes, WireType type, absl::Span<float> dst) {
   if (dst.empty()) return;
-  const auto* half = reinterpret_cast<const uint16_t*>(bytes.data());
+  const char* half = bytes.data();
   switch (type) {
     case WireType::kBFloat16:
       FromBFloat16(half, dst);

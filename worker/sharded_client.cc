@@ -49,27 +49,27 @@ void WriteChunks(grpc::ClientWriter<Chunk>* writer, const Header& header,
   });
 }
 
-// Streams a gradient as PushChunks of `type` on raw bytes: float32 values go out from `values`
-// itself, referenced, not copied (common/tensor_codec.h); the writer is finished before the
-// caller may reuse them. Returns how many values were saturated to the type's range.
+// Streams a gradient as PushChunks of `type` on raw bytes. Each chunk is encoded (float32: copied)
+// into a buffer its slice owns: gRPC may still hold a failed call's bytes after Push returned,
+// when the caller may reuse or free the gradient. Returns how many values were saturated to the
+// type's range.
 int64_t WritePushChunks(grpc::ClientWriter<grpc::ByteBuffer>* writer, const v1::PushHeader& header,
                         absl::Span<const float> values, WireType type) {
   bool ok = true;
-  std::string scratch;
+  int64_t saturated = 0;
   v1::PushChunk first;
   *first.mutable_header() = header;
   const std::string head = first.SerializeAsString();
-  return ForEachChunk(values, type, &scratch, [&](int64_t index, std::string_view bytes) {
+  ForEachChunk(values, kChunkBytes / WireBytes(type), [&](int64_t index, std::string_view raw) {
     if (!ok) return;
-    std::shared_ptr<const void> owner;
-    if (type != WireType::kFloat32) {  // the encoded copy in `scratch` is reused: hand it over
-      auto encoded = std::make_shared<std::string>(std::move(scratch));
-      bytes = *encoded;
-      owner = encoded;
-    }
+    absl::Span<const float> piece(reinterpret_cast<const float*>(raw.data()),
+                                  raw.size() / sizeof(float));
+    auto encoded = std::make_shared<std::string>();
+    saturated += EncodeValues(piece, type, encoded.get());
     ok = writer->Write(EncodeWithTensor(index == 0 ? head : std::string(),
-                                        v1::PushChunk::kDataFieldNumber, bytes, owner));
+                                        v1::PushChunk::kDataFieldNumber, *encoded, encoded));
   });
+  return saturated;
 }
 
 }  // namespace
