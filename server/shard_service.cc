@@ -239,22 +239,20 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
   // ps.proto lists them) are replaced by handlers of ByteBuffer messages. The replacement API
   // (meant for streamed methods) also marks them bidirectional, which changes nothing for a
   // synchronous server: neither kind reads a request before the handler runs.
-  MarkMethodStreamed(1, new grpc::internal::ClientStreamingHandler<ShardService, grpc::ByteBuffer,
-                                                                   v1::InitializeResponse>(
-                            [](ShardService* s, grpc::ServerContext* context,
-                               grpc::ServerReader<grpc::ByteBuffer>* reader,
-                               v1::InitializeResponse* response) {
-                              return s->Initialize(context, reader, response);
-                            },
-                            this));
-  MarkMethodStreamed(2, new grpc::internal::ClientStreamingHandler<ShardService, grpc::ByteBuffer,
-                                                                   v1::PushResponse>(
-                            [](ShardService* s, grpc::ServerContext* context,
-                               grpc::ServerReader<grpc::ByteBuffer>* reader,
-                               v1::PushResponse* response) {
-                              return s->Push(context, reader, response);
-                            },
-                            this));
+  ReadRawBytes(1, &ShardService::Initialize);
+  ReadRawBytes(2, &ShardService::Push);
+}
+
+template <typename Response>
+void ShardService::ReadRawBytes(int method, RawStream<Response> handle) {
+  MarkMethodStreamed(method, new grpc::internal::ClientStreamingHandler<ShardService,
+                                                                        grpc::ByteBuffer, Response>(
+                                 [handle](ShardService* s, grpc::ServerContext* context,
+                                          grpc::ServerReader<grpc::ByteBuffer>* reader,
+                                          Response* response) {
+                                   return (s->*handle)(context, reader, response);
+                                 },
+                                 this));
 }
 
 // An explicit check in each handler, not a grpc::AuthMetadataProcessor: gRPC 1.51 aborts when one

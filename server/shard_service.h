@@ -83,6 +83,14 @@ class ShardService final : public ShardServiceBase {
 
  private:
   class PullWriter;
+  template <typename Response>
+  using RawStream = grpc::Status (ShardService::*)(grpc::ServerContext*,
+                                                   grpc::ServerReader<grpc::ByteBuffer>*, Response*);
+
+  // Replaces the generated synchronous handler of method number `method` (in ps.proto's order)
+  // with one that reads raw bytes and calls `handle`.
+  template <typename Response>
+  void ReadRawBytes(int method, RawStream<Response> handle);
 
   // OK if the caller's token allows `call`; UNAUTHENTICATED or PERMISSION_DENIED otherwise.
   grpc::Status Authorize(const grpc::ServerContextBase& context, Access needed,
