@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <grpcpp/create_channel.h>
+#include <grpcpp/support/method_handler.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +18,7 @@
 #include "common/chunking.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/tensor_codec.h"
 #include "server/shard_service.h"
 
 namespace ps {
@@ -42,16 +44,23 @@ absl::Status WriteEpoch(const std::string& path, int64_t epoch) {
   return absl::OkStatus();
 }
 
-// Writes `values` as data messages.
-bool WriteValues(grpc::ServerReaderWriter<v1::ReplicationMessage, v1::BackupMessage>* stream,
-                 int64_t epoch, absl::Span<const float> values) {
+bool Write(Replica::BackupStream* stream, const v1::ReplicationMessage& m) {
+  grpc::Slice slice(m.SerializeAsString());
+  return stream->Write(grpc::ByteBuffer(&slice, 1));
+}
+
+// Writes `values` as data messages that reference them; `owner` keeps them alive while gRPC
+// holds them.
+bool WriteValues(Replica::BackupStream* stream, int64_t epoch, absl::Span<const float> values,
+                 const std::shared_ptr<const void>& owner) {
   bool ok = true;
   v1::ReplicationMessage m;
   m.set_epoch(epoch);
+  const std::string head = m.SerializeAsString();
   ForEachChunk(values, kChunkFloats, [&](int64_t, std::string_view bytes) {
     if (!ok) return;
-    m.set_data(bytes.data(), bytes.size());
-    ok = stream->Write(m);
+    ok = stream->Write(
+        EncodeWithTensor(head, v1::ReplicationMessage::kDataFieldNumber, bytes, owner));
   });
   return ok;
 }
@@ -484,9 +493,7 @@ absl::StatusOr<std::optional<ShardCheckpoint>> Replica::ReceiveState(
   return c;
 }
 
-grpc::Status Replica::ServeBackup(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::ReplicationMessage, v1::BackupMessage>* stream) {
+grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* stream) {
   v1::BackupMessage join;
   if (!stream->Read(&join)) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no join message");
@@ -532,7 +539,8 @@ grpc::Status Replica::ServeBackup(
     context->TryCancel();
     acks.join();
   };
-  ShardCheckpoint state;
+  auto owned_state = std::make_shared<ShardCheckpoint>();
+  ShardCheckpoint& state = *owned_state;
   v1::ReplicationMessage m;
   m.set_epoch(epoch);
   v1::StateHeader* h = m.mutable_state();
@@ -555,11 +563,11 @@ grpc::Status Replica::ServeBackup(
   }
   int64_t sent = h->index();
   log_.Start(attachment, sent);
-  bool ok = stream->Write(m) && WriteValues(stream, epoch, state.values);
+  bool ok = Write(stream, m) && WriteValues(stream, epoch, state.values, owned_state);
   for (const auto& [slot, values] : state.optimizer_state) {
-    ok = ok && WriteValues(stream, epoch, values);
+    ok = ok && WriteValues(stream, epoch, values, owned_state);
   }
-  state = ShardCheckpoint();  // the backup has it: free the copy
+  owned_state.reset();  // freed once gRPC is done with it
   if (ok) PS_LOG(INFO) << "a backup joined at change " << sent << ": streaming changes";
   while (ok) {
     absl::StatusOr<std::optional<std::shared_ptr<const ReplicationLog::Entry>>> next =
@@ -568,7 +576,7 @@ grpc::Status Replica::ServeBackup(
     v1::ReplicationMessage out;
     out.set_epoch(epoch);
     if (!next->has_value()) {  // idle: a heartbeat
-      ok = stream->Write(out);
+      ok = Write(stream, out);
       continue;
     }
     const ShardChange& c = (**next)->change;
@@ -582,7 +590,7 @@ grpc::Status Replica::ServeBackup(
     header->set_staleness(c.staleness);
     header->set_learning_rate(c.learning_rate);
     header->set_length(static_cast<int64_t>(c.values.size()));
-    ok = stream->Write(out) && WriteValues(stream, epoch, c.values);
+    ok = Write(stream, out) && WriteValues(stream, epoch, c.values, **next);
     sent = c.index;
   }
   PS_LOG(WARNING) << "the backup at " << context->peer() << " went away"
@@ -600,9 +608,18 @@ grpc::Status ReplicationService::Status(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status ReplicationService::Replicate(
-    grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::ReplicationMessage, v1::BackupMessage>* stream) {
+ReplicationService::ReplicationService(Replica* replica, TokenAuthenticator tokens)
+    : replica_(replica), tokens_(std::move(tokens)) {
+  MarkMethodStreamed(
+      1, new grpc::internal::BidiStreamingHandler<ReplicationService, v1::BackupMessage,
+                                                  grpc::ByteBuffer>(
+             [](ReplicationService* s, grpc::ServerContext* context,
+                Replica::BackupStream* stream) { return s->Replicate(context, stream); },
+             this));
+}
+
+grpc::Status ReplicationService::Replicate(grpc::ServerContext* context,
+                                           Replica::BackupStream* stream) {
   if (grpc::Status s = AuthorizeCall(tokens_, *context, Access::kWrite, "Replicate"); !s.ok()) {
     return s;
   }

@@ -76,10 +76,10 @@ class Replica {
   // backup goes away.
   absl::Status WaitReplicated(absl::Time deadline);
 
-  // The Replication service's calls (see ps.proto).
-  grpc::Status ServeBackup(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::ReplicationMessage, v1::BackupMessage>* stream);
+  // The Replication service's calls (see ps.proto). The primary writes ReplicationMessages as raw
+  // bytes, so that values go out without a copy (common/tensor_codec.h).
+  using BackupStream = grpc::ServerReaderWriter<grpc::ByteBuffer, v1::BackupMessage>;
+  grpc::Status ServeBackup(grpc::ServerContext* context, BackupStream* stream);
   v1::ReplicaStatusResponse Status(bool take_over);
 
   Role role() const;
@@ -139,13 +139,11 @@ class Replica {
 // receives the model and makes the primary acknowledge pushes), then hands the call over.
 class ReplicationService final : public v1::Replication::Service {
  public:
-  ReplicationService(Replica* replica, TokenAuthenticator tokens)
-      : replica_(replica), tokens_(std::move(tokens)) {}
+  ReplicationService(Replica* replica, TokenAuthenticator tokens);
   grpc::Status Status(grpc::ServerContext* context, const v1::ReplicaStatusRequest* request,
                       v1::ReplicaStatusResponse* response) override;
-  grpc::Status Replicate(
-      grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::ReplicationMessage, v1::BackupMessage>* stream) override;
+  // Replaces the generated handler (method 1 in ps.proto's order), writing raw bytes.
+  grpc::Status Replicate(grpc::ServerContext* context, Replica::BackupStream* stream);
 
  private:
   Replica* replica_;
