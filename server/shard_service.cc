@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/chunking.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/tensor_codec.h"
 
 namespace ps {
@@ -193,7 +194,11 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
                                   AsBytes(piece), snapshot_);
     } else {
       auto encoded = std::make_shared<std::string>();
-      EncodeValues(piece, type_, encoded.get());
+      if (EncodeValues(piece, type_, encoded.get()) > 0 &&
+          !service_->pull_saturated_.exchange(true)) {
+        PS_LOG(WARNING) << "a pulled weight beyond " << WireTypeName(type_)
+                        << "'s range was sent as its largest (logged once)";
+      }
       message_ = EncodeWithTensor(head.SerializeAsString(), v1::PullChunk::kDataFieldNumber,
                                   *encoded, encoded);
     }

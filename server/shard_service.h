@@ -8,6 +8,8 @@
 // synchronous client streams, each under a CallLimit and the StreamWatchdog.
 #pragma once
 
+#include <atomic>
+
 #include "common/security.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/call_limits.h"
@@ -111,6 +113,7 @@ class ShardService final : public ShardServiceBase {
   CallLimit streams_, pulls_;
   StreamWatchdog watchdog_;
   BufferPool push_buffers_{2};  // gradients being received; two idle ones kept
+  std::atomic<bool> pull_saturated_{false};  // a 16-bit pull had to saturate a weight (logged)
 };
 
 }  // namespace ps

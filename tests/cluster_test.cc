@@ -82,6 +82,28 @@ TEST(ClusterTest, TwoShardsTwoWorkersTrainOnA16BitWire) {
   TrainTwoShardsTwoWorkers({"--push_dtype=bf16", "--pull_dtype=fp16"});
 }
 
+// Weights beyond float16's range are pulled as its largest, not as infinities, and the shard
+// says so once.
+TEST(ClusterTest, Float16PullsSaturateLargeWeightsAndTheShardSaysSo) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(1, "flat:4", 1, {}).ok());
+  ClientOptions options;
+  options.pull_type = WireType::kFloat16;
+  ShardedClient client({cluster.ShardAddress(0)}, {"flat:4", 4, 1}, 0, options);
+  ASSERT_TRUE(client.Register().ok());
+  ASSERT_TRUE(client.Initialize({1e6f, -1e6f, 1.5f, 0.0f}).ok());
+  std::vector<float> pulled(4);
+  ShardedClient::Versions versions;
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(client.Pull(absl::MakeSpan(pulled), &versions).ok());
+  EXPECT_EQ(pulled, (std::vector<float>{65504.0f, -65504.0f, 1.5f, 0.0f}));
+  EXPECT_EQ(cluster.Stop(), "");
+  const std::string log = ReadFile(cluster.run_dir() + "/ps-0.log");
+  const std::string line = "beyond fp16's range was sent as its largest (logged once)";
+  const size_t first = log.find(line);
+  ASSERT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find(line, first + line.size()), std::string::npos) << log;
+}
+
 TEST(ClusterTest, PrefetchingWorkersTrainAndRefuseSyncShards) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
   ASSERT_TRUE(cluster.StartShards(2, kMlp, 2, {"--optimizer=momentum", "--lr=0.01"}).ok());
