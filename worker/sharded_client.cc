@@ -32,33 +32,15 @@ bool IsTransient(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
 }
 
-// Streams `values` as chunks, the first carrying `header`.
-template <typename Chunk, typename Header>
-void WriteChunks(grpc::ClientWriter<Chunk>* writer, const Header& header,
-                 absl::Span<const float> values) {
-  bool ok = true;
-  Chunk chunk;
-  ForEachChunk(values, kChunkFloats, [&](int64_t index, std::string_view bytes) {
-    if (!ok) return;
-    if (index == 0)
-      *chunk.mutable_header() = header;
-    else
-      chunk.clear_header();
-    chunk.set_data(bytes.data(), bytes.size());
-    ok = writer->Write(chunk);
-  });
-}
-
-// Streams a gradient as PushChunks of `type` on raw bytes. Each chunk is encoded (float32: copied)
-// into a buffer its slice owns: gRPC may still hold a failed call's bytes after Push returned,
-// when the caller may reuse or free the gradient. Returns how many values were saturated to the
-// type's range.
-int64_t WritePushChunks(grpc::ClientWriter<grpc::ByteBuffer>* writer, const v1::PushHeader& header,
-                        absl::Span<const float> values, WireType type) {
+// Streams `values` as `Chunk` messages of `type` values on raw bytes, the first also carrying
+// `first`'s header. Each chunk is encoded (float32: copied) into a buffer its slice owns: gRPC may
+// still hold a failed call's bytes after the call returned, when the caller may reuse or free
+// `values`. Returns how many values were saturated to the type's range.
+template <typename Chunk>
+int64_t WriteTensorChunks(grpc::ClientWriter<grpc::ByteBuffer>* writer, const Chunk& first,
+                          absl::Span<const float> values, WireType type) {
   bool ok = true;
   int64_t saturated = 0;
-  v1::PushChunk first;
-  *first.mutable_header() = header;
   const std::string head = first.SerializeAsString();
   ForEachChunk(values, kChunkBytes / WireBytes(type), [&](int64_t index, std::string_view raw) {
     if (!ok) return;
@@ -67,7 +49,7 @@ int64_t WritePushChunks(grpc::ClientWriter<grpc::ByteBuffer>* writer, const v1::
     auto encoded = std::make_shared<std::string>();
     saturated += EncodeValues(piece, type, encoded.get());
     ok = writer->Write(EncodeWithTensor(index == 0 ? head : std::string(),
-                                        v1::PushChunk::kDataFieldNumber, *encoded, encoded));
+                                        Chunk::kDataFieldNumber, *encoded, encoded));
   });
   return saturated;
 }
@@ -88,10 +70,13 @@ ShardedClient::ShardedClient(std::vector<std::string> addresses, ModelIdentity m
     std::vector<Replica>& replicas = replicas_.emplace_back();
     for (const std::string& address : ShardReplicas(addresses[i])) {
       std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(address, credentials);
+      auto method = [&](const char* name) {
+        return std::make_unique<grpc::internal::RpcMethod>(
+            name, grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+      };
       replicas.push_back({address, channel, v1::ParameterServer::NewStub(channel),
-                          std::make_unique<grpc::internal::RpcMethod>(
-                              "/ps.v1.ParameterServer/Push",
-                              grpc::internal::RpcMethod::CLIENT_STREAMING, channel)});
+                          method("/ps.v1.ParameterServer/Initialize"),
+                          method("/ps.v1.ParameterServer/Push")});
     }
     ranges_.push_back(
         PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses.size())));
@@ -379,14 +364,18 @@ absl::StatusOr<int> ShardedClient::Initialize(absl::Span<const float> params) {
   std::vector<int> applied(num_shards(), 0);
   absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
     const Range& r = ranges_[shard];
-    v1::InitializeHeader header;
-    *header.mutable_model() = ModelProto();
-    header.set_offset(r.begin);
-    header.set_length(r.size());
-    header.set_dtype(v1::FLOAT32);
+    v1::InitializeChunk first;
+    v1::InitializeHeader* header = first.mutable_header();
+    *header->mutable_model() = ModelProto();
+    header->set_offset(r.begin);
+    header->set_length(r.size());
+    header->set_dtype(v1::FLOAT32);
     v1::InitializeResponse response;
-    auto writer = Stub(shard)->Initialize(context, &response);
-    WriteChunks(writer.get(), header, params.subspan(r.begin, r.size()));
+    const Replica& replica = CurrentReplicaOf(shard);
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+            replica.channel.get(), *replica.initialize, context, &response));
+    WriteTensorChunks(writer.get(), first, params.subspan(r.begin, r.size()), WireType::kFloat32);
     writer->WritesDone();
     grpc::Status status = writer->Finish();
     applied[shard] = response.applied();
@@ -460,7 +449,8 @@ absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(absl::Span<const 
       // lost: the gradient is taken as computed from the version the shard came back at.
       base_version = std::min(base_version, session.registered_version);
     }
-    v1::PushHeader header;
+    v1::PushChunk first;
+    v1::PushHeader& header = *first.mutable_header();
     header.set_worker_id(worker_id_);
     header.set_incarnation(session.incarnation);
     header.set_shard_incarnation(session.shard_incarnation);
@@ -473,8 +463,8 @@ absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(absl::Span<const 
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
         grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
             replica.channel.get(), *replica.push, context, &responses[shard]));
-    saturated[shard] = WritePushChunks(writer.get(), header, gradient.subspan(r.begin, r.size()),
-                                       options_.push_type);
+    saturated[shard] = WriteTensorChunks(writer.get(), first, gradient.subspan(r.begin, r.size()),
+                                         options_.push_type);
     writer->WritesDone();
     return writer->Finish();
   });

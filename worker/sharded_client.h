@@ -182,8 +182,8 @@ class ShardedClient {
     std::string address;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::ParameterServer::Stub> stub;
-    // Push on raw bytes, so that gradients go out without a copy (common/tensor_codec.h).
-    std::unique_ptr<grpc::internal::RpcMethod> push;
+    // Initialize and Push on raw bytes: tensors go out through common/tensor_codec.h.
+    std::unique_ptr<grpc::internal::RpcMethod> initialize, push;
   };
   const Replica& CurrentReplicaOf(int shard) const;
   std::vector<std::vector<Replica>> replicas_;  // by shard: one, or two with replication
