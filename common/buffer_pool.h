@@ -1,11 +1,14 @@
 // Reusable float buffers, so that large pushes and pulls do not allocate (and page-fault) fresh
 // memory on every call: glibc hands big allocations to mmap, and touching fresh pages costs more
-// than moving the bytes. Thread-safe.
+// than moving the bytes. Idle buffers cost memory, though (a shard's buffers are shard-sized), so
+// the owner trims those left unused for a while. Thread-safe.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 
 namespace ps {
@@ -42,6 +45,10 @@ class BufferPool {
 
   // A buffer of `size` floats: an idle one that is large enough, or a new one.
   Lease Acquire(size_t size);
+  // Frees the idle buffers that have not been used for `unused` or longer (at `now`).
+  void Trim(absl::Duration unused, absl::Time now = absl::Now());
+  // Bytes held by idle buffers.
+  size_t IdleBytes() const;
 
  private:
   std::shared_ptr<Lease::Shared> shared_;  // the idle buffers, shared with the leases

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/numbers.h"
@@ -91,6 +92,10 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(const Sha
   if (!(c.clip_norm >= 0) || !std::isfinite(c.clip_norm)) {
     return absl::InvalidArgumentError("--clip_norm must be a number >= 0");
   }
+  if (c.apply_threads < 1 || c.apply_threads > ApplyThreads::kMaxThreads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--apply_threads must be in [1, ", ApplyThreads::kMaxThreads, "]"));
+  }
   return std::unique_ptr<ParameterShard>(
       new ParameterShard(c, *std::move(model), *std::move(schedule)));
 }
@@ -101,7 +106,8 @@ ParameterShard::ParameterShard(const ShardConfig& config, ModelIdentity model,
       model_(std::move(model)),
       range_(PartRange(model_.total_params, config.shard_index, config.num_shards)),
       schedule_(std::move(schedule)),
-      members_(config.lease) {
+      members_(config.lease),
+      apply_threads_(config.apply_threads) {
   deadline_thread_ = std::thread([this] { ExpireWaitersLoop(); });
 }
 
@@ -117,6 +123,9 @@ ParameterShard::~ParameterShard() {
 // Pull answers gathered under the lock and delivered once it is released: declare one before the
 // MutexLock, so that it is destroyed after it. DC-ASGD's copy of an answered whole-shard pull is
 // made here too, outside the lock.
+// Pull answers gathered under the lock and delivered once it is released: declare one before the
+// MutexLock, so that it is destroyed after it. An admitted pull's values are copied here, under
+// data_mu_ alone, and so is DC-ASGD's copy of an answered whole-shard pull.
 class ParameterShard::Completions {
  public:
   explicit Completions(ParameterShard* shard) : shard_(shard) {}
@@ -124,25 +133,42 @@ class ParameterShard::Completions {
   Completions& operator=(const Completions&) = delete;
   ~Completions() {
     for (Answer& a : answers_) {
-      if (a.keep_copy && a.result.ok()) shard_->KeepPulledCopy(a.worker_id, *a.result);
-      a.done(std::move(a.result));
+      if (a.status.ok()) {
+        Snapshot snapshot = shard_->CopyValues(a.offset, a.length);
+        if (a.keep_copy) shard_->KeepPulledCopy(a.worker_id, snapshot);
+        a.done(std::move(snapshot));
+      } else {
+        a.done(a.status);
+      }
     }
   }
-  void Add(ReadDone done, absl::StatusOr<Snapshot> result, int worker_id = -1,
-           bool keep_copy = false) {
-    answers_.push_back({std::move(done), std::move(result), worker_id, keep_copy});
+  void Fail(ReadDone done, absl::Status status) {
+    answers_.push_back({std::move(done), std::move(status)});
+  }
+  // An admitted pull of [offset, offset + length).
+  void Read(ReadDone done, int64_t offset, int64_t length, int worker_id, bool keep_copy) {
+    answers_.push_back({std::move(done), absl::OkStatus(), offset, length, worker_id, keep_copy});
   }
 
  private:
   struct Answer {
     ReadDone done;
-    absl::StatusOr<Snapshot> result;
-    int worker_id;
-    bool keep_copy;
+    absl::Status status;
+    int64_t offset = 0, length = 0;
+    int worker_id = -1;
+    bool keep_copy = false;
   };
   ParameterShard* shard_;
   std::vector<Answer> answers_;
 };
+
+ParameterShard::Snapshot ParameterShard::CopyValues(int64_t offset, int64_t length) {
+  Snapshot snapshot{0, offset, snapshot_buffers_.Acquire(length)};
+  absl::ReaderMutexLock lock(&data_mu_);
+  snapshot.version = data_version_;
+  std::copy_n(weights_.begin() + (offset - range_.begin), length, snapshot.values.span().begin());
+  return snapshot;
+}
 
 absl::Status ParameterShard::CheckModel(const ModelIdentity& m) const {
   if (m.num_shards != config_.num_shards) {
@@ -169,17 +195,6 @@ absl::Status ParameterShard::CheckWorkerId(int worker_id) const {
   return absl::OkStatus();
 }
 
-absl::Status ParameterShard::CheckInitialize(const ModelIdentity& model, int64_t offset,
-                                             int64_t length) const {
-  if (absl::Status s = CheckModel(model); !s.ok()) return s;
-  if (offset != range_.begin || length != range_.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("initialisation covers ", RangeText(offset, End(offset, length)), ", shard ",
-                     config_.shard_index, " owns ", RangeText(range_.begin, range_.end)));
-  }
-  return absl::OkStatus();
-}
-
 bool ParameterShard::initialized() const {
   absl::ReaderMutexLock lock(&mu_);
   return initialized_;
@@ -190,27 +205,34 @@ int64_t ParameterShard::version() const {
   return version_;
 }
 
-bool ParameterShard::TryBeginInitialize() {
-  absl::MutexLock lock(&mu_);
-  if (initializing_) return false;
-  initializing_ = true;
-  return true;
+ParameterShard::InitializeSlot::~InitializeSlot() {
+  if (shard_ == nullptr) return;
+  absl::MutexLock lock(&shard_->mu_);
+  shard_->initializing_ = false;
 }
 
-void ParameterShard::EndInitialize() {
-  absl::MutexLock lock(&mu_);
-  initializing_ = false;
-}
-
-absl::StatusOr<bool> ParameterShard::Initialize(const ModelIdentity& model, int64_t offset,
-                                                absl::Span<const float> values) {
-  if (absl::Status s = CheckInitialize(model, offset, static_cast<int64_t>(values.size()));
-      !s.ok()) {
-    return s;
-  }
-  if (int64_t bad = FirstNonFinite(values); bad >= 0) {
+absl::StatusOr<ParameterShard::InitializeSlot> ParameterShard::BeginInitialize(
+    const ModelIdentity& model, int64_t offset, int64_t length) {
+  if (absl::Status s = CheckModel(model); !s.ok()) return s;
+  if (offset != range_.begin || length != range_.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("initial value at offset ", offset + bad, " is not finite"));
+        absl::StrCat("initialisation covers ", RangeText(offset, End(offset, length)), ", shard ",
+                     config_.shard_index, " owns ", RangeText(range_.begin, range_.end)));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (initialized_) return InitializeSlot(nullptr, 0);
+    if (initializing_) return absl::UnavailableError("another initialisation is in progress");
+    initializing_ = true;
+  }
+  return InitializeSlot(this, range_.size());
+}
+
+absl::StatusOr<bool> ParameterShard::Commit(InitializeSlot slot) {
+  if (!slot.needed()) return false;
+  if (int64_t bad = FirstNonFinite(slot.values_); bad >= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial value at offset ", range_.begin + bad, " is not finite"));
   }
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
       MakeOptimizer(config_.optimizer, range_.size());
@@ -218,13 +240,26 @@ absl::StatusOr<bool> ParameterShard::Initialize(const ModelIdentity& model, int6
 
   Completions answers(this);
   absl::MutexLock lock(&mu_);
-  if (initialized_) return false;  // a restarted initialiser: keep the trained values
-  weights_.assign(values.begin(), values.end());
-  optimizer_ = *std::move(optimizer);
+  if (initialized_) return false;  // restored meanwhile (a backup)
+  {
+    absl::MutexLock data(&data_mu_);
+    weights_ = std::move(slot.values_);
+    optimizer_ = *std::move(optimizer);
+    data_version_ = version_;
+  }
   initialized_ = true;
   Changed({.kind = ShardChange::Kind::kInitialize, .values = weights_});
   AnswerWaiters(&answers);
   return true;
+}
+
+absl::StatusOr<bool> ParameterShard::Initialize(const ModelIdentity& model, int64_t offset,
+                                                absl::Span<const float> values) {
+  absl::StatusOr<InitializeSlot> slot = BeginInitialize(model, offset, values.size());
+  if (!slot.ok()) return slot.status();
+  if (!slot->needed()) return false;
+  std::copy(values.begin(), values.end(), slot->values().begin());
+  return Commit(*std::move(slot));
 }
 
 absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const ModelIdentity& model,
@@ -297,6 +332,8 @@ absl::Status ParameterShard::Leave(int worker_id, int64_t incarnation) {
 }
 
 std::vector<int> ParameterShard::ExpireLeases(absl::Time now) {
+  push_buffers_.Trim(kBuffersUnused);
+  snapshot_buffers_.Trim(kBuffersUnused);
   Completions answers(this);
   absl::MutexLock lock(&mu_);
   std::vector<int> expired = members_.Expire(now);
@@ -350,7 +387,6 @@ absl::Status ParameterShard::CheckPushHeader(const PushHeaderInfo& h) const {
         "push covers ", RangeText(h.offset, End(h.offset, h.length)), "; a push must cover shard ",
         config_.shard_index, "'s whole range ", RangeText(range_.begin, range_.end)));
   }
-  absl::ReaderMutexLock lock(&mu_);
   if (!initialized_) return absl::FailedPreconditionError("shard is not initialised yet");
   if (absl::Status s = CheckIncarnation(h.worker_id, h.incarnation); !s.ok()) return s;
   if (int64_t last = members_.workers().at(h.worker_id).last_sequence;
@@ -367,34 +403,56 @@ absl::Status ParameterShard::CheckPushHeader(const PushHeaderInfo& h) const {
   return absl::OkStatus();
 }
 
-absl::Span<const float> ParameterShard::Clip(absl::Span<const float> gradient, double norm,
-                                             std::vector<float>* scratch, bool* clipped) const {
-  *clipped = config_.clip_norm > 0 && norm > config_.clip_norm;
-  if (!*clipped) return gradient;
-  float scale = static_cast<float>(config_.clip_norm / norm);
-  scratch->resize(gradient.size());
-  for (size_t i = 0; i < gradient.size(); ++i) (*scratch)[i] = gradient[i] * scale;
-  return *scratch;
+ParameterShard::PushSlot::~PushSlot() {
+  if (shard_ != nullptr) shard_->RecordRejectedPush();
+}
+
+absl::StatusOr<ParameterShard::PushSlot> ParameterShard::BeginPush(const PushHeaderInfo& h) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckPushHeader(h); !s.ok()) {
+      ++pushes_rejected_;
+      return s;
+    }
+  }
+  // The header matched the shard's range exactly, so this is the shard's size, never more.
+  return PushSlot(this, h, push_buffers_.Acquire(h.length));
+}
+
+bool ParameterShard::Clip(absl::Span<float> gradient, double norm) const {
+  if (config_.clip_norm <= 0 || norm <= config_.clip_norm) return false;
+  const float scale = static_cast<float>(config_.clip_norm / norm);
+  for (float& g : gradient) g *= scale;
+  return true;
 }
 
 absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
                                                  absl::Span<const float> gradient) {
-  absl::Status status = CheckPushHeader(h);
-  if (status.ok() && static_cast<int64_t>(gradient.size()) != h.length) {
-    status = absl::InvalidArgumentError(
+  absl::StatusOr<PushSlot> slot = BeginPush(h);
+  if (!slot.ok()) return slot.status();
+  if (static_cast<int64_t>(gradient.size()) != h.length) {
+    return absl::InvalidArgumentError(
         absl::StrCat("push declares ", h.length, " values, carries ", gradient.size()));
   }
-  // Scanned and clipped outside the lock: this is the costly part and needs no shared state.
-  double sum_of_squares = 0;
-  if (int64_t bad = FirstNonFinite(gradient); status.ok() && bad >= 0) {
-    status = absl::InvalidArgumentError(absl::StrCat("gradient value at offset ", h.offset + bad,
-                                                     " is ", gradient[bad], " (not finite)"));
-  } else if (config_.clip_norm > 0) {
-    for (float g : gradient) sum_of_squares += static_cast<double>(g) * g;
-  }
-  std::vector<float> clip_scratch;
+  std::copy(gradient.begin(), gradient.end(), slot->gradient().begin());
+  return Commit(*std::move(slot));
+}
+
+absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
+  const PushHeaderInfo h = slot.header_;
+  slot.shard_ = nullptr;  // counted here from now on
+  absl::Span<float> gradient = slot.gradient();
+  // Scanned and clipped outside the lock: this needs no shared state.
+  const GradientSummary scan = ScanGradient(gradient, &apply_threads_, config_.clip_norm > 0);
+  absl::Status status;
   bool clipped = false;
-  if (status.ok()) gradient = Clip(gradient, std::sqrt(sum_of_squares), &clip_scratch, &clipped);
+  if (scan.first_nonfinite >= 0) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("gradient value at offset ", h.offset + scan.first_nonfinite, " is ",
+                     gradient[scan.first_nonfinite], " (not finite)"));
+  } else {
+    clipped = Clip(gradient, std::sqrt(scan.sum_of_squares));
+  }
 
   Completions answers(this);
   absl::MutexLock lock(&mu_);
@@ -444,7 +502,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Push(const PushHeaderInfo& h,
     ++pushes_dropped_stale_;
     outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
   } else {
-    outcome = ApplyNow(*worker, h, staleness, gradient, &change);
+    outcome = ApplyNow(*worker, h, staleness, gradient, scan.max_abs, &change);
     change.kind = ShardChange::Kind::kUpdate;
   }
   if (!outcome.ok()) {
@@ -480,7 +538,7 @@ float ParameterShard::LearningRate() const {
 absl::StatusOr<PushOutcome> ParameterShard::ApplyNow(Membership::Worker& worker,
                                                      const PushHeaderInfo& h, int64_t staleness,
                                                      absl::Span<const float> gradient,
-                                                     ShardChange* change) {
+                                                     float max_abs, ShardChange* change) {
   float lr = LearningRate();
   if (config_.staleness_aware_lr) lr /= static_cast<float>(std::max<int64_t>(1, staleness));
   // The copy of the weights this gradient was computed from, if the shard kept it.
@@ -492,23 +550,30 @@ absl::StatusOr<PushOutcome> ParameterShard::ApplyNow(Membership::Worker& worker,
     // DC-ASGD (Zheng et al. 2017): g + lambda * g * g * (w_now - w_at_pull) approximates the
     // gradient at the current weights from the stale one.
     scratch_.resize(gradient.size());
+    absl::ReaderMutexLock data(&data_mu_);
     for (size_t i = 0; i < gradient.size(); ++i) {
       float g = gradient[i];
       scratch_[i] = g + config_.dc_lambda * g * g * (weights_[i] - (*pulled)[i]);
     }
     gradient = scratch_;
+    max_abs = std::numeric_limits<float>::infinity();  // unknown
   }
-  if (absl::Status s = optimizer_->Apply(absl::MakeSpan(weights_), gradient, 0, lr, version_);
-      !s.ok()) {
-    return s;
-  }
-  ++version_;
+  if (absl::Status s = ApplyToValues(gradient, lr, max_abs); !s.ok()) return s;
   change->values = gradient;
   change->learning_rate = lr;
   staleness_.Add(staleness);
   worker.staleness.Add(staleness);
   ++worker.pushes_applied;
   return PushOutcome{version_, staleness, false, false};
+}
+
+absl::Status ParameterShard::ApplyToValues(absl::Span<const float> gradient, float lr,
+                                           float max_abs) {
+  absl::MutexLock data(&data_mu_);
+  absl::Status s = optimizer_->Apply(absl::MakeSpan(weights_), gradient, lr, version_,
+                                     &apply_threads_, max_abs);
+  if (s.ok()) data_version_ = ++version_;
+  return s;
 }
 
 absl::StatusOr<PushOutcome> ParameterShard::AddToRound(Membership::Worker& worker,
@@ -536,9 +601,9 @@ void ParameterShard::MaybeCloseRound() {
   float scale = 1.0f / static_cast<float>(round_contributors_.size());
   for (float& g : round_sum_) g *= scale;
   const float lr = LearningRate();
-  if (absl::Status s = optimizer_->Apply(absl::MakeSpan(weights_), round_sum_, 0, lr, version_);
+  if (absl::Status s =
+          ApplyToValues(round_sum_, lr, std::numeric_limits<float>::infinity());
       s.ok()) {
-    ++version_;
     Changed({.kind = ShardChange::Kind::kUpdate, .learning_rate = lr, .values = round_sum_});
     for (size_t i = 0; i < round_contributors_.size(); ++i) staleness_.Add(0);
   } else {
@@ -596,7 +661,7 @@ int64_t ParameterShard::StartRead(ReadRequest r, ReadDone done) {
         ", but under sync the next round's weights do not exist before its gradient is in"));
   }
   if (!bad.ok()) {
-    answers.Add(std::move(done), bad);
+    answers.Fail(std::move(done), bad);
     return 0;
   }
   if (TryAnswer(r, absl::Now(), done, &answers)) return 0;
@@ -609,25 +674,22 @@ int64_t ParameterShard::StartRead(ReadRequest r, ReadDone done) {
 bool ParameterShard::TryAnswer(const ReadRequest& r, absl::Time now, const ReadDone& done,
                                Completions* out) {
   if (shutdown_) {
-    out->Add(done, absl::UnavailableError("shard is shutting down"));
+    out->Fail(done, absl::UnavailableError("shard is shutting down"));
     return true;
   }
   if (initialized_ && Admits(r.worker_id, r.after_sequence)) {
     ++pulls_;
     const Membership::Worker* w = r.worker_id >= 0 ? members_.Find(r.worker_id) : nullptr;
     bool whole_shard = r.offset == range_.begin && r.length == range_.size();
-    Snapshot snapshot{version_, r.offset, snapshot_buffers_.Acquire(r.length)};
-    std::copy_n(weights_.begin() + (r.offset - range_.begin), r.length,
-                snapshot.values.span().begin());
-    out->Add(done, std::move(snapshot), r.worker_id,
-             config_.dc_lambda > 0 && whole_shard && w != nullptr && w->active);
+    out->Read(done, r.offset, r.length, r.worker_id,
+              config_.dc_lambda > 0 && whole_shard && w != nullptr && w->active);
     return true;
   }
   if (now < r.deadline) return false;
   // Held back by the consistency model: waiting longer is the protocol (the shard bounds it with
   // the progress timeout), so the client asks again at once. Not initialised: the client retries
   // within its budget for unavailable shards, so it cannot wait forever for an initialiser.
-  out->Add(done, initialized_
+  out->Fail(done, initialized_
                      ? absl::AbortedError(absl::StrCat("worker ", r.worker_id,
                                                        " is still held back by ",
                                                        ConsistencyName(config_), "; pull again"))
@@ -660,7 +722,7 @@ void ParameterShard::CancelRead(int64_t ticket) {
   absl::MutexLock lock(&mu_);
   auto it = waiters_.find(ticket);
   if (it == waiters_.end()) return;
-  answers.Add(std::move(it->second.done), absl::CancelledError("the pull was cancelled"));
+  answers.Fail(std::move(it->second.done), absl::CancelledError("the pull was cancelled"));
   waiters_.erase(it);
 }
 
@@ -744,8 +806,9 @@ absl::Status ParameterShard::Checkpoint(ShardCheckpoint* out) const {
   c.consistency = ConsistencyName(config_);
   c.version = version_;
   c.changes = changes_;
+  absl::ReaderMutexLock data(&data_mu_);
   c.values = weights_;  // copy-assignment keeps the destination's storage when it fits
-  std::vector<std::pair<std::string, absl::Span<float>>> slots = optimizer_->State();
+  std::vector<std::pair<std::string, absl::Span<const float>>> slots = optimizer_->State();
   c.optimizer_state.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
     c.optimizer_state[i].first = slots[i].first;
@@ -788,7 +851,7 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
       MakeOptimizer(config_.optimizer, range_.size());
   if (!optimizer.ok()) return optimizer.status();
-  std::vector<std::pair<std::string, absl::Span<float>>> slots = (*optimizer)->State();
+  std::vector<std::pair<std::string, absl::Span<float>>> slots = (*optimizer)->MutableState();
   if (slots.size() != c.optimizer_state.size()) {
     return absl::InvalidArgumentError("the checkpoint's optimizer state has other slots");
   }
@@ -806,8 +869,12 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   }
   Completions answers(this);
   absl::MutexLock lock(&mu_);
-  weights_ = c.values;
-  optimizer_ = *std::move(optimizer);
+  {
+    absl::MutexLock data(&data_mu_);
+    weights_ = c.values;
+    optimizer_ = *std::move(optimizer);
+    data_version_ = c.version;
+  }
   version_ = c.version;
   changes_ = c.changes;
   restored_ = true;
@@ -840,6 +907,9 @@ absl::Status ParameterShard::ApplyChange(const ShardChange& c) {
     if (!made.ok()) return made.status();
     fresh = *std::move(made);
   }
+  // Bounds the update's gradient (see Optimizer::Apply); scanned before the lock is taken.
+  const float max_abs = c.kind == Kind::kUpdate ? ScanGradient(c.values, &apply_threads_).max_abs
+                                                : std::numeric_limits<float>::infinity();
   Completions answers(this);
   absl::MutexLock lock(&mu_);
   auto mismatch = [&](absl::string_view what) {
@@ -852,19 +922,18 @@ absl::Status ParameterShard::ApplyChange(const ShardChange& c) {
   const bool sized = static_cast<int64_t>(c.values.size()) == range_.size();
   if (c.kind == Kind::kInitialize) {
     if (initialized_ || !sized) return mismatch("an initialisation of an initialised shard");
+    absl::MutexLock data(&data_mu_);
     weights_.assign(c.values.begin(), c.values.end());
     optimizer_ = std::move(fresh);
+    data_version_ = version_;
     initialized_ = true;
   } else if (!initialized_) {
     return mismatch("the shard is not initialised");
   } else if (c.kind == Kind::kUpdate) {
     if (!sized || c.version != version_ + 1) return mismatch("not the next update");
-    if (absl::Status s =
-            optimizer_->Apply(absl::MakeSpan(weights_), c.values, 0, c.learning_rate, version_);
-        !s.ok()) {
+    if (absl::Status s = ApplyToValues(c.values, c.learning_rate, max_abs); !s.ok()) {
       return mismatch(s.message());
     }
-    ++version_;
     staleness_.Add(c.staleness);
   } else if (c.version != version_) {
     return mismatch("a push taken at another version");

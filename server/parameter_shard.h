@@ -2,7 +2,9 @@
 // vector, the optimizer state for it, the version counter, the workers taking part (membership,
 // push sequences, SSP clocks) and staleness histograms, and the consistency model that decides
 // when a push is applied and when a pull may proceed. Knows nothing of gRPC.
-// Thread-safe: all methods may be called concurrently.
+// Thread-safe: all methods may be called concurrently. Pulls copy the values under a shared lock
+// of their own (data_mu_), so they wait neither for each other nor for the bookkeeping of a push,
+// only for the apply of one; an applied push is never half visible to them.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +14,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -23,6 +26,7 @@
 #include "common/model_identity.h"
 #include "common/partition.h"
 #include "common/staleness_histogram.h"
+#include "server/apply_threads.h"
 #include "server/learning_rate.h"
 #include "server/membership.h"
 #include "server/optimizer.h"
@@ -83,6 +87,8 @@ struct ShardConfig {
   bool scale_lr_by_workers = false;  // lr * number of active workers
   // Scale each push's gradient (this shard's part of it) down to this L2 norm; 0: off.
   float clip_norm = 0;
+  // Threads that apply one push together, each to its part of the range (ApplyThreads).
+  int apply_threads = 1;
   // Called with each change (initialisation, every update, every push taken without one), under
   // the shard's lock: must be cheap (a copy of the values at most) and must not call the shard.
   // Not called for a sync round's contributions before it closes. Unset: nothing.
@@ -197,6 +203,9 @@ class ParameterShard {
   static constexpr int64_t kMaxResumeSequence = int64_t{1} << 62;
   // Largest shard accepted (4 GiB of float32).
   static constexpr int64_t kMaxShardElements = int64_t{1} << 30;
+  // Idle push and pull buffers (kept so that a busy shard does not map fresh memory for each) are
+  // freed after this long unused, so that a shard at rest holds its values and state, no more.
+  static constexpr absl::Duration kBuffersUnused = absl::Seconds(5);
   // Most workers one Stats() page lists.
   static constexpr int kMaxStatsWorkers = 256;
 
@@ -209,20 +218,41 @@ class ParameterShard {
   int index() const { return config_.shard_index; }
   const Range& range() const { return range_; }
 
-  // Checks an Initialize header: the client's model must be the shard's and the range its own.
-  absl::Status CheckInitialize(const ModelIdentity& model, int64_t offset, int64_t length) const;
   // Whether Initialize already succeeded (a restarted initialiser then need not send anything).
   bool initialized() const;
   // Updates applied so far.
   int64_t version() const;
-  // At most one initialisation payload is received at a time, so that clients cannot make the
-  // shard hold many shard-sized buffers. Returns false if one is in progress; else the caller
-  // owns the slot until EndInitialize.
-  bool TryBeginInitialize();
-  void EndInitialize();
-  // Sets the shard's values once. Returns true if this call initialised the shard, false if it was
-  // already initialised (nothing changes). Fails on a different model, a range that is not the
-  // shard's, or a non-finite value.
+
+  // An initialisation being received. Move-only; destroying it frees the shard's one
+  // initialisation slot (see BeginInitialize).
+  class InitializeSlot {
+   public:
+    InitializeSlot(InitializeSlot&& o) noexcept
+        : shard_(std::exchange(o.shard_, nullptr)), values_(std::move(o.values_)) {}
+    InitializeSlot& operator=(InitializeSlot&&) = delete;
+    ~InitializeSlot();
+    // Whether the shard still needs the values: false if it was initialised already (a restarted
+    // initialiser), and then nothing need be received.
+    bool needed() const { return !values_.empty(); }
+    // Where the values go: the shard's size.
+    absl::Span<float> values() { return absl::MakeSpan(values_); }
+
+   private:
+    friend class ParameterShard;
+    InitializeSlot(ParameterShard* shard, int64_t size) : shard_(shard), values_(size) {}
+    ParameterShard* shard_;  // holds the slot; null: none
+    std::vector<float> values_;
+  };
+  // Checks an initialisation's header (the client's model must be the shard's and the range its
+  // own) and, unless the shard is initialised already, takes the one initialisation slot, so
+  // that clients cannot make the shard hold many shard-sized buffers: UNAVAILABLE while another
+  // client holds it.
+  absl::StatusOr<InitializeSlot> BeginInitialize(const ModelIdentity& model, int64_t offset,
+                                                 int64_t length);
+  // Sets the shard's values from `slot` once. Returns true if this call initialised the shard,
+  // false if it was already initialised (nothing changes). Fails on a non-finite value.
+  absl::StatusOr<bool> Commit(InitializeSlot slot);
+  // BeginInitialize and Commit with `values` (tests and in-process callers).
   absl::StatusOr<bool> Initialize(const ModelIdentity& model, int64_t offset,
                                   absl::Span<const float> values);
 
@@ -242,18 +272,42 @@ class ParameterShard {
   absl::Status Leave(int worker_id, int64_t incarnation);
   // Drops from the active set the workers whose lease ran out at `now` (MonotonicNow()), or who
   // stalled (see ShardConfig::progress_timeout), and closes a sync round that was waiting only
-  // for them. Returns their ids. The daemon calls this every second.
+  // for them. Returns their ids. Also frees the shard-sized buffers kept for pushes and pulls
+  // that went unused for kBuffersUnused. The daemon calls this every second.
   std::vector<int> ExpireLeases(absl::Time now);
 
-  // Checks a push header before the payload is read (so no buffer is sized by a bad request).
-  absl::Status CheckPushHeader(const PushHeaderInfo& header) const;
-  // Takes a gradient for the shard's range under the consistency model. A rejected push (an
-  // error) leaves the shard's state exactly as it was, weights and optimizer state included: a
-  // push whose update would make any of them non-finite is rejected (INVALID_ARGUMENT). A dropped
-  // one (outcome.dropped) is counted and not applied.
-  absl::StatusOr<PushOutcome> Push(const PushHeaderInfo& header, absl::Span<const float> gradient);
-  // Counts a push rejected before it reached Push (e.g. a malformed stream).
+  // A push whose header passed every check, with a buffer of the shard's size (from the shard's
+  // pool) for its gradient. Move-only. Commit applies it; destroyed uncommitted (a malformed
+  // payload, a client gone), it counts as a rejected push.
+  class PushSlot {
+   public:
+    PushSlot(PushSlot&& o) noexcept
+        : shard_(std::exchange(o.shard_, nullptr)), header_(o.header_), buffer_(std::move(o.buffer_)) {}
+    PushSlot& operator=(PushSlot&&) = delete;
+    ~PushSlot();
+    absl::Span<float> gradient() { return buffer_.span(); }
+
+   private:
+    friend class ParameterShard;
+    PushSlot(ParameterShard* shard, const PushHeaderInfo& header, BufferPool::Lease buffer)
+        : shard_(shard), header_(header), buffer_(std::move(buffer)) {}
+    ParameterShard* shard_;  // null once committed or moved from
+    PushHeaderInfo header_;
+    BufferPool::Lease buffer_;
+  };
+  // Checks a push's header before its payload is read (so no buffer is sized by a bad request):
+  // worker, incarnation, sequence, base version, and a range that is the shard's whole range.
+  // A refusal counts as a rejected push.
+  absl::StatusOr<PushSlot> BeginPush(const PushHeaderInfo& header);
+  // Takes the gradient in `slot` under the consistency model. A rejected push (an error) leaves
+  // the shard's state exactly as it was, weights and optimizer state included: a non-finite
+  // gradient, or one whose update would make a weight or state value non-finite, is rejected
+  // (INVALID_ARGUMENT). A dropped one (outcome.dropped) is counted and not applied.
+  absl::StatusOr<PushOutcome> Commit(PushSlot slot);
+  // Counts a push rejected before it had a header to begin with (a malformed stream).
   void RecordRejectedPush();
+  // BeginPush and Commit with `gradient` (tests and in-process callers).
+  absl::StatusOr<PushOutcome> Push(const PushHeaderInfo& header, absl::Span<const float> gradient);
 
   // A copy of some of the shard's values and the version they reflect.
   struct Snapshot {
@@ -320,6 +374,7 @@ class ParameterShard {
   ParameterShard(const ShardConfig& config, ModelIdentity model, LearningRateSchedule schedule);
 
   absl::Status CheckModel(const ModelIdentity& model) const;
+  absl::Status CheckPushHeader(const PushHeaderInfo& header) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::Status CheckWorkerId(int worker_id) const;
   // OK if `worker_id` registered and `incarnation` is its current one.
   absl::Status CheckIncarnation(int worker_id, int64_t incarnation) const
@@ -331,14 +386,18 @@ class ParameterShard {
   // May worker_id's pull, made after its push of `after_sequence`, proceed now?
   bool Admits(int worker_id, int64_t after_sequence) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   float LearningRate() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // The gradient to apply: `gradient` itself, or scaled down to clip_norm in scratch (`clipped`
-  // set). `norm` is its L2 norm.
-  absl::Span<const float> Clip(absl::Span<const float> gradient, double norm,
-                               std::vector<float>* scratch, bool* clipped) const;
-  // Applies a push at once; fills change's values and learning rate.
+  // Scales `gradient` down to clip_norm in place if its L2 norm (`norm`) is above it; returns
+  // whether it did.
+  bool Clip(absl::Span<float> gradient, double norm) const;
+  // Applies a push at once; fills change's values and learning rate. `max_abs` bounds the
+  // gradient's magnitudes (see Optimizer::Apply).
   absl::StatusOr<PushOutcome> ApplyNow(Membership::Worker& worker, const PushHeaderInfo& h,
                                        int64_t staleness, absl::Span<const float> gradient,
-                                       ShardChange* change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                                       float max_abs, ShardChange* change)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies `gradient` to the values with the optimizer and publishes the new version to pulls.
+  absl::Status ApplyToValues(absl::Span<const float> gradient, float lr, float max_abs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts `change` (sets its index and version) and passes it to on_change.
   void Changed(ShardChange change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<PushOutcome> AddToRound(Membership::Worker& worker, const PushHeaderInfo& h,
@@ -349,7 +408,8 @@ class ParameterShard {
   // Forgets what the shard kept for a worker that left the active set (DC-ASGD copies).
   void Forget(int worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers `request` now if it can be (admitted, shut down, or past its deadline at `now`):
-  // adds its answer to `out` and returns true.
+  // adds its answer to `out` (an admitted pull's values are copied once the lock is released)
+  // and returns true.
   bool TryAnswer(const ReadRequest& request, absl::Time now, const ReadDone& done, Completions* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers every waiting pull that can be answered now. Called after each change of state.
@@ -359,17 +419,24 @@ class ParameterShard {
   // DC-ASGD: keeps a copy of what an active worker pulled (copied outside the lock).
   void KeepPulledCopy(int worker_id, const Snapshot& snapshot) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A snapshot of [offset, offset + length), copied under data_mu_ (shared).
+  Snapshot CopyValues(int64_t offset, int64_t length) ABSL_LOCKS_EXCLUDED(data_mu_);
+
   const ShardConfig config_;
   const ModelIdentity model_;
   const Range range_;
   const LearningRateSchedule schedule_;
 
+  // Lock order: mu_, then data_mu_. mu_ guards the bookkeeping; data_mu_ the values and the
+  // optimizer state, which change only with mu_ held too (so holding mu_ suffices to read them).
   mutable absl::Mutex mu_;
+  mutable absl::Mutex data_mu_ ABSL_ACQUIRED_AFTER(mu_);
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool initializing_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<float> weights_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
+  std::vector<float> weights_ ABSL_GUARDED_BY(data_mu_);
+  std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(data_mu_);
+  int64_t data_version_ ABSL_GUARDED_BY(data_mu_) = 0;  // the version weights_ reflect
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // ShardChange::index of the last change
   Membership members_ ABSL_GUARDED_BY(mu_);
@@ -383,6 +450,7 @@ class ParameterShard {
   // prefetching worker computes on the older one), by version: at most 2 * num_workers copies.
   std::map<int, std::map<int64_t, std::vector<float>>> pulled_weights_ ABSL_GUARDED_BY(mu_);
   std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);  // DC-ASGD's compensated gradient
+  mutable ApplyThreads apply_threads_;
   int64_t pushes_rejected_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_duplicate_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_dropped_late_ ABSL_GUARDED_BY(mu_) = 0;
@@ -400,6 +468,7 @@ class ParameterShard {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // At most two idle snapshot buffers are kept between pulls.
   BufferPool snapshot_buffers_{2};
+  BufferPool push_buffers_{2};  // gradients being received; two idle ones kept
   std::thread deadline_thread_;
 };
 

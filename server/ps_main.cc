@@ -55,6 +55,9 @@ ABSL_FLAG(int64_t, max_staleness, -1, "Drop (and count) pushes staler than this;
 ABSL_FLAG(double, dc_lambda, 0, "DC-ASGD delay compensation lambda; 0: off.");
 ABSL_FLAG(double, clip_norm, 0,
           "Scale each push's gradient (this shard's part) down to this L2 norm; 0: off.");
+ABSL_FLAG(int32_t, apply_threads, 1,
+          "Threads that apply one push together, each to a part of the shard (1..64); parts are "
+          "at least 64k parameters, so small shards use fewer.");
 ABSL_FLAG(double, progress_timeout_seconds, 60,
           "sync/ssp: a worker the others wait for that has not pushed for this long leaves the "
           "active set until it pushes again; 0: off.");
@@ -170,6 +173,7 @@ absl::StatusOr<ShardConfig> ConfigFromFlags() {
   c.max_staleness = absl::GetFlag(FLAGS_max_staleness);
   c.dc_lambda = static_cast<float>(absl::GetFlag(FLAGS_dc_lambda));
   c.clip_norm = static_cast<float>(absl::GetFlag(FLAGS_clip_norm));
+  c.apply_threads = absl::GetFlag(FLAGS_apply_threads);
   c.progress_timeout = absl::Seconds(absl::GetFlag(FLAGS_progress_timeout_seconds));
   return c;
 }

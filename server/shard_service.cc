@@ -5,7 +5,6 @@
 
 #include <optional>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/chunking.h"
 #include "common/grpc_status.h"
@@ -330,8 +329,8 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
                                       v1::InitializeResponse* response) {
   if (grpc::Status s = Authorize(*context, Access::kWrite, "Initialize"); !s.ok()) return s;
   if (grpc::Status s = CheckServing(); !s.ok()) return s;
-  CallLimit::Slot slot = streams_.TryAcquire();
-  if (!slot) return Busy("streams", streams_.max_calls());
+  CallLimit::Slot stream = streams_.TryAcquire();
+  if (!stream) return Busy("streams", streams_.max_calls());
   StreamWatchdog::Guard guard = watchdog_.Watch(context);
   v1::InitializeChunk chunk;
   std::optional<TensorMessage> data;
@@ -341,25 +340,18 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
   const v1::InitializeHeader& h = chunk.header();
   ModelIdentity model = FromProto(h.model());
   if (absl::Status s = CheckDType(h.dtype()); !s.ok()) return ToGrpcStatus(s);
-  if (absl::Status s = shard_->CheckInitialize(model, h.offset(), h.length()); !s.ok()) {
-    return ToGrpcStatus(s);
+  absl::StatusOr<ParameterShard::InitializeSlot> slot =
+      shard_->BeginInitialize(model, h.offset(), h.length());
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
+  // Not needed by a shard already initialised (a restarted initialiser): the data is not read.
+  if (slot->needed()) {
+    if (absl::Status s =
+            ReadPayload<v1::InitializeChunk>(reader, *std::move(data), slot->values(), guard);
+        !s.ok()) {
+      return ToGrpcStatus(s);
+    }
   }
-  if (shard_->initialized()) {  // a restarted initialiser: keep the trained values, skip the data
-    response->set_applied(false);
-    return WaitReplicated(*context);
-  }
-  if (!shard_->TryBeginInitialize()) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "another initialisation is in progress");
-  }
-  absl::Cleanup end_initialize = [this] { shard_->EndInitialize(); };
-  std::vector<float> values(shard_->range().size());
-  int64_t offset = h.offset();
-  if (absl::Status s =
-          ReadPayload<v1::InitializeChunk>(reader, *std::move(data), absl::MakeSpan(values), guard);
-      !s.ok()) {
-    return ToGrpcStatus(s);
-  }
-  absl::StatusOr<bool> applied = shard_->Initialize(model, offset, values);
+  absl::StatusOr<bool> applied = shard_->Commit(*std::move(slot));
   if (!applied.ok()) return ToGrpcStatus(applied.status());
   response->set_applied(*applied);
   return WaitReplicated(*context);
@@ -370,36 +362,30 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
                                 v1::PushResponse* response) {
   if (grpc::Status s = Authorize(*context, Access::kWrite, "Push"); !s.ok()) return s;
   if (grpc::Status s = CheckServing(); !s.ok()) return s;
-  CallLimit::Slot slot = streams_.TryAcquire();
-  if (!slot) return Busy("streams", streams_.max_calls());
+  CallLimit::Slot stream = streams_.TryAcquire();
+  if (!stream) return Busy("streams", streams_.max_calls());
   StreamWatchdog::Guard guard = watchdog_.Watch(context);
   v1::PushChunk chunk;
   std::optional<TensorMessage> data;
-  PushHeaderInfo header;
-  WireType type = WireType::kFloat32;
-  absl::Status status = ReadFirstChunk(reader, "Push", &chunk, &data);
-  if (status.ok()) {
-    const v1::PushHeader& h = chunk.header();
-    if (grpc::Status s = CheckShardIncarnation(h.shard_incarnation()); !s.ok()) return s;
-    header = PushHeaderInfo{h.worker_id(), h.sequence(), h.base_version(),
-                            h.offset(),    h.length(),   h.incarnation()};
-    absl::StatusOr<WireType> wire = WireTypeOfDType(h.dtype());
-    status = wire.status();
-    if (status.ok()) type = *wire;
-    if (status.ok()) status = shard_->CheckPushHeader(header);
-  }
-  if (!status.ok()) {
+  if (absl::Status s = ReadFirstChunk(reader, "Push", &chunk, &data); !s.ok()) {
     shard_->RecordRejectedPush();
-    return ToGrpcStatus(status);
+    return ToGrpcStatus(s);
   }
-  // The header matched the shard's range exactly, so this is the shard's size, never more.
-  BufferPool::Lease gradient = push_buffers_.Acquire(header.length);
-  if (status = ReadPayload<v1::PushChunk>(reader, *std::move(data), gradient.span(), guard, type);
-      !status.ok()) {
-    shard_->RecordRejectedPush();
-    return ToGrpcStatus(status);
+  const v1::PushHeader& h = chunk.header();
+  if (grpc::Status s = CheckShardIncarnation(h.shard_incarnation()); !s.ok()) return s;
+  // parse -> fill -> commit: the header is checked once, the payload goes into the slot's
+  // buffer, and a slot not committed counts as a rejected push.
+  absl::StatusOr<ParameterShard::PushSlot> slot = shard_->BeginPush(
+      {h.worker_id(), h.sequence(), h.base_version(), h.offset(), h.length(), h.incarnation()});
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
+  absl::StatusOr<WireType> type = WireTypeOfDType(h.dtype());
+  if (!type.ok()) return ToGrpcStatus(type.status());
+  if (absl::Status s =
+          ReadPayload<v1::PushChunk>(reader, *std::move(data), slot->gradient(), guard, *type);
+      !s.ok()) {
+    return ToGrpcStatus(s);
   }
-  absl::StatusOr<PushOutcome> outcome = shard_->Push(header, gradient.span());
+  absl::StatusOr<PushOutcome> outcome = shard_->Commit(*std::move(slot));
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
   response->set_version(outcome->version);
   response->set_staleness(outcome->staleness);

@@ -39,7 +39,8 @@ v1::StatsResponse StatsToProto(const ShardStats& stats, const ShardProcess& proc
 
 // Limits on what clients may hold at once. With S the shard's size in bytes, a shard holds at
 // most (max_streams + max_pulls) * S in request buffers and snapshots, plus 4 * S idle buffers
-// kept for reuse, beside its values and optimizer state.
+// kept for reuse (freed after ParameterShard::kBuffersUnused unused), beside its values and
+// optimizer state.
 struct ServiceLimits {
   int max_streams = 16;                             // Push and Initialize calls in progress
   int max_pulls = 256;                              // Pull calls in progress, held ones included
@@ -112,7 +113,6 @@ class ShardService final : public ShardServiceBase {
   Replica* const replica_;
   CallLimit streams_, pulls_;
   StreamWatchdog watchdog_;
-  BufferPool push_buffers_{2};  // gradients being received; two idle ones kept
   std::atomic<bool> pull_saturated_{false};  // a 16-bit pull had to saturate a weight (logged)
 };
 

@@ -51,3 +51,21 @@ TEST(BufferPoolTest, ConcurrentLeasesNeverShareABuffer) {
 
 }  // namespace
 }  // namespace ps
+
+namespace ps {
+namespace {
+
+TEST(BufferPoolTest, TrimFreesOnlyBuffersUnusedForTheGivenTime) {
+  BufferPool pool;
+  { BufferPool::Lease a = pool.Acquire(1000), b = pool.Acquire(10); }
+  EXPECT_EQ(pool.IdleBytes(), 1010 * sizeof(float));
+  pool.Trim(absl::Seconds(10));  // both were used just now
+  EXPECT_EQ(pool.IdleBytes(), 1010 * sizeof(float));
+  pool.Trim(absl::Seconds(10), absl::Now() + absl::Seconds(11));
+  EXPECT_EQ(pool.IdleBytes(), 0u);
+  const float* fresh = pool.Acquire(10).span().data();  // works as before, from a new buffer
+  EXPECT_EQ(pool.Acquire(10).span().data(), fresh);
+}
+
+}  // namespace
+}  // namespace ps

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <thread>
 #include <vector>
 
 namespace ps {
@@ -16,7 +18,7 @@ std::vector<float> ApplySteps(const std::string& name, const std::vector<float>&
   EXPECT_TRUE(opt.ok()) << opt.status();
   std::vector<float> w = {1.0f}, trace;
   for (size_t t = 0; t < grads.size(); ++t) {
-    EXPECT_TRUE((*opt)->Apply(absl::MakeSpan(w), absl::MakeConstSpan(&grads[t], 1), 0, lr, t).ok());
+    EXPECT_TRUE((*opt)->Apply(absl::MakeSpan(w), absl::MakeConstSpan(&grads[t], 1), lr, t).ok());
     trace.push_back(w[0]);
   }
   return trace;
@@ -57,22 +59,105 @@ TEST(OptimizerTest, AdaGradMatchesHandComputedValues) {
   EXPECT_NEAR(w[1], 0.9f - 0.05f / std::sqrt(0.5f), 1e-6);  // s=0.5
 }
 
-TEST(OptimizerTest, StateIsPerElementAtItsOffset) {
-  OptimizerConfig c;
-  c.name = "momentum";
-  auto opt = MakeOptimizer(c, 4);
-  ASSERT_TRUE(opt.ok());
-  std::vector<float> w = {1, 1, 1, 1}, g = {1, 1};
-  ASSERT_TRUE(
-      (*opt)->Apply(absl::MakeSpan(w).subspan(2, 2), g, 2, 0.1f, 0).ok());  // velocity of 2,3 only
-  ASSERT_TRUE((*opt)
-                  ->Apply(absl::MakeSpan(w).subspan(0, 2), g, 0, 0.1f, 1)
-                  .ok());  // fresh velocity for 0,1
-  EXPECT_FLOAT_EQ(w[0], 0.9f);
-  EXPECT_FLOAT_EQ(w[2], 0.9f);
-  ASSERT_TRUE((*opt)->Apply(absl::MakeSpan(w).subspan(2, 2), g, 2, 0.1f, 2).ok());
-  EXPECT_FLOAT_EQ(w[2], 0.9f - 0.19f);
-  EXPECT_FLOAT_EQ(w[0], 0.9f);
+// Every optimizer on several threads, with and without the bound that skips the check pass, writes
+// exactly what one thread with the check writes; and an update that would overflow is refused
+// whole, wherever the bad element lies.
+TEST(OptimizerTest, ThreadsAndBoundsChangeNoValue) {
+  const int64_t n = 5 * ApplyThreads::kMinPart + 37;  // several parts and a ragged end
+  ApplyThreads threads(4);
+  ASSERT_EQ(threads.Parts(n), 4);
+  for (const char* name : {"sgd", "momentum", "nesterov", "adam", "adagrad"}) {
+    SCOPED_TRACE(name);
+    OptimizerConfig c;
+    c.name = name;
+    auto serial = MakeOptimizer(c, n);
+    auto parallel = MakeOptimizer(c, n);
+    ASSERT_TRUE(serial.ok() && parallel.ok());
+    std::vector<float> w1(n), w2(n), g(n);
+    for (int64_t i = 0; i < n; ++i) w1[i] = w2[i] = std::sin(0.001 * i);
+    for (int step = 0; step < 4; ++step) {
+      for (int64_t i = 0; i < n; ++i) g[i] = std::cos(0.37 * i + step);
+      const GradientSummary scan = ScanGradient(g, &threads);
+      EXPECT_EQ(scan.first_nonfinite, -1);
+      EXPECT_FLOAT_EQ(scan.max_abs, 1.0f);
+      ASSERT_TRUE((*serial)->Apply(absl::MakeSpan(w1), g, 0.01f, step).ok());
+      ASSERT_TRUE((*parallel)->Apply(absl::MakeSpan(w2), g, 0.01f, step, &threads, scan.max_abs).ok());
+      ASSERT_EQ(w1, w2);
+    }
+    // A gradient that overflows one weight near the end (in the last part): nothing changes.
+    std::vector<float> before = w2;
+    g[n - 3] = 3e38f;
+    for (float lr : {-1e30f, 1e30f}) {
+      absl::Status s = (*parallel)->Apply(absl::MakeSpan(w2), g, lr, 5, &threads,
+                                          ScanGradient(g, &threads).max_abs);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(w2, before);
+    }
+    // State written from outside (a restore) is not trusted for the bound afterwards: with the
+    // magnitudes of the last update, a gradient of 5e37 would pass the bound for momentum, but
+    // 0.9 * 3.4e38 + 5e37 overflows.
+    for (auto& [slot, values] : (*parallel)->MutableState()) values[7] = 3.4e38f;
+    if (!(*parallel)->State().empty()) {
+      EXPECT_FALSE((*parallel)->Apply(absl::MakeSpan(w2), std::vector<float>(n, 5e37f), 1e-3f, 6,
+                                      &threads, 5e37f).ok());
+      EXPECT_EQ(w2, before);
+    }
+  }
+}
+
+TEST(ApplyThreadsTest, RunCoversEveryElementOnceInWholeCacheLines) {
+  ApplyThreads threads(3);
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{17}, ApplyThreads::kMinPart - 1,
+                    2 * ApplyThreads::kMinPart + 5, 10 * ApplyThreads::kMinPart}) {
+    SCOPED_TRACE(n);
+    std::vector<int> seen(n, 0);
+    std::vector<int> parts_seen(3, 0);
+    threads.Run(n, [&](int part, int64_t begin, int64_t end) {
+      ++parts_seen[part];
+      EXPECT_EQ(begin % 16, 0);
+      EXPECT_TRUE(end % 16 == 0 || end == n);
+      for (int64_t i = begin; i < end; ++i) ++seen[i];
+    });
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), n);
+    for (int part = 0; part < 3; ++part) {
+      EXPECT_EQ(parts_seen[part], n > 0 && part < threads.Parts(n) ? 1 : 0) << part;
+    }
+  }
+  EXPECT_EQ(threads.Parts(ApplyThreads::kMinPart - 1), 1);  // small: the caller alone
+  EXPECT_EQ(threads.Parts(100 * ApplyThreads::kMinPart), 3);
+}
+
+TEST(ApplyThreadsTest, CallersFromSeveralThreadsTakeTurns) {
+  ApplyThreads threads(2);
+  const int64_t n = 4 * ApplyThreads::kMinPart;
+  std::vector<std::vector<int>> sums(2, std::vector<int>(n, 0));
+  auto caller = [&](int who) {
+    for (int round = 0; round < 50; ++round) {
+      threads.Run(n, [&](int, int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) ++sums[who][i];
+      });
+    }
+  };
+  std::thread a(caller, 0), b(caller, 1);
+  a.join();
+  b.join();
+  for (const std::vector<int>& s : sums) EXPECT_EQ(std::count(s.begin(), s.end(), 50), n);
+}
+
+TEST(OptimizerTest, ScanFindsTheFirstNonFiniteValue) {
+  std::vector<float> g(300000, 0.5f);
+  g[200001] = -INFINITY;
+  g[250000] = NAN;
+  ApplyThreads threads(3);
+  EXPECT_EQ(ScanGradient(g, &threads).first_nonfinite, 200001);
+  g[200001] = 2;
+  GradientSummary scan = ScanGradient(g);
+  EXPECT_EQ(scan.first_nonfinite, 250000);
+  g[250000] = -4;
+  scan = ScanGradient(g, &threads, /*squares=*/true);
+  EXPECT_EQ(scan.first_nonfinite, -1);
+  EXPECT_EQ(scan.max_abs, 4.0f);
+  EXPECT_DOUBLE_EQ(scan.sum_of_squares, 299998 * 0.25 + 4 + 16);
 }
 
 TEST(OptimizerTest, RejectsUnknownNamesAndBadHyperParameters) {

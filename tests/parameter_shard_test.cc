@@ -11,12 +11,14 @@
 #include <map>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 
 namespace ps {
 namespace {
 
 const ModelIdentity kModel{"flat:10", 10, 2};
+const ModelIdentity kModel3{"flat:3", 3, 1};
 
 // The incarnation worker `id` got when it last registered (its pushes, heartbeats and Leave carry
 // it).
@@ -162,17 +164,31 @@ TEST(ParameterShardInitTest, RejectsWrongRangeAndNonFiniteValues) {
             absl::StatusCode::kUnavailable);
   // The shard knows its model: an initialiser of another one is refused before any payload.
   ModelIdentity huge{"flat:1099511627776", int64_t{1} << 40, 2};
-  EXPECT_NE(shard.CheckInitialize(huge, 0, int64_t{1} << 39).message().find("model mismatch"),
+  EXPECT_NE(shard.BeginInitialize(huge, 0, int64_t{1} << 39).status().message().find(
+                "model mismatch"),
             std::string::npos);
 }
 
 TEST(ParameterShardInitTest, OneInitialisationPayloadAtATime) {
   auto shard = SgdShard(0, 1, 0.1f, "flat:3");
-  EXPECT_TRUE(shard->TryBeginInitialize());
-  EXPECT_FALSE(shard->TryBeginInitialize());  // a second stream is refused while one is open
-  shard->EndInitialize();
-  EXPECT_TRUE(shard->TryBeginInitialize());
-  shard->EndInitialize();
+  {
+    absl::StatusOr<ParameterShard::InitializeSlot> first = shard->BeginInitialize(kModel3, 0, 3);
+    ASSERT_TRUE(first.ok() && first->needed());
+    // A second stream is refused while one is open.
+    EXPECT_EQ(shard->BeginInitialize(kModel3, 0, 3).status().code(),
+              absl::StatusCode::kUnavailable);
+  }
+  // Given up (the first stream broke): the slot is free again.
+  absl::StatusOr<ParameterShard::InitializeSlot> second = shard->BeginInitialize(kModel3, 0, 3);
+  ASSERT_TRUE(second.ok());
+  std::fill(second->values().begin(), second->values().end(), 2.0f);
+  EXPECT_TRUE(*shard->Commit(*std::move(second)));
+  // Initialised: a restarted initialiser is told so and sends nothing.
+  absl::StatusOr<ParameterShard::InitializeSlot> late = shard->BeginInitialize(kModel3, 0, 3);
+  ASSERT_TRUE(late.ok());
+  EXPECT_FALSE(late->needed());
+  EXPECT_FALSE(*shard->Commit(*std::move(late)));
+  EXPECT_EQ(shard->Read(kModel3, -1, 0, 0, absl::Now())->values.span()[0], 2.0f);
 }
 
 TEST(ParameterShardInitTest, ReadWaitsForInitialisation) {
@@ -726,6 +742,56 @@ TEST(FencingTest, ANewerProcessOfTheSameRankSupersedesTheOlder) {
   EXPECT_EQ(shard->Stats().version, 0);
   EXPECT_TRUE(shard->Push({0, 0, 0, 0, 4, newer->incarnation}, std::vector<float>(4, 1.0f)).ok());
   EXPECT_TRUE(shard->Heartbeat(0, newer->incarnation).ok());
+}
+
+}  // namespace
+}  // namespace ps
+
+namespace ps {
+namespace {
+
+// Pulls copy the values while pushes are applied on several threads: every snapshot is one
+// version, whole (no push half applied), and its values are that version's.
+TEST(ParameterShardConcurrencyTest, PullsNeverSeeAPushHalfApplied) {
+  const int64_t n = 4 * ApplyThreads::kMinPart;
+  ShardConfig c;
+  c.model = absl::StrCat("flat:", n);
+  c.num_workers = 1;
+  c.learning_rate.base = 1.0f;
+  c.apply_threads = 4;
+  auto shard = *ParameterShard::Create(c);
+  const ModelIdentity model{c.model, n, 1};
+  ASSERT_TRUE(shard->Initialize(model, 0, std::vector<float>(n, 0.0f)).ok());
+  ASSERT_TRUE(shard->Register(0, model).ok());
+  const int64_t incarnation = Inc(*shard, 0);
+  constexpr int kPushes = 60;
+  std::atomic<bool> done{false};
+  std::atomic<int> snapshots{0}, torn{0};
+  auto reader = [&] {
+    while (!done) {
+      absl::StatusOr<ParameterShard::Snapshot> s =
+          shard->Read(model, -1, 0, 0, absl::Now() + absl::Seconds(10));
+      if (!s.ok()) continue;
+      ++snapshots;
+      for (float v : s->values.span()) {
+        if (v != static_cast<float>(s->version)) {
+          ++torn;
+          break;
+        }
+      }
+    }
+  };
+  std::thread r1(reader), r2(reader);
+  for (int step = 0; step < kPushes; ++step) {
+    // w -= 1 * (-1): every weight is the version.
+    ASSERT_TRUE(shard->Push({0, step, step, 0, n, incarnation}, std::vector<float>(n, -1.0f)).ok());
+  }
+  done = true;
+  r1.join();
+  r2.join();
+  EXPECT_EQ(torn, 0) << "of " << snapshots << " snapshots";
+  EXPECT_GT(snapshots, 0);
+  EXPECT_EQ(shard->version(), kPushes);
 }
 
 }  // namespace
