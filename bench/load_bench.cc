@@ -22,6 +22,7 @@
 #include "common/cluster.h"
 #include "common/log.h"
 #include "deploy/local_cluster.h"
+#include "worker/shard_stats.h"
 #include "worker/sharded_client.h"
 
 ABSL_FLAG(int, clients, 64, "Concurrent clients, worker ids 0 .. clients-1.");
@@ -61,16 +62,16 @@ ClientResult RunClient(const std::vector<std::string>& addresses, const ModelIde
     return r;
   }
   std::vector<float> params(model.total_params), gradient(model.total_params, 1e-4f);
-  ShardedClient::Versions versions;
   while (absl::Now() < stop) {
     absl::Time start = absl::Now();
-    if (absl::Status s = client.Pull(absl::MakeSpan(params), &versions); !s.ok()) {
-      failed(s);
+    absl::StatusOr<ShardedClient::Versions> versions = client.Pull(absl::MakeSpan(params));
+    if (!versions.ok()) {
+      failed(versions.status());
       continue;
     }
     absl::Time pulled = absl::Now();
     r.pull_latency.push_back(pulled - start);
-    absl::StatusOr<ShardedClient::PushSummary> push = client.Push(gradient, *sequence, versions);
+    absl::StatusOr<ShardedClient::PushSummary> push = client.Push(gradient, *sequence, *versions);
     if (!push.ok()) {
       failed(push.status());
       continue;
@@ -145,7 +146,7 @@ int Main(int argc, char** argv) {
   if (absl::StatusOr<int> s = setup.Initialize(std::vector<float>(n, 0.5f)); !s.ok()) {
     return Fail(s.status().ToString());
   }
-  absl::StatusOr<std::vector<v1::StatsResponse>> before = setup.Stats();
+  absl::StatusOr<std::vector<v1::StatsResponse>> before = FetchStats(setup);
   if (!before.ok()) return Fail(before.status().ToString());
   if (before->front().consistency() != "async") {
     return Fail("the cluster runs " + before->front().consistency() + ", not async");
@@ -167,7 +168,7 @@ int Main(int argc, char** argv) {
   for (std::thread& t : threads) t.join();
   const absl::Duration elapsed = absl::Now() - start;
 
-  absl::StatusOr<std::vector<v1::StatsResponse>> after = setup.Stats();
+  absl::StatusOr<std::vector<v1::StatsResponse>> after = FetchStats(setup);
   if (!after.ok()) return Fail(after.status().ToString());
   ClientResult all;
   for (ClientResult& r : results) {

@@ -83,10 +83,9 @@ int Main(int argc, char** argv) {
     return 1;
   }
   row("initialised");
-  ShardedClient::Versions versions;
   const int rounds = absl::GetFlag(FLAGS_rounds);
   for (int round = 0; round < rounds; ++round) {
-    if (!client.Push(grad, round, {0}).ok() || !client.Pull(absl::MakeSpan(params), &versions).ok()) {
+    if (!client.Push(grad, round, {0}).ok() || !client.Pull(absl::MakeSpan(params)).ok()) {
       std::cerr << "push or pull failed\n";
       return 1;
     }

@@ -121,7 +121,6 @@ int Main(int argc, char** argv) {
     }
     ShardedClient client({cluster.ShardAddress(0)}, model, 0);
     std::vector<float> params(n, 0.5f), grad(n, 0.001f);
-    ShardedClient::Versions versions;
     if (!client.Register().ok() || !client.Initialize(params).ok()) return 1;
     int64_t sequence = 0;
     double push = MedianSeconds(repeats, [&] {
@@ -135,7 +134,7 @@ int Main(int argc, char** argv) {
     });
     replicated.Stop();
     double pull = MedianSeconds(repeats, [&] {
-      if (!client.Pull(absl::MakeSpan(params), &versions).ok()) std::abort();
+      if (!client.Pull(absl::MakeSpan(params)).ok()) std::abort();
     });
     ClientOptions half_options;
     half_options.push_type = half_options.pull_type = *half;
@@ -145,7 +144,7 @@ int Main(int argc, char** argv) {
       if (!half_client.Push(grad, sequence++, {0}).ok()) std::abort();
     });
     double half_pull = MedianSeconds(repeats, [&] {
-      if (!half_client.Pull(absl::MakeSpan(params), &versions).ok()) std::abort();
+      if (!half_client.Pull(absl::MakeSpan(params)).ok()) std::abort();
     });
     std::string payload(bytes, 'x');
     double raw_up = MedianSeconds(repeats, [&] {

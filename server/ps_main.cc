@@ -9,10 +9,12 @@
 
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <optional>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
+#include "absl/random/random.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
@@ -278,7 +280,10 @@ int Main(int argc, char** argv) {
   }
   InstallShutdownHandler();
 
-  ShardProcess process{absl::ToUnixMicros(absl::Now())};
+  // Random, not the start time: a shard's two replicas start in the same microsecond often enough
+  // on a busy machine, and clients must tell them apart.
+  absl::BitGen random;
+  ShardProcess process{absl::Uniform<int64_t>(random, 1, std::numeric_limits<int64_t>::max())};
   // Stops the checkpoint writer on every way out, before the shard it reads is destroyed.
   absl::Cleanup stop_checkpoints = [&checkpointer] {
     if (checkpointer != nullptr) checkpointer->Stop();

@@ -231,22 +231,23 @@ TEST(CheckpointDaemonTest, AStoppedShardRestartsFromItsCheckpointAndTheWorkerRes
                                              "--lr=0.001"};
   const ModelIdentity model{"mlp:784-32-10", 25450, 1};
   std::vector<float> before(model.total_params), after(model.total_params);
-  ShardedClient::Versions versions;
   {
     LocalCluster cluster(ExecutableDir(), NewRunDir("checkpoint"));
     ASSERT_TRUE(cluster.StartShards(1, model.fingerprint, 1, ps_flags).ok());
     ASSERT_TRUE(cluster.StartWorker(0, 1, {"--hidden=32", "--steps=100"}).ok());
     ASSERT_EQ(*cluster.worker(0)->Wait(absl::Minutes(3)), 0);
     ShardedClient observer({cluster.ShardAddress(0)}, model, -1);
-    ASSERT_TRUE(observer.Pull(absl::MakeSpan(before), &versions).ok());
-    EXPECT_EQ(versions.version[0], 100);
+    absl::StatusOr<ShardedClient::Versions> versions = observer.Pull(absl::MakeSpan(before));
+    ASSERT_TRUE(versions.ok());
+    EXPECT_EQ(versions->version[0], 100);
     EXPECT_EQ(cluster.Stop(), "");  // SIGTERM: the shard writes its last checkpoint
   }
   LocalCluster cluster(ExecutableDir(), NewRunDir("checkpoint"));
   ASSERT_TRUE(cluster.StartShards(1, model.fingerprint, 1, ps_flags).ok());
   ShardedClient observer({cluster.ShardAddress(0)}, model, -1);
-  ASSERT_TRUE(observer.Pull(absl::MakeSpan(after), &versions).ok());
-  EXPECT_EQ(versions.version[0], 100);
+  absl::StatusOr<ShardedClient::Versions> versions = observer.Pull(absl::MakeSpan(after));
+  ASSERT_TRUE(versions.ok());
+  EXPECT_EQ(versions->version[0], 100);
   EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * before.size()), 0);
   // The worker, started again, resumes at step 100 and is not re-initialised.
   ASSERT_TRUE(cluster.StartWorker(0, 1, {"--hidden=32", "--steps=150"}).ok());
@@ -254,8 +255,9 @@ TEST(CheckpointDaemonTest, AStoppedShardRestartsFromItsCheckpointAndTheWorkerRes
   std::string text = ReadFile(cluster.run_dir() + "/worker-0.log");
   EXPECT_NE(text.find("initialised 0 of 1 shards"), std::string::npos) << text;
   EXPECT_NE(text.find("starting at step 100"), std::string::npos) << text;
-  ASSERT_TRUE(observer.Pull(absl::MakeSpan(after), &versions).ok());
-  EXPECT_EQ(versions.version[0], 150);
+  versions = observer.Pull(absl::MakeSpan(after));
+  ASSERT_TRUE(versions.ok());
+  EXPECT_EQ(versions->version[0], 150);
   EXPECT_EQ(cluster.Stop(), "");
 }
 

@@ -93,8 +93,7 @@ TEST(ClusterTest, Float16PullsSaturateLargeWeightsAndTheShardSaysSo) {
   ASSERT_TRUE(client.Register().ok());
   ASSERT_TRUE(client.Initialize({1e6f, -1e6f, 1.5f, 0.0f}).ok());
   std::vector<float> pulled(4);
-  ShardedClient::Versions versions;
-  for (int i = 0; i < 2; ++i) ASSERT_TRUE(client.Pull(absl::MakeSpan(pulled), &versions).ok());
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(client.Pull(absl::MakeSpan(pulled)).ok());
   EXPECT_EQ(pulled, (std::vector<float>{65504.0f, -65504.0f, 1.5f, 0.0f}));
   EXPECT_EQ(cluster.Stop(), "");
   const std::string log = ReadFile(cluster.run_dir() + "/ps-0.log");
@@ -165,13 +164,17 @@ TEST(ClusterTest, WorkerKilledWithSigkillRejoinsAndTheRunCompletes) {
 TEST(ClusterTest, ASecondProcessWithTheSameRankSupersedesTheFirst) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
   ASSERT_TRUE(cluster.StartShards(2, kMlp, 1, {}).ok());
+  // The first process is slowed to at most 10 steps/s, so that it is still short of the second's
+  // --steps when the second has started (up to 38 s later) and takes over.
   std::vector<std::string> flags = kWorkerFlags;
+  flags.push_back("--push_delay=fixed:0.1");
   flags.push_back("--steps=100000");
   ASSERT_TRUE(cluster.StartWorker(0, 1, flags).ok());
   ASSERT_TRUE(WaitForStep(cluster.run_dir() + "/worker-0.csv", 20, absl::Minutes(2)));
   Subprocess first = std::move(*cluster.worker(0));
   // The second process of rank 0 (its own log) registers and takes over the rank.
-  flags.back() = "--steps=200";
+  flags = kWorkerFlags;
+  flags.push_back("--steps=400");
   ASSERT_TRUE(cluster.StartWorker(0, 1, flags).ok());
   absl::StatusOr<int> first_code = first.Wait(absl::Minutes(2));
   ASSERT_TRUE(first_code.ok()) << "the superseded process went on";
@@ -183,7 +186,7 @@ TEST(ClusterTest, ASecondProcessWithTheSameRankSupersedesTheFirst) {
   ASSERT_TRUE(second_code.ok());
   EXPECT_EQ(*second_code, 0);
   // Every step of the rank applied once on each shard, whichever process computed it.
-  for (int s = 0; s < 2; ++s) EXPECT_EQ(Stats(cluster.ShardAddress(s)).pushes_applied(), 200);
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(Stats(cluster.ShardAddress(s)).pushes_applied(), 400);
   EXPECT_EQ(cluster.Stop(), "");
 }
 
@@ -235,10 +238,10 @@ class BadInputTest : public ::testing::Test {
 
   void ExpectWeightsUntouched() {
     std::vector<float> now(1000);
-    ShardedClient::Versions versions;
-    ASSERT_TRUE(client_->Pull(absl::MakeSpan(now), &versions).ok());
+    absl::StatusOr<ShardedClient::Versions> versions = client_->Pull(absl::MakeSpan(now));
+    ASSERT_TRUE(versions.ok());
     EXPECT_EQ(std::memcmp(now.data(), initial_.data(), sizeof(float) * 1000), 0);
-    EXPECT_EQ(versions.version, (std::vector<int64_t>{0, 0}));
+    EXPECT_EQ(versions->version, (std::vector<int64_t>{0, 0}));
   }
 
   // One request of raw bytes to shard 0 through the generic stub.
@@ -266,6 +269,44 @@ class BadInputTest : public ::testing::Test {
   std::unique_ptr<v1::ParameterServer::Stub> stub_;
   std::vector<float> initial_ = std::vector<float>(1000);
 };
+
+// The same shard pair, for the client's own behaviour.
+class ClientTest : public BadInputTest {};
+
+// The client's calls to every shard are Pending values: a pull and a push overlap, and their
+// shards' calls run on threads the client keeps, so many calls start no thread.
+TEST_F(ClientTest, PendingCallsOverlapOnThreadsTheClientKeeps) {
+  auto threads_now = [] {
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+    }
+    return -1;
+  };
+  std::vector<float> a(1000), b(1000), grad(1000, 1.0f);
+  absl::StatusOr<ShardedClient::Versions> base = client_->Pull(absl::MakeSpan(a));
+  ASSERT_TRUE(base.ok());
+  int threads_after_first = -1;
+  for (int step = 0; step < 40; ++step) {
+    ShardedClient::Pending<ShardedClient::PushSummary> push = client_->StartPush(grad, step, *base);
+    ShardedClient::Pending<ShardedClient::Versions> pull = client_->StartPull(absl::MakeSpan(b));
+    absl::StatusOr<ShardedClient::PushSummary> pushed = push.Wait();
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    EXPECT_EQ(pushed->duplicates, 0);
+    base = pull.Wait();
+    ASSERT_TRUE(base.ok()) << base.status();
+    EXPECT_EQ(pull.Wait().status().code(), absl::StatusCode::kFailedPrecondition);  // waited
+    if (step == 0) threads_after_first = threads_now();
+  }
+  EXPECT_LE(threads_now(), threads_after_first) << "calls started threads";
+  {
+    // Not waited for: destroying it waits, so the values are there afterwards.
+    ShardedClient::Pending<ShardedClient::Versions> dropped = client_->StartPull(absl::MakeSpan(a));
+  }
+  // w = 0.5 i - 0.01 (the default rate) * 40 pushes of 1.
+  EXPECT_NEAR(a[999], 0.5 * 999 - 0.4, 1e-3);
+  EXPECT_EQ(Stats(cluster_.ShardAddress(0)).version(), 40);
+}
 
 TEST_F(BadInputTest, MalformedPushesGetInvalidArgumentAndChangeNothing) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
@@ -424,16 +465,16 @@ TEST_F(BadInputTest, FiniteGradientsThatWouldOverflowAreRefusedAndChangeNothing)
   // 0.01 and weights up to 500, 3e38 pushes overflow after a few hundred; here the client pushes
   // until one is refused.
   std::vector<float> huge(1000, 3e38f), before(1000), after(1000);
-  ShardedClient::Versions versions;
   grpc::StatusCode refused = grpc::StatusCode::OK;
   int64_t sequence = 0;
   for (; sequence < 200 && refused == grpc::StatusCode::OK; ++sequence) {
-    ASSERT_TRUE(client_->Pull(absl::MakeSpan(before), &versions).ok());
-    absl::StatusOr<ShardedClient::PushSummary> r = client_->Push(huge, sequence, versions);
+    absl::StatusOr<ShardedClient::Versions> versions = client_->Pull(absl::MakeSpan(before));
+    ASSERT_TRUE(versions.ok());
+    absl::StatusOr<ShardedClient::PushSummary> r = client_->Push(huge, sequence, *versions);
     if (!r.ok()) refused = ToGrpcStatus(r.status()).error_code();
   }
   ASSERT_EQ(refused, grpc::StatusCode::INVALID_ARGUMENT) << "3e38 never overflowed";
-  ASSERT_TRUE(client_->Pull(absl::MakeSpan(after), &versions).ok());
+  ASSERT_TRUE(client_->Pull(absl::MakeSpan(after)).ok());
   // Each shard refuses on its own; one that refused kept its weights, and none is non-finite.
   for (float w : after) ASSERT_TRUE(std::isfinite(w));
   int refusing = 0;
@@ -710,8 +751,7 @@ TEST(DaemonTest, ALateInitialiserIsToldSoAndChangesNothing) {
   EXPECT_EQ(*first.Initialize({9, 9, 9, 9}), 0);
   ShardedClient reader({cluster.ShardAddress(0)}, {"flat:4", 4, 1}, -1);
   std::vector<float> values(4);
-  ShardedClient::Versions versions;
-  ASSERT_TRUE(reader.Pull(absl::MakeSpan(values), &versions).ok());
+  ASSERT_TRUE(reader.Pull(absl::MakeSpan(values)).ok());
   EXPECT_EQ(values, (std::vector<float>{1, 2, 3, 4}));
 }
 

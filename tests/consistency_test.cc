@@ -66,23 +66,24 @@ std::vector<float> TrainSync(int workers, int batch, int steps, const Examples& 
       ShardedClient client(addresses, model, w);
       ASSERT_TRUE(client.Register().ok());
       std::vector<float> params(mlp.num_params()), grad(mlp.num_params());
-      ShardedClient::Versions versions;
       for (int s = 0; s < steps; ++s) {
-        ASSERT_TRUE(client.Pull(absl::MakeSpan(params), &versions).ok());
-        EXPECT_EQ(versions.version[0], s);  // the barrier: every worker computes from version s
+        absl::StatusOr<ShardedClient::Versions> versions = client.Pull(absl::MakeSpan(params));
+        ASSERT_TRUE(versions.ok());
+        EXPECT_EQ(versions->version[0], s);  // the barrier: every worker computes from version s
         int64_t first = (static_cast<int64_t>(s) * workers + w) * batch;
         mlp.Gradient(params, data.features.data() + first * 784, data.labels.data() + first, batch,
                      absl::MakeSpan(grad));
-        ASSERT_TRUE(client.Push(grad, s, versions).ok());
+        ASSERT_TRUE(client.Push(grad, s, *versions).ok());
       }
     });
   }
   for (std::thread& t : threads) t.join();
   ShardedClient reader(addresses, model, -1);
   std::vector<float> params(probe.num_params());
-  ShardedClient::Versions versions;
-  EXPECT_TRUE(reader.Pull(absl::MakeSpan(params), &versions).ok());
-  EXPECT_EQ(versions.version, (std::vector<int64_t>{steps, steps}));
+  absl::StatusOr<ShardedClient::Versions> versions = reader.Pull(absl::MakeSpan(params));
+  EXPECT_TRUE(versions.ok());
+  if (!versions.ok()) return {};
+  EXPECT_EQ(versions->version, (std::vector<int64_t>{steps, steps}));
   for (const v1::StatsResponse& s : AllStats(cluster, 2)) {
     // Every applied gradient had staleness 0.
     EXPECT_EQ(std::vector<int64_t>(s.staleness_counts().begin(), s.staleness_counts().end()),
@@ -169,20 +170,20 @@ TEST(SyncBarrierTest, APullHeldBackLongerThanTheRetryBudgetStillCompletes) {
   ASSERT_TRUE(b.Register().ok());
   ASSERT_TRUE(a.Initialize(std::vector<float>(8, 1.0f)).ok());
   std::vector<float> params(8), grad(8, 0.5f);
-  ShardedClient::Versions versions;
-  ASSERT_TRUE(a.Pull(absl::MakeSpan(params), &versions).ok());
-  ASSERT_TRUE(a.Push(grad, 0, versions).ok());
+  absl::StatusOr<ShardedClient::Versions> versions = a.Pull(absl::MakeSpan(params));
+  ASSERT_TRUE(versions.ok());
+  ASSERT_TRUE(a.Push(grad, 0, *versions).ok());
   // A's next pull waits for B's gradient, three times longer than A's retry budget.
   std::thread late_b([&] {
     absl::SleepFor(absl::Seconds(3));
     ASSERT_TRUE(b.Push(grad, 0, {0}).ok());
   });
   absl::Time start = absl::Now();
-  absl::Status held = a.Pull(absl::MakeSpan(params), &versions);
+  versions = a.Pull(absl::MakeSpan(params));
   late_b.join();
-  ASSERT_TRUE(held.ok()) << held;
+  ASSERT_TRUE(versions.ok()) << versions.status();
   EXPECT_GE(absl::Now() - start, absl::Seconds(2.5));
-  EXPECT_EQ(versions.version[0], 1);
+  EXPECT_EQ(versions->version[0], 1);
 }
 
 // Polls `condition` until it holds or `timeout` passes; returns its last value. The deadlines

@@ -65,8 +65,7 @@ class LimitsTest : public ::testing::Test {
   std::vector<float> Weights() {
     ShardedClient observer({cluster_.ShardAddress(0)}, kModel, -1);
     std::vector<float> w(1000);
-    ShardedClient::Versions versions;
-    EXPECT_TRUE(observer.Pull(absl::MakeSpan(w), &versions).ok());
+    EXPECT_TRUE(observer.Pull(absl::MakeSpan(w)).ok());
     return w;
   }
 
@@ -281,8 +280,7 @@ TEST(InitialiseLimitsTest, AStalledInitialiserDoesNotLockOutTheRealOne) {
   EXPECT_EQ(*applied, 1);
   EXPECT_EQ(stalled->Finish().error_code(), grpc::StatusCode::CANCELLED);
   std::vector<float> now(1000);
-  ShardedClient::Versions versions;
-  ASSERT_TRUE(real.Pull(absl::MakeSpan(now), &versions).ok());
+  ASSERT_TRUE(real.Pull(absl::MakeSpan(now)).ok());
   EXPECT_EQ(now, values);
 }
 

@@ -17,6 +17,7 @@
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/run_dir.h"
+#include "worker/shard_stats.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -122,11 +123,10 @@ class GuardedShards {
   void ExpectWeights(int64_t version = 0) {
     std::unique_ptr<ShardedClient> reader = Client(-1, owner_security_);
     std::vector<float> now(kParams);
-    ShardedClient::Versions versions;
-    absl::Status pulled = reader->Pull(absl::MakeSpan(now), &versions);
-    ASSERT_TRUE(pulled.ok()) << pulled;
+    absl::StatusOr<ShardedClient::Versions> versions = reader->Pull(absl::MakeSpan(now));
+    ASSERT_TRUE(versions.ok()) << versions.status();
     EXPECT_EQ(std::memcmp(now.data(), initial_.data(), sizeof(float) * kParams), 0);
-    EXPECT_EQ(versions.version, std::vector<int64_t>(model_.num_shards, version));
+    EXPECT_EQ(versions->version, std::vector<int64_t>(model_.num_shards, version));
   }
 
   // Every call that needs the write token (a Pull as a worker too: it refreshes the lease), from
@@ -134,7 +134,7 @@ class GuardedShards {
   void ExpectEveryWriteRefused(ShardedClient& client, absl::StatusCode code,
                                const std::string& who) {
     std::vector<float> fifty(kParams, 50.0f), values(kParams);
-    ShardedClient::Versions base, versions;
+    ShardedClient::Versions base;
     base.version.assign(model_.num_shards, 0);
     base.shard_incarnation.assign(model_.num_shards, 0);
     std::vector<std::pair<std::string, absl::Status>> calls = {
@@ -144,7 +144,7 @@ class GuardedShards {
         {"Push with sequence 2^62", client.Push(fifty, kHugeSequence, base).status()},
         {"Heartbeat", client.Heartbeat(absl::Seconds(10))},
         {"Leave", client.Leave(absl::Seconds(10))},
-        {"Pull", client.Pull(absl::MakeSpan(values), &versions)},
+        {"Pull", client.Pull(absl::MakeSpan(values)).status()},
     };
     for (const auto& [call, status] : calls) {
       EXPECT_EQ(status.code(), code) << who << ", " << call << ": " << status;
@@ -182,7 +182,7 @@ TEST_F(TokenTest, CallersWithoutTheTokenAreUnauthenticatedAndChangeNothing) {
       std::unique_ptr<ShardedClient> stranger = shards_.Client(id, Plaintext(token));
       shards_.ExpectEveryWriteRefused(*stranger, absl::StatusCode::kUnauthenticated,
                                       absl::StrCat("worker ", id, " with token '", token, "'"));
-      EXPECT_EQ(stranger->Stats().status().code(), absl::StatusCode::kUnauthenticated);
+      EXPECT_EQ(FetchStats(*stranger).status().code(), absl::StatusCode::kUnauthenticated);
     }
   }
   // The token without "Bearer ", straight through a raw stub.
@@ -204,7 +204,7 @@ TEST_F(TokenTest, CallersWithoutTheTokenAreUnauthenticatedAndChangeNothing) {
   ASSERT_TRUE(push.ok()) << push.status();
   EXPECT_EQ(push->duplicates, 0);
   shards_.ExpectWeights(/*version=*/1);
-  absl::StatusOr<std::vector<v1::StatsResponse>> all = shards_.owner().Stats();
+  absl::StatusOr<std::vector<v1::StatsResponse>> all = FetchStats(shards_.owner());
   ASSERT_TRUE(all.ok()) << all.status();
   for (const v1::StatsResponse& s : *all) {
     EXPECT_EQ(s.registered_workers(), 1);  // worker 666 never joined
@@ -216,10 +216,9 @@ TEST_F(TokenTest, TheReadOnlyTokenReadsButNeverWrites) {
   std::unique_ptr<ShardedClient> observer = shards_.Client(-1, Plaintext(kReadToken));
   ASSERT_TRUE(observer->Register().ok());
   std::vector<float> values(kParams);
-  ShardedClient::Versions versions;
-  ASSERT_TRUE(observer->Pull(absl::MakeSpan(values), &versions).ok());
+  ASSERT_TRUE(observer->Pull(absl::MakeSpan(values)).ok());
   EXPECT_EQ(values[999], 0.5f * 999);
-  ASSERT_TRUE(observer->Stats().ok());
+  ASSERT_TRUE(FetchStats(*observer).ok());
 
   for (int id : {0, 1}) {  // a registered worker's id and a fresh one
     std::unique_ptr<ShardedClient> reader = shards_.Client(id, Plaintext(kReadToken));
@@ -228,7 +227,7 @@ TEST_F(TokenTest, TheReadOnlyTokenReadsButNeverWrites) {
   }
   absl::Status push = shards_.Client(0, Plaintext(kReadToken))->Push(values, 0, {0, 0}).status();
   EXPECT_NE(push.message().find("Push needs the write token"), std::string::npos) << push;
-  EXPECT_EQ((*shards_.owner().Stats())[0].registered_workers(), 1);
+  EXPECT_EQ((*FetchStats(shards_.owner()))[0].registered_workers(), 1);
 }
 
 TEST_F(TokenTest, TheHealthServiceStaysOpen) {
@@ -300,7 +299,7 @@ TEST_F(MutualTlsTest, ClientsWithoutATrustedCertificateCannotConnect) {
     std::unique_ptr<ShardedClient> client =
         shards_->Client(0, std::move(c.security), absl::ZeroDuration());
     shards_->ExpectEveryWriteRefused(*client, absl::StatusCode::kUnavailable, c.who);
-    EXPECT_EQ(client->Stats().status().code(), absl::StatusCode::kUnavailable) << c.who;
+    EXPECT_EQ(FetchStats(*client).status().code(), absl::StatusCode::kUnavailable) << c.who;
   }
 }
 
@@ -315,7 +314,7 @@ TEST_F(MutualTlsTest, ATrustedCertificateStillNeedsTheToken) {
                                    "certificate, read-only token");
   std::unique_ptr<ShardedClient> observer = shards_->Client(-1, Tls(ca, cert, key, kReadToken));
   EXPECT_TRUE(observer->Register().ok());
-  EXPECT_TRUE(observer->Stats().ok());
+  EXPECT_TRUE(FetchStats(*observer).ok());
 }
 
 TEST(ServerOnlyTlsTest, ClientsNeedNoCertificateButMustUseTls) {
@@ -361,7 +360,7 @@ TEST(SecureClusterTest, WorkersAndAReadOnlyEvaluatorTrainOverMutualTlsWithTokens
   options.security = observer;
   ShardedClient stats_client({cluster.ShardAddress(0), cluster.ShardAddress(1)}, {"unused", 1, 2},
                              -1, options);
-  absl::StatusOr<std::vector<v1::StatsResponse>> stats = stats_client.Stats();
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = FetchStats(stats_client);
   ASSERT_TRUE(stats.ok()) << stats.status();
   for (const v1::StatsResponse& s : *stats) {
     EXPECT_EQ(s.version(), 300);
@@ -409,7 +408,8 @@ TEST(ListenTest, ANonLoopbackAddressNeedsATokenOrMutualTlsOrInsecure) {
   EXPECT_NE(ReadFile(insecure.run_dir() + "/ps-0.log")
                 .find("W ps[0]] --insecure: listening on --host=0.0.0.0 where anyone"),
             std::string::npos);
-  EXPECT_TRUE(ShardedClient({insecure.ShardAddress(0)}, {"unused", 1, 1}, -1).Stats().ok());
+  ShardedClient plain({insecure.ShardAddress(0)}, {"unused", 1, 1}, -1);
+  EXPECT_TRUE(FetchStats(plain).ok());
 
   // A token is enough, with a warning that it travels in plaintext.
   Secrets secrets;

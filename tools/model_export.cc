@@ -8,6 +8,7 @@
 #include "common/model_spec.h"
 #include "common/partition.h"
 #include "server/checkpoint_store.h"
+#include "worker/shard_stats.h"
 
 namespace ps {
 namespace {
@@ -86,7 +87,7 @@ absl::StatusOr<ModelFile> ModelFromShards(const std::vector<std::string>& addres
   ShardedClient client(addresses, *identity, /*worker_id=*/-1, options);
   if (absl::StatusOr<int64_t> r = client.Register(); !r.ok()) return r.status();
   // A pull would wait for an initialiser; an uninitialised job has nothing to export.
-  absl::StatusOr<std::vector<v1::StatsResponse>> stats = client.Stats();
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = FetchStats(client);
   if (!stats.ok()) return stats.status();
   for (size_t shard = 0; shard < stats->size(); ++shard) {
     if (!(*stats)[shard].initialized()) {
@@ -95,9 +96,9 @@ absl::StatusOr<ModelFile> ModelFromShards(const std::vector<std::string>& addres
     }
   }
   ModelFile file{model, {}, std::vector<float>(identity->total_params)};
-  ShardedClient::Versions pulled;
-  if (absl::Status s = client.Pull(absl::MakeSpan(file.params), &pulled); !s.ok()) return s;
-  file.versions = pulled.version;
+  absl::StatusOr<ShardedClient::Versions> pulled = client.Pull(absl::MakeSpan(file.params));
+  if (!pulled.ok()) return pulled.status();
+  file.versions = pulled->version;
   return file;
 }
 

@@ -116,7 +116,6 @@ int Main(int argc, char** argv) {
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
 
   std::vector<float> params(mlp.num_params());
-  ShardedClient::Versions versions;
   int64_t last_version = -1;
   // At shutdown, the weights are scored once more (if there are any yet): the last row is the
   // run's result.
@@ -127,12 +126,13 @@ int Main(int argc, char** argv) {
       cancel_on_shutdown.Join();  // so that it cannot cancel the final pull
       client.LimitCallsTo(absl::Seconds(1));  // which must not wait on a dead shard
     }
-    if (absl::Status s = client.Pull(absl::MakeSpan(params), &versions); !s.ok()) {
+    absl::StatusOr<ShardedClient::Versions> versions = client.Pull(absl::MakeSpan(params));
+    if (!versions.ok()) {
       if (stopping) break;                // the shards may already be gone at shutdown
       if (ShutdownRequested()) continue;  // cancelled by the shutdown: go round for the last pull
-      return Fail(absl::StrCat("pull failed: ", s.message()));
+      return Fail(absl::StrCat("pull failed: ", versions.status().message()));
     }
-    int64_t version = versions.Min();
+    int64_t version = versions->Min();
     if (version != last_version) {
       Mlp::Score score =
           mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count);

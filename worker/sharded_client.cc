@@ -1,11 +1,15 @@
 #include "worker/sharded_client.h"
 
 #include <grpcpp/create_channel.h>
+#include <grpcpp/impl/client_unary_call.h>
 #include <grpcpp/impl/rpc_method.h>
 #include <grpcpp/security/credentials.h>
+#include <grpcpp/support/byte_buffer.h>
 
 #include <algorithm>
+#include <deque>
 #include <functional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -15,7 +19,9 @@
 #include "common/grpc_status.h"
 #include "common/tensor_codec.h"
 #include "common/log.h"
+#include "common/partition.h"
 #include "common/shutdown.h"
+#include "proto/ps.grpc.pb.h"
 
 namespace ps {
 namespace {
@@ -54,10 +60,214 @@ int64_t WriteTensorChunks(grpc::ClientWriter<grpc::ByteBuffer>* writer, const Ch
   return saturated;
 }
 
+// Threads that run the shards' calls, kept for reuse: a task runs on an idle thread, or on a new
+// one when none is idle, so there are as many as calls have been in flight at once (a few per
+// shard: a pull, a push, a heartbeat). Destruction runs what is queued, then joins them.
+class CallThreads {
+ public:
+  CallThreads() = default;
+  CallThreads(const CallThreads&) = delete;
+  CallThreads& operator=(const CallThreads&) = delete;
+  ~CallThreads() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    for (std::thread& t : threads_) t.join();
+  }
+  // Runs work(), then then(). The thread counts as idle again before then() runs, so a caller
+  // that then() wakes and that starts the next call at once finds it free.
+  void Run(std::function<void()> work, std::function<void()> then) {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back({std::move(work), std::move(then)});
+    if (idle_ < static_cast<int>(queue_.size())) threads_.emplace_back([this] { Loop(); });
+  }
+
+ private:
+  struct Task {
+    std::function<void()> work, then;
+  };
+  void Loop() {
+    absl::MutexLock lock(&mu_);
+    ++idle_;
+    for (;;) {
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping, and nothing left to run
+      Task task = std::move(queue_.front());
+      queue_.pop_front();
+      --idle_;
+      mu_.Unlock();
+      task.work();
+      mu_.Lock();
+      ++idle_;
+      mu_.Unlock();
+      task.then();
+      mu_.Lock();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);
+  int idle_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
+
+// One call to every shard: each shard's attempts run on a CallThreads thread and report here.
+class ShardedClient::Call {
+ public:
+  explicit Call(int shards) : results_(shards), pending_(shards) {}
+  void Done(int shard, absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    results_[shard] = std::move(status);
+    --pending_;
+  }
+  // Waits for every shard; the first failure, by shard.
+  absl::Status Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(+[](int* pending) { return *pending == 0; }, &pending_));
+    for (const absl::Status& s : results_) {
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
+  int pending_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::Status ShardedClient::Await(Call& call) { return call.Wait(); }
+
+// Everything the client knows and holds: channels, sessions, the retry loop, the threads.
+class ShardedClient::Impl {
+ public:
+  using ShardFn = std::function<grpc::Status(int shard, grpc::ClientContext*)>;
+  Impl(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
+       ClientOptions options);
+
+  int num_shards() const { return static_cast<int>(replicas_.size()); }
+
+  // Starts fn(shard) for every shard, each on a CallThreads thread, retrying transient failures
+  // (the one retry loop); the call reports the first error, prefixed with the shard's address.
+  std::shared_ptr<Call> Start(ShardFn fn, bool retry, absl::Duration timeout);
+  absl::Status ForEachShard(ShardFn fn, bool retry, absl::Duration timeout) {
+    return Start(std::move(fn), retry, timeout)->Wait();
+  }
+  absl::Status ForEachShard(ShardFn fn) {
+    return ForEachShard(std::move(fn), /*retry=*/true, options_.rpc_timeout);
+  }
+  // One shard's attempts of a call started in `generation`, until one succeeds or the call fails.
+  absl::Status Retry(int shard, const ShardFn& fn, bool retry, absl::Duration timeout,
+                     int64_t generation);
+  // Runs one attempt of fn with a fresh context (deadline `timeout`, token), tracked for
+  // CancelPending; CANCELLED if `generation` was cancelled already.
+  grpc::Status Attempt(int shard, const ShardFn& fn, int64_t generation, absl::Duration timeout);
+  // Tracks contexts in flight so that CancelPending can reach them; false if the call's
+  // generation was cancelled already.
+  bool Track(grpc::ClientContext* context, int64_t generation);
+  void Untrack(grpc::ClientContext* context);
+  v1::ModelIdentity ModelProto() const;
+
+  // The replica of `shard` calls go to now, its stub and its address.
+  int CurrentReplica(int shard) const;
+  v1::ParameterServer::Stub* Stub(int shard) const;
+  std::string Address(int shard) const;
+  // After a transient failure at `replica` of `shard`: calls go to the other replica, if the
+  // shard has one and no other thread switched already. Returns whether it switched.
+  bool SwitchReplica(int shard, int replica, const grpc::Status& failure);
+
+  // What this client knows of one shard since it last registered there.
+  struct Session {
+    int64_t incarnation = 0;        // this process's, at the shard
+    int64_t shard_incarnation = 0;  // the shard process's
+    int64_t registered_version = 0;  // the shard's, at registration
+    int64_t version = 0;             // the shard's, at registration or the last pull since
+    int64_t last_sequence = -1;     // this worker's last push the shard applied
+    bool initialized = false;       // the shard held the model (at a registration or pull)
+    std::string consistency;
+  };
+  Session SessionOf(int shard) const;
+  // One Register call to `shard`; records the session. `resume_sequence` >= 0 when registering
+  // again with a restarted shard. Fails if the shard lost the model it held before.
+  grpc::Status RegisterWith(int shard, grpc::ClientContext* context, int64_t resume_sequence);
+  // Registers again with `shard`, which said it restarted, unless another thread already did since
+  // the session whose shard_incarnation was `stale`.
+  grpc::Status Reregister(int shard, int64_t stale, int64_t generation);
+  // The public calls (see the class).
+  absl::StatusOr<int64_t> Register();
+  int64_t incarnation(int shard) const;
+  int reregistrations() const;
+  absl::StatusOr<int> Initialize(absl::Span<const float> params);
+  absl::StatusOr<std::vector<std::string>> CallEachShard(const std::string& method,
+                                                         const std::string& request);
+  absl::Status Heartbeat(absl::Duration timeout);
+  absl::Status Leave(absl::Duration timeout);
+  void LimitCallsTo(absl::Duration timeout);
+  void CancelPending();
+  void Close();
+  // One attempt at pulling shard `shard`'s range into `params`, recording what it served.
+  grpc::Status PullFrom(int shard, grpc::ClientContext* context, absl::Span<float> params,
+                        int64_t after_sequence, Versions* versions);
+  // One attempt at pushing shard `shard`'s part of `gradient`; returns the values saturated.
+  grpc::Status PushTo(int shard, grpc::ClientContext* context, absl::Span<const float> gradient,
+                      int64_t sequence, const Versions& base, v1::PushResponse* response,
+                      int64_t* saturated);
+
+  struct Replica {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::ParameterServer::Stub> stub;
+    // Initialize and Push on raw bytes: tensors go out through common/tensor_codec.h.
+    std::unique_ptr<grpc::internal::RpcMethod> initialize, push;
+  };
+  const Replica& CurrentReplicaOf(int shard) const;
+  std::vector<std::vector<Replica>> replicas_;  // by shard: one, or two with replication
+  std::string authorization_;  // the metadata value every call carries; "" : none
+  ModelIdentity model_;
+  int worker_id_;
+  ClientOptions options_;
+  std::vector<Range> ranges_;  // shard i's range of the flat vector
+  std::string consistency_;
+
+  // One per shard: held while registering again, so that two threads noticing one restart do
+  // not register twice (the second registration would supersede the first).
+  std::vector<std::unique_ptr<absl::Mutex>> register_mu_;
+  mutable absl::Mutex sessions_mu_;
+  std::vector<Session> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+  std::vector<int> current_ ABSL_GUARDED_BY(sessions_mu_);  // by shard: the replica called
+  int reregistrations_ ABSL_GUARDED_BY(sessions_mu_) = 0;
+  // The sequence of the push in progress or of the next one, for registering again.
+  int64_t next_sequence_ ABSL_GUARDED_BY(sessions_mu_) = 0;
+
+  absl::Mutex mu_;
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // incremented by CancelPending
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+
+  // Last: destroyed (its threads joined) before the state they use.
+  CallThreads threads_;
+};
 
 ShardedClient::ShardedClient(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
                              ClientOptions options)
+    : impl_(std::make_unique<Impl>(std::move(addresses), std::move(model), worker_id,
+                                   std::move(options))) {}
+
+ShardedClient::~ShardedClient() { Close(); }
+
+int ShardedClient::num_shards() const { return impl_->num_shards(); }
+const ModelIdentity& ShardedClient::model() const { return impl_->model_; }
+const std::string& ShardedClient::consistency() const { return impl_->consistency_; }
+
+ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
+                          ClientOptions options)
     : model_(std::move(model)),
       worker_id_(worker_id),
       options_(std::move(options)),
@@ -84,24 +294,24 @@ ShardedClient::ShardedClient(std::vector<std::string> addresses, ModelIdentity m
   }
 }
 
-int ShardedClient::CurrentReplica(int shard) const {
+int ShardedClient::Impl::CurrentReplica(int shard) const {
   absl::MutexLock lock(&sessions_mu_);
   return current_[shard];
 }
 
-const ShardedClient::Replica& ShardedClient::CurrentReplicaOf(int shard) const {
+const ShardedClient::Impl::Replica& ShardedClient::Impl::CurrentReplicaOf(int shard) const {
   return replicas_[shard][CurrentReplica(shard)];
 }
 
-v1::ParameterServer::Stub* ShardedClient::Stub(int shard) const {
+v1::ParameterServer::Stub* ShardedClient::Impl::Stub(int shard) const {
   return CurrentReplicaOf(shard).stub.get();
 }
 
-std::string ShardedClient::Address(int shard) const {
+std::string ShardedClient::Impl::Address(int shard) const {
   return replicas_[shard][CurrentReplica(shard)].address;
 }
 
-bool ShardedClient::SwitchReplica(int shard, int replica, const grpc::Status& failure) {
+bool ShardedClient::Impl::SwitchReplica(int shard, int replica, const grpc::Status& failure) {
   const int count = static_cast<int>(replicas_[shard].size());
   if (count < 2) return false;
   {
@@ -119,19 +329,19 @@ int64_t ShardedClient::Versions::Min() const {
   return version.empty() ? 0 : *std::min_element(version.begin(), version.end());
 }
 
-ShardedClient::Session ShardedClient::SessionOf(int shard) const {
+ShardedClient::Impl::Session ShardedClient::Impl::SessionOf(int shard) const {
   absl::MutexLock lock(&sessions_mu_);
   return sessions_[shard];
 }
 
-int64_t ShardedClient::incarnation(int shard) const { return SessionOf(shard).incarnation; }
+int64_t ShardedClient::Impl::incarnation(int shard) const { return SessionOf(shard).incarnation; }
 
-int ShardedClient::reregistrations() const {
+int ShardedClient::Impl::reregistrations() const {
   absl::MutexLock lock(&sessions_mu_);
   return reregistrations_;
 }
 
-v1::ModelIdentity ShardedClient::ModelProto() const {
+v1::ModelIdentity ShardedClient::Impl::ModelProto() const {
   v1::ModelIdentity m;
   m.set_fingerprint(model_.fingerprint);
   m.set_total_params(model_.total_params);
@@ -139,30 +349,30 @@ v1::ModelIdentity ShardedClient::ModelProto() const {
   return m;
 }
 
-bool ShardedClient::Track(grpc::ClientContext* context, int64_t generation) {
+bool ShardedClient::Impl::Track(grpc::ClientContext* context, int64_t generation) {
   absl::MutexLock lock(&mu_);
   if (generation != generation_ || closed_) return false;
   in_flight_.insert(context);
   return true;
 }
 
-void ShardedClient::Untrack(grpc::ClientContext* context) {
+void ShardedClient::Impl::Untrack(grpc::ClientContext* context) {
   absl::MutexLock lock(&mu_);
   in_flight_.erase(context);
 }
 
-void ShardedClient::LimitCallsTo(absl::Duration timeout) {
+void ShardedClient::Impl::LimitCallsTo(absl::Duration timeout) {
   options_.rpc_timeout = timeout;
   options_.retry_for = absl::ZeroDuration();
 }
 
-void ShardedClient::CancelPending() {
+void ShardedClient::Impl::CancelPending() {
   absl::MutexLock lock(&mu_);
   ++generation_;
   for (grpc::ClientContext* c : in_flight_) c->TryCancel();
 }
 
-void ShardedClient::Close() {
+void ShardedClient::Impl::Close() {
   {
     absl::MutexLock lock(&mu_);
     closed_ = true;
@@ -170,7 +380,7 @@ void ShardedClient::Close() {
   CancelPending();
 }
 
-grpc::Status ShardedClient::Attempt(
+grpc::Status ShardedClient::Impl::Attempt(
     int shard, const std::function<grpc::Status(int, grpc::ClientContext*)>& fn,
     int64_t generation, absl::Duration timeout) {
   grpc::ClientContext context;
@@ -184,82 +394,83 @@ grpc::Status ShardedClient::Attempt(
   return s;
 }
 
-absl::Status ShardedClient::ForEachShard(
-    const std::function<grpc::Status(int, grpc::ClientContext*)>& fn, bool retry,
-    absl::Duration timeout) {
+std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(ShardFn fn, bool retry,
+                                                               absl::Duration timeout) {
   int64_t generation;
   {
     absl::MutexLock lock(&mu_);
     generation = generation_;
   }
+  auto call = std::make_shared<Call>(num_shards());
+  auto shared_fn = std::make_shared<const ShardFn>(std::move(fn));
+  for (int shard = 0; shard < num_shards(); ++shard) {
+    auto result = std::make_shared<absl::Status>();
+    threads_.Run(
+        [this, shared_fn, shard, retry, timeout, generation, result] {
+          *result = Retry(shard, *shared_fn, retry, timeout, generation);
+        },
+        [call, shard, result] { call->Done(shard, std::move(*result)); });
+  }
+  return call;
+}
+
+absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry,
+                                        absl::Duration timeout, int64_t generation) {
   // Waits up to `d`; true if CancelPending was called meanwhile.
   auto cancelled_within = [&](absl::Duration d) {
     absl::MutexLock lock(&mu_);
     auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return generation_ != generation; };
     return mu_.AwaitWithTimeout(absl::Condition(&changed), d);
   };
-  std::vector<absl::Status> results(num_shards());
-  auto run = [&](int shard) {
-    absl::Time give_up = absl::Now() + options_.retry_for;
-    absl::Duration backoff = absl::Milliseconds(50);
-    // A shard that keeps saying it restarted after we registered again is not one we can use.
-    // With two replicas, a failure is tried at the other at once, then again after the backoff.
-    bool switched_at_once = false;
-    for (int reregistered = 0;;) {
-      const int64_t shard_incarnation = SessionOf(shard).shard_incarnation;
-      const int replica = CurrentReplica(shard);
-      grpc::Status s = Attempt(shard, fn, generation, timeout);
-      if (IsShardRestarted(s) && reregistered++ < 3) {
-        PS_LOG(WARNING) << "shard " << shard << " (" << Address(shard)
-                        << ") is another process than the one this client registered with: "
-                           "registering again";
-        s = Reregister(shard, shard_incarnation, generation);
-        if (s.ok()) continue;
-      }
-      if (s.ok()) return;
-      bool cancelled = s.error_code() == grpc::StatusCode::CANCELLED;
-      if (retry && !cancelled && s.error_code() == grpc::StatusCode::ABORTED) {
-        // Held back (a barrier, the SSP bound; bounded by the shard's progress timeout): the
-        // shard is alive and waiting is the protocol, so ask again at once without spending the
-        // retry budget.
-        give_up = absl::Now() + options_.retry_for;
-        continue;
-      }
-      // A call that is not retried (a heartbeat) leaves the choice to those that are; a busy
-      // replica (RESOURCE_EXHAUSTED) is alive and serving.
-      const bool switched = retry &&
-                            (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                             s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
-                            SwitchReplica(shard, replica, s);
-      if (switched && !switched_at_once && absl::Now() < give_up) {
-        switched_at_once = true;
-        continue;
-      }
-      switched_at_once = false;
-      if (!retry || !IsTransient(s) || absl::Now() + backoff > give_up ||
-          cancelled_within(backoff)) {
-        results[shard] = absl::Status(
-            FromGrpcStatus(s).code(),
-            absl::StrCat("shard ", shard, " (", replicas_[shard][replica].address,
-                         "): ", s.error_message()));
-        return;
-      }
-      PS_LOG(WARNING) << "shard " << shard << " (" << replicas_[shard][replica].address
-                      << "): " << s.error_message() << "; retried after " << backoff;
-      backoff = std::min(backoff * 2, absl::Seconds(2));
+  absl::Time give_up = absl::Now() + options_.retry_for;
+  absl::Duration backoff = absl::Milliseconds(50);
+  // A shard that keeps saying it restarted after we registered again is not one we can use.
+  // With two replicas, a failure is tried at the other at once, then again after the backoff.
+  bool switched_at_once = false;
+  for (int reregistered = 0;;) {
+    const int64_t shard_incarnation = SessionOf(shard).shard_incarnation;
+    const int replica = CurrentReplica(shard);
+    grpc::Status s = Attempt(shard, fn, generation, timeout);
+    if (IsShardRestarted(s) && reregistered++ < 3) {
+      PS_LOG(WARNING) << "shard " << shard << " (" << Address(shard)
+                      << ") is another process than the one this client registered with: "
+                         "registering again";
+      s = Reregister(shard, shard_incarnation, generation);
+      if (s.ok()) continue;
     }
-  };
-  std::vector<std::thread> threads;
-  for (int i = 1; i < num_shards(); ++i) threads.emplace_back(run, i);
-  run(0);
-  for (std::thread& t : threads) t.join();
-  for (const absl::Status& s : results) {
-    if (!s.ok()) return s;
+    if (s.ok()) return absl::OkStatus();
+    bool cancelled = s.error_code() == grpc::StatusCode::CANCELLED;
+    if (retry && !cancelled && s.error_code() == grpc::StatusCode::ABORTED) {
+      // Held back (a barrier, the SSP bound; bounded by the shard's progress timeout): the
+      // shard is alive and waiting is the protocol, so ask again at once without spending the
+      // retry budget.
+      give_up = absl::Now() + options_.retry_for;
+      continue;
+    }
+    // A call that is not retried (a heartbeat) leaves the choice to those that are; a busy
+    // replica (RESOURCE_EXHAUSTED) is alive and serving.
+    const bool switched = retry &&
+                          (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                           s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
+                          SwitchReplica(shard, replica, s);
+    if (switched && !switched_at_once && absl::Now() < give_up) {
+      switched_at_once = true;
+      continue;
+    }
+    switched_at_once = false;
+    if (!retry || !IsTransient(s) || absl::Now() + backoff > give_up ||
+        cancelled_within(backoff)) {
+      return absl::Status(FromGrpcStatus(s).code(),
+                          absl::StrCat("shard ", shard, " (", replicas_[shard][replica].address,
+                                       "): ", s.error_message()));
+    }
+    PS_LOG(WARNING) << "shard " << shard << " (" << replicas_[shard][replica].address
+                    << "): " << s.error_message() << "; retried after " << backoff;
+    backoff = std::min(backoff * 2, absl::Seconds(2));
   }
-  return absl::OkStatus();
 }
 
-grpc::Status ShardedClient::RegisterWith(int shard, grpc::ClientContext* context,
+grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* context,
                                          int64_t resume_sequence) {
   v1::RegisterRequest request;
   request.set_worker_id(worker_id_);
@@ -290,7 +501,7 @@ grpc::Status ShardedClient::RegisterWith(int shard, grpc::ClientContext* context
   return grpc::Status::OK;
 }
 
-grpc::Status ShardedClient::Reregister(int shard, int64_t stale, int64_t generation) {
+grpc::Status ShardedClient::Impl::Reregister(int shard, int64_t stale, int64_t generation) {
   absl::MutexLock registering(register_mu_[shard].get());
   int64_t resume_sequence = -1;
   {
@@ -324,7 +535,7 @@ void CancelOnShutdown::Join() {
   thread_.join();
 }
 
-absl::StatusOr<int64_t> ShardedClient::Register() {
+absl::StatusOr<int64_t> ShardedClient::Impl::Register() {
   if (model_.num_shards != num_shards()) {
     return absl::InvalidArgumentError(absl::StrCat("model expects ", model_.num_shards, " shards, ",
                                                    num_shards(), " addresses given"));
@@ -360,7 +571,7 @@ absl::StatusOr<int64_t> ShardedClient::Register() {
   return next_sequence_;
 }
 
-absl::StatusOr<int> ShardedClient::Initialize(absl::Span<const float> params) {
+absl::StatusOr<int> ShardedClient::Impl::Initialize(absl::Span<const float> params) {
   std::vector<int> applied(num_shards(), 0);
   absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
     const Range& r = ranges_[shard];
@@ -385,105 +596,131 @@ absl::StatusOr<int> ShardedClient::Initialize(absl::Span<const float> params) {
   return static_cast<int>(std::count(applied.begin(), applied.end(), 1));
 }
 
-absl::Status ShardedClient::Pull(absl::Span<float> params, Versions* versions,
-                                 int64_t after_sequence) {
+grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* context,
+                                           absl::Span<float> params, int64_t after_sequence,
+                                           Versions* versions) {
+  const Range& r = ranges_[shard];
+  v1::PullRequest request;
+  request.set_offset(r.begin);
+  request.set_length(r.size());
+  request.set_worker_id(worker_id_);
+  if (after_sequence >= 0) request.set_after_sequence(after_sequence);
+  request.set_shard_incarnation(SessionOf(shard).shard_incarnation);
+  request.set_dtype(static_cast<v1::DType>(options_.pull_type));
+  *request.mutable_model() = ModelProto();
+  auto reader = Stub(shard)->Pull(context, request);
+  ChunkAssembler assembler(params.subspan(r.begin, r.size()), options_.pull_type);
+  v1::PullChunk chunk;
+  absl::Status bad;
+  for (bool first = true; reader->Read(&chunk); first = false) {
+    if (first) versions->version[shard] = chunk.version();
+    if (!bad.ok()) continue;  // drain the stream so Finish() returns
+    if (chunk.dtype() != request.dtype()) {
+      bad = absl::DataLossError(absl::StrCat("asked for dtype ", request.dtype(), ", got ",
+                                             chunk.dtype(), " (an older shard?)"));
+    } else if (chunk.offset() != r.begin + assembler.received()) {
+      bad = absl::DataLossError(absl::StrCat("chunk at offset ", chunk.offset(), ", expected ",
+                                             r.begin + assembler.received()));
+    } else {
+      bad = assembler.Append(chunk.data());
+    }
+  }
+  grpc::Status status = reader->Finish();
+  if (status.ok() && bad.ok()) bad = assembler.Finish();
+  if (!status.ok() || !bad.ok()) return status.ok() ? ToGrpcStatus(bad) : status;
+  versions->shard_incarnation[shard] = request.shard_incarnation();
+  absl::MutexLock lock(&sessions_mu_);
+  Session& session = sessions_[shard];
+  if (session.shard_incarnation == request.shard_incarnation()) {
+    session.initialized = true;
+    session.version = std::max(session.version, versions->version[shard]);
+  }
+  return grpc::Status::OK;
+}
+
+ShardedClient::Pending<ShardedClient::Versions> ShardedClient::StartPull(absl::Span<float> params,
+                                                                        int64_t after_sequence) {
+  auto versions = std::make_shared<Versions>();
   versions->version.assign(num_shards(), 0);
   versions->shard_incarnation.assign(num_shards(), 0);
-  return ForEachShard([&](int shard, grpc::ClientContext* context) {
-    const Range& r = ranges_[shard];
-    v1::PullRequest request;
-    request.set_offset(r.begin);
-    request.set_length(r.size());
-    request.set_worker_id(worker_id_);
-    if (after_sequence >= 0) request.set_after_sequence(after_sequence);
-    request.set_shard_incarnation(SessionOf(shard).shard_incarnation);
-    request.set_dtype(static_cast<v1::DType>(options_.pull_type));
-    *request.mutable_model() = ModelProto();
-    auto reader = Stub(shard)->Pull(context, request);
-    ChunkAssembler assembler(params.subspan(r.begin, r.size()), options_.pull_type);
-    v1::PullChunk chunk;
-    absl::Status bad;
-    for (bool first = true; reader->Read(&chunk); first = false) {
-      if (first) versions->version[shard] = chunk.version();
-      if (!bad.ok()) continue;  // drain the stream so Finish() returns
-      if (chunk.dtype() != request.dtype()) {
-        bad = absl::DataLossError(absl::StrCat("asked for dtype ", request.dtype(), ", got ",
-                                               chunk.dtype(), " (an older shard?)"));
-      } else if (chunk.offset() != r.begin + assembler.received()) {
-        bad = absl::DataLossError(absl::StrCat("chunk at offset ", chunk.offset(), ", expected ",
-                                               r.begin + assembler.received()));
-      } else {
-        bad = assembler.Append(chunk.data());
-      }
+  Impl* impl = impl_.get();
+  std::shared_ptr<Call> call = impl->Start(
+      [impl, params, after_sequence, versions](int shard, grpc::ClientContext* context) {
+        return impl->PullFrom(shard, context, params, after_sequence, versions.get());
+      },
+      /*retry=*/true, impl->options_.rpc_timeout);
+  return Pending<Versions>(std::move(call), [versions] { return *versions; });
+}
+
+grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context,
+                                         absl::Span<const float> gradient, int64_t sequence,
+                                         const Versions& base, v1::PushResponse* response,
+                                         int64_t* saturated) {
+  const Range& r = ranges_[shard];
+  const Session session = SessionOf(shard);
+  int64_t base_version = base.version[shard];
+  if (base.shard_incarnation[shard] != 0 &&
+      base.shard_incarnation[shard] != session.shard_incarnation) {
+    // Computed from an earlier process of this shard, whose updates since its checkpoint are
+    // lost: the gradient is taken as computed from the version the shard came back at.
+    base_version = std::min(base_version, session.registered_version);
+  }
+  v1::PushChunk first;
+  v1::PushHeader& header = *first.mutable_header();
+  header.set_worker_id(worker_id_);
+  header.set_incarnation(session.incarnation);
+  header.set_shard_incarnation(session.shard_incarnation);
+  header.set_sequence(sequence);
+  header.set_base_version(base_version);
+  header.set_offset(r.begin);
+  header.set_length(r.size());
+  header.set_dtype(static_cast<v1::DType>(options_.push_type));
+  const Replica& replica = CurrentReplicaOf(shard);
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+      grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+          replica.channel.get(), *replica.push, context, response));
+  *saturated = WriteTensorChunks(writer.get(), first, gradient.subspan(r.begin, r.size()),
+                                 options_.push_type);
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
+    absl::Span<const float> gradient, int64_t sequence, const Versions& base) {
+  Impl* impl = impl_.get();
+  {
+    absl::MutexLock lock(&impl->sessions_mu_);
+    impl->next_sequence_ = sequence;
+  }
+  struct Answers {
+    std::vector<v1::PushResponse> responses;
+    std::vector<int64_t> saturated;
+    Versions base;
+  };
+  auto answers = std::make_shared<Answers>(
+      Answers{std::vector<v1::PushResponse>(num_shards()), std::vector<int64_t>(num_shards(), 0),
+              base});
+  std::shared_ptr<Call> call = impl->Start(
+      [impl, gradient, sequence, answers](int shard, grpc::ClientContext* context) {
+        return impl->PushTo(shard, context, gradient, sequence, answers->base,
+                            &answers->responses[shard], &answers->saturated[shard]);
+      },
+      /*retry=*/true, impl->options_.rpc_timeout);
+  return Pending<PushSummary>(std::move(call), [impl, sequence, answers] {
+    PushSummary summary;
+    for (int64_t n : answers->saturated) summary.saturated += n;
+    for (const v1::PushResponse& r : answers->responses) {
+      summary.max_staleness = std::max(summary.max_staleness, r.staleness());
+      summary.duplicates += r.duplicate();
+      summary.dropped += r.dropped();
     }
-    grpc::Status status = reader->Finish();
-    if (status.ok() && bad.ok()) bad = assembler.Finish();
-    if (!status.ok() || !bad.ok()) return status.ok() ? ToGrpcStatus(bad) : status;
-    versions->shard_incarnation[shard] = request.shard_incarnation();
-    absl::MutexLock lock(&sessions_mu_);
-    Session& session = sessions_[shard];
-    if (session.shard_incarnation == request.shard_incarnation()) {
-      session.initialized = true;
-      session.version = std::max(session.version, versions->version[shard]);
-    }
-    return grpc::Status::OK;
+    absl::MutexLock lock(&impl->sessions_mu_);
+    impl->next_sequence_ = sequence + 1;
+    return summary;
   });
 }
 
-absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(absl::Span<const float> gradient,
-                                                               int64_t sequence,
-                                                               const Versions& base) {
-  {
-    absl::MutexLock lock(&sessions_mu_);
-    next_sequence_ = sequence;
-  }
-  std::vector<v1::PushResponse> responses(num_shards());
-  std::vector<int64_t> saturated(num_shards(), 0);
-  absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
-    const Range& r = ranges_[shard];
-    const Session session = SessionOf(shard);
-    int64_t base_version = base.version[shard];
-    if (base.shard_incarnation[shard] != 0 &&
-        base.shard_incarnation[shard] != session.shard_incarnation) {
-      // Computed from an earlier process of this shard, whose updates since its checkpoint are
-      // lost: the gradient is taken as computed from the version the shard came back at.
-      base_version = std::min(base_version, session.registered_version);
-    }
-    v1::PushChunk first;
-    v1::PushHeader& header = *first.mutable_header();
-    header.set_worker_id(worker_id_);
-    header.set_incarnation(session.incarnation);
-    header.set_shard_incarnation(session.shard_incarnation);
-    header.set_sequence(sequence);
-    header.set_base_version(base_version);
-    header.set_offset(r.begin);
-    header.set_length(r.size());
-    header.set_dtype(static_cast<v1::DType>(options_.push_type));
-    const Replica& replica = CurrentReplicaOf(shard);
-    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
-            replica.channel.get(), *replica.push, context, &responses[shard]));
-    saturated[shard] = WriteTensorChunks(writer.get(), first, gradient.subspan(r.begin, r.size()),
-                                         options_.push_type);
-    writer->WritesDone();
-    return writer->Finish();
-  });
-  if (!s.ok()) return s;
-  PushSummary summary;
-  for (int64_t n : saturated) summary.saturated += n;
-  for (const v1::PushResponse& r : responses) {
-    summary.max_staleness = std::max(summary.max_staleness, r.staleness());
-    summary.duplicates += r.duplicate();
-    summary.dropped += r.dropped();
-  }
-  {
-    absl::MutexLock lock(&sessions_mu_);
-    next_sequence_ = sequence + 1;
-  }
-  return summary;
-}
-
-absl::Status ShardedClient::Heartbeat(absl::Duration timeout) {
+absl::Status ShardedClient::Impl::Heartbeat(absl::Duration timeout) {
   return ForEachShard(
       [&](int shard, grpc::ClientContext* context) {
         v1::HeartbeatRequest request;
@@ -497,7 +734,7 @@ absl::Status ShardedClient::Heartbeat(absl::Duration timeout) {
       /*retry=*/false, timeout);
 }
 
-absl::Status ShardedClient::Leave(absl::Duration timeout) {
+absl::Status ShardedClient::Impl::Leave(absl::Duration timeout) {
   return ForEachShard(
       [&](int shard, grpc::ClientContext* context) {
         v1::LeaveRequest request;
@@ -511,13 +748,44 @@ absl::Status ShardedClient::Leave(absl::Duration timeout) {
       /*retry=*/false, timeout);
 }
 
-absl::StatusOr<std::vector<v1::StatsResponse>> ShardedClient::Stats() {
-  std::vector<v1::StatsResponse> out(num_shards());
+absl::StatusOr<std::vector<std::string>> ShardedClient::Impl::CallEachShard(
+    const std::string& method, const std::string& request) {
+  std::vector<std::string> out(num_shards());
   absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
-    return Stub(shard)->GetStats(context, v1::StatsRequest(), &out[shard]);
+    const Replica& replica = CurrentReplicaOf(shard);
+    const grpc::internal::RpcMethod rpc(method.c_str(), grpc::internal::RpcMethod::NORMAL_RPC,
+                                        replica.channel);
+    grpc::Slice request_slice(request);
+    grpc::ByteBuffer request_bytes(&request_slice, 1), response_bytes;
+    grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        replica.channel.get(), rpc, context, request_bytes, &response_bytes);
+    grpc::Slice flat;
+    if (status.ok() && !response_bytes.TrySingleSlice(&flat).ok() &&
+        !response_bytes.DumpToSingleSlice(&flat).ok()) {
+      return grpc::Status(grpc::StatusCode::DATA_LOSS, "unreadable response");
+    }
+    if (status.ok()) out[shard].assign(reinterpret_cast<const char*>(flat.begin()), flat.size());
+    return status;
   });
   if (!s.ok()) return s;
   return out;
 }
+
+// The public face: each call is the implementation's.
+absl::StatusOr<int64_t> ShardedClient::Register() { return impl_->Register(); }
+int64_t ShardedClient::incarnation(int shard) const { return impl_->incarnation(shard); }
+int ShardedClient::reregistrations() const { return impl_->reregistrations(); }
+absl::StatusOr<int> ShardedClient::Initialize(absl::Span<const float> params) {
+  return impl_->Initialize(params);
+}
+absl::StatusOr<std::vector<std::string>> ShardedClient::CallEachShard(const std::string& method,
+                                                                      const std::string& request) {
+  return impl_->CallEachShard(method, request);
+}
+absl::Status ShardedClient::Heartbeat(absl::Duration timeout) { return impl_->Heartbeat(timeout); }
+absl::Status ShardedClient::Leave(absl::Duration timeout) { return impl_->Leave(timeout); }
+void ShardedClient::LimitCallsTo(absl::Duration timeout) { impl_->LimitCallsTo(timeout); }
+void ShardedClient::CancelPending() { impl_->CancelPending(); }
+void ShardedClient::Close() { impl_->Close(); }
 
 }  // namespace ps

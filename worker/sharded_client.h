@@ -1,7 +1,13 @@
 // The worker-side view of the parameter servers: one flat parameter vector split over S shards.
-// Pull and Push fan out to all shards concurrently; every call has a deadline and carries the
-// token of ClientOptions::security (over TLS if set there), and calls that failed for a transient
-// reason (UNAVAILABLE, DEADLINE_EXCEEDED) are retried with backoff. Retrying is safe: pulls are
+//
+// Calls go to all shards at once. StartPull and StartPush return a Pending call at once (the
+// shape of ps-lite's Push/Pull/Wait): Wait() gives its result, and Pull and Push are Start + Wait.
+// The shards' calls run on threads the client keeps (one per shard and call in flight, made once
+// and reused), so no call starts a thread.
+//
+// Every call has a deadline and carries the token of ClientOptions::security (over TLS if set
+// there), and calls that failed for a transient reason (UNAVAILABLE, DEADLINE_EXCEEDED,
+// RESOURCE_EXHAUSTED) are retried with backoff, all in one retry loop. Retrying is safe: pulls are
 // reads, pushes carry a (worker, sequence) id that a shard applies once. A pull that a shard holds
 // back (ABORTED: sync barrier, SSP bound) is repeated for as long as it takes.
 //
@@ -15,33 +21,26 @@
 // the other at once (which takes over if the primary is gone), and the client registers with it
 // as with a restarted shard.
 //
-// Thread-compatible: one thread drives Pull/Push; Heartbeat and CancelPending may be called from
-// others. Registering again happens on whichever of those threads meets the restart first (once
-// per restart: the others wait for it).
+// Thread-safe, with one rule: a worker's pushes carry increasing sequences, so start them from
+// one thread. Registering again happens on whichever call meets the restart first (once per
+// restart: the others wait for it).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/model_identity.h"
-#include "common/partition.h"
 #include "common/security.h"
 #include "common/wire_type.h"
-#include "proto/ps.grpc.pb.h"
-
-namespace grpc::internal {
-class RpcMethod;
-}  // namespace grpc::internal
 
 namespace ps {
 
@@ -56,6 +55,10 @@ struct ClientOptions {
 };
 
 class ShardedClient {
+ private:
+  class Impl;
+  class Call;  // one call to every shard, in progress or done
+
  public:
   // The version of each shard a pull saw, and which process of that shard served it: a restarted
   // shard's versions go on from its checkpoint, so a version means something only with it.
@@ -67,13 +70,60 @@ class ShardedClient {
     int64_t Min() const;
   };
 
+  struct PushSummary {
+    int64_t max_staleness = 0;  // over shards
+    int duplicates = 0;         // shards that had applied this sequence before
+    int dropped = 0;            // shards whose consistency policy dropped it (counted there)
+    int64_t saturated = 0;      // gradient values beyond the wire type's range, sent as its largest
+  };
+
+  // A call to every shard in progress. Wait() blocks until every shard has answered (or the call
+  // failed) and returns the result; a second Wait returns FAILED_PRECONDITION. The call reads or
+  // writes the caller's buffer until it ends, so destroying (or assigning over) a Pending that
+  // was not waited for waits for it. Default-constructed: no call (valid() is false).
+  template <typename T>
+  class Pending {
+   public:
+    Pending() = default;
+    Pending(Pending&& o) noexcept = default;
+    Pending& operator=(Pending&& o) noexcept {
+      if (this != &o) {
+        Finish();
+        call_ = std::move(o.call_);
+        result_ = std::move(o.result_);
+      }
+      return *this;
+    }
+    ~Pending() { Finish(); }
+    bool valid() const { return call_ != nullptr; }
+    absl::StatusOr<T> Wait() {
+      if (call_ == nullptr) return absl::FailedPreconditionError("no call to wait for");
+      std::shared_ptr<Call> call = std::move(call_);
+      absl::Status s = Await(*call);
+      if (!s.ok()) return s;
+      return result_();
+    }
+
+   private:
+    friend class ShardedClient;
+    Pending(std::shared_ptr<Call> call, std::function<T()> result)
+        : call_(std::move(call)), result_(std::move(result)) {}
+    void Finish() {
+      if (call_ != nullptr) Await(*std::exchange(call_, nullptr)).IgnoreError();
+    }
+    std::shared_ptr<Call> call_;
+    std::function<T()> result_;  // the call's value, once it succeeded
+  };
+
   // `model.num_shards` must equal addresses.size(); an address may list a shard's two replicas
   // ("a/b", see common/cluster.h). worker_id < 0 makes an observer, which may pull but not push.
   ShardedClient(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
                 ClientOptions options = {});
+  // Ends the calls in progress (CANCELLED) and waits for them.
+  ~ShardedClient();
 
-  int num_shards() const { return static_cast<int>(replicas_.size()); }
-  const ModelIdentity& model() const { return model_; }
+  int num_shards() const;
+  const ModelIdentity& model() const;
 
   // Registers with every shard (checking they agree on the model) and returns the sequence number
   // this worker's next push should carry: one past the lowest last sequence over the shards, so
@@ -82,7 +132,7 @@ class ShardedClient {
   // (FAILED_PRECONDITION) if some shards hold a trained model and others none.
   absl::StatusOr<int64_t> Register();
   // The shards' consistency model ("async", "sync", "ssp:S"), known after Register.
-  const std::string& consistency() const { return consistency_; }
+  const std::string& consistency() const;
   // This process's incarnation at shard `shard`, from Register (0 before): pushes, heartbeats and
   // Leave carry it, and a later Register of the same worker id elsewhere supersedes it.
   int64_t incarnation(int shard) const;
@@ -93,26 +143,31 @@ class ShardedClient {
   // restarted initialiser never resets a trained model. Returns how many shards took the values.
   absl::StatusOr<int> Initialize(absl::Span<const float> params);
 
-  // Fills `params` (total_params floats) from all shards, waiting for initialisation if needed
-  // (up to ClientOptions::retry_for). `versions` gets what each shard served. A prefetching
-  // worker passes the sequence of its push that may still be in flight (see
-  // PullRequest.after_sequence); -1: none.
-  absl::Status Pull(absl::Span<float> params, Versions* versions, int64_t after_sequence = -1);
+  // Fills `params` (total_params floats, valid until the call ends) from all shards, waiting for
+  // initialisation if needed (up to ClientOptions::retry_for); the result is what each shard
+  // served. A prefetching worker passes the sequence of its push that may still be in flight
+  // (see PullRequest.after_sequence); -1: none.
+  Pending<Versions> StartPull(absl::Span<float> params, int64_t after_sequence = -1);
+  absl::StatusOr<Versions> Pull(absl::Span<float> params, int64_t after_sequence = -1) {
+    return StartPull(params, after_sequence).Wait();
+  }
 
-  struct PushSummary {
-    int64_t max_staleness = 0;  // over shards
-    int duplicates = 0;         // shards that had applied this sequence before
-    int dropped = 0;            // shards whose consistency policy dropped it (counted there)
-    int64_t saturated = 0;      // gradient values beyond the wire type's range, sent as its largest
-  };
-  // Pushes each shard its slice of `gradient`, tagged with `sequence` and the version of that
-  // shard the gradient was computed from (from the Pull that gave the weights). A shard that
-  // restarted since that pull gets the gradient as computed from its current version.
+  // Pushes each shard its slice of `gradient` (valid until the call ends), tagged with `sequence`
+  // and the version of that shard the gradient was computed from (from the Pull that gave the
+  // weights). A shard that restarted since that pull gets the gradient as computed from its
+  // current version.
+  Pending<PushSummary> StartPush(absl::Span<const float> gradient, int64_t sequence,
+                                 const Versions& base);
   absl::StatusOr<PushSummary> Push(absl::Span<const float> gradient, int64_t sequence,
-                                   const Versions& base);
+                                   const Versions& base) {
+    return StartPush(gradient, sequence, base).Wait();
+  }
 
-  // Every shard's statistics.
-  absl::StatusOr<std::vector<v1::StatsResponse>> Stats();
+  // One unary call of `method` (a full name, "/ps.v1.ParameterServer/GetStats") with the
+  // serialised `request` to every shard, retried like the others; the serialised responses, by
+  // shard (worker/shard_stats.h reads statistics this way).
+  absl::StatusOr<std::vector<std::string>> CallEachShard(const std::string& method,
+                                                         const std::string& request);
 
   // Refreshes this worker's lease on every shard: one attempt each, with `timeout` (keep it well
   // under the lease, so that one stalled shard does not delay the others' heartbeats).
@@ -134,80 +189,8 @@ class ShardedClient {
   void Close();
 
  private:
-  // Runs fn(shard) for every shard concurrently, retrying transient failures; returns the first
-  // error, prefixed with the shard's address.
-  absl::Status ForEachShard(const std::function<grpc::Status(int shard, grpc::ClientContext*)>& fn,
-                            bool retry, absl::Duration timeout);
-  absl::Status ForEachShard(
-      const std::function<grpc::Status(int shard, grpc::ClientContext*)>& fn) {
-    return ForEachShard(fn, /*retry=*/true, options_.rpc_timeout);
-  }
-  // Runs one attempt of fn with a fresh context (deadline `timeout`, token), tracked for
-  // CancelPending; CANCELLED if `generation` was cancelled already.
-  grpc::Status Attempt(int shard, const std::function<grpc::Status(int, grpc::ClientContext*)>& fn,
-                       int64_t generation, absl::Duration timeout);
-  // Tracks contexts in flight so that CancelPending can reach them; false if the call's
-  // generation was cancelled already.
-  bool Track(grpc::ClientContext* context, int64_t generation);
-  void Untrack(grpc::ClientContext* context);
-  v1::ModelIdentity ModelProto() const;
-
-  // The replica of `shard` calls go to now, its stub and its address.
-  int CurrentReplica(int shard) const;
-  v1::ParameterServer::Stub* Stub(int shard) const;
-  std::string Address(int shard) const;
-  // After a transient failure at `replica` of `shard`: calls go to the other replica, if the
-  // shard has one and no other thread switched already. Returns whether it switched.
-  bool SwitchReplica(int shard, int replica, const grpc::Status& failure);
-
-  // What this client knows of one shard since it last registered there.
-  struct Session {
-    int64_t incarnation = 0;        // this process's, at the shard
-    int64_t shard_incarnation = 0;  // the shard process's
-    int64_t registered_version = 0;  // the shard's, at registration
-    int64_t version = 0;             // the shard's, at registration or the last pull since
-    int64_t last_sequence = -1;     // this worker's last push the shard applied
-    bool initialized = false;       // the shard held the model (at a registration or pull)
-    std::string consistency;
-  };
-  Session SessionOf(int shard) const;
-  // One Register call to `shard`; records the session. `resume_sequence` >= 0 when registering
-  // again with a restarted shard. Fails if the shard lost the model it held before.
-  grpc::Status RegisterWith(int shard, grpc::ClientContext* context, int64_t resume_sequence);
-  // Registers again with `shard`, which said it restarted, unless another thread already did since
-  // the session whose shard_incarnation was `stale`.
-  grpc::Status Reregister(int shard, int64_t stale, int64_t generation);
-
-  struct Replica {
-    std::string address;
-    std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<v1::ParameterServer::Stub> stub;
-    // Initialize and Push on raw bytes: tensors go out through common/tensor_codec.h.
-    std::unique_ptr<grpc::internal::RpcMethod> initialize, push;
-  };
-  const Replica& CurrentReplicaOf(int shard) const;
-  std::vector<std::vector<Replica>> replicas_;  // by shard: one, or two with replication
-  std::string authorization_;  // the metadata value every call carries; "" : none
-  ModelIdentity model_;
-  int worker_id_;
-  ClientOptions options_;
-  std::vector<Range> ranges_;  // shard i's range of the flat vector
-  std::string consistency_;
-
-  // One per shard: held while registering again, so that two threads noticing one restart do
-  // not register twice (the second registration would supersede the first).
-  std::vector<std::unique_ptr<absl::Mutex>> register_mu_;
-  mutable absl::Mutex sessions_mu_;
-  std::vector<Session> sessions_ ABSL_GUARDED_BY(sessions_mu_);
-  std::vector<int> current_ ABSL_GUARDED_BY(sessions_mu_);  // by shard: the replica called
-  int reregistrations_ ABSL_GUARDED_BY(sessions_mu_) = 0;
-  // The sequence of the push in progress or of the next one, for registering again.
-  int64_t next_sequence_ ABSL_GUARDED_BY(sessions_mu_) = 0;
-
-  absl::Mutex mu_;
-  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // incremented by CancelPending
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+  static absl::Status Await(Call& call);
+  std::unique_ptr<Impl> impl_;
 };
 
 // Cancels a client's pending calls once SIGTERM/SIGINT arrives, so that a process waiting on a

@@ -2,7 +2,6 @@
 // gradient of a minibatch of its own data shard, push it to every shard. Killed and restarted, it
 // asks the shards where it stopped and carries on; it never re-initialises a trained model.
 #include <cmath>
-#include <future>
 #include <memory>
 #include <thread>
 
@@ -176,17 +175,16 @@ int Main(int argc, char** argv) {
   HostBuffer<float> params_a(backend->get(), mlp.num_params()),
       params_b(backend->get(), mlp.num_params()), grad(backend->get(), mlp.num_params());
   HostBuffer<float>*params = &params_a, *next_params = &params_b;
-  ShardedClient::Versions versions_a, versions_b;  // each buffer's shard versions
-  ShardedClient::Versions *versions = &versions_a, *next_versions = &versions_b;
-  // Destroyed (waiting for the pull in flight) before the buffers it writes into.
-  std::future<absl::Status> prefetched;
+  // With --prefetch, the pull of the next step's weights into next_params, in flight while this
+  // step computes. Destroyed (waiting for it) before the buffers it writes into.
+  ShardedClient::Pending<ShardedClient::Versions> prefetched;
   std::vector<int32_t> indices;
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   // A failure ends the run: a prefetch in flight is cancelled first (it writes into buffers that
   // die with this scope, and could otherwise wait on a shard for a long time).
   auto fail = [&](const std::string& reason) {
     client.Close();
-    if (prefetched.valid()) prefetched.wait();
+    prefetched = {};
     return Fail(reason);
   };
   absl::Time next_log = start + absl::Seconds(10);
@@ -196,16 +194,14 @@ int Main(int argc, char** argv) {
   for (; (steps == 0 || step < steps) && !ShutdownRequested(); ++step) {
     if (absl::Now() >= time_limit) break;
     if (pull_delay->enabled() && WaitForShutdown(pull_delay->Next())) break;
-    absl::Status pulled =
-        prefetched.valid() ? prefetched.get() : client.Pull(params->span(), versions);
-    if (!pulled.ok()) {
+    absl::StatusOr<ShardedClient::Versions> versions =
+        prefetched.valid() ? prefetched.Wait() : client.Pull(params->span());
+    if (!versions.ok()) {
       if (ShutdownRequested()) break;
-      return fail(absl::StrCat("pull failed at step ", step, ": ", pulled.message()));
+      return fail(absl::StrCat("pull failed at step ", step, ": ", versions.status().message()));
     }
     if (prefetch && (steps == 0 || step + 1 < steps)) {
-      prefetched = std::async(std::launch::async, [&client, next_params, next_versions, step] {
-        return client.Pull(next_params->span(), next_versions, /*after_sequence=*/step);
-      });
+      prefetched = client.StartPull(next_params->span(), /*after_sequence=*/step);
     }
     sampler.Indices(step, &indices);
     absl::Time compute_start = absl::Now();
@@ -241,12 +237,9 @@ int Main(int argc, char** argv) {
                                       sampler.Epoch(step), rate, loss);
       next_log += absl::Seconds(10);
     }
-    if (prefetched.valid()) {
-      std::swap(params, next_params);
-      std::swap(versions, next_versions);
-    }
+    if (prefetched.valid()) std::swap(params, next_params);
   }
-  if (prefetched.valid()) prefetched.wait();  // it writes into buffers that die with this scope
+  prefetched = {};  // waits for a pull in flight: it writes into buffers that die with this scope
   PS_LOG(INFO) << "done at step " << step << " after " << absl::ToDoubleSeconds(absl::Now() - start)
                << " s; " << duplicate_pushes << " duplicate push(es), registered again with "
                << client.reregistrations() << " restarted shard(s)";

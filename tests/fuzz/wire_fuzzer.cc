@@ -17,8 +17,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/chunking.h"
+#include "common/partition.h"
 #include "common/wire_type.h"
 #include "proto/ps.grpc.pb.h"
+#include "worker/shard_stats.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -784,8 +786,10 @@ struct Snapshot {
 absl::StatusOr<Snapshot> TakeSnapshot(ShardedClient& observer) {
   Snapshot s;
   s.weights.resize(observer.model().total_params);
-  if (absl::Status st = observer.Pull(absl::MakeSpan(s.weights), &s.versions); !st.ok()) return st;
-  absl::StatusOr<std::vector<v1::StatsResponse>> stats = observer.Stats();
+  absl::StatusOr<ShardedClient::Versions> versions = observer.Pull(absl::MakeSpan(s.weights));
+  if (!versions.ok()) return versions.status();
+  s.versions = *std::move(versions);
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = FetchStats(observer);
   if (!stats.ok()) return stats.status();
   s.stats = *std::move(stats);
   return s;
