@@ -200,18 +200,29 @@ class ShardedClient::Impl {
   // Registers again with `shard`, which said it restarted, unless another thread already did since
   // the session whose shard_incarnation was `stale`.
   grpc::Status Reregister(int shard, int64_t stale, int64_t generation);
-  // The public calls (see the class).
+  // Register, Initialize and CallEachShard of the class.
   absl::StatusOr<int64_t> Register();
-  int64_t incarnation(int shard) const;
-  int reregistrations() const;
   absl::StatusOr<int> Initialize(absl::Span<const float> params);
   absl::StatusOr<std::vector<std::string>> CallEachShard(const std::string& method,
                                                          const std::string& request);
-  absl::Status Heartbeat(absl::Duration timeout);
-  absl::Status Leave(absl::Duration timeout);
-  void LimitCallsTo(absl::Duration timeout);
-  void CancelPending();
-  void Close();
+  // Sends every shard `call` (Heartbeat, Leave) with this worker's identity: one attempt each.
+  template <typename Request, typename Response>
+  absl::Status TellEachShard(absl::Duration timeout,
+                             grpc::Status (v1::ParameterServer::Stub::*call)(grpc::ClientContext*,
+                                                                            const Request&,
+                                                                            Response*)) {
+    return ForEachShard(
+        [&](int shard, grpc::ClientContext* context) {
+          Request request;
+          const Session session = SessionOf(shard);
+          request.set_worker_id(worker_id_);
+          request.set_incarnation(session.incarnation);
+          request.set_shard_incarnation(session.shard_incarnation);
+          Response response;
+          return (Stub(shard)->*call)(context, request, &response);
+        },
+        /*retry=*/false, timeout);
+  }
   // One attempt at pulling shard `shard`'s range into `params`, recording what it served.
   grpc::Status PullFrom(int shard, grpc::ClientContext* context, absl::Span<float> params,
                         int64_t after_sequence, Versions* versions);
@@ -334,12 +345,7 @@ ShardedClient::Impl::Session ShardedClient::Impl::SessionOf(int shard) const {
   return sessions_[shard];
 }
 
-int64_t ShardedClient::Impl::incarnation(int shard) const { return SessionOf(shard).incarnation; }
 
-int ShardedClient::Impl::reregistrations() const {
-  absl::MutexLock lock(&sessions_mu_);
-  return reregistrations_;
-}
 
 v1::ModelIdentity ShardedClient::Impl::ModelProto() const {
   v1::ModelIdentity m;
@@ -361,24 +367,8 @@ void ShardedClient::Impl::Untrack(grpc::ClientContext* context) {
   in_flight_.erase(context);
 }
 
-void ShardedClient::Impl::LimitCallsTo(absl::Duration timeout) {
-  options_.rpc_timeout = timeout;
-  options_.retry_for = absl::ZeroDuration();
-}
 
-void ShardedClient::Impl::CancelPending() {
-  absl::MutexLock lock(&mu_);
-  ++generation_;
-  for (grpc::ClientContext* c : in_flight_) c->TryCancel();
-}
 
-void ShardedClient::Impl::Close() {
-  {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-  }
-  CancelPending();
-}
 
 grpc::Status ShardedClient::Impl::Attempt(
     int shard, const std::function<grpc::Status(int, grpc::ClientContext*)>& fn,
@@ -720,33 +710,7 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
   });
 }
 
-absl::Status ShardedClient::Impl::Heartbeat(absl::Duration timeout) {
-  return ForEachShard(
-      [&](int shard, grpc::ClientContext* context) {
-        v1::HeartbeatRequest request;
-        const Session session = SessionOf(shard);
-        request.set_worker_id(worker_id_);
-        request.set_incarnation(session.incarnation);
-        request.set_shard_incarnation(session.shard_incarnation);
-        v1::HeartbeatResponse response;
-        return Stub(shard)->Heartbeat(context, request, &response);
-      },
-      /*retry=*/false, timeout);
-}
 
-absl::Status ShardedClient::Impl::Leave(absl::Duration timeout) {
-  return ForEachShard(
-      [&](int shard, grpc::ClientContext* context) {
-        v1::LeaveRequest request;
-        const Session session = SessionOf(shard);
-        request.set_worker_id(worker_id_);
-        request.set_incarnation(session.incarnation);
-        request.set_shard_incarnation(session.shard_incarnation);
-        v1::LeaveResponse response;
-        return Stub(shard)->Leave(context, request, &response);
-      },
-      /*retry=*/false, timeout);
-}
 
 absl::StatusOr<std::vector<std::string>> ShardedClient::Impl::CallEachShard(
     const std::string& method, const std::string& request) {
@@ -771,21 +735,51 @@ absl::StatusOr<std::vector<std::string>> ShardedClient::Impl::CallEachShard(
   return out;
 }
 
-// The public face: each call is the implementation's.
 absl::StatusOr<int64_t> ShardedClient::Register() { return impl_->Register(); }
-int64_t ShardedClient::incarnation(int shard) const { return impl_->incarnation(shard); }
-int ShardedClient::reregistrations() const { return impl_->reregistrations(); }
+
 absl::StatusOr<int> ShardedClient::Initialize(absl::Span<const float> params) {
   return impl_->Initialize(params);
 }
+
 absl::StatusOr<std::vector<std::string>> ShardedClient::CallEachShard(const std::string& method,
                                                                       const std::string& request) {
   return impl_->CallEachShard(method, request);
 }
-absl::Status ShardedClient::Heartbeat(absl::Duration timeout) { return impl_->Heartbeat(timeout); }
-absl::Status ShardedClient::Leave(absl::Duration timeout) { return impl_->Leave(timeout); }
-void ShardedClient::LimitCallsTo(absl::Duration timeout) { impl_->LimitCallsTo(timeout); }
-void ShardedClient::CancelPending() { impl_->CancelPending(); }
-void ShardedClient::Close() { impl_->Close(); }
+
+int64_t ShardedClient::incarnation(int shard) const {
+  return impl_->SessionOf(shard).incarnation;
+}
+
+int ShardedClient::reregistrations() const {
+  absl::MutexLock lock(&impl_->sessions_mu_);
+  return impl_->reregistrations_;
+}
+
+absl::Status ShardedClient::Heartbeat(absl::Duration timeout) {
+  return impl_->TellEachShard(timeout, &v1::ParameterServer::Stub::Heartbeat);
+}
+
+absl::Status ShardedClient::Leave(absl::Duration timeout) {
+  return impl_->TellEachShard(timeout, &v1::ParameterServer::Stub::Leave);
+}
+
+void ShardedClient::LimitCallsTo(absl::Duration timeout) {
+  impl_->options_.rpc_timeout = timeout;
+  impl_->options_.retry_for = absl::ZeroDuration();
+}
+
+void ShardedClient::CancelPending() {
+  absl::MutexLock lock(&impl_->mu_);
+  ++impl_->generation_;
+  for (grpc::ClientContext* c : impl_->in_flight_) c->TryCancel();
+}
+
+void ShardedClient::Close() {
+  {
+    absl::MutexLock lock(&impl_->mu_);
+    impl_->closed_ = true;
+  }
+  CancelPending();
+}
 
 }  // namespace ps
