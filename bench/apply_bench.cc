@@ -4,7 +4,8 @@
 // the optimizer state, each read once, and the weights and state written once.
 //   apply_bench --params=10000000 --threads=1,2 --repeats=7
 // Columns (GB/s of those bytes, median of --repeats):
-//   push:    what the shard does per push: ScanGradient (non-finite check, norm, bound) + Apply
+//   push:    what the shard does per push: ScanGradient on one thread (non-finite check, bound)
+//            + Apply
 //   apply:   Apply alone, the bound proving the update finite (the usual case)
 //   checked: Apply alone without a bound (a dry-run pass first: DC-ASGD, sync rounds, restores)
 //   stream:  a loop reading and writing the same arrays, as many of each, with the same threads
@@ -94,7 +95,7 @@ int Main(int argc, char** argv) {
       };
       apply(1.0f);  // the first update computes the magnitudes the bound needs
       const double push_s = MedianSeconds(repeats, [&] {
-        GradientSummary scan = ScanGradient(g, &pool);
+        GradientSummary scan = ScanGradient(g);  // as the shard: on the receiving thread
         apply(scan.max_abs);
       });
       const double apply_s = MedianSeconds(repeats, [&] { apply(1.0f); });

@@ -182,9 +182,10 @@ class Adam : public Kernel<Adam> {
     const Params p = Prepare(lr, step);
     double m = c_.beta1 * before.state[0] + (1 - c_.beta1) * g;
     double v = c_.beta2 * before.state[1] + (1 - c_.beta2) * g * g;
-    // sqrt(v / c2) + eps >= eps.
-    double step_size = std::fabs(p.lr) * (m / p.correction1) / c_.epsilon;
-    return std::max({g * g, m / p.correction1, v / p.correction2, step_size,
+    // lr * (m / c1) is computed before the division by sqrt(v / c2) + eps >= eps.
+    double scaled = std::fabs(p.lr) * (m / p.correction1);
+    double step_size = scaled / c_.epsilon;
+    return std::max({g * g, m / p.correction1, v / p.correction2, scaled, step_size,
                      before.weights + step_size});
   }
 
@@ -214,8 +215,10 @@ class AdaGrad : public Kernel<AdaGrad> {
     return std::isfinite(ns) && std::isfinite(nw);
   }
   double Bound(float lr, int64_t, double g, const Magnitudes& m) const override {
-    double step_size = std::fabs(lr) * g / eps_;
-    return std::max({m.state[0] + g * g, step_size, m.weights + step_size});
+    // lr * g is computed before the division by sqrt(s) + eps >= eps.
+    double scaled = std::fabs(lr) * g;
+    double step_size = scaled / eps_;
+    return std::max({m.state[0] + g * g, scaled, step_size, m.weights + step_size});
   }
 
  private:

@@ -121,9 +121,6 @@ ParameterShard::~ParameterShard() {
 }
 
 // Pull answers gathered under the lock and delivered once it is released: declare one before the
-// MutexLock, so that it is destroyed after it. DC-ASGD's copy of an answered whole-shard pull is
-// made here too, outside the lock.
-// Pull answers gathered under the lock and delivered once it is released: declare one before the
 // MutexLock, so that it is destroyed after it. An admitted pull's values are copied here, under
 // data_mu_ alone, and so is DC-ASGD's copy of an answered whole-shard pull.
 class ParameterShard::Completions {
@@ -221,11 +218,13 @@ absl::StatusOr<ParameterShard::InitializeSlot> ParameterShard::BeginInitialize(
   }
   {
     absl::MutexLock lock(&mu_);
-    if (initialized_) return InitializeSlot(nullptr, 0);
+    if (initialized_) return InitializeSlot(nullptr);
     if (initializing_) return absl::UnavailableError("another initialisation is in progress");
     initializing_ = true;
   }
-  return InitializeSlot(this, range_.size());
+  InitializeSlot slot(this);  // frees the initialisation slot again if the buffer cannot be had
+  slot.values_.resize(range_.size());
+  return slot;
 }
 
 absl::StatusOr<bool> ParameterShard::Commit(InitializeSlot slot) {
@@ -442,8 +441,9 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   const PushHeaderInfo h = slot.header_;
   slot.shard_ = nullptr;  // counted here from now on
   absl::Span<float> gradient = slot.gradient();
-  // Scanned and clipped outside the lock: this needs no shared state.
-  const GradientSummary scan = ScanGradient(gradient, &apply_threads_, config_.clip_norm > 0);
+  // Scanned and clipped outside the lock, on this thread: concurrent pushes scan side by side, and
+  // the apply threads (which an apply waits for holding the locks) are not made to wait on scans.
+  const GradientSummary scan = ScanGradient(gradient, nullptr, config_.clip_norm > 0);
   absl::Status status;
   bool clipped = false;
   if (scan.first_nonfinite >= 0) {
@@ -485,7 +485,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   int64_t staleness = version_ - h.base_version;
   absl::StatusOr<PushOutcome> outcome;
   ShardChange change{.kind = ShardChange::Kind::kTaken, .worker_id = h.worker_id,
-                     .sequence = h.sequence, .staleness = staleness};
+                     .sequence = h.sequence, .staleness = staleness, .values = {}};
   if (config_.mode == ConsistencyMode::kSync && (staleness > 0 || again_in_restored_round)) {
     // Its round closed without it (backup workers, or it was expired), or see above.
     ++pushes_dropped_late_;
@@ -908,7 +908,7 @@ absl::Status ParameterShard::ApplyChange(const ShardChange& c) {
     fresh = *std::move(made);
   }
   // Bounds the update's gradient (see Optimizer::Apply); scanned before the lock is taken.
-  const float max_abs = c.kind == Kind::kUpdate ? ScanGradient(c.values, &apply_threads_).max_abs
+  const float max_abs = c.kind == Kind::kUpdate ? ScanGradient(c.values).max_abs
                                                 : std::numeric_limits<float>::infinity();
   Completions answers(this);
   absl::MutexLock lock(&mu_);

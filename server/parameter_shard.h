@@ -2,9 +2,9 @@
 // vector, the optimizer state for it, the version counter, the workers taking part (membership,
 // push sequences, SSP clocks) and staleness histograms, and the consistency model that decides
 // when a push is applied and when a pull may proceed. Knows nothing of gRPC.
-// Thread-safe: all methods may be called concurrently. Pulls copy the values under a shared lock
-// of their own (data_mu_), so they wait neither for each other nor for the bookkeeping of a push,
-// only for the apply of one; an applied push is never half visible to them.
+// Thread-safe: all methods may be called concurrently. A pull is admitted under the shard's lock
+// (briefly, but after any push being committed) and copies the values under a shared lock of
+// their own (data_mu_): copies run side by side and never see a push half applied.
 #pragma once
 
 #include <cstdint>
@@ -239,7 +239,7 @@ class ParameterShard {
 
    private:
     friend class ParameterShard;
-    InitializeSlot(ParameterShard* shard, int64_t size) : shard_(shard), values_(size) {}
+    explicit InitializeSlot(ParameterShard* shard) : shard_(shard) {}
     ParameterShard* shard_;  // holds the slot; null: none
     std::vector<float> values_;
   };

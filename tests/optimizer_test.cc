@@ -144,6 +144,33 @@ TEST(ApplyThreadsTest, CallersFromSeveralThreadsTakeTurns) {
   for (const std::vector<int>& s : sums) EXPECT_EQ(std::count(s.begin(), s.end(), 50), n);
 }
 
+// The bound counts intermediate results too: with epsilon > 1, lr * g (AdaGrad) and lr * m (Adam)
+// overflow before the division that would bring them back (found by review: the bound let them
+// write -inf).
+TEST(OptimizerTest, TheBoundCountsProductsBeforeTheDivision) {
+  struct Case {
+    const char* name;
+    float epsilon, lr;
+  };
+  for (const Case& c : {Case{"adam", 100.0f, 1e22f}, Case{"adagrad", 1e4f, 1e30f}}) {
+    SCOPED_TRACE(c.name);
+    OptimizerConfig config;
+    config.name = c.name;
+    config.epsilon = c.epsilon;
+    auto opt = MakeOptimizer(config, 1);
+    ASSERT_TRUE(opt.ok());
+    std::vector<float> w = {1.0f};
+    std::vector<float> g = {1.0f};
+    // Any first update: the magnitudes are then known and small.
+    (*opt)->Apply(absl::MakeSpan(w), g, c.lr, 0, nullptr, 1.0f).IgnoreError();
+    std::vector<float> before = w;
+    g[0] = c.name[4] == 'g' ? 1e9f : 1e17f;  // "adagrad" / "adam"
+    absl::Status s = (*opt)->Apply(absl::MakeSpan(w), g, c.lr, 1, nullptr, g[0]);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << w[0];
+    EXPECT_EQ(w, before);
+  }
+}
+
 TEST(OptimizerTest, ScanFindsTheFirstNonFiniteValue) {
   std::vector<float> g(300000, 0.5f);
   g[200001] = -INFINITY;

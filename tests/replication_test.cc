@@ -83,7 +83,9 @@ TEST(ReplicatedShardTest, ABackupRepeatingThePrimarysChangesIsBitIdentical) {
     updates += c.kind == ShardChange::Kind::kUpdate;
     taken += c.kind == ShardChange::Kind::kTaken;
     EXPECT_TRUE(backup->ApplyChange(c).ok());
-    if (late_joined) EXPECT_TRUE(late->ApplyChange(c).ok());
+    if (late_joined) {
+      EXPECT_TRUE(late->ApplyChange(c).ok());
+    }
   };
   std::unique_ptr<ParameterShard> primary = *ParameterShard::Create(primary_config);
   ASSERT_TRUE(primary->Initialize(kFlat, 0, {1, -2, 3, -4, 5, -6, 7, -8}).ok());

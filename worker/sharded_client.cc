@@ -119,12 +119,21 @@ class CallThreads {
 }  // namespace
 
 // One call to every shard: each shard's attempts run on a CallThreads thread and report here.
+// `on_success` runs once every shard succeeded, before Wait returns, on the client's thread that
+// reported last (so while the client exists: a Pending may outlive it).
 class ShardedClient::Call {
  public:
-  explicit Call(int shards) : results_(shards), pending_(shards) {}
+  Call(int shards, std::function<void()> on_success)
+      : on_success_(std::move(on_success)), results_(shards), pending_(shards) {}
   void Done(int shard, absl::Status status) {
     absl::MutexLock lock(&mu_);
     results_[shard] = std::move(status);
+    if (pending_ == 1 && on_success_ &&
+        std::all_of(results_.begin(), results_.end(), [](const auto& s) { return s.ok(); })) {
+      mu_.Unlock();
+      on_success_();
+      mu_.Lock();
+    }
     --pending_;
   }
   // Waits for every shard; the first failure, by shard.
@@ -138,6 +147,7 @@ class ShardedClient::Call {
   }
 
  private:
+  const std::function<void()> on_success_;
   absl::Mutex mu_;
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
   int pending_ ABSL_GUARDED_BY(mu_);
@@ -156,7 +166,9 @@ class ShardedClient::Impl {
 
   // Starts fn(shard) for every shard, each on a CallThreads thread, retrying transient failures
   // (the one retry loop); the call reports the first error, prefixed with the shard's address.
-  std::shared_ptr<Call> Start(ShardFn fn, bool retry, absl::Duration timeout);
+  // `on_success`: see Call.
+  std::shared_ptr<Call> Start(ShardFn fn, bool retry, absl::Duration timeout,
+                              std::function<void()> on_success = nullptr);
   absl::Status ForEachShard(ShardFn fn, bool retry, absl::Duration timeout) {
     return Start(std::move(fn), retry, timeout)->Wait();
   }
@@ -384,14 +396,14 @@ grpc::Status ShardedClient::Impl::Attempt(
   return s;
 }
 
-std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(ShardFn fn, bool retry,
-                                                               absl::Duration timeout) {
+std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(
+    ShardFn fn, bool retry, absl::Duration timeout, std::function<void()> on_success) {
   int64_t generation;
   {
     absl::MutexLock lock(&mu_);
     generation = generation_;
   }
-  auto call = std::make_shared<Call>(num_shards());
+  auto call = std::make_shared<Call>(num_shards(), std::move(on_success));
   auto shared_fn = std::make_shared<const ShardFn>(std::move(fn));
   for (int shard = 0; shard < num_shards(); ++shard) {
     auto result = std::make_shared<absl::Status>();
@@ -695,8 +707,12 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
         return impl->PushTo(shard, context, gradient, sequence, answers->base,
                             &answers->responses[shard], &answers->saturated[shard]);
       },
-      /*retry=*/true, impl->options_.rpc_timeout);
-  return Pending<PushSummary>(std::move(call), [impl, sequence, answers] {
+      /*retry=*/true, impl->options_.rpc_timeout,
+      [impl, sequence] {
+        absl::MutexLock lock(&impl->sessions_mu_);
+        impl->next_sequence_ = sequence + 1;
+      });
+  return Pending<PushSummary>(std::move(call), [answers] {
     PushSummary summary;
     for (int64_t n : answers->saturated) summary.saturated += n;
     for (const v1::PushResponse& r : answers->responses) {
@@ -704,8 +720,6 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
       summary.duplicates += r.duplicate();
       summary.dropped += r.dropped();
     }
-    absl::MutexLock lock(&impl->sessions_mu_);
-    impl->next_sequence_ = sequence + 1;
     return summary;
   });
 }

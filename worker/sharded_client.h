@@ -2,8 +2,10 @@
 //
 // Calls go to all shards at once. StartPull and StartPush return a Pending call at once (the
 // shape of ps-lite's Push/Pull/Wait): Wait() gives its result, and Pull and Push are Start + Wait.
-// The shards' calls run on threads the client keeps (one per shard and call in flight, made once
-// and reused), so no call starts a thread.
+// The shards' calls run on threads the client keeps: one is made only when more shard calls are
+// in flight than threads are idle, and none ends before the client, so a worker's steady loop of
+// pulls and pushes starts no thread. A Pending may outlive the client (its Wait then returns
+// what the call got, CANCELLED at worst).
 //
 // Every call has a deadline and carries the token of ClientOptions::security (over TLS if set
 // there), and calls that failed for a transient reason (UNAVAILABLE, DEADLINE_EXCEEDED,
