@@ -4,6 +4,8 @@
 // replication: pushes to a replicated shard (ps --peer: acknowledged once the backup applied them)
 // against pushes to a lone one. And the 16-bit wire (--dtype): the same pushes and pulls with
 // gradients and weights travelling as bf16 or fp16, as parameters per second against float32's.
+// And whether striping would pay (issue: a bulk data plane): the raw streams split over --stripes
+// connections at once.
 //
 //   build/bin/transport_bench --sizes_mib=1,16,64 --repeats=7
 #include <grpcpp/create_channel.h>
@@ -16,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -32,6 +35,8 @@ ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"1", "1
 ABSL_FLAG(int, repeats, 7, "Timed repetitions per size (the median is reported).");
 ABSL_FLAG(std::string, dtype, "bf16", "The 16-bit wire type to compare with float32: bf16 | fp16.");
 ABSL_FLAG(std::string, serve_raw, "", "Internal: serve RawBytes and write the port to this file.");
+ABSL_FLAG(int, stripes, 2,
+          "Raw streams run at once, each on its own connection, for the striped ceiling columns.");
 
 namespace ps {
 namespace {
@@ -72,6 +77,45 @@ int ServeRaw(const std::string& port_file) {
   return 0;
 }
 
+// One raw client stream carrying data[0, bytes) in kChunkBytes messages.
+void RawUpload(bench::RawBytes::Stub* stub, const char* data, int64_t bytes) {
+  grpc::ClientContext context;
+  bench::Ack ack;
+  auto writer = stub->Upload(&context, &ack);
+  bench::Blob blob;
+  for (int64_t sent = 0; sent < bytes; sent += kChunkBytes) {
+    blob.set_data(data + sent, std::min<int64_t>(kChunkBytes, bytes - sent));
+    writer->Write(blob);
+  }
+  writer->WritesDone();
+  if (!writer->Finish().ok()) std::abort();
+}
+
+// One raw server stream of `bytes`, copied into dst.
+void RawDownload(bench::RawBytes::Stub* stub, char* dst, int64_t bytes) {
+  grpc::ClientContext context;
+  bench::DownloadRequest request;
+  request.set_bytes(bytes);
+  auto reader = stub->Download(&context, request);
+  bench::Blob blob;
+  for (int64_t at = 0; reader->Read(&blob); at += blob.data().size()) {
+    std::memcpy(dst + at, blob.data().data(), blob.data().size());
+  }
+  if (!reader->Finish().ok()) std::abort();
+}
+
+// fn(stripe, begin, size) for `stripes` equal parts of [0, bytes), each on its own thread.
+template <typename Fn>
+void Striped(int64_t bytes, int stripes, Fn fn) {
+  std::vector<std::thread> threads;
+  const int64_t part = (bytes + stripes - 1) / stripes;
+  for (int k = 0; k < stripes; ++k) {
+    const int64_t begin = std::min(bytes, k * part);
+    threads.emplace_back(fn, k, begin, std::min(part, bytes - begin));
+  }
+  for (std::thread& t : threads) t.join();
+}
+
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (!absl::GetFlag(FLAGS_serve_raw).empty()) return ServeRaw(absl::GetFlag(FLAGS_serve_raw));
@@ -89,6 +133,15 @@ int Main(int argc, char** argv) {
   while (!(std::ifstream(raw_port_file) >> raw_port)) absl::SleepFor(absl::Milliseconds(20));
   auto raw_stub = bench::RawBytes::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", raw_port),
                                                                grpc::InsecureChannelCredentials()));
+  // Striped: one connection per stripe (channels with equal arguments would share one).
+  const int stripes = std::max(1, absl::GetFlag(FLAGS_stripes));
+  std::vector<std::unique_ptr<bench::RawBytes::Stub>> stripe_stubs;
+  for (int k = 0; k < stripes; ++k) {
+    grpc::ChannelArguments args;
+    args.SetInt("ps.bench.stripe", k);
+    stripe_stubs.push_back(bench::RawBytes::NewStub(grpc::CreateCustomChannel(
+        absl::StrCat("127.0.0.1:", raw_port), grpc::InsecureChannelCredentials(), args)));
+  }
 
   absl::StatusOr<WireType> half = ParseWireType(absl::GetFlag(FLAGS_dtype));
   if (!half.ok() || *half == WireType::kFloat32) {
@@ -97,9 +150,11 @@ int Main(int argc, char** argv) {
   }
   const std::string name = WireTypeName(*half);
   std::cout << absl::StrFormat(
-      "%-8s | %-10s %-10s %-6s | %-10s %-10s %-6s | %-10s | %-12s %-6s | %-14s %-14s\n", "size",
-      "push GB/s", "raw up", "ratio", "pull GB/s", "raw down", "ratio", "memcpy", "replicated",
-      "ratio", "push " + name + " x", "pull " + name + " x");
+      "%-8s | %-10s %-10s %-6s | %-10s %-10s %-6s | %-10s | %-12s %-6s | %-14s %-14s | %-10s "
+      "%-10s\n",
+      "size", "push GB/s", "raw up", "ratio", "pull GB/s", "raw down", "ratio", "memcpy",
+      "replicated", "ratio", "push " + name + " x", "pull " + name + " x",
+      absl::StrCat("up x", stripes), absl::StrCat("down x", stripes));
   for (const std::string& size_text : absl::GetFlag(FLAGS_sizes_mib)) {
     int64_t bytes = std::stoll(size_text) << 20;
     int64_t n = bytes / sizeof(float);
@@ -147,28 +202,19 @@ int Main(int argc, char** argv) {
       if (!half_client.Pull(absl::MakeSpan(params)).ok()) std::abort();
     });
     std::string payload(bytes, 'x');
-    double raw_up = MedianSeconds(repeats, [&] {
-      grpc::ClientContext context;
-      bench::Ack ack;
-      auto writer = raw_stub->Upload(&context, &ack);
-      bench::Blob blob;
-      for (int64_t sent = 0; sent < bytes; sent += kChunkBytes) {
-        blob.set_data(payload.data() + sent, std::min<int64_t>(kChunkBytes, bytes - sent));
-        writer->Write(blob);
-      }
-      writer->WritesDone();
-      if (!writer->Finish().ok()) std::abort();
+    double raw_up =
+        MedianSeconds(repeats, [&] { RawUpload(raw_stub.get(), payload.data(), bytes); });
+    double raw_down =
+        MedianSeconds(repeats, [&] { RawDownload(raw_stub.get(), payload.data(), bytes); });
+    double striped_up = MedianSeconds(repeats, [&] {
+      Striped(bytes, stripes, [&](int k, int64_t begin, int64_t size) {
+        RawUpload(stripe_stubs[k].get(), payload.data() + begin, size);
+      });
     });
-    double raw_down = MedianSeconds(repeats, [&] {
-      grpc::ClientContext context;
-      bench::DownloadRequest request;
-      request.set_bytes(bytes);
-      auto reader = raw_stub->Download(&context, request);
-      bench::Blob blob;
-      for (int64_t at = 0; reader->Read(&blob); at += blob.data().size()) {
-        std::memcpy(payload.data() + at, blob.data().data(), blob.data().size());
-      }
-      if (!reader->Finish().ok()) std::abort();
+    double striped_down = MedianSeconds(repeats, [&] {
+      Striped(bytes, stripes, [&](int k, int64_t begin, int64_t size) {
+        RawDownload(stripe_stubs[k].get(), payload.data() + begin, size);
+      });
     });
     std::string copy(bytes, 'y');
     double memcpy_s =
@@ -176,10 +222,10 @@ int Main(int argc, char** argv) {
     auto gbs = [&](double s) { return bytes / s / 1e9; };
     std::cout << absl::StrFormat(
         "%5d MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f | %-12.2f %-6.2f | "
-        "%-14.2f %-14.2f\n",
+        "%-14.2f %-14.2f | %-10.2f %-10.2f\n",
         bytes >> 20, gbs(push), gbs(raw_up), raw_up / push, gbs(pull), gbs(raw_down),
         raw_down / pull, gbs(memcpy_s), gbs(replicated_push), push / replicated_push,
-        push / half_push, pull / half_pull);
+        push / half_push, pull / half_pull, gbs(striped_up), gbs(striped_down));
   }
   return 0;
 }
