@@ -109,6 +109,11 @@ TEST(RecoveryTest, AShardRestartedEmptyInATrainedJobStopsEveryWorkerWithTheFix) 
   ASSERT_TRUE(cluster.StartWorker(0, 2, With(kHidden, {"--max_seconds=300"})).ok());
   // A prefetching worker's pull in flight must not keep it from exiting.
   ASSERT_TRUE(cluster.StartWorker(1, 2, With(kHidden, {"--max_seconds=300", "--prefetch"})).ok());
+  // Both workers trained (so both registered with the shard before it died)...
+  for (int rank : {0, 1}) {
+    ASSERT_TRUE(
+        WaitForStep(absl::StrCat(run_dir, "/worker-", rank, ".csv"), 5, absl::Minutes(2)));
+  }
   ASSERT_TRUE(WaitForVersion(cluster.ShardAddress(1), 50, absl::Minutes(2)));
   cluster.shards()[1].Signal(SIGKILL);
   ASSERT_TRUE(cluster.shards()[1].Wait(absl::Seconds(10)).ok());
