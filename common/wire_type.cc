@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 
@@ -21,17 +22,27 @@ uint32_t Bits(float f) {
 
 // Round to nearest even; NaN stays a (quiet) NaN; a finite value that would round to infinity is
 // saturated to bfloat16's largest (counted in *saturated).
-int64_t ToBFloat16(absl::Span<const float> in, uint16_t* out) {
+// In blocks with a 32-bit count, all lanes 32 bits wide until the store, so that GCC vectorises
+// the loop (a 64-bit count of bools kept it scalar: 5x slower).
+int64_t ToBFloat16(absl::Span<const float> in, uint16_t* __restrict out) {
+  constexpr size_t kBlock = 1 << 20;
+  const float* __restrict p = in.data();
   int64_t saturated = 0;
-  for (size_t i = 0; i < in.size(); ++i) {
-    uint32_t u = Bits(in[i]);
-    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-    const bool inf = (u & 0x7fffffffu) == 0x7f800000u;
-    uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-    const bool overflow = !inf && !nan && (rounded & 0x7f80u) == 0x7f80u;
-    saturated += overflow;
-    rounded = overflow ? ((u >> 16) & 0x8000u) | 0x7f7fu : rounded;
-    out[i] = static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : rounded);
+  for (size_t b = 0; b < in.size(); b += kBlock) {
+    const size_t e = std::min(in.size(), b + kBlock);
+    uint32_t block_saturated = 0;
+    for (size_t i = b; i < e; ++i) {
+      const uint32_t u = Bits(p[i]);
+      const uint32_t magnitude = u & 0x7fffffffu;
+      const uint32_t nan = magnitude > 0x7f800000u;
+      const uint32_t finite = magnitude < 0x7f800000u;
+      uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+      const uint32_t overflow = finite & ((rounded & 0x7f80u) == 0x7f80u);
+      block_saturated += overflow;
+      rounded = overflow ? ((u >> 16) & 0x8000u) | 0x7f7fu : rounded;
+      out[i] = static_cast<uint16_t>(nan ? (u >> 16) | 0x40u : rounded);
+    }
+    saturated += block_saturated;
   }
   return saturated;
 }
@@ -51,11 +62,14 @@ void FromBFloat16(const char* in, absl::Span<float> out) {
 }
 
 // Clamps finite values to float16's range first (counted), so that none becomes an infinity.
-int64_t Saturate(absl::Span<const float> in, float* out) {
-  int64_t saturated = 0;
+// Written, like ToBFloat16, for GCC to vectorise (no short-circuit, a 32-bit count).
+int64_t Saturate(absl::Span<const float> in, float* __restrict out) {
+  const float* __restrict p = in.data();
+  uint32_t saturated = 0;
   for (size_t i = 0; i < in.size(); ++i) {
-    float v = in[i];
-    const bool over = std::isfinite(v) && std::fabs(v) > kFloat16Max;
+    const float v = p[i];
+    const float a = std::fabs(v);
+    const uint32_t over = (a > kFloat16Max) & (a <= std::numeric_limits<float>::max());
     saturated += over;
     out[i] = over ? std::copysign(kFloat16Max, v) : v;
   }
