@@ -1,6 +1,7 @@
 // transport_bench: push and pull throughput of a real ps shard process over loopback gRPC,
-// against two ceilings measured in the same run: raw gRPC byte streams of the same 1 MiB chunks
-// to a server that does nothing with them, and memcpy of the same number of bytes. The cost of
+// against three ceilings measured in the same run: single-stream loopback TCP (a real iperf3),
+// raw gRPC byte streams of the same 1 MiB chunks to a server that does nothing with them, and
+// memcpy of the same number of bytes. The cost of
 // replication: pushes to a replicated shard (ps --peer: acknowledged once the backup applied them)
 // against pushes to a lone one. And the 16-bit wire (--dtype): the same pushes and pulls with
 // gradients and weights travelling as bf16 or fp16, as parameters per second against float32's.
@@ -13,8 +14,10 @@
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -28,6 +31,8 @@
 #include "bench/raw_bytes.grpc.pb.h"
 #include "common/chunking.h"
 #include "deploy/local_cluster.h"
+#include "deploy/subprocess.h"
+#include "nlohmann/json.hpp"
 #include "worker/sharded_client.h"
 
 ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"1", "16", "64"}),
@@ -35,6 +40,8 @@ ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"1", "1
 ABSL_FLAG(int, repeats, 7, "Timed repetitions per size (the median is reported).");
 ABSL_FLAG(std::string, dtype, "bf16", "The 16-bit wire type to compare with float32: bf16 | fp16.");
 ABSL_FLAG(std::string, serve_raw, "", "Internal: serve RawBytes and write the port to this file.");
+ABSL_FLAG(int, tcp_seconds, 3,
+          "Seconds of single-stream loopback TCP measured by iperf3 (Debian's) as a ceiling; 0: none.");
 ABSL_FLAG(int, stripes, 2,
           "Raw streams run at once, each on its own connection, for the striped ceiling columns.");
 
@@ -75,6 +82,38 @@ int ServeRaw(const std::string& port_file) {
   std::rename((port_file + ".tmp").c_str(), port_file.c_str());
   server->Wait();  // until the benchmark kills this process
   return 0;
+}
+
+// Single-stream loopback TCP from a real iperf3 over `seconds`, in GB/s of payload; an error when
+// iperf3 is not installed or does not report.
+absl::StatusOr<double> LoopbackTcpGBs(const std::string& run_dir, int seconds) {
+  const std::string iperf3 = "/usr/bin/iperf3";
+  if (access(iperf3.c_str(), X_OK) != 0) {
+    return absl::NotFoundError("iperf3 is not installed (apt-get install iperf3)");
+  }
+  absl::StatusOr<int> port = FreePort();
+  if (!port.ok()) return port.status();
+  absl::StatusOr<Subprocess> server = Subprocess::Start(
+      {iperf3, "-s", "-1", "-p", absl::StrCat(*port)}, run_dir + "/iperf3-server.log");
+  if (!server.ok()) return server.status();
+  const std::string report = run_dir + "/iperf3.json";
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    absl::SleepFor(absl::Milliseconds(200));  // until the server listens
+    std::remove(report.c_str());
+    absl::StatusOr<Subprocess> client = Subprocess::Start(
+        {iperf3, "-c", "127.0.0.1", "-p", absl::StrCat(*port), "-t", absl::StrCat(seconds), "-J"},
+        report);
+    if (!client.ok()) return client.status();
+    absl::StatusOr<int> code = client->Wait(absl::Seconds(seconds + 30));
+    if (!code.ok() || *code != 0) continue;
+    std::ifstream in(report);
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.contains("end") || !j["end"].contains("sum_received")) continue;
+    server->WaitOrKill(absl::Seconds(2));
+    return j["end"]["sum_received"].value("bits_per_second", 0.0) / 8 / 1e9;
+  }
+  server->WaitOrKill(absl::Seconds(1));
+  return absl::UnavailableError("iperf3 did not report");
 }
 
 // One raw client stream carrying data[0, bytes) in kChunkBytes messages.
@@ -149,12 +188,20 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const std::string name = WireTypeName(*half);
+  const int tcp_seconds = absl::GetFlag(FLAGS_tcp_seconds);
+  absl::StatusOr<double> tcp = tcp_seconds > 0 ? LoopbackTcpGBs(run_dir, tcp_seconds)
+                                               : absl::UnavailableError("--tcp_seconds=0");
+  std::cout << "single-stream loopback TCP (iperf3, " << tcp_seconds << " s): "
+            << (tcp.ok() ? absl::StrFormat("%.2f GB/s", *tcp) : std::string(tcp.status().message()))
+            << "\n";
+  // Our throughput against the TCP ceiling; "-" without one.
+  auto of_tcp = [&](double gbs) { return tcp.ok() ? absl::StrFormat("%.2f", gbs / *tcp) : "-"; };
   std::cout << absl::StrFormat(
       "%-8s | %-10s %-10s %-6s | %-10s %-10s %-6s | %-10s | %-12s %-6s | %-14s %-14s | %-10s "
-      "%-10s\n",
+      "%-10s | %-9s %-9s\n",
       "size", "push GB/s", "raw up", "ratio", "pull GB/s", "raw down", "ratio", "memcpy",
       "replicated", "ratio", "push " + name + " x", "pull " + name + " x",
-      absl::StrCat("up x", stripes), absl::StrCat("down x", stripes));
+      absl::StrCat("up x", stripes), absl::StrCat("down x", stripes), "push/TCP", "pull/TCP");
   for (const std::string& size_text : absl::GetFlag(FLAGS_sizes_mib)) {
     int64_t bytes = std::stoll(size_text) << 20;
     int64_t n = bytes / sizeof(float);
@@ -222,10 +269,11 @@ int Main(int argc, char** argv) {
     auto gbs = [&](double s) { return bytes / s / 1e9; };
     std::cout << absl::StrFormat(
         "%5d MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f | %-12.2f %-6.2f | "
-        "%-14.2f %-14.2f | %-10.2f %-10.2f\n",
+        "%-14.2f %-14.2f | %-10.2f %-10.2f | %-9s %-9s\n",
         bytes >> 20, gbs(push), gbs(raw_up), raw_up / push, gbs(pull), gbs(raw_down),
         raw_down / pull, gbs(memcpy_s), gbs(replicated_push), push / replicated_push,
-        push / half_push, pull / half_pull, gbs(striped_up), gbs(striped_down));
+        push / half_push, pull / half_pull, gbs(striped_up), gbs(striped_down), of_tcp(gbs(push)),
+        of_tcp(gbs(pull)));
   }
   return 0;
 }

@@ -47,10 +47,6 @@ void LocalCluster::AppendClientSecurityFlags(const std::string& token_file,
   if (!token_file.empty()) argv->push_back("--token_file=" + token_file);
 }
 
-namespace {
-
-// A port nothing listens on now (the kernel's pick for a socket bound to port 0), for a process
-// that must know its peer's port before that peer starts.
 absl::StatusOr<int> FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
@@ -63,8 +59,6 @@ absl::StatusOr<int> FreePort() {
   if (!ok) return absl::UnavailableError("cannot find a free port on 127.0.0.1");
   return ntohs(address.sin_port);
 }
-
-}  // namespace
 
 absl::Status LocalCluster::StartShards(int count, const std::string& model, int num_workers,
                                        const std::vector<std::string>& flags, int replicas) {

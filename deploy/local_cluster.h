@@ -22,6 +22,11 @@ struct ClusterSecurity {
   std::string read_token_file;          // ... unless this read-only token is set
 };
 
+// A port nothing listens on now on 127.0.0.1 (the kernel's pick for a socket bound to port 0),
+// for a process that must know its peer's port before that peer starts. Another process may
+// take it first: callers that can, retry.
+absl::StatusOr<int> FreePort();
+
 class LocalCluster {
  public:
   // Binaries are taken from `bin_dir`; logs and CSVs go to `run_dir` (created if missing). Every
