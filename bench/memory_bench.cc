@@ -67,8 +67,8 @@ int Main(int argc, char** argv) {
   const pid_t pid = cluster.shards()[0].pid();
   ShardedClient client({cluster.ShardAddress(0)}, model, 0);
   std::vector<float> params(n, 0.5f), grad(n, 0.001f);
-  absl::PrintF("memory_bench: ps with %d parameters, %s: values + state = %.0f MB\n", n,
-               optimizer, state_bytes / 1e6);
+  absl::PrintF("memory_bench: ps with %d parameters, %s: values + state = %.0f MB\n", n, optimizer,
+               state_bytes / 1e6);
   absl::PrintF("%-34s %9s %9s %24s\n", "phase", "RSS MB", "peak MB",
                "(RSS - empty)/(values+state)");
   const Resident empty = ReadResident(pid);
@@ -92,7 +92,8 @@ int Main(int argc, char** argv) {
   }
   row(absl::StrCat("after ", rounds, " push + pull"));
   absl::SleepFor(ParameterShard::kBuffersUnused + absl::Seconds(2));
-  row(absl::StrCat("idle ", absl::FormatDuration(ParameterShard::kBuffersUnused + absl::Seconds(2))));
+  row(absl::StrCat("idle ",
+                   absl::FormatDuration(ParameterShard::kBuffersUnused + absl::Seconds(2))));
   cluster.Stop();
   return 0;
 }

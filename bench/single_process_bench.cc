@@ -73,10 +73,12 @@ int Main(int argc, char** argv) {
       }
     }
     trained += absl::Now() - start;
-    Mlp::Score score = mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count);
+    Mlp::Score score =
+        mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count);
     best = std::max(best, score.accuracy);
     for (size_t i = 0; i < targets.size(); ++i) {
-      if (reached[i] < 0 && score.accuracy >= targets[i]) reached[i] = absl::ToDoubleSeconds(trained);
+      if (reached[i] < 0 && score.accuracy >= targets[i])
+        reached[i] = absl::ToDoubleSeconds(trained);
     }
     absl::PrintF("%7.1f s  step %7d  epoch %5.2f  test accuracy %.4f\n",
                  absl::ToDoubleSeconds(trained), step, sampler.Epoch(step), score.accuracy);

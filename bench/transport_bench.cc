@@ -40,8 +40,9 @@ ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"1", "1
 ABSL_FLAG(int, repeats, 7, "Timed repetitions per size (the median is reported).");
 ABSL_FLAG(std::string, dtype, "bf16", "The 16-bit wire type to compare with float32: bf16 | fp16.");
 ABSL_FLAG(std::string, serve_raw, "", "Internal: serve RawBytes and write the port to this file.");
-ABSL_FLAG(int, tcp_seconds, 3,
-          "Seconds of single-stream loopback TCP measured by iperf3 (Debian's) as a ceiling; 0: none.");
+ABSL_FLAG(
+    int, tcp_seconds, 3,
+    "Seconds of single-stream loopback TCP measured by iperf3 (Debian's) as a ceiling; 0: none.");
 ABSL_FLAG(int, stripes, 2,
           "Raw streams run at once, each on its own connection, for the striped ceiling columns.");
 

@@ -32,8 +32,7 @@ class BufferPool {
    private:
     friend class BufferPool;
     struct Shared;
-    Lease(std::shared_ptr<Shared> pool, std::unique_ptr<float[]> data, size_t capacity,
-          size_t size)
+    Lease(std::shared_ptr<Shared> pool, std::unique_ptr<float[]> data, size_t capacity, size_t size)
         : pool_(std::move(pool)), data_(std::move(data)), capacity_(capacity), size_(size) {}
     std::shared_ptr<Shared> pool_;
     std::unique_ptr<float[]> data_;

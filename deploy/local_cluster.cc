@@ -10,8 +10,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace ps {
@@ -121,8 +121,8 @@ std::string LocalCluster::PortFile(int process) const {
 
 absl::Status LocalCluster::LaunchShard(int shard) {
   std::remove(PortFile(shard).c_str());
-  absl::StatusOr<Subprocess> p =
-      Subprocess::Start(shard_argv_[shard], absl::StrCat(run_dir_, "/", ProcessName(shard), ".log"));
+  absl::StatusOr<Subprocess> p = Subprocess::Start(
+      shard_argv_[shard], absl::StrCat(run_dir_, "/", ProcessName(shard), ".log"));
   if (!p.ok()) return p.status();
   shards_[shard] = *std::move(p);
   return absl::OkStatus();

@@ -44,7 +44,8 @@ void ApplyThreads::Run(int64_t n, absl::FunctionRef<void(int, int64_t, int64_t)>
   }
   RunPart(job, 0);
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(+[](int* pending) { return *pending == 0; }, &pending_));
+  mu_.Await(absl::Condition(
+      +[](int* pending) { return *pending == 0; }, &pending_));
 }
 
 void ApplyThreads::Loop(int part) {

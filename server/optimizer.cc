@@ -91,7 +91,8 @@ class Kernel : public Optimizer {
       for (size_t i = b; i < e; ++i) self.template Update<true>(i, wp[i], gp[i], offset, params);
       m.weights = std::max<double>(m.weights, MaxAbs(w.data() + b, e - b));
       for (size_t k = 0; k < slots.size(); ++k) {
-        m.state[k] = std::max<double>(m.state[k], MaxAbs(slots[k].second.data() + offset + b, e - b));
+        m.state[k] =
+            std::max<double>(m.state[k], MaxAbs(slots[k].second.data() + offset + b, e - b));
       }
     }
     return m;
@@ -151,7 +152,8 @@ class Momentum : public Kernel<Momentum> {
 // Adam (Kingma & Ba) with bias correction by the shard's update count.
 class Adam : public Kernel<Adam> {
  public:
-  Adam(int64_t size, const OptimizerConfig& c) : Kernel(size), m_(size, 0.0f), v_(size, 0.0f), c_(c) {}
+  Adam(int64_t size, const OptimizerConfig& c)
+      : Kernel(size), m_(size, 0.0f), v_(size, 0.0f), c_(c) {}
   std::string Name() const override { return "adam"; }
   std::vector<std::pair<std::string, absl::Span<float>>> Slots() override {
     return {{"adam_m", absl::MakeSpan(m_)}, {"adam_v", absl::MakeSpan(v_)}};
@@ -282,9 +284,9 @@ absl::Status Optimizer::Apply(absl::Span<float> weights, absl::Span<const float>
                               float learning_rate, int64_t step, ApplyThreads* threads,
                               float max_abs_grad) {
   if (static_cast<int64_t>(weights.size()) != size_ || grad.size() != weights.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("an update of ", weights.size(), " weights with ",
-                                                   grad.size(), " gradients for an optimizer of ",
-                                                   size_));
+    return absl::InvalidArgumentError(absl::StrCat("an update of ", weights.size(),
+                                                   " weights with ", grad.size(),
+                                                   " gradients for an optimizer of ", size_));
   }
   const int64_t n = size_;
   const int parts = threads != nullptr ? threads->Parts(n) : 1;

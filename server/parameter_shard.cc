@@ -268,8 +268,8 @@ absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const Model
     if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   }
   if (resume_sequence < -1 || resume_sequence > kMaxResumeSequence) {
-    return absl::InvalidArgumentError(absl::StrCat("resume_sequence ", resume_sequence,
-                                                   " is outside [0, 2^62]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("resume_sequence ", resume_sequence, " is outside [0, 2^62]"));
   }
   Completions answers(this);
   absl::MutexLock lock(&mu_);
@@ -463,10 +463,10 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   // the worker (which registered again) now sends its next step for the same round. Dropped as
   // late, like a gradient whose round closed without it; the worker's next pull waits for the
   // round as usual.
-  const bool again_in_restored_round =
-      status.ok() && config_.mode == ConsistencyMode::kSync && h.base_version == version_ &&
-      restored_contributors_.count(h.worker_id) > 0 &&
-      h.sequence > members_.Find(h.worker_id)->last_sequence;
+  const bool again_in_restored_round = status.ok() && config_.mode == ConsistencyMode::kSync &&
+                                       h.base_version == version_ &&
+                                       restored_contributors_.count(h.worker_id) > 0 &&
+                                       h.sequence > members_.Find(h.worker_id)->last_sequence;
   if (status.ok() && !again_in_restored_round && config_.mode == ConsistencyMode::kSync &&
       h.base_version == version_ && round_contributors_.count(h.worker_id) > 0 &&
       h.sequence > members_.Find(h.worker_id)->last_sequence) {
@@ -484,8 +484,11 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   }
   int64_t staleness = version_ - h.base_version;
   absl::StatusOr<PushOutcome> outcome;
-  ShardChange change{.kind = ShardChange::Kind::kTaken, .worker_id = h.worker_id,
-                     .sequence = h.sequence, .staleness = staleness, .values = {}};
+  ShardChange change{.kind = ShardChange::Kind::kTaken,
+                     .worker_id = h.worker_id,
+                     .sequence = h.sequence,
+                     .staleness = staleness,
+                     .values = {}};
   if (config_.mode == ConsistencyMode::kSync && (staleness > 0 || again_in_restored_round)) {
     // Its round closed without it (backup workers, or it was expired), or see above.
     ++pushes_dropped_late_;
@@ -570,8 +573,8 @@ absl::StatusOr<PushOutcome> ParameterShard::ApplyNow(Membership::Worker& worker,
 absl::Status ParameterShard::ApplyToValues(absl::Span<const float> gradient, float lr,
                                            float max_abs) {
   absl::MutexLock data(&data_mu_);
-  absl::Status s = optimizer_->Apply(absl::MakeSpan(weights_), gradient, lr, version_,
-                                     &apply_threads_, max_abs);
+  absl::Status s =
+      optimizer_->Apply(absl::MakeSpan(weights_), gradient, lr, version_, &apply_threads_, max_abs);
   if (s.ok()) data_version_ = ++version_;
   return s;
 }
@@ -601,8 +604,7 @@ void ParameterShard::MaybeCloseRound() {
   float scale = 1.0f / static_cast<float>(round_contributors_.size());
   for (float& g : round_sum_) g *= scale;
   const float lr = LearningRate();
-  if (absl::Status s =
-          ApplyToValues(round_sum_, lr, std::numeric_limits<float>::infinity());
+  if (absl::Status s = ApplyToValues(round_sum_, lr, std::numeric_limits<float>::infinity());
       s.ok()) {
     Changed({.kind = ShardChange::Kind::kUpdate, .learning_rate = lr, .values = round_sum_});
     for (size_t i = 0; i < round_contributors_.size(); ++i) staleness_.Add(0);
@@ -689,13 +691,13 @@ bool ParameterShard::TryAnswer(const ReadRequest& r, absl::Time now, const ReadD
   // Held back by the consistency model: waiting longer is the protocol (the shard bounds it with
   // the progress timeout), so the client asks again at once. Not initialised: the client retries
   // within its budget for unavailable shards, so it cannot wait forever for an initialiser.
-  out->Fail(done, initialized_
-                     ? absl::AbortedError(absl::StrCat("worker ", r.worker_id,
-                                                       " is still held back by ",
-                                                       ConsistencyName(config_), "; pull again"))
-                     : absl::UnavailableError(absl::StrCat(
-                           "shard ", config_.shard_index,
-                           " is not initialised yet (waiting for worker 0 to initialise it)")));
+  out->Fail(done,
+            initialized_
+                ? absl::AbortedError(absl::StrCat("worker ", r.worker_id, " is still held back by ",
+                                                  ConsistencyName(config_), "; pull again"))
+                : absl::UnavailableError(absl::StrCat(
+                      "shard ", config_.shard_index,
+                      " is not initialised yet (waiting for worker 0 to initialise it)")));
   return true;
 }
 

@@ -282,7 +282,9 @@ class ParameterShard {
   class PushSlot {
    public:
     PushSlot(PushSlot&& o) noexcept
-        : shard_(std::exchange(o.shard_, nullptr)), header_(o.header_), buffer_(std::move(o.buffer_)) {}
+        : shard_(std::exchange(o.shard_, nullptr)),
+          header_(o.header_),
+          buffer_(std::move(o.buffer_)) {}
     PushSlot& operator=(PushSlot&&) = delete;
     ~PushSlot();
     absl::Span<float> gradient() { return buffer_.span(); }
@@ -462,7 +464,7 @@ class ParameterShard {
   std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   int64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t last_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
-  bool restored_ ABSL_GUARDED_BY(mu_) = false;  // Restore() succeeded
+  bool restored_ ABSL_GUARDED_BY(mu_) = false;     // Restore() succeeded
   std::set<int> registered_ ABSL_GUARDED_BY(mu_);  // worker ids registered with this object
   bool waiters_changed_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

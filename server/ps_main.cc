@@ -14,9 +14,9 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
-#include "absl/random/random.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
@@ -246,11 +246,11 @@ int Main(int argc, char** argv) {
   if (!config.ok()) return Fail(std::string(config.status().message()));
   std::unique_ptr<Checkpointer> checkpointer;
   if (const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir); !dir.empty()) {
-    absl::StatusOr<std::unique_ptr<Checkpointer>> opened = Checkpointer::Open(
-        {dir, absl::GetFlag(FLAGS_checkpoint_keep),
-         absl::Seconds(absl::GetFlag(FLAGS_checkpoint_seconds)),
-         absl::GetFlag(FLAGS_checkpoint_updates)},
-        config->shard_index);
+    absl::StatusOr<std::unique_ptr<Checkpointer>> opened =
+        Checkpointer::Open({dir, absl::GetFlag(FLAGS_checkpoint_keep),
+                            absl::Seconds(absl::GetFlag(FLAGS_checkpoint_seconds)),
+                            absl::GetFlag(FLAGS_checkpoint_updates)},
+                           config->shard_index);
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     checkpointer = *std::move(opened);
   }
@@ -328,8 +328,8 @@ int Main(int argc, char** argv) {
                << config->optimizer.name << ", lr " << config->learning_rate.base << " ("
                << config->learning_rate.schedule << "); " << security->Describe();
   if (replica != nullptr) {
-    PS_LOG(INFO) << "replica " << (*replica_options)->replica << " of shard "
-                 << config->shard_index << "; its peer is " << (*replica_options)->peer;
+    PS_LOG(INFO) << "replica " << (*replica_options)->replica << " of shard " << config->shard_index
+                 << "; its peer is " << (*replica_options)->peer;
     if (absl::Status s = replica->Start(); !s.ok()) return Fail(std::string(s.message()));
   }
   std::string port_file = absl::GetFlag(FLAGS_port_file);
@@ -355,7 +355,8 @@ int Main(int argc, char** argv) {
       PS_LOG(INFO) << (serving ? "serving clients" : "not serving clients");
     }
     // A backup hears no heartbeats: leases are the primary's business.
-    std::vector<int> expired = primary ? (*shard)->ExpireLeases(MonotonicNow()) : std::vector<int>();
+    std::vector<int> expired =
+        primary ? (*shard)->ExpireLeases(MonotonicNow()) : std::vector<int>();
     if (!expired.empty()) {
       PS_LOG(WARNING) << "worker(s) " << absl::StrJoin(expired, ",")
                       << " left the active set (lease expired, or no push while others waited): "

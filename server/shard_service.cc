@@ -107,11 +107,13 @@ absl::Status ReadPayload(grpc::ServerReader<grpc::ByteBuffer>* reader, TensorMes
     guard.Progress();
     if (!is_first) {
       Chunk chunk;
-      if (!chunk.ParseFromString(m->head())) return absl::InvalidArgumentError("cannot parse a chunk");
+      if (!chunk.ParseFromString(m->head()))
+        return absl::InvalidArgumentError("cannot parse a chunk");
       if (chunk.has_header()) {
         return absl::InvalidArgumentError("a header appeared after the first chunk");
       }
-      if (m->tensor_bytes() == 0) return absl::InvalidArgumentError("an empty chunk after the first");
+      if (m->tensor_bytes() == 0)
+        return absl::InvalidArgumentError("an empty chunk after the first");
     }
     if (absl::Status s = m->AppendTensorTo(&assembler); !s.ok()) return s;
     if (!reader->Read(&bytes)) break;
@@ -224,7 +226,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   // Shared with the slices that reference it on the wire (common/tensor_codec.h).
   std::shared_ptr<ParameterShard::Snapshot> snapshot_;
   std::optional<StreamWatchdog::Guard> guard_;
-  int64_t next_ = 0;  // index of the next value to write
+  int64_t next_ = 0;                    // index of the next value to write
   WireType type_ = WireType::kFloat32;  // what the values travel as
   grpc::ByteBuffer message_;
 };
@@ -249,14 +251,12 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
 
 template <typename Response>
 void ShardService::ReadRawBytes(int method, RawStream<Response> handle) {
-  MarkMethodStreamed(method, new grpc::internal::ClientStreamingHandler<ShardService,
-                                                                        grpc::ByteBuffer, Response>(
-                                 [handle](ShardService* s, grpc::ServerContext* context,
-                                          grpc::ServerReader<grpc::ByteBuffer>* reader,
-                                          Response* response) {
-                                   return (s->*handle)(context, reader, response);
-                                 },
-                                 this));
+  MarkMethodStreamed(
+      method, new grpc::internal::ClientStreamingHandler<ShardService, grpc::ByteBuffer, Response>(
+                  [handle](ShardService* s, grpc::ServerContext* context,
+                           grpc::ServerReader<grpc::ByteBuffer>* reader,
+                           Response* response) { return (s->*handle)(context, reader, response); },
+                  this));
 }
 
 // An explicit check in each handler, not a grpc::AuthMetadataProcessor: gRPC 1.51 aborts when one
@@ -279,8 +279,8 @@ grpc::Status ShardService::Authorize(const grpc::ServerContextBase& context, Acc
 grpc::Status ShardService::CheckShardIncarnation(int64_t claimed) const {
   if (claimed == 0 || claimed == process_.incarnation) return grpc::Status::OK;
   return ShardRestartedStatus(absl::StrCat(
-      "shard ", shard_->index(), " restarted since this client registered (now ",
-      "incarnation ", process_.incarnation, ", registered with ", claimed, "): register again"));
+      "shard ", shard_->index(), " restarted since this client registered (now ", "incarnation ",
+      process_.incarnation, ", registered with ", claimed, "): register again"));
 }
 
 grpc::Status ShardService::CheckServing() const {

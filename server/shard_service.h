@@ -24,7 +24,7 @@ struct ShardProcess {
   // refused so that clients register again.
   int64_t incarnation = 0;
   int64_t resumed_version = -1;  // the checkpoint's version resumed from at start; -1: none
-  int64_t updates_lost = -1;     // applied after that checkpoint by the previous process; -1: unknown
+  int64_t updates_lost = -1;  // applied after that checkpoint by the previous process; -1: unknown
 };
 
 // OK if the token the call carries allows `access`; UNAUTHENTICATED or PERMISSION_DENIED
@@ -88,7 +88,8 @@ class ShardService final : public ShardServiceBase {
   class PullWriter;
   template <typename Response>
   using RawStream = grpc::Status (ShardService::*)(grpc::ServerContext*,
-                                                   grpc::ServerReader<grpc::ByteBuffer>*, Response*);
+                                                   grpc::ServerReader<grpc::ByteBuffer>*,
+                                                   Response*);
 
   // Replaces the generated synchronous handler of method number `method` (in ps.proto's order)
   // with one that reads raw bytes and calls `handle`.

@@ -200,10 +200,9 @@ TEST(ShardCheckpointTest, ASyncRoundRestoredOpenClosesAndAWorkerAlreadyInItIsDro
   EXPECT_EQ(restored->version(), 1);  // the average of worker 0's restored 1s and worker 1's 3s
   // Past the restored round the usual rule holds again: a second gradient for one round is refused.
   ASSERT_TRUE(restored->Push({0, 3, 1, 0, 6, Inc(*restored, 0)}, std::vector<float>(6, 1)).ok());
-  EXPECT_EQ(restored->Push({0, 4, 1, 0, 6, Inc(*restored, 0)}, std::vector<float>(6, 1))
-                .status()
-                .code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      restored->Push({0, 4, 1, 0, 6, Inc(*restored, 0)}, std::vector<float>(6, 1)).status().code(),
+      absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(ShardCheckpointTest, ATornNewestCheckpointFallsBackToThePreviousAndOnlyKOfThemAreKept) {

@@ -12,8 +12,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
-#include <set>
 #include <limits>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -688,8 +688,7 @@ TEST(CommandTest, LaunchRecoversFromAWorkerAndAShardKilledMidRun) {
   EXPECT_NE(why.find("--kill=ps:... needs checkpoints"), std::string::npos) << why;
   auto [bad_plan, reason] = RunDaemon({"launch", "--kill=worker:9@1s"});
   EXPECT_NE(bad_plan, 0);
-  EXPECT_NE(reason.find("bad --kill item 'worker:9@1s': no worker 9"), std::string::npos)
-      << reason;
+  EXPECT_NE(reason.find("bad --kill item 'worker:9@1s': no worker 9"), std::string::npos) << reason;
 }
 
 // With --replicas=2 a killed primary needs no checkpoint: its backup takes over, and the killed

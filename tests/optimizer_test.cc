@@ -81,7 +81,8 @@ TEST(OptimizerTest, ThreadsAndBoundsChangeNoValue) {
       EXPECT_EQ(scan.first_nonfinite, -1);
       EXPECT_FLOAT_EQ(scan.max_abs, 1.0f);
       ASSERT_TRUE((*serial)->Apply(absl::MakeSpan(w1), g, 0.01f, step).ok());
-      ASSERT_TRUE((*parallel)->Apply(absl::MakeSpan(w2), g, 0.01f, step, &threads, scan.max_abs).ok());
+      ASSERT_TRUE(
+          (*parallel)->Apply(absl::MakeSpan(w2), g, 0.01f, step, &threads, scan.max_abs).ok());
       ASSERT_EQ(w1, w2);
     }
     // A gradient that overflows one weight near the end (in the last part): nothing changes.
@@ -98,8 +99,10 @@ TEST(OptimizerTest, ThreadsAndBoundsChangeNoValue) {
     // 0.9 * 3.4e38 + 5e37 overflows.
     for (auto& [slot, values] : (*parallel)->MutableState()) values[7] = 3.4e38f;
     if (!(*parallel)->State().empty()) {
-      EXPECT_FALSE((*parallel)->Apply(absl::MakeSpan(w2), std::vector<float>(n, 5e37f), 1e-3f, 6,
-                                      &threads, 5e37f).ok());
+      EXPECT_FALSE(
+          (*parallel)
+              ->Apply(absl::MakeSpan(w2), std::vector<float>(n, 5e37f), 1e-3f, 6, &threads, 5e37f)
+              .ok());
       EXPECT_EQ(w2, before);
     }
   }

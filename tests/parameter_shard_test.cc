@@ -164,9 +164,9 @@ TEST(ParameterShardInitTest, RejectsWrongRangeAndNonFiniteValues) {
             absl::StatusCode::kUnavailable);
   // The shard knows its model: an initialiser of another one is refused before any payload.
   ModelIdentity huge{"flat:1099511627776", int64_t{1} << 40, 2};
-  EXPECT_NE(shard.BeginInitialize(huge, 0, int64_t{1} << 39).status().message().find(
-                "model mismatch"),
-            std::string::npos);
+  EXPECT_NE(
+      shard.BeginInitialize(huge, 0, int64_t{1} << 39).status().message().find("model mismatch"),
+      std::string::npos);
 }
 
 TEST(ParameterShardInitTest, OneInitialisationPayloadAtATime) {

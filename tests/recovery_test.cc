@@ -17,7 +17,8 @@ namespace {
 const char kMlp[] = "mlp:784-32-10";
 const std::vector<std::string> kHidden = {"--hidden=32"};
 
-std::vector<std::string> With(std::vector<std::string> flags, const std::vector<std::string>& more) {
+std::vector<std::string> With(std::vector<std::string> flags,
+                              const std::vector<std::string>& more) {
   flags.insert(flags.end(), more.begin(), more.end());
   return flags;
 }
@@ -63,8 +64,8 @@ TEST(RecoveryTest, AKilledShardResumesFromItsCheckpointAndTheWorkersCarryOn) {
   ASSERT_TRUE(newest.ok() && newest->has_value());
   const int64_t checkpointed = (*newest)->version;
   EXPECT_LE(checkpointed, reached);
-  std::cout << "shard 1 killed at version " << reached << ", newest checkpoint at "
-            << checkpointed << std::endl;
+  std::cout << "shard 1 killed at version " << reached << ", newest checkpoint at " << checkpointed
+            << std::endl;
   cluster.worker(0)->Signal(SIGCONT);
   cluster.worker(1)->Signal(SIGCONT);
   absl::SleepFor(absl::Seconds(1));  // the workers find the shard gone and retry
@@ -111,8 +112,7 @@ TEST(RecoveryTest, AShardRestartedEmptyInATrainedJobStopsEveryWorkerWithTheFix) 
   ASSERT_TRUE(cluster.StartWorker(1, 2, With(kHidden, {"--max_seconds=300", "--prefetch"})).ok());
   // Both workers trained (so both registered with the shard before it died)...
   for (int rank : {0, 1}) {
-    ASSERT_TRUE(
-        WaitForStep(absl::StrCat(run_dir, "/worker-", rank, ".csv"), 5, absl::Minutes(2)));
+    ASSERT_TRUE(WaitForStep(absl::StrCat(run_dir, "/worker-", rank, ".csv"), 5, absl::Minutes(2)));
   }
   ASSERT_TRUE(WaitForVersion(cluster.ShardAddress(1), 50, absl::Minutes(2)));
   cluster.shards()[1].Signal(SIGKILL);

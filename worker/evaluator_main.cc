@@ -123,7 +123,7 @@ int Main(int argc, char** argv) {
     stopping = ShutdownRequested();
     if (stopping && last_version < 0) break;  // never initialised: nothing to score
     if (stopping) {
-      cancel_on_shutdown.Join();  // so that it cannot cancel the final pull
+      cancel_on_shutdown.Join();              // so that it cannot cancel the final pull
       client.LimitCallsTo(absl::Seconds(1));  // which must not wait on a dead shard
     }
     absl::StatusOr<ShardedClient::Versions> versions = client.Pull(absl::MakeSpan(params));

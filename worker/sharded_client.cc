@@ -17,10 +17,10 @@
 #include "common/chunking.h"
 #include "common/cluster.h"
 #include "common/grpc_status.h"
-#include "common/tensor_codec.h"
 #include "common/log.h"
 #include "common/partition.h"
 #include "common/shutdown.h"
+#include "common/tensor_codec.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace ps {
@@ -54,8 +54,8 @@ int64_t WriteTensorChunks(grpc::ClientWriter<grpc::ByteBuffer>* writer, const Ch
                                   raw.size() / sizeof(float));
     auto encoded = std::make_shared<std::string>();
     saturated += EncodeValues(piece, type, encoded.get());
-    ok = writer->Write(EncodeWithTensor(index == 0 ? head : std::string(),
-                                        Chunk::kDataFieldNumber, *encoded, encoded));
+    ok = writer->Write(EncodeWithTensor(index == 0 ? head : std::string(), Chunk::kDataFieldNumber,
+                                        *encoded, encoded));
   });
   return saturated;
 }
@@ -91,9 +91,8 @@ class CallThreads {
     absl::MutexLock lock(&mu_);
     ++idle_;
     for (;;) {
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty();
-      };
+      auto ready = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // stopping, and nothing left to run
       Task task = std::move(queue_.front());
@@ -139,7 +138,8 @@ class ShardedClient::Call {
   // Waits for every shard; the first failure, by shard.
   absl::Status Wait() {
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(+[](int* pending) { return *pending == 0; }, &pending_));
+    mu_.Await(absl::Condition(
+        +[](int* pending) { return *pending == 0; }, &pending_));
     for (const absl::Status& s : results_) {
       if (!s.ok()) return s;
     }
@@ -197,12 +197,12 @@ class ShardedClient::Impl {
 
   // What this client knows of one shard since it last registered there.
   struct Session {
-    int64_t incarnation = 0;        // this process's, at the shard
-    int64_t shard_incarnation = 0;  // the shard process's
+    int64_t incarnation = 0;         // this process's, at the shard
+    int64_t shard_incarnation = 0;   // the shard process's
     int64_t registered_version = 0;  // the shard's, at registration
     int64_t version = 0;             // the shard's, at registration or the last pull since
-    int64_t last_sequence = -1;     // this worker's last push the shard applied
-    bool initialized = false;       // the shard held the model (at a registration or pull)
+    int64_t last_sequence = -1;      // this worker's last push the shard applied
+    bool initialized = false;        // the shard held the model (at a registration or pull)
     std::string consistency;
   };
   Session SessionOf(int shard) const;
@@ -221,8 +221,8 @@ class ShardedClient::Impl {
   template <typename Request, typename Response>
   absl::Status TellEachShard(absl::Duration timeout,
                              grpc::Status (v1::ParameterServer::Stub::*call)(grpc::ClientContext*,
-                                                                            const Request&,
-                                                                            Response*)) {
+                                                                             const Request&,
+                                                                             Response*)) {
     return ForEachShard(
         [&](int shard, grpc::ClientContext* context) {
           Request request;
@@ -252,7 +252,7 @@ class ShardedClient::Impl {
   };
   const Replica& CurrentReplicaOf(int shard) const;
   std::vector<std::vector<Replica>> replicas_;  // by shard: one, or two with replication
-  std::string authorization_;  // the metadata value every call carries; "" : none
+  std::string authorization_;                   // the metadata value every call carries; "" : none
   ModelIdentity model_;
   int worker_id_;
   ClientOptions options_;
@@ -357,8 +357,6 @@ ShardedClient::Impl::Session ShardedClient::Impl::SessionOf(int shard) const {
   return sessions_[shard];
 }
 
-
-
 v1::ModelIdentity ShardedClient::Impl::ModelProto() const {
   v1::ModelIdentity m;
   m.set_fingerprint(model_.fingerprint);
@@ -379,12 +377,9 @@ void ShardedClient::Impl::Untrack(grpc::ClientContext* context) {
   in_flight_.erase(context);
 }
 
-
-
-
 grpc::Status ShardedClient::Impl::Attempt(
-    int shard, const std::function<grpc::Status(int, grpc::ClientContext*)>& fn,
-    int64_t generation, absl::Duration timeout) {
+    int shard, const std::function<grpc::Status(int, grpc::ClientContext*)>& fn, int64_t generation,
+    absl::Duration timeout) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   if (!authorization_.empty()) context.AddMetadata(kAuthorizationMetadata, authorization_);
@@ -396,8 +391,9 @@ grpc::Status ShardedClient::Impl::Attempt(
   return s;
 }
 
-std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(
-    ShardFn fn, bool retry, absl::Duration timeout, std::function<void()> on_success) {
+std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(ShardFn fn, bool retry,
+                                                                absl::Duration timeout,
+                                                                std::function<void()> on_success) {
   int64_t generation;
   {
     absl::MutexLock lock(&mu_);
@@ -407,11 +403,9 @@ std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(
   auto shared_fn = std::make_shared<const ShardFn>(std::move(fn));
   for (int shard = 0; shard < num_shards(); ++shard) {
     auto result = std::make_shared<absl::Status>();
-    threads_.Run(
-        [this, shared_fn, shard, retry, timeout, generation, result] {
-          *result = Retry(shard, *shared_fn, retry, timeout, generation);
-        },
-        [call, shard, result] { call->Done(shard, std::move(*result)); });
+    threads_.Run([this, shared_fn, shard, retry, timeout, generation,
+                  result] { *result = Retry(shard, *shared_fn, retry, timeout, generation); },
+                 [call, shard, result] { call->Done(shard, std::move(*result)); });
   }
   return call;
 }
@@ -460,8 +454,7 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
       continue;
     }
     switched_at_once = false;
-    if (!retry || !IsTransient(s) || absl::Now() + backoff > give_up ||
-        cancelled_within(backoff)) {
+    if (!retry || !IsTransient(s) || absl::Now() + backoff > give_up || cancelled_within(backoff)) {
       return absl::Status(FromGrpcStatus(s).code(),
                           absl::StrCat("shard ", shard, " (", replicas_[shard][replica].address,
                                        "): ", s.error_message()));
@@ -473,7 +466,7 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
 }
 
 grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* context,
-                                         int64_t resume_sequence) {
+                                               int64_t resume_sequence) {
   v1::RegisterRequest request;
   request.set_worker_id(worker_id_);
   *request.mutable_model() = ModelProto();
@@ -489,12 +482,12 @@ grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* c
   absl::MutexLock lock(&sessions_mu_);
   Session& session = sessions_[shard];
   if (session.initialized && !response.initialized()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("shard ", shard,
-                                     " restarted without the model it held (it had reached "
-                                     "version ",
-                                     session.version, "); the job cannot go on without it. ",
-                                     kLostModelFix));
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("shard ", shard,
+                     " restarted without the model it held (it had reached "
+                     "version ",
+                     session.version, "); the job cannot go on without it. ", kLostModelFix));
   }
   session = Session{response.incarnation(),   response.shard_incarnation(),
                     response.version(),       response.version(),
@@ -513,7 +506,9 @@ grpc::Status ShardedClient::Impl::Reregister(int shard, int64_t stale, int64_t g
   }
   grpc::Status s = Attempt(
       shard,
-      [&](int i, grpc::ClientContext* context) { return RegisterWith(i, context, resume_sequence); },
+      [&](int i, grpc::ClientContext* context) {
+        return RegisterWith(i, context, resume_sequence);
+      },
       generation, options_.rpc_timeout);
   if (s.ok()) {
     const std::string address = Address(shard);
@@ -556,10 +551,11 @@ absl::StatusOr<int64_t> ShardedClient::Impl::Register() {
     trained = std::max(trained, sessions_[i].version);
   }
   if (!empty.empty() && trained > 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "shard(s) ", absl::StrJoin(empty, ","), " hold no model while the others are trained (up "
-        "to version ", trained, "): a shard restarted without its checkpoints. ",
-        kLostModelFix));
+    return absl::FailedPreconditionError(
+        absl::StrCat("shard(s) ", absl::StrJoin(empty, ","),
+                     " hold no model while the others are trained (up "
+                     "to version ",
+                     trained, "): a shard restarted without its checkpoints. ", kLostModelFix));
   }
   consistency_ = sessions_[0].consistency;
   std::vector<int64_t> last;
@@ -641,7 +637,7 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
 }
 
 ShardedClient::Pending<ShardedClient::Versions> ShardedClient::StartPull(absl::Span<float> params,
-                                                                        int64_t after_sequence) {
+                                                                         int64_t after_sequence) {
   auto versions = std::make_shared<Versions>();
   versions->version.assign(num_shards(), 0);
   versions->shard_incarnation.assign(num_shards(), 0);
@@ -699,9 +695,8 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
     std::vector<int64_t> saturated;
     Versions base;
   };
-  auto answers = std::make_shared<Answers>(
-      Answers{std::vector<v1::PushResponse>(num_shards()), std::vector<int64_t>(num_shards(), 0),
-              base});
+  auto answers = std::make_shared<Answers>(Answers{std::vector<v1::PushResponse>(num_shards()),
+                                                   std::vector<int64_t>(num_shards(), 0), base});
   std::shared_ptr<Call> call = impl->Start(
       [impl, gradient, sequence, answers](int shard, grpc::ClientContext* context) {
         return impl->PushTo(shard, context, gradient, sequence, answers->base,
@@ -723,8 +718,6 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
     return summary;
   });
 }
-
-
 
 absl::StatusOr<std::vector<std::string>> ShardedClient::Impl::CallEachShard(
     const std::string& method, const std::string& request) {
@@ -760,9 +753,7 @@ absl::StatusOr<std::vector<std::string>> ShardedClient::CallEachShard(const std:
   return impl_->CallEachShard(method, request);
 }
 
-int64_t ShardedClient::incarnation(int shard) const {
-  return impl_->SessionOf(shard).incarnation;
-}
+int64_t ShardedClient::incarnation(int shard) const { return impl_->SessionOf(shard).incarnation; }
 
 int ShardedClient::reregistrations() const {
   absl::MutexLock lock(&impl_->sessions_mu_);
