@@ -8,9 +8,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
-#include <fstream>
 #include <iostream>
-#include <limits>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -19,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/proc_status.h"
 #include "common/cluster.h"
 #include "common/log.h"
 #include "deploy/local_cluster.h"
@@ -92,21 +91,6 @@ std::string Percentiles(std::vector<absl::Duration> d) {
     return absl::ToDoubleMilliseconds(d[std::min(d.size() - 1, static_cast<size_t>(q * d.size()))]);
   };
   return absl::StrFormat("%.1f / %.1f / %.1f", ms(0.50), ms(0.99), ms(1.0));
-}
-
-// A "VmRSS:  12345 kB" style field of /proc/<pid>/status, in MiB; -1 if unreadable.
-double ProcStatusMiB(pid_t pid, const std::string& field) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
-  std::string key;
-  while (in >> key) {
-    if (key == field + ":") {
-      double kb = -1;
-      in >> kb;
-      return kb / 1024;
-    }
-    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  return -1;
 }
 
 int Main(int argc, char** argv) {

@@ -7,17 +7,14 @@
 //   memory_bench --params=100000000 --optimizer=momentum --rounds=5
 #include <stdlib.h>
 
-#include <fstream>
 #include <iostream>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
+#include "bench/proc_status.h"
 #include "deploy/local_cluster.h"
 #include "server/parameter_shard.h"
 #include "worker/sharded_client.h"
@@ -34,19 +31,7 @@ struct Resident {
   double rss = 0, peak = 0;
 };
 Resident ReadResident(pid_t pid) {
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  Resident r;
-  for (std::string line; std::getline(status, line);) {
-    int64_t kb = 0;
-    auto field = [&](const char* name) {
-      return line.rfind(name, 0) == 0 &&
-             absl::SimpleAtoi(absl::StripSuffix(absl::StripAsciiWhitespace(line.substr(6)), " kB"),
-                              &kb);
-    };
-    if (field("VmRSS:")) r.rss = kb * 1024.0;
-    if (field("VmHWM:")) r.peak = kb * 1024.0;
-  }
-  return r;
+  return {ProcStatusMiB(pid, "VmRSS") * (1 << 20), ProcStatusMiB(pid, "VmHWM") * (1 << 20)};
 }
 
 int Main(int argc, char** argv) {
