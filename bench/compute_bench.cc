@@ -1,15 +1,16 @@
 // compute_bench: worker compute throughput, i.e. one training step exactly as a worker runs it
-// (Mlp::Gradient: upload params and batch, forward, backward, gradient downloaded into host
-// memory), against a ceiling measured in the same run: the backend's own Gemm on a square matrix
-// product (1024^3 on the CPU, 4096^3 on a GPU).
+// (Mlp::GradientOfExamples on a training set held in backend memory: the batch's indices and the
+// parameters uploaded from the backend's host buffers (pinned on a GPU), forward, backward, the
+// gradient downloaded into a host buffer), against a ceiling measured in the same run: the
+// backend's own Gemm on a square matrix product (1024^3 on the CPU, 4096^3 on a GPU).
 //
 //   build/bin/compute_bench --device=cpu --threads=2
 //   PS_CUDA_MATH=tf32 build/bin/compute_bench --device=cuda --csv=results.csv
+//   PS_CUDA_GRAPHS=0 build/bin/compute_bench --device=cuda   # kernels launched one by one
 //
-// Timing. Each step is timed with the wall clock. That is valid on a GPU too, because
-// Mlp::Gradient ends with a device-to-host copy that synchronises the backend's stream. The
-// ceiling's Gemm calls return before the GPU has run them, so each timed sample is N Gemm calls
-// followed by a 4-byte CopyToHost, which synchronises the stream the Gemms were queued on.
+// Timing. Each step is timed with the wall clock. That is valid on a GPU too, because a step
+// ends by waiting for the backend's stream. The ceiling's Gemm calls return before the GPU has
+// run them, so each timed sample is N Gemm calls followed by a 4-byte CopyToHost, which waits.
 //
 // FLOPs. Counted as 2*m*n*k per GEMM, over the GEMMs Mlp issues: per layer l (in -> out) one
 // forward GEMM (batch x out x in), one weight-gradient GEMM (in x out x batch) and, for every
@@ -36,6 +37,7 @@
 #include "common/csv_writer.h"
 #include "common/log.h"
 #include "kernels/backend.h"
+#include "worker/batch_sampler.h"
 #include "worker/mlp.h"
 
 ABSL_FLAG(std::string, device, "cpu", "Backend: cpu | cuda | cuda:N | auto.");
@@ -146,18 +148,27 @@ struct Result {
 Result RunConfig(Backend* backend, const Config& config, uint64_t seed) {
   Mlp mlp(config.sizes, config.batch, backend);
   std::mt19937_64 rng(seed);
-  std::vector<float> params = mlp.InitialParams(seed);
-  std::vector<float> grad(mlp.num_params());
-  std::vector<float> inputs =
-      RandomFloats(static_cast<size_t>(config.batch) * mlp.num_inputs(), rng, 0, 1);
-  std::vector<int32_t> labels(config.batch);
-  std::uniform_int_distribution<int32_t> label(0, mlp.num_classes() - 1);
-  for (int32_t& y : labels) y = label(rng);
+  // A training set of 8 batches (at least 4096 examples), held in backend memory.
+  const int64_t count = std::max<int64_t>(4096, 8 * config.batch);
+  {
+    std::vector<float> features =
+        RandomFloats(static_cast<size_t>(count) * mlp.num_inputs(), rng, 0, 1);
+    std::vector<int32_t> labels(count);
+    std::uniform_int_distribution<int32_t> label(0, mlp.num_classes() - 1);
+    for (int32_t& y : labels) y = label(rng);
+    mlp.SetTrainingSet(features.data(), labels.data(), count);
+  }
+  BatchSampler sampler(count, config.batch, seed);
+  HostBuffer<float> params(backend, mlp.num_params()), grad(backend, mlp.num_params());
+  std::vector<float> initial = mlp.InitialParams(seed);
+  std::copy(initial.begin(), initial.end(), params.data());
+  std::vector<int32_t> indices;
+  int64_t step_index = 0;
 
   auto step = [&] {
+    sampler.Indices(step_index++, &indices);
     absl::Time start = absl::Now();
-    float loss =
-        mlp.Gradient(params, inputs.data(), labels.data(), config.batch, absl::MakeSpan(grad));
+    float loss = mlp.GradientOfExamples(params.span(), indices.data(), config.batch, grad.span());
     double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     if (!std::isfinite(loss)) {
       PS_LOG(ERROR) << "non-finite loss " << loss << " on " << config.name;
@@ -177,8 +188,9 @@ Result RunConfig(Backend* backend, const Config& config, uint64_t seed) {
   std::vector<double> copies;
   for (int i = 0; i < std::min(steps, 10); ++i) {
     absl::Time start = absl::Now();
-    scratch.Upload(params.data(), params.size());
-    scratch.Download(grad.data(), grad.size());
+    scratch.UploadAsync(params.data(), params.size());
+    scratch.DownloadAsync(grad.data(), grad.size());
+    backend->Synchronize();
     copies.push_back(absl::ToDoubleSeconds(absl::Now() - start));
   }
 
@@ -222,8 +234,8 @@ int Main(int argc, char** argv) {
   double ceiling_before =
       GemmCeiling(backend, ceiling_n, ceiling_calls, 5, absl::GetFlag(FLAGS_seed));
   std::cout << absl::StrFormat(
-      "compute_bench on %s: one step = Mlp::Gradient (upload params + batch, forward, backward, "
-      "gradient downloaded to host)\n",
+      "compute_bench on %s: one step = the worker's (Mlp::GradientOfExamples: indices + params "
+      "up from host buffers, batch gathered on the device, forward, backward, gradient down)\n",
       device);
 
   std::unique_ptr<CsvWriter> csv;

@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """torch_mlp_bench: the PyTorch peer of compute_bench.
 
-Same models, batch sizes and precision, same work per step: forward, backward, and every
-parameter gradient copied into one preallocated host tensor (pinned on a GPU), so the gradient
-ends in host memory as Mlp::Gradient leaves it. The input batch is copied from host memory every
-step too. compute_bench's step also uploads the parameters (a worker gets them from the shards);
---upload_params adds that copy here, which makes the two steps the same work exactly.
+Same models, batch sizes and precision, and the same work per step as compute_bench (a worker's
+step): the parameters copied up from one host tensor (a worker gets them from the shards), the
+batch's indices copied up and the batch gathered from a training set held in device memory,
+forward, backward, and every parameter gradient copied into one host tensor. Host tensors are
+pinned on a GPU, as the worker's are. One difference remains in bf16: autocast runs the layers'
+outputs in bf16, while compute_bench's bf16 only rounds the GEMM inputs (fp32 storage throughout).
 
     python3 bench/torch_mlp_bench.py --device cuda --tf32 --csv results.csv
     python3 bench/torch_mlp_bench.py --device cpu --threads 2
@@ -85,10 +86,15 @@ def run_config(args, device, sizes, batch):
     pin = device.type == "cuda"
     num_params = sum(p.numel() for p in params)
 
-    # Host memory the worker would hold: the batch, the pulled parameters, the gradient.
-    host_inputs = torch.rand(batch, sizes[0]).pin_memory() if pin else torch.rand(batch, sizes[0])
-    host_labels = torch.randint(0, sizes[-1], (batch,))
-    host_labels = host_labels.pin_memory() if pin else host_labels
+    # The training set in device memory (8 batches, at least 4096 examples), as the worker keeps
+    # it; a fixed rotation of batches' indices in host memory.
+    count = max(4096, 8 * batch)
+    features = torch.rand(count, sizes[0]).to(device)
+    targets = torch.randint(0, sizes[-1], (count,)).to(device)
+    batches = [torch.randperm(count)[:batch].to(torch.int32) for _ in range(8)]
+    batches = [b.pin_memory() for b in batches] if pin else batches
+    next_batch = [0]
+    # Host memory the worker holds: the pulled parameters, the gradient.
     host_grad = torch.empty(num_params, pin_memory=pin)
     host_params = torch.empty(num_params, pin_memory=pin)
     with torch.no_grad():
@@ -102,13 +108,15 @@ def run_config(args, device, sizes, batch):
     use_bf16 = args.bf16 and device.type == "cuda"
 
     def step():
+        host_index = batches[next_batch[0] % len(batches)]
+        next_batch[0] += 1
         start = time.perf_counter()
-        if args.upload_params:
-            with torch.no_grad():
-                for p, h in zip(params, param_views):
-                    p.copy_(h, non_blocking=True)
-        x = host_inputs.to(device, non_blocking=True)
-        y = host_labels.to(device, non_blocking=True)
+        with torch.no_grad():
+            for p, h in zip(params, param_views):
+                p.copy_(h, non_blocking=pin)
+        index = host_index.to(device, non_blocking=pin)
+        x = features.index_select(0, index)
+        y = targets.index_select(0, index)
         for p in params:
             p.grad = None
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=use_bf16):
@@ -143,9 +151,6 @@ def main():
                         help="comma-separated LAYERS:BATCH entries")
     parser.add_argument("--tf32", action="store_true", help="tf32 matrix products (GPU)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (GPU)")
-    parser.add_argument("--upload_params", action="store_true",
-                        help="also copy the parameters from host memory every step, as a "
-                        "worker does")
     parser.add_argument("--csv", default="", help="append one row per config here")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
@@ -170,7 +175,7 @@ def main():
     gpu = device.type == "cuda"
     math = "bf16" if args.bf16 else "tf32" if args.tf32 else "fp32"
     label = f"cuda:{device.index}/{math}" if gpu else f"cpu/{args.threads}thr"
-    bench = "torch_mlp_bench_upload" if args.upload_params else "torch_mlp_bench"
+    bench = "torch_mlp_bench"
     configs = [parse_config(c) for c in args.configs.split(",") if c]
 
     n, calls = (4096, 20) if gpu else (1024, 3)
@@ -178,7 +183,7 @@ def main():
     ceiling_before = gemm_ceiling(device, dtype, n, calls)
     print(f"{bench} on {label} (torch {torch.__version__}"
           f"{', ' + torch.cuda.get_device_name(device) if gpu else ''}): one step = "
-          f"{'params upload + ' if args.upload_params else ''}batch upload, forward, backward, "
+          "params + batch indices up, batch gathered on the device, forward, backward, "
           "gradients copied into one host tensor")
     results = [(name, sizes, batch) + run_config(args, device, sizes, batch)
                for name, sizes, batch in configs]

@@ -4,15 +4,18 @@
 #
 #   device run: command "bash deploy/gpu_run.sh", carry [".gpu-bundle"], timeout_s 600
 #
-# Steps (about 7 minutes in all; E2E_SECONDS=60 shortens the two training runs):
-#   1. unpack the bundle into $BUNDLE_DIR (default /tmp/ps-gpu-bundle; outside the checkout, so a
-#      local run never makes .gpu-bundle/ too big to travel), find cuBLAS, print nvidia-smi
+# Steps (about 8 minutes in all; E2E_SECONDS=60 shortens the training runs):
+#   1. check glibc (the bundle's libstdc++ is Debian 12's: glibc >= 2.36), unpack the bundle into
+#      $BUNDLE_DIR (default /tmp/ps-gpu-bundle; outside the checkout, so a local run never makes
+#      .gpu-bundle/ too big to travel), find cuBLAS, print nvidia-smi
 #   2. GPU tests: cuda_backend_test and mlp_test (gtest binaries: no ctest there); a skipped test
 #      counts as a failure, since it means the GPU was not usable
-#   3. compute_bench on cuda with PS_CUDA_MATH=fp32, tf32, bf16, and on cpu (1 and all threads)
-#   4. torch_mlp_bench.py on cuda (fp32, tf32, bf16, fp32 + params upload) and on cpu
-#   5. launch --shards=2 --workers=4 for E2E_SECONDS on --device=cuda, then on --device=cpu, on the
-#      bundle's Fashion-MNIST (--data_dir, or copied to /usr/share/datasets/fashion-mnist)
+#   3. compute_bench on cuda with PS_CUDA_MATH=fp32 (CUDA graphs on and off), tf32, bf16, and on
+#      cpu (1 thread, and all threads), over $CONFIGS: the crossover table
+#   4. torch_mlp_bench.py on cuda (fp32, tf32, bf16) and on cpu (all threads), same configs
+#   5. launch --shards=2 --workers=4 to test accuracy $TARGET (at most E2E_SECONDS) on
+#      --device=cuda, with --prefetch, under CUDA MPS where nvidia-cuda-mps-control exists, and on
+#      --device=cpu, on the bundle's Fashion-MNIST (--data_dir)
 # Independent steps go on after a failure; the script then exits 1 naming every failed step.
 #
 # Output, in ${OUT:-/tmp/gpu-out} (the device tool returns at most 8 files, 2 folders deep, so the
@@ -25,8 +28,9 @@ cd "$(dirname "$0")/.." || exit 1
 
 OUT=${OUT:-/tmp/gpu-out}
 BUNDLE_DIR=${BUNDLE_DIR:-/tmp/ps-gpu-bundle}
-E2E_SECONDS=${E2E_SECONDS:-120}
-DATA_DIR=/usr/share/datasets/fashion-mnist  # the worker's and evaluator's default --data_dir
+E2E_SECONDS=${E2E_SECONDS:-90}
+TARGET=${TARGET:-0.88}
+CONFIGS=${CONFIGS:-784-256-128-10:64,784-256-128-10:256,784-256-128-10:1024,784-1024-1024-10:256,784-1024-1024-10:1024,784-4096-4096-10:256,784-4096-4096-10:1024}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/gpu-run.XXXXXX)
 mkdir -p "$WORK/logs"
@@ -70,6 +74,14 @@ main() {
   [ -f .gpu-bundle/bundle.tar.xz ] \
     || die ".gpu-bundle/bundle.tar.xz is missing: run deploy/gpu_bundle.sh here and carry .gpu-bundle"
   head -n 3 .gpu-bundle/MANIFEST.txt 2>/dev/null
+
+  # The bundle's libstdc++ and libraries come from Debian 12, which needs glibc 2.36 or newer.
+  local glibc
+  glibc=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')
+  if [ -z "$glibc" ] || [ "$(printf '%s\n' 2.36 "$glibc" | sort -V | head -n 1)" != 2.36 ]; then
+    die "this machine's glibc is ${glibc:-unknown}; the bundle (built on Debian 12) needs 2.36 or newer"
+  fi
+  echo "glibc: $glibc (>= 2.36)"
 
   # 1. Unpack (xz may be missing from the image: Python's tarfile reads .tar.xz too).
   { rm -rf "$BUNDLE_DIR" && mkdir -p "$BUNDLE_DIR"; } || die "cannot create $BUNDLE_DIR"
@@ -119,49 +131,64 @@ main() {
   done
 
   # 3. compute_bench. The CPU runs get a shorter budget: the big model is ~1 s/step per core.
-  local csv=$OUT/results.csv math threads
+  local csv=$OUT/results.csv math
   for math in fp32 tf32 bf16; do
     run_step "compute_bench-cuda-$math" 120 "${ours[@]}" "PS_CUDA_MATH=$math" \
-      "$bin/compute_bench" --device=cuda --iters=100 --warmup=5 --csv="$csv"
+      "$bin/compute_bench" --device=cuda --iters=100 --warmup=5 --configs="$CONFIGS" --csv="$csv"
   done
-  for threads in 1 "$(nproc)"; do
-    run_step "compute_bench-cpu-${threads}thr" 120 "${ours[@]}" "$bin/compute_bench" --device=cpu \
-      --threads="$threads" --iters=20 --budget_seconds=4 --csv="$csv"
-  done
+  run_step "compute_bench-cuda-fp32-nographs" 120 "${ours[@]}" PS_CUDA_GRAPHS=0 \
+    "$bin/compute_bench" --device=cuda --iters=100 --warmup=5 --configs="$CONFIGS" \
+    --csv="$OUT/nographs.csv"
+  run_step "compute_bench-cpu-1thr" 120 "${ours[@]}" "$bin/compute_bench" --device=cpu \
+    --threads=1 --iters=20 --budget_seconds=4 --csv="$csv"
+  run_step "compute_bench-cpu-$(nproc)thr" 150 "${ours[@]}" "$bin/compute_bench" --device=cpu \
+    --threads="$(nproc)" --iters=20 --warmup=1 --budget_seconds=2 --configs="$CONFIGS" \
+    --csv="$csv"
 
-  # 4. PyTorch, same models and batches.
+  # 4. PyTorch, same models, batches and work per step.
   local torch_bench=$BUNDLE_DIR/torch_mlp_bench.py variant
   export PYTHONUNBUFFERED=1
-  for variant in "fp32:" "tf32:--tf32" "bf16:--bf16" "fp32-upload:--upload_params"; do
+  for variant in "fp32:" "tf32:--tf32" "bf16:--bf16"; do
     # shellcheck disable=SC2086
     run_step "torch-cuda-${variant%%:*}" 150 python3 "$torch_bench" --device=cuda --iters=100 \
-      --warmup=5 --csv="$csv" ${variant#*:}
+      --warmup=5 --configs="$CONFIGS" --csv="$csv" ${variant#*:}
   done
-  for threads in 1 "$(nproc)"; do
-    run_step "torch-cpu-${threads}thr" 120 python3 "$torch_bench" --device=cpu \
-      --threads="$threads" --iters=20 --budget_seconds=4 --csv="$csv"
-  done
+  run_step "torch-cpu-$(nproc)thr" 150 python3 "$torch_bench" --device=cpu --threads="$(nproc)" \
+    --iters=20 --warmup=1 --budget_seconds=2 --configs="$CONFIGS" --csv="$csv"
 
-  # 5. End to end, on the bundle's data: through launch --data_dir where the launcher has it, else
-  # copied to the daemons' default --data_dir (as root).
-  local data_ok=1 data_flag=()
-  if [[ "$("${ours[@]}" "$bin/launch" --help 2>&1)" == *"--data_dir"* ]]; then
-    data_flag=("--data_dir=$PWD/.gpu-bundle/data")
-  elif ! { mkdir -p "$DATA_DIR" && cp .gpu-bundle/data/*.gz "$DATA_DIR/"; }; then
-    fail "dataset" "cannot copy .gpu-bundle/data to $DATA_DIR (not root?)"
-    data_ok=0
-  fi
-  local device
-  for device in cuda cpu; do
-    ((data_ok)) || break
+  # 5. End to end, on the bundle's data, to the target accuracy.
+  local data_flag=("--data_dir=$PWD/.gpu-bundle/data") run
+  for run in cuda cuda-prefetch cuda-mps cpu; do
     # Keep the whole script inside the device tool's 10 minutes.
     if ((SECONDS + E2E_SECONDS + 40 > 570)); then
-      fail "e2e-$device" "skipped: ${SECONDS}s spent, too little time left for a ${E2E_SECONDS}s run"
+      fail "e2e-$run" "skipped: ${SECONDS}s spent, too little time left for a ${E2E_SECONDS}s run"
       continue
     fi
-    run_step "e2e-$device" $((E2E_SECONDS + 60)) "${ours[@]}" "$bin/launch" --shards=2 --workers=4 \
-      --device="$device" --max_seconds="$E2E_SECONDS" --run_dir="$WORK/run-$device" "${data_flag[@]}"
-    cp "$WORK/run-$device/training.png" "$OUT/training-$device.png" 2>/dev/null
+    local device=cuda extra=() mps=0
+    case "$run" in
+      cpu) device=cpu ;;
+      cuda-prefetch) extra=(--worker_flags=--prefetch) ;;
+      cuda-mps)
+        if ! command -v nvidia-cuda-mps-control > /dev/null; then
+          echo "=== e2e-cuda-mps: no nvidia-cuda-mps-control on this machine, not run"
+          continue
+        fi
+        export CUDA_MPS_PIPE_DIRECTORY=$WORK/mps-pipe CUDA_MPS_LOG_DIRECTORY=$WORK/mps-log
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        if ! nvidia-cuda-mps-control -d; then
+          fail "e2e-cuda-mps" "nvidia-cuda-mps-control -d failed"
+          continue
+        fi
+        mps=1
+        ;;
+    esac
+    run_step "e2e-$run" $((E2E_SECONDS + 60)) "${ours[@]}" "$bin/launch" --shards=2 --workers=4 \
+      --device="$device" --target_accuracy="$TARGET" --max_seconds="$E2E_SECONDS" \
+      --run_dir="$WORK/run-$run" "${data_flag[@]}" "${extra[@]}"
+    if ((mps)); then
+      echo quit | nvidia-cuda-mps-control
+      unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+    fi
   done
   nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv \
     > "$WORK/logs/gpu-state-after.csv" 2>&1
@@ -174,9 +201,16 @@ main() {
   if [ -f "$csv" ]; then
     column -s, -t < "$csv" 2>/dev/null || cat "$csv"
   fi
-  for device in cuda cpu; do
-    [ -f "$WORK/logs/e2e-$device.log" ] \
-      && echo "e2e $device: $(grep -h '^finished:' "$WORK/logs/e2e-$device.log" || echo 'no result')"
+  if [ -f "$OUT/nographs.csv" ]; then
+    echo "CUDA graphs off (PS_CUDA_GRAPHS=0):"
+    column -s, -t < "$OUT/nographs.csv" 2>/dev/null || cat "$OUT/nographs.csv"
+  fi
+  grep -h "relative L2 error" "$WORK/logs/mlp_test.log"
+  grep -h "CPU backend:" "$WORK/logs/compute_bench-cpu-1thr.log" | head -n 1
+  local log
+  for log in "$WORK"/logs/e2e-*.log; do
+    [ -f "$log" ] || continue
+    echo "$(basename "$log" .log): $(grep -h '^finished:' "$log" || echo 'no result')"
   done
   if ((${#failed[@]})); then
     echo "gpu_run: ${#failed[@]} step(s) failed: ${failed[*]}"

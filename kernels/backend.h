@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
@@ -15,18 +16,56 @@ namespace ps {
 
 class Backend {
  public:
+  // A recording of queued work that the backend can replay (a CUDA graph); see RunRecorded.
+  class Recording {
+   public:
+    virtual ~Recording() = default;
+  };
+
+  // What SoftmaxCrossEntropy leaves in backend memory about a minibatch.
+  struct LossSummary {
+    double loss_sum = 0;         // cross-entropy summed over the rows whose label is valid
+    int64_t hits = 0;            // rows whose argmax (the first index of the maximum) is the label
+    int32_t first_bad_row = -1;  // the first row whose label is outside [0, cols); -1 if none
+  };
+
   virtual ~Backend() = default;
   virtual std::string Name() const = 0;
 
   // Backend memory. Allocate never returns null (it aborts on exhaustion, like operator new).
   virtual void* Allocate(size_t bytes) = 0;
   virtual void Free(void* p) = 0;
-  virtual void CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
-  virtual void CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
   // Host memory that the backend copies from and to fastest: page-locked for CUDA (full-speed
-  // DMA), ordinary aligned memory for the CPU. Never null (aborts on exhaustion).
+  // DMA, and copies that do not block the host), ordinary aligned memory for the CPU. Never null
+  // (aborts on exhaustion).
   virtual void* AllocateHost(size_t bytes) = 0;
   virtual void FreeHost(void* p) = 0;
+
+  // Work is queued: kernels and the Async copies run in the order they were called, and may still
+  // be running when the call returns (on a GPU). Synchronize waits until all of it has run; a
+  // host buffer given to an Async copy must stay valid and unchanged until then.
+  virtual void CopyToDeviceAsync(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void CopyToHostAsync(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void Synchronize() = 0;
+  // Copies that have finished when they return (and wait for everything queued before them).
+  void CopyToDevice(void* dst, const void* host_src, size_t bytes) {
+    CopyToDeviceAsync(dst, host_src, bytes);
+    Synchronize();
+  }
+  void CopyToHost(void* host_dst, const void* src, size_t bytes) {
+    CopyToHostAsync(host_dst, src, bytes);
+    Synchronize();
+  }
+
+  // Queues what `queue_work` queues. The CUDA backend, the first time it is given an empty
+  // *recording, records that work into a CUDA graph kept in *recording (one launch instead of
+  // one per kernel) and from then on replays the graph without calling queue_work. So queue_work
+  // must queue the same kernels on the same pointers and sizes every time one *recording is
+  // passed, and may only queue kernels (no Allocate, Free, copy or Synchronize). The CPU backend,
+  // or CUDA with PS_CUDA_GRAPHS=0, calls queue_work every time and leaves *recording empty.
+  // A recording must be destroyed before its backend.
+  virtual void RunRecorded(std::unique_ptr<Recording>* recording,
+                           absl::FunctionRef<void()> queue_work) = 0;
 
   // dst row r = src row index[r], for r < rows, rows of row_bytes bytes; src, index and dst in
   // backend memory. Lets a worker keep its whole data shard on the device and send only indices.
@@ -43,19 +82,37 @@ class Backend {
   virtual void ReluBackward(float* dz, const float* activation, int64_t n) = 0;
   // out[c] = sum over rows of x[r,c].
   virtual void ColumnSum(const float* x, int rows, int cols, float* out) = 0;
-  // Mean softmax cross-entropy of `logits` [rows, cols] against int32 `labels`. If dlogits is not
-  // null, writes d(mean loss)/d(logits) there. *correct gets the number of argmax hits.
-  virtual float SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
-                                    float* dlogits, int64_t* correct) = 0;
+  // Softmax cross-entropy of `logits` [rows, cols] against int32 `labels`, summarised into
+  // *summary (backend memory; deterministic: the same inputs give the same bits). If dlogits is
+  // not null, writes d(mean loss)/d(logits) there (it may alias logits); a row with an invalid
+  // label gets the softmax's probabilities / rows.
+  virtual void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
+                                   float* dlogits, LossSummary* summary) = 0;
 };
 
 // The CPU backend (OpenBLAS), using `threads` BLAS threads.
 std::unique_ptr<Backend> MakeCpuBackend(int threads);
 
-// The backend named by --device: "cpu", "cuda", "cuda:N" or "auto" (a GPU if one is usable,
-// otherwise the CPU, saying so in the log). Fails with a clear message when CUDA was asked for and
-// this build or machine has none.
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, int cpu_threads);
+// What --device asks for: "cpu", "auto" (a GPU if one is usable, else the CPU), "cuda" (a GPU
+// chosen by local rank) or "cuda:N" (GPU N).
+struct DeviceRequest {
+  enum Kind { kCpu, kAuto, kCuda } kind = kCpu;
+  int index = -1;  // N of cuda:N; -1: chosen by local rank
+};
+absl::StatusOr<DeviceRequest> ParseDevice(const std::string& device);
+
+// The process's rank among those on its host: $LOCAL_RANK where set (torchrun, many launchers),
+// else `rank`.
+int LocalRank(int rank);
+
+// The backend named by --device (see DeviceRequest). "auto" and "cuda" take GPU
+// LocalRank(rank) mod the number of GPUs, so the workers of a multi-GPU host spread over its
+// GPUs. "auto" falls back to the CPU, saying why in the log, when there is no GPU, when the
+// driver is too old, or when a GPU is there but the CUDA backend cannot start on it (out of
+// memory, exclusive-process mode taken by another process, ...). "cuda" and "cuda:N" fail with
+// the reason instead.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, int cpu_threads,
+                                                     int rank = 0);
 
 // An owning, typed buffer in a backend's memory.
 template <typename T>
@@ -83,6 +140,13 @@ class DeviceBuffer {
   }
   void Download(T* host, size_t count) const {
     backend_->CopyToHost(host, data_, count * sizeof(T));
+  }
+  // Queued copies: `host` must stay valid and unchanged until the backend's Synchronize().
+  void UploadAsync(const T* host, size_t count) {
+    backend_->CopyToDeviceAsync(data_, host, count * sizeof(T));
+  }
+  void DownloadAsync(T* host, size_t count) const {
+    backend_->CopyToHostAsync(host, data_, count * sizeof(T));
   }
 
  private:

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <new>
 
+#include "common/log.h"
 #include "kernels/backend.h"
 
 namespace ps {
@@ -24,14 +25,19 @@ class CpuBackend : public Backend {
     return p;
   }
   void Free(void* p) override { std::free(p); }
-  void CopyToDevice(void* dst, const void* src, size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-  }
-  void CopyToHost(void* dst, const void* src, size_t bytes) override {
-    std::memcpy(dst, src, bytes);
-  }
   void* AllocateHost(size_t bytes) override { return Allocate(bytes); }
   void FreeHost(void* p) override { Free(p); }
+  // Nothing is ever queued here: every call has done its work when it returns.
+  void CopyToDeviceAsync(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  void CopyToHostAsync(void* dst, const void* src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  void Synchronize() override {}
+  void RunRecorded(std::unique_ptr<Recording>*, absl::FunctionRef<void()> queue_work) override {
+    queue_work();
+  }
 
   void GatherRows(const void* src, const int32_t* index, int rows, size_t row_bytes,
                   void* dst) override {
@@ -69,35 +75,42 @@ class CpuBackend : public Backend {
     }
   }
 
-  float SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
-                            float* dlogits, int64_t* correct) override {
-    double loss = 0;
-    int64_t hits = 0;
+  void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
+                           float* dlogits, LossSummary* summary) override {
+    LossSummary sum;
     for (int r = 0; r < rows; ++r) {
       const float* x = logits + static_cast<int64_t>(r) * cols;
-      int argmax = static_cast<int>(std::max_element(x, x + cols) - x);
-      float mx = x[argmax];
-      double sum = 0;
-      for (int c = 0; c < cols; ++c) sum += std::exp(static_cast<double>(x[c] - mx));
-      double log_sum = std::log(sum);
-      loss += log_sum - (x[labels[r]] - mx);
-      hits += argmax == labels[r];
-      if (dlogits != nullptr) {
+      const int argmax = static_cast<int>(std::max_element(x, x + cols) - x);
+      const float mx = x[argmax];
+      const int32_t label = labels[r];
+      const bool valid = label >= 0 && label < cols;
+      double exp_sum = 0;
+      for (int c = 0; c < cols; ++c) exp_sum += std::exp(static_cast<double>(x[c] - mx));
+      const double log_sum = std::log(exp_sum);
+      if (valid) {
+        sum.loss_sum += log_sum - (x[label] - mx);
+        sum.hits += argmax == label;
+      } else if (sum.first_bad_row < 0) {
+        sum.first_bad_row = r;
+      }
+      if (dlogits != nullptr) {  // x is read before d is written, element by element
         float* d = dlogits + static_cast<int64_t>(r) * cols;
         for (int c = 0; c < cols; ++c) {
           double p = std::exp(static_cast<double>(x[c] - mx) - log_sum);
-          d[c] = static_cast<float>((p - (c == labels[r] ? 1.0 : 0.0)) / rows);
+          d[c] = static_cast<float>((p - (c == label ? 1.0 : 0.0)) / rows);
         }
       }
     }
-    if (correct != nullptr) *correct = hits;
-    return static_cast<float>(loss / rows);
+    *summary = sum;
   }
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> MakeCpuBackend(int threads) {
+  // Which kernels OpenBLAS picked for this processor decides most of the speed: say it.
+  PS_LOG(INFO) << "CPU backend: " << openblas_get_config() << ", " << openblas_get_corename()
+               << " kernels, " << std::max(1, threads) << " thread(s)";
   return std::make_unique<CpuBackend>(threads);
 }
 

@@ -22,11 +22,13 @@
 namespace ps {
 namespace {
 
-constexpr int kThreads = 256;  // threads per block for every kernel here
+constexpr int kThreads = 256;  // threads per block for the elementwise kernels and column sums
 constexpr int kWarp = 32;
-constexpr int kRowsPerBlock = kThreads / kWarp;  // softmax: one warp per row
-constexpr int kColumnTile = 32;                  // column sum: 32 columns x 8 row groups per block
+constexpr int kSoftmaxThreads = 1024;  // softmax: one block, a warp per row in turn
+constexpr int kSoftmaxWarps = kSoftmaxThreads / kWarp;
+constexpr int kColumnTile = 32;  // column sum: 32 columns x 8 row groups per block
 constexpr int kRowGroups = kThreads / kColumnTile;
+constexpr size_t kCublasWorkspaceBytes = 32 << 20;  // what NVIDIA advises for Hopper
 
 // How cuBLAS may compute the float GEMMs, chosen by PS_CUDA_MATH.
 enum class GemmMath { kFp32, kTf32, kBf16 };
@@ -50,6 +52,14 @@ absl::StatusOr<GemmMath> GemmMathFromEnv() {
   if (std::string(value) == "bf16") return GemmMath::kBf16;
   return absl::InvalidArgumentError(
       absl::StrCat("PS_CUDA_MATH='", value, "': expected fp32 (the default), tf32 or bf16"));
+}
+
+absl::StatusOr<bool> GraphsFromEnv() {
+  const char* value = std::getenv("PS_CUDA_GRAPHS");
+  if (value == nullptr || *value == '\0' || std::string(value) == "1") return true;
+  if (std::string(value) == "0") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat("PS_CUDA_GRAPHS='", value, "': expected 1 (the default) or 0"));
 }
 
 std::string CudaErrorText(cudaError_t e) {
@@ -77,10 +87,13 @@ void CheckCublas(cublasStatus_t s, const char* expr, const char* file, int line)
 
 // ---- Kernels ----
 
-__global__ void AddBiasActivateKernel(float* z, const float* __restrict__ bias, int64_t n, int cols,
+// The elementwise kernels take their index type as a parameter: int32_t where the element count
+// fits (the common case: 32-bit division and remainder are several times cheaper), else int64_t.
+template <typename Index>
+__global__ void AddBiasActivateKernel(float* z, const float* __restrict__ bias, Index n, Index cols,
                                       bool relu) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (Index i = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
     float v = z[i] + bias[i % cols];
     // Written as std::max(v, 0.0f) evaluates, so NaN and -0.0 come out as on the CPU.
     z[i] = relu ? (v < 0.0f ? 0.0f : v) : v;
@@ -88,19 +101,22 @@ __global__ void AddBiasActivateKernel(float* z, const float* __restrict__ bias, 
 }
 
 // 4-byte words: word w of row r comes from word w of row index[r].
+// (The source offset is 64-bit: the whole data shard may exceed 2^31 words.)
+template <typename Index>
 __global__ void GatherRowsKernel(const uint32_t* __restrict__ src,
-                                 const int32_t* __restrict__ index, int64_t n,
-                                 int64_t words_per_row, uint32_t* __restrict__ dst) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / words_per_row;
-    dst[i] = src[index[r] * words_per_row + (i - r * words_per_row)];
+                                 const int32_t* __restrict__ index, Index n, Index words_per_row,
+                                 uint32_t* __restrict__ dst) {
+  for (Index i = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
+    const Index r = i / words_per_row;
+    dst[i] = src[static_cast<int64_t>(index[r]) * words_per_row + (i - r * words_per_row)];
   }
 }
 
-__global__ void ReluBackwardKernel(float* dz, const float* __restrict__ activation, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+template <typename Index>
+__global__ void ReluBackwardKernel(float* dz, const float* __restrict__ activation, Index n) {
+  for (Index i = blockIdx.x * static_cast<Index>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<Index>(gridDim.x) * blockDim.x) {
     if (!(activation[i] > 0.0f)) dz[i] = 0.0f;
   }
 }
@@ -133,111 +149,109 @@ __device__ __forceinline__ bool BeatsArgmax(float v, int i, float best, int best
   return v > best || (v == best && i < best_i);
 }
 
-// One warp per row: max and argmax, sum of exp, the row's loss and whether its argmax hits the
-// label, and (if dlogits is set) the row of d(mean loss)/d(logits). A label outside [0, cols)
-// marks the row with hit = -1 for the host to report. dlogits may alias logits, as on the CPU:
-// every element is read (by the lane that writes it) before any write of the row.
-__global__ void SoftmaxCrossEntropyRowsKernel(const float* logits, const int32_t* labels, int rows,
-                                              int cols, float* dlogits, float* row_loss,
-                                              int* row_hit) {
+// One block; warp w takes rows w, w + kSoftmaxWarps, ... For each: max and argmax, sum of exp, the
+// row's loss and whether its argmax hits the label, and (if dlogits is set) the row of
+// d(mean loss)/d(logits). Then the warps' sums are added in a fixed order into *summary, so the
+// result is deterministic. dlogits may alias logits, as on the CPU: every element of a row is read
+// (by the lane that writes it) before any write of the row.
+__global__ void SoftmaxCrossEntropyKernel(const float* logits, const int32_t* labels, int rows,
+                                          int cols, float* dlogits,
+                                          Backend::LossSummary* __restrict__ summary) {
+  __shared__ double warp_loss[kSoftmaxWarps];
+  __shared__ unsigned long long warp_hits[kSoftmaxWarps];
+  __shared__ int warp_bad[kSoftmaxWarps];
   const int lane = threadIdx.x % kWarp;
-  const int row = blockIdx.x * kRowsPerBlock + threadIdx.x / kWarp;
-  if (row >= rows) return;  // uniform across the warp, so the shuffles below see all 32 lanes
-  const float* x = logits + static_cast<int64_t>(row) * cols;
-
-  float best = -INFINITY;
-  int best_i = INT_MAX;
-  for (int c = lane; c < cols; c += kWarp) {
-    float v = x[c];
-    if (BeatsArgmax(v, c, best, best_i)) {
-      best = v;
-      best_i = c;
-    }
-  }
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-    float other = __shfl_xor_sync(0xffffffffu, best, offset);
-    int other_i = __shfl_xor_sync(0xffffffffu, best_i, offset);
-    if (BeatsArgmax(other, other_i, best, best_i)) {
-      best = other;
-      best_i = other_i;
-    }
-  }
-  const float mx = best;
-
-  const int label = labels[row];
-  const bool valid = label >= 0 && label < cols;
-  const float label_logit = valid ? x[label] : 0.0f;
-
-  float sum = 0.0f;
-  for (int c = lane; c < cols; c += kWarp) sum += expf(x[c] - mx);
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  }
-
-  if (lane == 0) {
-    row_loss[row] = valid ? logf(sum) - (label_logit - mx) : 0.0f;
-    row_hit[row] = valid ? (best_i == label ? 1 : 0) : -1;
-  }
-  if (dlogits != nullptr) {
-    __syncwarp();  // all reads of x[label] are done before any lane overwrites an aliased row
-    float* d = dlogits + static_cast<int64_t>(row) * cols;
-    const float n = static_cast<float>(rows);
-    for (int c = lane; c < cols; c += kWarp) {
-      float p = expf(x[c] - mx) / sum;
-      d[c] = (p - (c == label ? 1.0f : 0.0f)) / n;
-    }
-  }
-}
-
-struct LossSummary {
-  double loss_sum;
-  unsigned long long hits;
-  int first_bad_row;  // INT_MAX when every label was in range
-};
-
-// One block: sums the per-row losses (in double) and hits in a fixed order, deterministically.
-__global__ void SumRowLossesKernel(const float* __restrict__ row_loss,
-                                   const int* __restrict__ row_hit, int rows,
-                                   LossSummary* __restrict__ out) {
-  __shared__ double loss[kThreads];
-  __shared__ unsigned long long hits[kThreads];
-  __shared__ int bad[kThreads];
-  const int t = threadIdx.x;
-  double my_loss = 0.0;
+  const int warp = threadIdx.x / kWarp;
+  double my_loss = 0.0;  // meaningful in lane 0
   unsigned long long my_hits = 0;
   int my_bad = INT_MAX;
-  for (int r = t; r < rows; r += kThreads) {
-    int hit = row_hit[r];
-    if (hit < 0) {
-      my_bad = min(my_bad, r);
-    } else {
-      my_loss += row_loss[r];
-      my_hits += hit;
+  for (int row = warp; row < rows; row += kSoftmaxWarps) {  // uniform across the warp
+    const float* x = logits + static_cast<int64_t>(row) * cols;
+    float best = -INFINITY;
+    int best_i = INT_MAX;  // "nothing seen yet" (a lane with no columns)
+    for (int c = lane; c < cols; c += kWarp) {
+      float v = x[c];
+      if (BeatsArgmax(v, c, best, best_i)) {
+        best = v;
+        best_i = c;
+      }
     }
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      float other = __shfl_xor_sync(0xffffffffu, best, offset);
+      int other_i = __shfl_xor_sync(0xffffffffu, best_i, offset);
+      if (BeatsArgmax(other, other_i, best, best_i)) {
+        best = other;
+        best_i = other_i;
+      }
+    }
+    const float mx = best;
+    const int label = labels[row];
+    const bool valid = label >= 0 && label < cols;
+    const float label_logit = valid ? x[label] : 0.0f;
+
+    float sum = 0.0f;
+    for (int c = lane; c < cols; c += kWarp) sum += expf(x[c] - mx);
+    for (int offset = kWarp / 2; offset > 0; offset /= 2) {
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    }
+    if (lane == 0) {
+      if (valid) {
+        my_loss += logf(sum) - (label_logit - mx);
+        my_hits += best_i == label ? 1 : 0;
+      } else {
+        my_bad = min(my_bad, row);
+      }
+    }
+    if (dlogits != nullptr) {
+      __syncwarp();  // all reads of x[label] are done before any lane overwrites an aliased row
+      float* d = dlogits + static_cast<int64_t>(row) * cols;
+      const float n = static_cast<float>(rows);
+      for (int c = lane; c < cols; c += kWarp) {
+        float p = expf(x[c] - mx) / sum;
+        d[c] = (p - (c == label ? 1.0f : 0.0f)) / n;
+      }
+    }
+    __syncwarp();  // the next row's shuffles start together
   }
-  loss[t] = my_loss;
-  hits[t] = my_hits;
-  bad[t] = my_bad;
+  if (lane == 0) {
+    warp_loss[warp] = my_loss;
+    warp_hits[warp] = my_hits;
+    warp_bad[warp] = my_bad;
+  }
   __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
-    if (t < stride) {
-      loss[t] += loss[t + stride];
-      hits[t] += hits[t + stride];
-      bad[t] = min(bad[t], bad[t + stride]);
+  if (threadIdx.x == 0) {
+    Backend::LossSummary total;
+    int bad = INT_MAX;
+    for (int w = 0; w < kSoftmaxWarps; ++w) {
+      total.loss_sum += warp_loss[w];
+      total.hits += static_cast<int64_t>(warp_hits[w]);
+      bad = min(bad, warp_bad[w]);
     }
-    __syncthreads();
+    total.first_bad_row = bad == INT_MAX ? -1 : bad;
+    *summary = total;
   }
-  if (t == 0) *out = LossSummary{loss[0], hits[0], bad[0]};
 }
 
 // ---- The backend ----
+
+// A CUDA graph recorded by RunRecorded.
+class CudaRecording : public Backend::Recording {
+ public:
+  explicit CudaRecording(cudaGraphExec_t exec) : exec_(exec) {}
+  ~CudaRecording() override { cudaGraphExecDestroy(exec_); }
+  cudaGraphExec_t exec() const { return exec_; }
+
+ private:
+  cudaGraphExec_t exec_;
+};
 
 // A Backend on one GPU: one stream and one cuBLAS handle, all work queued in order on that stream.
 // Used by one thread at a time (the Backend contract), which may change between calls: each call
 // makes the backend's device current first. Create it with MakeCudaBackend.
 class CudaBackend : public Backend {
  public:
-  CudaBackend(int device, GemmMath math) : device_(device), math_(math) {}
+  CudaBackend(int device, GemmMath math, bool graphs)
+      : device_(device), math_(math), graphs_(graphs) {}
 
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -246,15 +260,12 @@ class CudaBackend : public Backend {
     // Best effort, errors ignored: this may run after a sticky CUDA error or at process exit.
     cudaSetDevice(device_);
     if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-    if (row_loss_ != nullptr) cudaFree(row_loss_);
-    if (row_hit_ != nullptr) cudaFree(row_hit_);
-    if (summary_ != nullptr) cudaFree(summary_);
-    if (summary_host_ != nullptr) cudaFreeHost(summary_host_);
     if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (cublas_workspace_ != nullptr) cudaFree(cublas_workspace_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
-  // Creates the stream, the cuBLAS handle and the fixed scratch. On failure, returns why; the
+  // Creates the stream and the cuBLAS handle with its workspace. On failure, returns why; the
   // destructor releases whatever was made.
   absl::Status Init() {
     auto cuda_error = [this](const char* what, cudaError_t e) {
@@ -271,10 +282,8 @@ class CudaBackend : public Backend {
     // Non-blocking: unordered with the legacy default stream that other code in the process uses.
     e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
     if (e != cudaSuccess) return cuda_error("cudaStreamCreateWithFlags", e);
-    e = cudaMalloc(reinterpret_cast<void**>(&summary_), sizeof(LossSummary));
-    if (e != cudaSuccess) return cuda_error("cudaMalloc", e);
-    e = cudaMallocHost(reinterpret_cast<void**>(&summary_host_), sizeof(LossSummary));
-    if (e != cudaSuccess) return cuda_error("cudaMallocHost", e);
+    e = cudaMalloc(&cublas_workspace_, kCublasWorkspaceBytes);
+    if (e != cudaSuccess) return cuda_error("cudaMalloc of the cuBLAS workspace", e);
 
     auto cublas_error = [this](const char* what, cublasStatus_t s) {
       return absl::InternalError(
@@ -287,6 +296,10 @@ class CudaBackend : public Backend {
     }
     s = cublasSetStream(cublas_, stream_);
     if (s != CUBLAS_STATUS_SUCCESS) return cublas_error("cublasSetStream", s);
+    // A workspace of our own (after SetStream, which resets it): cuBLAS then allocates nothing
+    // while a graph is being recorded.
+    s = cublasSetWorkspace(cublas_, cublas_workspace_, kCublasWorkspaceBytes);
+    if (s != CUBLAS_STATUS_SUCCESS) return cublas_error("cublasSetWorkspace", s);
     // bf16 goes through cublasGemmEx's compute type instead of the math mode.
     s = cublasSetMathMode(
         cublas_, math_ == GemmMath::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH);
@@ -295,7 +308,8 @@ class CudaBackend : public Backend {
     PS_LOG(INFO) << "CUDA backend on cuda:" << device_ << " (" << prop.name << ", sm_" << prop.major
                  << prop.minor << ", " << prop.multiProcessorCount << " SMs, "
                  << (prop.totalGlobalMem >> 20) << " MiB), GEMM math " << GemmMathName(math_)
-                 << " (PS_CUDA_MATH)";
+                 << " (PS_CUDA_MATH), CUDA graphs " << (graphs_ ? "on" : "off")
+                 << " (PS_CUDA_GRAPHS)";
     return absl::OkStatus();
   }
 
@@ -324,19 +338,57 @@ class CudaBackend : public Backend {
     PS_CUDA_CHECK(cudaFree(p));
   }
 
-  // Both copies wait for completion, so the host buffer may be reused or read at once.
-  void CopyToDevice(void* dst, const void* host_src, size_t bytes) override {
+  // From pinned memory (AllocateHost) these return at once; from pageable memory CUDA stages the
+  // copy and may block, but the result is the same.
+  void CopyToDeviceAsync(void* dst, const void* host_src, size_t bytes) override {
     if (bytes == 0) return;
     UseDevice();
     PS_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
-    PS_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
-  void CopyToHost(void* host_dst, const void* src, size_t bytes) override {
+  void CopyToHostAsync(void* host_dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     UseDevice();
     PS_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  }
+
+  // Also where a fault inside an earlier kernel surfaces (and aborts, naming it).
+  void Synchronize() override {
+    UseDevice();
     PS_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+
+  void RunRecorded(std::unique_ptr<Recording>* recording,
+                   absl::FunctionRef<void()> queue_work) override {
+    UseDevice();
+    if (*recording != nullptr) {
+      PS_CUDA_CHECK(
+          cudaGraphLaunch(static_cast<CudaRecording*>(recording->get())->exec(), stream_));
+      return;
+    }
+    if (!graphs_) {
+      queue_work();
+      return;
+    }
+    // Thread-local capture: another thread's CUDA calls (none are expected) cannot break it.
+    PS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    queue_work();
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {  // recording did not run the work: run it one kernel at a time
+      cudaGetLastError();
+      PS_LOG(WARNING) << "cuda:" << device_ << ": recording a CUDA graph failed ("
+                      << CudaErrorText(e) << "); launching kernels one by one from now on";
+      graphs_ = false;
+      queue_work();
+      return;
+    }
+    auto made = std::make_unique<CudaRecording>(exec);
+    PS_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    *recording = std::move(made);
   }
 
   void* AllocateHost(size_t bytes) override {
@@ -364,8 +416,14 @@ class CudaBackend : public Backend {
     const int64_t n = static_cast<int64_t>(rows) * words;
     if (n <= 0) return;
     UseDevice();
-    GatherRowsKernel<<<Blocks(n), kThreads, 0, stream_>>>(static_cast<const uint32_t*>(src), index,
-                                                          n, words, static_cast<uint32_t*>(dst));
+    auto s = static_cast<const uint32_t*>(src);
+    auto d = static_cast<uint32_t*>(dst);
+    if (n <= INT_MAX) {
+      GatherRowsKernel<int32_t><<<Blocks(n), kThreads, 0, stream_>>>(
+          s, index, static_cast<int32_t>(n), static_cast<int32_t>(words), d);
+    } else {
+      GatherRowsKernel<int64_t><<<Blocks(n), kThreads, 0, stream_>>>(s, index, n, words, d);
+    }
     PS_CUDA_CHECK_LAUNCH();
   }
 
@@ -397,14 +455,24 @@ class CudaBackend : public Backend {
     const int64_t n = static_cast<int64_t>(rows) * cols;
     if (n <= 0) return;
     UseDevice();
-    AddBiasActivateKernel<<<Blocks(n), kThreads, 0, stream_>>>(z, bias, n, cols, relu);
+    if (n <= INT_MAX) {
+      AddBiasActivateKernel<int32_t>
+          <<<Blocks(n), kThreads, 0, stream_>>>(z, bias, static_cast<int32_t>(n), cols, relu);
+    } else {
+      AddBiasActivateKernel<int64_t><<<Blocks(n), kThreads, 0, stream_>>>(z, bias, n, cols, relu);
+    }
     PS_CUDA_CHECK_LAUNCH();
   }
 
   void ReluBackward(float* dz, const float* activation, int64_t n) override {
     if (n <= 0) return;
     UseDevice();
-    ReluBackwardKernel<<<Blocks(n), kThreads, 0, stream_>>>(dz, activation, n);
+    if (n <= INT_MAX) {
+      ReluBackwardKernel<int32_t>
+          <<<Blocks(n), kThreads, 0, stream_>>>(dz, activation, static_cast<int32_t>(n));
+    } else {
+      ReluBackwardKernel<int64_t><<<Blocks(n), kThreads, 0, stream_>>>(dz, activation, n);
+    }
     PS_CUDA_CHECK_LAUNCH();
   }
 
@@ -417,100 +485,72 @@ class CudaBackend : public Backend {
     PS_CUDA_CHECK_LAUNCH();
   }
 
-  // Two kernels (per-row loss, then a one-block deterministic sum) and one small copy back, which
-  // is also the sync point. A label outside [0, cols) aborts with the row and label named.
-  float SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
-                            float* dlogits, int64_t* correct) override {
-    if (rows <= 0) {  // the CPU's 0/0
-      if (correct != nullptr) *correct = 0;
-      return std::numeric_limits<float>::quiet_NaN();
-    }
+  void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
+                           float* dlogits, LossSummary* summary) override {
     UseDevice();
-    EnsureRowScratch(rows);
-    const int blocks = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
-    SoftmaxCrossEntropyRowsKernel<<<blocks, kThreads, 0, stream_>>>(
-        logits, labels, rows, std::max(cols, 0), dlogits, row_loss_, row_hit_);
+    SoftmaxCrossEntropyKernel<<<1, kSoftmaxThreads, 0, stream_>>>(
+        logits, labels, std::max(rows, 0), std::max(cols, 0), dlogits, summary);
     PS_CUDA_CHECK_LAUNCH();
-    SumRowLossesKernel<<<1, kThreads, 0, stream_>>>(row_loss_, row_hit_, rows, summary_);
-    PS_CUDA_CHECK_LAUNCH();
-    PS_CUDA_CHECK(cudaMemcpyAsync(summary_host_, summary_, sizeof(LossSummary),
-                                  cudaMemcpyDeviceToHost, stream_));
-    PS_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    const LossSummary summary = *summary_host_;
-    if (summary.first_bad_row != INT_MAX) {
-      int32_t label = 0;
-      CopyToHost(&label, labels + summary.first_bad_row, sizeof(label));
-      PS_LOG(ERROR) << "SoftmaxCrossEntropy on cuda:" << device_ << ": label " << label
-                    << " of row " << summary.first_bad_row << " is outside [0, " << cols << ")";
-      std::abort();
-    }
-    if (correct != nullptr) *correct = static_cast<int64_t>(summary.hits);
-    return static_cast<float>(summary.loss_sum / rows);
   }
 
  private:
-  void UseDevice() { PS_CUDA_CHECK(cudaSetDevice(device_)); }
+  // Makes this backend's GPU the thread's current one (a no-op when it already is, as it is while
+  // RunRecorded records).
+  void UseDevice() {
+    int current = -1;
+    PS_CUDA_CHECK(cudaGetDevice(&current));
+    if (current != device_) PS_CUDA_CHECK(cudaSetDevice(device_));
+  }
 
   // Grid for the grid-stride kernels: enough blocks to fill the GPU, no more.
   int Blocks(int64_t n) const {
     return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, max_blocks_));
   }
 
-  // Grows the per-row softmax scratch (never shrinks); hot-path calls allocate nothing.
-  void EnsureRowScratch(int rows) {
-    if (rows <= row_capacity_) return;
-    const int capacity = std::max(rows, 2 * row_capacity_);
-    PS_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may still use the old ones
-    if (row_loss_ != nullptr) PS_CUDA_CHECK(cudaFree(row_loss_));
-    if (row_hit_ != nullptr) PS_CUDA_CHECK(cudaFree(row_hit_));
-    row_loss_ = nullptr;
-    row_hit_ = nullptr;
-    PS_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&row_loss_), capacity * sizeof(float)));
-    PS_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&row_hit_), capacity * sizeof(int)));
-    row_capacity_ = capacity;
-  }
-
   const int device_;
   const GemmMath math_;
+  bool graphs_;  // RunRecorded records graphs; cleared if recording ever fails
   int max_blocks_ = 1;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
-  float* row_loss_ = nullptr;  // [row_capacity_] per-row loss
-  int* row_hit_ = nullptr;     // [row_capacity_] 1 hit, 0 miss, -1 label out of range
-  int row_capacity_ = 0;
-  LossSummary* summary_ = nullptr;       // device
-  LossSummary* summary_host_ = nullptr;  // pinned host copy
+  void* cublas_workspace_ = nullptr;
 };
 
 }  // namespace
 
-int CudaDeviceCount() {
+absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    cudaGetLastError();  // clear it: no driver or no device is an answer here, not an error
-    return 0;
+  if (e == cudaSuccess) return std::max(count, 0);
+  cudaGetLastError();  // clear it, so that a later launch check does not report it again
+  int driver = 0, runtime = 0;
+  cudaDriverGetVersion(&driver);  // 0 when no NVIDIA driver is installed
+  cudaRuntimeGetVersion(&runtime);
+  if (e == cudaErrorNoDevice || driver == 0) return 0;
+  auto version = [](int v) { return absl::StrCat(v / 1000, ".", v % 1000 / 10); };
+  if (e == cudaErrorInsufficientDriver) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the NVIDIA driver supports CUDA up to ", version(driver),
+                     " but this build needs CUDA ", version(runtime), ": install a newer driver"));
   }
-  return std::max(count, 0);
+  return absl::FailedPreconditionError(
+      absl::StrCat("the GPUs cannot be counted: cudaGetDeviceCount failed: ", CudaErrorText(e)));
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
   absl::StatusOr<GemmMath> math = GemmMathFromEnv();
   if (!math.ok()) return math.status();
-  int count = 0;
-  cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return absl::FailedPreconditionError(
-        absl::StrCat("no CUDA device: cudaGetDeviceCount failed: ", CudaErrorText(e)));
+  absl::StatusOr<bool> graphs = GraphsFromEnv();
+  if (!graphs.ok()) return graphs.status();
+  absl::StatusOr<int> count = CudaDeviceCount();
+  if (!count.ok()) return count.status();
+  if (*count == 0) return absl::FailedPreconditionError("no CUDA device: the driver reports none");
+  if (device < 0 || device >= *count) {
+    return absl::InvalidArgumentError(absl::StrCat("--device=cuda:", device, " but only ", *count,
+                                                   *count == 1 ? " GPU" : " GPUs", " (cuda:0..",
+                                                   *count - 1, ")"));
   }
-  if (count <= 0) return absl::FailedPreconditionError("no CUDA device: the driver reports none");
-  if (device < 0 || device >= count) {
-    return absl::InvalidArgumentError(absl::StrCat("--device=cuda:", device, " but only ", count,
-                                                   count == 1 ? " GPU" : " GPUs", " (cuda:0..",
-                                                   count - 1, ")"));
-  }
-  auto backend = std::make_unique<CudaBackend>(device, *math);
+  auto backend = std::make_unique<CudaBackend>(device, *math, *graphs);
   absl::Status status = backend->Init();
   if (!status.ok()) return status;
   return std::unique_ptr<Backend>(std::move(backend));

@@ -16,32 +16,10 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "tests/scoped_env.h"
 
 namespace ps {
 namespace {
-
-// Sets an environment variable for one scope, restoring the old value after.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    if (old != nullptr) old_ = old;
-    had_old_ = old != nullptr;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_old_) {
-      setenv(name_.c_str(), old_.c_str(), 1);
-    } else {
-      unsetenv(name_.c_str());
-    }
-  }
-
- private:
-  std::string name_;
-  std::string old_;
-  bool had_old_ = false;
-};
 
 std::vector<float> RandomFloats(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> dist(lo, hi);
@@ -61,6 +39,17 @@ template <typename T>
 std::vector<T> Download(const DeviceBuffer<T>& buffer) {
   std::vector<T> host(buffer.size());
   buffer.Download(host.data(), host.size());
+  return host;
+}
+
+// SoftmaxCrossEntropy on `backend`, with logits, labels and dlogits in its memory; the summary is
+// brought back to the host.
+Backend::LossSummary Softmax(Backend* backend, const float* logits, const int32_t* labels, int rows,
+                             int cols, float* dlogits) {
+  DeviceBuffer<Backend::LossSummary> summary(backend, 1);
+  backend->SoftmaxCrossEntropy(logits, labels, rows, cols, dlogits, summary.data());
+  Backend::LossSummary host;
+  summary.Download(&host, 1);
   return host;
 }
 
@@ -85,7 +74,9 @@ void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, 
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
+    absl::StatusOr<int> count = CudaDeviceCount();
+    ASSERT_TRUE(count.ok()) << count.status();
+    if (*count == 0) GTEST_SKIP() << "no CUDA GPU on this machine";
     gpu_ = MakeGpu("fp32");
     ASSERT_NE(gpu_, nullptr);
     cpu_ = MakeCpuBackend(1);
@@ -121,24 +112,24 @@ class CudaBackendTest : public ::testing::Test {
                     int cols) {
     SCOPED_TRACE(testing::Message() << "rows=" << rows << " cols=" << cols);
     std::vector<float> want_d(logits.size());
-    int64_t want_correct = -1;
-    const float want_loss = cpu_->SoftmaxCrossEntropy(logits.data(), labels.data(), rows, cols,
-                                                      want_d.data(), &want_correct);
+    const Backend::LossSummary want =
+        Softmax(cpu_.get(), logits.data(), labels.data(), rows, cols, want_d.data());
 
     DeviceBuffer<float> dx = Upload(gpu_.get(), logits);
     DeviceBuffer<int32_t> dy = Upload(gpu_.get(), labels);
     DeviceBuffer<float> dd(gpu_.get(), logits.size());
-    int64_t correct = -1;
-    const float loss =
-        gpu_->SoftmaxCrossEntropy(dx.data(), dy.data(), rows, cols, dd.data(), &correct);
-    EXPECT_NEAR(loss, want_loss, 1e-4f * std::max(1.0f, std::fabs(want_loss)));
-    EXPECT_EQ(correct, want_correct);
+    const Backend::LossSummary got =
+        Softmax(gpu_.get(), dx.data(), dy.data(), rows, cols, dd.data());
+    EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-4 * std::max(1.0, std::fabs(want.loss_sum)));
+    EXPECT_EQ(got.hits, want.hits);
+    EXPECT_EQ(got.first_bad_row, want.first_bad_row);
     ExpectClose(Download(dd), want_d, 1e-4f, 1.0f / rows);
 
-    // Loss only: no dlogits, no count.
-    const float loss_only =
-        gpu_->SoftmaxCrossEntropy(dx.data(), dy.data(), rows, cols, nullptr, nullptr);
-    EXPECT_EQ(loss_only, loss);
+    // Loss only (no dlogits): the same summary, bit for bit (deterministic).
+    const Backend::LossSummary again =
+        Softmax(gpu_.get(), dx.data(), dy.data(), rows, cols, nullptr);
+    EXPECT_EQ(again.loss_sum, got.loss_sum);
+    EXPECT_EQ(again.hits, got.hits);
   }
 
   std::unique_ptr<Backend> gpu_;
@@ -251,18 +242,80 @@ TEST_F(CudaBackendTest, SoftmaxGradientMayOverwriteTheLogits) {
   std::vector<int32_t> labels(rows);
   for (int r = 0; r < rows; ++r) labels[r] = (r * 7) % cols;
   std::vector<float> want(logits.size());
-  int64_t want_correct = 0;
-  const float want_loss = cpu_->SoftmaxCrossEntropy(logits.data(), labels.data(), rows, cols,
-                                                    want.data(), &want_correct);
+  const Backend::LossSummary want_summary =
+      Softmax(cpu_.get(), logits.data(), labels.data(), rows, cols, want.data());
 
   DeviceBuffer<float> dx = Upload(gpu_.get(), logits);
   DeviceBuffer<int32_t> dy = Upload(gpu_.get(), labels);
-  int64_t correct = -1;
-  const float loss =
-      gpu_->SoftmaxCrossEntropy(dx.data(), dy.data(), rows, cols, dx.data(), &correct);
-  EXPECT_NEAR(loss, want_loss, 1e-4f * std::max(1.0f, std::fabs(want_loss)));
-  EXPECT_EQ(correct, want_correct);
+  const Backend::LossSummary got = Softmax(gpu_.get(), dx.data(), dy.data(), rows, cols, dx.data());
+  EXPECT_NEAR(got.loss_sum, want_summary.loss_sum, 1e-4 * std::max(1.0, want_summary.loss_sum));
+  EXPECT_EQ(got.hits, want_summary.hits);
   ExpectClose(Download(dx), want, 1e-4f, 1.0f / rows);
+}
+
+TEST_F(CudaBackendTest, LabelsOutOfRangeAreReportedByRowLikeTheCpu) {
+  std::mt19937 rng(12);
+  const int rows = 70, cols = 10;
+  std::vector<float> logits = RandomFloats(rows * cols, rng, -4.0f, 4.0f);
+  std::vector<int32_t> labels(rows, 3);
+  labels[66] = -1;
+  labels[41] = cols;  // the first bad row
+  CheckSoftmax(logits, labels, rows, cols);
+  std::vector<float> d(logits.size());
+  EXPECT_EQ(Softmax(cpu_.get(), logits.data(), labels.data(), rows, cols, d.data()).first_bad_row,
+            41);
+}
+
+// The forward pass of a small layer recorded once and replayed on new inputs: each replay must
+// compute on the data in the buffers at the time (not at recording), as the CPU does.
+TEST_F(CudaBackendTest, RecordedWorkReplaysOnTheCurrentData) {
+  const int rows = 33, in = 20, out = 12;
+  std::mt19937 rng(13);
+  std::vector<float> w = RandomFloats(in * out, rng), bias = RandomFloats(out, rng);
+  std::vector<int32_t> labels(rows);
+  for (int r = 0; r < rows; ++r) labels[r] = r % out;
+  DeviceBuffer<float> dx(gpu_.get(), rows * in), dz(gpu_.get(), rows * out);
+  DeviceBuffer<float> dw = Upload(gpu_.get(), w), db = Upload(gpu_.get(), bias);
+  DeviceBuffer<int32_t> dy = Upload(gpu_.get(), labels);
+  DeviceBuffer<Backend::LossSummary> summary(gpu_.get(), 1);
+  std::unique_ptr<Backend::Recording> recording;
+  int recorded = 0;
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(testing::Message() << "round " << round);
+    std::vector<float> x = RandomFloats(rows * in, rng);
+    std::vector<float> want(rows * out);
+    cpu_->Gemm(false, false, rows, out, in, 1.0f, x.data(), w.data(), 0.0f, want.data());
+    cpu_->AddBiasActivate(want.data(), bias.data(), rows, out, true);
+    const Backend::LossSummary want_loss =
+        Softmax(cpu_.get(), want.data(), labels.data(), rows, out, nullptr);
+
+    dx.Upload(x.data(), x.size());
+    gpu_->RunRecorded(&recording, [&] {
+      ++recorded;
+      gpu_->Gemm(false, false, rows, out, in, 1.0f, dx.data(), dw.data(), 0.0f, dz.data());
+      gpu_->AddBiasActivate(dz.data(), db.data(), rows, out, true);
+      gpu_->SoftmaxCrossEntropy(dz.data(), dy.data(), rows, out, nullptr, summary.data());
+    });
+    Backend::LossSummary got;
+    summary.Download(&got, 1);
+    ExpectClose(Download(dz), want, 1e-5f, 1.0f);
+    EXPECT_NEAR(got.loss_sum, want_loss.loss_sum, 1e-4 * std::max(1.0, want_loss.loss_sum));
+    EXPECT_EQ(got.hits, want_loss.hits);
+  }
+  EXPECT_EQ(recorded, 1)
+      << "with graphs on (the default), the work is recorded once, then replayed";
+  EXPECT_NE(recording, nullptr);
+}
+
+TEST_F(CudaBackendTest, WithoutGraphsRecordedWorkRunsEveryTime) {
+  ScopedEnv env("PS_CUDA_GRAPHS", "0");
+  absl::StatusOr<std::unique_ptr<Backend>> eager = MakeCudaBackend(0);
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  std::unique_ptr<Backend::Recording> recording;
+  int calls = 0;
+  for (int i = 0; i < 3; ++i) (*eager)->RunRecorded(&recording, [&] { ++calls; });
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(recording, nullptr);
 }
 
 TEST_F(CudaBackendTest, AllocateZeroBytesGivesAPointer) {
@@ -305,7 +358,9 @@ TEST_F(CudaBackendTest, PinnedHostBuffersRoundTrip) {
 // devices that do not exist are an error, every device when there is no GPU, and device 0 works
 // when there is one.
 TEST(CudaBackendDeviceTest, OnlyDevicesThatExistCanBeUsed) {
-  const int count = CudaDeviceCount();
+  absl::StatusOr<int> counted = CudaDeviceCount();
+  ASSERT_TRUE(counted.ok()) << counted.status();  // a machine with a driver too old would fail
+  const int count = *counted;
   for (int device : {99, count, -1}) {  // with no GPU, `count` is device 0
     absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(device);
     EXPECT_FALSE(backend.ok()) << "device " << device;
@@ -325,6 +380,34 @@ TEST(CudaBackendDeviceTest, UnknownMathModeIsAnError) {
   ASSERT_FALSE(backend.ok());
   EXPECT_NE(std::string(backend.status().message()).find("PS_CUDA_MATH"), std::string::npos)
       << backend.status();
+}
+
+// --device=auto falls back to the CPU when the CUDA backend cannot start (here a bad PS_CUDA_MATH
+// stops it, with or without a GPU), while --device=cuda fails saying why.
+TEST(CudaBackendDeviceTest, AutoFallsBackToTheCpuWhenCudaCannotStart) {
+  ScopedEnv env("PS_CUDA_MATH", "fp8");
+  absl::StatusOr<std::unique_ptr<Backend>> automatic = MakeBackend("auto", 1);
+  ASSERT_TRUE(automatic.ok()) << automatic.status();
+  EXPECT_EQ((*automatic)->Name(), "cpu");
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = MakeBackend("cuda", 1);
+  EXPECT_FALSE(cuda.ok());
+}
+
+// Without an index, a process takes GPU (local rank mod GPUs); $LOCAL_RANK overrides the rank.
+TEST(CudaBackendDeviceTest, TheLocalRankPicksTheGpu) {
+  absl::StatusOr<int> count = CudaDeviceCount();
+  ASSERT_TRUE(count.ok()) << count.status();
+  for (const char* local_rank : {"", "3"}) {
+    ScopedEnv env("LOCAL_RANK", local_rank);
+    absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend("cuda", 1, /*rank=*/5);
+    if (*count == 0) {
+      EXPECT_FALSE(backend.ok());
+      continue;
+    }
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    const int rank = *local_rank == '\0' ? 5 : 3;
+    EXPECT_EQ((*backend)->Name(), "cuda:" + std::to_string(rank % *count));
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "worker/idx_dataset.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <fstream>
@@ -10,7 +11,12 @@
 namespace ps {
 namespace {
 
-std::string TempPath(const std::string& name) { return ::testing::TempDir() + "/" + name; }
+// A file name of this test's own: ctest runs the tests of this binary as parallel processes.
+std::string TempPath(const std::string& name) {
+  return ::testing::TempDir() + "/" +
+         ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-" +
+         std::to_string(getpid()) + "-" + name;
+}
 
 // IDX bytes: magic 0 0 8 rank, big-endian dims, payload.
 std::string Idx(std::vector<int> dims, const std::vector<uint8_t>& payload) {

@@ -1,14 +1,46 @@
+// The model's tests run on every backend this machine has: the CPU always, and CUDA (GPU 0) where
+// the build has it and a GPU is there; none of them skips. MlpOnCudaTest compares the two.
 #include "worker/mlp.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <random>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_format.h"
+#include "tests/scoped_env.h"
 #include "worker/batch_sampler.h"
 
 namespace ps {
 namespace {
+
+// "cpu", plus "cuda" where a CUDA backend can start.
+std::vector<std::string> AvailableBackends() {
+  std::vector<std::string> names = {"cpu"};
+  if (MakeBackend("cuda", 1).ok()) names.push_back("cuda");
+  return names;
+}
+
+class MlpOnBackendTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<Backend>> made = MakeBackend(GetParam(), 1);
+    ASSERT_TRUE(made.ok()) << made.status();
+    backend_ = *std::move(made);
+  }
+  Backend* backend() { return backend_.get(); }
+
+ private:
+  std::unique_ptr<Backend> backend_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, MlpOnBackendTest, ::testing::ValuesIn(AvailableBackends()),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           return info.param;
+                         });
 
 TEST(MlpTest, LayoutNamesAndOffsets) {
   auto backend = MakeCpuBackend(1);
@@ -34,10 +66,11 @@ TEST(MlpTest, HeInitialisationIsSeededAndScaled) {
   for (int i = 0; i < 256; ++i) EXPECT_EQ(a[784 * 256 + i], 0.0f);  // biases
 }
 
-TEST(MlpTest, GradientMatchesFiniteDifferences) {
-  auto backend = MakeCpuBackend(1);
+// Each loss_at() call uploads new parameters into a step that, on CUDA, replays one recorded
+// graph: the differences only come out right if every replay computes on the current values.
+TEST_P(MlpOnBackendTest, GradientMatchesFiniteDifferences) {
   const int rows = 5;
-  Mlp mlp({6, 5, 4, 3}, rows, backend.get());
+  Mlp mlp({6, 5, 4, 3}, rows, backend());
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0, 1);
   std::vector<float> params = mlp.InitialParams(11), inputs(rows * 6);
@@ -61,9 +94,8 @@ TEST(MlpTest, GradientMatchesFiniteDifferences) {
   }
 }
 
-TEST(MlpTest, EvaluateCountsAccuracyOverBatches) {
-  auto backend = MakeCpuBackend(1);
-  Mlp mlp({2, 2}, 3, backend.get());  // softmax regression; 7 rows = 3 batches
+TEST_P(MlpOnBackendTest, EvaluateCountsAccuracyOverBatches) {
+  Mlp mlp({2, 2}, 3, backend());  // softmax regression; 7 rows = 3 batches
   // Weights pick class 0 when x0 > x1.
   std::vector<float> params = {10, -10, -10, 10, 0, 0};
   std::vector<float> inputs = {1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0};
@@ -88,10 +120,9 @@ TEST(MlpTest, LayerSizesFromASpecInvertMlpSpec) {
   EXPECT_FALSE(ParseMlpSpec("mlp:3000000000-2").ok());  // wider than an int
 }
 
-TEST(MlpTest, GradientOfExamplesGathersTheSameBatch) {
-  auto backend = MakeCpuBackend(1);
+TEST_P(MlpOnBackendTest, GradientOfExamplesGathersTheSameBatch) {
   const int rows = 4, count = 9;
-  Mlp mlp({6, 5, 3}, rows, backend.get());
+  Mlp mlp({6, 5, 3}, rows, backend());
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0, 1);
   std::vector<float> features(count * 6);
@@ -103,13 +134,71 @@ TEST(MlpTest, GradientOfExamplesGathersTheSameBatch) {
     batch.insert(batch.end(), features.begin() + i * 6, features.begin() + (i + 1) * 6);
     batch_labels.push_back(labels[i]);
   }
-  std::vector<float> params = mlp.InitialParams(2), direct(mlp.num_params()),
-                     gathered(mlp.num_params());
+  std::vector<float> params = mlp.InitialParams(2), direct(mlp.num_params());
   float loss =
       mlp.Gradient(params, batch.data(), batch_labels.data(), rows, absl::MakeSpan(direct));
   mlp.SetTrainingSet(features.data(), labels.data(), count);
-  EXPECT_EQ(mlp.GradientOfExamples(params, indices.data(), rows, absl::MakeSpan(gathered)), loss);
-  EXPECT_EQ(direct, gathered);
+  // As a worker does it: parameters and gradient in the backend's host buffers (pinned on CUDA).
+  HostBuffer<float> host_params(backend(), params.size()), gathered(backend(), params.size());
+  std::copy(params.begin(), params.end(), host_params.data());
+  EXPECT_EQ(mlp.GradientOfExamples(host_params.span(), indices.data(), rows, gathered.span()),
+            loss);
+  EXPECT_EQ(direct, std::vector<float>(gathered.data(), gathered.data() + gathered.size()));
+
+  // A smaller batch (a step recorded separately on CUDA) and then the first size again.
+  std::vector<float> first_two(mlp.num_params());
+  float loss_two =
+      mlp.Gradient(params, batch.data(), batch_labels.data(), 2, absl::MakeSpan(first_two));
+  EXPECT_EQ(mlp.GradientOfExamples(host_params.span(), indices.data(), 2, gathered.span()),
+            loss_two);
+  EXPECT_EQ(first_two, std::vector<float>(gathered.data(), gathered.data() + gathered.size()));
+  EXPECT_EQ(mlp.GradientOfExamples(host_params.span(), indices.data(), rows, gathered.span()),
+            loss);
+}
+
+// The CUDA backend's gradient of the demo's model against the CPU's, on the same random batch:
+// relative L2 error per GEMM math mode, printed (gpu_run.sh records them). FP32 is held to 1e-4;
+// TF32 (10-bit mantissa) and BF16 (8-bit) inputs round, so their bounds are looser.
+TEST(MlpOnCudaTest, GradientMatchesTheCpu) {
+  if (!MakeBackend("cuda", 1).ok()) GTEST_SKIP() << "no usable CUDA GPU";
+  const std::vector<int> sizes = {784, 256, 128, 10};
+  const int rows = 256;
+  auto cpu = MakeCpuBackend(1);
+  Mlp reference(sizes, rows, cpu.get());
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> pixel(0, 1);
+  std::vector<float> inputs(rows * sizes[0]);
+  for (float& x : inputs) x = pixel(rng);
+  std::vector<int32_t> labels(rows);
+  for (int r = 0; r < rows; ++r) labels[r] = static_cast<int32_t>(rng() % 10);
+  std::vector<float> params = reference.InitialParams(3), want(reference.num_params());
+  const float want_loss =
+      reference.Gradient(params, inputs.data(), labels.data(), rows, absl::MakeSpan(want));
+  double want_norm = 0;
+  for (float g : want) want_norm += static_cast<double>(g) * g;
+
+  for (auto [math, bound] : {std::pair{"fp32", 1e-4}, {"tf32", 1e-2}, {"bf16", 5e-2}}) {
+    SCOPED_TRACE(math);
+    ScopedEnv env("PS_CUDA_MATH", math);
+    absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeBackend("cuda", 1);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    Mlp mlp(sizes, rows, gpu->get());
+    std::vector<float> got(mlp.num_params());
+    const float loss =
+        mlp.Gradient(params, inputs.data(), labels.data(), rows, absl::MakeSpan(got));
+    double diff = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      diff += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    }
+    const double error = std::sqrt(diff / want_norm);
+    std::cout << absl::StrFormat(
+        "CUDA vs CPU gradient of mlp:784-256-128-10, batch %d, %s: relative L2 error %.3g "
+        "(bound %.0e); loss %.7f vs %.7f\n",
+        rows, math, error, bound, loss, want_loss);
+    ::testing::Test::RecordProperty(std::string("relative_error_") + math, std::to_string(error));
+    EXPECT_LT(error, bound);
+    EXPECT_NEAR(loss, want_loss, 10 * bound * std::fabs(want_loss));
+  }
 }
 
 TEST(BatchSamplerTest, DeterministicAndEachEpochVisitsEveryExampleOnce) {

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/log.h"
 
 namespace ps {
 
@@ -30,7 +32,10 @@ Mlp::Mlp(std::vector<int> layer_sizes, int max_batch, Backend* backend)
       max_batch_(max_batch),
       backend_(backend),
       tensors_(MlpTensorSlots(sizes_)),
-      num_params_(tensors_.back().offset + tensors_.back().size) {
+      num_params_(tensors_.back().offset + tensors_.back().size),
+      loss_(backend, 1),
+      loss_host_(backend, 1),
+      index_staging_(backend, max_batch) {
   int widest = 0;
   for (size_t l = 0; l + 1 < sizes_.size(); ++l) {
     activations_.emplace_back(backend_, static_cast<size_t>(max_batch) * sizes_[l + 1]);
@@ -62,7 +67,7 @@ std::vector<float> Mlp::InitialParams(uint64_t seed) const {
 const float* Mlp::Weight(int layer) const { return params_.data() + tensors_[2 * layer].offset; }
 const float* Mlp::Bias(int layer) const { return params_.data() + tensors_[2 * layer + 1].offset; }
 
-float Mlp::Forward(int rows, bool want_grad, int64_t* correct) {
+void Mlp::QueueForward(int rows, bool want_grad) {
   int layers = static_cast<int>(sizes_.size()) - 1;
   const float* x = inputs_.data();
   for (int l = 0; l < layers; ++l) {
@@ -71,38 +76,11 @@ float Mlp::Forward(int rows, bool want_grad, int64_t* correct) {
     backend_->AddBiasActivate(z, Bias(l), rows, sizes_[l + 1], /*relu=*/l + 1 < layers);
     x = z;
   }
-  return backend_->SoftmaxCrossEntropy(x, labels_.data(), rows, sizes_.back(),
-                                       want_grad ? delta_a_.data() : nullptr, correct);
+  backend_->SoftmaxCrossEntropy(x, labels_.data(), rows, sizes_.back(),
+                                want_grad ? delta_a_.data() : nullptr, loss_.data());
 }
 
-float Mlp::Gradient(absl::Span<const float> params, const float* inputs, const int32_t* labels,
-                    int rows, absl::Span<float> grad) {
-  inputs_.Upload(inputs, static_cast<size_t>(rows) * sizes_.front());
-  labels_.Upload(labels, rows);
-  return GradientOfLoadedBatch(params, rows, grad);
-}
-
-void Mlp::SetTrainingSet(const float* features, const int32_t* labels, int64_t count) {
-  train_features_ = DeviceBuffer<float>(backend_, static_cast<size_t>(count) * sizes_.front());
-  train_features_.Upload(features, train_features_.size());
-  train_labels_ = DeviceBuffer<int32_t>(backend_, count);
-  train_labels_.Upload(labels, count);
-}
-
-float Mlp::GradientOfExamples(absl::Span<const float> params, const int32_t* indices, int rows,
-                              absl::Span<float> grad) {
-  batch_index_.Upload(indices, rows);
-  backend_->GatherRows(train_features_.data(), batch_index_.data(), rows,
-                       sizes_.front() * sizeof(float), inputs_.data());
-  backend_->GatherRows(train_labels_.data(), batch_index_.data(), rows, sizeof(int32_t),
-                       labels_.data());
-  return GradientOfLoadedBatch(params, rows, grad);
-}
-
-float Mlp::GradientOfLoadedBatch(absl::Span<const float> params, int rows, absl::Span<float> grad) {
-  params_.Upload(params.data(), num_params_);
-  float loss = Forward(rows, /*want_grad=*/true, nullptr);
-
+void Mlp::QueueBackward(int rows) {
   // delta holds d(loss)/d(pre-activation) of layer l, [rows, sizes_[l+1]].
   float* delta = delta_a_.data();
   float* spare = delta_b_.data();
@@ -120,22 +98,68 @@ float Mlp::GradientOfLoadedBatch(absl::Span<const float> params, int rows, absl:
       std::swap(delta, spare);
     }
   }
-  grad_.Download(grad.data(), num_params_);
-  return loss;
+}
+
+Backend::LossSummary Mlp::Finish() {
+  loss_.DownloadAsync(loss_host_.data(), 1);
+  backend_->Synchronize();
+  const Backend::LossSummary summary = *loss_host_.data();
+  if (summary.first_bad_row >= 0) {
+    PS_LOG(ERROR) << "Mlp: the label of batch row " << summary.first_bad_row << " is outside [0, "
+                  << num_classes() << ")";
+    std::abort();
+  }
+  return summary;
+}
+
+float Mlp::Gradient(absl::Span<const float> params, const float* inputs, const int32_t* labels,
+                    int rows, absl::Span<float> grad) {
+  inputs_.UploadAsync(inputs, static_cast<size_t>(rows) * sizes_.front());
+  labels_.UploadAsync(labels, rows);
+  return GradientOfLoadedBatch(params, rows, grad);
+}
+
+void Mlp::SetTrainingSet(const float* features, const int32_t* labels, int64_t count) {
+  train_features_ = DeviceBuffer<float>(backend_, static_cast<size_t>(count) * sizes_.front());
+  train_features_.Upload(features, train_features_.size());
+  train_labels_ = DeviceBuffer<int32_t>(backend_, count);
+  train_labels_.Upload(labels, count);
+}
+
+float Mlp::GradientOfExamples(absl::Span<const float> params, const int32_t* indices, int rows,
+                              absl::Span<float> grad) {
+  std::copy(indices, indices + rows, index_staging_.data());  // the previous step's copy is done
+  batch_index_.UploadAsync(index_staging_.data(), rows);
+  backend_->GatherRows(train_features_.data(), batch_index_.data(), rows,
+                       sizes_.front() * sizeof(float), inputs_.data());
+  backend_->GatherRows(train_labels_.data(), batch_index_.data(), rows, sizeof(int32_t),
+                       labels_.data());
+  return GradientOfLoadedBatch(params, rows, grad);
+}
+
+float Mlp::GradientOfLoadedBatch(absl::Span<const float> params, int rows, absl::Span<float> grad) {
+  params_.UploadAsync(params.data(), num_params_);
+  backend_->RunRecorded(&step_recordings_[rows], [&] {
+    QueueForward(rows, /*want_grad=*/true);
+    QueueBackward(rows);
+  });
+  grad_.DownloadAsync(grad.data(), num_params_);
+  return static_cast<float>(Finish().loss_sum / rows);
 }
 
 Mlp::Score Mlp::Evaluate(absl::Span<const float> params, const float* inputs, const int32_t* labels,
                          int64_t rows) {
-  params_.Upload(params.data(), num_params_);
+  params_.UploadAsync(params.data(), num_params_);
   double loss_sum = 0;
   int64_t correct_sum = 0;
   for (int64_t start = 0; start < rows; start += max_batch_) {
     int n = static_cast<int>(std::min<int64_t>(max_batch_, rows - start));
-    inputs_.Upload(inputs + start * sizes_.front(), static_cast<size_t>(n) * sizes_.front());
-    labels_.Upload(labels + start, n);
-    int64_t correct = 0;
-    loss_sum += static_cast<double>(Forward(n, /*want_grad=*/false, &correct)) * n;
-    correct_sum += correct;
+    inputs_.UploadAsync(inputs + start * sizes_.front(), static_cast<size_t>(n) * sizes_.front());
+    labels_.UploadAsync(labels + start, n);
+    QueueForward(n, /*want_grad=*/false);
+    Backend::LossSummary summary = Finish();
+    loss_sum += summary.loss_sum;
+    correct_sum += summary.hits;
   }
   return Score{loss_sum / std::max<int64_t>(rows, 1),
                static_cast<double>(correct_sum) / std::max<int64_t>(rows, 1)};

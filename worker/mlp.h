@@ -2,9 +2,16 @@
 // Backend interface. Its parameters are one flat float vector laid out tensor by tensor as
 // MlpTensorSlots says: fc1.weight [in, h1], fc1.bias [h1], fc2.weight [h1, h2], ... Not
 // thread-safe.
+//
+// A training step waits on the backend once: the parameters go up, the kernels run (on CUDA, as
+// one recorded graph per batch size), the gradient and the loss come down, all queued, and then
+// one Synchronize. Host buffers from Backend::AllocateHost (HostBuffer) make those copies
+// full-speed DMA on a GPU; other memory works too, more slowly.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,7 +53,8 @@ class Mlp {
   std::vector<float> InitialParams(uint64_t seed) const;
 
   // Mean loss of a minibatch; writes d(loss)/d(params) to `grad` (num_params() floats).
-  // `inputs` is [rows, num_inputs()] row-major host memory; rows <= max_batch.
+  // `inputs` is [rows, num_inputs()] row-major host memory; rows <= max_batch. A label outside
+  // [0, num_classes()) aborts, naming the row (datasets are checked when they are read).
   float Gradient(absl::Span<const float> params, const float* inputs, const int32_t* labels,
                  int rows, absl::Span<float> grad);
 
@@ -67,10 +75,15 @@ class Mlp {
                  int64_t rows);
 
  private:
-  // Runs the forward pass on `rows` rows already in inputs_; returns mean loss.
-  float Forward(int rows, bool want_grad, int64_t* correct);
-  // Gradient of the batch already in inputs_ and labels_.
+  // Queues the forward pass on `rows` rows already in inputs_ and labels_, its loss summary into
+  // loss_ and, if want_grad, d(loss)/d(logits) into delta_a_.
+  void QueueForward(int rows, bool want_grad);
+  // Queues the backward pass after QueueForward(rows, true): the gradient into grad_.
+  void QueueBackward(int rows);
+  // Gradient of the batch already queued into inputs_ and labels_.
   float GradientOfLoadedBatch(absl::Span<const float> params, int rows, absl::Span<float> grad);
+  // Downloads the loss summary, waits for everything queued, and returns the summary.
+  Backend::LossSummary Finish();
   const float* Weight(int layer) const;
   const float* Bias(int layer) const;
 
@@ -85,6 +98,12 @@ class Mlp {
   DeviceBuffer<int32_t> train_labels_;
   std::vector<DeviceBuffer<float>> activations_;  // [l] = output of layer l, [rows, sizes_[l+1]]
   DeviceBuffer<float> delta_a_, delta_b_;         // backward scratch, [rows, max width]
+  DeviceBuffer<Backend::LossSummary> loss_;
+  HostBuffer<Backend::LossSummary> loss_host_;
+  HostBuffer<int32_t> index_staging_;  // GradientOfExamples' indices, [max_batch], pinned
+  // The recorded forward + backward pass, by batch size (each records its pointers, all owned
+  // here). Declared last: destroyed first.
+  std::map<int, std::unique_ptr<Backend::Recording>> step_recordings_;
 };
 
 }  // namespace ps

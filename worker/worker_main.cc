@@ -36,7 +36,10 @@ ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial weights and of the batch order
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
 ABSL_FLAG(std::string, csv, "",
           "Append a row per step here (step,wall_time,loss,base_version,...).");
-ABSL_FLAG(std::string, device, "auto", "auto | cpu | cuda | cuda:N.");
+ABSL_FLAG(std::string, device, "auto",
+          "auto | cpu | cuda | cuda:N. auto and cuda take GPU (local rank mod GPUs), the local "
+          "rank being $LOCAL_RANK or else --rank; auto falls back to the CPU when no GPU is "
+          "usable (saying why).");
 ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
 ABSL_FLAG(double, rpc_timeout_seconds, 10, "Deadline of each RPC attempt.");
 ABSL_FLAG(std::string, push_dtype, "fp32",
@@ -93,7 +96,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Examples> data = LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), "train", &slice);
   if (!data.ok()) return Fail(std::string(data.status().message()));
   absl::StatusOr<std::unique_ptr<Backend>> backend =
-      MakeBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_threads));
+      MakeBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_threads), rank);
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
   Mlp mlp(*sizes, batch, backend->get());
 
