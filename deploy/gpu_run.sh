@@ -15,7 +15,8 @@
 #   4. torch_mlp_bench.py on cuda (fp32, tf32, bf16) and on cpu (all threads), same configs
 #   5. launch --shards=2 --workers=4 to test accuracy $TARGET (at most E2E_SECONDS) on
 #      --device=cuda, with --prefetch, under CUDA MPS where nvidia-cuda-mps-control exists, and on
-#      --device=cpu, on the bundle's Fashion-MNIST (--data_dir)
+#      --device=cpu without and with --prefetch, on the bundle's Fashion-MNIST (--data_dir); all
+#      of it E2E_REPEATS times (default 1), as far as the 10 minutes allow
 # Independent steps go on after a failure; the script then exits 1 naming every failed step.
 #
 # Output, in ${OUT:-/tmp/gpu-out} (the device tool returns at most 8 files, 2 folders deep, so the
@@ -119,7 +120,8 @@ main() {
   run_step nvidia-smi 30 nvidia-smi || die "nvidia-smi failed: no usable GPU"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,power.draw,temperature.gpu \
     --format=csv 2>&1 | tee "$WORK/logs/gpu-state-before.csv"
-  echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)"
+  echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)," \
+    "$(grep -m1 -o -w -E 'avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 
   # 2. GPU tests.
   local t
@@ -144,6 +146,19 @@ main() {
   run_step "compute_bench-cpu-$(nproc)thr" 150 "${ours[@]}" "$bin/compute_bench" --device=cpu \
     --threads="$(nproc)" --iters=20 --warmup=1 --budget_seconds=2 --configs="$CONFIGS" \
     --csv="$csv"
+  # OpenBLAS 0.3.21 may not know this processor and fall back to SSE3 kernels: measure the CPU
+  # again with the kernels its instruction set allows.
+  local coretype=""
+  if grep -qw avx512f /proc/cpuinfo; then
+    coretype=SkylakeX
+  elif grep -qw avx2 /proc/cpuinfo; then
+    coretype=Haswell
+  fi
+  if [ -n "$coretype" ]; then
+    run_step "compute_bench-cpu-$(nproc)thr-$coretype" 150 "${ours[@]}" \
+      "OPENBLAS_CORETYPE=$coretype" "$bin/compute_bench" --device=cpu --threads="$(nproc)" \
+      --iters=20 --warmup=1 --budget_seconds=2 --configs="$CONFIGS" --csv="$OUT/coretype.csv"
+  fi
 
   # 4. PyTorch, same models, batches and work per step.
   local torch_bench=$BUNDLE_DIR/torch_mlp_bench.py variant
@@ -158,33 +173,41 @@ main() {
 
   # 5. End to end, on the bundle's data, to the target accuracy.
   local data_flag=("--data_dir=$PWD/.gpu-bundle/data") run
-  for run in cuda cuda-prefetch cuda-mps cpu; do
+  local runs=() repeat
+  for repeat in $(seq 1 "${E2E_REPEATS:-1}"); do
+    runs+=("cuda:$repeat" "cuda-prefetch:$repeat" "cuda-mps:$repeat" "cpu:$repeat"
+      "cpu-prefetch:$repeat")
+  done
+  for run in "${runs[@]}"; do
+    repeat=${run#*:}
+    run=${run%:*}
     # Keep the whole script inside the device tool's 10 minutes.
     if ((SECONDS + E2E_SECONDS + 40 > 570)); then
-      fail "e2e-$run" "skipped: ${SECONDS}s spent, too little time left for a ${E2E_SECONDS}s run"
+      fail "e2e-$run-$repeat" "skipped: ${SECONDS}s spent, too little time left for a ${E2E_SECONDS}s run"
       continue
     fi
     local device=cuda extra=() mps=0
     case "$run" in
       cpu) device=cpu ;;
+      cpu-prefetch) device=cpu extra=(--worker_flags=--prefetch) ;;
       cuda-prefetch) extra=(--worker_flags=--prefetch) ;;
       cuda-mps)
         if ! command -v nvidia-cuda-mps-control > /dev/null; then
-          echo "=== e2e-cuda-mps: no nvidia-cuda-mps-control on this machine, not run"
+          echo "=== e2e-cuda-mps-$repeat: no nvidia-cuda-mps-control on this machine, not run"
           continue
         fi
         export CUDA_MPS_PIPE_DIRECTORY=$WORK/mps-pipe CUDA_MPS_LOG_DIRECTORY=$WORK/mps-log
         mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
         if ! nvidia-cuda-mps-control -d; then
-          fail "e2e-cuda-mps" "nvidia-cuda-mps-control -d failed"
+          fail "e2e-cuda-mps-$repeat" "nvidia-cuda-mps-control -d failed"
           continue
         fi
         mps=1
         ;;
     esac
-    run_step "e2e-$run" $((E2E_SECONDS + 60)) "${ours[@]}" "$bin/launch" --shards=2 --workers=4 \
-      --device="$device" --target_accuracy="$TARGET" --max_seconds="$E2E_SECONDS" \
-      --run_dir="$WORK/run-$run" "${data_flag[@]}" "${extra[@]}"
+    run_step "e2e-$run-$repeat" $((E2E_SECONDS + 60)) "${ours[@]}" "$bin/launch" --shards=2 \
+      --workers=4 --device="$device" --target_accuracy="$TARGET" --max_seconds="$E2E_SECONDS" \
+      --run_dir="$WORK/run-$run-$repeat" "${data_flag[@]}" "${extra[@]}"
     if ((mps)); then
       echo quit | nvidia-cuda-mps-control
       unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
@@ -194,12 +217,17 @@ main() {
     > "$WORK/logs/gpu-state-after.csv" 2>&1
 
   # Summary last: the device tool's reply carries the end of the output.
-  (cd "$WORK" && shopt -s nullglob && tar -czf "$OUT/artifacts.tar.gz" logs run-*) \
+  (cd "$WORK" && shopt -s nullglob && tar -czf "$OUT/artifacts.tar.gz" \
+    --exclude='run-*/checkpoints' logs run-*) \
     || fail "artifacts" "cannot write $OUT/artifacts.tar.gz"
   echo
   echo "=== summary (${SECONDS}s)"
   if [ -f "$csv" ]; then
     column -s, -t < "$csv" 2>/dev/null || cat "$csv"
+  fi
+  if [ -f "$OUT/coretype.csv" ]; then
+    echo "CPU with OPENBLAS_CORETYPE set:"
+    column -s, -t < "$OUT/coretype.csv" 2>/dev/null || cat "$OUT/coretype.csv"
   fi
   if [ -f "$OUT/nographs.csv" ]; then
     echo "CUDA graphs off (PS_CUDA_GRAPHS=0):"

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "common/log.h"
 #include "kernels/backend.h"
@@ -108,9 +109,23 @@ class CpuBackend : public Backend {
 }  // namespace
 
 std::unique_ptr<Backend> MakeCpuBackend(int threads) {
-  // Which kernels OpenBLAS picked for this processor decides most of the speed: say it.
-  PS_LOG(INFO) << "CPU backend: " << openblas_get_config() << ", " << openblas_get_corename()
-               << " kernels, " << std::max(1, threads) << " thread(s)";
+  // Which kernels OpenBLAS picked for this processor decides most of the speed: say it, and say
+  // when it fell back to old ones on a processor it does not know (Debian 12's OpenBLAS 0.3.21
+  // does so on Sapphire Rapids Xeons, for instance: several times slower GEMMs).
+  const std::string core = openblas_get_corename();
+  PS_LOG(INFO) << "CPU backend: " << openblas_get_config() << ", " << core << " kernels, "
+               << std::max(1, threads) << " thread(s)";
+  const char* better = __builtin_cpu_supports("avx512f") ? "SkylakeX"
+                       : __builtin_cpu_supports("avx2")  ? "Haswell"
+                                                         : nullptr;
+  const bool old_core = core == "Prescott" || core == "Core2" || core == "Penryn" ||
+                        core == "Dunnington" || core == "Nehalem" || core == "Sandybridge";
+  if (better != nullptr && old_core && std::getenv("OPENBLAS_CORETYPE") == nullptr) {
+    PS_LOG(WARNING) << "OpenBLAS chose its " << core << " kernels, but this processor has "
+                    << (std::string(better) == "SkylakeX" ? "AVX-512" : "AVX2")
+                    << ": start with OPENBLAS_CORETYPE=" << better
+                    << " in the environment for much faster GEMMs";
+  }
   return std::make_unique<CpuBackend>(threads);
 }
 
