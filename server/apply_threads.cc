@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/denormals.h"
+
 namespace ps {
 
 ApplyThreads::ApplyThreads(int threads) {
@@ -49,6 +51,7 @@ void ApplyThreads::Run(int64_t n, absl::FunctionRef<void(int, int64_t, int64_t)>
 }
 
 void ApplyThreads::Loop(int part) {
+  ScopedFlushDenormals flush;  // as the optimizer's calling thread does
   int64_t seen = 0;
   absl::MutexLock lock(&mu_);
   for (;;) {

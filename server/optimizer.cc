@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/denormals.h"
 
 namespace ps {
 namespace {
@@ -231,6 +232,7 @@ class AdaGrad : public Kernel<AdaGrad> {
 }  // namespace
 
 GradientSummary ScanGradient(absl::Span<const float> g, ApplyThreads* threads, bool squares) {
+  ScopedFlushDenormals flush;  // here and in Apply (see common/denormals.h)
   const int parts = threads != nullptr ? threads->Parts(g.size()) : 1;
   std::vector<GradientSummary> found(parts);
   auto scan = [&](int part, int64_t begin, int64_t end) {
@@ -283,6 +285,7 @@ std::vector<std::pair<std::string, absl::Span<float>>> Optimizer::MutableState()
 absl::Status Optimizer::Apply(absl::Span<float> weights, absl::Span<const float> grad,
                               float learning_rate, int64_t step, ApplyThreads* threads,
                               float max_abs_grad) {
+  ScopedFlushDenormals flush;  // the apply threads flush denormals too
   if (static_cast<int64_t>(weights.size()) != size_ || grad.size() != weights.size()) {
     return absl::InvalidArgumentError(absl::StrCat("an update of ", weights.size(),
                                                    " weights with ", grad.size(),
