@@ -11,7 +11,8 @@
 #   2. GPU tests: cuda_backend_test and mlp_test (gtest binaries: no ctest there); a skipped test
 #      counts as a failure, since it means the GPU was not usable
 #   3. compute_bench on cuda with PS_CUDA_MATH=fp32 (CUDA graphs on and off), tf32, bf16, and on
-#      cpu (1 thread, and all threads), over $CONFIGS: the crossover table
+#      cpu with all threads (again with OPENBLAS_CORETYPE where AVX2/AVX-512 allow), over
+#      $CONFIGS: the crossover table; and on cpu with 1 thread over the two default configs
 #   4. torch_mlp_bench.py on cuda (fp32, tf32, bf16) and on cpu (all threads), same configs
 #   5. launch --shards=2 --workers=4 to test accuracy $TARGET (at most E2E_SECONDS) on
 #      --device=cuda, with --prefetch, under CUDA MPS where nvidia-cuda-mps-control exists, and on
@@ -182,7 +183,8 @@ main() {
     repeat=${run#*:}
     run=${run%:*}
     # Keep the whole script inside the device tool's 10 minutes.
-    if ((SECONDS + E2E_SECONDS + 40 > 570)); then
+    # A step may take E2E_SECONDS + 60 + 10 (kill-after); then the summary and the tarball.
+    if ((SECONDS + E2E_SECONDS + 90 > 590)); then
       fail "e2e-$run-$repeat" "skipped: ${SECONDS}s spent, too little time left for a ${E2E_SECONDS}s run"
       continue
     fi

@@ -42,6 +42,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, 
   if (!request.ok()) return request.status();
   if (request->kind == DeviceRequest::kCpu) return MakeCpuBackend(cpu_threads);
 #ifdef PS_HAVE_CUDA
+  // A typo in the CUDA settings is an error, not a reason to fall back to a slower CPU.
+  if (absl::Status settings = CheckCudaSettings(); !settings.ok()) return settings;
   absl::StatusOr<int> count = CudaDeviceCount();
   // Without an index, the process's GPU is its local rank modulo the host's GPUs.
   auto pick = [&] { return request->index >= 0 ? request->index : LocalRank(rank) % *count; };

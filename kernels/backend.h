@@ -62,7 +62,8 @@ class Backend {
   // one per kernel) and from then on replays the graph without calling queue_work. So queue_work
   // must queue the same kernels on the same pointers and sizes every time one *recording is
   // passed, and may only queue kernels (no Allocate, Free, copy or Synchronize). The CPU backend,
-  // or CUDA with PS_CUDA_GRAPHS=0, calls queue_work every time and leaves *recording empty.
+  // CUDA with PS_CUDA_GRAPHS=0, or CUDA after a recording could not be made (logged once) calls
+  // queue_work every time and leaves *recording empty.
   // A recording must be destroyed before its backend.
   virtual void RunRecorded(std::unique_ptr<Recording>* recording,
                            absl::FunctionRef<void()> queue_work) = 0;
@@ -110,7 +111,7 @@ int LocalRank(int rank);
 // GPUs. "auto" falls back to the CPU, saying why in the log, when there is no GPU, when the
 // driver is too old, or when a GPU is there but the CUDA backend cannot start on it (out of
 // memory, exclusive-process mode taken by another process, ...). "cuda" and "cuda:N" fail with
-// the reason instead.
+// the reason instead. A bad PS_CUDA_MATH or PS_CUDA_GRAPHS is an error for all three.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, int cpu_threads,
                                                      int rank = 0);
 

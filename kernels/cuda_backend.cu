@@ -154,9 +154,9 @@ __device__ __forceinline__ bool BeatsArgmax(float v, int i, float best, int best
 // d(mean loss)/d(logits). Then the warps' sums are added in a fixed order into *summary, so the
 // result is deterministic. dlogits may alias logits, as on the CPU: every element of a row is read
 // (by the lane that writes it) before any write of the row.
-__global__ void SoftmaxCrossEntropyKernel(const float* logits, const int32_t* labels, int rows,
-                                          int cols, float* dlogits,
-                                          Backend::LossSummary* __restrict__ summary) {
+__global__ void __launch_bounds__(kSoftmaxThreads)
+    SoftmaxCrossEntropyKernel(const float* logits, const int32_t* labels, int rows, int cols,
+                              float* dlogits, Backend::LossSummary* __restrict__ summary) {
   __shared__ double warp_loss[kSoftmaxWarps];
   __shared__ unsigned long long warp_hits[kSoftmaxWarps];
   __shared__ int warp_bad[kSoftmaxWarps];
@@ -231,6 +231,8 @@ __global__ void SoftmaxCrossEntropyKernel(const float* logits, const int32_t* la
     *summary = total;
   }
 }
+
+static_assert(sizeof(Backend::LossSummary) == 24, "LossSummary is shared by host and device code");
 
 // ---- The backend ----
 
@@ -370,6 +372,9 @@ class CudaBackend : public Backend {
       queue_work();
       return;
     }
+    // A CUDA error inside queue_work aborts, as everywhere else in this backend; a recording that
+    // cannot be ended or instantiated (an operation graphs do not support) falls back to plain
+    // launches.
     // Thread-local capture: another thread's CUDA calls (none are expected) cannot break it.
     PS_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     queue_work();
@@ -418,7 +423,7 @@ class CudaBackend : public Backend {
     UseDevice();
     auto s = static_cast<const uint32_t*>(src);
     auto d = static_cast<uint32_t*>(dst);
-    if (n <= INT_MAX) {
+    if (FitsInt32(n)) {
       GatherRowsKernel<int32_t><<<Blocks(n), kThreads, 0, stream_>>>(
           s, index, static_cast<int32_t>(n), static_cast<int32_t>(words), d);
     } else {
@@ -455,7 +460,7 @@ class CudaBackend : public Backend {
     const int64_t n = static_cast<int64_t>(rows) * cols;
     if (n <= 0) return;
     UseDevice();
-    if (n <= INT_MAX) {
+    if (FitsInt32(n)) {
       AddBiasActivateKernel<int32_t>
           <<<Blocks(n), kThreads, 0, stream_>>>(z, bias, static_cast<int32_t>(n), cols, relu);
     } else {
@@ -467,7 +472,7 @@ class CudaBackend : public Backend {
   void ReluBackward(float* dz, const float* activation, int64_t n) override {
     if (n <= 0) return;
     UseDevice();
-    if (n <= INT_MAX) {
+    if (FitsInt32(n)) {
       ReluBackwardKernel<int32_t>
           <<<Blocks(n), kThreads, 0, stream_>>>(dz, activation, static_cast<int32_t>(n));
     } else {
@@ -506,6 +511,11 @@ class CudaBackend : public Backend {
   int Blocks(int64_t n) const {
     return static_cast<int>(std::min<int64_t>((n + kThreads - 1) / kThreads, max_blocks_));
   }
+  // Whether a grid-stride loop over n elements can count in int32_t: its index runs up to
+  // n - 1 + the grid's size, which must not wrap.
+  bool FitsInt32(int64_t n) const {
+    return n + static_cast<int64_t>(Blocks(n)) * kThreads <= INT_MAX;
+  }
 
   const int device_;
   const GemmMath math_;
@@ -517,6 +527,12 @@ class CudaBackend : public Backend {
 };
 
 }  // namespace
+
+absl::Status CheckCudaSettings() {
+  if (absl::StatusOr<GemmMath> math = GemmMathFromEnv(); !math.ok()) return math.status();
+  if (absl::StatusOr<bool> graphs = GraphsFromEnv(); !graphs.ok()) return graphs.status();
+  return absl::OkStatus();
+}
 
 absl::StatusOr<int> CudaDeviceCount() {
   int count = 0;

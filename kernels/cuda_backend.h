@@ -8,6 +8,10 @@
 
 namespace ps {
 
+// Whether PS_CUDA_MATH and PS_CUDA_GRAPHS (see MakeCudaBackend) hold valid values:
+// INVALID_ARGUMENT naming the variable otherwise. Needs no GPU.
+absl::Status CheckCudaSettings();
+
 // Number of CUDA devices: 0 when there is no GPU or no NVIDIA driver; an error saying why when a
 // GPU may be there but cannot be used (a driver too old for this build's CUDA runtime, ...).
 absl::StatusOr<int> CudaDeviceCount();

@@ -382,15 +382,28 @@ TEST(CudaBackendDeviceTest, UnknownMathModeIsAnError) {
       << backend.status();
 }
 
-// --device=auto falls back to the CPU when the CUDA backend cannot start (here a bad PS_CUDA_MATH
-// stops it, with or without a GPU), while --device=cuda fails saying why.
-TEST(CudaBackendDeviceTest, AutoFallsBackToTheCpuWhenCudaCannotStart) {
-  ScopedEnv env("PS_CUDA_MATH", "fp8");
-  absl::StatusOr<std::unique_ptr<Backend>> automatic = MakeBackend("auto", 1);
-  ASSERT_TRUE(automatic.ok()) << automatic.status();
-  EXPECT_EQ((*automatic)->Name(), "cpu");
-  absl::StatusOr<std::unique_ptr<Backend>> cuda = MakeBackend("cuda", 1);
-  EXPECT_FALSE(cuda.ok());
+// A typo in the CUDA settings is an error for --device=auto too (with or without a GPU), not a
+// silent fall back to the CPU.
+TEST(CudaBackendDeviceTest, AutoRefusesABadCudaSetting) {
+  for (const char* name : {"PS_CUDA_MATH", "PS_CUDA_GRAPHS"}) {
+    ScopedEnv env(name, "fp8");
+    for (const char* device : {"auto", "cuda"}) {
+      absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend(device, 1);
+      ASSERT_FALSE(backend.ok()) << device;
+      EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_NE(std::string(backend.status().message()).find(name), std::string::npos)
+          << backend.status();
+    }
+  }
+}
+
+// --device=auto takes the GPU where there is one, and the CPU (no error) where there is none.
+TEST(CudaBackendDeviceTest, AutoTakesAGpuIfThereIsOneElseTheCpu) {
+  absl::StatusOr<int> count = CudaDeviceCount();
+  ASSERT_TRUE(count.ok()) << count.status();
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeBackend("auto", 1);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ((*backend)->Name(), *count > 0 ? "cuda:0" : "cpu");
 }
 
 // Without an index, a process takes GPU (local rank mod GPUs); $LOCAL_RANK overrides the rank.

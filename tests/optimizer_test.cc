@@ -57,7 +57,6 @@ TEST(OptimizerTest, DenormalStateIsFlushedToZero) {
   for (auto& [slot, values] : (*opt)->State()) {
     EXPECT_EQ(std::count(values.begin(), values.end(), 0.0f), n) << slot;
   }
-  EXPECT_EQ(w, std::vector<float>(n, 1.0f));
   // The calling thread's mode is restored afterwards.
   volatile float tiny = denormal;
   EXPECT_GT(tiny * 1.0f, 0.0f);

@@ -100,13 +100,13 @@ void Mlp::QueueBackward(int rows) {
   }
 }
 
-Backend::LossSummary Mlp::Finish() {
+Backend::LossSummary Mlp::Finish(int64_t first_row) {
   loss_.DownloadAsync(loss_host_.data(), 1);
   backend_->Synchronize();
   const Backend::LossSummary summary = *loss_host_.data();
   if (summary.first_bad_row >= 0) {
-    PS_LOG(ERROR) << "Mlp: the label of batch row " << summary.first_bad_row << " is outside [0, "
-                  << num_classes() << ")";
+    PS_LOG(ERROR) << "Mlp: the label of row " << first_row + summary.first_bad_row
+                  << " is outside [0, " << num_classes() << ")";
     std::abort();
   }
   return summary;
@@ -157,7 +157,7 @@ Mlp::Score Mlp::Evaluate(absl::Span<const float> params, const float* inputs, co
     inputs_.UploadAsync(inputs + start * sizes_.front(), static_cast<size_t>(n) * sizes_.front());
     labels_.UploadAsync(labels + start, n);
     QueueForward(n, /*want_grad=*/false);
-    Backend::LossSummary summary = Finish();
+    Backend::LossSummary summary = Finish(start);
     loss_sum += summary.loss_sum;
     correct_sum += summary.hits;
   }

@@ -82,8 +82,9 @@ class Mlp {
   void QueueBackward(int rows);
   // Gradient of the batch already queued into inputs_ and labels_.
   float GradientOfLoadedBatch(absl::Span<const float> params, int rows, absl::Span<float> grad);
-  // Downloads the loss summary, waits for everything queued, and returns the summary.
-  Backend::LossSummary Finish();
+  // Downloads the loss summary, waits for everything queued, and returns the summary; aborts
+  // naming the row (first_row + the batch's row) when a label was out of range.
+  Backend::LossSummary Finish(int64_t first_row = 0);
   const float* Weight(int layer) const;
   const float* Bias(int layer) const;
 
