@@ -42,6 +42,8 @@ ABSL_FLAG(std::string, optimizer, "momentum", "Server optimizer.");
 ABSL_FLAG(double, lr, 0.01, "Learning rate.");
 ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
+ABSL_FLAG(std::string, device, "cpu", "Workers' device: auto | cpu | cuda | cuda:N.");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
 ABSL_FLAG(std::string, worker_flags, "",
           "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
 ABSL_FLAG(std::string, report_dir, "", "Report directory (default reports/<date-time>).");
@@ -258,42 +260,26 @@ int Main(int argc, char** argv) {
   const double target = absl::GetFlag(FLAGS_target_accuracy);
   for (size_t i = 0; i < runs.size() && !ShutdownRequested(); ++i) {
     Run& run = runs[i];
-    TrainingConfig c;
-    c.shards = absl::GetFlag(FLAGS_shards);
-    c.workers = run.workers;
+    JobSpec job;
+    job.shards = absl::GetFlag(FLAGS_shards);
+    job.workers = run.workers;
+    job.hidden = absl::GetFlag(FLAGS_hidden);
+    job.batch_size = absl::GetFlag(FLAGS_batch_size);
+    job.max_seconds = absl::GetFlag(FLAGS_max_seconds);
+    job.seed = run.seed;
+    job.device = absl::GetFlag(FLAGS_device);
+    job.data_dir = absl::GetFlag(FLAGS_data_dir);
+    job.ps_flags = *ModeFlags(run.mode);
+    job.ps_flags.push_back("--optimizer=" + absl::GetFlag(FLAGS_optimizer));
+    job.ps_flags.push_back(absl::StrCat("--lr=", absl::GetFlag(FLAGS_lr)));
+    job.extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
+    if (run.straggler != "none") job.straggler = run.straggler;
+    absl::StatusOr<TrainingConfig> made = MakeTrainingConfig(job);
+    if (!made.ok()) return Fail(std::string(made.status().message()));
+    TrainingConfig c = *std::move(made);
     c.run_dir = report + "/" + run.name;
-    c.max_seconds = absl::GetFlag(FLAGS_max_seconds);
     c.progress_seconds = 10;
     c.progress_prefix = absl::StrFormat("[%d/%d %s] ", i + 1, runs.size(), run.name);
-    c.ps_flags = *ModeFlags(run.mode);
-    c.ps_flags.push_back("--optimizer=" + absl::GetFlag(FLAGS_optimizer));
-    c.ps_flags.push_back(absl::StrCat("--lr=", absl::GetFlag(FLAGS_lr)));
-    std::string hidden = "--hidden=" + absl::GetFlag(FLAGS_hidden);
-    absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
-    if (!sizes.ok()) return Fail(std::string(sizes.status().message()));
-    c.model = MlpSpec(*sizes);
-    c.worker_flags = {hidden,
-                      absl::StrCat("--batch_size=", absl::GetFlag(FLAGS_batch_size)),
-                      absl::StrCat("--max_seconds=", c.max_seconds),
-                      absl::StrCat("--seed=", run.seed),
-                      "--device=cpu",
-                      "--threads=1"};
-    for (absl::string_view f :
-         absl::StrSplit(absl::GetFlag(FLAGS_worker_flags), ' ', absl::SkipWhitespace())) {
-      c.worker_flags.emplace_back(f);
-    }
-    c.evaluator_flags = {hidden, "--interval_seconds=2"};
-    if (run.straggler != "none") {
-      std::vector<std::string> parts = absl::StrSplit(run.straggler, ':');
-      int rank = 0;
-      double factor = 0;
-      if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rank) || rank < 0 ||
-          rank >= run.workers || !absl::SimpleAtod(parts[1], &factor) || !(factor >= 1)) {
-        return Fail("bad straggler '" + run.straggler +
-                    "': expected RANK:FACTOR with 0 <= RANK < workers and FACTOR >= 1");
-      }
-      c.rank_flags[rank] = {"--slowdown=" + parts[1]};
-    }
     std::cout << c.progress_prefix << "starting: ps " << absl::StrJoin(c.ps_flags, " ")
               << std::endl;
     run.result = RunTraining(c, std::cout);

@@ -72,10 +72,6 @@ namespace {
 
 int Fail(const std::string& reason) { return FailMain("launch", reason); }
 
-std::vector<std::string> Words(const std::string& text) {
-  return absl::StrSplit(text, ' ', absl::SkipWhitespace());
-}
-
 // gnuplot script for test accuracy and training loss against wall time (seconds since start).
 std::string PlotScript(double t0, int workers) {
   return absl::StrFormat(R"(# Regenerate with: gnuplot plot.gp (in this directory)
@@ -109,46 +105,31 @@ int Main(int argc, char** argv) {
       "Example: launch --shards=2 --workers=4 --consistency=ssp:2 --straggler=3:4");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() > 1) return Fail(absl::StrCat("unexpected argument '", args[1], "'"));
-  TrainingConfig c;
-  c.shards = absl::GetFlag(FLAGS_shards);
-  c.workers = absl::GetFlag(FLAGS_workers);
-  if (c.shards < 1 || c.workers < 1) return Fail("--shards and --workers must be positive");
-  c.max_seconds = absl::GetFlag(FLAGS_max_seconds);
+  JobSpec job;
+  job.shards = absl::GetFlag(FLAGS_shards);
+  job.workers = absl::GetFlag(FLAGS_workers);
+  if (job.shards < 1 || job.workers < 1) return Fail("--shards and --workers must be positive");
+  job.hidden = absl::GetFlag(FLAGS_hidden);
+  job.batch_size = absl::GetFlag(FLAGS_batch_size);
+  job.steps = absl::GetFlag(FLAGS_steps);
+  job.max_seconds = absl::GetFlag(FLAGS_max_seconds);
+  job.seed = absl::GetFlag(FLAGS_seed);
+  job.device = absl::GetFlag(FLAGS_device);
+  job.data_dir = absl::GetFlag(FLAGS_data_dir);
+  job.eval_interval_seconds = absl::GetFlag(FLAGS_eval_interval_seconds);
+  job.ps_flags = {"--consistency=" + absl::GetFlag(FLAGS_consistency),
+                  absl::StrCat("--backup_workers=", absl::GetFlag(FLAGS_backup_workers)),
+                  "--optimizer=" + absl::GetFlag(FLAGS_optimizer),
+                  absl::StrCat("--lr=", absl::GetFlag(FLAGS_lr)),
+                  absl::StrCat("--momentum=", absl::GetFlag(FLAGS_momentum))};
+  job.extra_ps_flags = absl::GetFlag(FLAGS_ps_flags);
+  job.extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
+  job.straggler = absl::GetFlag(FLAGS_straggler);
+  absl::StatusOr<TrainingConfig> made = MakeTrainingConfig(job);
+  if (!made.ok()) return Fail(std::string(made.status().message()));
+  TrainingConfig c = *std::move(made);
   c.target_accuracy = absl::GetFlag(FLAGS_target_accuracy);
   c.progress_seconds = absl::GetFlag(FLAGS_progress_seconds);
-  c.ps_flags = {"--consistency=" + absl::GetFlag(FLAGS_consistency),
-                absl::StrCat("--backup_workers=", absl::GetFlag(FLAGS_backup_workers)),
-                "--optimizer=" + absl::GetFlag(FLAGS_optimizer),
-                absl::StrCat("--lr=", absl::GetFlag(FLAGS_lr)),
-                absl::StrCat("--momentum=", absl::GetFlag(FLAGS_momentum))};
-  for (const std::string& w : Words(absl::GetFlag(FLAGS_ps_flags))) c.ps_flags.push_back(w);
-  absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
-  if (!sizes.ok()) return Fail(std::string(sizes.status().message()));
-  c.model = MlpSpec(*sizes);
-  std::string model_flags[] = {"--hidden=" + absl::GetFlag(FLAGS_hidden),
-                               "--data_dir=" + absl::GetFlag(FLAGS_data_dir)};
-  c.worker_flags = {model_flags[0],
-                    model_flags[1],
-                    absl::StrCat("--batch_size=", absl::GetFlag(FLAGS_batch_size)),
-                    absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
-                    absl::StrCat("--max_seconds=", c.max_seconds),
-                    absl::StrCat("--seed=", absl::GetFlag(FLAGS_seed)),
-                    "--device=" + absl::GetFlag(FLAGS_device),
-                    "--threads=1"};
-  for (const std::string& w : Words(absl::GetFlag(FLAGS_worker_flags))) c.worker_flags.push_back(w);
-  c.evaluator_flags = {
-      model_flags[0], model_flags[1],
-      absl::StrCat("--interval_seconds=", absl::GetFlag(FLAGS_eval_interval_seconds))};
-  if (std::string s = absl::GetFlag(FLAGS_straggler); !s.empty()) {
-    std::vector<std::string> parts = absl::StrSplit(s, ':');
-    int rank = -1;
-    double factor = 0;
-    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rank) ||
-        !absl::SimpleAtod(parts[1], &factor) || rank < 0 || rank >= c.workers || factor < 1) {
-      return Fail("bad --straggler '" + s + "': expected RANK:FACTOR with 0 <= RANK < workers");
-    }
-    c.rank_flags[rank] = {absl::StrCat("--slowdown=", factor)};
-  }
   if (std::string dir = absl::GetFlag(FLAGS_tls_dir); !dir.empty()) {
     c.security.ca = dir + "/ca.pem";
     c.security.server_cert = dir + "/server.pem";
@@ -167,8 +148,9 @@ int Main(int argc, char** argv) {
   if (c.replicas != 1 && c.replicas != 2) return Fail("--replicas must be 1 or 2");
   c.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (c.replicas > 1 && !c.checkpoint_dir.empty() && c.checkpoint_dir != "none") {
-    return Fail("--replicas=2 replaces checkpoints in launch (both replicas of a shard would "
-                "write one directory); drop --checkpoint_dir");
+    return Fail(
+        "--replicas=2 replaces checkpoints in launch (both replicas of a shard would "
+        "write one directory); drop --checkpoint_dir");
   }
   if (c.checkpoint_dir.empty() && c.replicas == 1) c.checkpoint_dir = c.run_dir + "/checkpoints";
   if (c.checkpoint_dir == "none") c.checkpoint_dir.clear();

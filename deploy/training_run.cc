@@ -1,12 +1,11 @@
 #include "deploy/training_run.h"
 
 #include <google/protobuf/util/json_util.h>
-
 #include <signal.h>
 
 #include <cmath>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <sstream>
 
@@ -15,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/model_spec.h"
 #include "common/shutdown.h"
 #include "deploy/local_cluster.h"
 
@@ -79,6 +79,50 @@ AccuracySummary SummariseAccuracy(const std::string& csv, double t0, double targ
   return s;
 }
 
+absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job) {
+  if (job.shards < 1 || job.workers < 1) {
+    return absl::InvalidArgumentError("shards and workers must be positive");
+  }
+  absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, job.hidden, 10);
+  if (!sizes.ok()) return sizes.status();
+  TrainingConfig c;
+  c.shards = job.shards;
+  c.workers = job.workers;
+  c.model = MlpSpec(*sizes);
+  c.max_seconds = job.max_seconds;
+  c.ps_flags = job.ps_flags;
+  for (absl::string_view w : absl::StrSplit(job.extra_ps_flags, ' ', absl::SkipWhitespace())) {
+    c.ps_flags.emplace_back(w);
+  }
+  const std::string hidden = "--hidden=" + job.hidden, data = "--data_dir=" + job.data_dir;
+  c.worker_flags = {hidden,
+                    data,
+                    absl::StrCat("--batch_size=", job.batch_size),
+                    absl::StrCat("--steps=", job.steps),
+                    absl::StrCat("--max_seconds=", job.max_seconds),
+                    absl::StrCat("--seed=", job.seed),
+                    "--device=" + job.device,
+                    "--threads=1"};
+  for (absl::string_view w : absl::StrSplit(job.extra_worker_flags, ' ', absl::SkipWhitespace())) {
+    c.worker_flags.emplace_back(w);
+  }
+  c.evaluator_flags = {hidden, data,
+                       absl::StrCat("--interval_seconds=", job.eval_interval_seconds)};
+  if (!job.straggler.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(job.straggler, ':');
+    int rank = -1;
+    double factor = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &rank) ||
+        !absl::SimpleAtod(parts[1], &factor) || rank < 0 || rank >= job.workers || !(factor >= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad straggler '", job.straggler,
+                       "': expected RANK:FACTOR with 0 <= RANK < workers and FACTOR >= 1"));
+    }
+    c.rank_flags[rank] = {absl::StrCat("--slowdown=", factor)};
+  }
+  return c;
+}
+
 TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
   TrainingResult result;
   LocalCluster cluster(ExecutableDir(), c.run_dir, c.security);
@@ -128,8 +172,8 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
       return;
     }
     ++n;
-    std::string line = absl::StrCat(name, " exited with status ", code, ": ", how, " (restart ",
-                                    n, " of at most ", c.max_restarts, ")");
+    std::string line = absl::StrCat(name, " exited with status ", code, ": ", how, " (restart ", n,
+                                    " of at most ", c.max_restarts, ")");
     progress << stamp(absl::Now()) << line << std::endl;
     if (absl::Status s = start_again(); !s.ok()) {
       result.failure = absl::StrCat("cannot restart ", name, ": ", s.message());
@@ -196,10 +240,10 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
       if (std::isnan(version)) version = last_version;
       double dt = absl::ToDoubleSeconds(now - last_time);
       progress << stamp(now)
-               << absl::StrFormat(
-                      "%8d steps (%6.1f/s), %7.0f updates (%6.1f/s), test accuracy %s", steps,
-                      (steps - last_steps) / dt, version, (version - last_version) / dt,
-                      std::isnan(accuracy) ? "-" : absl::StrFormat("%.4f", accuracy))
+               << absl::StrFormat("%8d steps (%6.1f/s), %7.0f updates (%6.1f/s), test accuracy %s",
+                                  steps, (steps - last_steps) / dt, version,
+                                  (version - last_version) / dt,
+                                  std::isnan(accuracy) ? "-" : absl::StrFormat("%.4f", accuracy))
                << std::endl;
       last_steps = steps;
       last_version = version;

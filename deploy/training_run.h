@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "deploy/kill_plan.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.pb.h"
@@ -39,6 +40,28 @@ struct TrainingConfig {
   std::vector<Kill> kills;  // deaths to inject (launch --kill)
   int max_restarts = 3;     // per process; one more death ends the run
 };
+
+// What a job trains, as `launch` and `experiment` describe it: MakeTrainingConfig turns it into
+// a TrainingConfig's model and daemon flags, so that both commands start the same daemons alike.
+struct JobSpec {
+  int shards = 2;
+  int workers = 4;
+  std::string hidden = "256,128";  // MLP hidden layer sizes
+  int batch_size = 64;
+  int64_t steps = 0;         // per worker; 0: no limit
+  double max_seconds = 120;  // 0: no limit
+  uint64_t seed = 1;
+  std::string device = "cpu";  // the workers'
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  double eval_interval_seconds = 2;
+  std::vector<std::string> ps_flags;  // consistency, optimizer, learning rate, ...
+  std::string extra_ps_flags;         // space-separated, after ps_flags
+  std::string extra_worker_flags;     // space-separated, after the ones made here
+  std::string straggler;  // RANK:FACTOR (worker RANK computes FACTOR times slower); "": none
+};
+// Fails with a one-line reason on bad sizes or a bad straggler. Leaves run_dir, limits other than
+// max_seconds, security, checkpoints and replicas at their defaults.
+absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job);
 
 struct TrainingResult {
   std::string failure;  // empty on success: a one-line reason otherwise

@@ -28,15 +28,7 @@ std::string NewRunDir() { return ps::NewRunDir("consistency"); }
 
 std::vector<v1::StatsResponse> AllStats(LocalCluster& cluster, int shards) {
   std::vector<v1::StatsResponse> out;
-  for (int s = 0; s < shards; ++s) {
-    auto stub = v1::ParameterServer::NewStub(
-        grpc::CreateChannel(cluster.ShardAddress(s), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::StatsResponse r;
-    EXPECT_TRUE(stub->GetStats(&context, v1::StatsRequest(), &r).ok());
-    out.push_back(r);
-  }
+  for (int s = 0; s < shards; ++s) out.push_back(Stats(cluster.ShardAddress(s)));
   return out;
 }
 

@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_format.h"
 #include "tests/scoped_env.h"
-#include "worker/batch_sampler.h"
 
 namespace ps {
 namespace {
@@ -199,21 +198,6 @@ TEST(MlpOnCudaTest, GradientMatchesTheCpu) {
     EXPECT_LT(error, bound);
     EXPECT_NEAR(loss, want_loss, 10 * bound * std::fabs(want_loss));
   }
-}
-
-TEST(BatchSamplerTest, DeterministicAndEachEpochVisitsEveryExampleOnce) {
-  BatchSampler a(10, 5, 42), b(10, 5, 42);
-  std::vector<int32_t> ia, ib;
-  std::vector<int> seen(10);
-  for (int step : {0, 1}) {
-    a.Indices(step, &ia);
-    for (int32_t i : ia) ++seen[i];
-  }
-  EXPECT_EQ(seen, std::vector<int>(10, 1));
-  a.Indices(7, &ia);  // a restarted worker jumping straight to step 7
-  for (int step = 0; step <= 7; ++step) b.Indices(step, &ib);
-  EXPECT_EQ(ia, ib);
-  EXPECT_DOUBLE_EQ(a.Epoch(4), 2.0);
 }
 
 }  // namespace

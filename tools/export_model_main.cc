@@ -17,30 +17,15 @@
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Export the newest readable checkpoint of every shard in this directory (ps "
           "--checkpoint_dir).");
-ABSL_FLAG(std::string, ps, "",
-          "Or export from the live shards: host:port,host:port,... in shard order.");
-ABSL_FLAG(std::string, hidden, "256,128", "Hidden layer sizes of the MLP (as the workers').");
 ABSL_FLAG(std::string, out, "", "The model file to write (safetensors).");
-ABSL_FLAG(double, retry_seconds, 60, "--ps: give up after a shard has been unreachable this long.");
 
 namespace ps {
 namespace {
 
 int Fail(const std::string& reason) { return FailMain("export_model", reason); }
 
-absl::StatusOr<ModelFile> FromShards(const std::string& model) {
-  absl::StatusOr<std::vector<std::string>> addresses = ParseShardAddresses(absl::GetFlag(FLAGS_ps));
-  if (!addresses.ok()) return addresses.status();
-  absl::StatusOr<ClientSecurity> security = ClientSecurityFromFlags();
-  if (!security.ok()) return security.status();
-  ClientOptions options;
-  options.retry_for = absl::Seconds(absl::GetFlag(FLAGS_retry_seconds));
-  options.security = *std::move(security);
-  return ModelFromShards(*addresses, model, options);
-}
-
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  SetClientUsage(
       "Writes a job's model as one safetensors file (fc1.weight [784,256], fc1.bias [256], ...).\n"
       "Examples: export_model --checkpoint_dir=ckpt --out=model.safetensors\n"
       "          export_model --ps=host1:50051,host2:50051 --token_file=read-token "
@@ -48,15 +33,15 @@ int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   SetLogTag("export_model");
   const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir), out = absl::GetFlag(FLAGS_out);
-  if (dir.empty() == absl::GetFlag(FLAGS_ps).empty()) {
-    return Fail("give either --checkpoint_dir or --ps");
-  }
+  absl::StatusOr<ClientConnection> shards = ClientConnectionFromFlags(/*needs_shards=*/false);
+  if (!shards.ok()) return Fail(std::string(shards.status().message()));
+  if (dir.empty() == shards->addresses.empty()) return Fail("give either --checkpoint_dir or --ps");
   if (out.empty()) return Fail("--out is required");
-  absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
-  if (!sizes.ok()) return Fail(std::string(sizes.status().message()));
+  const std::string model = MlpSpec(shards->layer_sizes);
   const absl::Time start = absl::Now();
-  absl::StatusOr<ModelFile> file =
-      dir.empty() ? FromShards(MlpSpec(*sizes)) : ModelFromCheckpoints(dir, MlpSpec(*sizes));
+  absl::StatusOr<ModelFile> file = dir.empty()
+                                       ? ModelFromShards(shards->addresses, model, shards->options)
+                                       : ModelFromCheckpoints(dir, model);
   if (!file.ok()) return Fail(std::string(file.status().message()));
   if (absl::Status s = WriteModelFile(out, *file); !s.ok()) return Fail(std::string(s.message()));
   std::printf("%s\n",

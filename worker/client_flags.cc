@@ -1,9 +1,19 @@
 #include "worker/client_flags.h"
 
 #include "absl/flags/flag.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "common/cluster.h"
 #include "common/health_server.h"
 #include "common/log.h"
+#include "worker/mlp.h"
 
+ABSL_FLAG(std::string, ps, "",
+          "Shard addresses in shard order: host:port,host:port,... (a replicated shard: its two "
+          "replicas as host:port/host:port).");
+ABSL_FLAG(std::string, hidden, "256,128", "Hidden layer sizes of the MLP (the same everywhere).");
+ABSL_FLAG(double, retry_seconds, 60, "Give up after a shard has been unreachable this long.");
 ABSL_FLAG(int, health_port, -1, "Serve grpc.health.v1 on this port (0: any free one; -1: off).");
 ABSL_FLAG(std::string, health_host, "127.0.0.1",
           "Address of the health service (plaintext: anything but loopback needs --insecure).");
@@ -23,11 +33,17 @@ ABSL_FLAG(std::string, pull_dtype, "fp32",
 
 namespace ps {
 
+namespace {
+
+// --pull_dtype: what pulled weights travel as.
 absl::StatusOr<WireType> PullTypeFromFlags() {
   absl::StatusOr<WireType> type = ParseWireType(absl::GetFlag(FLAGS_pull_dtype));
-  if (!type.ok()) return absl::InvalidArgumentError("--pull_dtype: " + std::string(type.status().message()));
+  if (!type.ok())
+    return absl::InvalidArgumentError("--pull_dtype: " + std::string(type.status().message()));
   return type;
 }
+
+}  // namespace
 
 absl::StatusOr<ClientSecurity> ClientSecurityFromFlags() {
   absl::StatusOr<ClientSecurity> security = LoadClientSecurity(
@@ -42,6 +58,39 @@ absl::StatusOr<ClientSecurity> ClientSecurityFromFlags() {
     }
   }
   return security;
+}
+
+absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards) {
+  ClientConnection c;
+  if (needs_shards || !absl::GetFlag(FLAGS_ps).empty()) {
+    absl::StatusOr<std::vector<std::string>> addresses =
+        ParseShardAddresses(absl::GetFlag(FLAGS_ps));
+    if (!addresses.ok()) return addresses.status();
+    c.addresses = *std::move(addresses);
+  }
+  absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
+  if (!sizes.ok()) return sizes.status();
+  c.layer_sizes = *std::move(sizes);
+  absl::StatusOr<WireType> pull_type = PullTypeFromFlags();
+  if (!pull_type.ok()) return pull_type.status();
+  c.options.pull_type = *pull_type;
+  c.options.retry_for = absl::Seconds(absl::GetFlag(FLAGS_retry_seconds));
+  absl::StatusOr<ClientSecurity> security = ClientSecurityFromFlags();
+  if (!security.ok()) return security.status();
+  c.options.security = *std::move(security);
+  return c;
+}
+
+void SetClientUsage(const std::string& usage) {
+  absl::SetProgramUsageMessage(usage);
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    // The program's own (its one *_main.cc) and the shared ones.
+    absl::string_view name = file.substr(file.rfind('/') + 1);
+    name = name.substr(0, name.rfind('.'));
+    return absl::EndsWith(name, "_main") || name == "client_flags" || name == "client_start";
+  };
+  absl::SetFlagsUsageConfig(config);
 }
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthFromFlags() {

@@ -1,25 +1,39 @@
-// The flags the client daemons (worker, evaluator) share, defined once: how they reach the shards
-// (--tls_ca, --tls_cert, --tls_key, --token_file or PS_TOKEN, --pull_dtype) and their own health
-// service (--health_host, --health_port, --insecure).
+// The flags every client of the shards shares (worker, evaluator, export_model), defined once:
+// where the shards are and how to reach them (--ps, --tls_ca, --tls_cert, --tls_key, --token_file
+// or PS_TOKEN, --pull_dtype, --retry_seconds), the model (--hidden) and the client's own health
+// service (--health_host, --health_port, --insecure). The daemons' start-up: client_start.h.
 #pragma once
 
 #include <grpcpp/server.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/security.h"
 #include "common/wire_type.h"
+#include "worker/sharded_client.h"
 
 namespace ps {
+
+// Where the shards are, the model they hold, and how to call them.
+struct ClientConnection {
+  std::vector<std::string> addresses;  // --ps, in shard order; empty when not needed
+  std::vector<int> layer_sizes;        // 784, --hidden..., 10
+  ClientOptions options;               // credentials, --pull_dtype, --retry_seconds
+};
+// From the flags; `needs_shards`: --ps must name at least one shard (else it may be empty).
+absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards);
+
+// Sets the program's usage message, and makes --help list these shared flags (and
+// client_start.h's) with the program's own: call before absl::ParseCommandLine.
+void SetClientUsage(const std::string& usage);
 
 // The shards' credentials from the flags, after checking that the health service may listen
 // where asked. Fails with a one-line reason (an unreadable file, a non-loopback --health_host
 // without --insecure, ...).
 absl::StatusOr<ClientSecurity> ClientSecurityFromFlags();
-
-// --pull_dtype: what pulled weights travel as.
-absl::StatusOr<WireType> PullTypeFromFlags();
 
 // Starts grpc.health.v1 on --health_host:--health_port and logs the port; null when
 // --health_port < 0.

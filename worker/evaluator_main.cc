@@ -17,22 +17,13 @@
 #include "common/log.h"
 #include "common/shutdown.h"
 #include "kernels/backend.h"
-#include "worker/client_flags.h"
+#include "worker/client_start.h"
 #include "worker/idx_dataset.h"
 #include "worker/mlp.h"
 #include "worker/model_file.h"
 #include "worker/sharded_client.h"
 
-ABSL_FLAG(std::string, ps, "",
-          "Shard addresses in shard order: host:port,host:port,... (a replicated shard: its two "
-          "replicas as host:port/host:port).");
-ABSL_FLAG(std::string, hidden, "256,128", "Hidden layer sizes of the MLP (as the workers').");
 ABSL_FLAG(double, interval_seconds, 2, "Seconds between evaluations.");
-ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
-ABSL_FLAG(std::string, csv, "", "Append a row per evaluation here.");
-ABSL_FLAG(std::string, device, "cpu", "auto | cpu | cuda | cuda:N.");
-ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
-ABSL_FLAG(double, retry_seconds, 60, "Give up after a shard has been unreachable this long.");
 ABSL_FLAG(std::string, model_file, "",
           "Score this exported model file (export_model) once, offline, instead of the shards'.");
 
@@ -41,8 +32,8 @@ namespace {
 
 int Fail(const std::string& reason) { return FailMain("evaluator", reason); }
 
-absl::StatusOr<CsvWriter> OpenCsv() {
-  return CsvWriter::Open(absl::GetFlag(FLAGS_csv).empty() ? "/dev/null" : absl::GetFlag(FLAGS_csv),
+absl::StatusOr<CsvWriter> OpenCsv(const std::string& path) {
+  return CsvWriter::Open(path.empty() ? "/dev/null" : path,
                          {"wall_time", "version", "test_loss", "test_accuracy"});
 }
 
@@ -52,18 +43,16 @@ std::vector<std::string> CsvRow(int64_t version, const Mlp::Score& score) {
 }
 
 // --model_file: scores the file on the test set, prints the result and appends it to --csv.
-int ScoreModelFile(const std::vector<int>& sizes) {
+int ScoreModelFile(const ClientStart& started) {
+  const std::vector<int>& sizes = started.connection.layer_sizes;
   const std::string path = absl::GetFlag(FLAGS_model_file);
   absl::StatusOr<ModelFile> file = ReadModelFile(path, MlpSpec(sizes));
   if (!file.ok()) return Fail(std::string(file.status().message()));
-  absl::StatusOr<Examples> test = LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), "t10k");
+  absl::StatusOr<Examples> test = LoadFashionMnist(started.data_dir, "t10k");
   if (!test.ok()) return Fail(std::string(test.status().message()));
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      MakeBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_threads));
-  if (!backend.ok()) return Fail(std::string(backend.status().message()));
-  absl::StatusOr<CsvWriter> csv = OpenCsv();
+  absl::StatusOr<CsvWriter> csv = OpenCsv(started.csv);
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
-  Mlp mlp(sizes, /*max_batch=*/1000, backend->get());
+  Mlp mlp(sizes, /*max_batch=*/1000, started.backend.get());
   Mlp::Score score =
       mlp.Evaluate(file->params, test->features.data(), test->labels.data(), test->count);
   int64_t version = *std::min_element(file->versions.begin(), file->versions.end());
@@ -76,43 +65,28 @@ int ScoreModelFile(const std::vector<int>& sizes) {
 }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  SetClientUsage(
       "Test-set evaluator.\nExample: evaluator --ps=host1:50051,host2:50051 --csv=eval.csv\n"
       "         evaluator --model_file=model.safetensors (offline, no shards)");
   absl::ParseCommandLine(argc, argv);
-  absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
-  if (!sizes.ok()) return Fail(std::string(sizes.status().message()));
-  if (!absl::GetFlag(FLAGS_model_file).empty()) return ScoreModelFile(*sizes);
-  absl::StatusOr<std::vector<std::string>> addresses = ParseShardAddresses(absl::GetFlag(FLAGS_ps));
-  if (!addresses.ok()) return Fail(std::string(addresses.status().message()));
-  SetLogTag("evaluator");
-  absl::StatusOr<ClientSecurity> security = ClientSecurityFromFlags();
-  if (!security.ok()) return Fail(std::string(security.status().message()));
-  InstallShutdownHandler();
+  const bool offline = !absl::GetFlag(FLAGS_model_file).empty();
+  absl::StatusOr<ClientStart> started = StartClient("evaluator", /*rank=*/0, !offline);
+  if (!started.ok()) return Fail(std::string(started.status().message()));
+  if (offline) return ScoreModelFile(*started);
+  const ClientConnection& shards = started->connection;
 
-  absl::StatusOr<Examples> test = LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), "t10k");
+  absl::StatusOr<Examples> test = LoadFashionMnist(started->data_dir, "t10k");
   if (!test.ok()) return Fail(std::string(test.status().message()));
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      MakeBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_threads));
-  if (!backend.ok()) return Fail(std::string(backend.status().message()));
-  Mlp mlp(*sizes, /*max_batch=*/1000, backend->get());
-
-  absl::StatusOr<std::unique_ptr<grpc::Server>> health = StartHealthFromFlags();
-  if (!health.ok()) return Fail(std::string(health.status().message()));
-  ClientOptions options;
-  absl::StatusOr<WireType> pull_type = PullTypeFromFlags();
-  if (!pull_type.ok()) return Fail(std::string(pull_type.status().message()));
-  options.pull_type = *pull_type;
-  options.retry_for = absl::Seconds(absl::GetFlag(FLAGS_retry_seconds));
-  options.security = *std::move(security);
-  ShardedClient client(*addresses,
-                       {mlp.Fingerprint(), mlp.num_params(), static_cast<int>(addresses->size())},
-                       /*worker_id=*/-1, options);
+  Mlp mlp(shards.layer_sizes, /*max_batch=*/1000, started->backend.get());
+  ShardedClient client(
+      shards.addresses,
+      {mlp.Fingerprint(), mlp.num_params(), static_cast<int>(shards.addresses.size())},
+      /*worker_id=*/-1, shards.options);
   CancelOnShutdown cancel_on_shutdown(&client);  // the final pull below starts afresh
   if (absl::StatusOr<int64_t> r = client.Register(); !r.ok()) {
     return ShutdownRequested() ? 0 : Fail(std::string(r.status().message()));
   }
-  absl::StatusOr<CsvWriter> csv = OpenCsv();
+  absl::StatusOr<CsvWriter> csv = OpenCsv(started->csv);
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
 
   std::vector<float> params(mlp.num_params());
@@ -143,7 +117,7 @@ int Main(int argc, char** argv) {
     }
     if (!stopping) WaitForShutdown(absl::Seconds(absl::GetFlag(FLAGS_interval_seconds)));
   }
-  if (*health != nullptr) (*health)->Shutdown();
+  if (started->health != nullptr) started->health->Shutdown();
   return 0;
 }
 

@@ -16,36 +16,23 @@
 #include "common/shutdown.h"
 #include "kernels/backend.h"
 #include "worker/batch_sampler.h"
-#include "worker/client_flags.h"
+#include "worker/client_start.h"
 #include "worker/delay.h"
 #include "worker/idx_dataset.h"
 #include "worker/mlp.h"
 #include "worker/sharded_client.h"
 
-ABSL_FLAG(std::string, ps, "",
-          "Shard addresses in shard order: host:port,host:port,... (a replicated shard: its two "
-          "replicas as host:port/host:port).");
 ABSL_FLAG(int, rank, 0, "This worker's rank r in [0, num_workers); rank 0 initialises the model.");
 ABSL_FLAG(int, num_workers, 1, "Number of workers W; worker r trains on slice r of W of the data.");
-ABSL_FLAG(std::string, hidden, "256,128", "Hidden layer sizes of the MLP.");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size.");
 ABSL_FLAG(int64_t, steps, 0,
           "Stop after this many steps in total (restarts included); 0: no limit.");
 ABSL_FLAG(double, max_seconds, 0, "Stop after this many seconds; 0: no limit.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of the initial weights and of the batch order.");
-ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
-ABSL_FLAG(std::string, csv, "",
-          "Append a row per step here (step,wall_time,loss,base_version,...).");
-ABSL_FLAG(std::string, device, "auto",
-          "auto | cpu | cuda | cuda:N. auto and cuda take GPU (local rank mod GPUs), the local "
-          "rank being $LOCAL_RANK or else --rank; auto falls back to the CPU when no GPU is "
-          "usable (saying why).");
-ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
 ABSL_FLAG(double, rpc_timeout_seconds, 10, "Deadline of each RPC attempt.");
 ABSL_FLAG(std::string, push_dtype, "fp32",
           "What gradients travel as: fp32 | bf16 | fp16 (half the bytes; values beyond fp16's "
           "range are sent as +-65504, and counted).");
-ABSL_FLAG(double, retry_seconds, 60, "Give up after a shard has been unreachable this long.");
 ABSL_FLAG(double, heartbeat_seconds, 1, "Seconds between heartbeats (keep below the ps lease).");
 ABSL_FLAG(double, slowdown, 1, "Straggler injection: compute takes this many times longer.");
 ABSL_FLAG(std::string, pull_delay, "", "Delay before each pull: fixed:S | uniform:A,B | exp:MEAN.");
@@ -60,7 +47,7 @@ namespace {
 int Fail(const std::string& reason) { return FailMain("worker", reason); }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  SetClientUsage(
       "Training worker.\nExample: worker --ps=host1:50051,host2:50051 --rank=0 --num_workers=4");
   absl::ParseCommandLine(argc, argv);
   const int rank = absl::GetFlag(FLAGS_rank), workers = absl::GetFlag(FLAGS_num_workers);
@@ -83,38 +70,25 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Delay> push_delay =
       Delay::Parse(absl::GetFlag(FLAGS_push_delay), seed * 37 + rank);
   if (!push_delay.ok()) return Fail(std::string(push_delay.status().message()));
-  absl::StatusOr<std::vector<std::string>> addresses = ParseShardAddresses(absl::GetFlag(FLAGS_ps));
-  if (!addresses.ok()) return Fail(std::string(addresses.status().message()));
-  absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
-  if (!sizes.ok()) return Fail(std::string(sizes.status().message()));
-  SetLogTag(absl::StrCat("worker[", rank, "]"));
-  absl::StatusOr<ClientSecurity> security = ClientSecurityFromFlags();
-  if (!security.ok()) return Fail(std::string(security.status().message()));
-  InstallShutdownHandler();
-
-  Range slice = PartRange(60000, rank, workers);
-  absl::StatusOr<Examples> data = LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), "train", &slice);
-  if (!data.ok()) return Fail(std::string(data.status().message()));
-  absl::StatusOr<std::unique_ptr<Backend>> backend =
-      MakeBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_threads), rank);
-  if (!backend.ok()) return Fail(std::string(backend.status().message()));
-  Mlp mlp(*sizes, batch, backend->get());
-
-  absl::StatusOr<std::unique_ptr<grpc::Server>> health = StartHealthFromFlags();
-  if (!health.ok()) return Fail(std::string(health.status().message()));
-
-  ClientOptions options;
   absl::StatusOr<WireType> push_type = ParseWireType(absl::GetFlag(FLAGS_push_dtype));
   if (!push_type.ok()) return Fail("--push_dtype: " + std::string(push_type.status().message()));
-  absl::StatusOr<WireType> pull_type = PullTypeFromFlags();
-  if (!pull_type.ok()) return Fail(std::string(pull_type.status().message()));
+  absl::StatusOr<ClientStart> started =
+      StartClient(absl::StrCat("worker[", rank, "]"), rank, /*needs_shards=*/true);
+  if (!started.ok()) return Fail(std::string(started.status().message()));
+  const ClientConnection& shards = started->connection;
+
+  Range slice = PartRange(60000, rank, workers);
+  absl::StatusOr<Examples> data = LoadFashionMnist(started->data_dir, "train", &slice);
+  if (!data.ok()) return Fail(std::string(data.status().message()));
+  Backend* backend = started->backend.get();
+  Mlp mlp(shards.layer_sizes, batch, backend);
+
+  ClientOptions options = shards.options;
   options.push_type = *push_type;
-  options.pull_type = *pull_type;
   options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_seconds));
-  options.retry_for = absl::Seconds(absl::GetFlag(FLAGS_retry_seconds));
-  options.security = *std::move(security);
-  ModelIdentity model{mlp.Fingerprint(), mlp.num_params(), static_cast<int>(addresses->size())};
-  ShardedClient client(*addresses, model, rank, options);
+  ModelIdentity model{mlp.Fingerprint(), mlp.num_params(),
+                      static_cast<int>(shards.addresses.size())};
+  ShardedClient client(shards.addresses, model, rank, options);
   CancelOnShutdown cancel_on_shutdown(&client);
   absl::StatusOr<int64_t> next_step = client.Register();
   if (!next_step.ok() && ShutdownRequested()) return 0;
@@ -162,11 +136,11 @@ int Main(int argc, char** argv) {
                  << " shards (the others already held the model)";
   }
   PS_LOG(INFO) << mlp.Fingerprint() << " (" << mlp.num_params() << " parameters) on "
-               << (*backend)->Name() << ", examples [" << slice.begin << ", " << slice.end
+               << backend->Name() << ", examples [" << slice.begin << ", " << slice.end
                << "), starting at step " << *next_step;
 
   absl::StatusOr<CsvWriter> csv = CsvWriter::Open(
-      absl::GetFlag(FLAGS_csv).empty() ? "/dev/null" : absl::GetFlag(FLAGS_csv),
+      started->csv.empty() ? "/dev/null" : started->csv,
       {"step", "wall_time", "loss", "base_version", "staleness", "epoch", "dropped"});
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
 
@@ -175,8 +149,8 @@ int Main(int argc, char** argv) {
   BatchSampler sampler(data->count, batch, seed * 1000003 + rank);
   *data = Examples();  // the backend has its own copy
   // Two weight buffers: with --prefetch, one is filled for the next step while the other is used.
-  HostBuffer<float> params_a(backend->get(), mlp.num_params()),
-      params_b(backend->get(), mlp.num_params()), grad(backend->get(), mlp.num_params());
+  HostBuffer<float> params_a(backend, mlp.num_params()), params_b(backend, mlp.num_params()),
+      grad(backend, mlp.num_params());
   HostBuffer<float>*params = &params_a, *next_params = &params_b;
   // With --prefetch, the pull of the next step's weights into next_params, in flight while this
   // step computes. Destroyed (waiting for it) before the buffers it writes into.
@@ -251,7 +225,7 @@ int Main(int argc, char** argv) {
   heartbeats.Stop();
   cancel_on_shutdown.Join();  // or it could cancel the Leave
   if (absl::Status s = client.Leave(absl::Seconds(2)); !s.ok()) PS_LOG(WARNING) << "leave: " << s;
-  if (*health != nullptr) (*health)->Shutdown();
+  if (started->health != nullptr) started->health->Shutdown();
   return 0;
 }
 

@@ -1,0 +1,29 @@
+// The one start-up of the client daemons (worker, evaluator): the shared flags (client_flags.h,
+// plus --data_dir, --csv, --device and --threads defined here) read and checked, the log tagged,
+// SIGTERM handled, the compute backend made and the health service started.
+#pragma once
+
+#include <grpcpp/server.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "worker/client_flags.h"
+
+namespace ps {
+
+struct ClientStart {
+  ClientConnection connection;           // --ps, --hidden, credentials, ...
+  std::string data_dir;                  // --data_dir
+  std::string csv;                       // --csv; "" for none
+  std::unique_ptr<Backend> backend;      // --device (a GPU by `rank`: see MakeBackend), --threads
+  std::unique_ptr<grpc::Server> health;  // --health_port; null when off
+};
+
+// Fails with a one-line reason (a bad flag, an unreadable credential, no usable --device, a
+// health port taken). `needs_shards`: as ClientConnectionFromFlags.
+absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bool needs_shards);
+
+}  // namespace ps
