@@ -19,6 +19,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/cluster_spec.h"
 #include "common/log.h"
 #include "common/security.h"
 #include "common/shutdown.h"
@@ -238,10 +239,11 @@ void ConfigureTransport(const ServiceLimits& limits, grpc::ServerBuilder* builde
 }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  absl::StatusOr<std::string> from_spec = ParseDaemonFlags(
+      argc, argv, "ps",
       "Parameter-server shard.\nExample: ps --shard_index=0 --num_shards=2 --port=50051 "
       "--model=mlp:784-256-128-10 --num_workers=4 --consistency=ssp:2");
-  absl::ParseCommandLine(argc, argv);
+  if (!from_spec.ok()) return Fail(std::string(from_spec.status().message()));
   absl::StatusOr<ShardConfig> config = ConfigFromFlags();
   if (!config.ok()) return Fail(std::string(config.status().message()));
   std::unique_ptr<Checkpointer> checkpointer;
@@ -269,6 +271,7 @@ int Main(int argc, char** argv) {
       absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_read_token_file));
   if (!security.ok()) return Fail(std::string(security.status().message()));
   SetLogTag(absl::StrCat("ps[", config->shard_index, "]"));
+  if (!from_spec->empty()) PS_LOG(INFO) << "from the cluster spec: " << *from_spec;
   const std::string host = absl::GetFlag(FLAGS_host);
   if (absl::Status s = CheckListenHost("--host", host, *security, absl::GetFlag(FLAGS_insecure));
       !s.ok()) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/cluster.h"
+#include "common/cluster_spec.h"
 #include "common/log.h"
 #include "common/model_spec.h"
 #include "tools/model_export.h"
@@ -25,13 +26,15 @@ namespace {
 int Fail(const std::string& reason) { return FailMain("export_model", reason); }
 
 int Main(int argc, char** argv) {
-  SetClientUsage(
+  absl::StatusOr<std::string> from_spec = ParseDaemonFlags(
+      argc, argv, "export_model",
       "Writes a job's model as one safetensors file (fc1.weight [784,256], fc1.bias [256], ...).\n"
       "Examples: export_model --checkpoint_dir=ckpt --out=model.safetensors\n"
       "          export_model --ps=host1:50051,host2:50051 --token_file=read-token "
       "--out=model.safetensors");
-  absl::ParseCommandLine(argc, argv);
+  if (!from_spec.ok()) return Fail(std::string(from_spec.status().message()));
   SetLogTag("export_model");
+  if (!from_spec->empty()) PS_LOG(INFO) << "from the cluster spec: " << *from_spec;
   const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir), out = absl::GetFlag(FLAGS_out);
   absl::StatusOr<ClientConnection> shards = ClientConnectionFromFlags(/*needs_shards=*/false);
   if (!shards.ok()) return Fail(std::string(shards.status().message()));

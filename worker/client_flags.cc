@@ -1,9 +1,6 @@
 #include "worker/client_flags.h"
 
 #include "absl/flags/flag.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "common/cluster.h"
 #include "common/health_server.h"
 #include "common/log.h"
@@ -79,18 +76,6 @@ absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards) {
   if (!security.ok()) return security.status();
   c.options.security = *std::move(security);
   return c;
-}
-
-void SetClientUsage(const std::string& usage) {
-  absl::SetProgramUsageMessage(usage);
-  absl::FlagsUsageConfig config;
-  config.contains_help_flags = [](absl::string_view file) {
-    // The program's own (its one *_main.cc) and the shared ones.
-    absl::string_view name = file.substr(file.rfind('/') + 1);
-    name = name.substr(0, name.rfind('.'));
-    return absl::EndsWith(name, "_main") || name == "client_flags" || name == "client_start";
-  };
-  absl::SetFlagsUsageConfig(config);
 }
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthFromFlags() {

@@ -26,10 +26,6 @@ struct ClientConnection {
 // From the flags; `needs_shards`: --ps must name at least one shard (else it may be empty).
 absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards);
 
-// Sets the program's usage message, and makes --help list these shared flags (and
-// client_start.h's) with the program's own: call before absl::ParseCommandLine.
-void SetClientUsage(const std::string& usage);
-
 // The shards' credentials from the flags, after checking that the health service may listen
 // where asked. Fails with a one-line reason (an unreadable file, a non-loopback --health_host
 // without --insecure, ...).

@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/cluster.h"
+#include "common/cluster_spec.h"
 #include "common/csv_writer.h"
 #include "common/log.h"
 #include "common/shutdown.h"
@@ -65,13 +66,15 @@ int ScoreModelFile(const ClientStart& started) {
 }
 
 int Main(int argc, char** argv) {
-  SetClientUsage(
+  absl::StatusOr<std::string> from_spec = ParseDaemonFlags(
+      argc, argv, "evaluator",
       "Test-set evaluator.\nExample: evaluator --ps=host1:50051,host2:50051 --csv=eval.csv\n"
       "         evaluator --model_file=model.safetensors (offline, no shards)");
-  absl::ParseCommandLine(argc, argv);
+  if (!from_spec.ok()) return Fail(std::string(from_spec.status().message()));
   const bool offline = !absl::GetFlag(FLAGS_model_file).empty();
   absl::StatusOr<ClientStart> started = StartClient("evaluator", /*rank=*/0, !offline);
   if (!started.ok()) return Fail(std::string(started.status().message()));
+  if (!from_spec->empty()) PS_LOG(INFO) << "from the cluster spec: " << *from_spec;
   if (offline) return ScoreModelFile(*started);
   const ClientConnection& shards = started->connection;
 

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/cluster.h"
+#include "common/cluster_spec.h"
 #include "common/csv_writer.h"
 #include "common/log.h"
 #include "common/shutdown.h"
@@ -47,9 +48,10 @@ namespace {
 int Fail(const std::string& reason) { return FailMain("worker", reason); }
 
 int Main(int argc, char** argv) {
-  SetClientUsage(
+  absl::StatusOr<std::string> from_spec = ParseDaemonFlags(
+      argc, argv, "worker",
       "Training worker.\nExample: worker --ps=host1:50051,host2:50051 --rank=0 --num_workers=4");
-  absl::ParseCommandLine(argc, argv);
+  if (!from_spec.ok()) return Fail(std::string(from_spec.status().message()));
   const int rank = absl::GetFlag(FLAGS_rank), workers = absl::GetFlag(FLAGS_num_workers);
   const int batch = absl::GetFlag(FLAGS_batch_size);
   if (workers < 1 || rank < 0 || rank >= workers) {
@@ -75,6 +77,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<ClientStart> started =
       StartClient(absl::StrCat("worker[", rank, "]"), rank, /*needs_shards=*/true);
   if (!started.ok()) return Fail(std::string(started.status().message()));
+  if (!from_spec->empty()) PS_LOG(INFO) << "from the cluster spec: " << *from_spec;
   const ClientConnection& shards = started->connection;
 
   Range slice = PartRange(60000, rank, workers);

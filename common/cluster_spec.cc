@@ -1,0 +1,292 @@
+#include "common/cluster_spec.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/cluster.h"
+#include "common/model_spec.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, cluster, "",
+          "Cluster spec (JSON) describing the whole job; this daemon's part is --role (or "
+          "$PS_ROLE). Flags on the command line override the file.");
+ABSL_FLAG(std::string, role, "",
+          "With --cluster: ps:S (ps:S/R for replica R), worker:R or evaluator (else $PS_ROLE).");
+
+namespace ps {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Bad(const std::string& what) {
+  return absl::InvalidArgumentError("cluster spec: " + what);
+}
+
+// A flag value from a JSON scalar; fails for objects, arrays and null.
+absl::StatusOr<std::string> ScalarText(const Json& v, const std::string& where) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return std::string(v.get<bool>() ? "true" : "false");
+  if (v.is_number_integer()) return v.dump();
+  if (v.is_number_float()) return v.dump();
+  return Bad(absl::StrCat(where, " must be a string, number or boolean"));
+}
+
+// "host:port" -> {host, port}.
+std::pair<std::string, std::string> HostPort(const std::string& address) {
+  size_t colon = address.rfind(':');
+  return {address.substr(0, colon), address.substr(colon + 1)};
+}
+
+void AddSecurity(const ClusterSpec& spec, const std::string& program,
+                 std::vector<std::string>* flags) {
+  auto get = [&](const char* key) {
+    auto it = spec.security.find(key);
+    return it == spec.security.end() ? std::string() : it->second;
+  };
+  auto add = [&](const char* flag, const std::string& value) {
+    if (!value.empty()) flags->push_back(absl::StrCat("--", flag, "=", value));
+  };
+  if (program == "ps") {
+    add("tls_cert", get("server_cert"));
+    add("tls_key", get("server_key"));
+    if (!get("client_cert").empty()) add("tls_ca", get("ca"));  // clients present certificates
+    add("token_file", get("token_file"));
+    add("read_token_file", get("read_token_file"));
+    return;
+  }
+  add("tls_ca", get("ca"));
+  add("tls_cert", get("client_cert"));
+  add("tls_key", get("client_key"));
+  const std::string read_token = get("read_token_file");
+  const bool reads_only = program == "evaluator" || program == "export_model";
+  add("token_file", reads_only && !read_token.empty() ? read_token : get("token_file"));
+}
+
+// Scans argv for --name=VALUE or --name VALUE (also with one dash); "" if absent.
+std::string ArgValue(int argc, char** argv, const std::string& name) {
+  std::string value;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    for (const std::string& prefix : {"--" + name, "-" + name}) {
+      if (arg.rfind(prefix + "=", 0) == 0) value = arg.substr(prefix.size() + 1);
+      if (arg == prefix && i + 1 < argc) value = argv[++i];
+    }
+  }
+  return value;
+}
+
+}  // namespace
+
+absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
+  Json root = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return Bad("not valid JSON");
+  if (!root.is_object()) return Bad("the top level must be an object");
+  static const std::set<std::string> kKeys = {"hidden", "shards",    "workers", "ps",
+                                              "worker", "evaluator", "security"};
+  for (const auto& [key, value] : root.items()) {
+    if (kKeys.count(key) == 0) {
+      return Bad(
+          absl::StrCat("unknown key \"", key, "\" (expected ", absl::StrJoin(kKeys, ", "), ")"));
+    }
+  }
+  ClusterSpec spec;
+  if (root.contains("hidden")) {
+    const Json& h = root["hidden"];
+    if (h.is_string()) {
+      spec.hidden = h.get<std::string>();
+    } else if (h.is_array()) {
+      std::vector<std::string> sizes;
+      for (const Json& n : h) {
+        if (!n.is_number_integer()) return Bad("\"hidden\" must hold integers");
+        sizes.push_back(n.dump());
+      }
+      spec.hidden = absl::StrJoin(sizes, ",");
+    } else {
+      return Bad("\"hidden\" must be a string like \"256,128\" or an array of sizes");
+    }
+    if (absl::Status s = MlpLayerSizes(784, spec.hidden, 10).status(); !s.ok()) {
+      return Bad("\"hidden\": " + std::string(s.message()));
+    }
+  }
+  if (!root.contains("shards") || !root["shards"].is_array() || root["shards"].empty()) {
+    return Bad("\"shards\" must be a non-empty array of \"host:port\" (or \"a:port/b:port\")");
+  }
+  std::vector<std::string> entries;
+  for (const Json& s : root["shards"]) {
+    if (!s.is_string()) return Bad("every entry of \"shards\" must be a string");
+    entries.push_back(s.get<std::string>());
+  }
+  absl::StatusOr<std::vector<std::string>> shards =
+      ParseShardAddresses(absl::StrJoin(entries, ","));
+  if (!shards.ok()) return Bad("\"shards\": " + std::string(shards.status().message()));
+  spec.shards = *std::move(shards);
+  if (!root.contains("workers") || !root["workers"].is_number_integer() ||
+      root["workers"].get<int64_t>() < 1 || root["workers"].get<int64_t>() > 1000000) {
+    return Bad("\"workers\" must be a positive integer");
+  }
+  spec.workers = root["workers"].get<int>();
+  for (const char* role : {"ps", "worker", "evaluator"}) {
+    if (!root.contains(role)) continue;
+    if (!root[role].is_object()) return Bad(absl::StrCat("\"", role, "\" must be an object"));
+    for (const auto& [name, value] : root[role].items()) {
+      absl::StatusOr<std::string> text = ScalarText(value, absl::StrCat(role, ".", name));
+      if (!text.ok()) return text.status();
+      spec.role_flags[role][name] = *text;
+    }
+  }
+  if (root.contains("security")) {
+    static const std::set<std::string> kSecurity = {
+        "ca",         "server_cert", "server_key",     "client_cert",
+        "client_key", "token_file",  "read_token_file"};
+    if (!root["security"].is_object()) return Bad("\"security\" must be an object");
+    for (const auto& [name, value] : root["security"].items()) {
+      if (kSecurity.count(name) == 0) {
+        return Bad(absl::StrCat("unknown security key \"", name, "\" (expected ",
+                                absl::StrJoin(kSecurity, ", "), ")"));
+      }
+      if (!value.is_string()) return Bad(absl::StrCat("security.", name, " must be a path"));
+      spec.security[name] = value.get<std::string>();
+    }
+  }
+  return spec;
+}
+
+absl::StatusOr<ClusterSpec> ReadClusterSpec(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError("cannot read the cluster spec " + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(text.str());
+  if (!spec.ok())
+    return absl::Status(spec.status().code(), path + ": " + std::string(spec.status().message()));
+  return spec;
+}
+
+absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
+                                                      const std::string& program,
+                                                      const std::string& role) {
+  const size_t colon = role.find(':');
+  const std::string kind = role.substr(0, colon);
+  if (kind != program) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("role '", role, "' is not one of ", program, "'s (expected ",
+                     program == "ps" || program == "worker" ? program + ":N" : program, ")"));
+  }
+  std::vector<std::string> flags;
+  const std::string model_sizes = spec.hidden;
+  const int shards = static_cast<int>(spec.shards.size());
+  if (program == "ps") {
+    std::string index_text = colon == std::string::npos ? "" : role.substr(colon + 1);
+    int replica = -1;
+    if (size_t slash = index_text.find('/'); slash != std::string::npos) {
+      if (!absl::SimpleAtoi(index_text.substr(slash + 1), &replica) || replica < 0 || replica > 1) {
+        return absl::InvalidArgumentError("role '" + role + "': the replica must be 0 or 1");
+      }
+      index_text = index_text.substr(0, slash);
+    }
+    int shard = -1;
+    if (!absl::SimpleAtoi(index_text, &shard) || shard < 0 || shard >= shards) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("role '", role, "': the spec has shards 0..", shards - 1));
+    }
+    std::vector<std::string> replicas = ShardReplicas(spec.shards[shard]);
+    if (replicas.size() == 2 && replica < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("role '", role, "': shard ", shard,
+                                                     " is replicated: give ps:", shard,
+                                                     "/0 or ps:", shard, "/1"));
+    }
+    if (replicas.size() == 1 && replica > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("role '", role, "': shard ", shard, " has one replica"));
+    }
+    const int r = std::max(replica, 0);
+    auto [host, port] = HostPort(replicas[r]);
+    flags = {absl::StrCat("--shard_index=", shard),
+             absl::StrCat("--num_shards=", shards),
+             absl::StrCat("--num_workers=", spec.workers),
+             absl::StrCat("--model=", MlpSpec(*MlpLayerSizes(784, model_sizes, 10))),
+             "--host=" + host,
+             "--port=" + port};
+    if (replicas.size() == 2) {
+      flags.push_back("--peer=" + replicas[1 - r]);
+      flags.push_back(absl::StrCat("--replica=", r));
+    }
+  } else if (program == "worker") {
+    int rank = -1;
+    if (colon == std::string::npos || !absl::SimpleAtoi(role.substr(colon + 1), &rank) ||
+        rank < 0 || rank >= spec.workers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("role '", role, "': the spec has workers 0..", spec.workers - 1));
+    }
+    flags = {"--ps=" + absl::StrJoin(spec.shards, ","), absl::StrCat("--rank=", rank),
+             absl::StrCat("--num_workers=", spec.workers), "--hidden=" + model_sizes};
+  } else if (program == "evaluator" || program == "export_model") {
+    if (role != program) {
+      return absl::InvalidArgumentError("role '" + role + "': expected " + program);
+    }
+    flags = {"--ps=" + absl::StrJoin(spec.shards, ","), "--hidden=" + model_sizes};
+  } else {
+    return absl::InvalidArgumentError("no cluster-spec role for program " + program);
+  }
+  AddSecurity(spec, program, &flags);
+  if (auto it = spec.role_flags.find(program); it != spec.role_flags.end()) {
+    for (const auto& [name, value] : it->second)
+      flags.push_back(absl::StrCat("--", name, "=", value));
+  }
+  return flags;
+}
+
+absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::string& program) {
+  ClusterArgs out;
+  out.args.assign(argv, argv + argc);
+  const std::string path = ArgValue(argc, argv, "cluster");
+  if (path.empty()) return out;
+  std::string role = ArgValue(argc, argv, "role");
+  if (role.empty() && std::getenv("PS_ROLE") != nullptr) role = std::getenv("PS_ROLE");
+  // One evaluator per job, and export_model reads the shards as it does: no role needed.
+  if ((program == "evaluator" || program == "export_model") && role.empty()) role = program;
+  if (role.empty()) {
+    return absl::InvalidArgumentError(
+        "--cluster needs this daemon's role: --role=... or $PS_ROLE (ps:S, worker:R, evaluator)");
+  }
+  absl::StatusOr<ClusterSpec> spec = ReadClusterSpec(path);
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<std::vector<std::string>> flags = FlagsForRole(*spec, program, role);
+  if (!flags.ok()) return flags.status();
+  out.args.insert(out.args.begin() + 1, flags->begin(), flags->end());
+  out.summary = absl::StrCat(
+      role, " of ", path, " (", spec->shards.size(), " shard(s), ", spec->workers, " worker(s), ",
+      MlpSpec(*MlpLayerSizes(784, spec->hidden, 10)), "): ", absl::StrJoin(*flags, " "));
+  return out;
+}
+
+absl::StatusOr<std::string> ParseDaemonFlags(int argc, char** argv, const std::string& program,
+                                             const std::string& usage) {
+  absl::SetProgramUsageMessage(usage);
+  absl::FlagsUsageConfig config;
+  config.contains_help_flags = [](absl::string_view file) {
+    absl::string_view name = file.substr(file.rfind('/') + 1);
+    name = name.substr(0, name.rfind('.'));
+    return absl::EndsWith(name, "_main") || name == "cluster_spec" || name == "client_flags" ||
+           name == "client_start";
+  };
+  absl::SetFlagsUsageConfig(config);
+  absl::StatusOr<ClusterArgs> expanded = ExpandClusterArgs(argc, argv, program);
+  if (!expanded.ok()) return expanded.status();
+  std::vector<char*> args = expanded->argv();
+  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  return expanded->summary;
+}
+
+}  // namespace ps

@@ -1,0 +1,77 @@
+// The cluster spec: one JSON file describing a whole job, which every daemon reads with
+// --cluster=FILE (in the spirit of TF_CONFIG). A daemon's own part comes from --role or $PS_ROLE
+// ("ps:S", "ps:S/R" for replica R of a replicated shard, "worker:R", "evaluator"), so one file
+// serves a whole Kubernetes or Slurm job. The spec becomes flags placed before the command line's
+// own, so any flag given on the command line overrides the file.
+//
+//   {
+//     "hidden": "256,128",                     MLP hidden sizes (the model: mlp:784-...-10)
+//     "shards": ["h1:50051", "h2:50051/h3:50051"],   in shard order; "a/b": two replicas
+//     "workers": 4,
+//     "ps": {"consistency": "async", "optimizer": "momentum", "lr": 0.01},   flags of every ps
+//     "worker": {"batch_size": 64, "device": "auto"},                         of every worker
+//     "evaluator": {"interval_seconds": 2},
+//     "security": {"ca": "ca.pem", "server_cert": "server.pem", "server_key": "server.key",
+//                  "client_cert": "client.pem", "client_key": "client.key",
+//                  "token_file": "token", "read_token_file": "read-token"}
+//   }
+//
+// Every field but "shards" and "workers" is optional; values of the per-role sections are
+// strings, numbers or booleans, passed as --name=value (an unknown name fails like a bad flag).
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ps {
+
+struct ClusterSpec {
+  std::string hidden = "256,128";
+  std::vector<std::string> shards;  // entries as ParseShardAddresses gives them
+  int workers = 0;
+  // Per-role flags, by role kind ("ps", "worker", "evaluator"): name -> value.
+  std::map<std::string, std::map<std::string, std::string>> role_flags;
+  // "security": ca, server_cert, server_key, client_cert, client_key, token_file, read_token_file.
+  std::map<std::string, std::string> security;
+};
+
+// Parses the JSON text; fails naming the first problem (bad JSON, a missing or mistyped field, a
+// bad shard address, an unknown key).
+absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& json);
+absl::StatusOr<ClusterSpec> ReadClusterSpec(const std::string& path);
+
+// The flags that `role` of `program` ("ps", "worker", "evaluator"; or "export_model", which gets
+// the evaluator's connection flags and no section of its own) gets from the spec. Fails
+// when the role is malformed, is not one of `program`'s, or names a shard, replica or worker that
+// the spec does not have.
+absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
+                                                      const std::string& program,
+                                                      const std::string& role);
+
+// The command line `program` should parse: argv[0], the spec's flags for its role, then the rest of
+// argv unchanged (so they win). Without --cluster (as --cluster=FILE or --cluster FILE) argv comes
+// back as it is. The role comes from --role, else $PS_ROLE. Also returns, for the start-up log, a
+// line saying what the spec made this daemon.
+struct ClusterArgs {
+  std::vector<std::string> args;
+  std::string summary;  // "" without --cluster
+  // args as argv for absl::ParseCommandLine; valid while this object lives unchanged.
+  std::vector<char*> argv() {
+    std::vector<char*> v;
+    for (std::string& a : args) v.push_back(a.data());
+    return v;
+  }
+};
+absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::string& program);
+
+// A daemon's whole command-line parse: sets `usage` for --help (which lists the program's own
+// flags, from its *_main.cc, and the shared ones: cluster_spec, client_flags, client_start), puts
+// the cluster spec's flags for its role first (ExpandClusterArgs), then parses. Returns the line to
+// log about the spec ("" without --cluster), or a one-line reason.
+absl::StatusOr<std::string> ParseDaemonFlags(int argc, char** argv, const std::string& program,
+                                             const std::string& usage);
+
+}  // namespace ps

@@ -1,0 +1,200 @@
+// The cluster spec (common/cluster_spec.h): parsing, the flags each role gets, the command line
+// that wins over the file, and a job whose five daemons are started from one spec file.
+#include "common/cluster_spec.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "deploy/local_cluster.h"
+#include "deploy/subprocess.h"
+#include "tests/run_dir.h"
+#include "tests/scoped_env.h"
+
+namespace ps {
+namespace {
+
+constexpr char kSpec[] = R"({
+  "hidden": [64, 32],
+  "shards": ["10.0.0.1:5001", "10.0.0.2:5002/10.0.0.3:5003"],
+  "workers": 3,
+  "ps": {"consistency": "ssp:2", "lr": 0.05, "staleness_lr": true},
+  "worker": {"batch_size": 32},
+  "security": {"ca": "ca.pem", "server_cert": "s.pem", "server_key": "s.key",
+               "client_cert": "c.pem", "client_key": "c.key",
+               "token_file": "token", "read_token_file": "read-token"}
+})";
+
+bool Has(const std::vector<std::string>& flags, const std::string& flag) {
+  return std::find(flags.begin(), flags.end(), flag) != flags.end();
+}
+
+TEST(ClusterSpecTest, EachRoleGetsItsFlags) {
+  absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(kSpec);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::vector<std::string>> ps0 = FlagsForRole(*spec, "ps", "ps:0");
+  ASSERT_TRUE(ps0.ok()) << ps0.status();
+  for (const char* f :
+       {"--shard_index=0", "--num_shards=2", "--num_workers=3", "--model=mlp:784-64-32-10",
+        "--host=10.0.0.1", "--port=5001", "--consistency=ssp:2", "--lr=0.05", "--staleness_lr=true",
+        "--tls_cert=s.pem", "--tls_key=s.key", "--tls_ca=ca.pem", "--token_file=token",
+        "--read_token_file=read-token"}) {
+    EXPECT_TRUE(Has(*ps0, f)) << f;
+  }
+  absl::StatusOr<std::vector<std::string>> backup = FlagsForRole(*spec, "ps", "ps:1/1");
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  for (const char* f : {"--shard_index=1", "--host=10.0.0.3", "--port=5003", "--peer=10.0.0.2:5002",
+                        "--replica=1"}) {
+    EXPECT_TRUE(Has(*backup, f)) << f;
+  }
+  absl::StatusOr<std::vector<std::string>> worker = FlagsForRole(*spec, "worker", "worker:2");
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  for (const char* f : {"--ps=10.0.0.1:5001,10.0.0.2:5002/10.0.0.3:5003", "--rank=2",
+                        "--num_workers=3", "--hidden=64,32", "--batch_size=32", "--tls_ca=ca.pem",
+                        "--tls_cert=c.pem", "--tls_key=c.key", "--token_file=token"}) {
+    EXPECT_TRUE(Has(*worker, f)) << f;
+  }
+  EXPECT_FALSE(Has(*worker, "--lr=0.05"));  // ps flags stay with the ps
+  absl::StatusOr<std::vector<std::string>> evaluator =
+      FlagsForRole(*spec, "evaluator", "evaluator");
+  ASSERT_TRUE(evaluator.ok()) << evaluator.status();
+  // The evaluator gets the read-only token where there is one.
+  EXPECT_TRUE(Has(*evaluator, "--token_file=read-token"));
+  absl::StatusOr<std::vector<std::string>> exporter =
+      FlagsForRole(*spec, "export_model", "export_model");
+  ASSERT_TRUE(exporter.ok()) << exporter.status();
+  EXPECT_TRUE(Has(*exporter, "--hidden=64,32"));
+  EXPECT_TRUE(Has(*exporter, "--token_file=read-token"));
+  EXPECT_FALSE(Has(*exporter, "--batch_size=32"));  // no daemon section of its own
+}
+
+TEST(ClusterSpecTest, BadSpecsAndRolesAreRefusedWithAReason) {
+  struct Case {
+    std::string json, reason;
+  };
+  const std::string shards = R"("shards": ["127.0.0.1:5001"])";
+  for (const Case& c : std::vector<Case>{
+           {"{", "not valid JSON"},
+           {"[]", "top level must be an object"},
+           {R"({"workers": 2})", "\"shards\" must be a non-empty array"},
+           {R"({"shards": ["127.0.0.1"], "workers": 2})", "\"shards\""},
+           {"{" + shards + "}", "\"workers\" must be a positive integer"},
+           {"{" + shards + R"(, "workers": 0})", "\"workers\" must be a positive integer"},
+           {"{" + shards + R"(, "workers": 2, "wrokers": 3})", "unknown key \"wrokers\""},
+           {"{" + shards + R"(, "workers": 2, "hidden": "64,x"})", "\"hidden\""},
+           {"{" + shards + R"(, "workers": 2, "ps": {"lr": [1]}})", "ps.lr must be"},
+           {"{" + shards + R"(, "workers": 2, "security": {"cert": "x"}})",
+            "unknown security key \"cert\""},
+       }) {
+    absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(c.json);
+    ASSERT_FALSE(spec.ok()) << c.json;
+    EXPECT_NE(std::string(spec.status().message()).find(c.reason), std::string::npos)
+        << c.json << " -> " << spec.status();
+  }
+  absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(kSpec);
+  ASSERT_TRUE(spec.ok());
+  for (auto [program, role, reason] :
+       std::vector<std::tuple<std::string, std::string, std::string>>{
+           {"ps", "ps:2", "shards 0..1"},
+           {"ps", "ps:1", "replicated: give ps:1/0 or ps:1/1"},
+           {"ps", "ps:0/1", "one replica"},
+           {"ps", "worker:0", "not one of ps's"},
+           {"worker", "worker:3", "workers 0..2"},
+           {"worker", "worker", "workers 0..2"},
+           {"evaluator", "ps:0", "not one of evaluator's"}}) {
+    absl::StatusOr<std::vector<std::string>> flags = FlagsForRole(*spec, program, role);
+    ASSERT_FALSE(flags.ok()) << role;
+    EXPECT_NE(std::string(flags.status().message()).find(reason), std::string::npos)
+        << role << " -> " << flags.status();
+  }
+}
+
+TEST(ClusterSpecTest, TheCommandLineComesAfterTheSpecAndTheRoleMayComeFromTheEnvironment) {
+  const std::string path = NewRunDir("spec") + "/cluster.json";
+  std::ofstream(path) << kSpec;
+  std::vector<std::string> argv_text = {"worker", "--cluster", path, "--batch_size=8"};
+  std::vector<char*> argv;
+  for (std::string& a : argv_text) argv.push_back(a.data());
+  {
+    ScopedEnv role("PS_ROLE", "worker:1");
+    absl::StatusOr<ClusterArgs> args = ExpandClusterArgs(4, argv.data(), "worker");
+    ASSERT_TRUE(args.ok()) << args.status();
+    const std::vector<std::string>& a = args->args;
+    EXPECT_EQ(a.front(), "worker");
+    EXPECT_EQ(a.back(), "--batch_size=8");  // the command line's own, last: it wins
+    auto spec_batch = std::find(a.begin(), a.end(), "--batch_size=32");
+    ASSERT_NE(spec_batch, a.end());
+    EXPECT_LT(spec_batch - a.begin(), static_cast<int>(a.size()) - 1);
+    EXPECT_TRUE(Has(a, "--rank=1"));
+    EXPECT_NE(args->summary.find("worker:1 of " + path), std::string::npos) << args->summary;
+  }
+  {
+    ScopedEnv role("PS_ROLE", "");
+    absl::StatusOr<ClusterArgs> args = ExpandClusterArgs(4, argv.data(), "worker");
+    ASSERT_FALSE(args.ok());
+    EXPECT_NE(std::string(args.status().message()).find("$PS_ROLE"), std::string::npos);
+  }
+  // Without --cluster, nothing changes.
+  absl::StatusOr<ClusterArgs> plain = ExpandClusterArgs(1, argv.data(), "worker");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->args, std::vector<std::string>{"worker"});
+  EXPECT_EQ(plain->summary, "");
+  // A spec that is not there.
+  std::vector<std::string> missing_text = {"ps", "--cluster=/nonexistent.json", "--role=ps:0"};
+  std::vector<char*> missing;
+  for (std::string& a : missing_text) missing.push_back(a.data());
+  absl::StatusOr<ClusterArgs> none = ExpandClusterArgs(3, missing.data(), "ps");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(std::string(none.status().message()).find("/nonexistent.json"), std::string::npos);
+}
+
+// Two shards, two workers and the evaluator, each started with nothing but the spec and its role
+// (one from $PS_ROLE): the job trains, and a worker's own --steps overrides the spec's.
+TEST(ClusterSpecTest, AJobStartedFromOneSpecFileTrains) {
+  const std::string dir = NewRunDir("spec");
+  absl::StatusOr<int> port0 = FreePort(), port1 = FreePort();
+  ASSERT_TRUE(port0.ok() && port1.ok());
+  const std::string spec = dir + "/cluster.json";
+  std::ofstream(spec) << absl::StrCat(R"({"hidden": "32", "workers": 2, "shards": ["127.0.0.1:)",
+                                      *port0, R"(", "127.0.0.1:)", *port1, R"("],
+      "ps": {"optimizer": "momentum", "lr": 0.01}, "worker": {"steps": 300, "device": "cpu"},
+      "evaluator": {"interval_seconds": 1}})");
+  auto start = [&](const std::string& program, std::vector<std::string> args,
+                   const std::string& log) {
+    args.insert(args.begin(), {ExecutableDir() + "/" + program, "--cluster=" + spec});
+    absl::StatusOr<Subprocess> p = Subprocess::Start(args, dir + "/" + log);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? *std::move(p) : Subprocess();
+  };
+  Subprocess ps0 = start("ps", {"--role=ps:0"}, "ps-0.log");
+  Subprocess ps1;
+  {
+    ScopedEnv role("PS_ROLE", "ps:1");  // inherited by the child
+    ps1 = start("ps", {}, "ps-1.log");
+  }
+  Subprocess evaluator = start("evaluator", {"--csv=" + dir + "/evaluator.csv"}, "evaluator.log");
+  Subprocess w0 = start("worker", {"--role=worker:0"}, "worker-0.log");
+  Subprocess w1 = start("worker", {"--role=worker:1", "--steps=200"}, "worker-1.log");
+  for (auto [w, log] : {std::pair{&w0, "worker-0.log"}, std::pair{&w1, "worker-1.log"}}) {
+    absl::StatusOr<int> code = w->Wait(absl::Minutes(3));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << ReadFile(dir + "/" + log);
+  }
+  for (int port : {*port0, *port1}) {
+    v1::StatsResponse stats = Stats(absl::StrCat("127.0.0.1:", port));
+    EXPECT_EQ(stats.pushes_applied(), 500);  // 300 from the spec + 200 from the command line
+    EXPECT_EQ(stats.model_fingerprint(), "mlp:784-32-10");
+  }
+  EXPECT_NE(ReadFile(dir + "/worker-1.log").find("from the cluster spec: worker:1 of " + spec),
+            std::string::npos);
+  for (Subprocess* p : {&evaluator, &ps0, &ps1}) EXPECT_EQ(p->Stop(absl::Seconds(10)), 0);
+  EXPECT_NE(ReadFile(dir + "/evaluator.csv").find("\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ps
