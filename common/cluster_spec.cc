@@ -279,7 +279,7 @@ absl::StatusOr<std::string> ParseDaemonFlags(int argc, char** argv, const std::s
     absl::string_view name = file.substr(file.rfind('/') + 1);
     name = name.substr(0, name.rfind('.'));
     return absl::EndsWith(name, "_main") || name == "cluster_spec" || name == "client_flags" ||
-           name == "client_start";
+           name == "client_start" || name == "metrics";
   };
   absl::SetFlagsUsageConfig(config);
   absl::StatusOr<ClusterArgs> expanded = ExpandClusterArgs(argc, argv, program);

@@ -68,7 +68,8 @@ struct ClusterArgs {
 absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::string& program);
 
 // A daemon's whole command-line parse: sets `usage` for --help (which lists the program's own
-// flags, from its *_main.cc, and the shared ones: cluster_spec, client_flags, client_start), puts
+// flags, from its *_main.cc, and the shared ones: cluster_spec, metrics, client_flags,
+// client_start), puts
 // the cluster spec's flags for its role first (ExpandClusterArgs), then parses. Returns the line to
 // log about the spec ("" without --cluster), or a one-line reason.
 absl::StatusOr<std::string> ParseDaemonFlags(int argc, char** argv, const std::string& program,

@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev libopenblas-dev zlib1g-dev nlohmann-json3-dev libssl-dev openssl
+  prometheus-cpp-dev prometheus curl
   dataset-fashion-mnist gnuplot-nox python3-numpy iperf3
 )
 missing=()

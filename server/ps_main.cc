@@ -21,6 +21,7 @@
 #include "absl/strings/str_join.h"
 #include "common/cluster_spec.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/security.h"
 #include "common/shutdown.h"
 #include "server/checkpointer.h"
@@ -307,7 +308,12 @@ int Main(int argc, char** argv) {
     if (replication != nullptr) replication->Stop();
   };
   const ServiceLimits limits = LimitsFromFlags(config->num_workers);
-  ShardService service(shard->get(), process, limits, security->tokens, replica);
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
+      StartMetricsFromFlags(absl::GetFlag(FLAGS_insecure));
+  if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
+  ServiceMetrics service_metrics;
+  if (*metrics != nullptr) service_metrics = AddShardMetrics(metrics->get(), shard->get());
+  ShardService service(shard->get(), process, limits, security->tokens, replica, service_metrics);
   std::optional<ReplicationService> replication_service;
   if (replica != nullptr) replication_service.emplace(replica, security->tokens);
   grpc::EnableDefaultHealthCheckService(true);  // open to all callers, for probes

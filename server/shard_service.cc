@@ -181,6 +181,11 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   void WriteNext() {
     absl::Span<const float> values = snapshot_->values.span();
     if (next_ > 0 && next_ >= static_cast<int64_t>(values.size())) {
+      const ServiceMetrics& m = service_->metrics_;
+      if (m.pull_seconds != nullptr) {
+        m.pull_bytes->Increment(static_cast<double>(values.size() * WireBytes(type_)));
+        m.pull_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start_));
+      }
       Finish(grpc::Status::OK);
       return;
     }
@@ -221,6 +226,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
 
   ShardService* service_;
   grpc::CallbackServerContext* context_;
+  const absl::Time start_ = absl::Now();
   CallLimit::Slot slot_;
   int64_t ticket_ = 0;
   // Shared with the slices that reference it on the wire (common/tensor_codec.h).
@@ -232,11 +238,13 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
 };
 
 ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
-                           const ServiceLimits& limits, TokenAuthenticator tokens, Replica* replica)
+                           const ServiceLimits& limits, TokenAuthenticator tokens, Replica* replica,
+                           ServiceMetrics metrics)
     : shard_(shard),
       process_(process),
       tokens_(std::move(tokens)),
       replica_(replica),
+      metrics_(metrics),
       streams_(limits.max_streams),
       pulls_(limits.max_pulls),
       watchdog_(limits.stream_idle, limits.stream_total) {
@@ -360,6 +368,7 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
 grpc::Status ShardService::Push(grpc::ServerContext* context,
                                 grpc::ServerReader<grpc::ByteBuffer>* reader,
                                 v1::PushResponse* response) {
+  const absl::Time start = absl::Now();
   if (grpc::Status s = Authorize(*context, Access::kWrite, "Push"); !s.ok()) return s;
   if (grpc::Status s = CheckServing(); !s.ok()) return s;
   CallLimit::Slot stream = streams_.TryAcquire();
@@ -385,8 +394,13 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
       !s.ok()) {
     return ToGrpcStatus(s);
   }
+  const int64_t payload = static_cast<int64_t>(slot->gradient().size()) * WireBytes(*type);
   absl::StatusOr<PushOutcome> outcome = shard_->Commit(*std::move(slot));
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
+  if (metrics_.push_seconds != nullptr) {
+    metrics_.push_bytes->Increment(static_cast<double>(payload));
+    metrics_.push_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
   response->set_version(outcome->version);
   response->set_staleness(outcome->staleness);
   response->set_duplicate(outcome->duplicate);

@@ -15,6 +15,7 @@
 #include "server/call_limits.h"
 #include "server/parameter_shard.h"
 #include "server/replica.h"
+#include "server/shard_metrics.h"
 
 namespace ps {
 
@@ -60,8 +61,10 @@ class ShardService final : public ShardServiceBase {
   // Every call is first checked against `tokens` (by default none: everyone may do everything).
   // With a `replica` (replication on), calls are served only while it serves them, and a push or
   // initialisation is answered once the backup has it.
+  // `metrics` (ps --metrics_port): push/pull latencies and bytes; by default none.
   ShardService(ParameterShard* shard, const ShardProcess& process, const ServiceLimits& limits,
-               TokenAuthenticator tokens = {}, Replica* replica = nullptr);
+               TokenAuthenticator tokens = {}, Replica* replica = nullptr,
+               ServiceMetrics metrics = {});
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -112,6 +115,7 @@ class ShardService final : public ShardServiceBase {
   const ShardProcess process_;
   const TokenAuthenticator tokens_;
   Replica* const replica_;
+  const ServiceMetrics metrics_;
   CallLimit streams_, pulls_;
   StreamWatchdog watchdog_;
   std::atomic<bool> pull_saturated_{false};  // a 16-bit pull had to saturate a weight (logged)

@@ -633,6 +633,13 @@ TEST(DaemonTest, BadFlagsExitNonZeroWithAOneLineReason) {
       {{"worker", "--ps=127.0.0.1:1", "--device=tpu"}, "unknown --device 'tpu'"},
       {{"evaluator", "--ps="}, "evaluator: no shard addresses given"},
       {{"launch", "--workers=0"}, "launch: --shards and --workers must be positive"},
+      {{"ps", "--model=flat:4", "--num_workers=1", "--metrics_port=70000"},
+       "--metrics_port must be at most 65535"},
+      {{"worker", "--ps=127.0.0.1:1", "--metrics_port=0", "--metrics_host=0.0.0.0"},
+       "--metrics_host"},
+      {{"worker", "--cluster=/nonexistent.json", "--role=worker:0"},
+       "cannot read the cluster spec /nonexistent.json"},
+      {{"ps", "--cluster=/nonexistent.json"}, "--cluster needs this daemon's role"},
   };
   for (const Case& c : cases) {
     auto [code, output] = RunDaemon(c.argv);

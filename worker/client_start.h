@@ -1,6 +1,7 @@
 // The one start-up of the client daemons (worker, evaluator): the shared flags (client_flags.h,
 // plus --data_dir, --csv, --device and --threads defined here) read and checked, the log tagged,
-// SIGTERM handled, the compute backend made and the health service started.
+// SIGTERM handled, the Prometheus endpoint started (common/metrics.h: --metrics_port,
+// --metrics_host), the compute backend made and the health service started.
 #pragma once
 
 #include <grpcpp/server.h>
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/metrics.h"
 #include "kernels/backend.h"
 #include "worker/client_flags.h"
 
@@ -20,6 +22,7 @@ struct ClientStart {
   std::string csv;                       // --csv; "" for none
   std::unique_ptr<Backend> backend;      // --device (a GPU by `rank`: see MakeBackend), --threads
   std::unique_ptr<grpc::Server> health;  // --health_port; null when off
+  std::unique_ptr<MetricsEndpoint> metrics;  // --metrics_port; null when off
 };
 
 // Fails with a one-line reason (a bad flag, an unreadable credential, no usable --device, a

@@ -2,6 +2,8 @@
 // appends (wall_time, version, test_loss, test_accuracy) to a CSV. On SIGTERM it scores the final
 // weights once more before exiting, so the last row is the run's result. With --model_file it
 // scores an exported model (export_model) once, offline.
+#include <prometheus/gauge.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -92,6 +94,27 @@ int Main(int argc, char** argv) {
   absl::StatusOr<CsvWriter> csv = OpenCsv(started->csv);
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
 
+  // Prometheus (--metrics_port): the last evaluation's accuracy, loss and version.
+  prometheus::Gauge *accuracy = nullptr, *loss = nullptr, *evaluated_version = nullptr;
+  if (started->metrics != nullptr) {
+    prometheus::Registry& r = started->metrics->registry();
+    accuracy = &prometheus::BuildGauge()
+                    .Name("evaluator_test_accuracy")
+                    .Help("Test accuracy of the last weights evaluated.")
+                    .Register(r)
+                    .Add({});
+    loss = &prometheus::BuildGauge()
+                .Name("evaluator_test_loss")
+                .Help("Mean test loss of the last weights evaluated.")
+                .Register(r)
+                .Add({});
+    evaluated_version =
+        &prometheus::BuildGauge()
+             .Name("evaluator_version")
+             .Help("Version (lowest over the shards) of the last weights evaluated.")
+             .Register(r)
+             .Add({});
+  }
   std::vector<float> params(mlp.num_params());
   int64_t last_version = -1;
   // At shutdown, the weights are scored once more (if there are any yet): the last row is the
@@ -114,6 +137,11 @@ int Main(int argc, char** argv) {
       Mlp::Score score =
           mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count);
       csv->Row(CsvRow(version, score));
+      if (accuracy != nullptr) {
+        accuracy->Set(score.accuracy);
+        loss->Set(score.loss);
+        evaluated_version->Set(static_cast<double>(version));
+      }
       PS_LOG(INFO) << absl::StrFormat("version %d: test loss %.4f, accuracy %.4f", version,
                                       score.loss, score.accuracy);
       last_version = version;

@@ -1,6 +1,10 @@
 // worker: a stateless training process. Loop: pull the weights from every shard, compute the
 // gradient of a minibatch of its own data shard, push it to every shard. Killed and restarted, it
 // asks the shards where it stopped and carries on; it never re-initialises a trained model.
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+
 #include <cmath>
 #include <memory>
 #include <thread>
@@ -14,6 +18,7 @@
 #include "common/cluster_spec.h"
 #include "common/csv_writer.h"
 #include "common/log.h"
+#include "common/metrics.h"
 #include "common/shutdown.h"
 #include "kernels/backend.h"
 #include "worker/batch_sampler.h"
@@ -46,6 +51,58 @@ namespace ps {
 namespace {
 
 int Fail(const std::string& reason) { return FailMain("worker", reason); }
+
+// The worker's Prometheus metrics (--metrics_port), labelled worker="rank": each step's time by
+// phase, steps, loss and the staleness the shards reported. Without an endpoint, nothing.
+class StepMetrics {
+ public:
+  StepMetrics(MetricsEndpoint* endpoint, int rank) {
+    if (endpoint == nullptr) return;
+    prometheus::Registry& r = endpoint->registry();
+    const std::string worker = std::to_string(rank);
+    auto& seconds = prometheus::BuildHistogram()
+                        .Name("worker_step_seconds")
+                        .Help(
+                            "Time of each step's phases: pull (waiting for it, with --prefetch), "
+                            "compute, push.")
+                        .Register(r);
+    for (int p = 0; p < kPhases; ++p) {
+      phase_[p] = &seconds.Add({{"worker", worker}, {"phase", kPhaseNames[p]}}, LatencyBuckets());
+    }
+    steps_ = &prometheus::BuildCounter()
+                  .Name("worker_steps_total")
+                  .Help("Steps done (gradients pushed) by this process.")
+                  .Register(r)
+                  .Add({{"worker", worker}});
+    loss_ = &prometheus::BuildGauge()
+                 .Name("worker_loss")
+                 .Help("Training loss of the last step's minibatch.")
+                 .Register(r)
+                 .Add({{"worker", worker}});
+    staleness_ = &prometheus::BuildGauge()
+                      .Name("worker_staleness")
+                      .Help("Largest staleness the shards reported for the last push.")
+                      .Register(r)
+                      .Add({{"worker", worker}});
+  }
+  enum Phase { kPull, kCompute, kPush, kPhases };
+  void Observe(Phase phase, absl::Duration d) {
+    if (phase_[phase] != nullptr) phase_[phase]->Observe(absl::ToDoubleSeconds(d));
+  }
+  void Step(float loss, int64_t staleness) {
+    if (steps_ == nullptr) return;
+    steps_->Increment();
+    loss_->Set(loss);
+    staleness_->Set(static_cast<double>(staleness));
+  }
+
+ private:
+  static constexpr const char* kPhaseNames[kPhases] = {"pull", "compute", "push"};
+  prometheus::Histogram* phase_[kPhases] = {};
+  prometheus::Counter* steps_ = nullptr;
+  prometheus::Gauge* loss_ = nullptr;
+  prometheus::Gauge* staleness_ = nullptr;
+};
 
 int Main(int argc, char** argv) {
   absl::StatusOr<std::string> from_spec = ParseDaemonFlags(
@@ -150,6 +207,7 @@ int Main(int argc, char** argv) {
   // The data shard lives in backend memory (the GPU's, with CUDA); each step sends indices only.
   mlp.SetTrainingSet(data->features.data(), data->labels.data(), data->count);
   BatchSampler sampler(data->count, batch, seed * 1000003 + rank);
+  StepMetrics metrics(started->metrics.get(), rank);
   *data = Examples();  // the backend has its own copy
   // Two weight buffers: with --prefetch, one is filled for the next step while the other is used.
   HostBuffer<float> params_a(backend, mlp.num_params()), params_b(backend, mlp.num_params()),
@@ -174,8 +232,10 @@ int Main(int argc, char** argv) {
   for (; (steps == 0 || step < steps) && !ShutdownRequested(); ++step) {
     if (absl::Now() >= time_limit) break;
     if (pull_delay->enabled() && WaitForShutdown(pull_delay->Next())) break;
+    const absl::Time pull_start = absl::Now();
     absl::StatusOr<ShardedClient::Versions> versions =
         prefetched.valid() ? prefetched.Wait() : client.Pull(params->span());
+    metrics.Observe(StepMetrics::kPull, absl::Now() - pull_start);
     if (!versions.ok()) {
       if (ShutdownRequested()) break;
       return fail(absl::StrCat("pull failed at step ", step, ": ", versions.status().message()));
@@ -186,6 +246,7 @@ int Main(int argc, char** argv) {
     sampler.Indices(step, &indices);
     absl::Time compute_start = absl::Now();
     float loss = mlp.GradientOfExamples(params->span(), indices.data(), batch, grad.span());
+    metrics.Observe(StepMetrics::kCompute, absl::Now() - compute_start);
     if (!std::isfinite(loss)) {
       return fail(absl::StrCat("training diverged: loss is ", loss, " at step ", step,
                                " (lower the learning rate)"));
@@ -193,11 +254,14 @@ int Main(int argc, char** argv) {
     // A straggler: make the compute take `slowdown` times as long.
     if (slowdown > 1 && WaitForShutdown((slowdown - 1) * (absl::Now() - compute_start))) break;
     if (push_delay->enabled() && WaitForShutdown(push_delay->Next())) break;
+    const absl::Time push_start = absl::Now();
     absl::StatusOr<ShardedClient::PushSummary> push = client.Push(grad.span(), step, *versions);
     if (!push.ok()) {
       if (ShutdownRequested()) break;
       return fail(absl::StrCat("push failed at step ", step, ": ", push.status().message()));
     }
+    metrics.Observe(StepMetrics::kPush, absl::Now() - push_start);
+    metrics.Step(loss, push->max_staleness);
     if (push->saturated > 0 && saturated_pushes++ == 0) {
       PS_LOG(WARNING) << "step " << step << ": " << push->saturated << " gradient value(s) beyond "
                       << WireTypeName(*push_type) << "'s range sent as its largest (logged once)";
