@@ -68,7 +68,7 @@ void AddSecurity(const ClusterSpec& spec, const std::string& program,
   add("tls_cert", get("client_cert"));
   add("tls_key", get("client_key"));
   const std::string read_token = get("read_token_file");
-  const bool reads_only = program == "evaluator" || program == "export_model";
+  const bool reads_only = program != "worker";  // the evaluator and the tools
   add("token_file", reads_only && !read_token.empty() ? read_token : get("token_file"));
 }
 
@@ -231,7 +231,7 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
     }
     flags = {"--ps=" + absl::StrJoin(spec.shards, ","), absl::StrCat("--rank=", rank),
              absl::StrCat("--num_workers=", spec.workers), "--hidden=" + model_sizes};
-  } else if (program == "evaluator" || program == "export_model") {
+  } else if (program == "evaluator" || program == "export_model" || program == "psctl") {
     if (role != program) {
       return absl::InvalidArgumentError("role '" + role + "': expected " + program);
     }
@@ -254,8 +254,8 @@ absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::
   if (path.empty()) return out;
   std::string role = ArgValue(argc, argv, "role");
   if (role.empty() && std::getenv("PS_ROLE") != nullptr) role = std::getenv("PS_ROLE");
-  // One evaluator per job, and export_model reads the shards as it does: no role needed.
-  if ((program == "evaluator" || program == "export_model") && role.empty()) role = program;
+  // One evaluator per job, and the tools read the shards as it does: no role needed.
+  if (program != "ps" && program != "worker" && role.empty()) role = program;
   if (role.empty()) {
     return absl::InvalidArgumentError(
         "--cluster needs this daemon's role: --role=... or $PS_ROLE (ps:S, worker:R, evaluator)");
@@ -271,8 +271,9 @@ absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::
   return out;
 }
 
-absl::StatusOr<std::string> ParseDaemonFlags(int argc, char** argv, const std::string& program,
-                                             const std::string& usage) {
+absl::StatusOr<ParsedCommandLine> ParseDaemonFlags(int argc, char** argv,
+                                                   const std::string& program,
+                                                   const std::string& usage) {
   absl::SetProgramUsageMessage(usage);
   absl::FlagsUsageConfig config;
   config.contains_help_flags = [](absl::string_view file) {
@@ -285,8 +286,11 @@ absl::StatusOr<std::string> ParseDaemonFlags(int argc, char** argv, const std::s
   absl::StatusOr<ClusterArgs> expanded = ExpandClusterArgs(argc, argv, program);
   if (!expanded.ok()) return expanded.status();
   std::vector<char*> args = expanded->argv();
-  absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
-  return expanded->summary;
+  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  ParsedCommandLine parsed;
+  parsed.spec_summary = expanded->summary;
+  parsed.positional.assign(rest.begin() + 1, rest.end());
+  return parsed;
 }
 
 }  // namespace ps

@@ -43,8 +43,9 @@ struct ClusterSpec {
 absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& json);
 absl::StatusOr<ClusterSpec> ReadClusterSpec(const std::string& path);
 
-// The flags that `role` of `program` ("ps", "worker", "evaluator"; or "export_model", which gets
-// the evaluator's connection flags and no section of its own) gets from the spec. Fails
+// The flags that `role` of `program` ("ps", "worker", "evaluator"; or the tools "export_model" and
+// "psctl", which get the evaluator's connection flags and no section of their own) gets from the
+// spec. Fails
 // when the role is malformed, is not one of `program`'s, or names a shard, replica or worker that
 // the spec does not have.
 absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
@@ -69,10 +70,14 @@ absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::
 
 // A daemon's whole command-line parse: sets `usage` for --help (which lists the program's own
 // flags, from its *_main.cc, and the shared ones: cluster_spec, metrics, client_flags,
-// client_start), puts
-// the cluster spec's flags for its role first (ExpandClusterArgs), then parses. Returns the line to
-// log about the spec ("" without --cluster), or a one-line reason.
-absl::StatusOr<std::string> ParseDaemonFlags(int argc, char** argv, const std::string& program,
-                                             const std::string& usage);
+// client_start), puts the cluster spec's flags for its role first (ExpandClusterArgs), then
+// parses. Fails with a one-line reason.
+struct ParsedCommandLine {
+  std::string spec_summary;             // the line to log about the spec; "" without --cluster
+  std::vector<std::string> positional;  // the arguments that are not flags (argv[0] excluded)
+};
+absl::StatusOr<ParsedCommandLine> ParseDaemonFlags(int argc, char** argv,
+                                                   const std::string& program,
+                                                   const std::string& usage);
 
 }  // namespace ps

@@ -240,11 +240,14 @@ void ConfigureTransport(const ServiceLimits& limits, grpc::ServerBuilder* builde
 }
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<std::string> from_spec = ParseDaemonFlags(
+  absl::StatusOr<ParsedCommandLine> parsed = ParseDaemonFlags(
       argc, argv, "ps",
       "Parameter-server shard.\nExample: ps --shard_index=0 --num_shards=2 --port=50051 "
       "--model=mlp:784-256-128-10 --num_workers=4 --consistency=ssp:2");
-  if (!from_spec.ok()) return Fail(std::string(from_spec.status().message()));
+  if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+  if (!parsed->positional.empty()) {
+    return Fail("unexpected argument '" + parsed->positional[0] + "' (flags are --name=value)");
+  }
   absl::StatusOr<ShardConfig> config = ConfigFromFlags();
   if (!config.ok()) return Fail(std::string(config.status().message()));
   std::unique_ptr<Checkpointer> checkpointer;
@@ -272,7 +275,9 @@ int Main(int argc, char** argv) {
       absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_read_token_file));
   if (!security.ok()) return Fail(std::string(security.status().message()));
   SetLogTag(absl::StrCat("ps[", config->shard_index, "]"));
-  if (!from_spec->empty()) PS_LOG(INFO) << "from the cluster spec: " << *from_spec;
+  if (!parsed->spec_summary.empty()) {
+    PS_LOG(INFO) << "from the cluster spec: " << parsed->spec_summary;
+  }
   const std::string host = absl::GetFlag(FLAGS_host);
   if (absl::Status s = CheckListenHost("--host", host, *security, absl::GetFlag(FLAGS_insecure));
       !s.ok()) {

@@ -154,7 +154,8 @@ TEST(ClusterSpecTest, TheCommandLineComesAfterTheSpecAndTheRoleMayComeFromTheEnv
 }
 
 // Two shards, two workers and the evaluator, each started with nothing but the spec and its role
-// (one from $PS_ROLE): the job trains, and a worker's own --steps overrides the spec's.
+// (one from $PS_ROLE): the job trains, a worker's own --steps overrides the spec's, and psctl
+// shows the job from the same file.
 TEST(ClusterSpecTest, AJobStartedFromOneSpecFileTrains) {
   const std::string dir = NewRunDir("spec");
   absl::StatusOr<int> port0 = FreePort(), port1 = FreePort();
@@ -192,6 +193,16 @@ TEST(ClusterSpecTest, AJobStartedFromOneSpecFileTrains) {
   }
   EXPECT_NE(ReadFile(dir + "/worker-1.log").find("from the cluster spec: worker:1 of " + spec),
             std::string::npos);
+  // psctl reads the job from the same file.
+  Subprocess psctl = start("psctl", {"status", "--interval=0.2"}, "psctl.log");
+  absl::StatusOr<int> psctl_code = psctl.Wait(absl::Seconds(30));
+  ASSERT_TRUE(psctl_code.ok()) << psctl_code.status();
+  const std::string table = ReadFile(dir + "/psctl.log");
+  EXPECT_EQ(*psctl_code, 0) << table;
+  for (int port : {*port0, *port1}) {
+    EXPECT_NE(table.find(absl::StrCat("127.0.0.1:", port)), std::string::npos) << table;
+  }
+  EXPECT_NE(table.find(" 500 "), std::string::npos) << table;  // both shards' version
   for (Subprocess* p : {&evaluator, &ps0, &ps1}) EXPECT_EQ(p->Stop(absl::Seconds(10)), 0);
   EXPECT_NE(ReadFile(dir + "/evaluator.csv").find("\n"), std::string::npos);
 }

@@ -26,15 +26,20 @@ namespace {
 int Fail(const std::string& reason) { return FailMain("export_model", reason); }
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<std::string> from_spec = ParseDaemonFlags(
+  absl::StatusOr<ParsedCommandLine> parsed = ParseDaemonFlags(
       argc, argv, "export_model",
       "Writes a job's model as one safetensors file (fc1.weight [784,256], fc1.bias [256], ...).\n"
       "Examples: export_model --checkpoint_dir=ckpt --out=model.safetensors\n"
       "          export_model --ps=host1:50051,host2:50051 --token_file=read-token "
       "--out=model.safetensors");
-  if (!from_spec.ok()) return Fail(std::string(from_spec.status().message()));
+  if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+  if (!parsed->positional.empty()) {
+    return Fail("unexpected argument '" + parsed->positional[0] + "' (flags are --name=value)");
+  }
   SetLogTag("export_model");
-  if (!from_spec->empty()) PS_LOG(INFO) << "from the cluster spec: " << *from_spec;
+  if (!parsed->spec_summary.empty()) {
+    PS_LOG(INFO) << "from the cluster spec: " << parsed->spec_summary;
+  }
   const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir), out = absl::GetFlag(FLAGS_out);
   absl::StatusOr<ClientConnection> shards = ClientConnectionFromFlags(/*needs_shards=*/false);
   if (!shards.ok()) return Fail(std::string(shards.status().message()));

@@ -68,15 +68,20 @@ int ScoreModelFile(const ClientStart& started) {
 }
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<std::string> from_spec = ParseDaemonFlags(
+  absl::StatusOr<ParsedCommandLine> parsed = ParseDaemonFlags(
       argc, argv, "evaluator",
       "Test-set evaluator.\nExample: evaluator --ps=host1:50051,host2:50051 --csv=eval.csv\n"
       "         evaluator --model_file=model.safetensors (offline, no shards)");
-  if (!from_spec.ok()) return Fail(std::string(from_spec.status().message()));
+  if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+  if (!parsed->positional.empty()) {
+    return Fail("unexpected argument '" + parsed->positional[0] + "' (flags are --name=value)");
+  }
   const bool offline = !absl::GetFlag(FLAGS_model_file).empty();
   absl::StatusOr<ClientStart> started = StartClient("evaluator", /*rank=*/0, !offline);
   if (!started.ok()) return Fail(std::string(started.status().message()));
-  if (!from_spec->empty()) PS_LOG(INFO) << "from the cluster spec: " << *from_spec;
+  if (!parsed->spec_summary.empty()) {
+    PS_LOG(INFO) << "from the cluster spec: " << parsed->spec_summary;
+  }
   if (offline) return ScoreModelFile(*started);
   const ClientConnection& shards = started->connection;
 

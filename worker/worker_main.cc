@@ -105,10 +105,13 @@ class StepMetrics {
 };
 
 int Main(int argc, char** argv) {
-  absl::StatusOr<std::string> from_spec = ParseDaemonFlags(
+  absl::StatusOr<ParsedCommandLine> parsed = ParseDaemonFlags(
       argc, argv, "worker",
       "Training worker.\nExample: worker --ps=host1:50051,host2:50051 --rank=0 --num_workers=4");
-  if (!from_spec.ok()) return Fail(std::string(from_spec.status().message()));
+  if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+  if (!parsed->positional.empty()) {
+    return Fail("unexpected argument '" + parsed->positional[0] + "' (flags are --name=value)");
+  }
   const int rank = absl::GetFlag(FLAGS_rank), workers = absl::GetFlag(FLAGS_num_workers);
   const int batch = absl::GetFlag(FLAGS_batch_size);
   if (workers < 1 || rank < 0 || rank >= workers) {
@@ -134,7 +137,9 @@ int Main(int argc, char** argv) {
   absl::StatusOr<ClientStart> started =
       StartClient(absl::StrCat("worker[", rank, "]"), rank, /*needs_shards=*/true);
   if (!started.ok()) return Fail(std::string(started.status().message()));
-  if (!from_spec->empty()) PS_LOG(INFO) << "from the cluster spec: " << *from_spec;
+  if (!parsed->spec_summary.empty()) {
+    PS_LOG(INFO) << "from the cluster spec: " << parsed->spec_summary;
+  }
   const ClientConnection& shards = started->connection;
 
   Range slice = PartRange(60000, rank, workers);

@@ -1,0 +1,56 @@
+// psctl's table (tools/job_status.h) from statistics made up here.
+#include "tools/job_status.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace ps {
+namespace {
+
+v1::StatsResponse Shard(int index, int64_t version, std::vector<int64_t> staleness) {
+  v1::StatsResponse s;
+  s.set_shard_index(index);
+  s.set_version(version);
+  s.set_active_workers(2);
+  s.set_registered_workers(3);
+  s.set_pushes_dropped_stale(4);
+  s.set_pushes_dropped_late(1);
+  s.set_pushes_rejected(7);
+  for (int64_t c : staleness) s.add_staleness_counts(c);
+  return s;
+}
+
+TEST(JobStatusTest, StalenessQuantilesFromTheHistogram) {
+  v1::StatsResponse s = Shard(0, 0, {10, 80, 9, 1});  // 100 pushes: staleness 0..3
+  EXPECT_EQ(StalenessQuantile(s, 0.05), 0);
+  EXPECT_EQ(StalenessQuantile(s, 0.5), 1);
+  EXPECT_EQ(StalenessQuantile(s, 0.99), 2);
+  EXPECT_EQ(StalenessQuantile(s, 1.0), 3);
+  EXPECT_EQ(StalenessQuantile(Shard(0, 0, {}), 0.5), -1);  // nothing applied yet
+}
+
+TEST(JobStatusTest, OneRowPerShardAndPerWorkerWithRates) {
+  std::vector<v1::StatsResponse> before = {Shard(0, 100, {}), Shard(1, 100, {})};
+  std::vector<v1::StatsResponse> now = {Shard(0, 350, {10, 80, 9, 1}), Shard(1, 150, {})};
+  now[1].set_replica_role("primary");
+  v1::WorkerStats* w = now[0].add_workers();
+  w->set_worker_id(2);
+  w->set_active(true);
+  w->set_clock(41);
+  w->set_seconds_since_seen(0.25);
+  w->set_pushes_applied(40);
+  const std::string table = StatusTable({"a:1", "b:2"}, now, &before, 2.0);
+  EXPECT_NE(table.find("a:1"), std::string::npos) << table;
+  EXPECT_NE(table.find("125.0"), std::string::npos) << table;  // (350 - 100) / 2 s
+  EXPECT_NE(table.find("25.0"), std::string::npos) << table;   // (150 - 100) / 2 s
+  EXPECT_NE(table.find("primary"), std::string::npos) << table;
+  EXPECT_NE(table.find("2/3"), std::string::npos) << table;
+  EXPECT_NE(table.find("yes"), std::string::npos) << table;
+  const std::string once = StatusTable({"a:1", "b:2"}, now, nullptr, 0);
+  EXPECT_EQ(once.find("125.0"), std::string::npos) << once;  // no rate from one reading
+}
+
+}  // namespace
+}  // namespace ps

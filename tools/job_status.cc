@@ -1,0 +1,57 @@
+#include "tools/job_status.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace ps {
+
+int64_t StalenessQuantile(const v1::StatsResponse& stats, double fraction) {
+  int64_t total = 0;
+  for (int64_t c : stats.staleness_counts()) total += c;
+  if (total == 0) return -1;
+  int64_t seen = 0;
+  for (int k = 0; k < stats.staleness_counts_size(); ++k) {
+    seen += stats.staleness_counts(k);
+    if (static_cast<double>(seen) >= fraction * static_cast<double>(total)) return k;
+  }
+  return stats.staleness_counts_size() - 1;
+}
+
+std::string StatusTable(const std::vector<std::string>& addresses,
+                        const std::vector<v1::StatsResponse>& now,
+                        const std::vector<v1::StatsResponse>* before, double seconds) {
+  std::string out = absl::StrFormat("%-5s %-24s %-8s %10s %10s %9s %9s %9s %8s %8s\n", "shard",
+                                    "address", "role", "version", "updates/s", "workers",
+                                    "stale p50", "stale p99", "dropped", "rejected");
+  for (size_t s = 0; s < now.size(); ++s) {
+    const v1::StatsResponse& n = now[s];
+    std::string rate = "-";
+    if (before != nullptr && s < before->size() && seconds > 0) {
+      rate = absl::StrFormat("%.1f", (n.version() - (*before)[s].version()) / seconds);
+    }
+    auto quantile = [&](double f) {
+      int64_t q = StalenessQuantile(n, f);
+      return q < 0 ? std::string("-") : absl::StrCat(q);
+    };
+    absl::StrAppend(
+        &out,
+        absl::StrFormat("%-5d %-24s %-8s %10d %10s %9s %9s %9s %8d %8d\n", n.shard_index(),
+                        s < addresses.size() ? addresses[s] : "?",
+                        n.replica_role().empty() ? "-" : n.replica_role(), n.version(), rate,
+                        absl::StrCat(n.active_workers(), "/", n.registered_workers()),
+                        quantile(0.5), quantile(0.99),
+                        n.pushes_dropped_late() + n.pushes_dropped_stale(), n.pushes_rejected()));
+  }
+  if (!now.empty() && now[0].workers_size() > 0) {
+    absl::StrAppend(&out, absl::StrFormat("\n%-7s %-7s %10s %14s %10s\n", "worker", "active",
+                                          "clock", "last seen (s)", "pushes"));
+    for (const v1::WorkerStats& w : now[0].workers()) {
+      absl::StrAppend(&out, absl::StrFormat("%-7d %-7s %10d %14.1f %10d\n", w.worker_id(),
+                                            w.active() ? "yes" : "no", w.clock(),
+                                            w.seconds_since_seen(), w.pushes_applied()));
+    }
+  }
+  return out;
+}
+
+}  // namespace ps

@@ -1,0 +1,23 @@
+// The job as a table (psctl status): one row per shard (address, replica role, version, updates/s,
+// workers active/registered, staleness p50/p99, pushes dropped and rejected) and one row per worker
+// (its clock, seconds since last seen, pushes), from two rounds of the shards' statistics.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "proto/ps.pb.h"
+
+namespace ps {
+
+// The staleness below which `fraction` of the applied pushes fall (from staleness_counts); -1
+// when none was applied.
+int64_t StalenessQuantile(const v1::StatsResponse& stats, double fraction);
+
+// `now` and `before` by shard, `seconds` apart (rates are "-" without `before`). The workers come
+// from shard 0's statistics (every shard sees every worker).
+std::string StatusTable(const std::vector<std::string>& addresses,
+                        const std::vector<v1::StatsResponse>& now,
+                        const std::vector<v1::StatsResponse>* before, double seconds);
+
+}  // namespace ps
