@@ -1,5 +1,6 @@
 #include "common/cluster_spec.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -126,6 +127,10 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
   for (const Json& s : root["shards"]) {
     if (!s.is_string()) return Bad("every entry of \"shards\" must be a string");
     entries.push_back(s.get<std::string>());
+    if (entries.back().empty() || entries.back().find(',') != std::string::npos) {
+      return Bad(absl::StrCat("shard entry \"", entries.back(),
+                              "\" must be one \"host:port\" or \"host:port/host:port\""));
+    }
   }
   absl::StatusOr<std::vector<std::string>> shards =
       ParseShardAddresses(absl::StrJoin(entries, ","));
@@ -136,10 +141,19 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
     return Bad("\"workers\" must be a positive integer");
   }
   spec.workers = root["workers"].get<int>();
+  // Flags the spec derives itself for each role: a section may not set them.
+  static const std::map<std::string, std::set<std::string>> kDerived = {
+      {"ps", {"shard_index", "num_shards", "num_workers", "model", "port", "peer", "replica"}},
+      {"worker", {"ps", "rank", "num_workers", "hidden"}},
+      {"evaluator", {"ps", "hidden"}}};
   for (const char* role : {"ps", "worker", "evaluator"}) {
     if (!root.contains(role)) continue;
     if (!root[role].is_object()) return Bad(absl::StrCat("\"", role, "\" must be an object"));
     for (const auto& [name, value] : root[role].items()) {
+      if (kDerived.at(role).count(name) > 0) {
+        return Bad(absl::StrCat(role, ".", name,
+                                " comes from the spec itself (shards, workers, hidden, the role)"));
+      }
       absl::StatusOr<std::string> text = ScalarText(value, absl::StrCat(role, ".", name));
       if (!text.ok()) return text.status();
       spec.role_flags[role][name] = *text;
@@ -158,6 +172,16 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
       if (!value.is_string()) return Bad(absl::StrCat("security.", name, " must be a path"));
       spec.security[name] = value.get<std::string>();
     }
+  }
+  // A backup connects to its primary as a client: over TLS it needs a client certificate.
+  const bool replicated = std::any_of(spec.shards.begin(), spec.shards.end(), [](const auto& e) {
+    return e.find('/') != std::string::npos;
+  });
+  if (replicated && spec.security.count("server_cert") > 0 &&
+      spec.security.count("client_cert") == 0) {
+    return Bad(
+        "replicated shards over TLS need security.client_cert and client_key (a backup "
+        "connects to its primary with them)");
   }
   return spec;
 }
@@ -253,9 +277,11 @@ absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::
   const std::string path = ArgValue(argc, argv, "cluster");
   if (path.empty()) return out;
   std::string role = ArgValue(argc, argv, "role");
-  if (role.empty() && std::getenv("PS_ROLE") != nullptr) role = std::getenv("PS_ROLE");
-  // One evaluator per job, and the tools read the shards as it does: no role needed.
-  if (program != "ps" && program != "worker" && role.empty()) role = program;
+  // $PS_ROLE names a job's ps or worker process; the evaluator (one per job) and the tools need
+  // no role, and ignore it (they may run inside a worker's pod).
+  const bool has_role = program == "ps" || program == "worker";
+  if (role.empty() && has_role && std::getenv("PS_ROLE") != nullptr) role = std::getenv("PS_ROLE");
+  if (role.empty() && !has_role) role = program;
   if (role.empty()) {
     return absl::InvalidArgumentError(
         "--cluster needs this daemon's role: --role=... or $PS_ROLE (ps:S, worker:R, evaluator)");

@@ -14,8 +14,11 @@
 ABSL_FLAG(int, metrics_port, -1,
           "Serve Prometheus metrics (GET /metrics) on this port (0: any free one; -1: off).");
 ABSL_FLAG(std::string, metrics_host, "127.0.0.1",
-          "Address of the metrics endpoint (plaintext HTTP: anything but loopback needs "
-          "--insecure).");
+          "Address of the metrics endpoint (plaintext HTTP, no authentication: anything but "
+          "loopback needs --metrics_insecure).");
+ABSL_FLAG(bool, metrics_insecure, false,
+          "Allow a non-loopback --metrics_host (anyone who reaches it reads the metrics; the "
+          "daemon's own service keeps its checks).");
 
 // civetweb (Debian's libcivetweb, under prometheus-cpp's Exposer) creates its threads with 100 KiB
 // stacks, and glibc refuses a stack smaller than the process's static TLS: the workers' (OpenBLAS
@@ -55,12 +58,13 @@ void MetricsEndpoint::Add(std::shared_ptr<prometheus::Collectable> collectable) 
   collectables_.push_back(std::move(collectable));
 }
 
-absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetricsFromFlags(bool insecure) {
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetricsFromFlags() {
   const int port = absl::GetFlag(FLAGS_metrics_port);
   if (port < 0) return nullptr;
   if (port > 65535) return absl::InvalidArgumentError("--metrics_port must be at most 65535");
   const std::string host = absl::GetFlag(FLAGS_metrics_host);
-  if (absl::Status s = CheckListenHost("--metrics_host", host, ServerSecurity{}, insecure);
+  if (absl::Status s = CheckListenHost("--metrics_host", host, ServerSecurity{},
+                                       absl::GetFlag(FLAGS_metrics_insecure));
       !s.ok()) {
     return s;
   }

@@ -36,8 +36,9 @@ class MetricsEndpoint {
 };
 
 // The endpoint --metrics_port and --metrics_host ask for, logged; null when --metrics_port < 0. A
-// host beyond loopback needs `insecure` (metrics travel in plaintext HTTP to anyone who asks).
-absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetricsFromFlags(bool insecure);
+// host beyond loopback needs --metrics_insecure (plaintext HTTP to anyone who asks; kept apart from
+// a daemon's --insecure, which lowers its service's own guard).
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetricsFromFlags();
 
 // Buckets for durations of calls and steps: 100 us to 30 s, about 2.5x apart.
 std::vector<double> LatencyBuckets();

@@ -106,7 +106,7 @@ absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job) {
   for (absl::string_view w : absl::StrSplit(job.extra_worker_flags, ' ', absl::SkipWhitespace())) {
     c.worker_flags.emplace_back(w);
   }
-  c.evaluator_flags = {hidden, data,
+  c.evaluator_flags = {hidden, data, "--device=" + job.device,
                        absl::StrCat("--interval_seconds=", job.eval_interval_seconds)};
   if (!job.straggler.empty()) {
     std::vector<std::string> parts = absl::StrSplit(job.straggler, ':');

@@ -313,8 +313,7 @@ int Main(int argc, char** argv) {
     if (replication != nullptr) replication->Stop();
   };
   const ServiceLimits limits = LimitsFromFlags(config->num_workers);
-  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
-      StartMetricsFromFlags(absl::GetFlag(FLAGS_insecure));
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags();
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
   ServiceMetrics service_metrics;
   if (*metrics != nullptr) service_metrics = AddShardMetrics(metrics->get(), shard->get());

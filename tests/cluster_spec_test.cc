@@ -90,6 +90,13 @@ TEST(ClusterSpecTest, BadSpecsAndRolesAreRefusedWithAReason) {
            {"{" + shards + R"(, "workers": 2, "ps": {"lr": [1]}})", "ps.lr must be"},
            {"{" + shards + R"(, "workers": 2, "security": {"cert": "x"}})",
             "unknown security key \"cert\""},
+           {R"({"shards": ["127.0.0.1:1,127.0.0.1:2"], "workers": 2})", "must be one"},
+           {R"({"shards": [""], "workers": 2})", "must be one"},
+           {"{" + shards + R"(, "workers": 2, "worker": {"rank": 0}})",
+            "worker.rank comes from the spec itself"},
+           {R"({"shards": ["a:1/b:2"], "workers": 1, "security": {"server_cert": "s.pem",
+              "server_key": "s.key", "ca": "ca.pem"}})",
+            "replicated shards over TLS need security.client_cert"},
        }) {
     absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(c.json);
     ASSERT_FALSE(spec.ok()) << c.json;
@@ -138,6 +145,13 @@ TEST(ClusterSpecTest, TheCommandLineComesAfterTheSpecAndTheRoleMayComeFromTheEnv
     absl::StatusOr<ClusterArgs> args = ExpandClusterArgs(4, argv.data(), "worker");
     ASSERT_FALSE(args.ok());
     EXPECT_NE(std::string(args.status().message()).find("$PS_ROLE"), std::string::npos);
+  }
+  {
+    // Tools run inside a worker's pod ignore its $PS_ROLE.
+    ScopedEnv role("PS_ROLE", "worker:1");
+    absl::StatusOr<ClusterArgs> args = ExpandClusterArgs(4, argv.data(), "psctl");
+    ASSERT_TRUE(args.ok()) << args.status();
+    EXPECT_NE(args->summary.find("psctl of " + path), std::string::npos) << args->summary;
   }
   // Without --cluster, nothing changes.
   absl::StatusOr<ClusterArgs> plain = ExpandClusterArgs(1, argv.data(), "worker");

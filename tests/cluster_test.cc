@@ -637,6 +637,9 @@ TEST(DaemonTest, BadFlagsExitNonZeroWithAOneLineReason) {
        "--metrics_port must be at most 65535"},
       {{"worker", "--ps=127.0.0.1:1", "--metrics_port=0", "--metrics_host=0.0.0.0"},
        "--metrics_host"},
+      {{"ps", "--model=flat:4", "--num_workers=1", "--metrics_port=0", "--metrics_host=0.0.0.0",
+        "--insecure"},
+       "--metrics_host"},  // the service's --insecure does not open the metrics
       {{"worker", "--cluster=/nonexistent.json", "--role=worker:0"},
        "cannot read the cluster spec /nonexistent.json"},
       {{"ps", "--cluster=/nonexistent.json"}, "--cluster needs this daemon's role"},

@@ -43,8 +43,8 @@ TEST(JobStatusTest, OneRowPerShardAndPerWorkerWithRates) {
   w->set_pushes_applied(40);
   const std::string table = StatusTable({"a:1", "b:2"}, now, &before, 2.0);
   EXPECT_NE(table.find("a:1"), std::string::npos) << table;
-  EXPECT_NE(table.find("125.0"), std::string::npos) << table;  // (350 - 100) / 2 s
-  EXPECT_NE(table.find("25.0"), std::string::npos) << table;   // (150 - 100) / 2 s
+  EXPECT_NE(table.find("125.0"), std::string::npos) << table;   // (350 - 100) / 2 s
+  EXPECT_NE(table.find("  25.0"), std::string::npos) << table;  // (150 - 100) / 2 s
   EXPECT_NE(table.find("primary"), std::string::npos) << table;
   EXPECT_NE(table.find("2/3"), std::string::npos) << table;
   EXPECT_NE(table.find("yes"), std::string::npos) << table;

@@ -115,10 +115,18 @@ TEST(MetricsTest, PromtoolAcceptsEveryDaemonAndARealPrometheusScrapesTheJob) {
   EXPECT_GT(applied, 0) << ReadFile(dir + "/prometheus.log");
   EXPECT_GT(steps, 0);
   EXPECT_GT(accuracy, 0.1);  // above chance once the evaluator has scored some training
-  // The counter Prometheus saw is the shard's own (it only grows: at most what Stats says now).
-  EXPECT_LE(applied, static_cast<double>(Stats(shard).pushes_applied()));
+  // Once the worker stops, the counter Prometheus holds is exactly the shard's own.
+  EXPECT_EQ(worker.Stop(absl::Seconds(10)), 0);
+  const double final_applied = static_cast<double>(Stats(shard).pushes_applied());
+  double scraped = -1;
+  for (absl::Time deadline = absl::Now() + absl::Seconds(20);
+       absl::Now() < deadline && scraped != final_applied;) {
+    absl::SleepFor(absl::Milliseconds(500));
+    scraped = QueryValue(prometheus_port, "ps_pushes_applied_total", dir);
+  }
+  EXPECT_EQ(scraped, final_applied);
 
-  for (Subprocess* p : {&prometheus, &worker, &evaluator, &ps}) {
+  for (Subprocess* p : {&prometheus, &evaluator, &ps}) {
     EXPECT_EQ(p->Stop(absl::Seconds(10)), 0) << p->name();
   }
 }

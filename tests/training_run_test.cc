@@ -36,6 +36,7 @@ TEST(TrainingRunTest, AJobSpecBecomesTheDaemonsFlags) {
   EXPECT_EQ(c->worker_flags.back(), "--prefetch");  // the caller's flags come last: they win
   EXPECT_TRUE(Has(c->evaluator_flags, "--hidden=32,16"));
   EXPECT_TRUE(Has(c->evaluator_flags, "--data_dir=/data/fm"));
+  EXPECT_TRUE(Has(c->evaluator_flags, "--device=cuda"));  // the evaluator follows the workers
   ASSERT_EQ(c->rank_flags.count(2), 1u);
   EXPECT_EQ(c->rank_flags.at(2), (std::vector<std::string>{"--slowdown=4"}));
 }

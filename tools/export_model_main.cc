@@ -43,7 +43,11 @@ int Main(int argc, char** argv) {
   const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir), out = absl::GetFlag(FLAGS_out);
   absl::StatusOr<ClientConnection> shards = ClientConnectionFromFlags(/*needs_shards=*/false);
   if (!shards.ok()) return Fail(std::string(shards.status().message()));
-  if (dir.empty() == shards->addresses.empty()) return Fail("give either --checkpoint_dir or --ps");
+  // Exactly one source. A --cluster spec always names the shards: there --checkpoint_dir wins.
+  const bool from_spec = !parsed->spec_summary.empty();
+  const bool both = !dir.empty() && !shards->addresses.empty() && !from_spec;
+  const bool neither = dir.empty() && shards->addresses.empty();
+  if (both || neither) return Fail("give either --checkpoint_dir or --ps");
   if (out.empty()) return Fail("--out is required");
   const std::string model = MlpSpec(shards->layer_sizes);
   const absl::Time start = absl::Now();

@@ -1,6 +1,5 @@
 #include "worker/client_start.h"
 
-#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "common/log.h"
 #include "common/shutdown.h"
@@ -14,7 +13,6 @@ ABSL_FLAG(std::string, device, "auto",
           "rank being $LOCAL_RANK or else the worker's --rank; auto falls back to the CPU when no "
           "GPU is usable (saying why).");
 ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
-ABSL_DECLARE_FLAG(bool, insecure);  // client_flags.cc
 
 namespace ps {
 
@@ -27,8 +25,7 @@ absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bo
   start.csv = absl::GetFlag(FLAGS_csv);
   SetLogTag(log_tag);
   InstallShutdownHandler();
-  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics =
-      StartMetricsFromFlags(absl::GetFlag(FLAGS_insecure));
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags();
   if (!metrics.ok()) return metrics.status();
   start.metrics = *std::move(metrics);
   absl::StatusOr<std::unique_ptr<Backend>> backend =
