@@ -15,15 +15,23 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
 
 namespace {
 constexpr char kShardRestarted[] = "ps.v1.shard-restarted";
+constexpr char kSharedMemoryLost[] = "ps.v1.shared-memory-lost";
+
+bool IsPrecondition(const grpc::Status& s, const char* detail) {
+  return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION && s.error_details() == detail;
+}
 }  // namespace
 
 grpc::Status ShardRestartedStatus(const std::string& message) {
   return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, message, kShardRestarted);
 }
 
-bool IsShardRestarted(const grpc::Status& s) {
-  return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION &&
-         s.error_details() == kShardRestarted;
+bool IsShardRestarted(const grpc::Status& s) { return IsPrecondition(s, kShardRestarted); }
+
+grpc::Status SharedMemoryLostStatus(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, message, kSharedMemoryLost);
 }
+
+bool IsSharedMemoryLost(const grpc::Status& s) { return IsPrecondition(s, kSharedMemoryLost); }
 
 }  // namespace ps

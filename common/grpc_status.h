@@ -1,6 +1,6 @@
 // Conversions between absl::Status (used inside the code) and grpc::Status (at the RPC edge), and
-// the one status clients must recognise beyond its code: "this shard restarted since you
-// registered".
+// the statuses clients must recognise beyond their code: "this shard restarted since you
+// registered" and "send that tensor over gRPC".
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -18,5 +18,11 @@ absl::Status FromGrpcStatus(const grpc::Status& s);
 // RegisterResponse.shard_incarnation): the caller should register with the shard again.
 grpc::Status ShardRestartedStatus(const std::string& message);
 bool IsShardRestarted(const grpc::Status& s);
+
+// FAILED_PRECONDITION carrying "ps.v1.shared-memory-lost": the shared-memory segment a request
+// named is not (or no longer) usable; the caller should send the tensor over gRPC instead
+// (common/shared_memory.h).
+grpc::Status SharedMemoryLostStatus(const std::string& message);
+bool IsSharedMemoryLost(const grpc::Status& s);
 
 }  // namespace ps

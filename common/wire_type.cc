@@ -146,8 +146,12 @@ int WireBytes(WireType type) { return type == WireType::kFloat32 ? 4 : 2; }
 
 int64_t EncodeValues(absl::Span<const float> values, WireType type, std::string* out) {
   out->resize(values.size() * WireBytes(type));
+  return EncodeValues(values, type, out->data());
+}
+
+int64_t EncodeValues(absl::Span<const float> values, WireType type, char* out) {
   if (values.empty()) return 0;
-  auto* half = reinterpret_cast<uint16_t*>(out->data());
+  auto* half = reinterpret_cast<uint16_t*>(out);
   switch (type) {
     case WireType::kBFloat16:
       return ToBFloat16(values, half);
@@ -167,7 +171,7 @@ int64_t EncodeValues(absl::Span<const float> values, WireType type, std::string*
       return saturated;
     }
     default:
-      std::memcpy(out->data(), values.data(), values.size() * sizeof(float));
+      std::memcpy(out, values.data(), values.size() * sizeof(float));
       return 0;
   }
 }

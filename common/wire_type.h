@@ -32,6 +32,8 @@ int WireBytes(WireType type);
 // value beyond the type's largest is saturated to it rather than turned into an infinity (a shard
 // refuses non-finite gradients); returns how many were. NaN and infinities stay what they are.
 int64_t EncodeValues(absl::Span<const float> values, WireType type, std::string* out);
+// The same into `out`, which must hold values.size() * WireBytes(type) bytes.
+int64_t EncodeValues(absl::Span<const float> values, WireType type, char* out);
 // Reads bytes.size() / WireBytes(type) values of `type` into `dst`, which must hold exactly that
 // many (the caller checks).
 void DecodeValues(std::string_view bytes, WireType type, absl::Span<float> dst);

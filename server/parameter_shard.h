@@ -362,6 +362,10 @@ class ParameterShard {
   // past the shard's change count; FAILED_PRECONDITION otherwise, and on a change that does not
   // fit the shard's state). Calls on_change like the primary did.
   absl::Status ApplyChange(const ShardChange& change);
+  // OK if a client of `model` belongs here; FAILED_PRECONDITION naming what differs.
+  absl::Status CheckModel(const ModelIdentity& model) const;
+  // OK if `worker_id` is one of the job's workers; INVALID_ARGUMENT otherwise.
+  absl::Status CheckWorkerId(int worker_id) const;
   // Ends every waiting pull with UNAVAILABLE; later ones fail the same way.
   void Shutdown();
   ~ParameterShard();
@@ -375,9 +379,7 @@ class ParameterShard {
 
   ParameterShard(const ShardConfig& config, ModelIdentity model, LearningRateSchedule schedule);
 
-  absl::Status CheckModel(const ModelIdentity& model) const;
   absl::Status CheckPushHeader(const PushHeaderInfo& header) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  absl::Status CheckWorkerId(int worker_id) const;
   // OK if `worker_id` registered and `incarnation` is its current one.
   absl::Status CheckIncarnation(int worker_id, int64_t incarnation) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -75,6 +75,9 @@ ABSL_FLAG(int, max_streams, 0,
 ABSL_FLAG(int, max_pulls, 0,
           "Pull calls in progress at once, held ones included; more are refused. "
           "0: 4 * num_workers + 16.");
+ABSL_FLAG(int, shm_clients, 16,
+          "Clients on this host that may move tensors through shared memory at once (each up to "
+          "2 x the shard's bytes); 0: off, every tensor goes over gRPC.");
 ABSL_FLAG(double, stream_idle_seconds, 30,
           "A Push, Initialize or Pull stream that moves no message this long is cancelled.");
 ABSL_FLAG(double, stream_max_seconds, 600, "No Push or Initialize stream lasts longer than this.");
@@ -218,6 +221,7 @@ ServiceLimits LimitsFromFlags(int num_workers) {
   if (l.max_streams <= 0) l.max_streams = 2 * num_workers + 4;
   l.max_pulls = absl::GetFlag(FLAGS_max_pulls);
   if (l.max_pulls <= 0) l.max_pulls = 4 * num_workers + 16;
+  l.shm_clients = absl::GetFlag(FLAGS_shm_clients);
   l.stream_idle = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_seconds));
   l.stream_total = absl::Seconds(absl::GetFlag(FLAGS_stream_max_seconds));
   return l;
@@ -313,6 +317,7 @@ int Main(int argc, char** argv) {
     if (replication != nullptr) replication->Stop();
   };
   const ServiceLimits limits = LimitsFromFlags(config->num_workers);
+  if (limits.shm_clients < 0) return Fail("--shm_clients must be >= 0 (0: no shared memory)");
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags();
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
   ServiceMetrics service_metrics;

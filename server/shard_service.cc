@@ -2,6 +2,7 @@
 
 #include <grpcpp/support/byte_buffer.h>
 #include <grpcpp/support/method_handler.h>
+#include <unistd.h>
 
 #include <optional>
 
@@ -9,7 +10,7 @@
 #include "common/chunking.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
-#include "common/tensor_codec.h"
+#include "common/shared_memory.h"
 
 namespace ps {
 namespace {
@@ -154,6 +155,16 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     }
     if (checked.ok()) checked = service_->CheckServing();
     if (checked.ok()) checked = service_->CheckShardIncarnation(r.shard_incarnation());
+    if (checked.ok() && r.shm_segment() != 0) {
+      absl::StatusOr<std::shared_ptr<const SharedSegment>> found =
+          service_->segments_.Find(r.shm_segment(), r.worker_id());
+      if (found.ok()) {
+        shared_ = *std::move(found);
+        shm_ticket_ = r.shm_ticket();
+      } else {
+        checked = SharedMemoryLostStatus(std::string(found.status().message()));
+      }
+    }
     if (!checked.ok()) {
       Finish(checked);
       return;
@@ -194,22 +205,51 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     head.set_version(snapshot_->version);
     head.set_offset(snapshot_->offset + next_);
     head.set_dtype(static_cast<v1::DType>(type_));
+    if (shared_ != nullptr) {  // all values at once, through the segment
+      if (grpc::Status s = WriteShared(values); !s.ok()) {
+        Finish(s);
+        return;
+      }
+      head.set_shm_values(static_cast<int64_t>(values.size()));
+      grpc::Slice slice(head.SerializeAsString());
+      message_ = grpc::ByteBuffer(&slice, 1);
+      next_ = std::max<int64_t>(values.size(), 1);
+      StartWrite(&message_);
+      return;
+    }
     absl::Span<const float> piece = values.subspan(next_, n);
     if (type_ == WireType::kFloat32) {  // the snapshot itself goes out
       message_ = EncodeWithTensor(head.SerializeAsString(), v1::PullChunk::kDataFieldNumber,
                                   AsBytes(piece), snapshot_);
     } else {
       auto encoded = std::make_shared<std::string>();
-      if (EncodeValues(piece, type_, encoded.get()) > 0 &&
-          !service_->pull_saturated_.exchange(true)) {
-        PS_LOG(WARNING) << "a pulled weight beyond " << WireTypeName(type_)
-                        << "'s range was sent as its largest (logged once)";
-      }
+      NoteSaturated(EncodeValues(piece, type_, encoded.get()));
       message_ = EncodeWithTensor(head.SerializeAsString(), v1::PullChunk::kDataFieldNumber,
                                   *encoded, encoded);
     }
     next_ += std::max<int64_t>(n, 1);
     StartWrite(&message_);
+  }
+  // Writes `values` into the segment's pull region, if it waits for this request.
+  grpc::Status WriteShared(absl::Span<const float> values) {
+    SharedRegion region = shared_->pull();
+    if (static_cast<int64_t>(values.size()) * WireBytes(type_) > region.capacity()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, "a pull larger than its shared region");
+    }
+    if (!region.Move(SharedRegion::kReady, SharedRegion::kBusy, shm_ticket_)) {
+      return SharedMemoryLostStatus(
+          "the shared pull region is not waiting for this request (another took its turn)");
+    }
+    NoteSaturated(EncodeValues(values, type_, region.data()));
+    region.Move(SharedRegion::kBusy, SharedRegion::kFilled, shm_ticket_);
+    service_->shm_pulls_.fetch_add(1, std::memory_order_relaxed);
+    return grpc::Status::OK;
+  }
+  void NoteSaturated(int64_t saturated) {
+    if (saturated > 0 && !service_->pull_saturated_.exchange(true)) {
+      PS_LOG(WARNING) << "a pulled weight beyond " << WireTypeName(type_)
+                      << "'s range was sent as its largest (logged once)";
+    }
   }
   void OnWriteDone(bool ok) override {
     if (!ok) {
@@ -234,6 +274,9 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   std::optional<StreamWatchdog::Guard> guard_;
   int64_t next_ = 0;                    // index of the next value to write
   WireType type_ = WireType::kFloat32;  // what the values travel as
+  // The segment the values go through (the request named one), and the request's ticket.
+  std::shared_ptr<const SharedSegment> shared_;
+  uint64_t shm_ticket_ = 0;
   grpc::ByteBuffer message_;
 };
 
@@ -247,7 +290,8 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
       metrics_(metrics),
       streams_(limits.max_streams),
       pulls_(limits.max_pulls),
-      watchdog_(limits.stream_idle, limits.stream_total) {
+      watchdog_(limits.stream_idle, limits.stream_total),
+      segments_(limits.shm_clients, shard->range().size() * static_cast<int64_t>(sizeof(float))) {
   // Initialize and Push read raw bytes, so that tensors go from gRPC's slices straight into the
   // shard's buffers: their generated synchronous handlers (methods 1 and 2 of the service, as
   // ps.proto lists them) are replaced by handlers of ByteBuffer messages. The replacement API
@@ -389,14 +433,21 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<WireType> type = WireTypeOfDType(h.dtype());
   if (!type.ok()) return ToGrpcStatus(type.status());
-  if (absl::Status s =
-          ReadPayload<v1::PushChunk>(reader, *std::move(data), slot->gradient(), guard, *type);
-      !s.ok()) {
+  if (h.shm_segment() != 0) {
+    if (grpc::Status s = ReadSharedPayload(reader, *data, h.shm_segment(), h.shm_ticket(),
+                                           h.worker_id(), slot->gradient(), *type);
+        !s.ok()) {
+      return s;
+    }
+  } else if (absl::Status s = ReadPayload<v1::PushChunk>(reader, *std::move(data), slot->gradient(),
+                                                         guard, *type);
+             !s.ok()) {
     return ToGrpcStatus(s);
   }
   const int64_t payload = static_cast<int64_t>(slot->gradient().size()) * WireBytes(*type);
   absl::StatusOr<PushOutcome> outcome = shard_->Commit(*std::move(slot));
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
+  if (h.shm_segment() != 0) shm_pushes_.fetch_add(1, std::memory_order_relaxed);
   if (metrics_.push_seconds != nullptr) {
     metrics_.push_bytes->Increment(static_cast<double>(payload));
     metrics_.push_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
@@ -407,6 +458,33 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   response->set_dropped(outcome->dropped);
   // A duplicate too: its first delivery may still be on its way to the backup.
   return WaitReplicated(*context);
+}
+
+grpc::Status ShardService::ReadSharedPayload(grpc::ServerReader<grpc::ByteBuffer>* reader,
+                                             const TensorMessage& first, int64_t segment,
+                                             uint64_t ticket, int worker_id, absl::Span<float> dst,
+                                             WireType type) {
+  grpc::ByteBuffer more;
+  if (first.tensor_bytes() != 0 || reader->Read(&more)) {
+    return InvalidArgument("a push through shared memory carries no data in its stream");
+  }
+  absl::StatusOr<std::shared_ptr<const SharedSegment>> found = segments_.Find(segment, worker_id);
+  if (!found.ok()) return SharedMemoryLostStatus(std::string(found.status().message()));
+  SharedRegion region = (*found)->push();
+  const int64_t bytes = static_cast<int64_t>(dst.size()) * WireBytes(type);
+  if (bytes > region.capacity()) {
+    return grpc::Status(grpc::StatusCode::INTERNAL, "a push larger than its shared region");
+  }
+  // Copied out before anything looks at it: the client cannot change what was checked.
+  if (!region.Move(SharedRegion::kReady, SharedRegion::kBusy, ticket)) {
+    return SharedMemoryLostStatus(
+        "the shared push region does not hold this request's gradient (another took its turn)");
+  }
+  ChunkAssembler assembler(dst, type);
+  absl::Status s = assembler.Append(std::string_view(region.data(), bytes));
+  region.Move(SharedRegion::kBusy, SharedRegion::kIdle, ticket);
+  if (s.ok()) s = assembler.Finish();
+  return ToGrpcStatus(s);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::Pull(grpc::CallbackServerContext* context,
@@ -448,7 +526,9 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* conte
       [&](const auto& request, auto*) {
         if (grpc::Status s = CheckServing(); !s.ok()) return s;
         if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
-        return ToGrpcStatus(shard_->Leave(request.worker_id(), request.incarnation()));
+        absl::Status left = shard_->Leave(request.worker_id(), request.incarnation());
+        if (left.ok()) segments_.Release(request.worker_id());
+        return ToGrpcStatus(left);
       });
 }
 
@@ -462,6 +542,43 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
         int page = request.max_workers();
         if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
         *response = StatsToProto(shard_->Stats(request.first_worker(), page), process_, replica_);
+        response->set_shm_pushes(shm_pushes_.load(std::memory_order_relaxed));
+        response->set_shm_pulls(shm_pulls_.load(std::memory_order_relaxed));
+        response->set_shm_segments(segments_.size());
+        return grpc::Status::OK;
+      });
+}
+
+grpc::ServerUnaryReactor* ShardService::AttachSharedMemory(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  return Unary<v1::AttachSharedMemoryRequest, v1::AttachSharedMemoryResponse>(
+      context, request, response, "AttachSharedMemory",
+      [&] { return Authorize(*context, Access::kRead, "AttachSharedMemory"); },
+      [&](const auto& request, auto* response) {
+        const int worker = request.worker_id();
+        if (grpc::Status s = Authorize(*context, AccessFor(worker), "AttachSharedMemory");
+            !s.ok()) {
+          return s;
+        }
+        if (grpc::Status s = CheckServing(); !s.ok()) return s;
+        if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
+        absl::Status checked = shard_->CheckModel(FromProto(request.model()));
+        if (checked.ok() && worker >= 0) checked = shard_->CheckWorkerId(worker);
+        if (!checked.ok()) return ToGrpcStatus(checked);
+        if (HostBootId().empty() || request.boot_id() != HostBootId()) {
+          return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                              "the client runs on another host than this shard");
+        }
+        absl::StatusOr<SharedSegments::Attached> attached = segments_.Attach(worker);
+        if (!attached.ok()) return ToGrpcStatus(attached.status());
+        response->set_segment(attached->id);
+        response->set_pid(getpid());
+        response->set_fd(attached->segment->fd());
+        response->set_nonce(attached->segment->nonce());
+        response->set_region_bytes(attached->segment->region_bytes());
+        PS_LOG(INFO) << "client " << worker << " shares memory with this shard (2 x "
+                     << attached->segment->region_bytes() << " bytes)";
         return grpc::Status::OK;
       });
 }

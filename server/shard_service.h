@@ -11,11 +11,13 @@
 #include <atomic>
 
 #include "common/security.h"
+#include "common/tensor_codec.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/call_limits.h"
 #include "server/parameter_shard.h"
 #include "server/replica.h"
 #include "server/shard_metrics.h"
+#include "server/shared_segments.h"
 
 namespace ps {
 
@@ -40,13 +42,16 @@ v1::StatsResponse StatsToProto(const ShardStats& stats, const ShardProcess& proc
 
 // Limits on what clients may hold at once. With S the shard's size in bytes, a shard holds at
 // most (max_streams + max_pulls) * S in request buffers and snapshots, plus 4 * S idle buffers
-// kept for reuse (freed after ParameterShard::kBuffersUnused unused), beside its values and
-// optimizer state.
+// kept for reuse (freed after ParameterShard::kBuffersUnused unused), plus shm_clients * 2 * S of
+// shared memory, beside its values and optimizer state.
 struct ServiceLimits {
   int max_streams = 16;                             // Push and Initialize calls in progress
   int max_pulls = 256;                              // Pull calls in progress, held ones included
   absl::Duration stream_idle = absl::Seconds(30);   // a stream moving no message this long ends
   absl::Duration stream_total = absl::Minutes(10);  // and none lasts longer than this
+  // Clients on this host that may move tensors through shared memory at once (0: none); each
+  // costs up to 2 x S of shared memory once used (server/shared_segments.h).
+  int shm_clients = 16;
 };
 
 using ShardServiceBase = v1::ParameterServer::WithRawCallbackMethod_Register<
@@ -54,7 +59,8 @@ using ShardServiceBase = v1::ParameterServer::WithRawCallbackMethod_Register<
         v1::ParameterServer::WithRawCallbackMethod_Heartbeat<
             v1::ParameterServer::WithRawCallbackMethod_Leave<
                 v1::ParameterServer::WithRawCallbackMethod_GetStats<
-                    v1::ParameterServer::Service>>>>>;
+                    v1::ParameterServer::WithRawCallbackMethod_AttachSharedMemory<
+                        v1::ParameterServer::Service>>>>>>;
 
 class ShardService final : public ShardServiceBase {
  public:
@@ -86,6 +92,9 @@ class ShardService final : public ShardServiceBase {
   grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* AttachSharedMemory(grpc::CallbackServerContext* context,
+                                               const grpc::ByteBuffer* request,
+                                               grpc::ByteBuffer* response) override;
 
  private:
   class PullWriter;
@@ -110,6 +119,13 @@ class ShardService final : public ShardServiceBase {
   // OK without replication or once the backup has every change so far (Replica::WaitReplicated),
   // waiting until a little before the call's deadline.
   grpc::Status WaitReplicated(const grpc::ServerContextBase& context) const;
+  // Reads a push's payload of `dst.size()` values of `type` from the push region of segment
+  // `segment` (handed over as `ticket` by worker `worker_id`) into `dst`; the stream, whose first
+  // message was `first`, must carry no data. SharedMemoryLostStatus if the segment or the
+  // region's turn is not what the request says.
+  grpc::Status ReadSharedPayload(grpc::ServerReader<grpc::ByteBuffer>* reader,
+                                 const TensorMessage& first, int64_t segment, uint64_t ticket,
+                                 int worker_id, absl::Span<float> dst, WireType type);
 
   ParameterShard* shard_;
   const ShardProcess process_;
@@ -118,6 +134,8 @@ class ShardService final : public ShardServiceBase {
   const ServiceMetrics metrics_;
   CallLimit streams_, pulls_;
   StreamWatchdog watchdog_;
+  SharedSegments segments_;
+  std::atomic<int64_t> shm_pushes_{0}, shm_pulls_{0};
   std::atomic<bool> pull_saturated_{false};  // a 16-bit pull had to saturate a weight (logged)
 };
 

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "common/shared_memory.h"
 #include "deploy/local_cluster.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
@@ -163,6 +164,23 @@ class GuardedShards {
   std::vector<float> initial_ = std::vector<float>(kParams);
 };
 
+// A raw AttachSharedMemory as `worker` with `token` ("": none), from this host.
+grpc::Status AttachSharedMemory(const std::string& address, int worker, const std::string& token) {
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!token.empty()) context.AddMetadata(kAuthorizationMetadata, BearerValue(token));
+  v1::AttachSharedMemoryRequest request;
+  request.set_worker_id(worker);
+  request.mutable_model()->set_fingerprint("flat:1000");
+  request.mutable_model()->set_total_params(kParams);
+  request.mutable_model()->set_num_shards(2);
+  request.set_boot_id(HostBootId());
+  v1::AttachSharedMemoryResponse response;
+  return stub->AttachSharedMemory(&context, request, &response);
+}
+
 // --- Tokens, plaintext on loopback ---
 
 class TokenTest : public ::testing::Test {
@@ -196,6 +214,9 @@ TEST_F(TokenTest, CallersWithoutTheTokenAreUnauthenticatedAndChangeNothing) {
   EXPECT_EQ(raw.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_NE(raw.error_message().find("expected 'Bearer <token>'"), std::string::npos)
       << raw.error_message();
+  // Shared memory is handed out to token holders only.
+  EXPECT_EQ(AttachSharedMemory(shards_.cluster().ShardAddress(0), 0, "").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
 
   // Worker 0's own pushes still apply: the forged sequence 2^62 was never recorded. (A zero
   // gradient under SGD leaves the weights bit-identical.)
@@ -225,6 +246,11 @@ TEST_F(TokenTest, TheReadOnlyTokenReadsButNeverWrites) {
     shards_.ExpectEveryWriteRefused(*reader, absl::StatusCode::kPermissionDenied,
                                     absl::StrCat("read-only token as worker ", id));
   }
+  // An observer may read through shared memory; a worker id needs the write token.
+  const std::string shard0 = shards_.cluster().ShardAddress(0);
+  EXPECT_TRUE(AttachSharedMemory(shard0, -1, kReadToken).ok());
+  EXPECT_EQ(AttachSharedMemory(shard0, 0, kReadToken).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
   absl::Status push = shards_.Client(0, Plaintext(kReadToken))->Push(values, 0, {0, 0}).status();
   EXPECT_NE(push.message().find("Push needs the write token"), std::string::npos) << push;
   EXPECT_EQ((*FetchStats(shards_.owner()))[0].registered_workers(), 1);

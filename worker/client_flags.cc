@@ -28,6 +28,10 @@ ABSL_FLAG(std::string, pull_dtype, "fp32",
           "What pulled weights travel as: fp32 | bf16 | fp16 (half the bytes; the shard keeps "
           "float32).");
 
+ABSL_FLAG(bool, shared_memory, true,
+          "Move tensors through shared memory with shards on this host (the same kernel, user "
+          "and PID namespace); false: always over gRPC.");
+
 namespace ps {
 
 namespace {
@@ -72,6 +76,7 @@ absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards) {
   if (!pull_type.ok()) return pull_type.status();
   c.options.pull_type = *pull_type;
   c.options.retry_for = absl::Seconds(absl::GetFlag(FLAGS_retry_seconds));
+  c.options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   absl::StatusOr<ClientSecurity> security = ClientSecurityFromFlags();
   if (!security.ok()) return security.status();
   c.options.security = *std::move(security);

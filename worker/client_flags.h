@@ -1,7 +1,8 @@
 // The flags every client of the shards shares (worker, evaluator, export_model), defined once:
 // where the shards are and how to reach them (--ps, --tls_ca, --tls_cert, --tls_key, --token_file
-// or PS_TOKEN, --pull_dtype, --retry_seconds), the model (--hidden) and the client's own health
-// service (--health_host, --health_port, --insecure). The daemons' start-up: client_start.h.
+// or PS_TOKEN, --pull_dtype, --retry_seconds, --shared_memory), the model (--hidden) and the
+// client's own health service (--health_host, --health_port, --insecure). The daemons' start-up:
+// client_start.h.
 #pragma once
 
 #include <grpcpp/server.h>
@@ -21,7 +22,7 @@ namespace ps {
 struct ClientConnection {
   std::vector<std::string> addresses;  // --ps, in shard order; empty when not needed
   std::vector<int> layer_sizes;        // 784, --hidden..., 10
-  ClientOptions options;               // credentials, --pull_dtype, --retry_seconds
+  ClientOptions options;  // credentials, --pull_dtype, --retry_seconds, --shared_memory
 };
 // From the flags; `needs_shards`: --ps must name at least one shard (else it may be empty).
 absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <deque>
 #include <functional>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -19,6 +20,7 @@
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/partition.h"
+#include "common/shared_memory.h"
 #include "common/shutdown.h"
 #include "common/tensor_codec.h"
 #include "proto/ps.grpc.pb.h"
@@ -58,6 +60,12 @@ int64_t WriteTensorChunks(grpc::ClientWriter<grpc::ByteBuffer>* writer, const Ch
                                         *encoded, encoded));
   });
   return saturated;
+}
+
+// How long a call waits for a region of shared memory that a call this client abandoned still
+// uses at the shard (it is copying: milliseconds); past it, the shard is taken to be stuck.
+absl::Time ClaimDeadline(const grpc::ClientContext& context) {
+  return std::min(absl::FromChrono(context.deadline()), absl::Now() + absl::Seconds(1));
 }
 
 // Threads that run the shards' calls, kept for reuse: a task runs on an idle thread, or on a new
@@ -195,6 +203,15 @@ class ShardedClient::Impl {
   // shard has one and no other thread switched already. Returns whether it switched.
   bool SwitchReplica(int shard, int replica, const grpc::Status& failure);
 
+  // A segment of shared memory with one shard process, and this side's turn at each region: a
+  // call that finds a region taken (another call of this client uses it) goes over gRPC.
+  struct SharedPath {
+    SharedPath(int64_t id, SharedSegment segment) : id(id), segment(std::move(segment)) {}
+    const int64_t id;
+    const SharedSegment segment;
+    std::mutex push_mu, pull_mu;
+    std::atomic<uint64_t> next_ticket{1};
+  };
   // What this client knows of one shard since it last registered there.
   struct Session {
     int64_t incarnation = 0;         // this process's, at the shard
@@ -204,6 +221,7 @@ class ShardedClient::Impl {
     int64_t last_sequence = -1;      // this worker's last push the shard applied
     bool initialized = false;        // the shard held the model (at a registration or pull)
     std::string consistency;
+    std::shared_ptr<SharedPath> shared;  // null: tensors go over gRPC
   };
   Session SessionOf(int shard) const;
   // One Register call to `shard`; records the session. `resume_sequence` >= 0 when registering
@@ -212,6 +230,11 @@ class ShardedClient::Impl {
   // Registers again with `shard`, which said it restarted, unless another thread already did since
   // the session whose shard_incarnation was `stale`.
   grpc::Status Reregister(int shard, int64_t stale, int64_t generation);
+  // A segment of shared memory with the process of `shard` registered as `shard_incarnation`,
+  // if ClientOptions::shared_memory and it is on this host; null (saying why) otherwise.
+  std::shared_ptr<SharedPath> AttachTo(int shard, int64_t shard_incarnation);
+  // Stops using `shared` with `shard` (it failed: `why`); later calls go over gRPC.
+  void DropShared(int shard, const std::shared_ptr<SharedPath>& shared, absl::string_view why);
   // Register, Initialize and CallEachShard of the class.
   absl::StatusOr<int64_t> Register();
   absl::StatusOr<int> Initialize(absl::Span<const float> params);
@@ -423,7 +446,7 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
   // A shard that keeps saying it restarted after we registered again is not one we can use.
   // With two replicas, a failure is tried at the other at once, then again after the backoff.
   bool switched_at_once = false;
-  for (int reregistered = 0;;) {
+  for (int reregistered = 0, shared_lost = 0;;) {
     const int64_t shard_incarnation = SessionOf(shard).shard_incarnation;
     const int replica = CurrentReplica(shard);
     grpc::Status s = Attempt(shard, fn, generation, timeout);
@@ -434,6 +457,8 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
       s = Reregister(shard, shard_incarnation, generation);
       if (s.ok()) continue;
     }
+    // The call's shared memory failed (and was dropped): the tensor goes over gRPC at once.
+    if (IsSharedMemoryLost(s) && shared_lost++ < 2) continue;
     if (s.ok()) return absl::OkStatus();
     bool cancelled = s.error_code() == grpc::StatusCode::CANCELLED;
     if (retry && !cancelled && s.error_code() == grpc::StatusCode::ABORTED) {
@@ -479,6 +504,7 @@ grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* c
                         absl::StrCat("this address serves shard ", response.shard_index(),
                                      ", listed as shard ", shard, " in --ps"));
   }
+  std::shared_ptr<SharedPath> shared = AttachTo(shard, response.shard_incarnation());
   absl::MutexLock lock(&sessions_mu_);
   Session& session = sessions_[shard];
   if (session.initialized && !response.initialized()) {
@@ -492,8 +518,51 @@ grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* c
   session = Session{response.incarnation(),   response.shard_incarnation(),
                     response.version(),       response.version(),
                     response.last_sequence(), response.initialized() || session.initialized,
-                    response.consistency()};
+                    response.consistency(),   std::move(shared)};
   return grpc::Status::OK;
+}
+
+std::shared_ptr<ShardedClient::Impl::SharedPath> ShardedClient::Impl::AttachTo(
+    int shard, int64_t shard_incarnation) {
+  if (!options_.shared_memory || HostBootId().empty()) return nullptr;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  if (!authorization_.empty()) context.AddMetadata(kAuthorizationMetadata, authorization_);
+  v1::AttachSharedMemoryRequest request;
+  request.set_worker_id(worker_id_);
+  *request.mutable_model() = ModelProto();
+  request.set_boot_id(HostBootId());
+  request.set_shard_incarnation(shard_incarnation);
+  v1::AttachSharedMemoryResponse response;
+  absl::Status why = FromGrpcStatus(Stub(shard)->AttachSharedMemory(&context, request, &response));
+  std::shared_ptr<SharedPath> path;
+  if (why.ok() && response.region_bytes() < ranges_[shard].size() * WireBytes(WireType::kFloat32)) {
+    why = absl::FailedPreconditionError("its segment is smaller than its range");
+  } else if (why.ok()) {
+    absl::StatusOr<SharedSegment> segment = SharedSegment::Open(
+        response.pid(), response.fd(), response.nonce(), response.region_bytes());
+    if (segment.ok()) {
+      path = std::make_shared<SharedPath>(response.segment(), *std::move(segment));
+    } else {
+      why = segment.status();
+    }
+  }
+  PS_LOG(INFO) << "shard " << shard << " (" << Address(shard) << "): tensors "
+               << (path != nullptr ? "through shared memory"
+                                   : absl::StrCat("over gRPC (", why.message(), ")"));
+  return path;
+}
+
+void ShardedClient::Impl::DropShared(int shard, const std::shared_ptr<SharedPath>& shared,
+                                     absl::string_view why) {
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    if (sessions_[shard].shared != shared) return;  // dropped or replaced already
+    sessions_[shard].shared = nullptr;
+  }
+  PS_LOG(WARNING) << "shard " << shard << " (" << Address(shard)
+                  << "): shared memory stopped working (" << why
+                  << "); its tensors go over gRPC from now on";
 }
 
 grpc::Status ShardedClient::Impl::Reregister(int shard, int64_t stale, int64_t generation) {
@@ -598,14 +667,29 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
                                            absl::Span<float> params, int64_t after_sequence,
                                            Versions* versions) {
   const Range& r = ranges_[shard];
+  const Session session = SessionOf(shard);
   v1::PullRequest request;
   request.set_offset(r.begin);
   request.set_length(r.size());
   request.set_worker_id(worker_id_);
   if (after_sequence >= 0) request.set_after_sequence(after_sequence);
-  request.set_shard_incarnation(SessionOf(shard).shard_incarnation);
+  request.set_shard_incarnation(session.shard_incarnation);
   request.set_dtype(static_cast<v1::DType>(options_.pull_type));
   *request.mutable_model() = ModelProto();
+  // Through shared memory if there is a segment and no other pull of this client uses it.
+  const std::shared_ptr<SharedPath>& shared = session.shared;
+  std::unique_lock<std::mutex> turn;
+  if (shared != nullptr) turn = std::unique_lock<std::mutex>(shared->pull_mu, std::try_to_lock);
+  uint64_t ticket = 0;
+  if (turn.owns_lock()) {
+    ticket = shared->next_ticket++;
+    if (!shared->segment.pull().Claim(SharedRegion::kReady, ticket, ClaimDeadline(*context))) {
+      DropShared(shard, shared, "its pull region stayed busy");
+      return SharedMemoryLostStatus("shared pull region busy");
+    }
+    request.set_shm_segment(shared->id);
+    request.set_shm_ticket(ticket);
+  }
   auto reader = Stub(shard)->Pull(context, request);
   ChunkAssembler assembler(params.subspan(r.begin, r.size()), options_.pull_type);
   v1::PullChunk chunk;
@@ -619,19 +703,33 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
     } else if (chunk.offset() != r.begin + assembler.received()) {
       bad = absl::DataLossError(absl::StrCat("chunk at offset ", chunk.offset(), ", expected ",
                                              r.begin + assembler.received()));
+    } else if (ticket != 0) {
+      if (!first || !chunk.data().empty() || chunk.shm_values() != r.size()) {
+        bad = absl::DataLossError("a pull through shared memory is one chunk naming the values");
+      }
     } else {
       bad = assembler.Append(chunk.data());
     }
   }
   grpc::Status status = reader->Finish();
+  if (IsSharedMemoryLost(status)) DropShared(shard, shared, status.error_message());
+  if (status.ok() && bad.ok() && ticket != 0) {
+    SharedRegion region = shared->segment.pull();
+    if (!region.Move(SharedRegion::kFilled, SharedRegion::kBusy, ticket)) {
+      DropShared(shard, shared, "its pull region did not hold the values");
+      return SharedMemoryLostStatus("shared pull region not filled");
+    }
+    bad = assembler.Append(std::string_view(region.data(), r.size() * assembler.element_bytes()));
+    region.Move(SharedRegion::kBusy, SharedRegion::kIdle, ticket);
+  }
   if (status.ok() && bad.ok()) bad = assembler.Finish();
   if (!status.ok() || !bad.ok()) return status.ok() ? ToGrpcStatus(bad) : status;
   versions->shard_incarnation[shard] = request.shard_incarnation();
   absl::MutexLock lock(&sessions_mu_);
-  Session& session = sessions_[shard];
-  if (session.shard_incarnation == request.shard_incarnation()) {
-    session.initialized = true;
-    session.version = std::max(session.version, versions->version[shard]);
+  Session& now = sessions_[shard];
+  if (now.shard_incarnation == request.shard_incarnation()) {
+    now.initialized = true;
+    now.version = std::max(now.version, versions->version[shard]);
   }
   return grpc::Status::OK;
 }
@@ -677,10 +775,32 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
           replica.channel.get(), *replica.push, context, response));
-  *saturated = WriteTensorChunks(writer.get(), first, gradient.subspan(r.begin, r.size()),
-                                 options_.push_type);
+  const absl::Span<const float> part = gradient.subspan(r.begin, r.size());
+  // Through shared memory if there is a segment and no other push of this client uses it.
+  const std::shared_ptr<SharedPath>& shared = session.shared;
+  std::unique_lock<std::mutex> turn;
+  if (shared != nullptr) turn = std::unique_lock<std::mutex>(shared->push_mu, std::try_to_lock);
+  if (!turn.owns_lock()) {
+    *saturated = WriteTensorChunks(writer.get(), first, part, options_.push_type);
+    writer->WritesDone();
+    return writer->Finish();
+  }
+  SharedRegion region = shared->segment.push();
+  const uint64_t ticket = shared->next_ticket++;
+  if (!region.Claim(SharedRegion::kBusy, ticket, ClaimDeadline(*context))) {
+    DropShared(shard, shared, "its push region stayed busy");
+    return SharedMemoryLostStatus("shared push region busy");
+  }
+  *saturated = EncodeValues(part, options_.push_type, region.data());
+  region.Move(SharedRegion::kBusy, SharedRegion::kReady, ticket);
+  header.set_shm_segment(shared->id);
+  header.set_shm_ticket(ticket);
+  grpc::Slice slice(first.SerializeAsString());
+  writer->Write(grpc::ByteBuffer(&slice, 1));
   writer->WritesDone();
-  return writer->Finish();
+  grpc::Status status = writer->Finish();
+  if (IsSharedMemoryLost(status)) DropShared(shard, shared, status.error_message());
+  return status;
 }
 
 ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(

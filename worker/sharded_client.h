@@ -23,6 +23,11 @@
 // the other at once (which takes over if the primary is gone), and the client registers with it
 // as with a restarted shard.
 //
+// With a shard on the same host (ClientOptions::shared_memory), tensors go through a segment of
+// shared memory that client and shard both map, negotiated at registration; the calls still go
+// over gRPC (deadlines, token, retries as above). A shard elsewhere, one that shares no memory,
+// or a segment that stopped working: tensors go over gRPC, as they always can.
+//
 // Thread-safe, with one rule: a worker's pushes carry increasing sequences, so start them from
 // one thread. Registering again happens on whichever call meets the restart first (once per
 // restart: the others wait for it).
@@ -54,6 +59,8 @@ struct ClientOptions {
   // What gradients and pulled weights travel as (common/wire_type.h).
   WireType push_type = WireType::kFloat32;
   WireType pull_type = WireType::kFloat32;
+  // Move tensors through shared memory with shards on this host (common/shared_memory.h).
+  bool shared_memory = true;
 };
 
 class ShardedClient {

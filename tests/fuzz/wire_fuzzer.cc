@@ -18,6 +18,7 @@
 #include "absl/strings/str_replace.h"
 #include "common/chunking.h"
 #include "common/partition.h"
+#include "common/shared_memory.h"
 #include "common/wire_type.h"
 #include "proto/ps.grpc.pb.h"
 #include "worker/shard_stats.h"
@@ -34,7 +35,16 @@ constexpr int32_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr size_t kOversizedBytes = 5 << 20;
 constexpr size_t kMaxBreaches = 20;
 
-enum class Method { kRegister, kInitialize, kPush, kPull, kHeartbeat, kLeave, kGetStats };
+enum class Method {
+  kRegister,
+  kInitialize,
+  kPush,
+  kPull,
+  kHeartbeat,
+  kLeave,
+  kGetStats,
+  kAttachSharedMemory
+};
 
 const char* Name(Method m) {
   switch (m) {
@@ -50,6 +60,8 @@ const char* Name(Method m) {
       return "Heartbeat";
     case Method::kLeave:
       return "Leave";
+    case Method::kAttachSharedMemory:
+      return "AttachSharedMemory";
     default:
       return "GetStats";
   }
@@ -122,6 +134,10 @@ class WireFuzzer {
   v1::PullRequest MakePull();
   v1::HeartbeatRequest MakeHeartbeat();
   v1::LeaveRequest MakeLeave();
+  v1::AttachSharedMemoryRequest MakeAttach();
+  // Sometimes names a shared-memory segment (one that does not exist: ids are random 63-bit).
+  template <typename Message>
+  void MaybeNameSegment(Message* m);
   Stream<v1::InitializeChunk> MakeInitialize();
   Stream<v1::PushChunk> MakePush();
   // Chunks carrying `header` and about `declared` values, in one of many wrong (or right) shapes.
@@ -291,7 +307,25 @@ v1::PullRequest WireFuzzer::MakePull() {
   r.set_length(length);
   r.set_worker_id(WorkerId());
   MaybeSetModel(r.mutable_model());
+  MaybeNameSegment(&r);
   return r;
+}
+
+v1::AttachSharedMemoryRequest WireFuzzer::MakeAttach() {
+  v1::AttachSharedMemoryRequest r;
+  r.set_worker_id(WorkerId());
+  MaybeSetModel(r.mutable_model());
+  r.set_boot_id(
+      rng_.Pick<std::string>({HostBootId(), HostBootId(), "", absl::StrCat(rng_.Next())}));
+  if (rng_.OneIn(3)) r.set_shard_incarnation(static_cast<int64_t>(rng_.Next()));
+  return r;
+}
+
+template <typename Message>
+void WireFuzzer::MaybeNameSegment(Message* m) {
+  if (!rng_.OneIn(5)) return;
+  m->set_shm_segment(rng_.Pick<int64_t>({1, -1, kInt64Max, static_cast<int64_t>(rng_.Next())}));
+  m->set_shm_ticket(rng_.Next());
 }
 
 v1::HeartbeatRequest WireFuzzer::MakeHeartbeat() {
@@ -408,6 +442,7 @@ Stream<v1::PushChunk> WireFuzzer::MakePush() {
   h.set_offset(offset);
   h.set_length(length);
   h.set_dtype(DType());
+  MaybeNameSegment(&h);
   Stream<v1::PushChunk> s = MakeStream<v1::PushChunk>(h, length);
   // A push the shard might apply would change the weights: spoil its header until it cannot.
   while (CouldApply(s.chunks)) {
@@ -442,9 +477,10 @@ bool WireFuzzer::CouldApply(const std::vector<v1::PushChunk>& chunks) const {
   if (chunks.empty() || !chunks[0].has_header()) return false;
   const v1::PushHeader& h = chunks[0].header();
   absl::StatusOr<WireType> type = WireTypeOfDType(h.dtype());
-  if (!type.ok() || h.worker_id() < 0 || registered_.count(h.worker_id()) == 0 ||
-      h.sequence() < 0 || h.base_version() < 0 || h.base_version() > version_ || h.length() <= 0 ||
-      h.offset() < range_.begin || h.offset() > range_.end - h.length()) {
+  if (!type.ok() || h.shm_segment() != 0 || h.worker_id() < 0 ||
+      registered_.count(h.worker_id()) == 0 || h.sequence() < 0 || h.base_version() < 0 ||
+      h.base_version() > version_ || h.length() <= 0 || h.offset() < range_.begin ||
+      h.offset() > range_.end - h.length()) {
     return false;
   }
   // Each failure below holds for every longer prefix too.
@@ -503,6 +539,9 @@ std::vector<std::string> WireFuzzer::Serialized(Method m, bool* cancel) {
       break;
     case Method::kGetStats:
       out.push_back(v1::StatsRequest().SerializeAsString());
+      break;
+    case Method::kAttachSharedMemory:
+      out.push_back(MakeAttach().SerializeAsString());
       break;
   }
   return out;
@@ -598,6 +637,13 @@ void WireFuzzer::StubCall(Method m) {
     case Method::kGetStats: {
       v1::StatsResponse response;
       status = stub_->GetStats(&context, v1::StatsRequest(), &response);
+      break;
+    }
+    case Method::kAttachSharedMemory: {
+      v1::AttachSharedMemoryRequest request = MakeAttach();
+      how = absl::StrCat("worker ", request.worker_id());
+      v1::AttachSharedMemoryResponse response;
+      status = stub_->AttachSharedMemory(&context, request, &response);
       break;
     }
   }
@@ -761,12 +807,25 @@ void WireFuzzer::RecordAcceptedWrite(const std::string& row, const std::string& 
 
 void WireFuzzer::SendOne() {
   // Pushes most: they have the most fields and the only path to the weights.
-  static constexpr Method kMix[] = {Method::kPush,       Method::kPush,      Method::kPush,
-                                    Method::kPush,       Method::kPush,      Method::kInitialize,
-                                    Method::kInitialize, Method::kPull,      Method::kPull,
-                                    Method::kPull,       Method::kRegister,  Method::kRegister,
-                                    Method::kHeartbeat,  Method::kHeartbeat, Method::kLeave,
-                                    Method::kLeave,      Method::kGetStats};
+  static constexpr Method kMix[] = {Method::kPush,
+                                    Method::kPush,
+                                    Method::kPush,
+                                    Method::kPush,
+                                    Method::kPush,
+                                    Method::kInitialize,
+                                    Method::kInitialize,
+                                    Method::kPull,
+                                    Method::kPull,
+                                    Method::kPull,
+                                    Method::kRegister,
+                                    Method::kRegister,
+                                    Method::kHeartbeat,
+                                    Method::kHeartbeat,
+                                    Method::kLeave,
+                                    Method::kLeave,
+                                    Method::kGetStats,
+                                    Method::kAttachSharedMemory,
+                                    Method::kAttachSharedMemory};
   if (rng_.OneIn(40)) return UnknownMethod();
   Method m = kMix[rng_.Below(std::size(kMix))];
   if (rng_.Below(5) < 2) {

@@ -1,0 +1,72 @@
+#include "server/shared_segments.h"
+
+#include <limits>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+
+SharedSegments::SharedSegments(int max_segments, int64_t region_bytes, absl::Duration idle)
+    : max_segments_(max_segments), region_bytes_(region_bytes), idle_(idle) {}
+
+bool SharedSegments::MakeRoom() {
+  const absl::Time now = absl::Now();
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    const bool unused = it->second.segment.use_count() == 1 && now - it->second.last_used > idle_;
+    it = unused ? segments_.erase(it) : std::next(it);
+  }
+  return static_cast<int>(segments_.size()) < max_segments_;
+}
+
+absl::StatusOr<SharedSegments::Attached> SharedSegments::Attach(int owner) {
+  if (max_segments_ == 0) {
+    return absl::FailedPreconditionError("shared memory is off on this shard (ps --shm_clients=0)");
+  }
+  absl::StatusOr<SharedSegment> created = SharedSegment::Create(region_bytes_);
+  if (!created.ok()) return created.status();
+  auto segment = std::make_shared<const SharedSegment>(*std::move(created));
+  absl::MutexLock lock(&mu_);
+  if (owner >= 0) ReleaseLocked(owner);
+  if (!MakeRoom()) {
+    return absl::ResourceExhaustedError(absl::StrCat("this shard already shares memory with ",
+                                                     max_segments_, " clients (ps --shm_clients)"));
+  }
+  static absl::BitGen random;  // guarded by mu_
+  int64_t id = 0;
+  while (id == 0 || segments_.count(id) > 0) {
+    id = absl::Uniform<int64_t>(random, 1, std::numeric_limits<int64_t>::max());
+  }
+  segments_[id] = Entry{owner, segment, absl::Now()};
+  return Attached{id, std::move(segment)};
+}
+
+absl::StatusOr<std::shared_ptr<const SharedSegment>> SharedSegments::Find(int64_t id, int owner) {
+  absl::MutexLock lock(&mu_);
+  auto it = segments_.find(id);
+  if (it == segments_.end() || it->second.owner != owner) {
+    return absl::NotFoundError(
+        absl::StrCat("no shared memory segment ", id, " of client ", owner,
+                     " (freed after it was unused, or the shard restarted)"));
+  }
+  it->second.last_used = absl::Now();
+  return it->second.segment;
+}
+
+void SharedSegments::Release(int owner) {
+  absl::MutexLock lock(&mu_);
+  ReleaseLocked(owner);
+}
+
+void SharedSegments::ReleaseLocked(int owner) {
+  for (auto it = segments_.begin(); it != segments_.end();) {
+    it = it->second.owner == owner ? segments_.erase(it) : std::next(it);
+  }
+}
+
+int SharedSegments::size() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(segments_.size());
+}
+
+}  // namespace ps

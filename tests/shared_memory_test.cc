@@ -1,0 +1,326 @@
+// The shared-memory data plane (common/shared_memory.h): segments and their regions' turns on
+// their own, then a real `ps` on 127.0.0.1 whose co-located clients move tensors through
+// shared memory, and raw requests that misuse a segment, which change nothing.
+#include "common/shared_memory.h"
+
+#include <fcntl.h>
+#include <grpcpp/create_channel.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "common/chunking.h"
+#include "common/grpc_status.h"
+#include "deploy/local_cluster.h"
+#include "proto/ps.grpc.pb.h"
+#include "tests/run_dir.h"
+#include "worker/shard_stats.h"
+#include "worker/sharded_client.h"
+
+namespace ps {
+namespace {
+
+using Phase = SharedRegion::Phase;
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(5); }
+
+TEST(SharedSegmentTest, TwoMappingsShareTheBytes) {
+  ASSERT_FALSE(HostBootId().empty());
+  absl::StatusOr<SharedSegment> shard = SharedSegment::Create(1000);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  absl::StatusOr<SharedSegment> client =
+      SharedSegment::Open(getpid(), shard->fd(), shard->nonce(), 1000);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::memcpy(client->push().data(), "gradient", 8);
+  std::memcpy(shard->pull().data(), "weights", 7);
+  EXPECT_EQ(std::string(shard->push().data(), 8), "gradient");
+  EXPECT_EQ(std::string(client->pull().data(), 7), "weights");
+  EXPECT_NE(client->push().data() + 999, client->pull().data());  // regions apart
+  EXPECT_EQ(client->push().capacity(), 1000);
+}
+
+TEST(SharedSegmentTest, OpeningChecksWhatItOpens) {
+  absl::StatusOr<SharedSegment> shard = SharedSegment::Create(4096);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  std::string wrong = shard->nonce();
+  wrong[0] ^= 1;
+  EXPECT_EQ(SharedSegment::Open(getpid(), shard->fd(), wrong, 4096).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(SharedSegment::Open(getpid(), shard->fd(), shard->nonce(), 8192).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(SharedSegment::Open(getpid(), shard->fd(), "short", 4096).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Not a sealed segment: a file, and the read end of a pipe (opening it must not block).
+  int file = open("/proc/self/exe", O_RDONLY | O_CLOEXEC);
+  int pipe_ends[2];
+  ASSERT_EQ(pipe(pipe_ends), 0);
+  for (int fd : {file, pipe_ends[0]}) {
+    absl::Status s = SharedSegment::Open(getpid(), fd, shard->nonce(), 4096).status();
+    EXPECT_FALSE(s.ok()) << "descriptor " << fd;
+  }
+  for (int fd : {file, pipe_ends[0], pipe_ends[1]}) close(fd);
+  // A process that does not exist (pid_max is at most 2^22).
+  EXPECT_EQ(SharedSegment::Open(1 << 23, 3, shard->nonce(), 4096).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST(SharedSegmentTest, AClientCannotResizeIt) {
+  absl::StatusOr<SharedSegment> shard = SharedSegment::Create(4096);
+  ASSERT_TRUE(shard.ok());
+  absl::StatusOr<SharedSegment> client =
+      SharedSegment::Open(getpid(), shard->fd(), shard->nonce(), 4096);
+  ASSERT_TRUE(client.ok());
+  EXPECT_NE(ftruncate(client->fd(), 0), 0);  // the shard would fault reading past the end
+  EXPECT_NE(ftruncate(client->fd(), 1 << 30), 0);
+}
+
+TEST(SharedRegionTest, TurnsFollowTheTicket) {
+  absl::StatusOr<SharedSegment> segment = SharedSegment::Create(64);
+  ASSERT_TRUE(segment.ok());
+  SharedRegion region = segment->push();
+  // A push: the client writes under ticket 1, the shard takes it.
+  ASSERT_TRUE(region.Claim(Phase::kBusy, 1, Soon()));
+  EXPECT_FALSE(region.Move(Phase::kReady, Phase::kBusy, 1));  // not handed over yet
+  ASSERT_TRUE(region.Move(Phase::kBusy, Phase::kReady, 1));
+  EXPECT_FALSE(region.Move(Phase::kReady, Phase::kBusy, 2));  // another request's ticket
+  ASSERT_TRUE(region.Move(Phase::kReady, Phase::kBusy, 1));
+  // While the shard reads, the client's next claim waits, and gives up at its deadline.
+  EXPECT_FALSE(region.Claim(Phase::kBusy, 2, absl::Now() + absl::Milliseconds(20)));
+  std::thread reader([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    region.Move(Phase::kBusy, Phase::kIdle, 1);
+  });
+  EXPECT_TRUE(region.Claim(Phase::kBusy, 2, Soon()));
+  reader.join();
+  // An abandoned request: the client handed over ticket 2, then wrote ticket 3 over it; the
+  // shard's late call for ticket 2 finds the turn gone.
+  ASSERT_TRUE(region.Move(Phase::kBusy, Phase::kReady, 2));
+  ASSERT_TRUE(region.Claim(Phase::kBusy, 3, Soon()));
+  EXPECT_FALSE(region.Move(Phase::kReady, Phase::kBusy, 2));
+}
+
+// --- A real shard ---
+
+constexpr int kParams = 1000;
+const ModelIdentity kModel{"flat:1000", kParams, 1};
+
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return absl::ToChronoTime(absl::Now() + d);
+}
+
+// One shard of kModel (SGD, lr 0.5) for two workers, initialised to 0.25 * i by worker 0.
+class SharedMemoryShardTest : public ::testing::Test {
+ protected:
+  void Start(std::vector<std::string> flags = {}) {
+    flags.insert(flags.end(), {"--optimizer=sgd", "--lr=0.5"});
+    ASSERT_TRUE(cluster_.StartShards(1, kModel.fingerprint, 2, flags).ok());
+    stub_ = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(cluster_.ShardAddress(0), grpc::InsecureChannelCredentials()));
+    worker0_ = Client(0);
+    ASSERT_TRUE(worker0_->Register().ok());
+    for (int i = 0; i < kParams; ++i) initial_[i] = 0.25f * i;
+    ASSERT_EQ(*worker0_->Initialize(initial_), 1);
+  }
+  std::unique_ptr<ShardedClient> Client(int worker, bool shared_memory = true,
+                                        WireType type = WireType::kFloat32) {
+    ClientOptions options;
+    options.shared_memory = shared_memory;
+    options.push_type = options.pull_type = type;
+    return std::make_unique<ShardedClient>(std::vector<std::string>{cluster_.ShardAddress(0)},
+                                           kModel, worker, options);
+  }
+  v1::StatsResponse ShardStats() { return Stats(cluster_.ShardAddress(0)); }
+  std::vector<float> Weights() {
+    std::unique_ptr<ShardedClient> observer = Client(-1, /*shared_memory=*/false);
+    std::vector<float> w(kParams);
+    EXPECT_TRUE(observer->Pull(absl::MakeSpan(w)).ok());
+    return w;
+  }
+
+  // A raw AttachSharedMemory as `worker` with this host's boot id (or `boot_id`).
+  grpc::Status Attach(int worker, v1::AttachSharedMemoryResponse* response,
+                      const std::string& boot_id = HostBootId()) {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    v1::AttachSharedMemoryRequest request;
+    request.set_worker_id(worker);
+    request.mutable_model()->set_fingerprint(kModel.fingerprint);
+    request.mutable_model()->set_total_params(kModel.total_params);
+    request.mutable_model()->set_num_shards(kModel.num_shards);
+    request.set_boot_id(boot_id);
+    return stub_->AttachSharedMemory(&context, request, response);
+  }
+  absl::StatusOr<SharedSegment> Open(const v1::AttachSharedMemoryResponse& a) {
+    return SharedSegment::Open(a.pid(), a.fd(), a.nonce(), a.region_bytes());
+  }
+
+  // A raw push as worker 0 (sequence `sequence`, base version 0) whose gradient is in `segment`'s
+  // push region as `ticket`; `data`: bytes also sent in the stream.
+  grpc::Status PushThrough(int64_t segment, uint64_t ticket, int64_t sequence,
+                           const std::string& data = "") {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    v1::PushResponse response;
+    auto writer = stub_->Push(&context, &response);
+    v1::PushChunk chunk;
+    v1::PushHeader* h = chunk.mutable_header();
+    h->set_worker_id(0);
+    h->set_incarnation(worker0_->incarnation(0));
+    h->set_sequence(sequence);
+    h->set_offset(0);
+    h->set_length(kParams);
+    h->set_dtype(v1::FLOAT32);
+    h->set_shm_segment(segment);
+    h->set_shm_ticket(ticket);
+    chunk.set_data(data);
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+  LocalCluster cluster_{ExecutableDir(), NewRunDir("shm")};
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;
+  std::unique_ptr<ShardedClient> worker0_;
+  std::vector<float> initial_ = std::vector<float>(kParams);
+};
+
+TEST_F(SharedMemoryShardTest, CoLocatedClientsMoveTensorsThroughItWithTheSameResults) {
+  Start();
+  std::vector<float> gradient(kParams), got(kParams);
+  for (int i = 0; i < kParams; ++i) gradient[i] = 0.001f * (i % 7);
+  // Worker 0 through shared memory, worker 1 over gRPC, in turn: the same SGD steps.
+  std::unique_ptr<ShardedClient> worker1 = Client(1, /*shared_memory=*/false);
+  ASSERT_TRUE(worker1->Register().ok());
+  std::vector<float> expected = initial_;
+  for (int step = 0; step < 4; ++step) {
+    ShardedClient& client = step % 2 == 0 ? *worker0_ : *worker1;
+    absl::StatusOr<ShardedClient::Versions> seen = client.Pull(absl::MakeSpan(got));
+    ASSERT_TRUE(seen.ok()) << seen.status();
+    ASSERT_EQ(got, expected) << "step " << step;
+    ASSERT_TRUE(client.Push(gradient, step / 2, *seen).ok());
+    for (int i = 0; i < kParams; ++i) expected[i] -= 0.5f * gradient[i];
+  }
+  ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, expected);
+  v1::StatsResponse stats = ShardStats();
+  EXPECT_EQ(stats.shm_pushes(), 2);
+  EXPECT_EQ(stats.shm_pulls(), 3);
+  EXPECT_EQ(stats.pushes_applied(), 4);
+  EXPECT_EQ(stats.shm_segments(), 1);  // worker 1 asked for none
+
+  // A 16-bit wire type goes through shared memory as it would over gRPC: the same rounding.
+  std::unique_ptr<ShardedClient> half_shared = Client(-1, true, WireType::kBFloat16);
+  std::unique_ptr<ShardedClient> half_grpc = Client(-1, false, WireType::kBFloat16);
+  std::vector<float> through_memory(kParams), through_grpc(kParams);
+  ASSERT_TRUE(half_shared->Register().ok() && half_grpc->Register().ok());
+  ASSERT_TRUE(half_shared->Pull(absl::MakeSpan(through_memory)).ok());
+  ASSERT_TRUE(half_grpc->Pull(absl::MakeSpan(through_grpc)).ok());
+  EXPECT_EQ(through_memory, through_grpc);
+  EXPECT_NE(through_memory, expected);  // rounded to bf16 indeed
+  EXPECT_EQ(ShardStats().shm_pulls(), 4);
+  // Leaving frees a worker's segment.
+  ASSERT_TRUE(worker0_->Leave(absl::Seconds(10)).ok());
+  EXPECT_EQ(ShardStats().shm_segments(), 1);  // the bf16 observer's
+}
+
+TEST_F(SharedMemoryShardTest, AShardThatSharesNoneServesOverGrpc) {
+  Start({"--shm_clients=0"});
+  std::vector<float> got(kParams), zero(kParams, 0.0f);
+  ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, initial_);
+  ASSERT_TRUE(worker0_->Push(zero, 0, {0}).ok());
+  v1::AttachSharedMemoryResponse a;
+  EXPECT_EQ(Attach(0, &a).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  v1::StatsResponse stats = ShardStats();
+  EXPECT_EQ(stats.shm_pushes() + stats.shm_pulls() + stats.shm_segments(), 0);
+  EXPECT_EQ(stats.pushes_applied(), 1);
+}
+
+TEST_F(SharedMemoryShardTest, ARefusedSegmentFallsBackToGrpc) {
+  Start({"--shm_clients=1"});
+  // Worker 0 holds the only segment; worker 1 is refused one and uses gRPC.
+  std::unique_ptr<ShardedClient> worker1 = Client(1);
+  ASSERT_TRUE(worker1->Register().ok());
+  v1::AttachSharedMemoryResponse a;
+  EXPECT_EQ(Attach(1, &a).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  std::vector<float> got(kParams), zero(kParams, 0.0f);
+  ASSERT_TRUE(worker1->Push(zero, 0, {0}).ok());
+  ASSERT_TRUE(worker1->Pull(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, initial_);
+  EXPECT_EQ(ShardStats().shm_pushes(), 0);
+
+  // Worker 0's segment is taken from it (another process attached as worker 0): its next push
+  // is refused as "shared memory lost", and the client sends it over gRPC at once.
+  ASSERT_TRUE(Attach(0, &a).ok());
+  ASSERT_TRUE(worker0_->Push(zero, 0, {0}).ok());
+  ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(got)).ok());
+  v1::StatsResponse stats = ShardStats();
+  EXPECT_EQ(stats.pushes_applied(), 2);
+  EXPECT_EQ(stats.shm_pushes(), 0);
+  EXPECT_EQ(stats.shm_pulls(), 0);
+}
+
+TEST_F(SharedMemoryShardTest, MisusedSegmentsChangeNothing) {
+  Start();
+  v1::AttachSharedMemoryResponse a;
+  // Another host's boot id, an unknown worker, another model: no segment.
+  EXPECT_EQ(Attach(0, &a, "another-host").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Attach(7, &a).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(Attach(0, &a).ok());
+  absl::StatusOr<SharedSegment> segment = Open(a);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  SharedRegion push = segment->push();
+  auto write = [&](float value, uint64_t ticket) {
+    ASSERT_TRUE(push.Claim(Phase::kBusy, ticket, Soon()));
+    std::vector<float> g(kParams, value);
+    std::memcpy(push.data(), g.data(), sizeof(float) * kParams);
+    ASSERT_TRUE(push.Move(Phase::kBusy, Phase::kReady, ticket));
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  write(nan, 1);
+  grpc::Status s = PushThrough(a.segment(), 1, 0);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  write(1.0f, 2);
+  s = PushThrough(a.segment() ^ 1, 2, 0);  // a segment that does not exist
+  EXPECT_TRUE(IsSharedMemoryLost(s)) << s.error_message();
+  s = PushThrough(a.segment(), 5, 0);  // a ticket the region does not hold
+  EXPECT_TRUE(IsSharedMemoryLost(s)) << s.error_message();
+  s = PushThrough(a.segment(), 2, 0, std::string(AsBytes(std::vector<float>(kParams, 1.0f))));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  // A pull naming a segment that is not its client's.
+  {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    v1::PullRequest r;
+    r.set_worker_id(1);
+    r.mutable_model()->set_fingerprint(kModel.fingerprint);
+    r.mutable_model()->set_total_params(kModel.total_params);
+    r.mutable_model()->set_num_shards(1);
+    r.set_shm_segment(a.segment());
+    r.set_shm_ticket(1);
+    auto reader = stub_->Pull(&context, r);
+    v1::PullChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    EXPECT_TRUE(IsSharedMemoryLost(reader->Finish()));
+  }
+  EXPECT_EQ(Weights(), initial_);
+  v1::StatsResponse stats = ShardStats();
+  EXPECT_EQ(stats.version(), 0);
+  EXPECT_EQ(stats.shm_pushes(), 0);
+
+  // The same request done right is applied once.
+  write(1.0f, 9);
+  s = PushThrough(a.segment(), 9, 0);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  std::vector<float> w = Weights();
+  EXPECT_EQ(w[10], initial_[10] - 0.5f);
+  EXPECT_EQ(ShardStats().shm_pushes(), 1);
+}
+
+}  // namespace
+}  // namespace ps
