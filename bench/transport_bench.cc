@@ -6,7 +6,10 @@
 // against pushes to a lone one. And the 16-bit wire (--dtype): the same pushes and pulls with
 // gradients and weights travelling as bf16 or fp16, as parameters per second against float32's.
 // And whether striping would pay (issue: a bulk data plane): the raw streams split over --stripes
-// connections at once.
+// connections at once. And the co-located data plane: the same pushes and pulls through shared
+// memory (common/shared_memory.h), against memcpy and against the same push and pull made on a
+// ParameterShard in this process (the shard's own work with no transport at all: one copy, the
+// scan and the SGD apply for a push; one copy for a pull). All columns but "shm" are over gRPC.
 //
 //   build/bin/transport_bench --sizes_mib=1,16,64 --repeats=7
 #include <grpcpp/create_channel.h>
@@ -33,6 +36,7 @@
 #include "deploy/local_cluster.h"
 #include "deploy/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "server/parameter_shard.h"
 #include "worker/sharded_client.h"
 
 ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"1", "16", "64"}),
@@ -199,10 +203,12 @@ int Main(int argc, char** argv) {
   auto of_tcp = [&](double gbs) { return tcp.ok() ? absl::StrFormat("%.2f", gbs / *tcp) : "-"; };
   std::cout << absl::StrFormat(
       "%-8s | %-10s %-10s %-6s | %-10s %-10s %-6s | %-10s | %-12s %-6s | %-14s %-14s | %-10s "
-      "%-10s | %-9s %-9s\n",
+      "%-10s | %-9s %-9s | %-9s %-8s %-9s %-8s | %-11s %-6s %-11s %-6s\n",
       "size", "push GB/s", "raw up", "ratio", "pull GB/s", "raw down", "ratio", "memcpy",
       "replicated", "ratio", "push " + name + " x", "pull " + name + " x",
-      absl::StrCat("up x", stripes), absl::StrCat("down x", stripes), "push/TCP", "pull/TCP");
+      absl::StrCat("up x", stripes), absl::StrCat("down x", stripes), "push/TCP", "pull/TCP",
+      "shm push", "/memcpy", "shm pull", "/memcpy", "in-proc push", "shm/it", "in-proc pull",
+      "shm/it");
   for (const std::string& size_text : absl::GetFlag(FLAGS_sizes_mib)) {
     int64_t bytes = std::stoll(size_text) << 20;
     int64_t n = bytes / sizeof(float);
@@ -222,14 +228,16 @@ int Main(int argc, char** argv) {
       std::cerr << s << "\n";
       return 1;
     }
-    ShardedClient client({cluster.ShardAddress(0)}, model, 0);
+    ClientOptions over_grpc;
+    over_grpc.shared_memory = false;
+    ShardedClient client({cluster.ShardAddress(0)}, model, 0, over_grpc);
     std::vector<float> params(n, 0.5f), grad(n, 0.001f);
     if (!client.Register().ok() || !client.Initialize(params).ok()) return 1;
     int64_t sequence = 0;
     double push = MedianSeconds(repeats, [&] {
       if (!client.Push(grad, sequence++, {0}).ok()) std::abort();
     });
-    ShardedClient replicated_client({replicated.ShardAddress(0)}, model, 0);
+    ShardedClient replicated_client({replicated.ShardAddress(0)}, model, 0, over_grpc);
     if (!replicated_client.Register().ok() || !replicated_client.Initialize(params).ok()) return 1;
     int64_t replicated_sequence = 0;
     double replicated_push = MedianSeconds(repeats, [&] {
@@ -239,7 +247,7 @@ int Main(int argc, char** argv) {
     double pull = MedianSeconds(repeats, [&] {
       if (!client.Pull(absl::MakeSpan(params)).ok()) std::abort();
     });
-    ClientOptions half_options;
+    ClientOptions half_options = over_grpc;
     half_options.push_type = half_options.pull_type = *half;
     ShardedClient half_client({cluster.ShardAddress(0)}, model, 0, half_options);
     if (!half_client.Register().ok()) return 1;
@@ -249,6 +257,31 @@ int Main(int argc, char** argv) {
     double half_pull = MedianSeconds(repeats, [&] {
       if (!half_client.Pull(absl::MakeSpan(params)).ok()) std::abort();
     });
+    // Through shared memory (this client registers as worker 0 again, taking over).
+    ShardedClient shared_client({cluster.ShardAddress(0)}, model, 0);
+    if (!shared_client.Register().ok()) return 1;
+    double shm_push = MedianSeconds(repeats, [&] {
+      if (!shared_client.Push(grad, sequence++, {0}).ok()) std::abort();
+    });
+    double shm_pull = MedianSeconds(repeats, [&] {
+      if (!shared_client.Pull(absl::MakeSpan(params)).ok()) std::abort();
+    });
+    // The same work on a shard in this process: the ceiling of any transport.
+    ShardConfig config;
+    config.model = model.fingerprint;
+    config.optimizer.name = "sgd";
+    config.learning_rate.base = 0.001f;
+    std::unique_ptr<ParameterShard> local = *ParameterShard::Create(config);
+    if (!local->Initialize(model, 0, params).ok() || !local->Register(0, model).ok()) return 1;
+    const int64_t incarnation = local->Stats().workers[0].incarnation;
+    int64_t local_sequence = 0;
+    double local_push = MedianSeconds(repeats, [&] {
+      if (!local->Push({0, local_sequence++, 0, 0, n, incarnation}, grad).ok()) std::abort();
+    });
+    double local_pull = MedianSeconds(repeats, [&] {
+      if (!local->Read(model, 0, 0, 0, absl::InfiniteFuture()).ok()) std::abort();
+    });
+    local.reset();
     std::string payload(bytes, 'x');
     double raw_up =
         MedianSeconds(repeats, [&] { RawUpload(raw_stub.get(), payload.data(), bytes); });
@@ -270,11 +303,13 @@ int Main(int argc, char** argv) {
     auto gbs = [&](double s) { return bytes / s / 1e9; };
     std::cout << absl::StrFormat(
         "%5d MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f | %-12.2f %-6.2f | "
-        "%-14.2f %-14.2f | %-10.2f %-10.2f | %-9s %-9s\n",
+        "%-14.2f %-14.2f | %-10.2f %-10.2f | %-9s %-9s | %-9.2f %-8.2f %-9.2f %-8.2f | %-11.2f "
+        "%-6.2f %-11.2f %-6.2f\n",
         bytes >> 20, gbs(push), gbs(raw_up), raw_up / push, gbs(pull), gbs(raw_down),
         raw_down / pull, gbs(memcpy_s), gbs(replicated_push), push / replicated_push,
         push / half_push, pull / half_pull, gbs(striped_up), gbs(striped_down), of_tcp(gbs(push)),
-        of_tcp(gbs(pull)));
+        of_tcp(gbs(pull)), gbs(shm_push), memcpy_s / shm_push, gbs(shm_pull), memcpy_s / shm_pull,
+        gbs(local_push), local_push / shm_push, gbs(local_pull), local_pull / shm_pull);
   }
   return 0;
 }

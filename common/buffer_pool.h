@@ -20,6 +20,7 @@ class BufferPool {
   // the buffer is then freed.
   class Lease {
    public:
+    Lease() : capacity_(0), size_(0) {}  // no buffer: an empty span
     Lease(Lease&& o) noexcept
         : pool_(std::move(o.pool_)),
           data_(std::move(o.data_)),

@@ -2,8 +2,8 @@
 // both processes map, while the request and its answer (header, version, status) still travel
 // over the authenticated gRPC call. gRPC on loopback copies every byte several times through the
 // kernel and both processes' buffers; here a push costs two copies (the client's into the
-// segment, the shard's out of it into its own buffer) and a pull three (the shard's snapshot,
-// into the segment, out of it).
+// segment, the shard's out of it into its own buffer) and a pull two (the shard's values into the
+// segment under its shared lock, the client's out of it).
 //
 // A segment is created by the shard (a sealed memfd: it cannot shrink or grow, so no client can
 // make the shard fault on it) and opened by the client through /proc/<shard pid>/fd/<fd>, which

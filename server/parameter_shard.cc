@@ -131,7 +131,7 @@ class ParameterShard::Completions {
   ~Completions() {
     for (Answer& a : answers_) {
       if (a.status.ok()) {
-        Snapshot snapshot = shard_->CopyValues(a.offset, a.length);
+        Snapshot snapshot = shard_->CopyValues(a.offset, a.length, a.copy_out, a.keep_copy);
         if (a.keep_copy) shard_->KeepPulledCopy(a.worker_id, snapshot);
         a.done(std::move(snapshot));
       } else {
@@ -143,8 +143,9 @@ class ParameterShard::Completions {
     answers_.push_back({std::move(done), std::move(status)});
   }
   // An admitted pull of [offset, offset + length).
-  void Read(ReadDone done, int64_t offset, int64_t length, int worker_id, bool keep_copy) {
-    answers_.push_back({std::move(done), absl::OkStatus(), offset, length, worker_id, keep_copy});
+  void Read(ReadDone done, const ReadRequest& r, bool keep_copy) {
+    answers_.push_back({std::move(done), absl::OkStatus(), r.offset, r.length, r.worker_id,
+                        keep_copy, r.copy_out});
   }
 
  private:
@@ -154,16 +155,28 @@ class ParameterShard::Completions {
     int64_t offset = 0, length = 0;
     int worker_id = -1;
     bool keep_copy = false;
+    std::function<void(absl::Span<const float>)> copy_out;
   };
   ParameterShard* shard_;
   std::vector<Answer> answers_;
 };
 
-ParameterShard::Snapshot ParameterShard::CopyValues(int64_t offset, int64_t length) {
-  Snapshot snapshot{0, offset, snapshot_buffers_.Acquire(length)};
-  absl::ReaderMutexLock lock(&data_mu_);
-  snapshot.version = data_version_;
-  std::copy_n(weights_.begin() + (offset - range_.begin), length, snapshot.values.span().begin());
+ParameterShard::Snapshot ParameterShard::CopyValues(
+    int64_t offset, int64_t length, const std::function<void(absl::Span<const float>)>& copy_out,
+    bool keep_copy) {
+  const bool direct = copy_out != nullptr && !keep_copy;
+  Snapshot snapshot{0, offset, direct ? BufferPool::Lease() : snapshot_buffers_.Acquire(length)};
+  {
+    absl::ReaderMutexLock lock(&data_mu_);
+    snapshot.version = data_version_;
+    absl::Span<const float> values(weights_.data() + (offset - range_.begin), length);
+    if (direct) {
+      copy_out(values);
+    } else {
+      std::copy_n(values.begin(), length, snapshot.values.span().begin());
+    }
+  }
+  if (copy_out != nullptr && !direct) copy_out(snapshot.values.span());
   return snapshot;
 }
 
@@ -683,8 +696,7 @@ bool ParameterShard::TryAnswer(const ReadRequest& r, absl::Time now, const ReadD
     ++pulls_;
     const Membership::Worker* w = r.worker_id >= 0 ? members_.Find(r.worker_id) : nullptr;
     bool whole_shard = r.offset == range_.begin && r.length == range_.size();
-    out->Read(done, r.offset, r.length, r.worker_id,
-              config_.dc_lambda > 0 && whole_shard && w != nullptr && w->active);
+    out->Read(done, r, config_.dc_lambda > 0 && whole_shard && w != nullptr && w->active);
     return true;
   }
   if (now < r.deadline) return false;

@@ -331,6 +331,11 @@ class ParameterShard {
     int64_t length = 0;
     int64_t after_sequence = -1;
     absl::Time deadline;
+    // Optional: where the values go instead of a snapshot (a pull answered through shared
+    // memory). Called once the pull is admitted, with the values, before `done`; under the
+    // shard's data lock (held shared), so it must only copy them. The Snapshot given to `done`
+    // then holds no values (or a copy the shard kept for itself).
+    std::function<void(absl::Span<const float> values)> copy_out;
   };
   using ReadDone = std::function<void(absl::StatusOr<Snapshot>)>;
   // Starts a pull without holding a thread while it waits. `done` is called exactly once, without
@@ -423,8 +428,11 @@ class ParameterShard {
   // DC-ASGD: keeps a copy of what an active worker pulled (copied outside the lock).
   void KeepPulledCopy(int worker_id, const Snapshot& snapshot) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // A snapshot of [offset, offset + length), copied under data_mu_ (shared).
-  Snapshot CopyValues(int64_t offset, int64_t length) ABSL_LOCKS_EXCLUDED(data_mu_);
+  // A snapshot of [offset, offset + length), copied under data_mu_ (shared); with `copy_out`
+  // (ReadRequest) the values go there instead, unless the shard keeps a copy (`keep_copy`).
+  Snapshot CopyValues(int64_t offset, int64_t length,
+                      const std::function<void(absl::Span<const float>)>& copy_out, bool keep_copy)
+      ABSL_LOCKS_EXCLUDED(data_mu_);
 
   const ShardConfig config_;
   const ModelIdentity model_;

@@ -173,9 +173,20 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     // why (ABORTED: held back, pull again) instead of timing out.
     absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
                                    absl::FromChrono(context->deadline()) - absl::Milliseconds(250));
+    ParameterShard::ReadRequest read{FromProto(r.model()),
+                                     r.worker_id(),
+                                     r.offset(),
+                                     r.length(),
+                                     r.has_after_sequence() ? r.after_sequence() : -1,
+                                     deadline};
+    if (shared_ != nullptr) {  // the values go straight into the segment
+      read.copy_out = [this](absl::Span<const float> values) {
+        shared_status_ = WriteShared(values);
+        shared_values_ = static_cast<int64_t>(values.size());
+      };
+    }
     ticket_ = service_->shard_->StartRead(
-        {FromProto(r.model()), r.worker_id(), r.offset(), r.length(),
-         r.has_after_sequence() ? r.after_sequence() : -1, deadline},
+        std::move(read),
         [this](absl::StatusOr<ParameterShard::Snapshot> s) { OnAnswer(std::move(s)); });
   }
 
@@ -191,10 +202,11 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   }
   void WriteNext() {
     absl::Span<const float> values = snapshot_->values.span();
-    if (next_ > 0 && next_ >= static_cast<int64_t>(values.size())) {
+    const int64_t count = shared_ != nullptr ? shared_values_ : values.size();
+    if (next_ < 0 || (next_ > 0 && next_ >= count)) {
       const ServiceMetrics& m = service_->metrics_;
       if (m.pull_seconds != nullptr) {
-        m.pull_bytes->Increment(static_cast<double>(values.size() * WireBytes(type_)));
+        m.pull_bytes->Increment(static_cast<double>(count * WireBytes(type_)));
         m.pull_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start_));
       }
       Finish(grpc::Status::OK);
@@ -205,15 +217,15 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     head.set_version(snapshot_->version);
     head.set_offset(snapshot_->offset + next_);
     head.set_dtype(static_cast<v1::DType>(type_));
-    if (shared_ != nullptr) {  // all values at once, through the segment
-      if (grpc::Status s = WriteShared(values); !s.ok()) {
-        Finish(s);
+    if (shared_ != nullptr) {  // the values are in the segment already: say so
+      if (!shared_status_.ok()) {
+        Finish(shared_status_);
         return;
       }
-      head.set_shm_values(static_cast<int64_t>(values.size()));
+      head.set_shm_values(shared_values_);
       grpc::Slice slice(head.SerializeAsString());
       message_ = grpc::ByteBuffer(&slice, 1);
-      next_ = std::max<int64_t>(values.size(), 1);
+      next_ = -1;  // done after this message
       StartWrite(&message_);
       return;
     }
@@ -230,7 +242,8 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     next_ += std::max<int64_t>(n, 1);
     StartWrite(&message_);
   }
-  // Writes `values` into the segment's pull region, if it waits for this request.
+  // Writes `values` into the segment's pull region, if it waits for this request (called by the
+  // shard under its data lock: ReadRequest::copy_out).
   grpc::Status WriteShared(absl::Span<const float> values) {
     SharedRegion region = shared_->pull();
     if (static_cast<int64_t>(values.size()) * WireBytes(type_) > region.capacity()) {
@@ -272,11 +285,13 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   // Shared with the slices that reference it on the wire (common/tensor_codec.h).
   std::shared_ptr<ParameterShard::Snapshot> snapshot_;
   std::optional<StreamWatchdog::Guard> guard_;
-  int64_t next_ = 0;                    // index of the next value to write
+  int64_t next_ = 0;                    // index of the next value to write; -1: all written
   WireType type_ = WireType::kFloat32;  // what the values travel as
   // The segment the values go through (the request named one), and the request's ticket.
   std::shared_ptr<const SharedSegment> shared_;
   uint64_t shm_ticket_ = 0;
+  grpc::Status shared_status_;  // of writing the values into it, and how many
+  int64_t shared_values_ = 0;
   grpc::ByteBuffer message_;
 };
 

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <limits>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -275,6 +276,18 @@ struct ConsistencyFixture {
     return shard->Read(model, worker, 0, 0, absl::Now() + absl::Milliseconds(50)).ok();
   }
   std::vector<float> Weights() { return Values(*shard->Read(model, -1, 0, 0, absl::Now())); }
+  // A pull by `worker` whose values go straight into `out` (ReadRequest::copy_out), as a pull
+  // through shared memory does; returns its (valueless) snapshot.
+  ParameterShard::Snapshot ReadInto(int worker, std::vector<float>* out) {
+    ParameterShard::ReadRequest r{model, worker, 0, 0, -1, absl::Now() + absl::Minutes(1)};
+    r.copy_out = [out](absl::Span<const float> v) { out->assign(v.begin(), v.end()); };
+    std::optional<absl::StatusOr<ParameterShard::Snapshot>> answer;
+    shard->StartRead(std::move(r), [&](absl::StatusOr<ParameterShard::Snapshot> s) {
+      answer.emplace(std::move(s));
+    });
+    EXPECT_TRUE(answer.has_value() && answer->ok());  // answered at once: initialised, async
+    return std::move(**answer);
+  }
 
   ModelIdentity model{"flat:4", 4, 1};
   std::unique_ptr<ParameterShard> shard;
@@ -402,6 +415,25 @@ TEST(PolicyTest, DcAsgdCompensatesWithTheWeightsTheWorkerPulled) {
   ASSERT_TRUE(f.Push(0, 0, {1, 2, 0, 0}).ok());                    // w = -1 -2 0 0 (no pull: plain)
   ASSERT_TRUE(f.Push(1, 0, {2, 1, 1, 0}).ok());
   // g + 0.5 * g^2 * (w_now - w_pulled): 2 + 0.5*4*(-1) = 0, 1 + 0.5*1*(-2) = 0, 1, 0
+  EXPECT_EQ(f.Weights(), (std::vector<float>{-1, -2, -1, 0}));
+}
+
+TEST(PolicyTest, ValuesCanGoStraightOutAndDcAsgdStillKeepsItsCopy) {
+  ConsistencyFixture plain("async", 1);
+  ASSERT_TRUE(plain.Push(0, 0, {1, 2, 3, 4}).ok());
+  std::vector<float> out;
+  ParameterShard::Snapshot s = plain.ReadInto(0, &out);
+  EXPECT_EQ(out, (std::vector<float>{-1, -2, -3, -4}));
+  EXPECT_TRUE(s.values.span().empty());  // no snapshot was copied
+  EXPECT_EQ(s.version, 1);
+
+  // The DC-ASGD case above, with worker 1's pull going straight out.
+  ConsistencyFixture f("async", 2, [](ShardConfig& c) { c.dc_lambda = 0.5f; });
+  ParameterShard::Snapshot pulled = f.ReadInto(1, &out);
+  EXPECT_EQ(out, (std::vector<float>{0, 0, 0, 0}));
+  EXPECT_EQ(Values(pulled), out);  // the shard's own copy, which compensation uses
+  ASSERT_TRUE(f.Push(0, 0, {1, 2, 0, 0}).ok());
+  ASSERT_TRUE(f.Push(1, 0, {2, 1, 1, 0}).ok());
   EXPECT_EQ(f.Weights(), (std::vector<float>{-1, -2, -1, 0}));
 }
 
