@@ -12,6 +12,7 @@
 #include <fstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -23,6 +24,7 @@ namespace {
 // push region and the pull region, each rounded up to whole pages.
 constexpr int64_t kPage = 4096;
 constexpr int64_t kPushStateOffset = 64, kPullStateOffset = 128;
+constexpr char kMemfdName[] = "ps-shard-data";
 static_assert(std::atomic<uint64_t>::is_always_lock_free,
               "state words shared between processes must be lock-free");
 
@@ -35,12 +37,15 @@ uint64_t Word(SharedRegion::Phase phase, uint64_t ticket) { return ticket << 2 |
 
 }  // namespace
 
-const std::string& HostBootId() {
+const std::string& ProcessSpaceId() {
   static const std::string* id = [] {
-    std::string line;
+    std::string boot;
     std::ifstream in("/proc/sys/kernel/random/boot_id");
-    std::getline(in, line);
-    return new std::string(line);
+    std::getline(in, boot);
+    char ns[64];
+    ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof(ns));
+    if (boot.empty() || n <= 0) return new std::string();
+    return new std::string(absl::StrCat(boot, " ", absl::string_view(ns, n)));
   }();
   return *id;
 }
@@ -69,7 +74,7 @@ bool SharedRegion::Move(Phase from, Phase to, uint64_t ticket) {
 absl::StatusOr<SharedSegment> SharedSegment::Create(int64_t region_bytes) {
   if (region_bytes < 0) return absl::InvalidArgumentError("negative region size");
   const int64_t mapped = MappedBytes(region_bytes);
-  int fd = memfd_create("ps-shard-data", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  int fd = memfd_create(kMemfdName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return absl::InternalError(Errno("memfd_create"));
   if (ftruncate(fd, mapped) != 0 ||
       fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
@@ -100,8 +105,15 @@ absl::StatusOr<SharedSegment> SharedSegment::Open(int pid, int fd, const std::st
     return absl::InvalidArgumentError("not a shared memory segment's description");
   }
   const std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
-  // Non-blocking: whatever the descriptor is, opening it must not wait (a FIFO would).
-  int own = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK);
+  // Only a shard's memfd is opened (a stale pid or descriptor could name anything), without
+  // waiting (a FIFO would) or taking a terminal.
+  char target[64];
+  const ssize_t n = readlink(path.c_str(), target, sizeof(target));
+  if (n < 0) return absl::UnavailableError(Errno(path.c_str()));
+  if (!absl::StartsWith(absl::string_view(target, n), absl::StrCat("/memfd:", kMemfdName))) {
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a shard's segment"));
+  }
+  int own = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (own < 0) return absl::UnavailableError(Errno(path.c_str()));
   const int64_t mapped = MappedBytes(region_bytes);
   struct stat st;

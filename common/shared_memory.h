@@ -5,13 +5,14 @@
 // segment, the shard's out of it into its own buffer) and a pull two (the shard's values into the
 // segment under its shared lock, the client's out of it).
 //
-// A segment is created by the shard (a sealed memfd: it cannot shrink or grow, so no client can
-// make the shard fault on it) and opened by the client through /proc/<shard pid>/fd/<fd>, which
-// the kernel allows only to a process that could also read the shard's memory (the same user,
-// the same PID namespace, or root): nothing is shared with anyone who could not already see it.
-// A random nonce at its start proves the client opened the segment the shard meant. The shard
-// never trusts what a segment holds: it copies a push out before checking it (so the client
-// cannot change the bytes between the check and the update), and it never waits on a segment.
+// A segment is created by the shard (a memfd sealed against shrinking and growing, so that a
+// buggy client cannot cut it short under the shard) and opened by the client through
+// /proc/<shard pid>/fd/<fd>, which the kernel allows only to processes of the shard's user (or
+// root) that see its PID namespace: processes that could signal the shard anyway, so sharing
+// memory with them gives away nothing the socket kept. A random nonce at its start proves the
+// client opened the segment the shard meant. The shard never trusts what a segment holds: it
+// copies a push out before checking it (so the client cannot change the bytes between the check
+// and the update), and it never waits on a segment.
 //
 // Each segment has two regions, one per direction, each with a state word that says whose turn it
 // is (see SharedRegion). Thread-safety: a SharedSegment is immutable after creation; its regions
@@ -27,9 +28,10 @@
 
 namespace ps {
 
-// An identity of the running kernel (/proc/sys/kernel/random/boot_id): processes that report
-// the same one run on the same host, containers included. Empty if unreadable.
-const std::string& HostBootId();
+// Where this process lives: the running kernel's boot id (/proc/sys/kernel/random/boot_id) and
+// its PID namespace (/proc/self/ns/pid). Processes that report the same one run on the same host
+// and see each other's /proc entries. Empty if unreadable.
+const std::string& ProcessSpaceId();
 
 // One direction's buffer in a segment and whose turn it is. The state is (phase, ticket): the
 // ticket names the request (carried by the gRPC call) that the bytes belong to.

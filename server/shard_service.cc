@@ -156,14 +156,14 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     if (checked.ok()) checked = service_->CheckServing();
     if (checked.ok()) checked = service_->CheckShardIncarnation(r.shard_incarnation());
     if (checked.ok() && r.shm_segment() != 0) {
-      absl::StatusOr<std::shared_ptr<const SharedSegment>> found =
-          service_->segments_.Find(r.shm_segment(), r.worker_id());
-      if (found.ok()) {
-        shared_ = *std::move(found);
-        shm_ticket_ = r.shm_ticket();
-      } else {
-        checked = SharedMemoryLostStatus(std::string(found.status().message()));
-      }
+      // Looked up now to refuse at once, and again when the values are written: a pull waiting
+      // at a barrier holds no segment.
+      absl::Status found = service_->segments_.Find(r.shm_segment(), r.worker_id()).status();
+      checked =
+          found.ok() ? grpc::Status::OK : SharedMemoryLostStatus(std::string(found.message()));
+      shm_segment_ = r.shm_segment();
+      shm_ticket_ = r.shm_ticket();
+      worker_id_ = r.worker_id();
     }
     if (!checked.ok()) {
       Finish(checked);
@@ -179,7 +179,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
                                      r.length(),
                                      r.has_after_sequence() ? r.after_sequence() : -1,
                                      deadline};
-    if (shared_ != nullptr) {  // the values go straight into the segment
+    if (shm_segment_ != 0) {  // the values go straight into the segment
       read.copy_out = [this](absl::Span<const float> values) {
         shared_status_ = WriteShared(values);
         shared_values_ = static_cast<int64_t>(values.size());
@@ -202,7 +202,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   }
   void WriteNext() {
     absl::Span<const float> values = snapshot_->values.span();
-    const int64_t count = shared_ != nullptr ? shared_values_ : values.size();
+    const int64_t count = shm_segment_ != 0 ? shared_values_ : values.size();
     if (next_ < 0 || (next_ > 0 && next_ >= count)) {
       const ServiceMetrics& m = service_->metrics_;
       if (m.pull_seconds != nullptr) {
@@ -217,7 +217,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     head.set_version(snapshot_->version);
     head.set_offset(snapshot_->offset + next_);
     head.set_dtype(static_cast<v1::DType>(type_));
-    if (shared_ != nullptr) {  // the values are in the segment already: say so
+    if (shm_segment_ != 0) {  // the values are in the segment already: say so
       if (!shared_status_.ok()) {
         Finish(shared_status_);
         return;
@@ -245,7 +245,10 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   // Writes `values` into the segment's pull region, if it waits for this request (called by the
   // shard under its data lock: ReadRequest::copy_out).
   grpc::Status WriteShared(absl::Span<const float> values) {
-    SharedRegion region = shared_->pull();
+    absl::StatusOr<std::shared_ptr<const SharedSegment>> segment =
+        service_->segments_.Find(shm_segment_, worker_id_);
+    if (!segment.ok()) return SharedMemoryLostStatus(std::string(segment.status().message()));
+    SharedRegion region = (*segment)->pull();
     if (static_cast<int64_t>(values.size()) * WireBytes(type_) > region.capacity()) {
       return grpc::Status(grpc::StatusCode::INTERNAL, "a pull larger than its shared region");
     }
@@ -287,9 +290,10 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   std::optional<StreamWatchdog::Guard> guard_;
   int64_t next_ = 0;                    // index of the next value to write; -1: all written
   WireType type_ = WireType::kFloat32;  // what the values travel as
-  // The segment the values go through (the request named one), and the request's ticket.
-  std::shared_ptr<const SharedSegment> shared_;
+  // The segment the values go through (0: none), the request's ticket and its client.
+  int64_t shm_segment_ = 0;
   uint64_t shm_ticket_ = 0;
+  int worker_id_ = -1;
   grpc::Status shared_status_;  // of writing the values into it, and how many
   int64_t shared_values_ = 0;
   grpc::ByteBuffer message_;
@@ -441,6 +445,21 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   }
   const v1::PushHeader& h = chunk.header();
   if (grpc::Status s = CheckShardIncarnation(h.shard_incarnation()); !s.ok()) return s;
+  // Through shared memory: the region is taken before the push begins, so that a segment gone
+  // (the client then sends the push over gRPC) is not counted as a rejected push.
+  std::optional<SharedPush> shared;
+  if (h.shm_segment() != 0) {
+    absl::StatusOr<SharedPush> taken =
+        TakeSharedPush(reader, *data, h.shm_segment(), h.shm_ticket(), h.worker_id());
+    if (!taken.ok()) {
+      if (taken.status().code() == absl::StatusCode::kInvalidArgument) {
+        shard_->RecordRejectedPush();
+        return ToGrpcStatus(taken.status());
+      }
+      return SharedMemoryLostStatus(std::string(taken.status().message()));
+    }
+    shared.emplace(*std::move(taken));
+  }
   // parse -> fill -> commit: the header is checked once, the payload goes into the slot's
   // buffer, and a slot not committed counts as a rejected push.
   absl::StatusOr<ParameterShard::PushSlot> slot = shard_->BeginPush(
@@ -448,12 +467,10 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<WireType> type = WireTypeOfDType(h.dtype());
   if (!type.ok()) return ToGrpcStatus(type.status());
-  if (h.shm_segment() != 0) {
-    if (grpc::Status s = ReadSharedPayload(reader, *data, h.shm_segment(), h.shm_ticket(),
-                                           h.worker_id(), slot->gradient(), *type);
-        !s.ok()) {
-      return s;
-    }
+  if (shared) {
+    absl::Status s = shared->CopyTo(slot->gradient(), *type);
+    shared.reset();  // the client may reuse the region now
+    if (!s.ok()) return ToGrpcStatus(s);
   } else if (absl::Status s = ReadPayload<v1::PushChunk>(reader, *std::move(data), slot->gradient(),
                                                          guard, *type);
              !s.ok()) {
@@ -475,31 +492,35 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   return WaitReplicated(*context);
 }
 
-grpc::Status ShardService::ReadSharedPayload(grpc::ServerReader<grpc::ByteBuffer>* reader,
-                                             const TensorMessage& first, int64_t segment,
-                                             uint64_t ticket, int worker_id, absl::Span<float> dst,
-                                             WireType type) {
+absl::StatusOr<ShardService::SharedPush> ShardService::TakeSharedPush(
+    grpc::ServerReader<grpc::ByteBuffer>* reader, const TensorMessage& first, int64_t segment,
+    uint64_t ticket, int worker_id) {
   grpc::ByteBuffer more;
   if (first.tensor_bytes() != 0 || reader->Read(&more)) {
-    return InvalidArgument("a push through shared memory carries no data in its stream");
+    return absl::InvalidArgumentError("a push through shared memory carries no data in its stream");
   }
   absl::StatusOr<std::shared_ptr<const SharedSegment>> found = segments_.Find(segment, worker_id);
-  if (!found.ok()) return SharedMemoryLostStatus(std::string(found.status().message()));
-  SharedRegion region = (*found)->push();
-  const int64_t bytes = static_cast<int64_t>(dst.size()) * WireBytes(type);
-  if (bytes > region.capacity()) {
-    return grpc::Status(grpc::StatusCode::INTERNAL, "a push larger than its shared region");
-  }
-  // Copied out before anything looks at it: the client cannot change what was checked.
-  if (!region.Move(SharedRegion::kReady, SharedRegion::kBusy, ticket)) {
-    return SharedMemoryLostStatus(
+  if (!found.ok()) return found.status();
+  if (!(*found)->push().Move(SharedRegion::kReady, SharedRegion::kBusy, ticket)) {
+    return absl::FailedPreconditionError(
         "the shared push region does not hold this request's gradient (another took its turn)");
   }
+  return SharedPush(*std::move(found), ticket);
+}
+
+absl::Status ShardService::SharedPush::CopyTo(absl::Span<float> dst, WireType type) {
+  SharedRegion region = segment_->push();
+  const int64_t bytes = static_cast<int64_t>(dst.size()) * WireBytes(type);
+  if (bytes > region.capacity()) return absl::InternalError("a push larger than its shared region");
+  // Copied out before anything looks at it: the client cannot change what is checked.
   ChunkAssembler assembler(dst, type);
   absl::Status s = assembler.Append(std::string_view(region.data(), bytes));
-  region.Move(SharedRegion::kBusy, SharedRegion::kIdle, ticket);
   if (s.ok()) s = assembler.Finish();
-  return ToGrpcStatus(s);
+  return s;
+}
+
+ShardService::SharedPush::~SharedPush() {
+  if (segment_ != nullptr) segment_->push().Move(SharedRegion::kBusy, SharedRegion::kIdle, ticket_);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::Pull(grpc::CallbackServerContext* context,
@@ -581,9 +602,9 @@ grpc::ServerUnaryReactor* ShardService::AttachSharedMemory(grpc::CallbackServerC
         absl::Status checked = shard_->CheckModel(FromProto(request.model()));
         if (checked.ok() && worker >= 0) checked = shard_->CheckWorkerId(worker);
         if (!checked.ok()) return ToGrpcStatus(checked);
-        if (HostBootId().empty() || request.boot_id() != HostBootId()) {
+        if (ProcessSpaceId().empty() || request.process_space() != ProcessSpaceId()) {
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                              "the client runs on another host than this shard");
+                              "the client runs on another host or in another PID namespace");
         }
         absl::StatusOr<SharedSegments::Attached> attached = segments_.Attach(worker);
         if (!attached.ok()) return ToGrpcStatus(attached.status());
@@ -592,8 +613,6 @@ grpc::ServerUnaryReactor* ShardService::AttachSharedMemory(grpc::CallbackServerC
         response->set_fd(attached->segment->fd());
         response->set_nonce(attached->segment->nonce());
         response->set_region_bytes(attached->segment->region_bytes());
-        PS_LOG(INFO) << "client " << worker << " shares memory with this shard (2 x "
-                     << attached->segment->region_bytes() << " bytes)";
         return grpc::Status::OK;
       });
 }

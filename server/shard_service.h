@@ -119,13 +119,29 @@ class ShardService final : public ShardServiceBase {
   // OK without replication or once the backup has every change so far (Replica::WaitReplicated),
   // waiting until a little before the call's deadline.
   grpc::Status WaitReplicated(const grpc::ServerContextBase& context) const;
-  // Reads a push's payload of `dst.size()` values of `type` from the push region of segment
-  // `segment` (handed over as `ticket` by worker `worker_id`) into `dst`; the stream, whose first
-  // message was `first`, must carry no data. SharedMemoryLostStatus if the segment or the
-  // region's turn is not what the request says.
-  grpc::Status ReadSharedPayload(grpc::ServerReader<grpc::ByteBuffer>* reader,
-                                 const TensorMessage& first, int64_t segment, uint64_t ticket,
-                                 int worker_id, absl::Span<float> dst, WireType type);
+  // A push region taken for one request (moved from ready to busy) until this ends, when it is
+  // given back (idle).
+  class SharedPush {
+   public:
+    SharedPush(std::shared_ptr<const SharedSegment> segment, uint64_t ticket)
+        : segment_(std::move(segment)), ticket_(ticket) {}
+    SharedPush(SharedPush&& o) noexcept : segment_(std::move(o.segment_)), ticket_(o.ticket_) {}
+    SharedPush& operator=(SharedPush&&) = delete;
+    ~SharedPush();
+    // Decodes the region's dst.size() values of `type` into `dst`.
+    absl::Status CopyTo(absl::Span<float> dst, WireType type);
+
+   private:
+    std::shared_ptr<const SharedSegment> segment_;
+    uint64_t ticket_;
+  };
+  // Takes the push region of segment `segment` for a push of worker `worker_id` handed over as
+  // `ticket`; the stream, whose first message was `first`, must carry no data (INVALID_ARGUMENT).
+  // NOT_FOUND or FAILED_PRECONDITION when the segment or the region's turn is not what the
+  // request says.
+  absl::StatusOr<SharedPush> TakeSharedPush(grpc::ServerReader<grpc::ByteBuffer>* reader,
+                                            const TensorMessage& first, int64_t segment,
+                                            uint64_t ticket, int worker_id);
 
   ParameterShard* shard_;
   const ShardProcess process_;

@@ -11,27 +11,33 @@ SharedSegments::SharedSegments(int max_segments, int64_t region_bytes, absl::Dur
     : max_segments_(max_segments), region_bytes_(region_bytes), idle_(idle) {}
 
 bool SharedSegments::MakeRoom() {
-  const absl::Time now = absl::Now();
-  for (auto it = segments_.begin(); it != segments_.end();) {
-    const bool unused = it->second.segment.use_count() == 1 && now - it->second.last_used > idle_;
-    it = unused ? segments_.erase(it) : std::next(it);
+  if (static_cast<int>(segments_.size()) < max_segments_) return true;
+  // Full: free the segment used longest ago, if no call holds it and it has been idle long.
+  auto oldest = segments_.begin();
+  for (auto it = segments_.begin(); it != segments_.end(); ++it) {
+    if (it->second.last_used < oldest->second.last_used) oldest = it;
   }
-  return static_cast<int>(segments_.size()) < max_segments_;
+  if (oldest == segments_.end() || oldest->second.segment.use_count() > 1 ||
+      absl::Now() - oldest->second.last_used < idle_) {
+    return false;
+  }
+  segments_.erase(oldest);
+  return true;
 }
 
 absl::StatusOr<SharedSegments::Attached> SharedSegments::Attach(int owner) {
   if (max_segments_ == 0) {
     return absl::FailedPreconditionError("shared memory is off on this shard (ps --shm_clients=0)");
   }
-  absl::StatusOr<SharedSegment> created = SharedSegment::Create(region_bytes_);
-  if (!created.ok()) return created.status();
-  auto segment = std::make_shared<const SharedSegment>(*std::move(created));
   absl::MutexLock lock(&mu_);
   if (owner >= 0) ReleaseLocked(owner);
   if (!MakeRoom()) {
     return absl::ResourceExhaustedError(absl::StrCat("this shard already shares memory with ",
                                                      max_segments_, " clients (ps --shm_clients)"));
   }
+  absl::StatusOr<SharedSegment> created = SharedSegment::Create(region_bytes_);  // microseconds
+  if (!created.ok()) return created.status();
+  auto segment = std::make_shared<const SharedSegment>(*std::move(created));
   static absl::BitGen random;  // guarded by mu_
   int64_t id = 0;
   while (id == 0 || segments_.count(id) > 0) {

@@ -1,8 +1,8 @@
 // The shared-memory segments a shard has handed to clients on its host (common/shared_memory.h),
 // each sized for the shard's whole range in float32 in each direction. At most `max_segments` at
 // once (each costs up to 2 x the shard's bytes once used), one per worker id (attaching again
-// replaces that worker's; observers each get their own), and a segment no call has used for
-// `idle` is freed when room is needed. Thread-safe.
+// replaces that worker's; observers each get their own). When all are taken, the one used longest
+// ago is freed for a new one if no call has used it for `idle`. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -44,7 +44,8 @@ class SharedSegments {
     std::shared_ptr<const SharedSegment> segment;
     absl::Time last_used;
   };
-  // Frees segments unused for idle_ (held by no call); true if there is room for one more.
+  // True if there is room for one more segment, after freeing the least recently used one if
+  // that was idle for idle_ and no call holds it.
   bool MakeRoom() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseLocked(int owner) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -49,9 +49,13 @@ void TrainTwoShardsTwoWorkers(const std::vector<std::string>& client_flags) {
   std::vector<std::string> evaluator = {"--hidden=128,64", "--interval_seconds=1"};
   std::vector<std::string> flags = kWorkerFlags;
   flags.push_back("--steps=700");
+  bool shared_memory = true;
   for (const std::string& f : client_flags) {
     flags.push_back(f);
-    if (f.rfind("--pull_dtype", 0) == 0) evaluator.push_back(f);
+    if (f.rfind("--pull_dtype", 0) == 0 || f.rfind("--shared_memory", 0) == 0) {
+      evaluator.push_back(f);
+    }
+    if (f == "--shared_memory=false") shared_memory = false;
   }
   ASSERT_TRUE(cluster.StartEvaluator(evaluator).ok());
   for (int r = 0; r < 2; ++r) ASSERT_TRUE(cluster.StartWorker(r, 2, flags).ok());
@@ -66,6 +70,13 @@ void TrainTwoShardsTwoWorkers(const std::vector<std::string>& client_flags) {
     EXPECT_EQ(stats.pushes_applied(), 1400);
     EXPECT_EQ(stats.pushes_rejected(), 0);
     EXPECT_EQ(stats.registered_workers(), 2);
+    // Co-located, tensors go through shared memory unless the clients turned it off.
+    if (shared_memory) {
+      EXPECT_GT(stats.shm_pushes(), 0);
+      EXPECT_GT(stats.shm_pulls(), 0);
+    } else {
+      EXPECT_EQ(stats.shm_pushes() + stats.shm_pulls() + stats.shm_segments(), 0);
+    }
   }
   EXPECT_EQ(cluster.Stop(), "");  // every daemon exits 0 on SIGTERM
   std::string last = LastLine(cluster.run_dir() + "/evaluator.csv");
@@ -78,10 +89,11 @@ void TrainTwoShardsTwoWorkers(const std::vector<std::string>& client_flags) {
 
 TEST(ClusterTest, TwoShardsTwoWorkersTrain) { TrainTwoShardsTwoWorkers({}); }
 
-// Gradients as bfloat16 and weights as float16 on the wire (half the bytes each way) train to the
-// same bar; the shards keep and apply float32.
-TEST(ClusterTest, TwoShardsTwoWorkersTrainOnA16BitWire) {
-  TrainTwoShardsTwoWorkers({"--push_dtype=bf16", "--pull_dtype=fp16"});
+// Gradients as bfloat16 and weights as float16 over gRPC (half the bytes each way) train to the
+// same bar; the shards keep and apply float32. (TwoShardsTwoWorkersTrain moves tensors through
+// shared memory, as co-located clients do; this one keeps them on the socket, as remote ones do.)
+TEST(ClusterTest, TwoShardsTwoWorkersTrainOnA16BitWireOverGrpc) {
+  TrainTwoShardsTwoWorkers({"--push_dtype=bf16", "--pull_dtype=fp16", "--shared_memory=false"});
 }
 
 // Weights beyond float16's range are pulled as its largest, not as infinities, and the shard

@@ -176,7 +176,7 @@ grpc::Status AttachSharedMemory(const std::string& address, int worker, const st
   request.mutable_model()->set_fingerprint("flat:1000");
   request.mutable_model()->set_total_params(kParams);
   request.mutable_model()->set_num_shards(2);
-  request.set_boot_id(HostBootId());
+  request.set_process_space(ProcessSpaceId());
   v1::AttachSharedMemoryResponse response;
   return stub->AttachSharedMemory(&context, request, &response);
 }

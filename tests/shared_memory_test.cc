@@ -29,7 +29,7 @@ using Phase = SharedRegion::Phase;
 absl::Time Soon() { return absl::Now() + absl::Seconds(5); }
 
 TEST(SharedSegmentTest, TwoMappingsShareTheBytes) {
-  ASSERT_FALSE(HostBootId().empty());
+  ASSERT_FALSE(ProcessSpaceId().empty());
   absl::StatusOr<SharedSegment> shard = SharedSegment::Create(1000);
   ASSERT_TRUE(shard.ok()) << shard.status();
   absl::StatusOr<SharedSegment> client =
@@ -39,7 +39,7 @@ TEST(SharedSegmentTest, TwoMappingsShareTheBytes) {
   std::memcpy(shard->pull().data(), "weights", 7);
   EXPECT_EQ(std::string(shard->push().data(), 8), "gradient");
   EXPECT_EQ(std::string(client->pull().data(), 7), "weights");
-  EXPECT_NE(client->push().data() + 999, client->pull().data());  // regions apart
+  EXPECT_GE(client->pull().data(), client->push().data() + 1000);  // regions apart
   EXPECT_EQ(client->push().capacity(), 1000);
 }
 
@@ -141,9 +141,9 @@ class SharedMemoryShardTest : public ::testing::Test {
     return w;
   }
 
-  // A raw AttachSharedMemory as `worker` with this host's boot id (or `boot_id`).
+  // A raw AttachSharedMemory as `worker` from where this process lives (or `space`).
   grpc::Status Attach(int worker, v1::AttachSharedMemoryResponse* response,
-                      const std::string& boot_id = HostBootId()) {
+                      const std::string& space = ProcessSpaceId()) {
     grpc::ClientContext context;
     context.set_deadline(In(absl::Seconds(10)));
     v1::AttachSharedMemoryRequest request;
@@ -151,7 +151,7 @@ class SharedMemoryShardTest : public ::testing::Test {
     request.mutable_model()->set_fingerprint(kModel.fingerprint);
     request.mutable_model()->set_total_params(kModel.total_params);
     request.mutable_model()->set_num_shards(kModel.num_shards);
-    request.set_boot_id(boot_id);
+    request.set_process_space(space);
     return stub_->AttachSharedMemory(&context, request, response);
   }
   absl::StatusOr<SharedSegment> Open(const v1::AttachSharedMemoryResponse& a) {
@@ -260,6 +260,7 @@ TEST_F(SharedMemoryShardTest, ARefusedSegmentFallsBackToGrpc) {
   ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(got)).ok());
   v1::StatsResponse stats = ShardStats();
   EXPECT_EQ(stats.pushes_applied(), 2);
+  EXPECT_EQ(stats.pushes_rejected(), 0);  // falling back is no rejection
   EXPECT_EQ(stats.shm_pushes(), 0);
   EXPECT_EQ(stats.shm_pulls(), 0);
 }
@@ -267,7 +268,7 @@ TEST_F(SharedMemoryShardTest, ARefusedSegmentFallsBackToGrpc) {
 TEST_F(SharedMemoryShardTest, MisusedSegmentsChangeNothing) {
   Start();
   v1::AttachSharedMemoryResponse a;
-  // Another host's boot id, an unknown worker, another model: no segment.
+  // Another host (or PID namespace), an unknown worker: no segment.
   EXPECT_EQ(Attach(0, &a, "another-host").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(Attach(7, &a).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   ASSERT_TRUE(Attach(0, &a).ok());
@@ -320,6 +321,56 @@ TEST_F(SharedMemoryShardTest, MisusedSegmentsChangeNothing) {
   std::vector<float> w = Weights();
   EXPECT_EQ(w[10], initial_[10] - 0.5f);
   EXPECT_EQ(ShardStats().shm_pushes(), 1);
+}
+
+// A client writing its segment while the shard reads it (NaN and 1.0 in turn, now and then a
+// made-up state word): the shard copies a push out before checking it, so what it applies is
+// exactly what it checked. Every push is applied whole (all 1.0) or refused.
+TEST_F(SharedMemoryShardTest, AClientScribblingOnItsSegmentGetsNothingPastTheChecks) {
+  Start();
+  v1::AttachSharedMemoryResponse a;
+  ASSERT_TRUE(Attach(0, &a).ok());
+  absl::StatusOr<SharedSegment> segment = Open(a);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  SharedRegion push = segment->push();
+  // Its state word, where common/shared_memory.cc puts it (byte 64 of the header page).
+  auto* state = reinterpret_cast<std::atomic<uint64_t>*>(push.data() - 4096 + 64);
+  const std::vector<float> ones(kParams, 1.0f);
+  const std::vector<float> nans(kParams, std::numeric_limits<float>::quiet_NaN());
+  std::atomic<bool> stop{false};
+  std::thread scribbler([&] {
+    absl::Time scribbled = absl::Now();
+    for (uint64_t i = 0; !stop.load(); ++i) {
+      std::memcpy(push.data(), (i % 2 == 0 ? nans : ones).data(), sizeof(float) * kParams);
+      if (absl::Now() - scribbled > absl::Milliseconds(20)) {
+        state->store(i * 0x9e3779b97f4a7c15ull);
+        scribbled = absl::Now();
+      }
+    }
+  });
+  int64_t applied = 0, refused = 0, lost = 0;
+  for (uint64_t ticket = 1; ticket <= 300; ++ticket) {
+    if (!push.Claim(Phase::kBusy, ticket, Soon())) continue;  // the scribbler left it "busy"
+    push.Move(Phase::kBusy, Phase::kReady, ticket);
+    grpc::Status s = PushThrough(a.segment(), ticket, applied);
+    if (s.ok()) {
+      ++applied;
+    } else if (IsSharedMemoryLost(s)) {
+      ++lost;
+    } else {
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+      ++refused;
+    }
+  }
+  stop = true;
+  scribbler.join();
+  std::cout << applied << " applied, " << refused << " refused, " << lost << " lost\n";
+  EXPECT_GT(refused, 0);
+  std::vector<float> w = Weights();
+  for (int i = 0; i < kParams; ++i) {
+    ASSERT_EQ(w[i], initial_[i] - 0.5f * applied) << "weight " << i;
+  }
+  EXPECT_EQ(ShardStats().version(), applied);
 }
 
 }  // namespace

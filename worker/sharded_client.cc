@@ -524,17 +524,25 @@ grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* c
 
 std::shared_ptr<ShardedClient::Impl::SharedPath> ShardedClient::Impl::AttachTo(
     int shard, int64_t shard_incarnation) {
-  if (!options_.shared_memory || HostBootId().empty()) return nullptr;
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
-  if (!authorization_.empty()) context.AddMetadata(kAuthorizationMetadata, authorization_);
+  if (!options_.shared_memory || ProcessSpaceId().empty()) return nullptr;
   v1::AttachSharedMemoryRequest request;
   request.set_worker_id(worker_id_);
   *request.mutable_model() = ModelProto();
-  request.set_boot_id(HostBootId());
+  request.set_process_space(ProcessSpaceId());
   request.set_shard_incarnation(shard_incarnation);
   v1::AttachSharedMemoryResponse response;
-  absl::Status why = FromGrpcStatus(Stub(shard)->AttachSharedMemory(&context, request, &response));
+  int64_t generation;
+  {
+    absl::MutexLock lock(&mu_);
+    generation = generation_;
+  }
+  // One attempt, cancelled with the others (CancelPending); a failure only means gRPC.
+  absl::Status why = FromGrpcStatus(Attempt(
+      shard,
+      [&](int i, grpc::ClientContext* context) {
+        return Stub(i)->AttachSharedMemory(context, request, &response);
+      },
+      generation, options_.rpc_timeout));
   std::shared_ptr<SharedPath> path;
   if (why.ok() && response.region_bytes() < ranges_[shard].size() * WireBytes(WireType::kFloat32)) {
     why = absl::FailedPreconditionError("its segment is smaller than its range");
@@ -771,32 +779,34 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
   header.set_offset(r.begin);
   header.set_length(r.size());
   header.set_dtype(static_cast<v1::DType>(options_.push_type));
+  const absl::Span<const float> part = gradient.subspan(r.begin, r.size());
+  // Through shared memory if there is a segment and no other push of this client uses it: the
+  // gradient goes into its push region before the call starts.
+  const std::shared_ptr<SharedPath>& shared = session.shared;
+  std::unique_lock<std::mutex> turn;
+  if (shared != nullptr) turn = std::unique_lock<std::mutex>(shared->push_mu, std::try_to_lock);
+  if (turn.owns_lock()) {
+    SharedRegion region = shared->segment.push();
+    const uint64_t ticket = shared->next_ticket++;
+    if (!region.Claim(SharedRegion::kBusy, ticket, ClaimDeadline(*context))) {
+      DropShared(shard, shared, "its push region stayed busy");
+      return SharedMemoryLostStatus("shared push region busy");
+    }
+    *saturated = EncodeValues(part, options_.push_type, region.data());
+    region.Move(SharedRegion::kBusy, SharedRegion::kReady, ticket);
+    header.set_shm_segment(shared->id);
+    header.set_shm_ticket(ticket);
+  }
   const Replica& replica = CurrentReplicaOf(shard);
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
           replica.channel.get(), *replica.push, context, response));
-  const absl::Span<const float> part = gradient.subspan(r.begin, r.size());
-  // Through shared memory if there is a segment and no other push of this client uses it.
-  const std::shared_ptr<SharedPath>& shared = session.shared;
-  std::unique_lock<std::mutex> turn;
-  if (shared != nullptr) turn = std::unique_lock<std::mutex>(shared->push_mu, std::try_to_lock);
-  if (!turn.owns_lock()) {
+  if (turn.owns_lock()) {
+    grpc::Slice slice(first.SerializeAsString());
+    writer->Write(grpc::ByteBuffer(&slice, 1));
+  } else {
     *saturated = WriteTensorChunks(writer.get(), first, part, options_.push_type);
-    writer->WritesDone();
-    return writer->Finish();
   }
-  SharedRegion region = shared->segment.push();
-  const uint64_t ticket = shared->next_ticket++;
-  if (!region.Claim(SharedRegion::kBusy, ticket, ClaimDeadline(*context))) {
-    DropShared(shard, shared, "its push region stayed busy");
-    return SharedMemoryLostStatus("shared push region busy");
-  }
-  *saturated = EncodeValues(part, options_.push_type, region.data());
-  region.Move(SharedRegion::kBusy, SharedRegion::kReady, ticket);
-  header.set_shm_segment(shared->id);
-  header.set_shm_ticket(ticket);
-  grpc::Slice slice(first.SerializeAsString());
-  writer->Write(grpc::ByteBuffer(&slice, 1));
   writer->WritesDone();
   grpc::Status status = writer->Finish();
   if (IsSharedMemoryLost(status)) DropShared(shard, shared, status.error_message());

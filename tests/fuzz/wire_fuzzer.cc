@@ -315,8 +315,8 @@ v1::AttachSharedMemoryRequest WireFuzzer::MakeAttach() {
   v1::AttachSharedMemoryRequest r;
   r.set_worker_id(WorkerId());
   MaybeSetModel(r.mutable_model());
-  r.set_boot_id(
-      rng_.Pick<std::string>({HostBootId(), HostBootId(), "", absl::StrCat(rng_.Next())}));
+  r.set_process_space(
+      rng_.Pick<std::string>({ProcessSpaceId(), ProcessSpaceId(), "", absl::StrCat(rng_.Next())}));
   if (rng_.OneIn(3)) r.set_shard_incarnation(static_cast<int64_t>(rng_.Next()));
   return r;
 }
