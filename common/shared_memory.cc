@@ -71,6 +71,18 @@ bool SharedRegion::Move(Phase from, Phase to, uint64_t ticket) {
   return state_->compare_exchange_strong(expected, Word(to, ticket), std::memory_order_acq_rel);
 }
 
+bool SharedRegion::DiscardIfIdle() {
+  uint64_t idle = state_->load(std::memory_order_acquire);
+  if ((idle & 3) != kIdle) return false;
+  const uint64_t ticket = idle >> 2;
+  if (!state_->compare_exchange_strong(idle, Word(kBusy, ticket), std::memory_order_acq_rel)) {
+    return false;
+  }
+  if (capacity_ > 0) madvise(data_, RoundUp(capacity_), MADV_REMOVE);
+  Move(kBusy, kIdle, ticket);
+  return true;
+}
+
 absl::StatusOr<SharedSegment> SharedSegment::Create(int64_t region_bytes) {
   if (region_bytes < 0) return absl::InvalidArgumentError("negative region size");
   const int64_t mapped = MappedBytes(region_bytes);

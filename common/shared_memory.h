@@ -54,6 +54,10 @@ class SharedRegion {
   bool Claim(Phase phase, uint64_t ticket, absl::Time deadline);
   // Sets (to, ticket) if the state is (from, ticket); false (nothing changed) otherwise.
   bool Move(Phase from, Phase to, uint64_t ticket);
+  // Gives the region's memory back to the system if it is idle (holding it busy meanwhile, so a
+  // Claim waits); its bytes read as zeros after, and the next write takes pages again. False if
+  // it was not idle.
+  bool DiscardIfIdle();
 
   char* data() const { return data_; }
   int64_t capacity() const { return capacity_; }

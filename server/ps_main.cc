@@ -355,7 +355,8 @@ int Main(int argc, char** argv) {
     return Fail("cannot write --port_file " + port_file);
   }
 
-  // Leases are checked every second; a status line is logged every 30.
+  // Leases are checked and idle shared memory given back every second; a status line is logged
+  // every 30.
   absl::Time next_status = absl::Now() + absl::Seconds(30);
   bool serving = false;
   std::string fenced;  // why this replica must stop, if it must
@@ -380,6 +381,7 @@ int Main(int argc, char** argv) {
                       << " left the active set (lease expired, or no push while others waited): "
                          "no longer waited for";
     }
+    service.TrimSharedMemory(absl::Now());
     if (absl::Now() >= next_status) {
       ShardStats s = (*shard)->Stats();
       PS_LOG(INFO) << "version " << s.version << ", " << s.active_workers << "/"

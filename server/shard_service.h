@@ -96,6 +96,11 @@ class ShardService final : public ShardServiceBase {
                                                const grpc::ByteBuffer* request,
                                                grpc::ByteBuffer* response) override;
 
+  // Gives back the shared memory of co-located clients idle for kSharedMemoryUnused (call it
+  // every second or so): a shard at rest holds its values and optimizer state, no more.
+  void TrimSharedMemory(absl::Time now) { segments_.Trim(now, kSharedMemoryUnused); }
+  static constexpr absl::Duration kSharedMemoryUnused = absl::Seconds(5);
+
  private:
   class PullWriter;
   template <typename Response>

@@ -56,6 +56,7 @@ absl::StatusOr<std::shared_ptr<const SharedSegment>> SharedSegments::Find(int64_
                      " (freed after it was unused, or the shard restarted)"));
   }
   it->second.last_used = absl::Now();
+  it->second.trimmed = false;
   return it->second.segment;
 }
 
@@ -67,6 +68,17 @@ void SharedSegments::Release(int owner) {
 void SharedSegments::ReleaseLocked(int owner) {
   for (auto it = segments_.begin(); it != segments_.end();) {
     it = it->second.owner == owner ? segments_.erase(it) : std::next(it);
+  }
+}
+
+void SharedSegments::Trim(absl::Time now, absl::Duration unused) {
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, entry] : segments_) {
+    if (entry.trimmed || now - entry.last_used < unused) continue;
+    // A region a call is using is left alone: the next Trim after that call sees it again.
+    const bool push = entry.segment->push().DiscardIfIdle();
+    const bool pull = entry.segment->pull().DiscardIfIdle();
+    entry.trimmed = push && pull;
   }
 }
 

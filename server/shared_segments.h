@@ -34,6 +34,9 @@ class SharedSegments {
   absl::StatusOr<std::shared_ptr<const SharedSegment>> Find(int64_t id, int owner);
   // Frees worker `owner`'s segment (it left); its calls in progress keep theirs until they end.
   void Release(int owner);
+  // Gives back the memory of segments no call has used for `unused` (their idle regions; the
+  // next call takes pages again), so that a shard at rest holds no shared memory.
+  void Trim(absl::Time now, absl::Duration unused);
 
   int max_segments() const { return max_segments_; }
   int size() const;
@@ -43,6 +46,7 @@ class SharedSegments {
     int owner;
     std::shared_ptr<const SharedSegment> segment;
     absl::Time last_used;
+    bool trimmed = false;  // since it was last used
   };
   // True if there is room for one more segment, after freeing the least recently used one if
   // that was idle for idle_ and no call holds it.

@@ -17,6 +17,7 @@
 #include "common/grpc_status.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.grpc.pb.h"
+#include "server/shared_segments.h"
 #include "tests/run_dir.h"
 #include "worker/shard_stats.h"
 #include "worker/sharded_client.h"
@@ -101,6 +102,43 @@ TEST(SharedRegionTest, TurnsFollowTheTicket) {
   ASSERT_TRUE(region.Move(Phase::kBusy, Phase::kReady, 2));
   ASSERT_TRUE(region.Claim(Phase::kBusy, 3, Soon()));
   EXPECT_FALSE(region.Move(Phase::kReady, Phase::kBusy, 2));
+}
+
+TEST(SharedRegionTest, AnIdleRegionGivesItsMemoryBackAndOnlyThen) {
+  absl::StatusOr<SharedSegment> segment = SharedSegment::Create(1 << 20);
+  ASSERT_TRUE(segment.ok());
+  SharedRegion region = segment->pull();
+  std::memset(region.data(), 7, 1 << 20);
+  ASSERT_TRUE(region.Claim(Phase::kFilled, 4, Soon()));
+  EXPECT_FALSE(region.DiscardIfIdle());  // filled: the client has yet to read it
+  EXPECT_EQ(region.data()[12345], 7);
+  ASSERT_TRUE(region.Move(Phase::kFilled, Phase::kIdle, 4));
+  EXPECT_TRUE(region.DiscardIfIdle());
+  EXPECT_EQ(region.data()[12345], 0);
+  EXPECT_TRUE(region.Move(Phase::kIdle, Phase::kReady, 4));  // its turn is as it was
+}
+
+TEST(SharedSegmentsTest, UnusedSegmentsAreTrimmedAndTheLeastRecentlyUsedMakesRoom) {
+  SharedSegments segments(/*max_segments=*/2, /*region_bytes=*/4096, /*idle=*/absl::Seconds(60));
+  absl::StatusOr<SharedSegments::Attached> a = segments.Attach(0);
+  absl::StatusOr<SharedSegments::Attached> b = segments.Attach(1);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(segments.Attach(2).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(segments.Attach(0).ok());  // a worker attaching again replaces its own
+  EXPECT_EQ(segments.size(), 2);
+  EXPECT_EQ(segments.Find(a->id, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(segments.Find(b->id, 0).status().code(), absl::StatusCode::kNotFound);  // not its own
+  std::memset(b->segment->push().data(), 1, 4096);
+  segments.Trim(absl::Now() + absl::Seconds(10), absl::Seconds(5));
+  EXPECT_EQ(b->segment->push().data()[100], 0);
+  // Idle for longer than `idle`, the one used longest ago makes room (when no call holds it).
+  SharedSegments quick(1, 4096, absl::ZeroDuration());
+  absl::StatusOr<SharedSegments::Attached> first = quick.Attach(0);
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(quick.Attach(1).status().code(), absl::StatusCode::kResourceExhausted);  // held
+  first->segment.reset();
+  EXPECT_TRUE(quick.Attach(1).ok());
+  EXPECT_EQ(quick.Find(first->id, 0).status().code(), absl::StatusCode::kNotFound);
 }
 
 // --- A real shard ---
