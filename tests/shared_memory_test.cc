@@ -375,6 +375,8 @@ TEST_F(SharedMemoryShardTest, AClientScribblingOnItsSegmentGetsNothingPastTheChe
   auto* state = reinterpret_cast<std::atomic<uint64_t>*>(push.data() - 4096 + 64);
   const std::vector<float> ones(kParams, 1.0f);
   const std::vector<float> nans(kParams, std::numeric_limits<float>::quiet_NaN());
+  // Only ever NaN or 1.0 in the region, from the first push on.
+  std::memcpy(push.data(), nans.data(), sizeof(float) * kParams);
   std::atomic<bool> stop{false};
   std::thread scribbler([&] {
     absl::Time scribbled = absl::Now();
