@@ -197,6 +197,26 @@ absl::StatusOr<ClusterSpec> ReadClusterSpec(const std::string& path) {
   return spec;
 }
 
+absl::StatusOr<std::string> DescribeRoles(const ClusterSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> roles;  // (program, role)
+  for (size_t i = 0; i < spec.shards.size(); ++i) {
+    const size_t replicas = ShardReplicas(spec.shards[i]).size();
+    for (size_t r = 0; r < replicas; ++r) {
+      roles.push_back(
+          {"ps", replicas == 1 ? absl::StrCat("ps:", i) : absl::StrCat("ps:", i, "/", r)});
+    }
+  }
+  for (int w = 0; w < spec.workers; ++w) roles.push_back({"worker", absl::StrCat("worker:", w)});
+  roles.push_back({"evaluator", "evaluator"});
+  std::string out;
+  for (const auto& [program, role] : roles) {
+    absl::StatusOr<std::vector<std::string>> flags = FlagsForRole(spec, program, role);
+    if (!flags.ok()) return flags.status();
+    absl::StrAppend(&out, role, " ", absl::StrJoin(*flags, " "), "\n");
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
                                                       const std::string& program,
                                                       const std::string& role) {

@@ -52,6 +52,11 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
                                                       const std::string& program,
                                                       const std::string& role);
 
+// Every role the spec describes, a line each with the flags it gets: "ps:0 --shard_index=0 ...",
+// ("ps:S/R" for the replicas of a replicated shard), "worker:R ...", "evaluator ...". Fails like
+// FlagsForRole (psctl spec prints it, so a spec can be checked before any daemon starts).
+absl::StatusOr<std::string> DescribeRoles(const ClusterSpec& spec);
+
 // The command line `program` should parse: argv[0], the spec's flags for its role, then the rest of
 // argv unchanged (so they win). Without --cluster (as --cluster=FILE or --cluster FILE) argv comes
 // back as it is. The role comes from --role, else $PS_ROLE. Also returns, for the start-up log, a

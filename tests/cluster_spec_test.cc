@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "deploy/local_cluster.h"
 #include "deploy/subprocess.h"
 #include "tests/run_dir.h"
@@ -71,6 +72,20 @@ TEST(ClusterSpecTest, EachRoleGetsItsFlags) {
   EXPECT_TRUE(Has(*exporter, "--hidden=64,32"));
   EXPECT_TRUE(Has(*exporter, "--token_file=read-token"));
   EXPECT_FALSE(Has(*exporter, "--batch_size=32"));  // no daemon section of its own
+}
+
+TEST(ClusterSpecTest, EveryRoleIsDescribedOnALineOfItsOwn) {
+  absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(kSpec);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::string> roles = DescribeRoles(*spec);
+  ASSERT_TRUE(roles.ok()) << roles.status();
+  std::vector<std::string> lines = absl::StrSplit(*roles, '\n', absl::SkipEmpty());
+  std::vector<std::string> names;
+  for (const std::string& line : lines) names.push_back(line.substr(0, line.find(' ')));
+  EXPECT_EQ(names, (std::vector<std::string>{"ps:0", "ps:1/0", "ps:1/1", "worker:0", "worker:1",
+                                             "worker:2", "evaluator"}));
+  EXPECT_NE(lines[2].find("--replica=1"), std::string::npos) << lines[2];
+  EXPECT_NE(lines[5].find("--rank=2"), std::string::npos) << lines[5];
 }
 
 TEST(ClusterSpecTest, BadSpecsAndRolesAreRefusedWithAReason) {

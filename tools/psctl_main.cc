@@ -1,9 +1,11 @@
 // psctl: a running job at a glance. `psctl status` prints every shard (address, role, version,
 // updates/s, workers, staleness, drops) and every worker (clock, last seen) as a table;
-// --watch=S refreshes it every S seconds until SIGINT/SIGTERM.
+// --watch=S refreshes it every S seconds until SIGINT/SIGTERM. `psctl spec --cluster=FILE`
+// prints what the cluster spec makes each role (every daemon's flags), contacting nothing.
 #include <cstdio>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -14,6 +16,8 @@
 #include "tools/job_status.h"
 #include "worker/client_flags.h"
 #include "worker/shard_stats.h"
+
+ABSL_DECLARE_FLAG(std::string, cluster);  // common/cluster_spec.cc
 
 ABSL_FLAG(double, watch, 0, "Refresh every this many seconds until interrupted; 0: print once.");
 ABSL_FLAG(double, interval, 1, "Seconds between the two readings that updates/s comes from.");
@@ -27,10 +31,20 @@ int Main(int argc, char** argv) {
   absl::StatusOr<ParsedCommandLine> parsed = ParseDaemonFlags(
       argc, argv, "psctl",
       "A running job at a glance.\nExamples: psctl status --cluster=cluster.json [--watch=2]\n"
-      "          psctl status --ps=host1:50051,host2:50051 --token_file=read-token");
+      "          psctl status --ps=host1:50051,host2:50051 --token_file=read-token\n"
+      "          psctl spec --cluster=cluster.json   (each role's flags, from the spec)");
   if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+  if (parsed->positional == std::vector<std::string>{"spec"}) {
+    if (absl::GetFlag(FLAGS_cluster).empty()) return Fail("psctl spec needs --cluster=FILE");
+    absl::StatusOr<ClusterSpec> spec = ReadClusterSpec(absl::GetFlag(FLAGS_cluster));
+    absl::StatusOr<std::string> roles =
+        spec.ok() ? DescribeRoles(*spec) : absl::StatusOr<std::string>(spec.status());
+    if (!roles.ok()) return Fail(std::string(roles.status().message()));
+    std::printf("%s", roles->c_str());
+    return 0;
+  }
   if (parsed->positional != std::vector<std::string>{"status"}) {
-    return Fail("expected one command: status (see --help)");
+    return Fail("expected one command: status or spec (see --help)");
   }
   const double watch = absl::GetFlag(FLAGS_watch), interval = absl::GetFlag(FLAGS_interval);
   if (!(watch >= 0) || !(interval > 0)) return Fail("--watch must be >= 0 and --interval > 0");
