@@ -22,6 +22,7 @@
 #include "common/cluster_spec.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/reflection.h"
 #include "common/security.h"
 #include "common/shutdown.h"
 #include "server/checkpointer.h"
@@ -244,6 +245,7 @@ void ConfigureTransport(const ServiceLimits& limits, grpc::ServerBuilder* builde
 }
 
 int Main(int argc, char** argv) {
+  EnableServerReflection();
   absl::StatusOr<ParsedCommandLine> parsed = ParseDaemonFlags(
       argc, argv, "ps",
       "Parameter-server shard.\nExample: ps --shard_index=0 --num_shards=2 --port=50051 "

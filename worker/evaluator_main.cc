@@ -18,6 +18,7 @@
 #include "common/cluster_spec.h"
 #include "common/csv_writer.h"
 #include "common/log.h"
+#include "common/reflection.h"
 #include "common/shutdown.h"
 #include "kernels/backend.h"
 #include "worker/client_start.h"
@@ -68,6 +69,7 @@ int ScoreModelFile(const ClientStart& started) {
 }
 
 int Main(int argc, char** argv) {
+  EnableServerReflection();
   absl::StatusOr<ParsedCommandLine> parsed = ParseDaemonFlags(
       argc, argv, "evaluator",
       "Test-set evaluator.\nExample: evaluator --ps=host1:50051,host2:50051 --csv=eval.csv\n"

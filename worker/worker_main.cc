@@ -19,6 +19,7 @@
 #include "common/csv_writer.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/reflection.h"
 #include "common/shutdown.h"
 #include "kernels/backend.h"
 #include "worker/batch_sampler.h"
@@ -105,6 +106,7 @@ class StepMetrics {
 };
 
 int Main(int argc, char** argv) {
+  EnableServerReflection();
   absl::StatusOr<ParsedCommandLine> parsed = ParseDaemonFlags(
       argc, argv, "worker",
       "Training worker.\nExample: worker --ps=host1:50051,host2:50051 --rank=0 --num_workers=4");
