@@ -99,6 +99,18 @@ def check_k8s(bin_dir):
         check(f"ps:{i}" in listed, f"psctl spec lists no ps:{i}")
     check("--role=ps:${POD_INDEX}" in " ".join(ps_container["command"]),
           "the shard pods do not take their role from their ordinal")
+    index = {e["name"]: e for e in ps_container.get("env", [])}.get("POD_INDEX", {})
+    check(index.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") ==
+          "metadata.labels['apps.kubernetes.io/pod-index']", "POD_INDEX is not the pod's ordinal")
+    # What a shard checks when it starts (it refuses to listen beyond loopback unguarded).
+    security = spec.get("security", {})
+    check("token_file" in security or {"ca", "server_cert", "server_key"} <= set(security),
+          "shards listening beyond loopback need a token or TLS in the spec")
+    for role in ("ps", "worker"):
+        flags = spec.get(role, {})
+        if flags.get("metrics_host", "127.0.0.1") not in ("127.0.0.1", "localhost"):
+            check(flags.get("metrics_insecure") is True,
+                  f"{role}: metrics beyond loopback need metrics_insecure")
     jobs = {j["metadata"]["name"]: j for j in by_kind["Job"]}
     workers = next(j for j in jobs.values() if j["spec"].get("completionMode") == "Indexed")
     check(workers["spec"]["completions"] == spec["workers"] == workers["spec"]["parallelism"],
@@ -129,7 +141,9 @@ def check_k8s(bin_dir):
                       f"{d['metadata']['name']} mounts another ConfigMap")
         annotations = d["spec"]["template"]["metadata"].get("annotations", {})
         if annotations.get("prometheus.io/scrape") == "true":
-            role = "ps" if d is sts else "worker"
+            program = " ".join(pod["containers"][0]["command"])
+            role = next(r for r in ("ps", "worker", "evaluator") if f"exec {r} " in program or
+                        program.startswith(r + " "))
             check(str(spec[role]["metrics_port"]) == annotations["prometheus.io/port"],
                   f"{d['metadata']['name']}: scraped on another port than its metrics")
     print(f"k8s: {len(docs)} documents ({', '.join(sorted(by_kind))}); spec accepted: "
@@ -171,9 +185,9 @@ def check_docker(_):
 def check_slurm(bin_dir):
     script = os.path.join(ROOT, "deploy/slurm/paramserver.sbatch")
     check(subprocess.run(["bash", "-n", script]).returncode == 0, "sbatch script: bash -n fails")
-    env = dict(os.environ, SLURM_JOB_NODELIST="cpu1,cpu2,gpu1,gpu2,gpu3", PS_GPUS_PER_NODE="2",
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PS_", "SLURM_"))}
+    env.update(SLURM_JOB_NODELIST="cpu1,cpu2,gpu1,gpu2,gpu3", PS_GPUS_PER_NODE="2",
                PS_RUN_DIR="/shared/run")
-    env.pop("SLURM_GPUS_ON_NODE", None)
     out = subprocess.run([script, "--print-spec"], env=env, capture_output=True, text=True,
                          timeout=60, cwd=tempfile.gettempdir())
     check(out.returncode == 0, "sbatch script --print-spec failed: " + out.stderr)
@@ -208,7 +222,8 @@ def check_systemd(bin_dir):
             with open(os.path.join(tmp, name), "w") as f:
                 f.write(text)
             paths.append(os.path.join(tmp, name))
-        out = subprocess.run([analyze, "verify", *paths], capture_output=True, text=True,
+        out = subprocess.run([analyze, "verify", "--recursive-errors=no", *paths],
+                             capture_output=True, text=True,
                              timeout=120, env=dict(os.environ, SYSTEMD_LOG_LEVEL="notice"))
         problems = [l for l in (out.stdout + out.stderr).splitlines() if l.strip()]
         check(out.returncode == 0 and not problems, "systemd-analyze verify: " + "; ".join(problems))
@@ -227,6 +242,10 @@ def main():
         return checks[args.what](args.bin)
     except Problem as p:
         print(f"check_recipes {args.what}: {p}", file=sys.stderr)
+        return 1
+    except (KeyError, StopIteration, IndexError, ValueError) as e:
+        print(f"check_recipes {args.what}: a recipe lacks what the check expects "
+              f"({type(e).__name__}: {e})", file=sys.stderr)
         return 1
 
 

@@ -2,8 +2,10 @@
 // manifests, the Dockerfile, the Slurm script and the systemd units, with the specs they carry
 // parsed by the real daemons (psctl spec, then each role's daemon parsing its flags).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include <cstdio>
+#include <iostream>
 #include <string>
 
 #include "deploy/local_cluster.h"
