@@ -56,7 +56,7 @@ bool Has(const std::vector<std::string>& names, const std::string& name) {
 
 TEST(ReflectionTest, DaemonsDescribeTheirServices) {
   LocalCluster cluster(ExecutableDir(), NewRunDir("reflection"));
-  ASSERT_TRUE(cluster.StartShards(1, "flat:10", 1, {}).ok());
+  ASSERT_TRUE(cluster.StartShards(1, "mlp:784-8-10", 1, {}).ok());
   const std::string shard = cluster.ShardAddress(0);
   std::vector<std::string> services = Services(shard);
   EXPECT_TRUE(Has(services, "ps.v1.ParameterServer")) << services.size();
@@ -81,7 +81,7 @@ TEST(ReflectionTest, DaemonsDescribeTheirServices) {
   EXPECT_TRUE(found) << "no descriptor of ps.v1.ParameterServer";
 
   // A worker's or evaluator's health server describes itself too.
-  ASSERT_TRUE(cluster.StartEvaluator({"--health_port=0"}).ok());
+  ASSERT_TRUE(cluster.StartEvaluator({"--hidden=8", "--health_port=0"}).ok());  // waits: no worker
   std::string health;
   for (absl::Time give_up = absl::Now() + absl::Seconds(30); health.empty();) {
     const std::string log = ReadFile(cluster.run_dir() + "/evaluator.log");
