@@ -89,33 +89,42 @@ void Checkpointer::WriterLoop() {
     if (stopping_) return;
     changed_ = false;
     mu_.Unlock();
-    bool written = Write();
+    absl::StatusOr<Written> written = Write();
+    // Not initialised: nothing to keep yet, not a failure.
+    const bool failed =
+        !written.ok() && written.status().code() != absl::StatusCode::kFailedPrecondition;
     mu_.Lock();
     // After a failure (logged), wait a second rather than retry at once.
-    if (!written) mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(1));
+    if (failed) mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(1));
     next = absl::Now() + options_.every;
   }
 }
 
-bool Checkpointer::Write() {
+absl::StatusOr<Checkpointer::Written> Checkpointer::WriteNow() {
+  if (shard_ == nullptr) return absl::FailedPreconditionError("the checkpointer has not started");
+  return Write();
+}
+
+absl::StatusOr<Checkpointer::Written> Checkpointer::Write() {
+  absl::MutexLock writing(&write_mu_);
   absl::Time start = absl::Now();
   const int64_t version = shard_->version();  // not under mu_: OnUpdate takes mu_ under the
   {                                           // shard's lock
     absl::MutexLock lock(&mu_);
-    if (version == written_) return true;
+    if (version == written_) return Written{version, ""};
   }
-  if (!shard_->Checkpoint(&buffer_).ok()) return true;  // not initialised: nothing to keep
+  if (absl::Status s = shard_->Checkpoint(&buffer_); !s.ok()) return s;  // not initialised
   absl::Duration copy = absl::Now() - start;
   absl::StatusOr<std::string> path = store_.Write(buffer_);  // outside the shard's lock
   if (!path.ok()) {
     PS_LOG(ERROR) << "checkpoint failed: " << path.status().message();
-    return false;
+    return path.status();
   }
   PS_LOG(INFO) << "checkpoint at version " << buffer_.version << " written to " << *path << " in "
                << absl::Now() - start << " (" << copy << " of it copying under the lock)";
   absl::MutexLock lock(&mu_);
   written_ = buffer_.version;
-  return true;
+  return Written{buffer_.version, *path};
 }
 
 void Checkpointer::Stop() {
@@ -125,7 +134,7 @@ void Checkpointer::Stop() {
     stopping_ = true;
   }
   writer_.join();
-  Write();
+  Write().IgnoreError();  // logged
 }
 
 }  // namespace ps

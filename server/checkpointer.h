@@ -52,18 +52,29 @@ class Checkpointer {
   // Idempotent.
   void Stop();
 
+  // A checkpoint written now, unless the newest one already holds the shard's version (psctl
+  // checkpoint): its version and file ("" when none was written). FAILED_PRECONDITION before
+  // Start or while the shard is not initialised; the store's error when writing fails.
+  struct Written {
+    int64_t version = 0;
+    std::string path;
+  };
+  absl::StatusOr<Written> WriteNow();
+
  private:
   Checkpointer(const Options& options, int shard_index, std::unique_ptr<ProgressFile> progress);
   void WriterLoop();
-  // Writes a checkpoint unless the shard is uninitialised or unchanged since the last one; false
-  // if writing failed (logged).
-  bool Write();
+  // Writes a checkpoint unless the shard is unchanged since the last one (WriteNow's contract;
+  // failures are logged too). One at a time.
+  absl::StatusOr<Written> Write() ABSL_LOCKS_EXCLUDED(write_mu_, mu_);
 
   const Options options_;
   CheckpointStore store_;
   const std::unique_ptr<ProgressFile> progress_;
   ParameterShard* shard_ = nullptr;
-  ShardCheckpoint buffer_;  // reused: after the first, a checkpoint copies into mapped memory
+  absl::Mutex write_mu_;  // held while a checkpoint is written (the writer thread, WriteNow)
+  // Reused: after the first, a checkpoint copies into mapped memory.
+  ShardCheckpoint buffer_ ABSL_GUARDED_BY(write_mu_);
   absl::Mutex mu_;
   int64_t latest_ ABSL_GUARDED_BY(mu_) = 0;   // the shard's version, from OnUpdate
   int64_t written_ ABSL_GUARDED_BY(mu_) = -1;  // of the last checkpoint written or resumed from

@@ -324,7 +324,8 @@ int Main(int argc, char** argv) {
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
   ServiceMetrics service_metrics;
   if (*metrics != nullptr) service_metrics = AddShardMetrics(metrics->get(), shard->get());
-  ShardService service(shard->get(), process, limits, security->tokens, replica, service_metrics);
+  ShardService service(shard->get(), process, limits, security->tokens, replica, service_metrics,
+                       checkpointer.get());
   std::optional<ReplicationService> replication_service;
   if (replica != nullptr) replication_service.emplace(replica, security->tokens);
   grpc::EnableDefaultHealthCheckService(true);  // open to all callers, for probes

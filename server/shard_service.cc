@@ -301,12 +301,13 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
 
 ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
                            const ServiceLimits& limits, TokenAuthenticator tokens, Replica* replica,
-                           ServiceMetrics metrics)
+                           ServiceMetrics metrics, Checkpointer* checkpointer)
     : shard_(shard),
       process_(process),
       tokens_(std::move(tokens)),
       replica_(replica),
       metrics_(metrics),
+      checkpointer_(checkpointer),
       streams_(limits.max_streams),
       pulls_(limits.max_pulls),
       watchdog_(limits.stream_idle, limits.stream_total),
@@ -581,6 +582,26 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
         response->set_shm_pushes(shm_pushes_.load(std::memory_order_relaxed));
         response->set_shm_pulls(shm_pulls_.load(std::memory_order_relaxed));
         response->set_shm_segments(segments_.size());
+        return grpc::Status::OK;
+      });
+}
+
+grpc::ServerUnaryReactor* ShardService::Checkpoint(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
+  return Unary<v1::CheckpointRequest, v1::CheckpointResponse>(
+      context, request, response, "Checkpoint",
+      [&] { return Authorize(*context, Access::kWrite, "Checkpoint"); },
+      [&](const auto& request, auto* response) {
+        if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
+        if (checkpointer_ == nullptr) {
+          return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                              "this shard keeps no checkpoints (ps --checkpoint_dir)");
+        }
+        absl::StatusOr<Checkpointer::Written> written = checkpointer_->WriteNow();
+        if (!written.ok()) return ToGrpcStatus(written.status());
+        response->set_version(written->version);
+        response->set_path(written->path);
         return grpc::Status::OK;
       });
 }

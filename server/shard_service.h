@@ -14,6 +14,7 @@
 #include "common/tensor_codec.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/call_limits.h"
+#include "server/checkpointer.h"
 #include "server/parameter_shard.h"
 #include "server/replica.h"
 #include "server/shard_metrics.h"
@@ -60,7 +61,8 @@ using ShardServiceBase = v1::ParameterServer::WithRawCallbackMethod_Register<
             v1::ParameterServer::WithRawCallbackMethod_Leave<
                 v1::ParameterServer::WithRawCallbackMethod_GetStats<
                     v1::ParameterServer::WithRawCallbackMethod_AttachSharedMemory<
-                        v1::ParameterServer::Service>>>>>>;
+                        v1::ParameterServer::WithRawCallbackMethod_Checkpoint<
+                            v1::ParameterServer::Service>>>>>>>;
 
 class ShardService final : public ShardServiceBase {
  public:
@@ -68,9 +70,10 @@ class ShardService final : public ShardServiceBase {
   // With a `replica` (replication on), calls are served only while it serves them, and a push or
   // initialisation is answered once the backup has it.
   // `metrics` (ps --metrics_port): push/pull latencies and bytes; by default none.
+  // `checkpointer` (ps --checkpoint_dir): what Checkpoint writes with; by default none.
   ShardService(ParameterShard* shard, const ShardProcess& process, const ServiceLimits& limits,
                TokenAuthenticator tokens = {}, Replica* replica = nullptr,
-               ServiceMetrics metrics = {});
+               ServiceMetrics metrics = {}, Checkpointer* checkpointer = nullptr);
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -95,6 +98,11 @@ class ShardService final : public ShardServiceBase {
   grpc::ServerUnaryReactor* AttachSharedMemory(grpc::CallbackServerContext* context,
                                                const grpc::ByteBuffer* request,
                                                grpc::ByteBuffer* response) override;
+  // Writes the checkpoint on gRPC's callback thread: an operator's call, rare and bounded by
+  // one shard-sized file.
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
 
   // Gives back the shared memory of co-located clients idle for kSharedMemoryUnused (call it
   // every second or so): a shard at rest holds its values and optimizer state, no more.
@@ -153,6 +161,7 @@ class ShardService final : public ShardServiceBase {
   const TokenAuthenticator tokens_;
   Replica* const replica_;
   const ServiceMetrics metrics_;
+  Checkpointer* const checkpointer_;
   CallLimit streams_, pulls_;
   StreamWatchdog watchdog_;
   SharedSegments segments_;

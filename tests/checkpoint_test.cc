@@ -12,6 +12,8 @@
 #include "server/checkpointer.h"
 #include "server/parameter_shard.h"
 #include "tests/run_dir.h"
+#include "tools/model_export.h"
+#include "worker/model_file.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -258,6 +260,63 @@ TEST(CheckpointDaemonTest, AStoppedShardRestartsFromItsCheckpointAndTheWorkerRes
   ASSERT_TRUE(versions.ok());
   EXPECT_EQ(versions->version[0], 150);
   EXPECT_EQ(cluster.Stop(), "");
+}
+
+// psctl checkpoint and export on a live 2-shard job: every shard writes a checkpoint now (once:
+// asked again, it says the newest already holds that version), export writes the live model, and
+// the checkpoints hold the same model; a shard that keeps no checkpoints says so.
+TEST(PsctlTest, CheckpointAndExportALiveJob) {
+  const std::string dir = NewRunDir("psctl");
+  const ModelIdentity model{"mlp:784-8-10", 784 * 8 + 8 + 8 * 10 + 10, 2};
+  LocalCluster cluster(ExecutableDir(), dir);
+  ASSERT_TRUE(cluster
+                  .StartShards(2, model.fingerprint, 1,
+                               {"--checkpoint_dir=" + dir + "/checkpoints", "--lr=0.5"})
+                  .ok());
+  const std::string ps = cluster.ShardAddress(0) + "," + cluster.ShardAddress(1);
+  ShardedClient worker({cluster.ShardAddress(0), cluster.ShardAddress(1)}, model, 0);
+  ASSERT_TRUE(worker.Register().ok());
+  std::vector<float> values(model.total_params, 0.25f), gradient(model.total_params, 0.5f);
+  ASSERT_EQ(*worker.Initialize(values), 2);
+  ASSERT_TRUE(worker.Push(gradient, 0, {0, 0}).ok());
+  ASSERT_TRUE(worker.Pull(absl::MakeSpan(values)).ok());
+  auto psctl = [&](std::vector<std::string> args, const std::string& log) {
+    args.insert(args.begin(), {ExecutableDir() + "/psctl"});
+    args.insert(args.end(), {"--ps=" + ps, "--hidden=8"});
+    absl::StatusOr<Subprocess> p = Subprocess::Start(args, dir + "/" + log);
+    EXPECT_TRUE(p.ok()) << p.status();
+    absl::StatusOr<int> code = p.ok() ? p->Wait(absl::Seconds(60)) : absl::StatusOr<int>(-1);
+    EXPECT_TRUE(code.ok()) << code.status();
+    return code.ok() ? *code : -1;
+  };
+  EXPECT_EQ(psctl({"checkpoint"}, "checkpoint.log"), 0) << ReadFile(dir + "/checkpoint.log");
+  const std::string first = ReadFile(dir + "/checkpoint.log");
+  EXPECT_NE(first.find("shard 1 (" + cluster.ShardAddress(1) + "): checkpoint at version 1 in "),
+            std::string::npos)
+      << first;
+  EXPECT_EQ(psctl({"checkpoint"}, "again.log"), 0);
+  EXPECT_NE(ReadFile(dir + "/again.log").find("version 1 (already written)"), std::string::npos)
+      << ReadFile(dir + "/again.log");
+  EXPECT_EQ(psctl({"export", "--out=" + dir + "/model.safetensors"}, "export.log"), 0)
+      << ReadFile(dir + "/export.log");
+  absl::StatusOr<ModelFile> exported = ReadModelFile(dir + "/model.safetensors", model.fingerprint);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->params, values);
+  EXPECT_EQ(exported->versions, (std::vector<int64_t>{1, 1}));
+  absl::StatusOr<ModelFile> checkpointed =
+      ModelFromCheckpoints(dir + "/checkpoints", model.fingerprint);
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
+  EXPECT_EQ(checkpointed->params, values);
+
+  LocalCluster plain(ExecutableDir(), dir + "/plain");
+  ASSERT_TRUE(plain.StartShards(1, "mlp:784-8-10", 1, {}).ok());
+  absl::StatusOr<Subprocess> refused = Subprocess::Start(
+      {ExecutableDir() + "/psctl", "checkpoint", "--ps=" + plain.ShardAddress(0), "--hidden=8"},
+      dir + "/refused.log");
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(*refused->Wait(absl::Seconds(60)), 1);
+  EXPECT_NE(ReadFile(dir + "/refused.log").find("keeps no checkpoints"), std::string::npos)
+      << ReadFile(dir + "/refused.log");
 }
 
 }  // namespace

@@ -181,6 +181,17 @@ grpc::Status AttachSharedMemory(const std::string& address, int worker, const st
   return stub->AttachSharedMemory(&context, request, &response);
 }
 
+// A raw Checkpoint with `token` ("": none).
+grpc::Status CheckpointNow(const std::string& address, const std::string& token) {
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!token.empty()) context.AddMetadata(kAuthorizationMetadata, BearerValue(token));
+  v1::CheckpointResponse response;
+  return stub->Checkpoint(&context, v1::CheckpointRequest(), &response);
+}
+
 // --- Tokens, plaintext on loopback ---
 
 class TokenTest : public ::testing::Test {
@@ -217,6 +228,8 @@ TEST_F(TokenTest, CallersWithoutTheTokenAreUnauthenticatedAndChangeNothing) {
   // Shared memory is handed out to token holders only.
   EXPECT_EQ(AttachSharedMemory(shards_.cluster().ShardAddress(0), 0, "").error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(CheckpointNow(shards_.cluster().ShardAddress(0), "").error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
 
   // Worker 0's own pushes still apply: the forged sequence 2^62 was never recorded. (A zero
   // gradient under SGD leaves the weights bit-identical.)
@@ -251,6 +264,9 @@ TEST_F(TokenTest, TheReadOnlyTokenReadsButNeverWrites) {
   EXPECT_TRUE(AttachSharedMemory(shard0, -1, kReadToken).ok());
   EXPECT_EQ(AttachSharedMemory(shard0, 0, kReadToken).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(CheckpointNow(shard0, kReadToken).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  // With the write token: these shards keep no checkpoints, and say so.
+  EXPECT_EQ(CheckpointNow(shard0, kWriteToken).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   absl::Status push = shards_.Client(0, Plaintext(kReadToken))->Push(values, 0, {0, 0}).status();
   EXPECT_NE(push.message().find("Push needs the write token"), std::string::npos) << push;
   EXPECT_EQ((*FetchStats(shards_.owner()))[0].registered_workers(), 1);

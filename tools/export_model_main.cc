@@ -5,8 +5,6 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/cluster.h"
 #include "common/cluster_spec.h"
@@ -55,12 +53,9 @@ int Main(int argc, char** argv) {
                                        ? ModelFromShards(shards->addresses, model, shards->options)
                                        : ModelFromCheckpoints(dir, model);
   if (!file.ok()) return Fail(std::string(file.status().message()));
-  if (absl::Status s = WriteModelFile(out, *file); !s.ok()) return Fail(std::string(s.message()));
-  std::printf("%s\n",
-              absl::StrFormat("wrote %s (%d parameters, versions [%s]) to %s in %.3f s",
-                              file->model, file->params.size(), absl::StrJoin(file->versions, ","),
-                              out, absl::ToDoubleSeconds(absl::Now() - start))
-                  .c_str());
+  absl::StatusOr<std::string> wrote = WriteExport(out, *file, start);
+  if (!wrote.ok()) return Fail(std::string(wrote.status().message()));
+  std::printf("%s\n", wrote->c_str());
   return 0;
 }
 

@@ -5,6 +5,9 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "common/model_spec.h"
 #include "common/partition.h"
 #include "server/checkpoint_store.h"
@@ -100,6 +103,14 @@ absl::StatusOr<ModelFile> ModelFromShards(const std::vector<std::string>& addres
   if (!pulled.ok()) return pulled.status();
   file.versions = pulled->version;
   return file;
+}
+
+absl::StatusOr<std::string> WriteExport(const std::string& out, const ModelFile& file,
+                                        absl::Time start) {
+  if (absl::Status s = WriteModelFile(out, file); !s.ok()) return s;
+  return absl::StrFormat("wrote %s (%d parameters, versions [%s]) to %s in %.3f s", file.model,
+                         file.params.size(), absl::StrJoin(file.versions, ","), out,
+                         absl::ToDoubleSeconds(absl::Now() - start));
 }
 
 }  // namespace ps

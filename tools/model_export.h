@@ -32,4 +32,9 @@ absl::StatusOr<ModelFile> ModelFromCheckpoints(const std::string& dir,
 absl::StatusOr<ModelFile> ModelFromShards(const std::vector<std::string>& addresses,
                                           const std::string& model, const ClientOptions& options);
 
+// Writes `file` to `out` (WriteModelFile) and returns the line that says so: "wrote MODEL
+// (N parameters, versions [...]) to OUT in S s", timed from `start` (export_model, psctl export).
+absl::StatusOr<std::string> WriteExport(const std::string& out, const ModelFile& file,
+                                        absl::Time start);
+
 }  // namespace ps

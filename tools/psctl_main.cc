@@ -1,7 +1,10 @@
-// psctl: a running job at a glance. `psctl status` prints every shard (address, role, version,
-// updates/s, workers, staleness, drops) and every worker (clock, last seen) as a table;
-// --watch=S refreshes it every S seconds until SIGINT/SIGTERM. `psctl spec --cluster=FILE`
-// prints what the cluster spec makes each role (every daemon's flags), contacting nothing.
+// psctl: a running job at a glance and at hand.
+//   status      every shard (address, role, version, updates/s, workers, staleness, drops) and
+//               every worker (clock, last seen) as a table; --watch=S refreshes it every S
+//               seconds until SIGINT/SIGTERM.
+//   checkpoint  every shard writes a checkpoint now (ps --checkpoint_dir; the write token).
+//   export      the live model as one safetensors file (--out), as export_model --ps does.
+//   spec        what the cluster spec (--cluster) makes each role, contacting nothing.
 #include <cstdio>
 #include <vector>
 
@@ -13,50 +16,36 @@
 #include "common/log.h"
 #include "common/model_spec.h"
 #include "common/shutdown.h"
+#include "proto/ps.pb.h"
 #include "tools/job_status.h"
+#include "tools/model_export.h"
 #include "worker/client_flags.h"
 #include "worker/shard_stats.h"
 
 ABSL_DECLARE_FLAG(std::string, cluster);  // common/cluster_spec.cc
 
-ABSL_FLAG(double, watch, 0, "Refresh every this many seconds until interrupted; 0: print once.");
-ABSL_FLAG(double, interval, 1, "Seconds between the two readings that updates/s comes from.");
+ABSL_FLAG(double, watch, 0, "status: refresh every this many seconds until interrupted; 0: once.");
+ABSL_FLAG(double, interval, 1, "status: seconds between the two readings updates/s comes from.");
+ABSL_FLAG(std::string, out, "", "export: the model file to write (safetensors).");
 
 namespace ps {
 namespace {
 
 int Fail(const std::string& reason) { return FailMain("psctl", reason); }
 
-int Main(int argc, char** argv) {
-  absl::StatusOr<ParsedCommandLine> parsed = ParseDaemonFlags(
-      argc, argv, "psctl",
-      "A running job at a glance.\nExamples: psctl status --cluster=cluster.json [--watch=2]\n"
-      "          psctl status --ps=host1:50051,host2:50051 --token_file=read-token\n"
-      "          psctl spec --cluster=cluster.json   (each role's flags, from the spec)");
-  if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
-  if (parsed->positional == std::vector<std::string>{"spec"}) {
-    if (absl::GetFlag(FLAGS_cluster).empty()) return Fail("psctl spec needs --cluster=FILE");
-    absl::StatusOr<ClusterSpec> spec = ReadClusterSpec(absl::GetFlag(FLAGS_cluster));
-    absl::StatusOr<std::string> roles =
-        spec.ok() ? DescribeRoles(*spec) : absl::StatusOr<std::string>(spec.status());
-    if (!roles.ok()) return Fail(std::string(roles.status().message()));
-    std::printf("%s", roles->c_str());
-    return 0;
-  }
-  if (parsed->positional != std::vector<std::string>{"status"}) {
-    return Fail("expected one command: status or spec (see --help)");
-  }
+int Spec() {
+  if (absl::GetFlag(FLAGS_cluster).empty()) return Fail("psctl spec needs --cluster=FILE");
+  absl::StatusOr<ClusterSpec> spec = ReadClusterSpec(absl::GetFlag(FLAGS_cluster));
+  absl::StatusOr<std::string> roles =
+      spec.ok() ? DescribeRoles(*spec) : absl::StatusOr<std::string>(spec.status());
+  if (!roles.ok()) return Fail(std::string(roles.status().message()));
+  std::printf("%s", roles->c_str());
+  return 0;
+}
+
+int Status(ShardedClient& client, const std::vector<std::string>& addresses) {
   const double watch = absl::GetFlag(FLAGS_watch), interval = absl::GetFlag(FLAGS_interval);
   if (!(watch >= 0) || !(interval > 0)) return Fail("--watch must be >= 0 and --interval > 0");
-  SetLogTag("psctl");
-  absl::StatusOr<ClientConnection> shards = ClientConnectionFromFlags(/*needs_shards=*/true);
-  if (!shards.ok()) return Fail(std::string(shards.status().message()));
-  InstallShutdownHandler();
-  ShardedClient client(
-      shards->addresses,
-      {MlpSpec(shards->layer_sizes), 0, static_cast<int>(shards->addresses.size())},
-      /*worker_id=*/-1, shards->options);
-  CancelOnShutdown cancel_on_shutdown(&client);
   absl::StatusOr<std::vector<v1::StatsResponse>> before = FetchStats(client);
   if (!before.ok()) return Fail(std::string(before.status().message()));
   absl::Time before_at = absl::Now();
@@ -69,14 +58,71 @@ int Main(int argc, char** argv) {
     }
     const absl::Time now_at = absl::Now();
     if (watch > 0) std::printf("\033[H\033[2J");  // clear the terminal between refreshes
-    std::printf("%s", StatusTable(shards->addresses, *now, &*before,
-                                  absl::ToDoubleSeconds(now_at - before_at))
-                          .c_str());
+    std::printf(
+        "%s",
+        StatusTable(addresses, *now, &*before, absl::ToDoubleSeconds(now_at - before_at)).c_str());
     std::fflush(stdout);
     if (watch == 0) return 0;
     before = std::move(now);
     before_at = now_at;
   }
+}
+
+int Checkpoint(ShardedClient& client, const std::vector<std::string>& addresses) {
+  absl::StatusOr<std::vector<std::string>> answers = client.CallEachShard(
+      "/ps.v1.ParameterServer/Checkpoint", v1::CheckpointRequest().SerializeAsString());
+  if (!answers.ok()) return Fail(std::string(answers.status().message()));
+  for (size_t i = 0; i < answers->size(); ++i) {
+    v1::CheckpointResponse r;
+    if (!r.ParseFromString((*answers)[i]))
+      return Fail("unreadable answer from shard " + addresses[i]);
+    std::printf("shard %zu (%s): checkpoint at version %lld%s\n", i, addresses[i].c_str(),
+                static_cast<long long>(r.version()),
+                r.path().empty() ? " (already written)" : (" in " + r.path()).c_str());
+  }
+  return 0;
+}
+
+int Export(const ClientConnection& shards) {
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return Fail("psctl export needs --out=FILE");
+  const absl::Time start = absl::Now();
+  absl::StatusOr<ModelFile> file =
+      ModelFromShards(shards.addresses, MlpSpec(shards.layer_sizes), shards.options);
+  if (!file.ok()) return Fail(std::string(file.status().message()));
+  absl::StatusOr<std::string> wrote = WriteExport(out, *file, start);
+  if (!wrote.ok()) return Fail(std::string(wrote.status().message()));
+  std::printf("%s\n", wrote->c_str());
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  absl::StatusOr<ParsedCommandLine> parsed = ParseDaemonFlags(
+      argc, argv, "psctl",
+      "A running job at a glance and at hand.\n"
+      "Examples: psctl status --cluster=cluster.json [--watch=2]\n"
+      "          psctl status --ps=host1:50051,host2:50051 --token_file=read-token\n"
+      "          psctl checkpoint --cluster=cluster.json --token_file=token\n"
+      "          psctl export --cluster=cluster.json --out=model.safetensors\n"
+      "          psctl spec --cluster=cluster.json   (each role's flags, from the spec)");
+  if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
+  const std::string command = parsed->positional.size() == 1 ? parsed->positional[0] : "";
+  if (command == "spec") return Spec();
+  if (command != "status" && command != "checkpoint" && command != "export") {
+    return Fail("expected one command: status, checkpoint, export or spec (see --help)");
+  }
+  SetLogTag("psctl");
+  absl::StatusOr<ClientConnection> shards = ClientConnectionFromFlags(/*needs_shards=*/true);
+  if (!shards.ok()) return Fail(std::string(shards.status().message()));
+  if (command == "export") return Export(*shards);
+  InstallShutdownHandler();
+  ShardedClient client(
+      shards->addresses,
+      {MlpSpec(shards->layer_sizes), 0, static_cast<int>(shards->addresses.size())},
+      /*worker_id=*/-1, shards->options);
+  CancelOnShutdown cancel_on_shutdown(&client);
+  return command == "status" ? Status(client, shards->addresses)
+                             : Checkpoint(client, shards->addresses);
 }
 
 }  // namespace
