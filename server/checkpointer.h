@@ -52,9 +52,11 @@ class Checkpointer {
   // Idempotent.
   void Stop();
 
-  // A checkpoint written now, unless the newest one already holds the shard's version (psctl
-  // checkpoint): its version and file ("" when none was written). FAILED_PRECONDITION before
-  // Start or while the shard is not initialised; the store's error when writing fails.
+  // A checkpoint written now, unless the newest one written already holds the shard's version
+  // (psctl checkpoint): its version and file ("" when none was written). FAILED_PRECONDITION
+  // before Start or while the shard is not initialised; the store's error when writing fails.
+  // Calls wait for each other and for the writer thread, and must end before Stop() (the shard
+  // may be gone after it).
   struct Written {
     int64_t version = 0;
     std::string path;

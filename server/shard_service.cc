@@ -56,7 +56,8 @@ grpc::ByteBuffer Serialize(const Message& message) {
 }
 
 // A unary call on raw bytes: checks that the caller may at least `access` (before parsing, so a
-// stranger learns nothing about the request format), parses the request, runs
+// stranger's bytes are never looked at; the API itself is public, and reflection describes it),
+// parses the request, runs
 // handler(request, &response) (a grpc::Status), serialises the response and finishes.
 template <typename Request, typename Response, typename Authorize, typename Handler>
 grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const grpc::ByteBuffer* in,
@@ -598,7 +599,16 @@ grpc::ServerUnaryReactor* ShardService::Checkpoint(grpc::CallbackServerContext* 
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                               "this shard keeps no checkpoints (ps --checkpoint_dir)");
         }
+        if (replica_ != nullptr && replica_->role() != Replica::Role::kPrimary) {
+          return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                              "this replica is not its shard's primary: ask the primary");
+        }
         absl::StatusOr<Checkpointer::Written> written = checkpointer_->WriteNow();
+        if (!written.ok() && written.status().code() != absl::StatusCode::kFailedPrecondition) {
+          // Not "unavailable" (a client would retry it): the disk said no.
+          return grpc::Status(grpc::StatusCode::INTERNAL,
+                              absl::StrCat("checkpoint failed: ", written.status().message()));
+        }
         if (!written.ok()) return ToGrpcStatus(written.status());
         response->set_version(written->version);
         response->set_path(written->path);

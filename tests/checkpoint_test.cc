@@ -290,8 +290,10 @@ TEST(PsctlTest, CheckpointAndExportALiveJob) {
     return code.ok() ? *code : -1;
   };
   EXPECT_EQ(psctl({"checkpoint"}, "checkpoint.log"), 0) << ReadFile(dir + "/checkpoint.log");
+  // Written now, or by the shard's own writer thread a moment before (it checkpoints a shard as
+  // soon as it is initialised, and the push may have come first): either way version 1 is there.
   const std::string first = ReadFile(dir + "/checkpoint.log");
-  EXPECT_NE(first.find("shard 1 (" + cluster.ShardAddress(1) + "): checkpoint at version 1 in "),
+  EXPECT_NE(first.find("shard 1 (" + cluster.ShardAddress(1) + "): checkpoint at version 1"),
             std::string::npos)
       << first;
   EXPECT_EQ(psctl({"checkpoint"}, "again.log"), 0);

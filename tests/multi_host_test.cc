@@ -10,6 +10,7 @@
 #include <fstream>
 #include <memory>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "deploy/subprocess.h"
@@ -20,7 +21,7 @@ namespace ps {
 namespace {
 
 // Runs a shell command; its output, or an error with it.
-absl::StatusOr<std::string> Run(const std::string& command) {
+absl::StatusOr<std::string> Shell(const std::string& command) {
   FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   if (pipe == nullptr) return absl::InternalError("popen failed");
   std::string out;
@@ -33,29 +34,33 @@ absl::StatusOr<std::string> Run(const std::string& command) {
   return out;
 }
 
-// `count` hosts, 10.<net>.0.1 .. 10.<net>.0.<count>, each a network namespace joined to a bridge
-// in a switch namespace by a veth pair. Deletes every namespace it made when destroyed.
+// `count` hosts, 10.77.0.1 .. 10.77.0.<count>, each a network namespace joined to a bridge in a
+// switch namespace of its own by a veth pair (so runs at once never meet). Deletes every namespace
+// it made when destroyed. Create fails with FAILED_PRECONDITION when this process cannot make
+// namespaces at all (a reason to skip), and UNAVAILABLE naming the step that failed after that.
 class VirtualHosts {
  public:
   static absl::StatusOr<std::unique_ptr<VirtualHosts>> Create(int count) {
     std::unique_ptr<VirtualHosts> hosts(new VirtualHosts());
-    const int tag = getpid() % 100000;
-    hosts->net_ = 100 + tag % 150;  // tests running at once get different subnets
-    hosts->switch_ = absl::StrCat("pss", tag);
-    absl::Status s = hosts->Add("ip netns add " + hosts->switch_, hosts->switch_);
-    if (s.ok())
-      s = Run(absl::StrCat("ip -n ", hosts->switch_, " link add br0 type bridge")).status();
-    if (s.ok()) s = Run(absl::StrCat("ip -n ", hosts->switch_, " link set br0 up")).status();
+    absl::BitGen random;
+    const std::string tag = absl::StrCat(absl::Uniform<uint32_t>(random, 0, 1u << 24));
+    hosts->switch_ = "pss" + tag;
+    if (absl::Status s = hosts->Add("ip netns add " + hosts->switch_, hosts->switch_); !s.ok()) {
+      return absl::FailedPreconditionError(s.message());
+    }
+    absl::Status s =
+        Shell(absl::StrCat("ip -n ", hosts->switch_, " link add br0 type bridge")).status();
+    if (s.ok()) s = Shell(absl::StrCat("ip -n ", hosts->switch_, " link set br0 up")).status();
     // netem is a kernel module some kernels lack; tbf is the bandwidth limit either way.
     if (s.ok()) {
-      hosts->netem_ = Run(absl::StrCat("ip netns exec ", hosts->switch_,
-                                       " tc qdisc add dev lo root netem delay 1ms"))
+      hosts->netem_ = Shell(absl::StrCat("ip netns exec ", hosts->switch_,
+                                         " tc qdisc add dev lo root netem delay 1ms"))
                           .ok();
     }
     for (int i = 0; s.ok() && i < count; ++i) {
       const std::string ns = absl::StrCat("psh", tag, "-", i);
-      const std::string inside = absl::StrCat("vh", tag, "x", i),
-                        outside = absl::StrCat("vs", tag, "x", i);
+      // Interface names (15 characters at most) live inside the namespaces, made there.
+      const std::string inside = absl::StrCat("h", i), outside = absl::StrCat("s", i);
       s = hosts->Add("ip netns add " + ns, ns);
       const std::string shaping =
           hosts->netem_
@@ -66,15 +71,14 @@ class VirtualHosts {
               : absl::StrCat("tc qdisc add dev ", inside,
                              " root tbf rate 1gbit burst 256kb latency 50ms");
       for (const std::string& c :
-           {absl::StrCat("ip link add ", inside, " type veth peer name ", outside),
-            absl::StrCat("ip link set ", inside, " netns ", ns),
-            absl::StrCat("ip link set ", outside, " netns ", hosts->switch_),
+           {absl::StrCat("ip -n ", ns, " link add ", inside, " type veth peer name ", outside,
+                         " netns ", hosts->switch_),
             absl::StrCat("ip -n ", hosts->switch_, " link set ", outside, " master br0 up"),
             absl::StrCat("ip -n ", ns, " addr add ", hosts->Address(i), "/24 dev ", inside),
             absl::StrCat("ip -n ", ns, " link set ", inside, " up"),
             absl::StrCat("ip -n ", ns, " link set lo up"),
             absl::StrCat("ip netns exec ", ns, " ", shaping)}) {
-        if (s.ok()) s = Run(c).status();
+        if (s.ok()) s = Shell(c).status();
       }
       hosts->interfaces_.push_back(inside);
     }
@@ -82,10 +86,10 @@ class VirtualHosts {
     return hosts;
   }
   ~VirtualHosts() {
-    for (const std::string& ns : namespaces_) Run("ip netns del " + ns).IgnoreError();
+    for (const std::string& ns : namespaces_) Shell("ip netns del " + ns).IgnoreError();
   }
 
-  std::string Address(int i) const { return absl::StrCat("10.", net_, ".0.", i + 1); }
+  std::string Address(int i) const { return absl::StrCat("10.77.0.", i + 1); }
   bool netem() const { return netem_; }
   // argv run inside host i.
   std::vector<std::string> On(int i, std::vector<std::string> argv) const {
@@ -95,7 +99,7 @@ class VirtualHosts {
   // Bytes host i received on its link.
   int64_t ReceivedBytes(int i) const {
     absl::StatusOr<std::string> out =
-        Run(absl::StrCat("ip -n ", namespaces_[i + 1], " -s -j link show dev ", interfaces_[i]));
+        Shell(absl::StrCat("ip -n ", namespaces_[i + 1], " -s -j link show dev ", interfaces_[i]));
     if (!out.ok()) return -1;
     nlohmann::json j = nlohmann::json::parse(*out, nullptr, false);
     if (j.is_discarded() || j.empty()) return -1;
@@ -105,12 +109,11 @@ class VirtualHosts {
  private:
   VirtualHosts() = default;
   absl::Status Add(const std::string& command, const std::string& ns) {
-    absl::Status s = Run(command).status();
+    absl::Status s = Shell(command).status();
     if (s.ok()) namespaces_.push_back(ns);
     return s;
   }
 
-  int net_ = 0;
   bool netem_ = false;
   std::string switch_;
   std::vector<std::string> namespaces_;  // the switch first, then the hosts
@@ -122,8 +125,12 @@ class VirtualHosts {
 // every daemon exits 0 on SIGTERM.
 TEST(MultiHostTest, AJobAcrossNamespacesTrainsFromOneSpec) {
   if (geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  if (!Shell("ip -V").ok()) GTEST_SKIP() << "iproute2 is not installed (apt-get install iproute2)";
   absl::StatusOr<std::unique_ptr<VirtualHosts>> made = VirtualHosts::Create(5);
-  if (!made.ok()) GTEST_SKIP() << "cannot make network namespaces here: " << made.status();
+  if (made.status().code() == absl::StatusCode::kFailedPrecondition) {
+    GTEST_SKIP() << "cannot make network namespaces here: " << made.status();
+  }
+  ASSERT_TRUE(made.ok()) << made.status();
   const VirtualHosts& hosts = **made;
   std::cout << "links: 1 Gbit/s (tbf)"
             << (hosts.netem() ? ", 2 ms +- 1 ms, 0.1% loss (netem)"

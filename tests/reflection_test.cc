@@ -85,9 +85,9 @@ TEST(ReflectionTest, DaemonsDescribeTheirServices) {
   std::string health;
   for (absl::Time give_up = absl::Now() + absl::Seconds(30); health.empty();) {
     const std::string log = ReadFile(cluster.run_dir() + "/evaluator.log");
-    if (size_t at = log.find("health service on port "); at != std::string::npos) {
-      health = "127.0.0.1:" + log.substr(at + 23, log.find('\n', at) - at - 23);
-    }
+    const size_t at = log.find("health service on port ");
+    const size_t end = at == std::string::npos ? at : log.find('\n', at);
+    if (end != std::string::npos) health = "127.0.0.1:" + log.substr(at + 23, end - at - 23);
     ASSERT_LT(absl::Now(), give_up) << log;
     absl::SleepFor(absl::Milliseconds(50));
   }

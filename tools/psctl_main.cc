@@ -69,8 +69,14 @@ int Status(ShardedClient& client, const std::vector<std::string>& addresses) {
 }
 
 int Checkpoint(ShardedClient& client, const std::vector<std::string>& addresses) {
+  // One attempt per shard, with time for a large file: a write that failed is not retried.
+  client.LimitCallsTo(absl::Minutes(10));
   absl::StatusOr<std::vector<std::string>> answers = client.CallEachShard(
       "/ps.v1.ParameterServer/Checkpoint", v1::CheckpointRequest().SerializeAsString());
+  if (answers.status().code() == absl::StatusCode::kPermissionDenied) {
+    return Fail(absl::StrCat(answers.status().message(),
+                             " (give psctl the write token: --token_file=FILE)"));
+  }
   if (!answers.ok()) return Fail(std::string(answers.status().message()));
   for (size_t i = 0; i < answers->size(); ++i) {
     v1::CheckpointResponse r;
