@@ -769,6 +769,16 @@ absl::StatusOr<ParameterShard::Snapshot> ParameterShard::Read(const ModelIdentit
   return *std::move(result);
 }
 
+ShardStats ParameterShard::AllStats() const {
+  ShardStats all = Stats();
+  while (all.next_worker >= 0) {
+    ShardStats page = Stats(all.next_worker);
+    all.workers.insert(all.workers.end(), page.workers.begin(), page.workers.end());
+    all.next_worker = page.workers.empty() ? -1 : page.next_worker;
+  }
+  return all;
+}
+
 ShardStats ParameterShard::Stats(int first_worker, int max_workers) const {
   absl::ReaderMutexLock lock(&mu_);
   ShardStats s;

@@ -353,6 +353,9 @@ class ParameterShard {
   // Counters and a page of at most `max_workers` (capped at kMaxStatsWorkers) workers with ids
   // >= first_worker.
   ShardStats Stats(int first_worker = 0, int max_workers = kMaxStatsWorkers) const;
+  // Counters and every worker, page by page (for readers in this process: metrics, the final
+  // statistics file). The pages are taken one after another, not at one instant.
+  ShardStats AllStats() const;
 
   // Fills `out` with the shard's state now, copied under its lock (pushes wait for a copy of the
   // shard, no more). Reuses out's buffers: pass the same one each time and, after the first, the

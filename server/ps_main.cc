@@ -400,7 +400,7 @@ int Main(int argc, char** argv) {
   // that the shard stops within 2 s of SIGTERM, its last checkpoint included.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   std::move(stop_checkpoints).Invoke();  // a last checkpoint
-  ShardStats s = (*shard)->Stats();
+  ShardStats s = (*shard)->AllStats();
   WriteOutputs(s, process, replica);
   PS_LOG(INFO) << "stopped at version " << s.version << ": " << s.pushes_applied << " applied, "
                << s.pushes_dropped_late + s.pushes_dropped_stale << " dropped, "

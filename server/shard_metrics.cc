@@ -23,7 +23,7 @@ class ShardCollector : public prometheus::Collectable {
   explicit ShardCollector(const ParameterShard* shard) : shard_(shard) {}
 
   std::vector<MetricFamily> Collect() const override {
-    const ShardStats s = shard_->Stats();
+    const ShardStats s = shard_->AllStats();
     const std::string shard = std::to_string(s.shard_index);
     std::vector<MetricFamily> out;
     auto one = [&](const char* name, const char* help, MetricType type, double value,

@@ -16,6 +16,7 @@
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/run_dir.h"
+#include "worker/shard_stats.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -282,6 +283,42 @@ TEST(InitialiseLimitsTest, AStalledInitialiserDoesNotLockOutTheRealOne) {
   std::vector<float> now(1000);
   ASSERT_TRUE(real.Pull(absl::MakeSpan(now)).ok());
   EXPECT_EQ(now, values);
+}
+
+// Statistics of more workers than one GetStats page (256), with shards that know different
+// workers: FetchStats (psctl status, the tools) joins the pages, every worker once, in order.
+TEST(StatsPagesTest, FetchStatsListsEveryWorkerOfEveryShard) {
+  const ModelIdentity model{"flat:1000", 1000, 2};
+  LocalCluster cluster(ExecutableDir(), NewRunDir("pages"));
+  ASSERT_TRUE(cluster.StartShards(2, model.fingerprint, 300, {}).ok());
+  for (int shard = 0; shard < 2; ++shard) {
+    auto stub = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(cluster.ShardAddress(shard), grpc::InsecureChannelCredentials()));
+    for (int w = 0; w < 300; ++w) {
+      if (shard == 1 && w >= 100 && w < 200) continue;  // shard 1 never heard of 100..199
+      grpc::ClientContext context;
+      context.set_deadline(In(absl::Seconds(10)));
+      v1::RegisterRequest request;
+      request.set_worker_id(w);
+      request.mutable_model()->set_fingerprint(model.fingerprint);
+      request.mutable_model()->set_total_params(model.total_params);
+      request.mutable_model()->set_num_shards(2);
+      v1::RegisterResponse response;
+      ASSERT_TRUE(stub->Register(&context, request, &response).ok());
+    }
+  }
+  ShardedClient observer({cluster.ShardAddress(0), cluster.ShardAddress(1)}, model, -1);
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = FetchStats(observer);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  for (int shard = 0; shard < 2; ++shard) {
+    const auto& workers = (*stats)[shard].workers();
+    ASSERT_EQ(workers.size(), shard == 0 ? 300 : 200);
+    for (int i = 1; i < workers.size(); ++i) {
+      EXPECT_LT(workers[i - 1].worker_id(), workers[i].worker_id());
+    }
+    EXPECT_EQ(workers[workers.size() - 1].worker_id(), 299);
+    EXPECT_EQ((*stats)[shard].registered_workers(), shard == 0 ? 300 : 200);
+  }
 }
 
 }  // namespace

@@ -610,6 +610,10 @@ TEST(MembershipBoundsTest, StatsListWorkersOnePageAtATime) {
   EXPECT_EQ(seen, 600);
   EXPECT_EQ(shard->Stats(0, 1'000'000).workers.size(),
             static_cast<size_t>(ParameterShard::kMaxStatsWorkers));
+  ShardStats all = shard->AllStats();  // what the metrics and the statistics file report
+  ASSERT_EQ(all.workers.size(), 600u);
+  EXPECT_EQ(all.workers.back().worker_id, 599);
+  EXPECT_EQ(all.next_worker, -1);
 }
 
 TEST(MembershipBoundsTest, AWorkerThatNeverPushesStopsBlockingSyncRounds) {

@@ -11,8 +11,9 @@
 
 namespace ps {
 
-// By shard. Fails like any call of the client, or with DATA_LOSS for an answer that does not
-// parse.
+// By shard, with every worker (GetStats answers a page of at most 256: the pages are fetched one
+// after another and joined). Fails like any call of the client, or with DATA_LOSS for an answer
+// that does not parse.
 absl::StatusOr<std::vector<v1::StatsResponse>> FetchStats(ShardedClient& client);
 
 }  // namespace ps
