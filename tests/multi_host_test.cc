@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <fstream>
 #include <memory>
 
@@ -22,16 +21,9 @@ namespace {
 
 // Runs a shell command; its output, or an error with it.
 absl::StatusOr<std::string> Shell(const std::string& command) {
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return absl::InternalError("popen failed");
-  std::string out;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
-  const int status = pclose(pipe);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return absl::UnavailableError(absl::StrCat(command, ": ", out));
-  }
-  return out;
+  CommandResult r = RunCommand(command);
+  if (r.exit_code != 0) return absl::UnavailableError(absl::StrCat(command, ": ", r.output));
+  return std::move(r.output);
 }
 
 // `count` hosts, 10.77.0.1 .. 10.77.0.<count>, each a network namespace joined to a bridge in a

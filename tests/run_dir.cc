@@ -1,11 +1,12 @@
 #include "tests/run_dir.h"
 
+#include <grpcpp/create_channel.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
-
-#include <grpcpp/create_channel.h>
+#include <sys/wait.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -91,6 +92,17 @@ bool WaitForVersion(const std::string& address, int64_t version, absl::Duration 
     absl::SleepFor(absl::Milliseconds(50));
   }
   return false;
+}
+
+CommandResult RunCommand(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  return result;
 }
 
 }  // namespace ps
