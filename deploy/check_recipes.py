@@ -28,7 +28,7 @@ DOCKER_INSTRUCTIONS = {"FROM", "ARG", "RUN", "COPY", "ADD", "ENV", "WORKDIR", "U
                        "STOPSIGNAL", "ONBUILD"}
 # What setup.sh installs for tests, tools and plots only: the image needs none of them.
 NOT_BUILD_DEPENDENCIES = {"prometheus", "curl", "gnuplot-nox", "python3-numpy", "python3-yaml",
-                          "iperf3", "iproute2", "openssl"}
+                          "iperf3", "iproute2", "openssl", "iptables", "libnetfilter-queue-dev"}
 
 
 class Problem(Exception):

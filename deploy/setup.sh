@@ -9,7 +9,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev libopenblas-dev zlib1g-dev nlohmann-json3-dev libssl-dev openssl
   prometheus-cpp-dev prometheus curl
-  dataset-fashion-mnist gnuplot-nox python3-numpy python3-yaml iperf3 iproute2
+  dataset-fashion-mnist gnuplot-nox python3-numpy python3-yaml iperf3 iproute2 iptables
+  libnetfilter-queue-dev
 )
 missing=()
 for p in "${packages[@]}"; do

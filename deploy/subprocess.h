@@ -46,6 +46,13 @@ class Subprocess {
   int exit_code_ = -1;
 };
 
+// A shell command's exit code (-1 if it did not exit) and its output, stderr included.
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+CommandResult RunCommand(const std::string& command);
+
 // Directory of the running executable, to find sibling binaries (ps, worker, evaluator).
 std::string ExecutableDir();
 

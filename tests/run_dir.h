@@ -1,7 +1,6 @@
 // Run directories for multi-process tests: a fresh temporary directory per call, removed when the
 // test that made it passes and kept (its path printed) when it fails, so failures can be read and
-// passing runs leave nothing behind. Also what those tests read from them and from the shards,
-// and the shell commands they run.
+// passing runs leave nothing behind. Also what those tests read from them and from the shards.
 #pragma once
 
 #include <cstdint>
@@ -25,12 +24,5 @@ bool WaitForStep(const std::string& csv, int64_t step, absl::Duration timeout);
 v1::StatsResponse Stats(const std::string& address);
 // Waits until the shard at `address` reaches `version`.
 bool WaitForVersion(const std::string& address, int64_t version, absl::Duration timeout);
-
-// A shell command's exit code (-1 if it did not exit) and its output, stderr included.
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;
-};
-CommandResult RunCommand(const std::string& command);
 
 }  // namespace ps

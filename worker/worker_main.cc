@@ -53,6 +53,11 @@ namespace {
 
 int Fail(const std::string& reason) { return FailMain("worker", reason); }
 
+// A duration as a CSV field, in milliseconds.
+std::string Milliseconds(absl::Duration d) {
+  return absl::StrFormat("%.3f", absl::ToDoubleMilliseconds(d));
+}
+
 // The worker's Prometheus metrics (--metrics_port), labelled worker="rank": each step's time by
 // phase, steps, loss and the staleness the shards reported. Without an endpoint, nothing.
 class StepMetrics {
@@ -206,9 +211,10 @@ int Main(int argc, char** argv) {
                << backend->Name() << ", examples [" << slice.begin << ", " << slice.end
                << "), starting at step " << *next_step;
 
-  absl::StatusOr<CsvWriter> csv = CsvWriter::Open(
-      started->csv.empty() ? "/dev/null" : started->csv,
-      {"step", "wall_time", "loss", "base_version", "staleness", "epoch", "dropped"});
+  absl::StatusOr<CsvWriter> csv =
+      CsvWriter::Open(started->csv.empty() ? "/dev/null" : started->csv,
+                      {"step", "wall_time", "loss", "base_version", "staleness", "epoch", "dropped",
+                       "pull_ms", "compute_ms", "push_ms"});
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
 
   // The data shard lives in backend memory (the GPU's, with CUDA); each step sends indices only.
@@ -242,7 +248,8 @@ int Main(int argc, char** argv) {
     const absl::Time pull_start = absl::Now();
     absl::StatusOr<ShardedClient::Versions> versions =
         prefetched.valid() ? prefetched.Wait() : client.Pull(params->span());
-    metrics.Observe(StepMetrics::kPull, absl::Now() - pull_start);
+    const absl::Duration pull_time = absl::Now() - pull_start;
+    metrics.Observe(StepMetrics::kPull, pull_time);
     if (!versions.ok()) {
       if (ShutdownRequested()) break;
       return fail(absl::StrCat("pull failed at step ", step, ": ", versions.status().message()));
@@ -253,7 +260,8 @@ int Main(int argc, char** argv) {
     sampler.Indices(step, &indices);
     absl::Time compute_start = absl::Now();
     float loss = mlp.GradientOfExamples(params->span(), indices.data(), batch, grad.span());
-    metrics.Observe(StepMetrics::kCompute, absl::Now() - compute_start);
+    const absl::Duration compute_time = absl::Now() - compute_start;
+    metrics.Observe(StepMetrics::kCompute, compute_time);
     if (!std::isfinite(loss)) {
       return fail(absl::StrCat("training diverged: loss is ", loss, " at step ", step,
                                " (lower the learning rate)"));
@@ -267,7 +275,8 @@ int Main(int argc, char** argv) {
       if (ShutdownRequested()) break;
       return fail(absl::StrCat("push failed at step ", step, ": ", push.status().message()));
     }
-    metrics.Observe(StepMetrics::kPush, absl::Now() - push_start);
+    const absl::Duration push_time = absl::Now() - push_start;
+    metrics.Observe(StepMetrics::kPush, push_time);
     metrics.Step(loss, push->max_staleness);
     if (push->saturated > 0 && saturated_pushes++ == 0) {
       PS_LOG(WARNING) << "step " << step << ": " << push->saturated << " gradient value(s) beyond "
@@ -281,7 +290,8 @@ int Main(int argc, char** argv) {
     int64_t base = versions->Min();
     csv->Row({absl::StrCat(step), WallTimeField(), absl::StrFormat("%.5f", loss),
               absl::StrCat(base), absl::StrCat(push->max_staleness),
-              absl::StrFormat("%.3f", sampler.Epoch(step)), absl::StrCat(push->dropped)});
+              absl::StrFormat("%.3f", sampler.Epoch(step)), absl::StrCat(push->dropped),
+              Milliseconds(pull_time), Milliseconds(compute_time), Milliseconds(push_time)});
     if (absl::Now() >= next_log) {
       double rate = (step + 1 - first_step) / absl::ToDoubleSeconds(absl::Now() - start);
       PS_LOG(INFO) << absl::StrFormat("step %d (epoch %.2f), %.1f steps/s, loss %.4f", step,
