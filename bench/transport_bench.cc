@@ -30,6 +30,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/iperf3.h"
 #include "bench/median_seconds.h"
 #include "bench/raw_bytes.grpc.pb.h"
 #include "common/chunking.h"
@@ -87,38 +88,6 @@ int ServeRaw(const std::string& port_file) {
   std::rename((port_file + ".tmp").c_str(), port_file.c_str());
   server->Wait();  // until the benchmark kills this process
   return 0;
-}
-
-// Single-stream loopback TCP from a real iperf3 over `seconds`, in GB/s of payload; an error when
-// iperf3 is not installed or does not report.
-absl::StatusOr<double> LoopbackTcpGBs(const std::string& run_dir, int seconds) {
-  const std::string iperf3 = "/usr/bin/iperf3";
-  if (access(iperf3.c_str(), X_OK) != 0) {
-    return absl::NotFoundError("iperf3 is not installed (apt-get install iperf3)");
-  }
-  absl::StatusOr<int> port = FreePort();
-  if (!port.ok()) return port.status();
-  absl::StatusOr<Subprocess> server = Subprocess::Start(
-      {iperf3, "-s", "-1", "-p", absl::StrCat(*port)}, run_dir + "/iperf3-server.log");
-  if (!server.ok()) return server.status();
-  const std::string report = run_dir + "/iperf3.json";
-  for (int attempt = 0; attempt < 10; ++attempt) {
-    absl::SleepFor(absl::Milliseconds(200));  // until the server listens
-    std::remove(report.c_str());
-    absl::StatusOr<Subprocess> client = Subprocess::Start(
-        {iperf3, "-c", "127.0.0.1", "-p", absl::StrCat(*port), "-t", absl::StrCat(seconds), "-J"},
-        report);
-    if (!client.ok()) return client.status();
-    absl::StatusOr<int> code = client->Wait(absl::Seconds(seconds + 30));
-    if (!code.ok() || *code != 0) continue;
-    std::ifstream in(report);
-    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.contains("end") || !j["end"].contains("sum_received")) continue;
-    server->WaitOrKill(absl::Seconds(2));
-    return j["end"]["sum_received"].value("bits_per_second", 0.0) / 8 / 1e9;
-  }
-  server->WaitOrKill(absl::Seconds(1));
-  return absl::UnavailableError("iperf3 did not report");
 }
 
 // One raw client stream carrying data[0, bytes) in kChunkBytes messages.
@@ -194,8 +163,11 @@ int Main(int argc, char** argv) {
   }
   const std::string name = WireTypeName(*half);
   const int tcp_seconds = absl::GetFlag(FLAGS_tcp_seconds);
-  absl::StatusOr<double> tcp = tcp_seconds > 0 ? LoopbackTcpGBs(run_dir, tcp_seconds)
-                                               : absl::UnavailableError("--tcp_seconds=0");
+  absl::StatusOr<int> tcp_port = FreePort();
+  absl::StatusOr<double> tcp = tcp_seconds <= 0 ? absl::UnavailableError("--tcp_seconds=0")
+                               : !tcp_port.ok()
+                                   ? tcp_port.status()
+                                   : Iperf3GBs(run_dir, tcp_seconds, "127.0.0.1", *tcp_port);
   std::cout << "single-stream loopback TCP (iperf3, " << tcp_seconds << " s): "
             << (tcp.ok() ? absl::StrFormat("%.2f GB/s", *tcp) : std::string(tcp.status().message()))
             << "\n";

@@ -69,8 +69,12 @@ absl::Status VirtualHosts::AddHost(int i, const std::string& tag, const LinkShap
       absl::StrCat("ip -n ", ns, " addr add ", Address(i), "/24 dev ", inside),
       absl::StrCat("ip -n ", ns, " link set ", inside, " up"),
       absl::StrCat("ip -n ", ns, " link set lo up"),
-      absl::StrFormat("%stc qdisc add dev %s root tbf rate %gmbit burst 256kb latency 50ms", in_ns,
-                      inside, shape.rate_gbit * 1000)};
+      // The rate both ways: what the host sends, and (on the switch's end) what it receives.
+      absl::StrFormat("%stc qdisc add dev %s root tbf rate %gmbit burst 128kb latency 50ms", in_ns,
+                      inside, shape.rate_gbit * 1000),
+      absl::StrFormat("ip netns exec %s tc qdisc add dev %s root tbf rate %gmbit burst 128kb "
+                      "latency 50ms",
+                      switch_, outside, shape.rate_gbit * 1000)};
   // Loss and delay on what the host receives over its link (never on its loopback).
   if (shape.loss > 0) {
     commands.push_back(absl::StrFormat(

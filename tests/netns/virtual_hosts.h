@@ -18,7 +18,7 @@ namespace ps {
 
 // How every host's link behaves. The delay and loss apply to the packets a host receives (so a
 // packet from one host to another is delayed once: one way = delay, a round trip = 2 x delay);
-// the rate limits what a host sends (tbf).
+// the rate limits what a host sends and what it receives (tbf, 128 KB bursts).
 struct LinkShape {
   double rate_gbit = 1;
   double delay_ms = 0;

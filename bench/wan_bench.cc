@@ -1,0 +1,317 @@
+// Training across hosts over wide-area links: S shards and W workers on emulated hosts
+// (tests/netns/virtual_hosts.h: network namespaces, --rate_gbit links, a one-way --latencies_ms
+// delay each), async against sync at each latency. Per run: time to --target test accuracy (the
+// evaluator, on a host of its own, scores every second), steps/s and each step's pull / compute /
+// push, updates/s and mean staleness per shard, and the bytes each shard's link carried per second
+// against the ceiling measured on the same links in the same run (iperf3 from a worker's host to
+// a shard's). Every figure also goes to --json, which bench/scaling_model.py reads to set its
+// predictions beside them. Needs root (namespaces), iptables and netdelay (latency).
+//
+//   sudo build/bin/wan_bench --latencies_ms=0,2,20 --modes=async,sync --json=wan.json
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "bench/iperf3.h"
+#include "deploy/subprocess.h"
+#include "nlohmann/json.hpp"
+#include "tests/netns/virtual_hosts.h"
+
+ABSL_FLAG(std::vector<std::string>, latencies_ms, std::vector<std::string>({"0", "2", "20"}),
+          "One-way delays of every link to run at, in ms.");
+ABSL_FLAG(std::vector<std::string>, modes, std::vector<std::string>({"async", "sync"}),
+          "Consistency models to run at each latency.");
+ABSL_FLAG(double, jitter, 0, "Jitter as a fraction of the delay (0.5: 2 ms +- 1 ms).");
+ABSL_FLAG(double, loss, 0, "Fraction of packets each host drops on receipt.");
+ABSL_FLAG(double, rate_gbit, 1, "Every host's link, Gbit/s.");
+ABSL_FLAG(int, workers, 2, "Workers W, each on its own host.");
+ABSL_FLAG(int, shards, 2, "Shards S, each on its own host.");
+ABSL_FLAG(std::string, hidden, "128,64", "The MLP's hidden layers.");
+ABSL_FLAG(int, batch_size, 64, "Each worker's minibatch.");
+ABSL_FLAG(double, lr, 0.01, "Learning rate (momentum 0.9).");
+ABSL_FLAG(int64_t, steps, 800, "Steps per worker.");
+ABSL_FLAG(double, target, 0.80, "Test accuracy whose first time is reported.");
+ABSL_FLAG(std::string, json, "", "Write every run's figures here.");
+ABSL_FLAG(std::string, run_dir, "/tmp/wan_bench", "Logs and CSVs of the runs.");
+
+namespace ps {
+namespace {
+
+struct Run {
+  double latency_ms;
+  std::string mode;
+};
+
+// A CSV's rows (header dropped), each split into numbers.
+std::vector<std::vector<double>> ReadCsv(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::vector<double>> rows;
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line)) {
+    std::vector<double> row;
+    for (absl::string_view field : absl::StrSplit(line, ',')) {
+      double v = NAN;
+      (void)absl::SimpleAtod(field, &v);
+      row.push_back(v);
+    }
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+double Mean(const std::vector<double>& v) {
+  return v.empty() ? NAN : std::accumulate(v.begin(), v.end(), 0.0) / v.size();
+}
+double StdDev(const std::vector<double>& v) {
+  const double m = Mean(v);
+  double s = 0;
+  for (double x : v) s += (x - m) * (x - m);
+  return v.size() < 2 ? 0 : std::sqrt(s / (v.size() - 1));
+}
+
+int64_t NumParams(const std::string& hidden) {
+  int64_t in = 784, n = 0;
+  for (absl::string_view layer : absl::StrSplit(hidden, ',')) {
+    int64_t out = 0;
+    if (!absl::SimpleAtoi(layer, &out)) return -1;
+    n += in * out + out;
+    in = out;
+  }
+  return n + in * 10 + 10;
+}
+
+// The kernel's TCP congestion control, which new network namespaces inherit ("bbr" here: it paces
+// a flow that sends in bursts at the rate it measured, see docs/scaling.md).
+std::string TcpCongestionControl() {
+  std::string name;
+  std::ifstream("/proc/sys/net/ipv4/tcp_congestion_control") >> name;
+  return name;
+}
+
+absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
+  const int S = absl::GetFlag(FLAGS_shards), W = absl::GetFlag(FLAGS_workers);
+  const LinkShape shape{.rate_gbit = absl::GetFlag(FLAGS_rate_gbit),
+                        .delay_ms = run.latency_ms,
+                        .jitter_ms = run.latency_ms * absl::GetFlag(FLAGS_jitter),
+                        .loss = absl::GetFlag(FLAGS_loss)};
+  absl::StatusOr<std::unique_ptr<VirtualHosts>> made =
+      VirtualHosts::Create(S + W + 1, shape, ExecutableDir() + "/netdelay", dir);
+  if (!made.ok()) return made.status();
+  const VirtualHosts& hosts = **made;
+  auto on = [&hosts](int host) {
+    return [&hosts, host](std::vector<std::string> argv) { return hosts.On(host, argv); };
+  };
+  // The ceiling: one TCP stream from a worker's host to a shard's, on the same links.
+  absl::StatusOr<double> tcp = Iperf3GBs(dir, 3, hosts.Address(0), 5201, on(0), on(S));
+  if (!tcp.ok()) return tcp.status();
+
+  const std::string hidden = absl::GetFlag(FLAGS_hidden);
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  std::string shards;
+  for (int s = 0; s < S; ++s)
+    absl::StrAppend(&shards, s ? ", " : "", "\"", hosts.Address(s), ":50051\"");
+  std::ofstream(dir + "/token") << "wan-bench-token-0123456789abcdef\n";
+  const std::string spec = dir + "/cluster.json";
+  std::ofstream(spec) << absl::StrFormat(
+      R"({"hidden": "%s", "workers": %d, "shards": [%s],
+  "ps": {"optimizer": "momentum", "lr": %g, "consistency": "%s"},
+  "worker": {"steps": %d, "batch_size": %d, "device": "cpu", "shared_memory": false,
+             "retry_seconds": 120, "rpc_timeout_seconds": 60},
+  "evaluator": {"interval_seconds": 1, "shared_memory": false},
+  "security": {"token_file": "%s/token"}})",
+      hidden, W, shards, absl::GetFlag(FLAGS_lr), run.mode, steps, absl::GetFlag(FLAGS_batch_size),
+      dir);
+  std::vector<Subprocess> daemons;
+  auto start = [&](int host, const std::string& program, const std::string& role,
+                   const std::string& output_flag) -> absl::Status {
+    absl::StatusOr<Subprocess> p = Subprocess::Start(
+        hosts.On(host, {ExecutableDir() + "/" + program, "--cluster=" + spec, "--role=" + role,
+                        absl::StrCat(output_flag, dir, "/", program, "-", host, ".",
+                                     program == "ps" ? "json" : "csv")}),
+        absl::StrCat(dir, "/", program, "-", host, ".log"));
+    if (!p.ok()) return p.status();
+    daemons.push_back(*std::move(p));
+    return absl::OkStatus();
+  };
+  for (int s = 0; s < S; ++s) {
+    if (absl::Status st = start(s, "ps", absl::StrCat("ps:", s), "--stats_json="); !st.ok()) {
+      return st;
+    }
+  }
+  std::vector<int64_t> received_before;
+  for (int s = 0; s < S; ++s) received_before.push_back(hosts.ReceivedBytes(s));
+  const double launched = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  for (int w = 0; w < W; ++w) {
+    if (absl::Status st = start(S + w, "worker", absl::StrCat("worker:", w), "--csv="); !st.ok()) {
+      return st;
+    }
+  }
+  if (absl::Status st = start(S + W, "evaluator", "evaluator", "--csv="); !st.ok()) return st;
+  for (int w = 0; w < W; ++w) {
+    absl::StatusOr<int> code = daemons[S + w].Wait(absl::Minutes(20));
+    if (!code.ok() || *code != 0) {
+      return absl::InternalError(absl::StrCat("worker ", w, " failed; see ", dir));
+    }
+  }
+  std::vector<int64_t> received;
+  for (int s = 0; s < S; ++s) received.push_back(hosts.ReceivedBytes(s) - received_before[s]);
+  for (auto it = daemons.rbegin(); it != daemons.rend(); ++it) {
+    if (it->Stop(absl::Seconds(30)) != 0) {
+      return absl::InternalError(absl::StrCat(it->name(), " did not exit cleanly; see ", dir));
+    }
+  }
+
+  // Worker CSVs:
+  // step,wall_time,loss,base_version,staleness,epoch,dropped,pull_ms,compute_ms,push_ms The first
+  // tenth of the steps is warm-up (connections, TCP windows), left out of the means.
+  std::vector<double> step_ms, pull_ms, compute_ms, push_ms, compute_all;
+  double first_wall = INFINITY, last_wall = 0, start_wall = INFINITY;
+  for (int w = 0; w < W; ++w) {
+    std::vector<std::vector<double>> rows = ReadCsv(absl::StrCat(dir, "/worker-", S + w, ".csv"));
+    if (rows.size() < 20) return absl::InternalError(absl::StrCat("worker ", w, " wrote no steps"));
+    const size_t skip = rows.size() / 10;
+    first_wall = std::min(first_wall, rows[skip][1]);
+    start_wall = std::min(start_wall, rows[0][1]);
+    last_wall = std::max(last_wall, rows.back()[1]);
+    step_ms.push_back(1000 * (rows.back()[1] - rows[skip][1]) / (rows.size() - 1 - skip));
+    for (size_t i = skip; i < rows.size(); ++i) {
+      pull_ms.push_back(rows[i][7]);
+      compute_ms.push_back(rows[i][8]);
+      push_ms.push_back(rows[i][9]);
+    }
+  }
+  // Shards: updates (version) and the staleness histogram of the whole run.
+  double versions = 0, staleness_sum = 0, staleness_n = 0;
+  for (int s = 0; s < S; ++s) {
+    std::ifstream in(absl::StrCat(dir, "/ps-", s, ".json"));
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+    if (j.is_discarded()) return absl::InternalError(absl::StrCat("no statistics from shard ", s));
+    versions += std::stod(j.value("version", std::string("0")));
+    const nlohmann::json& counts = j["stalenessCounts"];
+    for (size_t k = 0; k < counts.size(); ++k) {
+      const double c = std::stod(counts[k].get<std::string>());
+      staleness_sum += c * k;
+      staleness_n += c;
+    }
+  }
+  const double train_s = last_wall - first_wall;
+  // Evaluator CSV: wall_time,version,test_loss,test_accuracy.
+  double to_target = NAN, final_accuracy = NAN;
+  for (const std::vector<double>& row : ReadCsv(absl::StrCat(dir, "/evaluator-", S + W, ".csv"))) {
+    if (std::isnan(to_target) && row[3] >= absl::GetFlag(FLAGS_target))
+      to_target = row[0] - launched;
+    final_accuracy = row[3];
+  }
+  const double total_s = last_wall - launched;
+  int64_t bytes = 0;
+  for (int64_t b : received) bytes += b;
+  return nlohmann::json{{"latency_ms", run.latency_ms},
+                        {"jitter_ms", shape.jitter_ms},
+                        {"loss", shape.loss},
+                        {"mode", run.mode},
+                        {"workers", W},
+                        {"shards", S},
+                        {"params", NumParams(hidden)},
+                        {"batch_size", absl::GetFlag(FLAGS_batch_size)},
+                        {"rate_gbit", shape.rate_gbit},
+                        {"tcp_gbs", *tcp},
+                        {"tcp_congestion_control", TcpCongestionControl()},
+                        {"steps", steps},
+                        {"step_ms", Mean(step_ms)},
+                        {"pull_ms", Mean(pull_ms)},
+                        {"compute_ms", Mean(compute_ms)},
+                        {"compute_sd_ms", StdDev(compute_ms)},
+                        {"push_ms", Mean(push_ms)},
+                        {"updates_per_s", versions / S / (last_wall - start_wall)},
+                        {"staleness_mean", staleness_n > 0 ? staleness_sum / staleness_n : 0},
+                        {"shard_rx_gbs", bytes / S / train_s / 1e9},
+                        {"seconds", total_s},
+                        {"seconds_to_target", std::isnan(to_target) ? nlohmann::json(nullptr)
+                                                                    : nlohmann::json(to_target)},
+                        {"target", absl::GetFlag(FLAGS_target)},
+                        {"final_accuracy", final_accuracy}};
+}
+
+int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Async vs sync training across emulated hosts at several link latencies (needs root).\n"
+      "  sudo wan_bench --latencies_ms=0,2,20 --modes=async,sync --json=wan.json");
+  absl::ParseCommandLine(argc, argv);
+  std::vector<Run> runs;
+  for (const std::string& l : absl::GetFlag(FLAGS_latencies_ms)) {
+    double ms = 0;
+    if (!absl::SimpleAtod(l, &ms) || ms < 0) {
+      std::cerr << "wan_bench: bad --latencies_ms entry " << l << "\n";
+      return 1;
+    }
+    for (const std::string& mode : absl::GetFlag(FLAGS_modes)) runs.push_back({ms, mode});
+  }
+  const int64_t params = NumParams(absl::GetFlag(FLAGS_hidden));
+  std::cout << absl::StrFormat(
+      "MLP 784-%s-10 (%d parameters, %.2f MB per push), W = %d, S = %d, %g Gbit/s links%s, "
+      "batch %d, %d steps each, target %.3f\n",
+      absl::GetFlag(FLAGS_hidden), params, params * 4e-6, absl::GetFlag(FLAGS_workers),
+      absl::GetFlag(FLAGS_shards), absl::GetFlag(FLAGS_rate_gbit),
+      absl::GetFlag(FLAGS_loss) > 0
+          ? absl::StrFormat(", %g%% loss", absl::GetFlag(FLAGS_loss) * 100)
+          : "",
+      absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_target));
+  std::cout << absl::StrFormat(
+      "%-8s %-6s | %-7s %-8s %-7s %-8s %-7s | %-9s %-6s | %-8s %-8s %-5s | %-8s %-6s\n", "delay",
+      "mode", "step ms", "steps/s", "pull", "compute", "push", "updates/s", "stale", "shard rx",
+      "iperf3", "ratio", "to target", "final");
+  nlohmann::json all = nlohmann::json::array();
+  int failures = 0;
+  for (const Run& run : runs) {
+    const std::string dir =
+        absl::StrCat(absl::GetFlag(FLAGS_run_dir), "/", run.mode, "-", run.latency_ms, "ms");
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    absl::StatusOr<nlohmann::json> r = RunJob(run, dir);
+    if (!r.ok()) {
+      std::cout << absl::StrFormat("%-8s %-6s | failed: %s\n", absl::StrCat(run.latency_ms, " ms"),
+                                   run.mode, r.status().message());
+      if (r.status().code() == absl::StatusCode::kFailedPrecondition) return 1;
+      ++failures;
+      continue;
+    }
+    const nlohmann::json& j = *r;
+    const double to_target =
+        j["seconds_to_target"].is_null() ? NAN : j["seconds_to_target"].get<double>();
+    std::cout << absl::StrFormat(
+        "%-8s %-6s | %-7.1f %-8.1f %-7.1f %-8.1f %-7.1f | %-9.1f %-6.2f | %-8.3f %-8.3f %-5.2f | "
+        "%-8s %-6.4f\n",
+        absl::StrCat(run.latency_ms, " ms"), run.mode, j["step_ms"].get<double>(),
+        1000 / j["step_ms"].get<double>(), j["pull_ms"].get<double>(),
+        j["compute_ms"].get<double>(), j["push_ms"].get<double>(), j["updates_per_s"].get<double>(),
+        j["staleness_mean"].get<double>(), j["shard_rx_gbs"].get<double>(),
+        j["tcp_gbs"].get<double>(), j["shard_rx_gbs"].get<double>() / j["tcp_gbs"].get<double>(),
+        std::isnan(to_target) ? "-" : absl::StrFormat("%.1f s", to_target),
+        j["final_accuracy"].get<double>());
+    std::cout.flush();
+    all.push_back(j);
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
+    std::ofstream(path) << all.dump(2) << "\n";
+  }
+  return failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace ps
+
+int main(int argc, char** argv) { return ps::Main(argc, argv); }
