@@ -24,8 +24,8 @@
 ABSL_FLAG(int, shards, 2, "Parameter-server shards.");
 ABSL_FLAG(int, workers, 4, "Workers.");
 ABSL_FLAG(std::string, run_dir, "", "Run directory (default runs/<date-time>).");
-ABSL_FLAG(double, max_seconds, 120, "Stop training after this many seconds; 0: no limit.");
-ABSL_FLAG(int64_t, steps, 0, "Steps per worker; 0: no limit.");
+ABSL_FLAG(double, max_seconds, 600, "Stop training after this many seconds; 0: no limit.");
+ABSL_FLAG(int64_t, steps, 6000, "Steps per worker; 0: no limit (then --max_seconds ends the run).");
 ABSL_FLAG(double, target_accuracy, 0,
           "Stop once the evaluator reports this test accuracy; 0: off.");
 ABSL_FLAG(std::string, consistency, "async", "async | sync | ssp:S (see ps --help).");
@@ -33,6 +33,10 @@ ABSL_FLAG(int, backup_workers, 0, "sync: rounds close after (workers - this) gra
 ABSL_FLAG(std::string, optimizer, "momentum",
           "Server optimizer: sgd|momentum|nesterov|adam|adagrad.");
 ABSL_FLAG(double, lr, 0.01, "Learning rate.");
+ABSL_FLAG(std::string, lr_schedule, "auto",
+          "auto: cosine to 0 over the run's updates when --steps bounds the run (so it ends at its "
+          "best), else constant | constant | cosine (needs --steps) | step (ps --lr_step_updates "
+          "and --lr_gamma through --ps_flags).");
 ABSL_FLAG(double, momentum, 0.9, "Momentum coefficient.");
 ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
@@ -99,6 +103,25 @@ unset multiplot
                          t0, workers, workers - 1);
 }
 
+// The shards' learning-rate schedule flags. A run bounded by --steps has a known length: each
+// shard applies steps x workers updates (steps rounds under sync), over which cosine decays.
+absl::StatusOr<std::vector<std::string>> ScheduleFlags(const std::string& schedule,
+                                                       const std::string& consistency,
+                                                       const JobSpec& job) {
+  if (schedule == "auto" && job.steps == 0) return std::vector<std::string>{};
+  if (schedule == "cosine" || schedule == "auto") {
+    if (job.steps <= 0) return absl::InvalidArgumentError("--lr_schedule=cosine needs --steps");
+    const int64_t updates = consistency == "sync" ? job.steps : job.steps * job.workers;
+    return std::vector<std::string>{"--lr_schedule=cosine",
+                                    absl::StrCat("--lr_total_updates=", updates)};
+  }
+  if (schedule != "constant" && schedule != "step") {
+    return absl::InvalidArgumentError(absl::StrCat("unknown --lr_schedule '", schedule,
+                                                   "': expected auto, constant, cosine or step"));
+  }
+  return std::vector<std::string>{"--lr_schedule=" + schedule};
+}
+
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Starts a local cluster (shards, workers, evaluator) training Fashion-MNIST.\n"
@@ -122,6 +145,10 @@ int Main(int argc, char** argv) {
                   "--optimizer=" + absl::GetFlag(FLAGS_optimizer),
                   absl::StrCat("--lr=", absl::GetFlag(FLAGS_lr)),
                   absl::StrCat("--momentum=", absl::GetFlag(FLAGS_momentum))};
+  absl::StatusOr<std::vector<std::string>> schedule =
+      ScheduleFlags(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_consistency), job);
+  if (!schedule.ok()) return Fail(std::string(schedule.status().message()));
+  job.ps_flags.insert(job.ps_flags.end(), schedule->begin(), schedule->end());
   job.extra_ps_flags = absl::GetFlag(FLAGS_ps_flags);
   job.extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
   job.straggler = absl::GetFlag(FLAGS_straggler);

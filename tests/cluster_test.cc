@@ -645,6 +645,9 @@ TEST(DaemonTest, BadFlagsExitNonZeroWithAOneLineReason) {
       {{"worker", "--ps=127.0.0.1:1", "--device=tpu"}, "unknown --device 'tpu'"},
       {{"evaluator", "--ps="}, "evaluator: no shard addresses given"},
       {{"launch", "--workers=0"}, "launch: --shards and --workers must be positive"},
+      {{"launch", "--steps=0", "--lr_schedule=cosine"},
+       "launch: --lr_schedule=cosine needs --steps"},
+      {{"launch", "--lr_schedule=linear"}, "launch: unknown --lr_schedule 'linear'"},
       {{"ps", "--model=flat:4", "--num_workers=1", "--metrics_port=70000"},
        "--metrics_port must be at most 65535"},
       {{"worker", "--ps=127.0.0.1:1", "--metrics_port=0", "--metrics_host=0.0.0.0"},
@@ -672,9 +675,13 @@ bool FileHasData(const std::string& path) {
 
 TEST(CommandTest, LaunchRunsAClusterAndLeavesCsvsAndAPlot) {
   std::string dir = NewRunDir() + "/run";
-  auto [code, output] = RunDaemon({"launch", "--workers=2", "--max_seconds=4", "--hidden=32",
-                                   "--progress_seconds=1", "--run_dir=" + dir});
+  auto [code, output] = RunDaemon({"launch", "--workers=2", "--steps=300", "--max_seconds=60",
+                                   "--hidden=32", "--progress_seconds=1", "--run_dir=" + dir});
   EXPECT_EQ(code, 0) << output;
+  // A run of known length: cosine over its 2 x 300 updates per shard.
+  EXPECT_NE(ReadFile(dir + "/config.txt").find("--lr_schedule=cosine --lr_total_updates=600"),
+            std::string::npos)
+      << ReadFile(dir + "/config.txt");
   EXPECT_NE(output.find("final test accuracy 0."), std::string::npos) << output;
   EXPECT_NE(output.find("updates ("), std::string::npos) << output;
   EXPECT_NE(output.find("/s), test accuracy"), std::string::npos) << output;
@@ -689,8 +696,8 @@ TEST(CommandTest, LaunchRunsAClusterAndLeavesCsvsAndAPlot) {
 TEST(CommandTest, LaunchRecoversFromAWorkerAndAShardKilledMidRun) {
   std::string dir = NewRunDir() + "/run";
   auto [code, output] =
-      RunDaemon({"launch", "--workers=2", "--max_seconds=30", "--kill=worker:1@8s,ps:0@16s",
-                 "--checkpoint_seconds=3", "--run_dir=" + dir});
+      RunDaemon({"launch", "--workers=2", "--steps=0", "--max_seconds=30",
+                 "--kill=worker:1@8s,ps:0@16s", "--checkpoint_seconds=3", "--run_dir=" + dir});
   EXPECT_EQ(code, 0) << output;
   for (const char* line :
        {"killed worker 1 (--kill)",
