@@ -1,6 +1,6 @@
-// The compute backend: the few dense kernels an MLP needs, on the host (CPU + BLAS) or on a GPU
-// (CUDA + cuBLAS). Pointers passed to the kernels live in the backend's memory (Allocate); all
-// matrices are row-major. A backend is used by one thread at a time.
+// The compute backend: the few kernels an MLP or a small CNN needs, on the host (CPU + BLAS) or on
+// a GPU (CUDA + cuBLAS). Pointers passed to the kernels live in the backend's memory (Allocate);
+// all matrices are row-major. A backend is used by one thread at a time.
 #pragma once
 
 #include <cstddef>
@@ -89,6 +89,33 @@ class Backend {
   // label gets the softmax's probabilities / rows.
   virtual void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                                    float* dlogits, LossSummary* summary) = 0;
+
+  // Convolutions, as im2col + Gemm. Images are NHWC: `batch` images of height x width x
+  // channels, row-major, channels fastest. A kernel x kernel window moves by `stride` over the
+  // image padded with `pad` zeros on each side.
+  struct ConvShape {
+    int batch = 0, height = 0, width = 0, channels = 0, kernel = 1, stride = 1, pad = 0;
+    int out_height() const { return (height + 2 * pad - kernel) / stride + 1; }
+    int out_width() const { return (width + 2 * pad - kernel) / stride + 1; }
+    int64_t rows() const { return static_cast<int64_t>(batch) * out_height() * out_width(); }
+    int64_t cols() const { return static_cast<int64_t>(kernel) * kernel * channels; }
+  };
+  // cols [s.rows(), s.cols()]: row (n, oy, ox) holds the window at output pixel (oy, ox) of
+  // image n, ordered (ky, kx, c): x[n, oy*stride - pad + ky, ox*stride - pad + kx, c], 0 in the
+  // padding. cols x weight [kernel*kernel*channels, out_channels] is then the convolution's
+  // output, NHWC [batch, out_height, out_width, out_channels].
+  virtual void Im2Col(const float* x, const ConvShape& s, float* cols) = 0;
+  // The adjoint of Im2Col: dx [batch, height, width, channels] (overwritten) = the sum of every
+  // cols entry copied from that pixel. Deterministic.
+  virtual void Col2Im(const float* cols, const ConvShape& s, float* dx) = 0;
+  // Max-pooling of NHWC x over window x window tiles (stride = window, no padding; a partial
+  // tile at the edge is dropped): y [batch, height/window, width/window, channels], and
+  // argmax[i] = the index into x of y[i] (the first maximum of its tile).
+  virtual void MaxPool(const float* x, int batch, int height, int width, int channels, int window,
+                       float* y, int32_t* argmax) = 0;
+  // dx [x_size] (overwritten) = 0 but dx[argmax[i]] = dy[i] for i < n (tiles do not overlap).
+  virtual void MaxPoolBackward(const float* dy, const int32_t* argmax, int64_t n, int64_t x_size,
+                               float* dx) = 0;
 };
 
 // The CPU backend (OpenBLAS), using `threads` BLAS threads.

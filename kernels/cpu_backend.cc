@@ -76,6 +76,84 @@ class CpuBackend : public Backend {
     }
   }
 
+  void Im2Col(const float* x, const ConvShape& s, float* cols) override {
+    const int oh = s.out_height(), ow = s.out_width(), c = s.channels;
+    float* out = cols;
+    for (int n = 0; n < s.batch; ++n) {
+      const float* image = x + static_cast<int64_t>(n) * s.height * s.width * c;
+      for (int oy = 0; oy < oh; ++oy) {
+        for (int ox = 0; ox < ow; ++ox) {
+          for (int ky = 0; ky < s.kernel; ++ky) {
+            const int y = oy * s.stride - s.pad + ky;
+            for (int kx = 0; kx < s.kernel; ++kx, out += c) {
+              const int xx = ox * s.stride - s.pad + kx;
+              if (y < 0 || y >= s.height || xx < 0 || xx >= s.width) {
+                std::fill(out, out + c, 0.0f);
+              } else {
+                std::memcpy(out, image + (static_cast<int64_t>(y) * s.width + xx) * c,
+                            c * sizeof(float));
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+
+  void Col2Im(const float* cols, const ConvShape& s, float* dx) override {
+    const int oh = s.out_height(), ow = s.out_width(), c = s.channels;
+    std::fill(dx, dx + static_cast<int64_t>(s.batch) * s.height * s.width * c, 0.0f);
+    const float* in = cols;
+    for (int n = 0; n < s.batch; ++n) {
+      float* image = dx + static_cast<int64_t>(n) * s.height * s.width * c;
+      for (int oy = 0; oy < oh; ++oy) {
+        for (int ox = 0; ox < ow; ++ox) {
+          for (int ky = 0; ky < s.kernel; ++ky) {
+            const int y = oy * s.stride - s.pad + ky;
+            for (int kx = 0; kx < s.kernel; ++kx, in += c) {
+              const int xx = ox * s.stride - s.pad + kx;
+              if (y < 0 || y >= s.height || xx < 0 || xx >= s.width) continue;
+              float* pixel = image + (static_cast<int64_t>(y) * s.width + xx) * c;
+              for (int k = 0; k < c; ++k) pixel[k] += in[k];
+            }
+          }
+        }
+      }
+    }
+  }
+
+  void MaxPool(const float* x, int batch, int height, int width, int channels, int window, float* y,
+               int32_t* argmax) override {
+    const int oh = height / window, ow = width / window;
+    int64_t i = 0;
+    for (int n = 0; n < batch; ++n) {
+      for (int oy = 0; oy < oh; ++oy) {
+        for (int ox = 0; ox < ow; ++ox) {
+          for (int c = 0; c < channels; ++c, ++i) {
+            int64_t best = -1;
+            for (int dy = 0; dy < window; ++dy) {
+              for (int dx = 0; dx < window; ++dx) {
+                const int64_t at = ((static_cast<int64_t>(n) * height + oy * window + dy) * width +
+                                    ox * window + dx) *
+                                       channels +
+                                   c;
+                if (best < 0 || x[at] > x[best]) best = at;
+              }
+            }
+            y[i] = x[best];
+            argmax[i] = static_cast<int32_t>(best);
+          }
+        }
+      }
+    }
+  }
+
+  void MaxPoolBackward(const float* dy, const int32_t* argmax, int64_t n, int64_t x_size,
+                       float* dx) override {
+    std::fill(dx, dx + x_size, 0.0f);
+    for (int64_t i = 0; i < n; ++i) dx[argmax[i]] = dy[i];
+  }
+
   void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int cols,
                            float* dlogits, LossSummary* summary) override {
     LossSummary sum;

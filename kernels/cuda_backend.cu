@@ -121,6 +121,97 @@ __global__ void ReluBackwardKernel(float* dz, const float* __restrict__ activati
   }
 }
 
+// Convolution geometry as the kernels use it (Backend::ConvShape with its outputs computed).
+struct ConvGeometry {
+  int height, width, channels, kernel, stride, pad, out_height, out_width;
+};
+
+ConvGeometry Geometry(const Backend::ConvShape& s) {
+  return {s.height, s.width, s.channels, s.kernel, s.stride, s.pad, s.out_height(), s.out_width()};
+}
+
+// One thread per cols entry (row (n, oy, ox), column (ky, kx, c)), as Backend::Im2Col says.
+__global__ void Im2ColKernel(const float* __restrict__ x, ConvGeometry g, int64_t n,
+                             float* __restrict__ cols) {
+  const int64_t width = static_cast<int64_t>(g.kernel) * g.kernel * g.channels;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / width;
+    const int col = static_cast<int>(i - row * width);
+    const int c = col % g.channels, kx = (col / g.channels) % g.kernel,
+              ky = col / (g.channels * g.kernel);
+    const int ox = static_cast<int>(row % g.out_width);
+    const int oy = static_cast<int>((row / g.out_width) % g.out_height);
+    const int64_t image = row / (static_cast<int64_t>(g.out_width) * g.out_height);
+    const int y = oy * g.stride - g.pad + ky, xx = ox * g.stride - g.pad + kx;
+    cols[i] = (y < 0 || y >= g.height || xx < 0 || xx >= g.width)
+                  ? 0.0f
+                  : x[((image * g.height + y) * g.width + xx) * g.channels + c];
+  }
+}
+
+// One thread per pixel entry of dx: the sum, in a fixed order, of the cols entries copied from it.
+__global__ void Col2ImKernel(const float* __restrict__ cols, ConvGeometry g, int64_t n,
+                             float* __restrict__ dx) {
+  const int64_t width = static_cast<int64_t>(g.kernel) * g.kernel * g.channels;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(i % g.channels);
+    const int xx = static_cast<int>((i / g.channels) % g.width);
+    const int y = static_cast<int>((i / (static_cast<int64_t>(g.channels) * g.width)) % g.height);
+    const int64_t image = i / (static_cast<int64_t>(g.channels) * g.width * g.height);
+    float sum = 0.0f;
+    for (int ky = 0; ky < g.kernel; ++ky) {
+      const int oy_stride = y + g.pad - ky;
+      if (oy_stride < 0 || oy_stride % g.stride != 0 || oy_stride / g.stride >= g.out_height) {
+        continue;
+      }
+      for (int kx = 0; kx < g.kernel; ++kx) {
+        const int ox_stride = xx + g.pad - kx;
+        if (ox_stride < 0 || ox_stride % g.stride != 0 || ox_stride / g.stride >= g.out_width) {
+          continue;
+        }
+        const int64_t row =
+            (image * g.out_height + oy_stride / g.stride) * g.out_width + ox_stride / g.stride;
+        sum += cols[row * width + (ky * g.kernel + kx) * g.channels + c];
+      }
+    }
+    dx[i] = sum;
+  }
+}
+
+// One thread per output of a window x window max-pool (NHWC).
+__global__ void MaxPoolKernel(const float* __restrict__ x, int height, int width, int channels,
+                              int window, int64_t n, float* __restrict__ y,
+                              int32_t* __restrict__ argmax) {
+  const int oh = height / window, ow = width / window;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int c = static_cast<int>(i % channels);
+    const int ox = static_cast<int>((i / channels) % ow);
+    const int oy = static_cast<int>((i / (static_cast<int64_t>(channels) * ow)) % oh);
+    const int64_t image = i / (static_cast<int64_t>(channels) * ow * oh);
+    int64_t best = -1;
+    for (int dy = 0; dy < window; ++dy) {
+      for (int dx = 0; dx < window; ++dx) {
+        const int64_t at =
+            ((image * height + oy * window + dy) * width + ox * window + dx) * channels + c;
+        if (best < 0 || x[at] > x[best]) best = at;
+      }
+    }
+    y[i] = x[best];
+    argmax[i] = static_cast<int32_t>(best);
+  }
+}
+
+__global__ void ScatterKernel(const float* __restrict__ dy, const int32_t* __restrict__ argmax,
+                              int64_t n, float* __restrict__ dx) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dx[argmax[i]] = dy[i];
+  }
+}
+
 // Block (kColumnTile, kRowGroups): thread (tx, ty) sums rows ty, ty + kRowGroups, ... of column
 // blockIdx.x * kColumnTile + tx, reads coalesced along the row; then ty == 0 adds the kRowGroups
 // partial sums in a fixed order, so results are deterministic.
@@ -487,6 +578,42 @@ class CudaBackend : public Backend {
     const int blocks = (cols + kColumnTile - 1) / kColumnTile;
     ColumnSumKernel<<<blocks, dim3(kColumnTile, kRowGroups), 0, stream_>>>(x, std::max(rows, 0),
                                                                            cols, out);
+    PS_CUDA_CHECK_LAUNCH();
+  }
+
+  void Im2Col(const float* x, const ConvShape& s, float* cols) override {
+    const int64_t n = s.rows() * s.cols();
+    if (n <= 0) return;
+    UseDevice();
+    Im2ColKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, Geometry(s), n, cols);
+    PS_CUDA_CHECK_LAUNCH();
+  }
+
+  void Col2Im(const float* cols, const ConvShape& s, float* dx) override {
+    const int64_t n = static_cast<int64_t>(s.batch) * s.height * s.width * s.channels;
+    if (n <= 0) return;
+    UseDevice();
+    Col2ImKernel<<<Blocks(n), kThreads, 0, stream_>>>(cols, Geometry(s), n, dx);
+    PS_CUDA_CHECK_LAUNCH();
+  }
+
+  void MaxPool(const float* x, int batch, int height, int width, int channels, int window, float* y,
+               int32_t* argmax) override {
+    const int64_t n = static_cast<int64_t>(batch) * (height / window) * (width / window) * channels;
+    if (n <= 0) return;
+    UseDevice();
+    MaxPoolKernel<<<Blocks(n), kThreads, 0, stream_>>>(x, height, width, channels, window, n, y,
+                                                       argmax);
+    PS_CUDA_CHECK_LAUNCH();
+  }
+
+  void MaxPoolBackward(const float* dy, const int32_t* argmax, int64_t n, int64_t x_size,
+                       float* dx) override {
+    if (x_size <= 0) return;
+    UseDevice();
+    PS_CUDA_CHECK(cudaMemsetAsync(dx, 0, x_size * sizeof(float), stream_));
+    if (n <= 0) return;
+    ScatterKernel<<<Blocks(n), kThreads, 0, stream_>>>(dy, argmax, n, dx);
     PS_CUDA_CHECK_LAUNCH();
   }
 

@@ -12,6 +12,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -342,6 +343,44 @@ TEST_F(CudaBackendTest, GatherRowsMatchesCpu) {
   gpu_->GatherRows(src_labels.data(), idx.data(), rows, sizeof(int32_t), dst_labels.data());
   EXPECT_EQ(Download(dst), want);
   EXPECT_EQ(Download(dst_labels), want_labels);
+}
+
+TEST_F(CudaBackendTest, ConvolutionAndPoolingKernelsMatchCpu) {
+  std::mt19937 rng(77);
+  for (auto [kernel, stride, pad] : {std::tuple{5, 1, 2}, {3, 2, 0}, {4, 2, 1}}) {
+    Backend::ConvShape s{.batch = 3,
+                         .height = 9,
+                         .width = 8,
+                         .channels = 3,
+                         .kernel = kernel,
+                         .stride = stride,
+                         .pad = pad};
+    std::vector<float> x = RandomFloats(size_t{3} * 9 * 8 * 3, rng);
+    std::vector<float> want_cols(s.rows() * s.cols()), c = RandomFloats(want_cols.size(), rng);
+    std::vector<float> want_dx(x.size());
+    cpu_->Im2Col(x.data(), s, want_cols.data());
+    cpu_->Col2Im(c.data(), s, want_dx.data());
+    DeviceBuffer<float> dx_in = Upload(gpu_.get(), x), dc = Upload(gpu_.get(), c);
+    DeviceBuffer<float> cols(gpu_.get(), want_cols.size()), dx(gpu_.get(), x.size());
+    gpu_->Im2Col(dx_in.data(), s, cols.data());
+    gpu_->Col2Im(dc.data(), s, dx.data());
+    EXPECT_EQ(Download(cols), want_cols) << "a copy: bit for bit";
+    ExpectClose(Download(dx), want_dx, 1e-5f, 1.0f);
+  }
+  std::vector<float> x = RandomFloats(size_t{2} * 7 * 6 * 4, rng);
+  const size_t n = size_t{2} * 3 * 3 * 4;
+  std::vector<float> want_y(n), dy = RandomFloats(n, rng), want_dx(x.size());
+  std::vector<int32_t> want_argmax(n);
+  cpu_->MaxPool(x.data(), 2, 7, 6, 4, 2, want_y.data(), want_argmax.data());
+  cpu_->MaxPoolBackward(dy.data(), want_argmax.data(), n, x.size(), want_dx.data());
+  DeviceBuffer<float> dx_in = Upload(gpu_.get(), x), ddy = Upload(gpu_.get(), dy);
+  DeviceBuffer<float> y(gpu_.get(), n), dx(gpu_.get(), x.size());
+  DeviceBuffer<int32_t> argmax(gpu_.get(), n);
+  gpu_->MaxPool(dx_in.data(), 2, 7, 6, 4, 2, y.data(), argmax.data());
+  gpu_->MaxPoolBackward(ddy.data(), argmax.data(), n, x.size(), dx.data());
+  EXPECT_EQ(Download(y), want_y);
+  EXPECT_EQ(Download(argmax), want_argmax);
+  EXPECT_EQ(Download(dx), want_dx);
 }
 
 TEST_F(CudaBackendTest, PinnedHostBuffersRoundTrip) {
