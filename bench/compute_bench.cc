@@ -1,6 +1,6 @@
 // compute_bench: worker compute throughput, i.e. one training step exactly as a worker runs it
-// (Mlp::GradientOfExamples on a training set held in backend memory: the batch's indices and the
-// parameters uploaded from the backend's host buffers (pinned on a GPU), forward, backward, the
+// (Network::GradientOfExamples on a training set held in backend memory: the batch's indices and
+// the parameters uploaded from the backend's host buffers (pinned on a GPU), forward, backward, the
 // gradient downloaded into a host buffer), against a ceiling measured in the same run: the
 // backend's own Gemm on a square matrix product (1024^3 on the CPU, 4096^3 on a GPU).
 //
@@ -38,7 +38,7 @@
 #include "common/log.h"
 #include "kernels/backend.h"
 #include "worker/batch_sampler.h"
-#include "worker/mlp.h"
+#include "worker/network.h"
 
 ABSL_FLAG(std::string, device, "cpu", "Backend: cpu | cuda | cuda:N | auto.");
 ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
@@ -87,7 +87,7 @@ absl::StatusOr<Config> ParseConfig(const std::string& text) {
   return c;
 }
 
-// FLOPs of the GEMMs of one Mlp::Gradient call (see the file comment).
+// FLOPs of the GEMMs of one Network::Gradient call (see the file comment).
 double StepFlops(const std::vector<int>& sizes, int batch) {
   double flops = 0;
   for (size_t l = 0; l + 1 < sizes.size(); ++l) {
@@ -146,7 +146,7 @@ struct Result {
 };
 
 Result RunConfig(Backend* backend, const Config& config, uint64_t seed) {
-  Mlp mlp(config.sizes, config.batch, backend);
+  Network mlp(MlpNetwork(config.sizes), config.batch, backend);
   std::mt19937_64 rng(seed);
   // A training set of 8 batches (at least 4096 examples), held in backend memory.
   const int64_t count = std::max<int64_t>(4096, 8 * config.batch);
@@ -234,7 +234,7 @@ int Main(int argc, char** argv) {
   double ceiling_before =
       GemmCeiling(backend, ceiling_n, ceiling_calls, 5, absl::GetFlag(FLAGS_seed));
   std::cout << absl::StrFormat(
-      "compute_bench on %s: one step = the worker's (Mlp::GradientOfExamples: indices + params "
+      "compute_bench on %s: one step = the worker's (Network::GradientOfExamples: indices + params "
       "up from host buffers, batch gathered on the device, forward, backward, gradient down)\n",
       device);
 

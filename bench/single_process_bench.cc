@@ -14,7 +14,7 @@
 #include "server/optimizer.h"
 #include "worker/batch_sampler.h"
 #include "worker/idx_dataset.h"
-#include "worker/mlp.h"
+#include "worker/network.h"
 
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size (the demo's workers use 64).");
@@ -41,7 +41,7 @@ int Main(int argc, char** argv) {
     std::cerr << "single_process_bench: cannot load the data or start the backend\n";
     return 1;
   }
-  Mlp mlp({784, 256, 128, 10}, std::max(batch, 1000), backend->get());
+  Network mlp(MlpNetwork({784, 256, 128, 10}), std::max(batch, 1000), backend->get());
   OptimizerConfig config;
   config.name = "momentum";
   config.momentum = static_cast<float>(absl::GetFlag(FLAGS_momentum));
@@ -73,7 +73,7 @@ int Main(int argc, char** argv) {
       }
     }
     trained += absl::Now() - start;
-    Mlp::Score score =
+    Network::Score score =
         mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count);
     best = std::max(best, score.accuracy);
     for (size_t i = 0; i < targets.size(); ++i) {

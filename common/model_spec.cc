@@ -3,10 +3,12 @@
 #include <limits>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/network_spec.h"
 
 namespace ps {
 namespace {
@@ -14,8 +16,8 @@ namespace {
 constexpr int64_t kMaxParams = int64_t{1} << 40;
 
 absl::Status Bad(const std::string& spec, const std::string& why) {
-  return absl::InvalidArgumentError(absl::StrCat("bad model spec '", spec, "': ", why,
-                                                 " (expected mlp:IN-H1-...-OUT or flat:N)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "bad model spec '", spec, "': ", why, " (expected mlp:IN-H1-...-OUT, cnn:... or flat:N)"));
 }
 
 // A spec's kind ("mlp" or "flat"), sizes and parameter count, validated.
@@ -59,6 +61,11 @@ absl::StatusOr<ParsedSpec> Parse(const std::string& spec) {
 }  // namespace
 
 absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_shards) {
+  if (absl::StartsWith(spec, "cnn")) {  // a cnn:... spec or a preset
+    absl::StatusOr<NetworkSpec> net = ResolveModel(spec, "");
+    if (!net.ok()) return net.status();
+    return ModelIdentity{net->ToString(), net->num_params(), num_shards};
+  }
   absl::StatusOr<ParsedSpec> parsed = Parse(spec);
   if (!parsed.ok()) return parsed.status();
   return ModelIdentity{spec, parsed->total, num_shards};

@@ -13,9 +13,10 @@ namespace ps {
 
 // Parses a model spec into the identity shards and clients compare:
 //   "mlp:IN-H1-...-OUT"  dense layers (weights and biases), e.g. mlp:784-256-128-10
+//   "cnn:CxHxW-..."      a convolutional network (grammar and presets in common/network_spec.h)
 //   "flat:N"             a bare vector of N parameters (tests and benchmarks)
-// The fingerprint is the spec itself. Fails naming the bad part on anything else, on sizes < 1,
-// or on a model of more than 2^40 parameters.
+// The fingerprint is the spec itself (a cnn's in its canonical form). Fails naming the bad part on
+// anything else, on sizes < 1, or on a model of more than 2^40 parameters.
 absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_shards);
 
 // Layer sizes {inputs, hidden..., classes} of an "mlp:..." spec, the inverse of MlpSpec. Fails as

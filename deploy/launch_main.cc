@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, lr_schedule, "auto",
           "and --lr_gamma through --ps_flags).");
 ABSL_FLAG(double, momentum, 0.9, "Momentum coefficient.");
 ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
+ABSL_FLAG(std::string, model, "",
+          "The model instead of the --hidden MLP: a spec (cnn:1x28x28-conv32k5-pool2-fc128-10, "
+          "grammar in common/network_spec.h) or a preset (cnn-small, cnn-large).");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of initial weights and batch order.");
 ABSL_FLAG(std::string, device, "cpu", "Workers' device: auto | cpu | cuda | cuda:N.");
@@ -133,6 +136,7 @@ int Main(int argc, char** argv) {
   job.workers = absl::GetFlag(FLAGS_workers);
   if (job.shards < 1 || job.workers < 1) return Fail("--shards and --workers must be positive");
   job.hidden = absl::GetFlag(FLAGS_hidden);
+  job.model = absl::GetFlag(FLAGS_model);
   job.batch_size = absl::GetFlag(FLAGS_batch_size);
   job.steps = absl::GetFlag(FLAGS_steps);
   job.max_seconds = absl::GetFlag(FLAGS_max_seconds);

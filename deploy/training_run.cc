@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/model_spec.h"
+#include "common/network_spec.h"
 #include "common/shutdown.h"
 #include "deploy/local_cluster.h"
 
@@ -83,18 +83,19 @@ absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job) {
   if (job.shards < 1 || job.workers < 1) {
     return absl::InvalidArgumentError("shards and workers must be positive");
   }
-  absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, job.hidden, 10);
-  if (!sizes.ok()) return sizes.status();
+  absl::StatusOr<NetworkSpec> network = ResolveModel(job.model, job.hidden);
+  if (!network.ok()) return network.status();
   TrainingConfig c;
   c.shards = job.shards;
   c.workers = job.workers;
-  c.model = MlpSpec(*sizes);
+  c.model = network->ToString();
   c.max_seconds = job.max_seconds;
   c.ps_flags = job.ps_flags;
   for (absl::string_view w : absl::StrSplit(job.extra_ps_flags, ' ', absl::SkipWhitespace())) {
     c.ps_flags.emplace_back(w);
   }
-  const std::string hidden = "--hidden=" + job.hidden, data = "--data_dir=" + job.data_dir;
+  const std::string hidden = job.model.empty() ? "--hidden=" + job.hidden : "--model=" + c.model;
+  const std::string data = "--data_dir=" + job.data_dir;
   c.worker_flags = {hidden,
                     data,
                     absl::StrCat("--batch_size=", job.batch_size),

@@ -47,6 +47,7 @@ struct JobSpec {
   int shards = 2;
   int workers = 4;
   std::string hidden = "256,128";  // MLP hidden layer sizes
+  std::string model;               // a spec or preset (common/network_spec.h) instead; "": hidden
   int batch_size = 64;
   int64_t steps = 0;         // per worker; 0: no limit
   double max_seconds = 120;  // 0: no limit

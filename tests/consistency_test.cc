@@ -13,12 +13,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/model_spec.h"
 #include "deploy/local_cluster.h"
 #include "kernels/backend.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/run_dir.h"
 #include "worker/idx_dataset.h"
-#include "worker/mlp.h"
+#include "worker/network.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -42,7 +43,7 @@ std::vector<float> TrainSync(int workers, int batch, int steps, const Examples& 
                                {"--consistency=sync", "--optimizer=sgd", "--lr=0.1"})
                   .ok());
   std::unique_ptr<Backend> probe_backend = MakeCpuBackend(1);
-  Mlp probe(sizes, 1, probe_backend.get());
+  Network probe(MlpNetwork(sizes), 1, probe_backend.get());
   ModelIdentity model{probe.Fingerprint(), probe.num_params(), 2};
   std::vector<std::string> addresses = {cluster.ShardAddress(0), cluster.ShardAddress(1)};
   {
@@ -54,7 +55,7 @@ std::vector<float> TrainSync(int workers, int batch, int steps, const Examples& 
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
       std::unique_ptr<Backend> backend = MakeCpuBackend(1);
-      Mlp mlp(sizes, batch, backend.get());
+      Network mlp(MlpNetwork(sizes), batch, backend.get());
       ShardedClient client(addresses, model, w);
       ASSERT_TRUE(client.Register().ok());
       std::vector<float> params(mlp.num_params()), grad(mlp.num_params());
@@ -94,7 +95,8 @@ TEST(SyncIdentityTest, FourWorkersOfBatchBEqualOneWorkerOfBatch4B) {
   std::vector<float> one = TrainSync(1, 4 * kBatch, kSteps, *data);
   double diff = 0, norm = 0, moved = 0;
   std::unique_ptr<Backend> backend = MakeCpuBackend(1);
-  std::vector<float> initial = Mlp({784, 32, 10}, 1, backend.get()).InitialParams(5);
+  std::vector<float> initial =
+      Network(MlpNetwork({784, 32, 10}), 1, backend.get()).InitialParams(5);
   for (size_t i = 0; i < one.size(); ++i) {
     diff += (four[i] - one[i]) * (four[i] - one[i]);
     norm += one[i] * one[i];

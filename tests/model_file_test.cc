@@ -12,7 +12,7 @@
 #include "common/model_spec.h"
 #include "common/safetensors.h"
 #include "tests/run_dir.h"
-#include "worker/mlp.h"
+#include "worker/network.h"
 
 namespace ps {
 namespace {
@@ -46,7 +46,7 @@ TEST(ModelFileTest, HoldsTheFlatVectorUnderTheModelsTensorNamesAndShapes) {
   const std::map<std::string, std::vector<int64_t>> shapes = {
       {"fc1.weight", {4, 3}}, {"fc1.bias", {3}}, {"fc2.weight", {3, 2}}, {"fc2.bias", {2}}};
   ASSERT_EQ(raw->tensors.size(), shapes.size());
-  for (const TensorSlot& slot : MlpTensorSlots({4, 3, 2})) {
+  for (const TensorSlot& slot : TensorSlots(MlpNetwork({4, 3, 2}))) {
     const Safetensors::Tensor& t = raw->tensors.at(slot.name);
     EXPECT_EQ(t.shape, shapes.at(slot.name)) << slot.name;
     EXPECT_EQ(t.data, std::vector<float>(params.begin() + slot.offset,
@@ -96,7 +96,7 @@ TEST(ModelFileTest, WeightsAreInByOutAsTheForwardPassUsesThem) {
     loss += std::log(std::exp(x[0]) + std::exp(x[1])) - x[labels[r]];
   }
   auto backend = MakeCpuBackend(1);
-  Mlp mlp({4, 3, 2}, 8, backend.get());
+  Network mlp(MlpNetwork({4, 3, 2}), 8, backend.get());
   EXPECT_NEAR(mlp.Evaluate(params, inputs.data(), labels.data(), 5).loss, loss / 5, 1e-5);
 }
 
@@ -112,7 +112,7 @@ TEST(ModelFileTest, RefusesAnotherModelAMissingExtraOrMisshapenTensorAndOtherFil
   };
   refusal(ReadModelFile(good, "mlp:4-5-2"), absl::StatusCode::kInvalidArgument,
           "holds model mlp:4-3-2, expected mlp:4-5-2");
-  refusal(ReadModelFile(good, "flat:21"), absl::StatusCode::kInvalidArgument, "not an mlp");
+  refusal(ReadModelFile(good, "flat:21"), absl::StatusCode::kInvalidArgument, "not a network");
   refusal(ReadModelFile(dir + "/missing.safetensors", kModel), absl::StatusCode::kNotFound,
           "cannot open");
 
@@ -156,7 +156,7 @@ TEST(ModelFileTest, RefusesAnotherModelAMissingExtraOrMisshapenTensorAndOtherFil
   refusal(ReadModelFile(good, kModel), absl::StatusCode::kDataLoss, "checksum mismatch");
 }
 
-TEST(ModelFileTest, WritingRefusesAWrongSizeNoVersionsAndModelsThatAreNotMlps) {
+TEST(ModelFileTest, WritingRefusesAWrongSizeNoVersionsAndModelsThatAreNotNetworks) {
   const std::string path = NewRunDir("model_file") + "/model.safetensors";
   EXPECT_EQ(WriteModelFile(path, {kModel, {1}, std::vector<float>(kParams - 1)}).code(),
             absl::StatusCode::kInvalidArgument);

@@ -94,7 +94,7 @@ int Export(const ClientConnection& shards) {
   if (out.empty()) return Fail("psctl export needs --out=FILE");
   const absl::Time start = absl::Now();
   absl::StatusOr<ModelFile> file =
-      ModelFromShards(shards.addresses, MlpSpec(shards.layer_sizes), shards.options);
+      ModelFromShards(shards.addresses, shards.network.ToString(), shards.options);
   if (!file.ok()) return Fail(std::string(file.status().message()));
   absl::StatusOr<std::string> wrote = WriteExport(out, *file, start);
   if (!wrote.ok()) return Fail(std::string(wrote.status().message()));
@@ -122,10 +122,9 @@ int Main(int argc, char** argv) {
   if (!shards.ok()) return Fail(std::string(shards.status().message()));
   if (command == "export") return Export(*shards);
   InstallShutdownHandler();
-  ShardedClient client(
-      shards->addresses,
-      {MlpSpec(shards->layer_sizes), 0, static_cast<int>(shards->addresses.size())},
-      /*worker_id=*/-1, shards->options);
+  ShardedClient client(shards->addresses,
+                       {shards->network.ToString(), 0, static_cast<int>(shards->addresses.size())},
+                       /*worker_id=*/-1, shards->options);
   CancelOnShutdown cancel_on_shutdown(&client);
   return command == "status" ? Status(client, shards->addresses)
                              : Checkpoint(client, shards->addresses);

@@ -4,12 +4,16 @@
 #include "common/cluster.h"
 #include "common/health_server.h"
 #include "common/log.h"
-#include "worker/mlp.h"
+#include "common/network_spec.h"
 
 ABSL_FLAG(std::string, ps, "",
           "Shard addresses in shard order: host:port,host:port,... (a replicated shard: its two "
           "replicas as host:port/host:port).");
 ABSL_FLAG(std::string, hidden, "256,128", "Hidden layer sizes of the MLP (the same everywhere).");
+ABSL_FLAG(std::string, model, "",
+          "The model, when not the --hidden MLP: a spec (mlp:784-256-10, "
+          "cnn:1x28x28-conv32k5-pool2-fc128-10, grammar in common/network_spec.h) or a preset "
+          "(cnn-small, cnn-large). The same everywhere.");
 ABSL_FLAG(double, retry_seconds, 60, "Give up after a shard has been unreachable this long.");
 ABSL_FLAG(int, health_port, -1, "Serve grpc.health.v1 on this port (0: any free one; -1: off).");
 ABSL_FLAG(std::string, health_host, "127.0.0.1",
@@ -69,9 +73,10 @@ absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards) {
     if (!addresses.ok()) return addresses.status();
     c.addresses = *std::move(addresses);
   }
-  absl::StatusOr<std::vector<int>> sizes = MlpLayerSizes(784, absl::GetFlag(FLAGS_hidden), 10);
-  if (!sizes.ok()) return sizes.status();
-  c.layer_sizes = *std::move(sizes);
+  absl::StatusOr<NetworkSpec> network =
+      ResolveModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_hidden));
+  if (!network.ok()) return network.status();
+  c.network = *std::move(network);
   absl::StatusOr<WireType> pull_type = PullTypeFromFlags();
   if (!pull_type.ok()) return pull_type.status();
   c.options.pull_type = *pull_type;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/network_spec.h"
 #include "common/security.h"
 #include "common/wire_type.h"
 #include "worker/sharded_client.h"
@@ -21,7 +22,7 @@ namespace ps {
 // Where the shards are, the model they hold, and how to call them.
 struct ClientConnection {
   std::vector<std::string> addresses;  // --ps, in shard order; empty when not needed
-  std::vector<int> layer_sizes;        // 784, --hidden..., 10
+  NetworkSpec network;                 // --model, else the --hidden MLP
   ClientOptions options;  // credentials, --pull_dtype, --retry_seconds, --shared_memory
 };
 // From the flags; `needs_shards`: --ps must name at least one shard (else it may be empty).

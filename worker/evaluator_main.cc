@@ -18,13 +18,14 @@
 #include "common/cluster_spec.h"
 #include "common/csv_writer.h"
 #include "common/log.h"
+#include "common/model_spec.h"
 #include "common/reflection.h"
 #include "common/shutdown.h"
 #include "kernels/backend.h"
 #include "worker/client_start.h"
 #include "worker/idx_dataset.h"
-#include "worker/mlp.h"
 #include "worker/model_file.h"
+#include "worker/network.h"
 #include "worker/sharded_client.h"
 
 ABSL_FLAG(double, interval_seconds, 2, "Seconds between evaluations.");
@@ -41,23 +42,23 @@ absl::StatusOr<CsvWriter> OpenCsv(const std::string& path) {
                          {"wall_time", "version", "test_loss", "test_accuracy"});
 }
 
-std::vector<std::string> CsvRow(int64_t version, const Mlp::Score& score) {
+std::vector<std::string> CsvRow(int64_t version, const Network::Score& score) {
   return {WallTimeField(), absl::StrCat(version), absl::StrFormat("%.5f", score.loss),
           absl::StrFormat("%.4f", score.accuracy)};
 }
 
 // --model_file: scores the file on the test set, prints the result and appends it to --csv.
 int ScoreModelFile(const ClientStart& started) {
-  const std::vector<int>& sizes = started.connection.layer_sizes;
+  const NetworkSpec& network = started.connection.network;
   const std::string path = absl::GetFlag(FLAGS_model_file);
-  absl::StatusOr<ModelFile> file = ReadModelFile(path, MlpSpec(sizes));
+  absl::StatusOr<ModelFile> file = ReadModelFile(path, network.ToString());
   if (!file.ok()) return Fail(std::string(file.status().message()));
   absl::StatusOr<Examples> test = LoadFashionMnist(started.data_dir, "t10k");
   if (!test.ok()) return Fail(std::string(test.status().message()));
   absl::StatusOr<CsvWriter> csv = OpenCsv(started.csv);
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
-  Mlp mlp(sizes, /*max_batch=*/1000, started.backend.get());
-  Mlp::Score score =
+  Network mlp(network, /*max_batch=*/1000, started.backend.get());
+  Network::Score score =
       mlp.Evaluate(file->params, test->features.data(), test->labels.data(), test->count);
   int64_t version = *std::min_element(file->versions.begin(), file->versions.end());
   csv->Row(CsvRow(version, score));
@@ -89,7 +90,7 @@ int Main(int argc, char** argv) {
 
   absl::StatusOr<Examples> test = LoadFashionMnist(started->data_dir, "t10k");
   if (!test.ok()) return Fail(std::string(test.status().message()));
-  Mlp mlp(shards.layer_sizes, /*max_batch=*/1000, started->backend.get());
+  Network mlp(shards.network, /*max_batch=*/1000, started->backend.get());
   ShardedClient client(
       shards.addresses,
       {mlp.Fingerprint(), mlp.num_params(), static_cast<int>(shards.addresses.size())},
@@ -141,7 +142,7 @@ int Main(int argc, char** argv) {
     }
     int64_t version = versions->Min();
     if (version != last_version) {
-      Mlp::Score score =
+      Network::Score score =
           mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count);
       csv->Row(CsvRow(version, score));
       if (accuracy != nullptr) {

@@ -8,7 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/model_spec.h"
 #include "common/safetensors.h"
-#include "worker/mlp.h"
+#include "worker/network.h"
 
 namespace ps {
 namespace {
@@ -22,9 +22,9 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }  // namespace
 
 absl::Status WriteModelFile(const std::string& path, const ModelFile& file) {
-  absl::StatusOr<std::vector<int>> sizes = ParseMlpSpec(file.model);
-  if (!sizes.ok()) return sizes.status();
-  std::vector<TensorSlot> slots = MlpTensorSlots(*sizes);
+  absl::StatusOr<NetworkSpec> network = ParseNetworkSpec(file.model);
+  if (!network.ok()) return network.status();
+  std::vector<TensorSlot> slots = TensorSlots(*network);
   const int64_t expected = slots.back().offset + slots.back().size;
   if (static_cast<int64_t>(file.params.size()) != expected) {
     return absl::InvalidArgumentError(
@@ -44,8 +44,8 @@ absl::Status WriteModelFile(const std::string& path, const ModelFile& file) {
 
 absl::StatusOr<ModelFile> ReadModelFile(const std::string& path,
                                         const std::string& expected_model) {
-  absl::StatusOr<std::vector<int>> sizes = ParseMlpSpec(expected_model);
-  if (!sizes.ok()) return sizes.status();
+  absl::StatusOr<NetworkSpec> network = ParseNetworkSpec(expected_model);
+  if (!network.ok()) return network.status();
   absl::StatusOr<Safetensors> read = ReadSafetensors(path);
   if (!read.ok()) return read.status();
   auto bad = [&](const std::string& why) { return absl::InvalidArgumentError(path + ": " + why); };
@@ -67,14 +67,15 @@ absl::StatusOr<ModelFile> ReadModelFile(const std::string& path,
     if (!v.is_number_integer()) return bad("metadata 'versions' holds a non-integer");
     file.versions.push_back(v.get<int64_t>());
   }
-  std::vector<TensorSlot> slots = MlpTensorSlots(*sizes);
+  std::vector<TensorSlot> slots = TensorSlots(*network);
   file.params.resize(slots.back().offset + slots.back().size);
   for (const TensorSlot& slot : slots) {
     auto it = read->tensors.find(slot.name);
     if (it == read->tensors.end()) return bad("has no tensor " + slot.name);
     if (it->second.shape != slot.shape) {
       return bad(absl::StrCat(slot.name, " has shape ", ShapeText(it->second.shape), ", expected ",
-                              ShapeText(slot.shape), " (weights are [in, out])"));
+                              ShapeText(slot.shape),
+                              " (weights are [in, out], convolutions [K, K, C_in, C_out])"));
     }
     std::copy(it->second.data.begin(), it->second.data.end(), file.params.begin() + slot.offset);
     read->tensors.erase(it);

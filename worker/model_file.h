@@ -2,7 +2,7 @@
 // for use outside this system: `export_model` writes it, `evaluator --model_file` scores it, and
 // NumPy or PyTorch read it (tools/score_model.py).
 //
-// Tensors, in MlpTensorSlots' order, so the file's data section is the flat parameter vector:
+// Tensors, in TensorSlots(spec) order, so the file's data section is the flat parameter vector:
 //   fc<l>.weight [in, out]  row-major; layer l computes y = x W + b for a row vector x (PyTorch's
 //                           nn.Linear keeps [out, in]: load its weight as W.T)
 //   fc<l>.bias   [out]
@@ -22,7 +22,7 @@ namespace ps {
 struct ModelFile {
   std::string model;              // the spec, "mlp:784-256-128-10"
   std::vector<int64_t> versions;  // of the shards the values came from, in shard order; not empty
-  std::vector<float> params;      // the flat vector, laid out as MlpTensorSlots says
+  std::vector<float> params;      // the flat vector, laid out as TensorSlots(spec) says
 };
 
 // Writes `file` to `path` atomically (see WriteSafetensors). Fails with INVALID_ARGUMENT if

@@ -26,7 +26,7 @@
 #include "worker/client_start.h"
 #include "worker/delay.h"
 #include "worker/idx_dataset.h"
-#include "worker/mlp.h"
+#include "worker/network.h"
 #include "worker/sharded_client.h"
 
 ABSL_FLAG(int, rank, 0, "This worker's rank r in [0, num_workers); rank 0 initialises the model.");
@@ -153,7 +153,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Examples> data = LoadFashionMnist(started->data_dir, "train", &slice);
   if (!data.ok()) return Fail(std::string(data.status().message()));
   Backend* backend = started->backend.get();
-  Mlp mlp(shards.layer_sizes, batch, backend);
+  Network mlp(shards.network, batch, backend);
 
   ClientOptions options = shards.options;
   options.push_type = *push_type;

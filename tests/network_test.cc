@@ -1,6 +1,7 @@
-// The model's tests run on every backend this machine has: the CPU always, and CUDA (GPU 0) where
-// the build has it and a GPU is there; none of them skips. MlpOnCudaTest compares the two.
-#include "worker/mlp.h"
+// The network's tests (MLPs and CNNs) run on every backend this machine has: the CPU always, and
+// CUDA (GPU 0) where the build has it and a GPU is there; none of them skips. MlpOnCudaTest
+// compares the two. Also the model spec grammar (common/network_spec.h).
+#include "worker/network.h"
 
 #include <gtest/gtest.h>
 
@@ -8,9 +9,12 @@
 #include <iostream>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "common/model_spec.h"
 #include "tests/scoped_env.h"
 
 namespace ps {
@@ -23,7 +27,7 @@ std::vector<std::string> AvailableBackends() {
   return names;
 }
 
-class MlpOnBackendTest : public ::testing::TestWithParam<std::string> {
+class NetworkOnBackendTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     absl::StatusOr<std::unique_ptr<Backend>> made = MakeBackend(GetParam(), 1);
@@ -36,14 +40,14 @@ class MlpOnBackendTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<Backend> backend_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Backends, MlpOnBackendTest, ::testing::ValuesIn(AvailableBackends()),
+INSTANTIATE_TEST_SUITE_P(Backends, NetworkOnBackendTest, ::testing::ValuesIn(AvailableBackends()),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });
 
 TEST(MlpTest, LayoutNamesAndOffsets) {
   auto backend = MakeCpuBackend(1);
-  Mlp mlp({784, 256, 128, 10}, 8, backend.get());
+  Network mlp(MlpNetwork({784, 256, 128, 10}), 8, backend.get());
   EXPECT_EQ(mlp.num_params(), 784 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10);
   EXPECT_EQ(mlp.Fingerprint(), "mlp:784-256-128-10");
   ASSERT_EQ(mlp.tensors().size(), 6u);
@@ -55,7 +59,7 @@ TEST(MlpTest, LayoutNamesAndOffsets) {
 
 TEST(MlpTest, HeInitialisationIsSeededAndScaled) {
   auto backend = MakeCpuBackend(1);
-  Mlp mlp({784, 256, 10}, 8, backend.get());
+  Network mlp(MlpNetwork({784, 256, 10}), 8, backend.get());
   std::vector<float> a = mlp.InitialParams(7), b = mlp.InitialParams(7), c = mlp.InitialParams(8);
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
@@ -67,9 +71,9 @@ TEST(MlpTest, HeInitialisationIsSeededAndScaled) {
 
 // Each loss_at() call uploads new parameters into a step that, on CUDA, replays one recorded
 // graph: the differences only come out right if every replay computes on the current values.
-TEST_P(MlpOnBackendTest, GradientMatchesFiniteDifferences) {
+TEST_P(NetworkOnBackendTest, GradientMatchesFiniteDifferences) {
   const int rows = 5;
-  Mlp mlp({6, 5, 4, 3}, rows, backend());
+  Network mlp(MlpNetwork({6, 5, 4, 3}), rows, backend());
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0, 1);
   std::vector<float> params = mlp.InitialParams(11), inputs(rows * 6);
@@ -93,13 +97,109 @@ TEST_P(MlpOnBackendTest, GradientMatchesFiniteDifferences) {
   }
 }
 
-TEST_P(MlpOnBackendTest, EvaluateCountsAccuracyOverBatches) {
-  Mlp mlp({2, 2}, 3, backend());  // softmax regression; 7 rows = 3 batches
+// A CNN with every kind of layer (same-padded and strided convolutions, pooling, dense layers):
+// its gradient against finite differences, parameter by parameter.
+TEST_P(NetworkOnBackendTest, CnnGradientMatchesFiniteDifferences) {
+  const int rows = 4;
+  absl::StatusOr<NetworkSpec> spec = ParseNetworkSpec("cnn:2x6x5-conv3k3-pool2-conv4k3s2p1-fc5-3");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  Network net(*spec, rows, backend());
+  ASSERT_EQ(net.num_params(),
+            (9 * 2 * 3 + 3) + (9 * 3 * 4 + 4) + (2 * 1 * 4 * 5 + 5) + (5 * 3 + 3));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> params = net.InitialParams(13), inputs(rows * 6 * 5 * 2);
+  for (float& p : params) p += 0.1f * normal(rng);
+  for (float& x : inputs) x = normal(rng);
+  std::vector<int32_t> labels = {2, 0, 1, 2};
+  std::vector<float> grad(net.num_params()), scratch(net.num_params());
+  net.Gradient(params, inputs.data(), labels.data(), rows, absl::MakeSpan(grad));
+  auto loss_at = [&](const std::vector<float>& p) {
+    return net.Gradient(p, inputs.data(), labels.data(), rows, absl::MakeSpan(scratch));
+  };
+  const float eps = 1e-3f;  // small enough not to cross a ReLU kink or change a tile's maximum
+  for (int64_t i = 0; i < net.num_params(); ++i) {
+    std::vector<float> plus = params, minus = params;
+    plus[i] += eps;
+    minus[i] -= eps;
+    double numeric = (static_cast<double>(loss_at(plus)) - loss_at(minus)) / (2 * eps);
+    EXPECT_NEAR(grad[i], numeric, 2e-3 + 2e-2 * std::abs(numeric)) << "parameter " << i;
+  }
+  // Evaluate scores the same loss as the training step.
+  Network::Score score = net.Evaluate(params, inputs.data(), labels.data(), rows);
+  EXPECT_NEAR(score.loss, loss_at(params), 1e-5);
+}
+
+TEST(NetworkSpecTest, SpecsParseToTheirCanonicalForm) {
+  for (auto [spec, canonical, params] : std::vector<std::tuple<std::string, std::string, int64_t>>{
+           {"mlp:784-256-128-10", "mlp:784-256-128-10", 784 * 256 + 256 + 256 * 128 + 128 + 1290},
+           {"cnn:1x28x28-conv32k5-pool2-conv64k5-pool2-fc128-10",
+            "cnn:1x28x28-conv32k5-pool2-conv64k5-pool2-fc128-10",
+            (25 * 32 + 32) + (25 * 32 * 64 + 64) + (7 * 7 * 64 * 128 + 128) + (128 * 10 + 10)},
+           {"cnn:1x28x28-conv8k3s1p1-10", "cnn:1x28x28-conv8k3-10",
+            9 * 8 + 8 + 28 * 28 * 8 * 10 + 10},
+           {"cnn:3x8x8-conv4-conv4k2s2p0-10", "cnn:3x8x8-conv4k3-conv4k2s2p0-10",
+            (27 * 4 + 4) + (16 * 4 + 4) + (4 * 4 * 4 * 10 + 10)}}) {
+    absl::StatusOr<NetworkSpec> parsed = ParseNetworkSpec(spec);
+    ASSERT_TRUE(parsed.ok()) << spec << ": " << parsed.status();
+    EXPECT_EQ(parsed->ToString(), canonical);
+    EXPECT_EQ(parsed->num_params(), params) << spec;
+    ASSERT_TRUE(ParseNetworkSpec(canonical).ok());
+    EXPECT_EQ(ParseNetworkSpec(canonical)->ToString(), canonical);
+    EXPECT_EQ(ParseModelSpec(spec, 1)->total_params, params) << "the shard's count agrees";
+  }
+  EXPECT_EQ(ParseModelSpec("cnn:1x28x28-conv8k3s1p1-10", 1)->fingerprint, "cnn:1x28x28-conv8k3-10")
+      << "a shard compares canonical fingerprints";
+  EXPECT_EQ(MlpNetwork({784, 256, 128, 10}).ToString(), "mlp:784-256-128-10");
+  EXPECT_EQ(MlpNetwork({4, 3, 2}).num_params(), ParseNetworkSpec("mlp:4-3-2")->num_params());
+}
+
+TEST(NetworkSpecTest, BadSpecsNameTheProblem) {
+  for (auto [spec, why] : std::vector<std::pair<std::string, std::string>>{
+           {"cnn:1x28x28-conv32k5-relu-10", "unknown layer 'relu'"},
+           {"cnn:1x28x28-fc10-conv8-10", "is not convO[kK][sS][pP] before the dense layers"},
+           {"cnn:1x28x28-fc10-pool2-10", "is not poolN before the dense layers"},
+           {"cnn:1x4x4-conv8k9p0-10", "kernel larger than its input 4x4"},
+           {"cnn:1x4x4-pool8-10", "window larger than its input 4x4"},
+           {"cnn:28x28-conv8-10", "input '28x28' is not CxHxW"},
+           {"cnn:1x28x28", "no classes"},
+           {"cnn:1x28x28-conv0-10", "is not convO"},
+           {"cnn:1x28x28-convk3-10", "is not convO"},
+           {"cnn:1x28x28-conv8k3x-10", "is not convO"},
+           {"mlp:784-0-10", "is not a positive number"},
+           {"rnn:1-2", "not a network"},
+           {"flat:21", "not a network"},
+           {"cnn:1x65536x65536-conv1024-10", "wider than 2^31 - 1"}}) {
+    absl::StatusOr<NetworkSpec> parsed = ParseNetworkSpec(spec);
+    ASSERT_FALSE(parsed.ok()) << spec;
+    EXPECT_NE(std::string(parsed.status().message()).find(why), std::string::npos)
+        << spec << ": " << parsed.status();
+  }
+}
+
+TEST(NetworkSpecTest, TensorsAreLaidOutLayerByLayer) {
+  std::vector<TensorSlot> slots = TensorSlots(*ParseNetworkSpec("cnn:1x8x8-conv4k3-pool2-fc6-10"));
+  std::vector<std::pair<std::string, std::vector<int64_t>>> want = {
+      {"conv1.weight", {3, 3, 1, 4}}, {"conv1.bias", {4}},
+      {"fc1.weight", {64, 6}},        {"fc1.bias", {6}},
+      {"fc2.weight", {6, 10}},        {"fc2.bias", {10}}};
+  ASSERT_EQ(slots.size(), want.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < slots.size(); ++i) {
+    EXPECT_EQ(slots[i].name, want[i].first);
+    EXPECT_EQ(slots[i].shape, want[i].second);
+    EXPECT_EQ(slots[i].offset, offset);
+    offset += slots[i].size;
+  }
+}
+
+TEST_P(NetworkOnBackendTest, EvaluateCountsAccuracyOverBatches) {
+  Network mlp(MlpNetwork({2, 2}), 3, backend());  // softmax regression; 7 rows = 3 batches
   // Weights pick class 0 when x0 > x1.
   std::vector<float> params = {10, -10, -10, 10, 0, 0};
   std::vector<float> inputs = {1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0};
   std::vector<int32_t> labels = {0, 1, 0, 1, 0, 0, 0};  // the 6th is wrong
-  Mlp::Score s = mlp.Evaluate(params, inputs.data(), labels.data(), 7);
+  Network::Score s = mlp.Evaluate(params, inputs.data(), labels.data(), 7);
   EXPECT_NEAR(s.accuracy, 6.0 / 7.0, 1e-9);
   EXPECT_NEAR(s.loss, 20.0 / 7.0, 1e-3);  // one example at loss ~20, the rest ~0
 }
@@ -119,9 +219,9 @@ TEST(MlpTest, LayerSizesFromASpecInvertMlpSpec) {
   EXPECT_FALSE(ParseMlpSpec("mlp:3000000000-2").ok());  // wider than an int
 }
 
-TEST_P(MlpOnBackendTest, GradientOfExamplesGathersTheSameBatch) {
+TEST_P(NetworkOnBackendTest, GradientOfExamplesGathersTheSameBatch) {
   const int rows = 4, count = 9;
-  Mlp mlp({6, 5, 3}, rows, backend());
+  Network mlp(MlpNetwork({6, 5, 3}), rows, backend());
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0, 1);
   std::vector<float> features(count * 6);
@@ -163,7 +263,7 @@ TEST(MlpOnCudaTest, GradientMatchesTheCpu) {
   const std::vector<int> sizes = {784, 256, 128, 10};
   const int rows = 256;
   auto cpu = MakeCpuBackend(1);
-  Mlp reference(sizes, rows, cpu.get());
+  Network reference(MlpNetwork(sizes), rows, cpu.get());
   std::mt19937 rng(17);
   std::uniform_real_distribution<float> pixel(0, 1);
   std::vector<float> inputs(rows * sizes[0]);
@@ -181,7 +281,7 @@ TEST(MlpOnCudaTest, GradientMatchesTheCpu) {
     ScopedEnv env("PS_CUDA_MATH", math);
     absl::StatusOr<std::unique_ptr<Backend>> gpu = MakeBackend("cuda", 1);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
-    Mlp mlp(sizes, rows, gpu->get());
+    Network mlp(MlpNetwork(sizes), rows, gpu->get());
     std::vector<float> got(mlp.num_params());
     const float loss =
         mlp.Gradient(params, inputs.data(), labels.data(), rows, absl::MakeSpan(got));

@@ -1,6 +1,7 @@
-// A multilayer perceptron (ReLU hidden layers, softmax cross-entropy) written once against the
-// Backend interface. Its parameters are one flat float vector laid out tensor by tensor as
-// MlpTensorSlots says: fc1.weight [in, h1], fc1.bias [h1], fc2.weight [h1, h2], ... Not
+// A feed-forward network (common/network_spec.h: dense layers, or convolutions and max-pooling
+// followed by dense layers; ReLU; softmax cross-entropy) written once against the Backend
+// interface: an MLP is the network of dense layers only. Its parameters are one flat float vector
+// laid out as TensorSlots(spec) says. Activations are NHWC; a convolution is Im2Col + Gemm. Not
 // thread-safe.
 //
 // A training step waits on the backend once: the parameters go up, the kernels run (on CUDA, as
@@ -17,39 +18,27 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/model_spec.h"
+#include "common/network_spec.h"
 #include "kernels/backend.h"
 
 namespace ps {
 
-// A named tensor inside the flat parameter vector.
-struct TensorSlot {
-  std::string name;
-  std::vector<int64_t> shape;
-  int64_t offset = 0;
-  int64_t size = 0;
-};
-
-// The flat layout of an MLP with layer_sizes = {inputs, hidden..., classes}: for each layer l
-// (from 1), "fcl.weight" [in, out] row-major (out varies fastest: a layer computes x W + b, with
-// x a row vector), then "fcl.bias" [out]; tensors back to back from offset 0.
-// REQUIRES: at least two sizes, all positive.
-std::vector<TensorSlot> MlpTensorSlots(const std::vector<int>& layer_sizes);
-
-class Mlp {
+class Network {
  public:
-  // layer_sizes = {inputs, hidden..., classes}, e.g. {784, 256, 128, 10}. `max_batch` bounds the
-  // rows of any later call. REQUIRES: at least two sizes, all positive; backend outlives this.
-  Mlp(std::vector<int> layer_sizes, int max_batch, Backend* backend);
+  // `max_batch` bounds the rows of any later call. REQUIRES: spec from ParseNetworkSpec; backend
+  // outlives this.
+  Network(NetworkSpec spec, int max_batch, Backend* backend);
 
+  const NetworkSpec& spec() const { return spec_; }
   const std::vector<TensorSlot>& tensors() const { return tensors_; }
   int64_t num_params() const { return num_params_; }
-  int num_inputs() const { return sizes_.front(); }
-  int num_classes() const { return sizes_.back(); }
+  int num_inputs() const { return static_cast<int>(spec_.input_size()); }
+  int num_classes() const { return spec_.classes(); }
   // Identifies the architecture on the wire, e.g. "mlp:784-256-128-10".
-  std::string Fingerprint() const;
+  std::string Fingerprint() const { return spec_.ToString(); }
 
-  // He-normal weights (std = sqrt(2 / fan_in)) and zero biases, from `seed`.
+  // He-normal weights (std = sqrt(2 / fan_in), fan_in = K*K*C_in for a convolution) and zero
+  // biases, from `seed`.
   std::vector<float> InitialParams(uint64_t seed) const;
 
   // Mean loss of a minibatch; writes d(loss)/d(params) to `grad` (num_params() floats).
@@ -76,7 +65,7 @@ class Mlp {
 
  private:
   // Queues the forward pass on `rows` rows already in inputs_ and labels_, its loss summary into
-  // loss_ and, if want_grad, d(loss)/d(logits) into delta_a_.
+  // loss_ and, if want_grad, d(loss)/d(logits) into the delta buffer QueueBackward starts from.
   void QueueForward(int rows, bool want_grad);
   // Queues the backward pass after QueueForward(rows, true): the gradient into grad_.
   void QueueBackward(int rows);
@@ -85,20 +74,24 @@ class Mlp {
   // Downloads the loss summary, waits for everything queued, and returns the summary; aborts
   // naming the row (first_row + the batch's row) when a label was out of range.
   Backend::LossSummary Finish(int64_t first_row = 0);
-  const float* Weight(int layer) const;
-  const float* Bias(int layer) const;
+  // Layer l's input: the network's input or layer l-1's output.
+  const float* Input(int l) const;
+  Backend::ConvShape ConvShapeOf(int l, int rows) const;
 
-  std::vector<int> sizes_;
+  NetworkSpec spec_;
   int max_batch_;
   Backend* backend_;
   std::vector<TensorSlot> tensors_;
+  std::vector<int> slot_of_;  // [l] = index in tensors_ of layer l's weight (-1: pooling)
   int64_t num_params_ = 0;
   DeviceBuffer<float> params_, grad_, inputs_;
   DeviceBuffer<int32_t> labels_, batch_index_;
   DeviceBuffer<float> train_features_;  // SetTrainingSet's copy
   DeviceBuffer<int32_t> train_labels_;
-  std::vector<DeviceBuffer<float>> activations_;  // [l] = output of layer l, [rows, sizes_[l+1]]
-  DeviceBuffer<float> delta_a_, delta_b_;         // backward scratch, [rows, max width]
+  std::vector<DeviceBuffer<float>> activations_;  // [l] = output of layer l, [rows, out_size]
+  std::vector<DeviceBuffer<int32_t>> argmax_;     // [l] = pooling layer l's argmax, else empty
+  DeviceBuffer<float> cols_;                      // Im2Col scratch, the widest convolution's
+  DeviceBuffer<float> delta_a_, delta_b_;         // backward scratch, [rows, widest activation]
   DeviceBuffer<Backend::LossSummary> loss_;
   HostBuffer<Backend::LossSummary> loss_host_;
   HostBuffer<int32_t> index_staging_;  // GradientOfExamples' indices, [max_batch], pinned
