@@ -166,5 +166,20 @@ TEST(ModelFileTest, WritingRefusesAWrongSizeNoVersionsAndModelsThatAreNotNetwork
             absl::StatusCode::kInvalidArgument);
 }
 
+// A CNN's file holds its convolutions as [K, K, C_in, C_out] and reads back bit-identical.
+TEST(ModelFileTest, ACnnRoundTrips) {
+  const std::string path = NewRunDir("model_file") + "/cnn.safetensors";
+  const std::string model = "cnn:1x8x8-conv4k3-pool2-fc6-10";
+  const int64_t params = ParseNetworkSpec(model)->num_params();
+  const std::vector<float> values = RandomParams(params, 9);
+  ASSERT_TRUE(WriteModelFile(path, {model, {3, 4}, values}).ok());
+  absl::StatusOr<ModelFile> read = ReadModelFile(path, model);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->params, values);
+  EXPECT_EQ(read->versions, (std::vector<int64_t>{3, 4}));
+  absl::StatusOr<ModelFile> other = ReadModelFile(path, "cnn:1x8x8-conv4k5-pool2-fc6-10");
+  EXPECT_FALSE(other.ok());
+}
+
 }  // namespace
 }  // namespace ps
