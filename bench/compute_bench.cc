@@ -12,10 +12,11 @@
 // ends by waiting for the backend's stream. The ceiling's Gemm calls return before the GPU has
 // run them, so each timed sample is N Gemm calls followed by a 4-byte CopyToHost, which waits.
 //
-// FLOPs. Counted as 2*m*n*k per GEMM, over the GEMMs Mlp issues: per layer l (in -> out) one
-// forward GEMM (batch x out x in), one weight-gradient GEMM (in x out x batch) and, for every
-// layer but the first, one input-gradient GEMM (batch x in x out). Bias, ReLU, softmax and copies
-// are not counted, so achieved/ceiling also shows what they and the transfers cost.
+// FLOPs. Counted as 2*m*n*k per GEMM, over the GEMMs the network issues: per dense or conv layer
+// one forward GEMM (batch x out x in; a convolution's rows are batch x output pixels and its
+// inputs K*K*C_in), one weight-gradient GEMM and, for every layer but the first, one
+// input-gradient GEMM of the same size. Im2col, pooling, bias, ReLU, softmax and copies are not
+// counted, so achieved/ceiling also shows what they and the transfers cost.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -36,6 +37,7 @@
 #include "absl/time/time.h"
 #include "common/csv_writer.h"
 #include "common/log.h"
+#include "common/network_spec.h"
 #include "kernels/backend.h"
 #include "worker/batch_sampler.h"
 #include "worker/network.h"
@@ -48,8 +50,10 @@ ABSL_FLAG(double, budget_seconds, 10,
           "Time each config for about this long: fewer than --iters steps when a step is slow "
           "(at least 3).");
 ABSL_FLAG(std::vector<std::string>, configs,
-          std::vector<std::string>({"784-256-128-10:256", "784-4096-4096-10:1024"}),
-          "Models and batch sizes, each LAYERS:BATCH with LAYERS = inputs-hidden...-classes.");
+          std::vector<std::string>({"784-256-128-10:256", "784-4096-4096-10:1024", "cnn-small:64",
+                                    "cnn-large:64"}),
+          "Models and batch sizes, each MODEL:BATCH with MODEL = inputs-hidden...-classes (an "
+          "MLP), a spec or a preset (common/network_spec.h).");
 ABSL_FLAG(std::string, csv, "",
           "Append one row per config here (bench,device,config,batch,ms,samples_per_s,gflops,"
           "ceiling_gflops,ratio).");
@@ -59,40 +63,44 @@ namespace ps {
 namespace {
 
 struct Config {
-  std::string name;  // the layer sizes, e.g. "784-256-128-10"
-  std::vector<int> sizes;
+  std::string name;  // the model as given, e.g. "784-256-128-10" or "cnn-small"
+  NetworkSpec network;
   int batch = 0;
 };
 
 absl::StatusOr<Config> ParseConfig(const std::string& text) {
-  std::vector<std::string> parts = absl::StrSplit(text, ':');
+  const size_t colon = text.rfind(':');
   Config c;
-  if (parts.size() != 2 || !absl::SimpleAtoi(parts[1], &c.batch) || c.batch <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("bad --configs entry '", text,
-                                                   "': expected LAYERS:BATCH like 784-256-10:256"));
-  }
-  for (absl::string_view s : absl::StrSplit(parts[0], '-')) {
-    int size = 0;
-    if (!absl::SimpleAtoi(s, &size) || size <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad layer size '", s, "' in --configs entry '", text, "'"));
-    }
-    c.sizes.push_back(size);
-  }
-  if (c.sizes.size() < 2) {
+  if (colon == std::string::npos || !absl::SimpleAtoi(text.substr(colon + 1), &c.batch) ||
+      c.batch <= 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--configs entry '", text, "' needs at least inputs and classes"));
+        absl::StrCat("bad --configs entry '", text, "': expected MODEL:BATCH like 784-256-10:256"));
   }
-  c.name = parts[0];
+  c.name = text.substr(0, colon);
+  // Bare layer sizes are an MLP; anything else a spec or preset (common/network_spec.h).
+  const bool layers = c.name.find_first_not_of("0123456789-") == std::string::npos;
+  absl::StatusOr<NetworkSpec> network = ResolveModel(layers ? "mlp:" + c.name : c.name, "");
+  if (!network.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--configs entry '", text, "': ", network.status().message()));
+  }
+  c.network = *std::move(network);
   return c;
 }
 
 // FLOPs of the GEMMs of one Network::Gradient call (see the file comment).
-double StepFlops(const std::vector<int>& sizes, int batch) {
+double StepFlops(const NetworkSpec& network, int batch) {
   double flops = 0;
-  for (size_t l = 0; l + 1 < sizes.size(); ++l) {
-    double layer = 2.0 * batch * sizes[l] * sizes[l + 1];
-    flops += (l == 0 ? 2 : 3) * layer;
+  for (size_t l = 0; l < network.layers.size(); ++l) {
+    const LayerSpec& layer = network.layers[l];
+    double product = 0;  // 2 m n k of the forward GEMM
+    if (layer.kind == LayerSpec::Kind::kDense) {
+      product = 2.0 * batch * layer.in_size() * layer.size;
+    } else if (layer.kind == LayerSpec::Kind::kConv) {
+      product = 2.0 * batch * layer.out_height * layer.out_width * layer.kernel * layer.kernel *
+                layer.in_channels * layer.size;
+    }
+    flops += (l == 0 ? 2 : 3) * product;
   }
   return flops;
 }
@@ -146,7 +154,7 @@ struct Result {
 };
 
 Result RunConfig(Backend* backend, const Config& config, uint64_t seed) {
-  Network mlp(MlpNetwork(config.sizes), config.batch, backend);
+  Network mlp(config.network, config.batch, backend);
   std::mt19937_64 rng(seed);
   // A training set of 8 batches (at least 4096 examples), held in backend memory.
   const int64_t count = std::max<int64_t>(4096, 8 * config.batch);
@@ -199,7 +207,7 @@ Result RunConfig(Backend* backend, const Config& config, uint64_t seed) {
   double seconds = Median(times);
   r.ms = seconds * 1e3;
   r.samples_per_s = config.batch / seconds;
-  r.gflops = StepFlops(config.sizes, config.batch) / seconds / 1e9;
+  r.gflops = StepFlops(config.network, config.batch) / seconds / 1e9;
   r.copy_ms = Median(copies) * 1e3;
   r.params = mlp.num_params();
   return r;
@@ -273,7 +281,7 @@ int Main(int argc, char** argv) {
         "  %s: params upload + gradient download alone %.3f ms (%.1f GB/s), %.0f%% of the step; "
         "%.3f GFLOP/step",
         config.name, r.copy_ms, 2.0 * 4 * r.params / (r.copy_ms * 1e-3) / 1e9,
-        100 * r.copy_ms / r.ms, StepFlops(config.sizes, config.batch) / 1e9));
+        100 * r.copy_ms / r.ms, StepFlops(config.network, config.batch) / 1e9));
     if (csv) {
       csv->Row({"compute_bench", device, config.name, absl::StrCat(config.batch),
                 absl::StrFormat("%.4f", r.ms), absl::StrFormat("%.1f", r.samples_per_s),

@@ -53,7 +53,7 @@ absl::StatusOr<NetworkSpec> ParseNetworkSpec(const std::string& spec);
 
 // Named models for Fashion-MNIST (28 x 28 grey images, 10 classes), usable wherever a spec is:
 //   cnn-small  cnn:1x28x28-conv16k5-pool2-conv32k5-pool2-fc128-10     (215k parameters)
-//   cnn-large  cnn:1x28x28-conv32k3-conv32k3-pool2-conv64k3-conv64k3-pool2-fc256-10 (880k)
+//   cnn-large  cnn:1x28x28-conv32k3-conv32k3-pool2-conv64k3-conv64k3-pool2-fc256-10 (871k)
 // The network a job trains, from a --model flag (a spec or a preset name) or, when that is
 // empty, from --hidden (an MLP from Fashion-MNIST's 784 inputs to its 10 classes). Fails as
 // ParseNetworkSpec does, or naming a bad --hidden entry.
