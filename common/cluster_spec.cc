@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "common/cluster.h"
 #include "common/model_spec.h"
+#include "common/network_spec.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, cluster, "",
@@ -26,6 +27,11 @@ ABSL_FLAG(std::string, role, "",
 
 namespace ps {
 namespace {
+
+// The canonical spec of the job's model.
+std::string ModelOf(const ClusterSpec& spec) {
+  return spec.model.empty() ? MlpSpec(*MlpLayerSizes(784, spec.hidden, 10)) : spec.model;
+}
 
 using Json = nlohmann::json;
 
@@ -93,8 +99,8 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
   Json root = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return Bad("not valid JSON");
   if (!root.is_object()) return Bad("the top level must be an object");
-  static const std::set<std::string> kKeys = {"hidden", "shards",    "workers", "ps",
-                                              "worker", "evaluator", "security"};
+  static const std::set<std::string> kKeys = {"hidden", "model",  "shards",    "workers",
+                                              "ps",     "worker", "evaluator", "security"};
   for (const auto& [key, value] : root.items()) {
     if (kKeys.count(key) == 0) {
       return Bad(
@@ -120,6 +126,15 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
       return Bad("\"hidden\": " + std::string(s.message()));
     }
   }
+  if (root.contains("model")) {
+    if (root.contains("hidden")) return Bad("give \"model\" or \"hidden\", not both");
+    if (!root["model"].is_string()) {
+      return Bad("\"model\" must be a spec or preset string (common/network_spec.h)");
+    }
+    absl::StatusOr<NetworkSpec> network = ResolveModel(root["model"].get<std::string>(), "");
+    if (!network.ok()) return Bad("\"model\": " + std::string(network.status().message()));
+    spec.model = network->ToString();
+  }
   if (!root.contains("shards") || !root["shards"].is_array() || root["shards"].empty()) {
     return Bad("\"shards\" must be a non-empty array of \"host:port\" (or \"a:port/b:port\")");
   }
@@ -144,15 +159,15 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
   // Flags the spec derives itself for each role: a section may not set them.
   static const std::map<std::string, std::set<std::string>> kDerived = {
       {"ps", {"shard_index", "num_shards", "num_workers", "model", "port", "peer", "replica"}},
-      {"worker", {"ps", "rank", "num_workers", "hidden"}},
-      {"evaluator", {"ps", "hidden"}}};
+      {"worker", {"ps", "rank", "num_workers", "hidden", "model"}},
+      {"evaluator", {"ps", "hidden", "model"}}};
   for (const char* role : {"ps", "worker", "evaluator"}) {
     if (!root.contains(role)) continue;
     if (!root[role].is_object()) return Bad(absl::StrCat("\"", role, "\" must be an object"));
     for (const auto& [name, value] : root[role].items()) {
       if (kDerived.at(role).count(name) > 0) {
         return Bad(absl::StrCat(role, ".", name,
-                                " comes from the spec itself (shards, workers, hidden, the role)"));
+                                " comes from the spec itself (shards, workers, model, the role)"));
       }
       absl::StatusOr<std::string> text = ScalarText(value, absl::StrCat(role, ".", name));
       if (!text.ok()) return text.status();
@@ -228,7 +243,9 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
                      program == "ps" || program == "worker" ? program + ":N" : program, ")"));
   }
   std::vector<std::string> flags;
-  const std::string model_sizes = spec.hidden;
+  // The clients get the model as the spec gave it: --model, or the MLP's --hidden sizes.
+  const std::string model_flag =
+      spec.model.empty() ? "--hidden=" + spec.hidden : "--model=" + spec.model;
   const int shards = static_cast<int>(spec.shards.size());
   if (program == "ps") {
     std::string index_text = colon == std::string::npos ? "" : role.substr(colon + 1);
@@ -259,7 +276,7 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
     flags = {absl::StrCat("--shard_index=", shard),
              absl::StrCat("--num_shards=", shards),
              absl::StrCat("--num_workers=", spec.workers),
-             absl::StrCat("--model=", MlpSpec(*MlpLayerSizes(784, model_sizes, 10))),
+             "--model=" + ModelOf(spec),
              "--host=" + host,
              "--port=" + port};
     if (replicas.size() == 2) {
@@ -274,12 +291,12 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
           absl::StrCat("role '", role, "': the spec has workers 0..", spec.workers - 1));
     }
     flags = {"--ps=" + absl::StrJoin(spec.shards, ","), absl::StrCat("--rank=", rank),
-             absl::StrCat("--num_workers=", spec.workers), "--hidden=" + model_sizes};
+             absl::StrCat("--num_workers=", spec.workers), model_flag};
   } else if (program == "evaluator" || program == "export_model" || program == "psctl") {
     if (role != program) {
       return absl::InvalidArgumentError("role '" + role + "': expected " + program);
     }
-    flags = {"--ps=" + absl::StrJoin(spec.shards, ","), "--hidden=" + model_sizes};
+    flags = {"--ps=" + absl::StrJoin(spec.shards, ","), model_flag};
   } else {
     return absl::InvalidArgumentError("no cluster-spec role for program " + program);
   }
@@ -311,9 +328,9 @@ absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::
   absl::StatusOr<std::vector<std::string>> flags = FlagsForRole(*spec, program, role);
   if (!flags.ok()) return flags.status();
   out.args.insert(out.args.begin() + 1, flags->begin(), flags->end());
-  out.summary = absl::StrCat(
-      role, " of ", path, " (", spec->shards.size(), " shard(s), ", spec->workers, " worker(s), ",
-      MlpSpec(*MlpLayerSizes(784, spec->hidden, 10)), "): ", absl::StrJoin(*flags, " "));
+  out.summary =
+      absl::StrCat(role, " of ", path, " (", spec->shards.size(), " shard(s), ", spec->workers,
+                   " worker(s), ", ModelOf(*spec), "): ", absl::StrJoin(*flags, " "));
   return out;
 }
 

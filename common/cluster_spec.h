@@ -5,7 +5,8 @@
 // own, so any flag given on the command line overrides the file.
 //
 //   {
-//     "hidden": "256,128",                     MLP hidden sizes (the model: mlp:784-...-10)
+//     "hidden": "256,128",                     MLP hidden sizes (the model: mlp:784-...-10), or
+//     "model": "cnn-small",                    a model spec or preset (common/network_spec.h)
 //     "shards": ["h1:50051", "h2:50051/h3:50051"],   in shard order; "a/b": two replicas
 //     "workers": 4,
 //     "ps": {"consistency": "async", "optimizer": "momentum", "lr": 0.01},   flags of every ps
@@ -30,6 +31,7 @@ namespace ps {
 
 struct ClusterSpec {
   std::string hidden = "256,128";
+  std::string model;                // canonical spec from "model"; empty: the MLP of `hidden`
   std::vector<std::string> shards;  // entries as ParseShardAddresses gives them
   int workers = 0;
   // Per-role flags, by role kind ("ps", "worker", "evaluator"): name -> value.

@@ -74,6 +74,21 @@ TEST(ClusterSpecTest, EachRoleGetsItsFlags) {
   EXPECT_FALSE(Has(*exporter, "--batch_size=32"));  // no daemon section of its own
 }
 
+// "model" names a CNN (a preset here): the shards get its canonical spec, the clients --model.
+TEST(ClusterSpecTest, AModelSpecReachesEveryRole) {
+  absl::StatusOr<ClusterSpec> spec =
+      ParseClusterSpec(R"({"model": "cnn-small", "shards": ["127.0.0.1:5001"], "workers": 2})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const std::string model = "--model=cnn:1x28x28-conv16k5-pool2-conv32k5-pool2-fc128-10";
+  EXPECT_TRUE(Has(*FlagsForRole(*spec, "ps", "ps:0"), model));
+  const std::vector<std::string> worker = *FlagsForRole(*spec, "worker", "worker:1");
+  EXPECT_TRUE(Has(worker, model));
+  EXPECT_TRUE(Has(*FlagsForRole(*spec, "evaluator", "evaluator"), model));
+  for (const std::string& flag : worker) {
+    EXPECT_NE(flag.rfind("--hidden", 0), 0u) << "no --hidden beside --model";
+  }
+}
+
 TEST(ClusterSpecTest, EveryRoleIsDescribedOnALineOfItsOwn) {
   absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(kSpec);
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -103,6 +118,11 @@ TEST(ClusterSpecTest, BadSpecsAndRolesAreRefusedWithAReason) {
            {"{" + shards + R"(, "workers": 2, "wrokers": 3})", "unknown key \"wrokers\""},
            {"{" + shards + R"(, "workers": 2, "hidden": "64,x"})", "\"hidden\""},
            {"{" + shards + R"(, "workers": 2, "ps": {"lr": [1]}})", "ps.lr must be"},
+           {"{" + shards + R"(, "workers": 2, "model": "cnn:1x28x28-fc8-pool2-10"})",
+            "\"model\": bad model spec"},
+           {"{" + shards + R"(, "workers": 2, "model": "cnn-small", "hidden": "8"})", "not both"},
+           {"{" + shards + R"(, "workers": 2, "worker": {"model": "cnn-small"}})",
+            "worker.model comes from the spec itself"},
            {"{" + shards + R"(, "workers": 2, "security": {"cert": "x"}})",
             "unknown security key \"cert\""},
            {R"({"shards": ["127.0.0.1:1,127.0.0.1:2"], "workers": 2})", "must be one"},
