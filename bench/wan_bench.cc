@@ -179,12 +179,11 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   // step,wall_time,loss,base_version,staleness,epoch,dropped,pull_ms,compute_ms,push_ms The first
   // tenth of the steps is warm-up (connections, TCP windows), left out of the means.
   std::vector<double> step_ms, pull_ms, compute_ms, push_ms, compute_all;
-  double first_wall = INFINITY, last_wall = 0, start_wall = INFINITY;
+  double last_wall = 0, start_wall = INFINITY;
   for (int w = 0; w < W; ++w) {
     std::vector<std::vector<double>> rows = ReadCsv(absl::StrCat(dir, "/worker-", S + w, ".csv"));
     if (rows.size() < 20) return absl::InternalError(absl::StrCat("worker ", w, " wrote no steps"));
     const size_t skip = rows.size() / 10;
-    first_wall = std::min(first_wall, rows[skip][1]);
     start_wall = std::min(start_wall, rows[0][1]);
     last_wall = std::max(last_wall, rows.back()[1]);
     step_ms.push_back(1000 * (rows.back()[1] - rows[skip][1]) / (rows.size() - 1 - skip));
@@ -208,7 +207,6 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
       staleness_n += c;
     }
   }
-  const double train_s = last_wall - first_wall;
   // Evaluator CSV: wall_time,version,test_loss,test_accuracy.
   double to_target = NAN, final_accuracy = NAN;
   for (const std::vector<double>& row : ReadCsv(absl::StrCat(dir, "/evaluator-", S + W, ".csv"))) {
@@ -219,31 +217,32 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   const double total_s = last_wall - launched;
   int64_t bytes = 0;
   for (int64_t b : received) bytes += b;
-  return nlohmann::json{{"latency_ms", run.latency_ms},
-                        {"jitter_ms", shape.jitter_ms},
-                        {"loss", shape.loss},
-                        {"mode", run.mode},
-                        {"workers", W},
-                        {"shards", S},
-                        {"params", NumParams(hidden)},
-                        {"batch_size", absl::GetFlag(FLAGS_batch_size)},
-                        {"rate_gbit", shape.rate_gbit},
-                        {"tcp_gbs", *tcp},
-                        {"tcp_congestion_control", TcpCongestionControl()},
-                        {"steps", steps},
-                        {"step_ms", Mean(step_ms)},
-                        {"pull_ms", Mean(pull_ms)},
-                        {"compute_ms", Mean(compute_ms)},
-                        {"compute_sd_ms", StdDev(compute_ms)},
-                        {"push_ms", Mean(push_ms)},
-                        {"updates_per_s", versions / S / (last_wall - start_wall)},
-                        {"staleness_mean", staleness_n > 0 ? staleness_sum / staleness_n : 0},
-                        {"shard_rx_gbs", bytes / S / train_s / 1e9},
-                        {"seconds", total_s},
-                        {"seconds_to_target", std::isnan(to_target) ? nlohmann::json(nullptr)
-                                                                    : nlohmann::json(to_target)},
-                        {"target", absl::GetFlag(FLAGS_target)},
-                        {"final_accuracy", final_accuracy}};
+  return nlohmann::json{
+      {"latency_ms", run.latency_ms},
+      {"jitter_ms", shape.jitter_ms},
+      {"loss", shape.loss},
+      {"mode", run.mode},
+      {"workers", W},
+      {"shards", S},
+      {"params", NumParams(hidden)},
+      {"batch_size", absl::GetFlag(FLAGS_batch_size)},
+      {"rate_gbit", shape.rate_gbit},
+      {"tcp_gbs", *tcp},
+      {"tcp_congestion_control", TcpCongestionControl()},
+      {"steps", steps},
+      {"step_ms", Mean(step_ms)},
+      {"pull_ms", Mean(pull_ms)},
+      {"compute_ms", Mean(compute_ms)},
+      {"compute_sd_ms", StdDev(compute_ms)},
+      {"push_ms", Mean(push_ms)},
+      {"updates_per_s", versions / S / (last_wall - start_wall)},
+      {"staleness_mean", staleness_n > 0 ? staleness_sum / staleness_n : 0},
+      {"shard_rx_gbs", bytes / S / (last_wall - start_wall) / 1e9},  // bytes of every step
+      {"seconds", total_s},
+      {"seconds_to_target",
+       std::isnan(to_target) ? nlohmann::json(nullptr) : nlohmann::json(to_target)},
+      {"target", absl::GetFlag(FLAGS_target)},
+      {"final_accuracy", final_accuracy}};
 }
 
 int Main(int argc, char** argv) {

@@ -68,7 +68,9 @@ absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_sh
   }
   absl::StatusOr<ParsedSpec> parsed = Parse(spec);
   if (!parsed.ok()) return parsed.status();
-  return ModelIdentity{spec, parsed->total, num_shards};
+  // Canonical: the numbers as parsed (mlp:784-0256-10 is mlp:784-256-10).
+  return ModelIdentity{absl::StrCat(parsed->kind, ":", absl::StrJoin(parsed->sizes, "-")),
+                       parsed->total, num_shards};
 }
 
 absl::StatusOr<std::vector<int>> ParseMlpSpec(const std::string& spec) {

@@ -1,5 +1,6 @@
 #include "common/network_spec.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/match.h"
@@ -78,6 +79,36 @@ int64_t NetworkSpec::num_params() const {
   return n;
 }
 
+absl::Status NetworkSpec::FitsBatch(int batch) const {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const LayerSpec& l = layers[i];
+    int64_t widest = std::max(l.in_size(), l.out_size());
+    if (l.kind == LayerSpec::Kind::kConv) {
+      widest = std::max(widest,
+                        int64_t{l.out_height} * l.out_width * l.kernel * l.kernel * l.in_channels);
+    }
+    if (static_cast<__int128>(widest) * batch > kMaxWidth) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", i + 1, " of ", ToString(),
+                                                     " is too large for batches of ", batch,
+                                                     " (more than 2^31 - 1 values)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NetworkSpec::FitsFashionMnist() const {
+  const LayerSpec& first = layers.front();
+  const bool inputs = convolutional
+                          ? first.in_channels == 1 && first.in_height == 28 && first.in_width == 28
+                          : first.in_size() == 784;
+  if (!inputs || classes() != 10) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model ", ToString(), " does not fit Fashion-MNIST: it needs ",
+                     convolutional ? "a 1x28x28 input" : "784 inputs", " and 10 classes"));
+  }
+  return absl::OkStatus();
+}
+
 std::string NetworkSpec::ToString() const {
   const LayerSpec& first = layers.front();
   std::vector<std::string> parts;
@@ -142,12 +173,18 @@ absl::StatusOr<NetworkSpec> ParseNetworkSpec(const std::string& spec) {
                                       dense_seen ? " before the dense layers" : ""));
       }
       l.relu = true;
-      const int64_t h = (int64_t{height} + 2 * l.pad - l.kernel) / l.stride + 1;
-      const int64_t w = (int64_t{width} + 2 * l.pad - l.kernel) / l.stride + 1;
-      if (height + 2 * l.pad < l.kernel || width + 2 * l.pad < l.kernel) {
+      if (l.pad >= l.kernel) {
+        return Bad(spec, absl::StrCat("layer '", parts[i], "': padding must be below the kernel"));
+      }
+      if (int64_t{height} + 2 * l.pad < l.kernel || int64_t{width} + 2 * l.pad < l.kernel) {
         return Bad(spec, absl::StrCat("layer '", parts[i], "': kernel larger than its input ",
                                       height, "x", width));
       }
+      if (int64_t{l.kernel} * l.kernel * channels > kMaxWidth) {
+        return Bad(spec, absl::StrCat("layer '", parts[i], "' is wider than 2^31 - 1"));
+      }
+      const int64_t h = (int64_t{height} + 2 * l.pad - l.kernel) / l.stride + 1;
+      const int64_t w = (int64_t{width} + 2 * l.pad - l.kernel) / l.stride + 1;
       height = static_cast<int>(h);
       width = static_cast<int>(w);
       channels = l.size;

@@ -43,6 +43,12 @@ struct NetworkSpec {
   int64_t num_params() const;
   // The canonical spec (defaults left out), which is also the model's fingerprint.
   std::string ToString() const;
+  // OK when every matrix and index of a batch of `batch` examples fits an int (the kernels'
+  // sizes); else INVALID_ARGUMENT naming the layer.
+  absl::Status FitsBatch(int batch) const;
+  // OK when the network takes Fashion-MNIST's examples (784 values: 784 inputs or 1x28x28) and
+  // gives its 10 classes; else INVALID_ARGUMENT saying what differs.
+  absl::Status FitsFashionMnist() const;
 };
 
 // Parses an mlp:... or cnn:... spec. Fails naming the bad part: an unknown layer, a size out of

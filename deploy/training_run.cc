@@ -85,6 +85,7 @@ absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job) {
   }
   absl::StatusOr<NetworkSpec> network = ResolveModel(job.model, job.hidden);
   if (!network.ok()) return network.status();
+  if (absl::Status s = network->FitsFashionMnist(); !s.ok()) return s;
   TrainingConfig c;
   c.shards = job.shards;
   c.workers = job.workers;

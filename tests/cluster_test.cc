@@ -660,6 +660,8 @@ TEST(DaemonTest, BadFlagsExitNonZeroWithAOneLineReason) {
        "bad model spec 'cnn:3': input '3' is not CxHxW"},
       {{"worker", "--ps=127.0.0.1:1", "--model=cnn:1x28x28-conv8k5-fc10-pool2-10"},
        "is not poolN before the dense layers"},
+      {{"worker", "--ps=127.0.0.1:1", "--model=cnn:1x64x64-10"},
+       "does not fit Fashion-MNIST: it needs a 1x28x28 input and 10 classes"},
       {{"ps", "--model=mlp:784-0-10", "--num_workers=1"}, "size '0' is not a number"},
       {{"ps", "--model=flat:2", "--num_shards=3", "--shard_index=0", "--num_workers=1"},
        "fewer parameters (2) than shards"},

@@ -169,12 +169,30 @@ TEST(NetworkSpecTest, BadSpecsNameTheProblem) {
            {"mlp:784-0-10", "is not a positive number"},
            {"rnn:1-2", "not a network"},
            {"flat:21", "not a network"},
-           {"cnn:1x65536x65536-conv1024-10", "wider than 2^31 - 1"}}) {
+           {"cnn:1x65536x65536-conv1024-10", "wider than 2^31 - 1"},
+           {"cnn:1x28x28-conv1k3p2147483647-10", "padding must be below the kernel"},
+           {"cnn:100000x1x1-conv1k201p0-10", "kernel larger than its input"},
+           {"cnn:60000x9x9-conv1k201p200-10", "wider than 2^31 - 1"}}) {
     absl::StatusOr<NetworkSpec> parsed = ParseNetworkSpec(spec);
     ASSERT_FALSE(parsed.ok()) << spec;
     EXPECT_NE(std::string(parsed.status().message()).find(why), std::string::npos)
         << spec << ": " << parsed.status();
   }
+}
+
+TEST(NetworkSpecTest, ClientsCheckTheDataAndTheBatchFit) {
+  EXPECT_TRUE(ResolveModel("cnn-small", "")->FitsFashionMnist().ok());
+  EXPECT_TRUE(ResolveModel("", "256,128")->FitsFashionMnist().ok());
+  for (const char* other : {"cnn:1x64x64-10", "cnn:3x28x28-10", "cnn:1x28x28-5", "mlp:100-10"}) {
+    absl::Status s = ParseNetworkSpec(other)->FitsFashionMnist();
+    EXPECT_NE(std::string(s.message()).find("does not fit Fashion-MNIST"), std::string::npos)
+        << other << ": " << s;
+  }
+  NetworkSpec wide = *ParseNetworkSpec("cnn:1x28x28-conv4096k5-10");
+  EXPECT_TRUE(wide.FitsBatch(64).ok());
+  EXPECT_NE(std::string(wide.FitsBatch(1000).message()).find("too large for batches of 1000"),
+            std::string::npos);
+  EXPECT_EQ(ParseModelSpec("mlp:784-0256-10", 1)->fingerprint, "mlp:784-256-10");
 }
 
 TEST(NetworkSpecTest, TensorsAreLaidOutLayerByLayer) {

@@ -76,6 +76,7 @@ absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards) {
   absl::StatusOr<NetworkSpec> network =
       ResolveModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_hidden));
   if (!network.ok()) return network.status();
+  if (absl::Status s = network->FitsFashionMnist(); !s.ok()) return s;
   c.network = *std::move(network);
   absl::StatusOr<WireType> pull_type = PullTypeFromFlags();
   if (!pull_type.ok()) return pull_type.status();

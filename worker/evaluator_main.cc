@@ -42,6 +42,9 @@ absl::StatusOr<CsvWriter> OpenCsv(const std::string& path) {
                          {"wall_time", "version", "test_loss", "test_accuracy"});
 }
 
+// Examples scored at once: a convolution's scratch grows with the batch (im2col's windows).
+int EvaluationBatch(const NetworkSpec& network) { return network.convolutional ? 100 : 1000; }
+
 std::vector<std::string> CsvRow(int64_t version, const Network::Score& score) {
   return {WallTimeField(), absl::StrCat(version), absl::StrFormat("%.5f", score.loss),
           absl::StrFormat("%.4f", score.accuracy)};
@@ -57,7 +60,10 @@ int ScoreModelFile(const ClientStart& started) {
   if (!test.ok()) return Fail(std::string(test.status().message()));
   absl::StatusOr<CsvWriter> csv = OpenCsv(started.csv);
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
-  Network mlp(network, /*max_batch=*/1000, started.backend.get());
+  if (absl::Status s = network.FitsBatch(EvaluationBatch(network)); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  Network mlp(network, EvaluationBatch(network), started.backend.get());
   Network::Score score =
       mlp.Evaluate(file->params, test->features.data(), test->labels.data(), test->count);
   int64_t version = *std::min_element(file->versions.begin(), file->versions.end());
@@ -90,7 +96,10 @@ int Main(int argc, char** argv) {
 
   absl::StatusOr<Examples> test = LoadFashionMnist(started->data_dir, "t10k");
   if (!test.ok()) return Fail(std::string(test.status().message()));
-  Network mlp(shards.network, /*max_batch=*/1000, started->backend.get());
+  if (absl::Status s = shards.network.FitsBatch(EvaluationBatch(shards.network)); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
+  Network mlp(shards.network, EvaluationBatch(shards.network), started->backend.get());
   ShardedClient client(
       shards.addresses,
       {mlp.Fingerprint(), mlp.num_params(), static_cast<int>(shards.addresses.size())},

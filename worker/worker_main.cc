@@ -153,6 +153,9 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Examples> data = LoadFashionMnist(started->data_dir, "train", &slice);
   if (!data.ok()) return Fail(std::string(data.status().message()));
   Backend* backend = started->backend.get();
+  if (absl::Status s = shards.network.FitsBatch(batch); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   Network mlp(shards.network, batch, backend);
 
   ClientOptions options = shards.options;
