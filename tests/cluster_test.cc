@@ -42,6 +42,15 @@ const char kMlp[] = "mlp:784-128-64-10";  // the model kWorkerFlags train
 constexpr double kTrainedAccuracy = 0.75;
 constexpr double kCnnTrainedAccuracy = 0.7;  // see ACnnTrainsOnTwoShards
 
+// Waits for workers 0..count-1 to finish; each must exit 0 (its log printed otherwise).
+void WaitForWorkers(LocalCluster& cluster, int count) {
+  for (int r = 0; r < count; ++r) {
+    absl::StatusOr<int> code = cluster.worker(r)->Wait(absl::Minutes(4));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << ReadFile(cluster.run_dir() + "/worker-" + std::to_string(r) + ".log");
+  }
+}
+
 // Two shards, two workers of 700 steps each and an evaluator, with `client_flags` added to the
 // workers' and the evaluator's: every step applied once, and the model trains.
 void TrainTwoShardsTwoWorkers(const std::vector<std::string>& client_flags) {
@@ -60,11 +69,7 @@ void TrainTwoShardsTwoWorkers(const std::vector<std::string>& client_flags) {
   }
   ASSERT_TRUE(cluster.StartEvaluator(evaluator).ok());
   for (int r = 0; r < 2; ++r) ASSERT_TRUE(cluster.StartWorker(r, 2, flags).ok());
-  for (int r = 0; r < 2; ++r) {
-    absl::StatusOr<int> code = cluster.worker(r)->Wait(absl::Minutes(4));
-    ASSERT_TRUE(code.ok()) << code.status();
-    EXPECT_EQ(*code, 0) << ReadFile(cluster.run_dir() + "/worker-" + std::to_string(r) + ".log");
-  }
+  WaitForWorkers(cluster, 2);
   for (int s = 0; s < 2; ++s) {
     v1::StatsResponse stats = Stats(cluster.ShardAddress(s));
     EXPECT_EQ(stats.version(), 1400);
@@ -104,11 +109,7 @@ TEST(ClusterTest, ACnnTrainsOnTwoShards) {
   for (int r = 0; r < 2; ++r) {
     ASSERT_TRUE(cluster.StartWorker(r, 2, {model, "--batch_size=64", "--steps=150"}).ok());
   }
-  for (int r = 0; r < 2; ++r) {
-    absl::StatusOr<int> code = cluster.worker(r)->Wait(absl::Minutes(4));
-    ASSERT_TRUE(code.ok()) << code.status();
-    EXPECT_EQ(*code, 0) << ReadFile(cluster.run_dir() + "/worker-" + std::to_string(r) + ".log");
-  }
+  WaitForWorkers(cluster, 2);
   for (int s = 0; s < 2; ++s) {
     v1::StatsResponse stats = Stats(cluster.ShardAddress(s));
     EXPECT_EQ(stats.version(), 300);
