@@ -16,6 +16,8 @@
 #include "server/checkpoint_store.h"
 #include "tests/run_dir.h"
 #include "tools/model_export.h"
+#include "worker/model_file.h"
+#include "worker/network.h"
 
 namespace ps {
 namespace {
@@ -173,6 +175,29 @@ void ExpectRefusal(const absl::StatusOr<ModelFile>& file, absl::StatusCode code,
                    const std::string& says) {
   EXPECT_EQ(file.status().code(), code) << file.status();
   EXPECT_NE(file.status().message().find(says), std::string::npos) << file.status();
+}
+
+// A CNN's file (same-padded and strided convolutions, pooling, dense layers; He-initialised
+// weights): NumPy's forward pass gives the evaluator's loss.
+TEST(ExportTest, NumPyScoresACnnFileAsTheEvaluator) {
+  const std::string dir = NewRunDir("export");
+  const std::string model = "cnn:1x28x28-conv4k5-pool2-conv8k3s2-fc16-10";
+  std::unique_ptr<Backend> cpu = MakeCpuBackend(1);
+  const std::string file = dir + "/cnn.safetensors";
+  ASSERT_TRUE(
+      WriteModelFile(file,
+                     {model, {7}, Network(*ParseNetworkSpec(model), 1, cpu.get()).InitialParams(3)})
+          .ok());
+  Finished evaluator = RunProgram({"evaluator", "--model_file=" + file, "--model=" + model});
+  ASSERT_EQ(evaluator.code, 0) << evaluator.output;
+  Finished numpy = RunProgram(
+      {"/usr/bin/env", "python3", std::string(PS_SOURCE_DIR) + "/tools/score_model.py", file});
+  ASSERT_EQ(numpy.code, 0) << numpy.output;
+  std::cout << "evaluator: " << evaluator.output << "numpy: " << numpy.output;
+  Score by_evaluator = ParseScore(evaluator.output), by_numpy = ParseScore(numpy.output);
+  ASSERT_GT(by_evaluator.loss, 0) << evaluator.output;
+  EXPECT_NEAR(by_numpy.loss, by_evaluator.loss, 1e-4);
+  EXPECT_NEAR(by_numpy.accuracy, by_evaluator.accuracy, 2e-4) << "a near tie may flip one image";
 }
 
 TEST(ExportTest, CheckpointsMissingCorruptOfAnotherModelOrOfDifferentJobsAreRefused) {
