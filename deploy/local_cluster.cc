@@ -212,8 +212,8 @@ std::string LocalCluster::Stop() {
   auto check = [&](int code, const std::string& label) {
     if (code != 0) bad.push_back(absl::StrCat(label, " exited with status ", code));
   };
-  auto stop = [&](Subprocess& p, const std::string& label) {
-    check(p.Stop(absl::Seconds(15)), label);
+  auto stop = [&](Subprocess& p, const std::string& label, absl::Duration grace) {
+    check(p.Stop(grace), label);
   };
   // All workers at once (one signal each: a second means "exit now"), then wait for each.
   for (auto& [rank, w] : workers_) w.Signal(SIGTERM);
@@ -221,9 +221,12 @@ std::string LocalCluster::Stop() {
     check(w.WaitOrKill(absl::Seconds(15)), absl::StrCat("worker ", rank));
   }
   workers_.clear();
-  if (evaluator_ != nullptr) stop(*evaluator_, "evaluator");
+  // The evaluator scores the final weights first: a CNN's 10,000 test images take a while.
+  if (evaluator_ != nullptr) stop(*evaluator_, "evaluator", absl::Seconds(120));
   evaluator_.reset();
-  for (size_t i = 0; i < shards_.size(); ++i) stop(shards_[i], ProcessName(static_cast<int>(i)));
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    stop(shards_[i], ProcessName(static_cast<int>(i)), absl::Seconds(15));
+  }
   shards_.clear();
   ports_.clear();
   return absl::StrJoin(bad, "; ");

@@ -62,7 +62,8 @@ class LocalCluster {
   const std::string& run_dir() const { return run_dir_; }
 
   // Stops workers, then the evaluator (which scores the final weights), then the shards, each with
-  // SIGTERM and a grace period. Returns "" or a description of processes that exited badly.
+  // SIGTERM and a grace period (15 s; the evaluator's 120 s: scoring a CNN takes a while). Returns
+  // "" or a description of processes that exited badly.
   std::string Stop();
 
  private:

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <memory>
 
 #include "absl/flags/flag.h"
@@ -134,11 +135,12 @@ int Main(int argc, char** argv) {
   }
   std::vector<float> params(mlp.num_params());
   int64_t last_version = -1;
+  bool pulled = false;  // once: the model exists
   // At shutdown, the weights are scored once more (if there are any yet): the last row is the
   // run's result.
   for (bool stopping = false; !stopping;) {
     stopping = ShutdownRequested();
-    if (stopping && last_version < 0) break;  // never initialised: nothing to score
+    if (stopping && !pulled) break;  // never initialised: nothing to score
     if (stopping) {
       cancel_on_shutdown.Join();              // so that it cannot cancel the final pull
       client.LimitCallsTo(absl::Seconds(1));  // which must not wait on a dead shard
@@ -149,10 +151,15 @@ int Main(int argc, char** argv) {
       if (ShutdownRequested()) continue;  // cancelled by the shutdown: go round for the last pull
       return Fail(absl::StrCat("pull failed: ", versions.status().message()));
     }
+    pulled = true;
     int64_t version = versions->Min();
     if (version != last_version) {
+      // A periodic evaluation gives way to a shutdown (the final one, which is not stopped,
+      // follows at once: scoring a CNN takes a while).
       Network::Score score =
-          mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count);
+          mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count,
+                       stopping ? std::function<bool()>() : ShutdownRequested);
+      if (score.rows < test->count) continue;
       csv->Row(CsvRow(version, score));
       if (accuracy != nullptr) {
         accuracy->Set(score.accuracy);

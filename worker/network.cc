@@ -200,22 +200,25 @@ float Network::GradientOfLoadedBatch(absl::Span<const float> params, int rows,
 }
 
 Network::Score Network::Evaluate(absl::Span<const float> params, const float* inputs,
-                                 const int32_t* labels, int64_t rows) {
+                                 const int32_t* labels, int64_t rows,
+                                 const std::function<bool()>& stop) {
   params_.UploadAsync(params.data(), num_params_);
   double loss_sum = 0;
-  int64_t correct_sum = 0;
-  for (int64_t start = 0; start < rows; start += max_batch_) {
-    int n = static_cast<int>(std::min<int64_t>(max_batch_, rows - start));
-    inputs_.UploadAsync(inputs + start * spec_.input_size(),
+  int64_t correct_sum = 0, scored = 0;
+  for (; scored < rows && !(stop && stop()); scored += max_batch_) {
+    int n = static_cast<int>(std::min<int64_t>(max_batch_, rows - scored));
+    inputs_.UploadAsync(inputs + scored * spec_.input_size(),
                         static_cast<size_t>(n) * spec_.input_size());
-    labels_.UploadAsync(labels + start, n);
+    labels_.UploadAsync(labels + scored, n);
     QueueForward(n, /*want_grad=*/false);
-    Backend::LossSummary summary = Finish(start);
+    Backend::LossSummary summary = Finish(scored);
     loss_sum += summary.loss_sum;
     correct_sum += summary.hits;
   }
-  return Score{loss_sum / std::max<int64_t>(rows, 1),
-               static_cast<double>(correct_sum) / std::max<int64_t>(rows, 1)};
+  scored = std::min(scored, rows);
+  backend_->Synchronize();  // the parameters' upload, when no batch was scored
+  return Score{loss_sum / std::max<int64_t>(scored, 1),
+               static_cast<double>(correct_sum) / std::max<int64_t>(scored, 1), scored};
 }
 
 }  // namespace ps

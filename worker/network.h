@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,13 +56,15 @@ class Network {
   float GradientOfExamples(absl::Span<const float> params, const int32_t* indices, int rows,
                            absl::Span<float> grad);
 
-  // Loss and correct predictions over a dataset, in batches of max_batch.
+  // Loss and correct predictions over a dataset, in batches of max_batch. If `stop` is given and
+  // returns true before a batch, scoring ends there: `rows` says how many examples were scored.
   struct Score {
     double loss = 0;
     double accuracy = 0;
+    int64_t rows = 0;
   };
   Score Evaluate(absl::Span<const float> params, const float* inputs, const int32_t* labels,
-                 int64_t rows);
+                 int64_t rows, const std::function<bool()>& stop = nullptr);
 
  private:
   // Queues the forward pass on `rows` rows already in inputs_ and labels_, its loss summary into
