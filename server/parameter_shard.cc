@@ -30,34 +30,20 @@ int64_t FirstNonFinite(absl::Span<const float> v) {
   return -1;
 }
 
-}  // namespace
-
-absl::Status ParseConsistency(const std::string& text, ShardConfig* config) {
-  int bound = 0;
-  if (text == "async") {
-    config->mode = ConsistencyMode::kAsync;
-  } else if (text == "sync") {
-    config->mode = ConsistencyMode::kSync;
-  } else if (text.rfind("ssp:", 0) == 0 && absl::SimpleAtoi(text.substr(4), &bound) && bound >= 0) {
-    config->mode = ConsistencyMode::kSsp;
-    config->staleness_bound = bound;
-  } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown consistency model '", text,
-                                                   "': expected async, sync or ssp:S with S >= 0"));
+// values += change, all or nothing: INVALID_ARGUMENT, and nothing changed, if a sum would not be
+// finite.
+absl::Status AddInPlace(absl::Span<float> values, absl::Span<const float> change) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i] + change[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("adding the change would make value ", i, " of the shard non-finite"));
+    }
   }
+  for (size_t i = 0; i < values.size(); ++i) values[i] += change[i];
   return absl::OkStatus();
 }
 
-std::string ConsistencyName(const ShardConfig& config) {
-  switch (config.mode) {
-    case ConsistencyMode::kSync:
-      return "sync";
-    case ConsistencyMode::kSsp:
-      return absl::StrCat("ssp:", config.staleness_bound);
-    default:
-      return "async";
-  }
-}
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(const ShardConfig& c) {
   if (c.num_shards < 1 || c.shard_index < 0 || c.shard_index >= c.num_shards) {
@@ -82,6 +68,13 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(const Sha
   absl::StatusOr<LearningRateSchedule> schedule = LearningRateSchedule::Create(c.learning_rate);
   if (!schedule.ok()) return schedule.status();
   if (c.backup_workers < 0) return absl::InvalidArgumentError("--backup_workers must be >= 0");
+  absl::StatusOr<ConsistencySpec> consistency = ParseConsistencySpec(c.consistency);
+  if (!consistency.ok()) return consistency.status();
+  if (consistency->local_models() && (c.dc_lambda > 0 || c.staleness_aware_lr)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--dc_lambda and --staleness_lr change gradients; under --consistency=", c.consistency,
+        " workers push changes of their models"));
+  }
   if (c.lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("the lease must be > 0");
   if (c.progress_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the progress timeout must be >= 0");
@@ -97,15 +90,18 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(const Sha
         absl::StrCat("--apply_threads must be in [1, ", ApplyThreads::kMaxThreads, "]"));
   }
   return std::unique_ptr<ParameterShard>(
-      new ParameterShard(c, *std::move(model), *std::move(schedule)));
+      new ParameterShard(c, *std::move(model), *std::move(schedule),
+                         ConsistencyPolicy::Make(*consistency, c.num_workers, c.backup_workers)));
 }
 
 ParameterShard::ParameterShard(const ShardConfig& config, ModelIdentity model,
-                               LearningRateSchedule schedule)
+                               LearningRateSchedule schedule,
+                               std::unique_ptr<const ConsistencyPolicy> policy)
     : config_(config),
       model_(std::move(model)),
       range_(PartRange(model_.total_params, config.shard_index, config.num_shards)),
       schedule_(std::move(schedule)),
+      policy_(std::move(policy)),
       members_(config.lease),
       apply_threads_(config.apply_threads) {
   deadline_thread_ = std::thread([this] { ExpireWaitersLoop(); });
@@ -286,7 +282,7 @@ absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const Model
   }
   Completions answers(this);
   absl::MutexLock lock(&mu_);
-  Registration r{config_.shard_index, ConsistencyName(config_), initialized_, range_, version_};
+  Registration r{config_.shard_index, policy_->Name(), initialized_, range_, version_};
   if (worker_id >= 0) {
     Membership::Worker& w = members_.Touch(worker_id, MonotonicNow(), version_);
     // Increasing across restarts of the shard too (checkpoints keep the workers' incarnations).
@@ -349,21 +345,10 @@ std::vector<int> ParameterShard::ExpireLeases(absl::Time now) {
   Completions answers(this);
   absl::MutexLock lock(&mu_);
   std::vector<int> expired = members_.Expire(now);
-  if (config_.progress_timeout > absl::ZeroDuration() && config_.mode != ConsistencyMode::kAsync) {
-    // Who do the others wait for? Sync: the workers missing from an open round. SSP: the
-    // slowest, when some worker is (or, prefetching, may be) held back by it.
-    const int64_t slowest = members_.MinActiveClock();
-    bool someone_held = false;
-    for (const auto& [id, w] : members_.workers()) {
-      someone_held |=
-          w.active && w.clock > slowest && w.clock + 1 - config_.staleness_bound > slowest;
-    }
+  if (config_.progress_timeout > absl::ZeroDuration()) {
     std::vector<int> stalled;
-    for (const auto& [id, w] : members_.workers()) {
-      bool waited_for = config_.mode == ConsistencyMode::kSync
-                            ? !round_contributors_.empty() && round_contributors_.count(id) == 0
-                            : someone_held && w.clock == slowest;
-      if (w.active && waited_for && now - w.last_progress > config_.progress_timeout) {
+    for (int id : policy_->WaitedFor(State())) {
+      if (now - members_.workers().at(id).last_progress > config_.progress_timeout) {
         stalled.push_back(id);
       }
     }
@@ -472,28 +457,19 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   // The header was checked under an earlier lock; since then the version can have moved forward
   // and a newer process of this worker can have registered.
   if (status.ok()) status = CheckIncarnation(h.worker_id, h.incarnation);
-  // sync, after a restart: the open round was restored with this worker's gradient in it, and
-  // the worker (which registered again) now sends its next step for the same round. Dropped as
-  // late, like a gradient whose round closed without it; the worker's next pull waits for the
-  // round as usual.
-  const bool again_in_restored_round = status.ok() && config_.mode == ConsistencyMode::kSync &&
-                                       h.base_version == version_ &&
-                                       restored_contributors_.count(h.worker_id) > 0 &&
-                                       h.sequence > members_.Find(h.worker_id)->last_sequence;
-  if (status.ok() && !again_in_restored_round && config_.mode == ConsistencyMode::kSync &&
-      h.base_version == version_ && round_contributors_.count(h.worker_id) > 0 &&
-      h.sequence > members_.Find(h.worker_id)->last_sequence) {
-    status = absl::FailedPreconditionError(
-        absl::StrCat("worker ", h.worker_id, " already pushed a gradient for version ", version_));
+  Membership::Worker* worker = status.ok() ? members_.Find(h.worker_id) : nullptr;
+  if (status.ok() && h.sequence <= worker->last_sequence) {
+    ++pushes_duplicate_;
+    return PushOutcome{version_, 0, /*duplicate=*/true, false};
+  }
+  absl::StatusOr<ConsistencyPolicy::Take> take = ConsistencyPolicy::Take::kApply;
+  if (status.ok()) {
+    take = policy_->OnPush(State(), *worker, {h.worker_id, h.sequence, h.base_version});
+    status = take.status();
   }
   if (!status.ok()) {
     ++pushes_rejected_;
     return status;
-  }
-  Membership::Worker* worker = members_.Find(h.worker_id);
-  if (h.sequence <= worker->last_sequence) {
-    ++pushes_duplicate_;
-    return PushOutcome{version_, 0, /*duplicate=*/true, false};
   }
   int64_t staleness = version_ - h.base_version;
   absl::StatusOr<PushOutcome> outcome;
@@ -502,18 +478,11 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
                      .sequence = h.sequence,
                      .staleness = staleness,
                      .values = {}};
-  if (config_.mode == ConsistencyMode::kSync && (staleness > 0 || again_in_restored_round)) {
-    // Its round closed without it (backup workers, or it was expired), or see above.
+  if (*take == ConsistencyPolicy::Take::kDropLate) {
     ++pushes_dropped_late_;
     outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
-  } else if (config_.mode == ConsistencyMode::kSync) {
+  } else if (*take == ConsistencyPolicy::Take::kJoinRound) {
     outcome = AddToRound(*worker, h, gradient);
-  } else if (config_.mode == ConsistencyMode::kSsp &&
-             (h.base_version < worker->joined_at_version || !worker->active)) {
-    // Computed before it left the active set: the others were not held back for it, so applying
-    // it could break the staleness bound.
-    ++pushes_dropped_late_;
-    outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
   } else if (config_.max_staleness >= 0 && staleness > config_.max_staleness) {
     ++pushes_dropped_stale_;
     outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
@@ -586,8 +555,10 @@ absl::StatusOr<PushOutcome> ParameterShard::ApplyNow(Membership::Worker& worker,
 absl::Status ParameterShard::ApplyToValues(absl::Span<const float> gradient, float lr,
                                            float max_abs) {
   absl::MutexLock data(&data_mu_);
-  absl::Status s =
-      optimizer_->Apply(absl::MakeSpan(weights_), gradient, lr, version_, &apply_threads_, max_abs);
+  absl::Status s = policy_->spec().local_models()
+                       ? AddInPlace(absl::MakeSpan(weights_), gradient)
+                       : optimizer_->Apply(absl::MakeSpan(weights_), gradient, lr, version_,
+                                           &apply_threads_, max_abs);
   if (s.ok()) data_version_ = ++version_;
   return s;
 }
@@ -595,15 +566,16 @@ absl::Status ParameterShard::ApplyToValues(absl::Span<const float> gradient, flo
 absl::StatusOr<PushOutcome> ParameterShard::AddToRound(Membership::Worker& worker,
                                                        const PushHeaderInfo& h,
                                                        absl::Span<const float> gradient) {
-  if (round_sum_.empty()) round_sum_.assign(range_.size(), 0.0f);
+  std::vector<float>& sum = round_.sum;
+  if (sum.empty()) sum.assign(range_.size(), 0.0f);
   bool finite = true;
-  for (size_t i = 0; i < gradient.size(); ++i) finite &= std::isfinite(round_sum_[i] + gradient[i]);
+  for (size_t i = 0; i < gradient.size(); ++i) finite &= std::isfinite(sum[i] + gradient[i]);
   if (!finite) {
     return absl::InvalidArgumentError(absl::StrCat(
         "adding worker ", h.worker_id, "'s gradient would make the round's sum non-finite"));
   }
-  for (size_t i = 0; i < gradient.size(); ++i) round_sum_[i] += gradient[i];
-  round_contributors_.insert(h.worker_id);
+  for (size_t i = 0; i < gradient.size(); ++i) sum[i] += gradient[i];
+  round_.contributors.insert(h.worker_id);
   worker.staleness.Add(0);
   ++worker.pushes_applied;
   MaybeCloseRound();
@@ -611,25 +583,24 @@ absl::StatusOr<PushOutcome> ParameterShard::AddToRound(Membership::Worker& worke
 }
 
 void ParameterShard::MaybeCloseRound() {
-  if (config_.mode != ConsistencyMode::kSync || round_contributors_.empty()) return;
-  int needed = std::max(1, members_.ActiveCount() - config_.backup_workers);
-  if (static_cast<int>(round_contributors_.size()) < needed) return;
-  float scale = 1.0f / static_cast<float>(round_contributors_.size());
-  for (float& g : round_sum_) g *= scale;
+  if (!policy_->RoundComplete(State())) return;
+  float scale = 1.0f / static_cast<float>(round_.contributors.size());
+  for (float& g : round_.sum) g *= scale;
   const float lr = LearningRate();
-  if (absl::Status s = ApplyToValues(round_sum_, lr, std::numeric_limits<float>::infinity());
+  if (absl::Status s = ApplyToValues(round_.sum, lr, std::numeric_limits<float>::infinity());
       s.ok()) {
-    Changed({.kind = ShardChange::Kind::kUpdate, .learning_rate = lr, .values = round_sum_});
-    for (size_t i = 0; i < round_contributors_.size(); ++i) staleness_.Add(0);
+    Changed({.kind = ShardChange::Kind::kUpdate, .learning_rate = lr, .values = round_.sum});
+    for (size_t i = 0; i < round_.contributors.size(); ++i) staleness_.Add(0);
   } else {
     // The average would poison the weights: the round is discarded (its workers are released
     // and push again for the same version) and the weights stay as they were.
     ++updates_nonfinite_;
-    PS_LOG(WARNING) << "sync round for version " << version_ << " discarded: " << s.message();
+    PS_LOG(WARNING) << policy_->Name() << " round for version " << version_
+                    << " discarded: " << s.message();
   }
-  std::fill(round_sum_.begin(), round_sum_.end(), 0.0f);
-  round_contributors_.clear();
-  restored_contributors_.clear();
+  std::fill(round_.sum.begin(), round_.sum.end(), 0.0f);
+  round_.contributors.clear();
+  round_.restored.clear();
 }
 
 void ParameterShard::RecordRejectedPush() {
@@ -647,15 +618,7 @@ bool ParameterShard::Admits(int worker_id, int64_t after_sequence) const {
   if (worker_id < 0) return true;
   auto it = members_.workers().find(worker_id);
   if (it == members_.workers().end()) return true;
-  switch (config_.mode) {
-    case ConsistencyMode::kSync:
-      return round_contributors_.count(worker_id) == 0;
-    case ConsistencyMode::kSsp:
-      return it->second.clock + Pending(worker_id, after_sequence) - config_.staleness_bound <=
-             members_.MinActiveClock();
-    default:
-      return true;
-  }
+  return policy_->Admits(State(), worker_id, it->second, Pending(worker_id, after_sequence));
 }
 
 int64_t ParameterShard::StartRead(ReadRequest r, ReadDone done) {
@@ -669,11 +632,8 @@ int64_t ParameterShard::StartRead(ReadRequest r, ReadDone done) {
   Completions answers(this);
   absl::MutexLock lock(&mu_);
   if (bad.ok() && r.worker_id >= 0) members_.Refresh(r.worker_id, MonotonicNow(), version_);
-  if (bad.ok() && config_.mode == ConsistencyMode::kSync &&
-      Pending(r.worker_id, r.after_sequence)) {
-    bad = absl::InvalidArgumentError(absl::StrCat(
-        "worker ", r.worker_id, " pulls ahead of its push ", r.after_sequence,
-        ", but under sync the next round's weights do not exist before its gradient is in"));
+  if (bad.ok() && Pending(r.worker_id, r.after_sequence)) {
+    bad = policy_->CheckPullAhead(r.worker_id, r.after_sequence);
   }
   if (!bad.ok()) {
     answers.Fail(std::move(done), bad);
@@ -706,7 +666,7 @@ bool ParameterShard::TryAnswer(const ReadRequest& r, absl::Time now, const ReadD
   out->Fail(done,
             initialized_
                 ? absl::AbortedError(absl::StrCat("worker ", r.worker_id, " is still held back by ",
-                                                  ConsistencyName(config_), "; pull again"))
+                                                  policy_->Name(), "; pull again"))
                 : absl::UnavailableError(absl::StrCat(
                       "shard ", config_.shard_index,
                       " is not initialised yet (waiting for worker 0 to initialise it)")));
@@ -801,7 +761,7 @@ ShardStats ParameterShard::Stats(int first_worker, int max_workers) const {
   s.learning_rate = LearningRate();
   s.model_fingerprint = model_.fingerprint;
   s.optimizer = config_.optimizer.name;
-  s.consistency = ConsistencyName(config_);
+  s.consistency = policy_->Name();
   s.staleness_counts = staleness_.counts();
   const absl::Time now = MonotonicNow();
   const int page = std::clamp(max_workers, 0, kMaxStatsWorkers);
@@ -827,7 +787,7 @@ absl::Status ParameterShard::Checkpoint(ShardCheckpoint* out) const {
   c.shard_index = config_.shard_index;
   c.num_shards = config_.num_shards;
   c.optimizer = config_.optimizer.name;
-  c.consistency = ConsistencyName(config_);
+  c.consistency = policy_->Name();
   c.version = version_;
   c.changes = changes_;
   absl::ReaderMutexLock data(&data_mu_);
@@ -845,9 +805,9 @@ absl::Status ParameterShard::Checkpoint(ShardCheckpoint* out) const {
   }
   c.round_sum.clear();
   c.round_contributors.clear();
-  if (!round_contributors_.empty()) {
-    c.round_sum = round_sum_;
-    c.round_contributors.assign(round_contributors_.begin(), round_contributors_.end());
+  if (round_.open()) {
+    c.round_sum = round_.sum;
+    c.round_contributors.assign(round_.contributors.begin(), round_.contributors.end());
   }
   return absl::OkStatus();
 }
@@ -914,9 +874,9 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
     m.incarnation = w.incarnation;
     last_incarnation_ = std::max(last_incarnation_, w.incarnation);
   }
-  round_sum_ = c.round_sum;
-  round_contributors_ = std::set<int>(c.round_contributors.begin(), c.round_contributors.end());
-  restored_contributors_ = round_contributors_;
+  round_.sum = c.round_sum;
+  round_.contributors = std::set<int>(c.round_contributors.begin(), c.round_contributors.end());
+  round_.restored = round_.contributors;
   initialized_ = true;
   AnswerWaiters(&answers);
   return absl::OkStatus();

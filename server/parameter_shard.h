@@ -1,7 +1,8 @@
 // One parameter-server shard: the values of one contiguous range of the model's flat parameter
 // vector, the optimizer state for it, the version counter, the workers taking part (membership,
-// push sequences, SSP clocks) and staleness histograms, and the consistency model that decides
-// when a push is applied and when a pull may proceed. Knows nothing of gRPC.
+// push sequences, SSP clocks) and staleness histograms, and a consistency policy
+// (server/consistency.h) that decides how a push is taken and when a pull may proceed. Knows
+// nothing of gRPC.
 // Thread-safe: all methods may be called concurrently. A pull is admitted under the shard's lock
 // (briefly, but after any push being committed) and copies the values under a shared lock of
 // their own (data_mu_): copies run side by side and never see a push half applied.
@@ -27,22 +28,12 @@
 #include "common/partition.h"
 #include "common/staleness_histogram.h"
 #include "server/apply_threads.h"
+#include "server/consistency.h"
 #include "server/learning_rate.h"
 #include "server/membership.h"
 #include "server/optimizer.h"
 
 namespace ps {
-
-// How pushes are applied and pulls admitted. Staleness = shard version at apply minus the version
-// the gradient was computed from.
-//   async:  every push applied at once; staleness unbounded.
-//   sync:   the gradients of all active workers (less backup_workers) for version v are averaged
-//           and applied once, v -> v+1; late ones are dropped. Every applied gradient has staleness
-//           0.
-//   ssp:s:  pushes applied at once; a worker whose clock (pushes done) is c may pull only when the
-//           slowest active worker's clock is >= c - s. Staleness <= (W-1)(2s+1) for W active
-//           workers.
-enum class ConsistencyMode { kAsync, kSync, kSsp };
 
 // One change of a shard's state, in the order the shard made it: a primary streams these to its
 // backup, whose ApplyChange repeats each one and reaches the same state bit for bit (the update
@@ -73,9 +64,8 @@ struct ShardConfig {
   int num_workers = 1;
   OptimizerConfig optimizer;
   LearningRateConfig learning_rate;
-  ConsistencyMode mode = ConsistencyMode::kAsync;
-  int staleness_bound = 0;                   // ssp: s
-  int backup_workers = 0;                    // sync: rounds close after active - backup pushes
+  std::string consistency = "async";         // see common/consistency_spec.h
+  int backup_workers = 0;                    // rounds close after active - backup pushes
   absl::Duration lease = absl::Seconds(10);  // a worker silent this long leaves the active set
   // sync/ssp: a worker that others wait for (an open round without its gradient; the slowest
   // SSP clock) and that has not pushed for this long leaves the active set until it pushes or
@@ -94,11 +84,6 @@ struct ShardConfig {
   // Not called for a sync round's contributions before it closes. Unset: nothing.
   std::function<void(const ShardChange&)> on_change;
 };
-
-// Parses --consistency: "async", "sync" or "ssp:S" (S >= 0) into config->mode/staleness_bound.
-absl::Status ParseConsistency(const std::string& text, ShardConfig* config);
-// "async", "sync" or "ssp:S".
-std::string ConsistencyName(const ShardConfig& config);
 
 // The header of a push, checked before its payload is accepted. A push covers the shard's whole
 // range: offset is the shard's begin and length its size.
@@ -217,6 +202,7 @@ class ParameterShard {
   const ModelIdentity& model() const { return model_; }
   int index() const { return config_.shard_index; }
   const Range& range() const { return range_; }
+  const ConsistencyPolicy& consistency() const { return *policy_; }
 
   // Whether Initialize already succeeded (a restarted initialiser then need not send anything).
   bool initialized() const;
@@ -385,7 +371,8 @@ class ParameterShard {
     ReadDone done;
   };
 
-  ParameterShard(const ShardConfig& config, ModelIdentity model, LearningRateSchedule schedule);
+  ParameterShard(const ShardConfig& config, ModelIdentity model, LearningRateSchedule schedule,
+                 std::unique_ptr<const ConsistencyPolicy> policy);
 
   absl::Status CheckPushHeader(const PushHeaderInfo& header) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // OK if `worker_id` registered and `incarnation` is its current one.
@@ -397,6 +384,9 @@ class ParameterShard {
   bool Pending(int worker_id, int64_t after_sequence) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // May worker_id's pull, made after its push of `after_sequence`, proceed now?
   bool Admits(int worker_id, int64_t after_sequence) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  ConsistencyState State() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return {members_, round_, version_};
+  }
   float LearningRate() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Scales `gradient` down to clip_norm in place if its L2 norm (`norm`) is above it; returns
   // whether it did.
@@ -407,7 +397,8 @@ class ParameterShard {
                                        int64_t staleness, absl::Span<const float> gradient,
                                        float max_abs, ShardChange* change)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies `gradient` to the values with the optimizer and publishes the new version to pulls.
+  // Applies `gradient` to the values with the optimizer (or, when the consistency model's
+  // workers push changes, adds it to them as it is) and publishes the new version to pulls.
   absl::Status ApplyToValues(absl::Span<const float> gradient, float lr, float max_abs)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Counts `change` (sets its index and version) and passes it to on_change.
@@ -415,7 +406,7 @@ class ParameterShard {
   absl::StatusOr<PushOutcome> AddToRound(Membership::Worker& worker, const PushHeaderInfo& h,
                                          absl::Span<const float> gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // sync: applies the averaged round once enough active workers contributed.
+  // Rounds: applies the round's average once the consistency model has all it waits for.
   void MaybeCloseRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets what the shard kept for a worker that left the active set (DC-ASGD copies).
   void Forget(int worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -441,6 +432,7 @@ class ParameterShard {
   const ModelIdentity model_;
   const Range range_;
   const LearningRateSchedule schedule_;
+  const std::unique_ptr<const ConsistencyPolicy> policy_;
 
   // Lock order: mu_, then data_mu_. mu_ guards the bookkeeping; data_mu_ the values and the
   // optimizer state, which change only with mu_ held too (so holding mu_ suffices to read them).
@@ -456,11 +448,7 @@ class ParameterShard {
   int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // ShardChange::index of the last change
   Membership members_ ABSL_GUARDED_BY(mu_);
   StalenessHistogram staleness_ ABSL_GUARDED_BY(mu_);
-  // sync: the running sum of this round's gradients and who contributed.
-  std::vector<float> round_sum_ ABSL_GUARDED_BY(mu_);
-  std::set<int> round_contributors_ ABSL_GUARDED_BY(mu_);
-  // sync: those of them restored from a checkpoint, until the round closes.
-  std::set<int> restored_contributors_ ABSL_GUARDED_BY(mu_);
+  Round round_ ABSL_GUARDED_BY(mu_);  // sync, local: the open round
   // DC-ASGD: each active worker's copies of the weights at its last two whole-shard pulls (a
   // prefetching worker computes on the older one), by version: at most 2 * num_workers copies.
   std::map<int, std::map<int64_t, std::vector<float>>> pulled_weights_ ABSL_GUARDED_BY(mu_);

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/cluster_spec.h"
+#include "common/consistency_spec.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/reflection.h"
@@ -43,8 +44,13 @@ ABSL_FLAG(std::string, model, "",
 ABSL_FLAG(int, num_workers, 0, "Required: the job's number of workers W; worker ids are [0, W).");
 ABSL_FLAG(std::string, consistency, "async",
           "async (apply at once) | sync (average all active workers' gradients per version) | "
-          "ssp:S (bounded staleness: clocks at most S apart).");
-ABSL_FLAG(int, backup_workers, 0, "sync: close a round after (active workers - this) pushes.");
+          "ssp:S (bounded staleness: clocks at most S apart) | easgd:T[,A] (elastic averaging: "
+          "workers train local models and exchange A*(x_i - centre) every T steps; A defaults to "
+          "0.9/W) | local:H (local SGD: workers train H steps, then their models are averaged). "
+          "Under easgd and local, workers push changes of their models, which the shard adds as "
+          "they are: --optimizer and --lr apply on the workers (worker --local_lr).");
+ABSL_FLAG(int, backup_workers, 0,
+          "sync, local: close a round after (active workers - this) pushes.");
 ABSL_FLAG(double, lease_seconds, 10,
           "A worker silent this long leaves the active set (sync barrier, SSP clock minimum).");
 ABSL_FLAG(std::string, optimizer, "momentum", "sgd | momentum | nesterov | adam | adagrad.");
@@ -162,7 +168,7 @@ absl::StatusOr<ShardConfig> ConfigFromFlags() {
     return absl::InvalidArgumentError("--model is required (e.g. mlp:784-256-128-10)");
   c.num_workers = absl::GetFlag(FLAGS_num_workers);
   if (c.num_workers < 1) return absl::InvalidArgumentError("--num_workers is required (>= 1)");
-  if (absl::Status s = ParseConsistency(absl::GetFlag(FLAGS_consistency), &c); !s.ok()) return s;
+  c.consistency = absl::GetFlag(FLAGS_consistency);
   c.backup_workers = absl::GetFlag(FLAGS_backup_workers);
   c.lease = absl::Seconds(absl::GetFlag(FLAGS_lease_seconds));
   c.optimizer.name = absl::GetFlag(FLAGS_optimizer);
@@ -191,9 +197,11 @@ absl::StatusOr<std::optional<Replica::Options>> ReplicaFromFlags(const ShardConf
   Replica::Options o;
   o.peer = absl::GetFlag(FLAGS_peer);
   if (o.peer.empty()) return std::nullopt;
-  if (config.mode == ConsistencyMode::kSync) {
+  if (absl::StatusOr<ConsistencySpec> spec = ParseConsistencySpec(config.consistency);
+      spec.ok() && spec->rounds()) {
     return absl::InvalidArgumentError(
-        "--peer (replication) takes --consistency=async or ssp:S; sync rounds are not replicated");
+        absl::StrCat("--peer (replication) takes --consistency=async, ssp:S or easgd; rounds (",
+                     config.consistency, ") are not replicated"));
   }
   o.replica = absl::GetFlag(FLAGS_replica);
   if (o.replica != 0 && o.replica != 1) {
@@ -345,8 +353,8 @@ int Main(int argc, char** argv) {
   PS_LOG(INFO) << "shard " << config->shard_index << "/" << config->num_shards << " of "
                << config->model << " (" << (*shard)->model().total_params << " parameters; owns ["
                << range.begin << ", " << range.end << ")) for " << config->num_workers
-               << " workers, serving on port " << port << ": " << ConsistencyName(*config) << ", "
-               << config->optimizer.name << ", lr " << config->learning_rate.base << " ("
+               << " workers, serving on port " << port << ": " << (*shard)->consistency().Name()
+               << ", " << config->optimizer.name << ", lr " << config->learning_rate.base << " ("
                << config->learning_rate.schedule << "); " << security->Describe();
   if (replica != nullptr) {
     PS_LOG(INFO) << "replica " << (*replica_options)->replica << " of shard " << config->shard_index

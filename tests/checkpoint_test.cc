@@ -57,7 +57,7 @@ ShardConfig AdamSsp() {
   c.num_workers = 3;
   c.optimizer.name = "adam";
   c.learning_rate.base = 0.1f;
-  EXPECT_TRUE(ParseConsistency("ssp:2", &c).ok());
+  c.consistency = "ssp:2";
   return c;
 }
 
@@ -180,7 +180,7 @@ TEST(CheckpointerTest, WritesTheInitialisedStateAtOnceThenEveryNUpdates) {
 // refused, and the round closes with the others' gradients.
 TEST(ShardCheckpointTest, ASyncRoundRestoredOpenClosesAndAWorkerAlreadyInItIsDroppedNotRefused) {
   ShardConfig sync = AdamSsp();
-  ASSERT_TRUE(ParseConsistency("sync", &sync).ok());
+  sync.consistency = "sync";
   std::unique_ptr<ParameterShard> original = *ParameterShard::Create(sync);
   ASSERT_TRUE(original->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
   for (int w = 0; w < 2; ++w) ASSERT_TRUE(original->Register(w, kModel).ok());

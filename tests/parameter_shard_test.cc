@@ -262,7 +262,7 @@ struct ConsistencyFixture {
     c.num_workers = 8;
     c.optimizer.name = "sgd";
     c.learning_rate.base = 1.0f;
-    EXPECT_TRUE(ParseConsistency(consistency, &c).ok());
+    c.consistency = consistency;
     if (tweak) tweak(c);
     shard = *ParameterShard::Create(c);
     EXPECT_TRUE(shard->Initialize(model, 0, {0, 0, 0, 0}).ok());
@@ -445,9 +445,12 @@ TEST(PolicyTest, LearningRateScalesWithActiveWorkers) {
 
 TEST(ShardConfigTest, BadSettingsAreRejectedWithTheirName) {
   ShardConfig c;
-  EXPECT_NE(ParseConsistency("ssp:-1", &c).message().find("unknown consistency model 'ssp:-1'"),
+  c.consistency = "ssp:-1";
+  EXPECT_NE(ParameterShard::Create(c).status().message().find("unknown consistency model 'ssp:-1'"),
             std::string::npos);
-  EXPECT_FALSE(ParseConsistency("bsp", &c).ok());
+  c.consistency = "bsp";
+  EXPECT_FALSE(ParameterShard::Create(c).ok());
+  c.consistency = "async";
   c.backup_workers = -1;
   EXPECT_FALSE(ParameterShard::Create(c).ok());
   c.backup_workers = 0;
@@ -472,7 +475,7 @@ ShardConfig Config(const std::string& optimizer, const std::string& consistency 
   c.num_workers = 4;
   c.optimizer.name = optimizer;
   c.learning_rate.base = 0.01f;
-  EXPECT_TRUE(ParseConsistency(consistency, &c).ok());
+  c.consistency = consistency;
   return c;
 }
 

@@ -35,7 +35,7 @@ ShardConfig Config() {
   c.clip_norm = 1.5f;
   c.staleness_aware_lr = true;
   c.max_staleness = 3;
-  EXPECT_TRUE(ParseConsistency("ssp:4", &c).ok());
+  c.consistency = "ssp:4";
   return c;
 }
 
