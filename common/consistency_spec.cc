@@ -24,6 +24,7 @@ absl::StatusOr<ConsistencySpec> ParseConsistencySpec(absl::string_view text) {
     spec.kind = name == "async" ? Kind::kAsync : Kind::kSync;
     return spec;
   }
+  if (name != "ssp" && name != "easgd" && name != "local") return bad("no such model");
   if (!has_args) return bad("missing its parameter");
   std::vector<absl::string_view> args = absl::StrSplit(parts[1], ',');
   auto period = [&](absl::string_view arg, int* out) {
@@ -44,13 +45,11 @@ absl::StatusOr<ConsistencySpec> ParseConsistencySpec(absl::string_view text) {
         (!absl::SimpleAtod(args[1], &spec.alpha) || !(spec.alpha > 0 && spec.alpha < 1))) {
       return bad("A must be a number in (0, 1)");
     }
-  } else if (name == "local") {
+  } else {
     spec.kind = Kind::kLocalSgd;
     if (args.size() != 1 || !period(args[0], &spec.period)) {
       return bad(absl::StrCat("H must be an integer in [1, ", ConsistencySpec::kMaxPeriod, "]"));
     }
-  } else {
-    return bad("no such model");
   }
   return spec;
 }

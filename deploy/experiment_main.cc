@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "common/consistency_spec.h"
 #include "common/log.h"
 #include "common/model_spec.h"
 #include "common/shutdown.h"
@@ -29,8 +30,9 @@ ABSL_FLAG(std::string, preset, "",
           "straggler: 4 workers with one 4x straggler under sync, sync-backup1, async, async-slr, "
           "ssp:1, ssp:4 and dcasgd. Explicit flags below override the preset's.");
 ABSL_FLAG(std::vector<std::string>, modes, {},
-          "Consistency settings: async, sync, sync-backupN, ssp:S, async-slr (staleness-aware "
-          "lr), async-maxstaleN (drop staler pushes), dcasgd[:LAMBDA].");
+          "Consistency settings: async, sync, sync-backupN, ssp:S, easgd:T[,A], local:H, "
+          "async-slr (staleness-aware lr), async-maxstaleN (drop staler pushes), "
+          "dcasgd[:LAMBDA].");
 ABSL_FLAG(std::vector<std::string>, workers, {}, "Worker counts, e.g. 2,4,8.");
 ABSL_FLAG(std::vector<std::string>, stragglers, {},
           "Straggler settings: none, or RANK:FACTOR (worker RANK computes FACTOR times slower).");
@@ -57,9 +59,7 @@ int Fail(const std::string& reason) { return FailMain("experiment", reason); }
 absl::StatusOr<std::vector<std::string>> ModeFlags(const std::string& mode) {
   int n = 0;
   double lambda = 0.04;  // DC-ASGD's lambda_0 in Zheng et al.
-  if (mode == "async" || mode == "sync" || mode.rfind("ssp:", 0) == 0) {
-    return std::vector<std::string>{"--consistency=" + mode};
-  }
+  if (ParseConsistencySpec(mode).ok()) return std::vector<std::string>{"--consistency=" + mode};
   if (mode.rfind("sync-backup", 0) == 0 && absl::SimpleAtoi(mode.substr(11), &n) && n >= 0) {
     return std::vector<std::string>{"--consistency=sync", absl::StrCat("--backup_workers=", n)};
   }
@@ -272,6 +272,7 @@ int Main(int argc, char** argv) {
     job.ps_flags = *ModeFlags(run.mode);
     job.ps_flags.push_back("--optimizer=" + absl::GetFlag(FLAGS_optimizer));
     job.ps_flags.push_back(absl::StrCat("--lr=", absl::GetFlag(FLAGS_lr)));
+    job.worker_flags = LocalModelFlags(run.mode, absl::GetFlag(FLAGS_lr), 0.9, false);
     job.extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
     if (run.straggler != "none") job.straggler = run.straggler;
     absl::StatusOr<TrainingConfig> made = MakeTrainingConfig(job);

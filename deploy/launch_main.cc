@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "absl/algorithm/container.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -28,8 +29,10 @@ ABSL_FLAG(double, max_seconds, 600, "Stop training after this many seconds; 0: n
 ABSL_FLAG(int64_t, steps, 6000, "Steps per worker; 0: no limit (then --max_seconds ends the run).");
 ABSL_FLAG(double, target_accuracy, 0,
           "Stop once the evaluator reports this test accuracy; 0: off.");
-ABSL_FLAG(std::string, consistency, "async", "async | sync | ssp:S (see ps --help).");
-ABSL_FLAG(int, backup_workers, 0, "sync: rounds close after (workers - this) gradients.");
+ABSL_FLAG(std::string, consistency, "async",
+          "async | sync | ssp:S | easgd:T[,A] | local:H (see ps --help). Under easgd and local "
+          "the workers train their own models with --lr, --momentum and the schedule.");
+ABSL_FLAG(int, backup_workers, 0, "sync, local: rounds close after (workers - this) pushes.");
 ABSL_FLAG(std::string, optimizer, "momentum",
           "Server optimizer: sgd|momentum|nesterov|adam|adagrad.");
 ABSL_FLAG(double, lr, 0.01, "Learning rate.");
@@ -153,6 +156,9 @@ int Main(int argc, char** argv) {
       ScheduleFlags(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_consistency), job);
   if (!schedule.ok()) return Fail(std::string(schedule.status().message()));
   job.ps_flags.insert(job.ps_flags.end(), schedule->begin(), schedule->end());
+  job.worker_flags = LocalModelFlags(
+      absl::GetFlag(FLAGS_consistency), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum),
+      absl::c_linear_search(*schedule, std::string("--lr_schedule=cosine")));
   job.extra_ps_flags = absl::GetFlag(FLAGS_ps_flags);
   job.extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
   job.straggler = absl::GetFlag(FLAGS_straggler);

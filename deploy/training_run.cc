@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/consistency_spec.h"
 #include "common/network_spec.h"
 #include "common/shutdown.h"
 #include "deploy/local_cluster.h"
@@ -79,6 +80,16 @@ AccuracySummary SummariseAccuracy(const std::string& csv, double t0, double targ
   return s;
 }
 
+std::vector<std::string> LocalModelFlags(const std::string& consistency, double lr, double momentum,
+                                         bool cosine) {
+  absl::StatusOr<ConsistencySpec> spec = ParseConsistencySpec(consistency);
+  if (!spec.ok() || !spec->local_models()) return {};
+  std::vector<std::string> flags = {absl::StrCat("--local_lr=", lr),
+                                    absl::StrCat("--local_momentum=", momentum)};
+  if (cosine) flags.push_back("--local_lr_schedule=cosine");
+  return flags;
+}
+
 absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job) {
   if (job.shards < 1 || job.workers < 1) {
     return absl::InvalidArgumentError("shards and workers must be positive");
@@ -105,6 +116,7 @@ absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job) {
                     absl::StrCat("--seed=", job.seed),
                     "--device=" + job.device,
                     "--threads=1"};
+  c.worker_flags.insert(c.worker_flags.end(), job.worker_flags.begin(), job.worker_flags.end());
   for (absl::string_view w : absl::StrSplit(job.extra_worker_flags, ' ', absl::SkipWhitespace())) {
     c.worker_flags.emplace_back(w);
   }

@@ -57,9 +57,15 @@ struct JobSpec {
   double eval_interval_seconds = 2;
   std::vector<std::string> ps_flags;  // consistency, optimizer, learning rate, ...
   std::string extra_ps_flags;         // space-separated, after ps_flags
-  std::string extra_worker_flags;     // space-separated, after the ones made here
+  std::vector<std::string> worker_flags;  // e.g. LocalModelFlags, after the ones made here
+  std::string extra_worker_flags;         // space-separated, after worker_flags
   std::string straggler;  // RANK:FACTOR (worker RANK computes FACTOR times slower); "": none
 };
+// The worker flags of a job under `consistency` when its workers train local models (easgd,
+// local: the learning rate and momentum are theirs, and decay by cosine over their steps if
+// `cosine`); none otherwise.
+std::vector<std::string> LocalModelFlags(const std::string& consistency, double lr, double momentum,
+                                         bool cosine);
 // Fails with a one-line reason on bad sizes or a bad straggler. Leaves run_dir, limits other than
 // max_seconds, security, checkpoints and replicas at their defaults.
 absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job);

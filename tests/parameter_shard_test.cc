@@ -326,6 +326,74 @@ TEST(SyncTest, ASecondGradientForTheSameRoundIsRejected) {
   EXPECT_EQ(f.shard->Stats().version, 0);
 }
 
+// easgd: a push is a worker's elastic difference alpha * (x_i - centre), added to the centre as
+// it is, at once; the shard's optimizer and learning rate (momentum, 0.1 here) play no part.
+TEST(EasgdTest, TheCentreAddsEachElasticDifferenceAsItComes) {
+  ConsistencyFixture f("easgd:4,0.25", 2, [](ShardConfig& c) {
+    c.optimizer.name = "momentum";
+    c.learning_rate.base = 0.1f;
+  });
+  EXPECT_EQ(f.shard->consistency().Name(), "easgd:4,0.25");
+  // Worker 0 at x = (4, 0, -4, 8) against the centre 0: diff = 0.25 * x.
+  ASSERT_EQ(f.Push(0, 0, {1, 0, -1, 2})->version, 1);
+  EXPECT_EQ(f.Weights(), (std::vector<float>{1, 0, -1, 2}));
+  // Worker 1 computed its difference against version 0: applied at once, staleness 1.
+  absl::StatusOr<PushOutcome> second = f.Push(1, 0, {0.5f, 0.5f, 0.5f, 0.5f});
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->staleness, 1);
+  EXPECT_EQ(f.Weights(), (std::vector<float>{1.5f, 0.5f, -0.5f, 2.5f}));
+  EXPECT_TRUE(f.MayPull(0));
+  EXPECT_TRUE(f.MayPull(1));
+}
+
+TEST(EasgdTest, AlphaDefaultsToNineTenthsOverTheWorkers) {
+  ConsistencyFixture f("easgd:8", 1, [](ShardConfig& c) { c.num_workers = 3; });
+  EXPECT_EQ(f.shard->consistency().Name(), "easgd:8,0.3");
+  EXPECT_EQ(f.shard->consistency().spec().period, 8);
+}
+
+TEST(EasgdTest, AChangeThatWouldOverflowAWeightIsRejectedAndChangesNothing) {
+  ConsistencyFixture f("easgd:1,0.5", 1);
+  const float big = std::numeric_limits<float>::max();
+  ASSERT_TRUE(f.Push(0, 0, {big, 0, 0, 1}).ok());
+  EXPECT_EQ(f.Push(0, 1, {1, 1, 1, 1}).status().code(), absl::StatusCode::kOk);
+  EXPECT_EQ(f.Push(0, 2, {big, 1, 1, 1}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(f.Weights(), (std::vector<float>{big + 1, 1, 1, 2}));
+  EXPECT_EQ(f.shard->Stats().version, 2);
+  EXPECT_EQ(f.shard->Stats().updates_nonfinite, 1);
+}
+
+TEST(EasgdTest, GradientOnlySettingsAreRefused) {
+  ShardConfig c;
+  c.model = "flat:4";
+  c.consistency = "easgd:4";
+  c.dc_lambda = 0.04f;
+  EXPECT_NE(ParameterShard::Create(c).status().message().find("--dc_lambda"), std::string::npos);
+  c.dc_lambda = 0;
+  c.consistency = "local:0";
+  EXPECT_NE(ParameterShard::Create(c).status().message().find("H must be"), std::string::npos);
+}
+
+// local: a push is a worker's change over its H local steps; the round adds their average to
+// the weights (the average of the workers' models, which all started from these weights), and a
+// worker's next pull waits for it.
+TEST(LocalSgdTest, ARoundAddsTheAverageChangeAndHoldsPullsUntilItCloses) {
+  ConsistencyFixture f("local:5", 2, [](ShardConfig& c) { c.optimizer.name = "adam"; });
+  ASSERT_TRUE(f.Push(0, 0, {2, 2, -2, 0}).ok());
+  EXPECT_EQ(f.Weights(), (std::vector<float>{0, 0, 0, 0}));  // waiting for worker 1
+  EXPECT_FALSE(f.MayPull(0));
+  absl::StatusOr<PushOutcome> closing = f.Push(1, 0, {4, 0, 0, 1});
+  ASSERT_TRUE(closing.ok());
+  EXPECT_EQ(closing->version, 1);
+  EXPECT_EQ(f.Weights(), (std::vector<float>{3, 1, -1, 0.5f}));  // plus the mean
+  EXPECT_TRUE(f.MayPull(0));
+  // A change computed from version 0 after the round closed without it is dropped, as under sync.
+  absl::StatusOr<PushOutcome> late = f.Push(0, 0, {100, 100, 100, 100});
+  ASSERT_TRUE(late.ok());
+  EXPECT_TRUE(late->dropped);
+  EXPECT_EQ(f.Weights(), (std::vector<float>{3, 1, -1, 0.5f}));
+}
+
 TEST(SyncTest, AnExpiredLeaseLeavesTheBarrierAndHeartbeatsBringTheWorkerBack) {
   ConsistencyFixture f("sync", 2, [](ShardConfig& c) { c.lease = absl::Milliseconds(200); });
   absl::SleepFor(absl::Milliseconds(300));

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "common/cluster.h"
 #include "common/cluster_spec.h"
+#include "common/consistency_spec.h"
 #include "common/csv_writer.h"
 #include "common/log.h"
 #include "common/metrics.h"
@@ -26,6 +27,7 @@
 #include "worker/client_start.h"
 #include "worker/delay.h"
 #include "worker/idx_dataset.h"
+#include "worker/local_model.h"
 #include "worker/network.h"
 #include "worker/sharded_client.h"
 
@@ -47,6 +49,11 @@ ABSL_FLAG(std::string, push_delay, "", "Delay before each push: fixed:S | unifor
 ABSL_FLAG(bool, prefetch, false,
           "async/ssp: pull the next step's weights while computing this one (overlaps "
           "communication with compute; the gradient is one step staler).");
+ABSL_FLAG(double, local_lr, 0.01,
+          "easgd, local: learning rate of the worker's own model (SGD with --local_momentum).");
+ABSL_FLAG(double, local_momentum, 0.9, "easgd, local: momentum of the worker's own model.");
+ABSL_FLAG(std::string, local_lr_schedule, "constant",
+          "easgd, local: constant | cosine (to 0 over --steps).");
 
 namespace ps {
 namespace {
@@ -110,6 +117,208 @@ class StepMetrics {
   prometheus::Gauge* staleness_ = nullptr;
 };
 
+// What both training loops share: the run's bounds, the straggler and delay injections, and each
+// step's record (CSV row, metrics, a progress line every 10 s).
+struct Run {
+  ShardedClient& client;
+  Network& net;
+  Backend* backend;
+  BatchSampler& sampler;
+  StepMetrics& metrics;
+  CsvWriter& csv;
+  Delay& pull_delay;
+  Delay& push_delay;
+  double slowdown;
+  int batch;
+  int64_t steps;
+  absl::Time start, time_limit;
+  int64_t first_step;
+  absl::Time next_log = start + absl::Seconds(10);
+  int64_t duplicate_pushes = 0;  // shards that answered a push "already applied"
+  int64_t saturated_pushes = 0;  // pushes with values beyond the wire type's range
+
+  // Whether to do `step`.
+  bool More(int64_t step) const {
+    return (steps == 0 || step < steps) && !ShutdownRequested() && absl::Now() < time_limit;
+  }
+  // The straggler injection after a compute that began at `compute_start`; false if stopped.
+  bool SlowDown(absl::Time compute_start) const {
+    return !(slowdown > 1 && WaitForShutdown((slowdown - 1) * (absl::Now() - compute_start)));
+  }
+  // Notes what a push's shards said.
+  void Pushed(int64_t step, const ShardedClient::PushSummary& push) {
+    if (push.saturated > 0 && saturated_pushes++ == 0) {
+      PS_LOG(WARNING) << "step " << step << ": " << push.saturated << " value(s) beyond the wire "
+                      << "type's range sent as its largest (logged once)";
+    }
+    if (push.duplicates > 0) {
+      duplicate_pushes += push.duplicates;
+      PS_LOG(WARNING) << "step " << step << " had already been applied on " << push.duplicates
+                      << " shard(s): a retried or resumed push, applied once";
+    }
+  }
+  void Record(int64_t step, float loss, int64_t base, const ShardedClient::PushSummary& push,
+              absl::Duration pull, absl::Duration compute, absl::Duration push_time) {
+    metrics.Step(loss, push.max_staleness);
+    csv.Row({absl::StrCat(step), WallTimeField(), absl::StrFormat("%.5f", loss), absl::StrCat(base),
+             absl::StrCat(push.max_staleness), absl::StrFormat("%.3f", sampler.Epoch(step)),
+             absl::StrCat(push.dropped), Milliseconds(pull), Milliseconds(compute),
+             Milliseconds(push_time)});
+    if (absl::Now() >= next_log) {
+      double rate = (step + 1 - first_step) / absl::ToDoubleSeconds(absl::Now() - start);
+      PS_LOG(INFO) << absl::StrFormat("step %d (epoch %.2f), %.1f steps/s, loss %.4f", step,
+                                      sampler.Epoch(step), rate, loss);
+      next_log += absl::Seconds(10);
+    }
+  }
+};
+
+// async, sync, ssp: each step pulls the weights, computes a minibatch's gradient and pushes it.
+// With `prefetch`, the next step's pull is in flight while this step computes. Returns the step
+// it stopped at.
+absl::StatusOr<int64_t> TrainOnGradients(Run& run, int64_t step, bool prefetch) {
+  const int64_t n = run.net.num_params();
+  // Two weight buffers: with prefetch, one is filled for the next step while the other is used.
+  HostBuffer<float> params_a(run.backend, n), params_b(run.backend, n), grad(run.backend, n);
+  HostBuffer<float>*params = &params_a, *next_params = &params_b;
+  // With prefetch, the pull of the next step's weights into next_params, in flight while this
+  // step computes. Destroyed (waiting for it) before the buffers it writes into; a failure
+  // cancels it first (it could otherwise wait on a shard for a long time).
+  ShardedClient::Pending<ShardedClient::Versions> prefetched;
+  auto fail = [&](absl::Status status) {
+    run.client.Close();
+    prefetched = {};
+    return status;
+  };
+  std::vector<int32_t> indices;
+  for (; run.More(step); ++step) {
+    if (run.pull_delay.enabled() && WaitForShutdown(run.pull_delay.Next())) break;
+    const absl::Time pull_start = absl::Now();
+    absl::StatusOr<ShardedClient::Versions> versions =
+        prefetched.valid() ? prefetched.Wait() : run.client.Pull(params->span());
+    const absl::Duration pull_time = absl::Now() - pull_start;
+    run.metrics.Observe(StepMetrics::kPull, pull_time);
+    if (!versions.ok()) {
+      if (ShutdownRequested()) break;
+      return fail(absl::UnavailableError(
+          absl::StrCat("pull failed at step ", step, ": ", versions.status().message())));
+    }
+    if (prefetch && (run.steps == 0 || step + 1 < run.steps)) {
+      prefetched = run.client.StartPull(next_params->span(), /*after_sequence=*/step);
+    }
+    run.sampler.Indices(step, &indices);
+    const absl::Time compute_start = absl::Now();
+    float loss = run.net.GradientOfExamples(params->span(), indices.data(), run.batch, grad.span());
+    const absl::Duration compute_time = absl::Now() - compute_start;
+    run.metrics.Observe(StepMetrics::kCompute, compute_time);
+    if (!std::isfinite(loss)) {
+      return fail(absl::InternalError(absl::StrCat("training diverged: loss is ", loss, " at step ",
+                                                   step, " (lower the learning rate)")));
+    }
+    if (!run.SlowDown(compute_start)) break;
+    if (run.push_delay.enabled() && WaitForShutdown(run.push_delay.Next())) break;
+    const absl::Time push_start = absl::Now();
+    absl::StatusOr<ShardedClient::PushSummary> push = run.client.Push(grad.span(), step, *versions);
+    if (!push.ok()) {
+      if (ShutdownRequested()) break;
+      return fail(absl::UnavailableError(
+          absl::StrCat("push failed at step ", step, ": ", push.status().message())));
+    }
+    const absl::Duration push_time = absl::Now() - push_start;
+    run.metrics.Observe(StepMetrics::kPush, push_time);
+    run.Pushed(step, *push);
+    run.Record(step, loss, versions->Min(), *push, pull_time, compute_time, push_time);
+    if (prefetched.valid()) std::swap(params, next_params);
+  }
+  prefetched = {};  // waits for a pull in flight: it writes into buffers that die with this scope
+  return step;
+}
+
+// easgd and local: the worker trains its own model (LocalModel) with SGD and exchanges it with
+// the shards every spec.period steps. easgd: pulls the centre and pushes the elastic difference;
+// local: pulls the centre to start each period from, and at its end pushes the model's change
+// (the shards average a round of them). Starting (or restarted), it pulls the centre first.
+absl::StatusOr<int64_t> TrainLocalModel(Run& run, int64_t step, const ConsistencySpec& spec,
+                                        float lr, float momentum, bool cosine) {
+  const int64_t n = run.net.num_params();
+  HostBuffer<float> x(run.backend, n), centre(run.backend, n), vec(run.backend, n);
+  LocalModel model(x.span(), momentum);
+  const bool easgd = spec.kind == ConsistencySpec::Kind::kEasgd;
+  bool started = false;
+  ShardedClient::Versions versions;
+  std::vector<int32_t> indices;
+  auto failed = [&](absl::string_view what, const absl::Status& s) {
+    run.client.Close();
+    return absl::UnavailableError(absl::StrCat(what, " failed at step ", step, ": ", s.message()));
+  };
+  for (; run.More(step); ++step) {
+    absl::Duration pull_time, push_time;
+    ShardedClient::PushSummary push;
+    auto push_to_shards = [&](absl::Span<const float> values) -> absl::Status {
+      if (run.push_delay.enabled() && WaitForShutdown(run.push_delay.Next())) {
+        return absl::CancelledError("stopping");
+      }
+      const absl::Time push_start = absl::Now();
+      absl::StatusOr<ShardedClient::PushSummary> pushed = run.client.Push(values, step, versions);
+      if (!pushed.ok()) return pushed.status();
+      push_time = absl::Now() - push_start;
+      run.metrics.Observe(StepMetrics::kPush, push_time);
+      run.Pushed(step, *pushed);
+      push = *pushed;
+      return absl::OkStatus();
+    };
+    if (!started || step % spec.period == 0) {
+      if (run.pull_delay.enabled() && WaitForShutdown(run.pull_delay.Next())) break;
+      const absl::Time pull_start = absl::Now();
+      const bool elastic = easgd && started;
+      absl::StatusOr<ShardedClient::Versions> pulled =
+          run.client.Pull(elastic ? centre.span() : x.span());
+      pull_time = absl::Now() - pull_start;
+      run.metrics.Observe(StepMetrics::kPull, pull_time);
+      if (!pulled.ok()) {
+        if (ShutdownRequested()) break;
+        return failed("pull", pulled.status());
+      }
+      versions = *std::move(pulled);
+      if (elastic) {
+        model.Elastic(centre.span(), static_cast<float>(spec.alpha), vec.span());
+        if (absl::Status s = push_to_shards(vec.span()); !s.ok()) {
+          if (ShutdownRequested()) break;
+          return failed("push", s);
+        }
+      } else {
+        model.Restart();
+      }
+      started = true;
+    }
+    run.sampler.Indices(step, &indices);
+    const absl::Time compute_start = absl::Now();
+    float loss = run.net.GradientOfExamples(x.span(), indices.data(), run.batch, vec.span());
+    const float rate =
+        cosine && run.steps > 0
+            ? lr * 0.5f * (1 + std::cos(3.14159265f * static_cast<float>(step) / run.steps))
+            : lr;
+    model.Step(vec.span(), rate);
+    const absl::Duration compute_time = absl::Now() - compute_start;
+    run.metrics.Observe(StepMetrics::kCompute, compute_time);
+    if (!std::isfinite(loss)) {
+      run.client.Close();
+      return absl::InternalError(absl::StrCat("training diverged: loss is ", loss, " at step ",
+                                              step, " (lower --local_lr)"));
+    }
+    if (!run.SlowDown(compute_start)) break;
+    if (!easgd && ((step + 1) % spec.period == 0 || step + 1 == run.steps)) {
+      model.Change(vec.span());
+      if (absl::Status s = push_to_shards(vec.span()); !s.ok()) {
+        if (ShutdownRequested()) break;
+        return failed("push", s);
+      }
+    }
+    run.Record(step, loss, versions.Min(), push, pull_time, compute_time, push_time);
+  }
+  return step;
+}
+
 int Main(int argc, char** argv) {
   EnableServerReflection();
   absl::StatusOr<ParsedCommandLine> parsed = ParseDaemonFlags(
@@ -132,6 +341,18 @@ int Main(int argc, char** argv) {
     return Fail("--rpc_timeout_seconds must be >= 0.5");
   }
   if (!(absl::GetFlag(FLAGS_heartbeat_seconds) > 0)) return Fail("--heartbeat_seconds must be > 0");
+  const float local_lr = static_cast<float>(absl::GetFlag(FLAGS_local_lr));
+  if (!(local_lr > 0) || !std::isfinite(local_lr)) return Fail("--local_lr must be > 0");
+  const double local_momentum = absl::GetFlag(FLAGS_local_momentum);
+  if (!(local_momentum >= 0 && local_momentum < 1))
+    return Fail("--local_momentum must be in [0, 1)");
+  const std::string local_schedule = absl::GetFlag(FLAGS_local_lr_schedule);
+  if (local_schedule != "constant" && local_schedule != "cosine") {
+    return Fail("--local_lr_schedule must be constant or cosine");
+  }
+  if (local_schedule == "cosine" && absl::GetFlag(FLAGS_steps) <= 0) {
+    return Fail("--local_lr_schedule=cosine needs --steps");
+  }
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   absl::StatusOr<Delay> pull_delay =
       Delay::Parse(absl::GetFlag(FLAGS_pull_delay), seed * 31 + rank);
@@ -168,10 +389,15 @@ int Main(int argc, char** argv) {
   absl::StatusOr<int64_t> next_step = client.Register();
   if (!next_step.ok() && ShutdownRequested()) return 0;
   if (!next_step.ok()) return Fail(std::string(next_step.status().message()));
+  absl::StatusOr<ConsistencySpec> consistency = ParseConsistencySpec(client.consistency());
+  if (!consistency.ok()) {
+    return Fail("the shards run " + std::string(consistency.status().message()));
+  }
   const bool prefetch = absl::GetFlag(FLAGS_prefetch);
-  if (prefetch && client.consistency() == "sync") {
-    // The next round's weights do not exist until this step's gradient is in.
-    return Fail("--prefetch needs async or ssp:S shards; these run sync");
+  if (prefetch && (consistency->rounds() || consistency->local_models())) {
+    // The next round's weights do not exist until this step's push is in; a local model pulls
+    // only every few steps.
+    return Fail("--prefetch needs async or ssp:S shards; these run " + client.consistency());
   }
   // Heartbeats keep this worker in the shards' active set while it computes or waits at a
   // barrier; each has a deadline of one interval, so a stalled shard does not delay the others.
@@ -225,87 +451,29 @@ int Main(int argc, char** argv) {
   BatchSampler sampler(data->count, batch, seed * 1000003 + rank);
   StepMetrics metrics(started->metrics.get(), rank);
   *data = Examples();  // the backend has its own copy
-  // Two weight buffers: with --prefetch, one is filled for the next step while the other is used.
-  HostBuffer<float> params_a(backend, mlp.num_params()), params_b(backend, mlp.num_params()),
-      grad(backend, mlp.num_params());
-  HostBuffer<float>*params = &params_a, *next_params = &params_b;
-  // With --prefetch, the pull of the next step's weights into next_params, in flight while this
-  // step computes. Destroyed (waiting for it) before the buffers it writes into.
-  ShardedClient::Pending<ShardedClient::Versions> prefetched;
-  std::vector<int32_t> indices;
-  const int64_t steps = absl::GetFlag(FLAGS_steps);
-  // A failure ends the run: a prefetch in flight is cancelled first (it writes into buffers that
-  // die with this scope, and could otherwise wait on a shard for a long time).
-  auto fail = [&](const std::string& reason) {
-    client.Close();
-    prefetched = {};
-    return Fail(reason);
-  };
-  absl::Time next_log = start + absl::Seconds(10);
-  int64_t step = *next_step, first_step = step;
-  int64_t duplicate_pushes = 0;  // shards that answered a push "already applied"
-  int64_t saturated_pushes = 0;  // pushes with values beyond the wire type's range
-  for (; (steps == 0 || step < steps) && !ShutdownRequested(); ++step) {
-    if (absl::Now() >= time_limit) break;
-    if (pull_delay->enabled() && WaitForShutdown(pull_delay->Next())) break;
-    const absl::Time pull_start = absl::Now();
-    absl::StatusOr<ShardedClient::Versions> versions =
-        prefetched.valid() ? prefetched.Wait() : client.Pull(params->span());
-    const absl::Duration pull_time = absl::Now() - pull_start;
-    metrics.Observe(StepMetrics::kPull, pull_time);
-    if (!versions.ok()) {
-      if (ShutdownRequested()) break;
-      return fail(absl::StrCat("pull failed at step ", step, ": ", versions.status().message()));
-    }
-    if (prefetch && (steps == 0 || step + 1 < steps)) {
-      prefetched = client.StartPull(next_params->span(), /*after_sequence=*/step);
-    }
-    sampler.Indices(step, &indices);
-    absl::Time compute_start = absl::Now();
-    float loss = mlp.GradientOfExamples(params->span(), indices.data(), batch, grad.span());
-    const absl::Duration compute_time = absl::Now() - compute_start;
-    metrics.Observe(StepMetrics::kCompute, compute_time);
-    if (!std::isfinite(loss)) {
-      return fail(absl::StrCat("training diverged: loss is ", loss, " at step ", step,
-                               " (lower the learning rate)"));
-    }
-    // A straggler: make the compute take `slowdown` times as long.
-    if (slowdown > 1 && WaitForShutdown((slowdown - 1) * (absl::Now() - compute_start))) break;
-    if (push_delay->enabled() && WaitForShutdown(push_delay->Next())) break;
-    const absl::Time push_start = absl::Now();
-    absl::StatusOr<ShardedClient::PushSummary> push = client.Push(grad.span(), step, *versions);
-    if (!push.ok()) {
-      if (ShutdownRequested()) break;
-      return fail(absl::StrCat("push failed at step ", step, ": ", push.status().message()));
-    }
-    const absl::Duration push_time = absl::Now() - push_start;
-    metrics.Observe(StepMetrics::kPush, push_time);
-    metrics.Step(loss, push->max_staleness);
-    if (push->saturated > 0 && saturated_pushes++ == 0) {
-      PS_LOG(WARNING) << "step " << step << ": " << push->saturated << " gradient value(s) beyond "
-                      << WireTypeName(*push_type) << "'s range sent as its largest (logged once)";
-    }
-    if (push->duplicates > 0) {
-      duplicate_pushes += push->duplicates;
-      PS_LOG(WARNING) << "step " << step << " had already been applied on " << push->duplicates
-                      << " shard(s): a retried or resumed push, applied once";
-    }
-    int64_t base = versions->Min();
-    csv->Row({absl::StrCat(step), WallTimeField(), absl::StrFormat("%.5f", loss),
-              absl::StrCat(base), absl::StrCat(push->max_staleness),
-              absl::StrFormat("%.3f", sampler.Epoch(step)), absl::StrCat(push->dropped),
-              Milliseconds(pull_time), Milliseconds(compute_time), Milliseconds(push_time)});
-    if (absl::Now() >= next_log) {
-      double rate = (step + 1 - first_step) / absl::ToDoubleSeconds(absl::Now() - start);
-      PS_LOG(INFO) << absl::StrFormat("step %d (epoch %.2f), %.1f steps/s, loss %.4f", step,
-                                      sampler.Epoch(step), rate, loss);
-      next_log += absl::Seconds(10);
-    }
-    if (prefetched.valid()) std::swap(params, next_params);
-  }
-  prefetched = {};  // waits for a pull in flight: it writes into buffers that die with this scope
+  Run run{client,
+          mlp,
+          backend,
+          sampler,
+          metrics,
+          *csv,
+          *pull_delay,
+          *push_delay,
+          slowdown,
+          batch,
+          absl::GetFlag(FLAGS_steps),
+          start,
+          time_limit,
+          *next_step};
+  absl::StatusOr<int64_t> stopped =
+      consistency->local_models()
+          ? TrainLocalModel(run, *next_step, *consistency, local_lr,
+                            static_cast<float>(local_momentum), local_schedule == "cosine")
+          : TrainOnGradients(run, *next_step, prefetch);
+  if (!stopped.ok()) return Fail(std::string(stopped.status().message()));
+  const int64_t step = *stopped;
   PS_LOG(INFO) << "done at step " << step << " after " << absl::ToDoubleSeconds(absl::Now() - start)
-               << " s; " << duplicate_pushes << " duplicate push(es), registered again with "
+               << " s; " << run.duplicate_pushes << " duplicate push(es), registered again with "
                << client.reregistrations() << " restarted shard(s)";
   // Leave the active set now (after the last heartbeat, which would rejoin), so that sync rounds
   // need not wait out this worker's lease.
