@@ -790,16 +790,31 @@ TEST(CommandTest, ExperimentRunsAMatrixAndWritesAReport) {
   std::string dir = NewRunDir() + "/report";
   auto [code, output] =
       RunDaemon({"experiment", "--modes=async,sync-backup1", "--workers=2", "--stragglers=1:3",
-                 "--max_seconds=3", "--hidden=32", "--report_dir=" + dir});
+                 "--seeds=1,2", "--max_seconds=3", "--hidden=32", "--report_dir=" + dir});
   EXPECT_EQ(code, 0) << output;
   std::string summary = ReadFile(dir + "/summary.md");
-  EXPECT_NE(summary.find("| async_w2_strag1-3 | "), std::string::npos) << summary;
-  EXPECT_NE(summary.find("| sync-backup1_w2_strag1-3 | "), std::string::npos) << summary;
+  // A row per configuration over its two seeds (mean ± sd), then one per run.
+  EXPECT_NE(summary.find("| async_w2_strag1-3 | 2 | "), std::string::npos) << summary;
+  EXPECT_NE(summary.find("| sync-backup1_w2_strag1-3 | 2 | "), std::string::npos) << summary;
+  EXPECT_NE(summary.find(" ± "), std::string::npos) << summary;
+  EXPECT_NE(summary.find("| async_w2_strag1-3_seed2 | "), std::string::npos) << summary;
   EXPECT_EQ(summary.find("failed"), std::string::npos) << summary;
-  for (const char* f : {"/accuracy_vs_time.png", "/accuracy_vs_updates.png", "/training_loss.png",
-                        "/staleness.png", "/async_w2_strag1-3/staleness.csv"}) {
+  for (const char* f : {"/accuracy_vs_time.png", "/accuracy_vs_updates.png",
+                        "/accuracy_vs_epochs.png", "/training_loss.png", "/staleness.png",
+                        "/async_w2_strag1-3_seed1/staleness.csv",
+                        "/sync-backup1_w2_strag1-3_seed2/accuracy.csv"}) {
     EXPECT_TRUE(FileHasData(dir + f)) << f;
   }
+  // --epochs: each worker of a sync run of 2 workers at batch 64 takes 0.05 x 60,000 / 128 = 24
+  // steps; one worker makes every gradient mode the same SGD, so only the first runs.
+  std::string epochs_dir = NewRunDir() + "/epochs";
+  auto [epochs_code, epochs_output] =
+      RunDaemon({"experiment", "--modes=sync,async", "--workers=1,2", "--epochs=0.05",
+                 "--hidden=32", "--report_dir=" + epochs_dir});
+  EXPECT_EQ(epochs_code, 0) << epochs_output;
+  EXPECT_EQ(Column(LastLine(epochs_dir + "/sync_w2/worker-1.csv"), 0), 23);
+  EXPECT_TRUE(FileHasData(epochs_dir + "/sync_w1/accuracy.csv"));
+  EXPECT_FALSE(FileHasData(epochs_dir + "/async_w1/accuracy.csv"));
   auto [bad, why] = RunDaemon({"experiment", "--modes=hogwild"});
   EXPECT_NE(bad, 0);
   EXPECT_NE(why.find("unknown mode 'hogwild'"), std::string::npos) << why;
