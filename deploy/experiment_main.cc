@@ -155,7 +155,8 @@ int Main(int argc, char** argv) {
     // One worker makes every gradient mode the same SGD: only the first of them runs.
     bool one_sgd_run = false;
     for (const std::string& m : modes) {
-      const bool local_models = ParseConsistencySpec(m).ok() && ParseConsistencySpec(m)->local_models();
+      const bool local_models =
+          ParseConsistencySpec(m).ok() && ParseConsistencySpec(m)->local_models();
       if (count == 1 && !local_models && std::exchange(one_sgd_run, true)) continue;
       for (const std::string& s : stragglers) {
         for (const std::string& seed : seeds) {
@@ -230,8 +231,9 @@ int Main(int argc, char** argv) {
                                 : "model " + absl::GetFlag(FLAGS_model);
   WriteReport(
       report, runs, target, absl::StrJoin(command, " "),
-      absl::StrCat(absl::GetFlag(FLAGS_shards), " shards, optimizer ", absl::GetFlag(FLAGS_optimizer),
-                   " lr ", lr, ", ", model, ", batch ", batch, " per worker, ",
+      absl::StrCat(absl::GetFlag(FLAGS_shards), " shards, optimizer ",
+                   absl::GetFlag(FLAGS_optimizer), " lr ", lr, ", ", model, ", batch ", batch,
+                   " per worker, ",
                    epochs > 0 ? absl::StrCat(epochs, " epochs") : absl::StrCat(max_seconds, " s"),
                    " per run."));
   std::cout << "report: " << report << "/summary.md" << std::endl;

@@ -117,7 +117,8 @@ std::string Cell(double v, const char* format) {
 // "mean ± sd", with "(k of n)" when only k of the n runs have a value.
 std::string Cell(const Spread& s, int runs, const char* format) {
   if (s.n == 0) return "-";
-  std::string cell = absl::StrCat(absl::StrFormat(format, s.mean), " ± ", absl::StrFormat(format, s.sd));
+  std::string cell =
+      absl::StrCat(absl::StrFormat(format, s.mean), " ± ", absl::StrFormat(format, s.sd));
   if (s.n < runs) absl::StrAppend(&cell, " (", s.n, " of ", runs, ")");
   return cell;
 }
@@ -142,8 +143,8 @@ std::string PlotRuns(const std::vector<ExperimentRun>& runs, const std::string& 
   std::vector<bool> titled(configs.size(), false);
   for (const ExperimentRun& r : runs) {
     size_t c = std::find(configs.begin(), configs.end(), r.config) - configs.begin();
-    lines.push_back(absl::StrFormat("'%s/%s' every ::1 using %s with lines lw 1.5 lc %d %s",
-                                    r.name, file, using_columns, c + 1,
+    lines.push_back(absl::StrFormat("'%s/%s' every ::1 using %s with lines lw 1.5 lc %d %s", r.name,
+                                    file, using_columns, c + 1,
                                     titled[c] ? "notitle" : "title '" + r.config + "'"));
     titled[c] = true;
   }
@@ -152,7 +153,8 @@ std::string PlotRuns(const std::vector<ExperimentRun>& runs, const std::string& 
 
 std::string PlotScript(const std::vector<ExperimentRun>& runs, double target) {
   std::vector<std::string> configs = Configs(runs);
-  std::string script = absl::StrFormat(R"(# Regenerate with: gnuplot plots.gp (in this directory)
+  std::string script = absl::StrFormat(
+      R"(# Regenerate with: gnuplot plots.gp (in this directory)
 set datafile separator ','
 set terminal pngcairo size 1100,700 font ',11' noenhanced
 set grid
@@ -181,10 +183,8 @@ set logscale y
 %s
 unset logscale y
 )",
-                                       PlotRuns(runs, "accuracy.csv", "1:4"), target,
-                                       PlotRuns(runs, "accuracy.csv", "2:4"),
-                                       PlotRuns(runs, "accuracy.csv", "3:4"),
-                                       PlotRuns(runs, "train_loss.csv", "1:2"));
+      PlotRuns(runs, "accuracy.csv", "1:4"), target, PlotRuns(runs, "accuracy.csv", "2:4"),
+      PlotRuns(runs, "accuracy.csv", "3:4"), PlotRuns(runs, "train_loss.csv", "1:2"));
   // Staleness: each configuration's first run.
   const size_t rows = (configs.size() + 1) / 2;
   absl::StrAppendFormat(&script, R"(set output 'staleness.png'
@@ -198,8 +198,8 @@ set ylabel 'share of pushes'
 )",
                         260 * rows, rows);
   for (const std::string& config : configs) {
-    const ExperimentRun& r = *std::find_if(runs.begin(), runs.end(),
-                                           [&](const ExperimentRun& x) { return x.config == config; });
+    const ExperimentRun& r = *std::find_if(
+        runs.begin(), runs.end(), [&](const ExperimentRun& x) { return x.config == config; });
     absl::StrAppendFormat(&script, R"(set title '%s'
 set autoscale
 stats '%s/staleness.csv' every ::1 using 1:2 nooutput
@@ -216,7 +216,8 @@ plot '%s/staleness.csv' every ::1 using 1:($2/total) with boxes
 }  // namespace
 
 void SummariseRun(const std::string& run_dir, double target, ExperimentRun& run) {
-  run.accuracy = SummariseAccuracy(run_dir + "/evaluator.csv", run.result.start_unix_seconds, target);
+  run.accuracy =
+      SummariseAccuracy(run_dir + "/evaluator.csv", run.result.start_unix_seconds, target);
   SummariseStaleness(run_dir, run);
   WriteTrainingLoss(run_dir, run.workers, run.result.start_unix_seconds);
   WriteAccuracy(run_dir, run);
@@ -248,11 +249,11 @@ void WriteReport(const std::string& report, const std::vector<ExperimentRun>& ru
       updates.push_back(static_cast<double>(r.updates));
       rate.push_back(r.result.worker_steps / std::max(r.result.seconds, 1e-9));
     }
-    md << absl::StrFormat("| %s | %d | %s | %s | %s | %s | %s | %s |\n", config, count,
-                          Cell(SpreadOf(target_at), count, "%.1f"),
-                          Cell(SpreadOf(final_accuracy), count, "%.4f"),
-                          Cell(SpreadOf(best), count, "%.4f"), Cell(SpreadOf(epochs), count, "%.2f"),
-                          Cell(SpreadOf(updates), count, "%.0f"), Cell(SpreadOf(rate), count, "%.1f"));
+    md << absl::StrFormat(
+        "| %s | %d | %s | %s | %s | %s | %s | %s |\n", config, count,
+        Cell(SpreadOf(target_at), count, "%.1f"), Cell(SpreadOf(final_accuracy), count, "%.4f"),
+        Cell(SpreadOf(best), count, "%.4f"), Cell(SpreadOf(epochs), count, "%.2f"),
+        Cell(SpreadOf(updates), count, "%.0f"), Cell(SpreadOf(rate), count, "%.1f"));
   }
   md << "\nMean ± sample standard deviation over the configuration's runs (seeds); \"(k of n)\": "
         "only k runs reached the target. Every run:\n\n";

@@ -14,8 +14,8 @@
 namespace ps {
 
 struct ExperimentRun {
-  std::string config;  // the configuration (mode, workers, straggler, ...): what seeds repeat
-  std::string name;    // the run's directory in the report: config, and the seed if several
+  std::string config;     // the configuration (mode, workers, straggler, ...): what seeds repeat
+  std::string name;       // the run's directory in the report: config, and the seed if several
   std::string mode;       // experiment --modes
   std::string straggler;  // RANK:FACTOR or none
   int workers = 0;

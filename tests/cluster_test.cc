@@ -799,10 +799,10 @@ TEST(CommandTest, ExperimentRunsAMatrixAndWritesAReport) {
   EXPECT_NE(summary.find(" ± "), std::string::npos) << summary;
   EXPECT_NE(summary.find("| async_w2_strag1-3_seed2 | "), std::string::npos) << summary;
   EXPECT_EQ(summary.find("failed"), std::string::npos) << summary;
-  for (const char* f : {"/accuracy_vs_time.png", "/accuracy_vs_updates.png",
-                        "/accuracy_vs_epochs.png", "/training_loss.png", "/staleness.png",
-                        "/async_w2_strag1-3_seed1/staleness.csv",
-                        "/sync-backup1_w2_strag1-3_seed2/accuracy.csv"}) {
+  for (const char* f :
+       {"/accuracy_vs_time.png", "/accuracy_vs_updates.png", "/accuracy_vs_epochs.png",
+        "/training_loss.png", "/staleness.png", "/async_w2_strag1-3_seed1/staleness.csv",
+        "/sync-backup1_w2_strag1-3_seed2/accuracy.csv"}) {
     EXPECT_TRUE(FileHasData(dir + f)) << f;
   }
   // --epochs: each worker of a sync run of 2 workers at batch 64 takes 0.05 x 60,000 / 128 = 24
