@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 
 namespace ps {
@@ -61,7 +62,7 @@ std::string ConsistencyText(const ConsistencySpec& spec) {
     case ConsistencySpec::Kind::kSsp:
       return absl::StrCat("ssp:", spec.staleness_bound);
     case ConsistencySpec::Kind::kEasgd:
-      return spec.alpha > 0 ? absl::StrCat("easgd:", spec.period, ",", spec.alpha)
+      return spec.alpha > 0 ? absl::StrFormat("easgd:%d,%.9g", spec.period, spec.alpha)
                             : absl::StrCat("easgd:", spec.period);
     case ConsistencySpec::Kind::kLocalSgd:
       return absl::StrCat("local:", spec.period);

@@ -38,7 +38,7 @@ struct ConsistencySpec {
 
 // Parses the grammar above; INVALID_ARGUMENT naming it otherwise.
 absl::StatusOr<ConsistencySpec> ParseConsistencySpec(absl::string_view text);
-// The canonical text: ParseConsistencySpec gives `spec` back (alpha to 6 significant digits).
+// The canonical text: ParseConsistencySpec gives `spec` back (alpha to 9 significant digits).
 std::string ConsistencyText(const ConsistencySpec& spec);
 
 }  // namespace ps

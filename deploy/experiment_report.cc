@@ -256,7 +256,8 @@ void WriteReport(const std::string& report, const std::vector<ExperimentRun>& ru
         Cell(SpreadOf(updates), count, "%.0f"), Cell(SpreadOf(rate), count, "%.1f"));
   }
   md << "\nMean ± sample standard deviation over the configuration's runs (seeds); \"(k of n)\": "
-        "only k runs reached the target. Every run:\n\n";
+        "only k of its n runs have a value (for the time to the target: reached it). Every "
+        "run:\n\n";
   md << absl::StrFormat(
       "| run | time to %.2f (s) | final acc | best acc | steps/s | updates/s | staleness mean | "
       "p50 | p99 | max | dropped |\n|---|---|---|---|---|---|---|---|---|---|---|\n",

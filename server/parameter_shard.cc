@@ -70,10 +70,12 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(const Sha
   if (c.backup_workers < 0) return absl::InvalidArgumentError("--backup_workers must be >= 0");
   absl::StatusOr<ConsistencySpec> consistency = ParseConsistencySpec(c.consistency);
   if (!consistency.ok()) return consistency.status();
-  if (consistency->local_models() && (c.dc_lambda > 0 || c.staleness_aware_lr)) {
+  if (consistency->local_models() &&
+      (c.dc_lambda > 0 || c.staleness_aware_lr || c.max_staleness >= 0)) {
+    // A worker moves its own model by what it pushes: a change the shard dropped would be lost.
     return absl::InvalidArgumentError(absl::StrCat(
-        "--dc_lambda and --staleness_lr change gradients; under --consistency=", c.consistency,
-        " workers push changes of their models"));
+        "--dc_lambda, --staleness_lr and --max_staleness act on gradients; under --consistency=",
+        c.consistency, " workers push changes of their models"));
   }
   if (c.lease <= absl::ZeroDuration()) return absl::InvalidArgumentError("the lease must be > 0");
   if (c.progress_timeout < absl::ZeroDuration()) {
@@ -824,6 +826,13 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   }
   if (c.optimizer != config_.optimizer.name) {
     return differs("optimizer", c.optimizer, config_.optimizer.name);
+  }
+  // What a pushed vector and an open round's sum are (gradients or changes of the model) must
+  // agree; the other settings of a model (S, T, H) may change across a restart.
+  if (absl::StatusOr<ConsistencySpec> theirs = ParseConsistencySpec(c.consistency);
+      theirs.ok() && (theirs->local_models() != policy_->spec().local_models() ||
+                      theirs->rounds() != policy_->spec().rounds())) {
+    return differs("consistency", c.consistency, policy_->Name());
   }
   if (c.version < 0 || static_cast<int64_t>(c.values.size()) != range_.size() ||
       (!c.round_sum.empty() && static_cast<int64_t>(c.round_sum.size()) != range_.size())) {

@@ -67,7 +67,7 @@ struct ShardConfig {
   std::string consistency = "async";         // see common/consistency_spec.h
   int backup_workers = 0;                    // rounds close after active - backup pushes
   absl::Duration lease = absl::Seconds(10);  // a worker silent this long leaves the active set
-  // sync/ssp: a worker that others wait for (an open round without its gradient; the slowest
+  // sync/ssp/local: a worker that others wait for (an open round without its push; the slowest
   // SSP clock) and that has not pushed for this long leaves the active set until it pushes or
   // registers again (heartbeats alone do not bring it back). Zero: off.
   absl::Duration progress_timeout = absl::Seconds(60);

@@ -48,7 +48,8 @@ ABSL_FLAG(std::string, consistency, "async",
           "workers train local models and exchange A*(x_i - centre) every T steps; A defaults to "
           "0.9/W) | local:H (local SGD: workers train H steps, then their models are averaged). "
           "Under easgd and local, workers push changes of their models, which the shard adds as "
-          "they are: --optimizer and --lr apply on the workers (worker --local_lr).");
+          "they are: its --optimizer and --lr play no part (workers run SGD with momentum, "
+          "worker --local_lr and --local_momentum).");
 ABSL_FLAG(int, backup_workers, 0,
           "sync, local: close a round after (active workers - this) pushes.");
 ABSL_FLAG(double, lease_seconds, 10,
@@ -70,8 +71,9 @@ ABSL_FLAG(int32_t, apply_threads, 1,
           "Threads that apply one push together, each to a part of the shard (1..64); parts are "
           "at least 64k parameters, so small shards use fewer.");
 ABSL_FLAG(double, progress_timeout_seconds, 60,
-          "sync/ssp: a worker the others wait for that has not pushed for this long leaves the "
-          "active set until it pushes again; 0: off.");
+          "sync/ssp/local: a worker the others wait for that has not pushed for this long leaves "
+          "the active set until it pushes again (under local:H, keep it above H steps' time); "
+          "0: off.");
 ABSL_FLAG(double, momentum, 0.9, "Momentum coefficient (momentum, nesterov).");
 ABSL_FLAG(double, beta1, 0.9, "Adam beta1.");
 ABSL_FLAG(double, beta2, 0.999, "Adam beta2.");

@@ -121,6 +121,15 @@ TEST(ShardCheckpointTest, ARestoredShardContinuesBitIdentically) {
   momentum.optimizer.name = "momentum";
   EXPECT_EQ((*ParameterShard::Create(momentum))->Restore(**loaded).code(),
             absl::StatusCode::kInvalidArgument);
+  // So is one whose pushes meant something else: gradients (ssp:2) against changes of the model
+  // (easgd); another staleness bound is fine.
+  ShardConfig easgd = AdamSsp();
+  easgd.consistency = "easgd:4";
+  EXPECT_NE((*ParameterShard::Create(easgd))->Restore(**loaded).message().find("consistency ssp:2"),
+            std::string::npos);
+  ShardConfig looser = AdamSsp();
+  looser.consistency = "ssp:5";
+  EXPECT_TRUE((*ParameterShard::Create(looser))->Restore(**loaded).ok());
 }
 
 // A worker registering again with a restarted shard skips the steps lost with it

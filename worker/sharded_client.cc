@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "common/chunking.h"
 #include "common/cluster.h"
+#include "common/consistency_spec.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/partition.h"
@@ -637,11 +638,14 @@ absl::StatusOr<int64_t> ShardedClient::Impl::Register() {
   consistency_ = sessions_[0].consistency;
   std::vector<int64_t> last;
   for (const Session& session : sessions_) last.push_back(session.last_sequence);
-  // Under sync a step that reached only some shards is not sent again: its round has closed (the
-  // others would drop it as late), and a duplicate on one shard with a contribution on another
-  // would put this worker in different rounds on different shards, which deadlocks the barrier.
-  next_sequence_ = (consistency_ == "sync" ? *std::max_element(last.begin(), last.end())
-                                           : *std::min_element(last.begin(), last.end())) +
+  // In rounds (sync, local) a step that reached only some shards is not sent again: its round has
+  // closed (the others would drop it as late), and a duplicate on one shard with a contribution
+  // on another would put this worker in different rounds on different shards, which deadlocks the
+  // barrier.
+  absl::StatusOr<ConsistencySpec> spec = ParseConsistencySpec(consistency_);
+  const bool rounds = spec.ok() && spec->rounds();
+  next_sequence_ = (rounds ? *std::max_element(last.begin(), last.end())
+                           : *std::min_element(last.begin(), last.end())) +
                    1;
   return next_sequence_;
 }

@@ -137,10 +137,11 @@ class ShardedClient {
   // Registers with every shard (checking they agree on the model) and returns the sequence number
   // this worker's next push should carry: one past the lowest last sequence over the shards, so
   // that a step that reached only some shards is delivered to the others (those that have it
-  // answer duplicate); under sync, one past the highest (that step's round has closed). Fails
+  // answer duplicate); in rounds (sync, local), one past the highest (that step's round has
+  // closed). Fails
   // (FAILED_PRECONDITION) if some shards hold a trained model and others none.
   absl::StatusOr<int64_t> Register();
-  // The shards' consistency model ("async", "sync", "ssp:S"), known after Register.
+  // The shards' consistency model (common/consistency_spec.h), known after Register.
   const std::string& consistency() const;
   // This process's incarnation at shard `shard`, from Register (0 before): pushes, heartbeats and
   // Leave carry it, and a later Register of the same worker id elsewhere supersedes it.
