@@ -155,8 +155,8 @@ int Main(int argc, char** argv) {
     // One worker makes every gradient mode the same SGD: only the first of them runs.
     bool one_sgd_run = false;
     for (const std::string& m : modes) {
-      const bool local_models =
-          ParseConsistencySpec(m).ok() && ParseConsistencySpec(m)->local_models();
+      const absl::StatusOr<ConsistencySpec> spec = ParseConsistencySpec(m);
+      const bool local_models = spec.ok() && spec->local_models();
       if (count == 1 && !local_models && std::exchange(one_sgd_run, true)) continue;
       for (const std::string& s : stragglers) {
         for (const std::string& seed : seeds) {
