@@ -1,5 +1,6 @@
 #include "common/wire_type.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -94,24 +95,38 @@ __attribute__((target("avx,f16c"))) void FromFloat16F16c(const char* in, size_t 
   for (; i < n; ++i) out[i] = _cvtsh_ss(Half(in, i));
 }
 
-// Without F16C: the compiler's _Float16 conversions (round to nearest even).
+// Without F16C: the compiler's half-precision conversions (round to nearest even). _Float16 where
+// the compiler has it (GCC 12, clang 15); clang 14, which tools/check_thread_safety.py parses
+// with, has only the storage type __fp16 on x86 (converted through float: the same results).
+#ifdef __FLT16_MAX__
+using Half16 = _Float16;
+#else
+using Half16 = __fp16;
+#endif
+
 void ToFloat16Portable(const float* in, size_t n, uint16_t* out) {
   for (size_t i = 0; i < n; ++i) {
-    _Float16 h = static_cast<_Float16>(in[i]);
+    Half16 h = static_cast<Half16>(in[i]);
     std::memcpy(&out[i], &h, sizeof(h));
   }
 }
 
 void FromFloat16Portable(const char* in, size_t n, float* out) {
   for (size_t i = 0; i < n; ++i) {
-    _Float16 h;
+    Half16 h;
     std::memcpy(&h, in + 2 * i, sizeof(h));
     out[i] = static_cast<float>(h);
   }
 }
 
 bool HasF16c() {
-  static const bool has = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID (clang 14's __builtin_cpu_supports does not know "f16c"); "avx" also says
+  // the OS saves the YMM registers the 8-wide conversions use.
+  static const bool has = [] {
+    unsigned eax, ebx, ecx, edx;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &eax, &ebx, &ecx, &edx) &&
+           (ecx & bit_F16C) != 0;
+  }();
   return has;
 }
 

@@ -110,12 +110,12 @@ Spread SpreadOf(const std::vector<double>& values) {
   return s;
 }
 
-std::string Cell(double v, const char* format) {
+std::string Cell(double v, const absl::FormatSpec<double>& format) {
   return std::isnan(v) ? "-" : absl::StrFormat(format, v);
 }
 
 // "mean ± sd", with "(k of n)" when only k of the n runs have a value.
-std::string Cell(const Spread& s, int runs, const char* format) {
+std::string Cell(const Spread& s, int runs, const absl::FormatSpec<double>& format) {
   if (s.n == 0) return "-";
   std::string cell =
       absl::StrCat(absl::StrFormat(format, s.mean), " ± ", absl::StrFormat(format, s.sd));

@@ -1,7 +1,8 @@
 #include "deploy/kill_plan.h"
 
-#include <algorithm>
+#include <cmath>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -13,24 +14,58 @@ std::string Kill::Name() const {
   return absl::StrCat(role == Role::kWorker ? "worker " : "shard ", index);
 }
 
+std::string Kill::When() const {
+  switch (unit) {
+    case Unit::kSeconds:
+      return absl::StrCat("at ", at, " s");
+    case Unit::kSteps:
+      return absl::StrCat("after ", at, " steps");
+    case Unit::kUpdates:
+      return absl::StrCat("after ", at, " updates");
+  }
+  return "";
+}
+
+bool Kill::Due(const RunProgress& p) const {
+  switch (unit) {
+    case Unit::kSeconds:
+      return p.seconds >= at;
+    case Unit::kSteps:
+      return p.steps >= at;
+    case Unit::kUpdates:
+      return p.updates >= at;
+  }
+  return false;
+}
+
 absl::StatusOr<std::vector<Kill>> ParseKillPlan(const std::string& text, int shards, int workers) {
   std::vector<Kill> plan;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    item = absl::StripAsciiWhitespace(item);
     auto bad = [&](const std::string& why) {
-      return absl::InvalidArgumentError(absl::StrCat("bad --kill item '", item, "': ", why,
-                                                     " (expected worker:R@Ts or ps:S@Ts)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad --kill item '", item, "': ", why,
+                       " (expected worker:R@WHEN or ps:S@WHEN, WHEN as 30s, 300steps or 800u)"));
     };
     std::vector<absl::string_view> role_rest = absl::StrSplit(item, absl::MaxSplits(':', 1));
     if (role_rest.size() != 2) return bad("no ':'");
     std::vector<absl::string_view> index_at = absl::StrSplit(role_rest[1], absl::MaxSplits('@', 1));
     if (index_at.size() != 2) return bad("no '@'");
     Kill k;
-    double seconds = 0;
     if (!absl::SimpleAtoi(index_at[0], &k.index)) return bad("the index is not a number");
-    if (!absl::SimpleAtod(absl::StripSuffix(index_at[1], "s"), &seconds) || !(seconds >= 0)) {
-      return bad("the time is not a number of seconds >= 0");
+    absl::string_view when = index_at[1];
+    // Longest suffix first: "steps" and "updates" end in 's'.
+    if (absl::ConsumeSuffix(&when, "steps")) {
+      k.unit = Kill::Unit::kSteps;
+    } else if (absl::ConsumeSuffix(&when, "updates") || absl::ConsumeSuffix(&when, "u")) {
+      k.unit = Kill::Unit::kUpdates;
+    } else {
+      absl::ConsumeSuffix(&when, "s");
+      k.unit = Kill::Unit::kSeconds;
     }
-    k.at = absl::Seconds(seconds);
+    if (!absl::SimpleAtod(when, &k.at) || !(k.at >= 0) || std::isinf(k.at)) {
+      return bad("the trigger is not a number >= 0 followed by s, steps or u");
+    }
     if (role_rest[0] == "worker") {
       k.role = Kill::Role::kWorker;
       if (k.index < 0 || k.index >= workers) return bad(absl::StrCat("no worker ", k.index));
@@ -42,8 +77,6 @@ absl::StatusOr<std::vector<Kill>> ParseKillPlan(const std::string& text, int sha
     }
     plan.push_back(k);
   }
-  std::stable_sort(plan.begin(), plan.end(),
-                   [](const Kill& a, const Kill& b) { return a.at < b.at; });
   return plan;
 }
 

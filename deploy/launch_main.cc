@@ -70,9 +70,11 @@ ABSL_FLAG(int, replicas, 1,
           "both applied them, and a replica that dies is started again and joins its peer. "
           "Replaces checkpoints (off by default then); async and ssp:S only.");
 ABSL_FLAG(std::string, kill, "",
-          "Deaths to inject, e.g. worker:2@20s,ps:1@40s (SIGKILL at those times; with "
-          "--replicas=2, ps:S is shard S's replica 0, its first primary); the run restarts what "
-          "dies.");
+          "Deaths to inject (SIGKILL), each once its trigger is reached: worker:2@300steps (the "
+          "workers' steps, summed), ps:1@800u (updates applied, summed over shards) or "
+          "worker:0@20s (seconds after the start; progress triggers hit the same point of a run "
+          "on any machine). With --replicas=2, ps:S is shard S's replica 0, its first primary. "
+          "The run restarts what dies.");
 ABSL_FLAG(int, max_restarts, 3, "Times one process may be restarted; one more death ends the run.");
 ABSL_FLAG(std::string, read_token_file, "",
           "File holding a read-only token: the shards accept it and the evaluator uses it.");

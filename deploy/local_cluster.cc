@@ -1,6 +1,8 @@
 #include "deploy/local_cluster.h"
 
 #include <arpa/inet.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -13,6 +15,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/grpc_status.h"
+#include "common/security.h"
 
 namespace ps {
 
@@ -63,6 +67,7 @@ absl::StatusOr<int> FreePort() {
 absl::Status LocalCluster::StartShards(int count, const std::string& model, int num_workers,
                                        const std::vector<std::string>& flags, int replicas) {
   replicas_ = replicas;
+  stubs_.clear();
   const int processes = count * replicas;
   shard_argv_.clear();
   shards_.clear();
@@ -202,6 +207,45 @@ absl::Status LocalCluster::StartEvaluator(const std::vector<std::string>& flags)
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::StatsResponse> LocalCluster::ProcessStats(int process, absl::Duration deadline) {
+  stubs_.resize(shards_.size());
+  if (stubs_[process] == nullptr) {
+    const ClusterSecurity& s = security_;
+    absl::StatusOr<ClientSecurity> security = LoadClientSecurity(
+        s.server_cert.empty() ? TlsFiles{} : TlsFiles{s.client_cert, s.client_key, s.ca},
+        s.read_token_file.empty() ? s.token_file : s.read_token_file);
+    if (!security.ok()) return security.status();
+    stubs_[process] = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(ProcessAddress(process), security->credentials != nullptr
+                                                         ? security->credentials
+                                                         : grpc::InsecureChannelCredentials()));
+    token_ = security->token;
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  if (!token_.empty()) context.AddMetadata(kAuthorizationMetadata, BearerValue(token_));
+  v1::StatsRequest request;
+  request.set_max_workers(1);  // the shard's own counters are what is wanted
+  v1::StatsResponse response;
+  grpc::Status status = stubs_[process]->GetStats(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+int64_t LocalCluster::UpdatesApplied(absl::Duration deadline) {
+  int64_t total = 0;
+  for (size_t shard = 0; shard < shards_.size() / replicas_; ++shard) {
+    int64_t version = 0;
+    for (int r = 0; r < replicas_; ++r) {
+      absl::StatusOr<v1::StatsResponse> stats =
+          ProcessStats(static_cast<int>(shard) * replicas_ + r, deadline);
+      if (stats.ok()) version = std::max(version, stats->version());
+    }
+    total += version;
+  }
+  return total;
+}
+
 Subprocess* LocalCluster::worker(int rank) {
   auto it = workers_.find(rank);
   return it == workers_.end() ? nullptr : &it->second;
@@ -229,6 +273,7 @@ std::string LocalCluster::Stop() {
   }
   shards_.clear();
   ports_.clear();
+  stubs_.clear();
   return absl::StrJoin(bad, "; ");
 }
 

@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "deploy/subprocess.h"
+#include "proto/ps.grpc.pb.h"
 
 namespace ps {
 
@@ -55,6 +57,14 @@ class LocalCluster {
   absl::Status StartWorker(int rank, int num_workers, const std::vector<std::string>& flags);
   absl::Status StartEvaluator(const std::vector<std::string>& flags);
 
+  // GetStats of shard process `process` (shards()[process]) over the cluster's TLS, with its
+  // read-only token if it has one (else the write token); the call's error if it does not answer
+  // within `deadline` (e.g. the process is down).
+  absl::StatusOr<v1::StatsResponse> ProcessStats(int process, absl::Duration deadline);
+  // Updates applied so far, summed over shards: each shard's version, the highest any of its
+  // replicas answers within `deadline`; a shard none of whose replicas answers counts 0.
+  int64_t UpdatesApplied(absl::Duration deadline);
+
   // The worker of that rank, or null if it was never started.
   Subprocess* worker(int rank);
   Subprocess* evaluator() { return evaluator_.get(); }
@@ -84,6 +94,9 @@ class LocalCluster {
   std::vector<std::vector<std::string>> shard_argv_;  // by process
   std::vector<Subprocess> shards_;
   std::vector<int> ports_;
+  // One stub per shard process, made on first use (ProcessStats); cleared with the shards.
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
+  std::string token_;  // what ProcessStats sends
   std::map<int, Subprocess> workers_;
   std::unique_ptr<Subprocess> evaluator_;
 };

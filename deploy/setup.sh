@@ -6,10 +6,12 @@ cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  clang  # clang++-14: the ThreadSafetyAnalysis test (tools/check_thread_safety.py)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev libopenblas-dev zlib1g-dev nlohmann-json3-dev libssl-dev openssl
   prometheus-cpp-dev prometheus curl
-  dataset-fashion-mnist gnuplot-nox python3-numpy python3-yaml iperf3 iproute2 iptables
+  dataset-fashion-mnist gnuplot-nox iperf3 iproute2 iptables systemd
+  python3 python3-numpy python3-yaml  # for /usr/bin/python3: the tests' interpreter, PS_PYTHON
   libnetfilter-queue-dev
 )
 missing=()

@@ -258,7 +258,11 @@ absl::StatusOr<bool> ParameterShard::Commit(InitializeSlot slot) {
     data_version_ = version_;
   }
   initialized_ = true;
-  Changed({.kind = ShardChange::Kind::kInitialize, .values = weights_});
+  {
+    // weights_ cannot change while mu_ is held; shared, so pulls' copies are not held up meanwhile.
+    absl::ReaderMutexLock data(&data_mu_);
+    Changed({.kind = ShardChange::Kind::kInitialize, .values = weights_});
+  }
   AnswerWaiters(&answers);
   return true;
 }
@@ -850,7 +854,7 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
   }
   for (auto& [name, state] : slots) {
     auto saved = std::find_if(c.optimizer_state.begin(), c.optimizer_state.end(),
-                              [&](const auto& slot) { return slot.first == name; });
+                              [&name = name](const auto& slot) { return slot.first == name; });
     if (saved == c.optimizer_state.end() || saved->second.size() != state.size()) {
       return absl::InvalidArgumentError("the checkpoint has no optimizer slot " + name +
                                         " of the shard's size");

@@ -188,9 +188,15 @@ double TrainLocalModels(const std::string& consistency, int steps, bool kill) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
   EXPECT_TRUE(cluster.StartShards(2, kMlp32, 2, {"--consistency=" + consistency}).ok());
   EXPECT_TRUE(cluster.StartEvaluator({"--hidden=32", "--interval_seconds=2"}).ok());
-  std::vector<std::string> flags = {"--hidden=32",     "--heartbeat_seconds=0.2",
-                                    "--local_lr=0.05", "--local_momentum=0.9",
-                                    "--batch_size=32", absl::StrCat("--steps=", steps)};
+  // Each push (every 4 steps under easgd:4, 8 under local:8) waits 20 ms, so that the run goes
+  // on well past the kill at step 100 on any machine: 700 steps after it take at least 1.7 s.
+  std::vector<std::string> flags = {"--hidden=32",
+                                    "--heartbeat_seconds=0.2",
+                                    "--local_lr=0.05",
+                                    "--local_momentum=0.9",
+                                    "--batch_size=32",
+                                    absl::StrCat("--steps=", steps),
+                                    "--push_delay=fixed:0.02"};
   for (int r = 0; r < 2; ++r) EXPECT_TRUE(cluster.StartWorker(r, 2, flags).ok());
   const std::string csv = cluster.run_dir() + "/worker-0.csv";
   if (kill) {

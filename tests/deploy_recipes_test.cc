@@ -15,7 +15,7 @@ namespace {
 // Runs the check `what`; skips the test when a tool it needs is missing (exit 77).
 void Check(const std::string& what) {
   const CommandResult r =
-      RunCommand(std::string("python3 ") + PS_SOURCE_DIR + "/deploy/check_recipes.py " + what +
+      RunCommand(std::string(PS_PYTHON) + " " + PS_SOURCE_DIR + "/deploy/check_recipes.py " + what +
                  " --bin=" + ExecutableDir());
   std::cout << r.output;
   if (r.exit_code == 77) GTEST_SKIP() << r.output;

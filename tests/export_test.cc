@@ -134,8 +134,8 @@ TEST(ExportTest, ATrainedJobExportsFromCheckpointsAndLiveShardsAndNumPyScoresItA
   const std::string csv = dir + "/eval.csv";
   Finished evaluator = RunProgram({"evaluator", "--model_file=" + file, "--csv=" + csv});
   ASSERT_EQ(evaluator.code, 0) << evaluator.output;
-  Finished numpy = RunProgram(
-      {"/usr/bin/env", "python3", std::string(PS_SOURCE_DIR) + "/tools/score_model.py", file});
+  Finished numpy =
+      RunProgram({PS_PYTHON, std::string(PS_SOURCE_DIR) + "/tools/score_model.py", file});
   ASSERT_EQ(numpy.code, 0) << numpy.output;
   std::cout << "evaluator (" << evaluator.seconds << " s): " << evaluator.output << "numpy ("
             << numpy.seconds << " s): " << numpy.output;
@@ -190,8 +190,8 @@ TEST(ExportTest, NumPyScoresACnnFileAsTheEvaluator) {
           .ok());
   Finished evaluator = RunProgram({"evaluator", "--model_file=" + file, "--model=" + model});
   ASSERT_EQ(evaluator.code, 0) << evaluator.output;
-  Finished numpy = RunProgram(
-      {"/usr/bin/env", "python3", std::string(PS_SOURCE_DIR) + "/tools/score_model.py", file});
+  Finished numpy =
+      RunProgram({PS_PYTHON, std::string(PS_SOURCE_DIR) + "/tools/score_model.py", file});
   ASSERT_EQ(numpy.code, 0) << numpy.output;
   std::cout << "evaluator: " << evaluator.output << "numpy: " << numpy.output;
   Score by_evaluator = ParseScore(evaluator.output), by_numpy = ParseScore(numpy.output);

@@ -71,7 +71,7 @@ bool WaitForStep(const std::string& csv, int64_t step, absl::Duration timeout) {
   absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     if (Column(LastLine(csv), 0) >= step) return true;
-    absl::SleepFor(absl::Milliseconds(50));
+    absl::SleepFor(absl::Milliseconds(10));  // a short overshoot past `step`/`version`
   }
   return false;
 }
@@ -89,7 +89,7 @@ v1::StatsResponse Stats(const std::string& address) {
 bool WaitForVersion(const std::string& address, int64_t version, absl::Duration timeout) {
   for (absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
     if (Stats(address).version() >= version) return true;
-    absl::SleepFor(absl::Milliseconds(50));
+    absl::SleepFor(absl::Milliseconds(10));
   }
   return false;
 }

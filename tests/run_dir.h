@@ -18,7 +18,9 @@ std::string NewRunDir(const std::string& prefix = "run");
 std::string ReadFile(const std::string& path);
 // Field `column` of a CSV line as a number; NaN if absent.
 double Column(const std::string& csv_line, int column);
-// Waits until the last step in a worker's CSV reaches `step`.
+// Waits until the last step in a worker's CSV reaches `step` (polled every 10 ms: a fast worker
+// may be a few steps past it). Tests that act "mid-run" after it also bound the run's rate
+// (worker --push_delay) so that the run is still going on a machine many times faster.
 bool WaitForStep(const std::string& csv, int64_t step, absl::Duration timeout);
 // GetStats of the plaintext shard at `address` (a failed call is a test failure).
 v1::StatsResponse Stats(const std::string& address);

@@ -1,4 +1,5 @@
-// How launch and experiment describe a job (JobSpec) becomes the daemons' flags.
+// How launch and experiment describe a job (JobSpec) becomes the daemons' flags; launch --kill's
+// plan and when each death is due.
 #include "deploy/training_run.h"
 
 #include <gtest/gtest.h>
@@ -56,6 +57,53 @@ TEST(TrainingRunTest, BadJobSpecsAreRefusedWithAReason) {
   JobSpec no_workers;
   no_workers.workers = 0;
   EXPECT_FALSE(MakeTrainingConfig(no_workers).ok());
+}
+
+TEST(KillPlanTest, TriggersByTimeStepsOrUpdatesInTheOrderGiven) {
+  absl::StatusOr<std::vector<Kill>> plan =
+      ParseKillPlan("ps:1@800u, worker:2@300steps,worker:0@6s,ps:0@7,worker:1@50updates", 2, 3);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->size(), 5u);
+  const Kill& shard = (*plan)[0];
+  EXPECT_EQ(shard.role, Kill::Role::kShard);
+  EXPECT_EQ(shard.index, 1);
+  EXPECT_EQ(shard.unit, Kill::Unit::kUpdates);
+  EXPECT_EQ(shard.Name() + " " + shard.When(), "shard 1 after 800 updates");
+  EXPECT_EQ((*plan)[1].Name() + " " + (*plan)[1].When(), "worker 2 after 300 steps");
+  EXPECT_EQ((*plan)[2].When(), "at 6 s");
+  EXPECT_EQ((*plan)[3].When(), "at 7 s");
+  EXPECT_EQ((*plan)[4].When(), "after 50 updates");
+
+  // Each trigger looks at its own measure of progress only.
+  EXPECT_FALSE(shard.Due({/*seconds=*/1e6, /*steps=*/1'000'000, /*updates=*/799}));
+  EXPECT_TRUE(shard.Due({0, 0, 800}));
+  EXPECT_FALSE((*plan)[1].Due({1e6, 299, 1'000'000}));
+  EXPECT_TRUE((*plan)[1].Due({0, 300, 0}));
+  EXPECT_FALSE((*plan)[2].Due({5.9, 1'000'000, 1'000'000}));
+  EXPECT_TRUE((*plan)[2].Due({6, 0, 0}));
+}
+
+TEST(KillPlanTest, BadItemsAreRefusedWithTheReason) {
+  for (const auto& [text, why] : std::vector<std::pair<std::string, std::string>>{
+           {"worker:3@1s", "no worker 3"},
+           {"ps:2@10u", "no shard 2"},
+           {"ps:-1@10u", "no shard -1"},
+           {"evaluator:0@1s", "neither worker nor ps"},
+           {"worker@1s", "no ':'"},
+           {"worker:1", "no '@'"},
+           {"worker:x@1s", "the index is not a number"},
+           {"worker:1@-5steps", "not a number >= 0"},
+           {"worker:1@5min", "not a number >= 0"},
+           {"worker:1@steps", "not a number >= 0"},
+           {"worker:1@infs", "not a number >= 0"},
+       }) {
+    absl::StatusOr<std::vector<Kill>> plan = ParseKillPlan(text, 2, 3);
+    ASSERT_FALSE(plan.ok()) << text;
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << text;
+    EXPECT_NE(plan.status().message().find(why), std::string::npos) << plan.status();
+    EXPECT_NE(plan.status().message().find("'" + text + "'"), std::string::npos) << plan.status();
+  }
+  EXPECT_TRUE(ParseKillPlan("", 1, 1)->empty());
 }
 
 }  // namespace
