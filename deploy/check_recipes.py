@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Offline checks of the deployment recipes in deploy/ (run by tests/deploy_recipes_test.cc).
 
   check_recipes.py k8s|docker|slurm|systemd --bin=build/bin

@@ -763,11 +763,11 @@ TEST(CommandTest, LaunchRecoversFromAWorkerAndAShardKilledMidRun) {
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(Column(LastLine(dir + "/worker-" + std::to_string(r) + ".csv"), 0), 2499) << r;
   }
-  // Measured 2026-11-24 on a 2-core machine: see the test's note in README ("Tests"). The bar
-  // sits below the lowest run measured with a core kept busy.
+  // Measured on a 2-core machine (2026-11-24, 3 runs idle and 3 with a core kept busy):
+  // 0.8715-0.8740 (a cosine schedule over the run's 5,000 steps). The bar is 0.05 below.
   const double accuracy = Column(LastLine(dir + "/evaluator.csv"), 3);
   std::cout << "final test accuracy " << accuracy << std::endl;
-  EXPECT_GE(accuracy, 0.80) << output;
+  EXPECT_GE(accuracy, 0.82) << output;
   // Shard 0 resumed from a checkpoint (one every 500 updates: the kill came after ~2,500), not
   // from nothing, and knew how many updates it lost.
   const std::string log = ReadFile(dir + "/ps-0.log");

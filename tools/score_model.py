@@ -1,8 +1,8 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Scores a model file written by export_model (an MLP or a CNN) on the Fashion-MNIST test set,
 with NumPy alone.
 
-    python3 tools/score_model.py model.safetensors [--data_dir=/usr/share/datasets/fashion-mnist]
+    /usr/bin/python3 tools/score_model.py model.safetensors [--data_dir=/usr/share/datasets/fashion-mnist]
 
 prints "test loss L, accuracy A" for the same 10,000 images `evaluator --model_file` scores.
 """
