@@ -62,7 +62,8 @@ class LocalCluster {
   // within `deadline` (e.g. the process is down).
   absl::StatusOr<v1::StatsResponse> ProcessStats(int process, absl::Duration deadline);
   // Updates applied so far, summed over shards: each shard's version, the highest any of its
-  // replicas answers within `deadline`; a shard none of whose replicas answers counts 0.
+  // replicas answers within `deadline`; a shard none of whose replicas answers counts 0 (so the
+  // sum drops while a shard is down, and after one resumes from an older checkpoint).
   int64_t UpdatesApplied(absl::Duration deadline);
 
   // The worker of that rank, or null if it was never started.

@@ -410,6 +410,8 @@ TEST(SecureClusterTest, WorkersAndAReadOnlyEvaluatorTrainOverMutualTlsWithTokens
     EXPECT_EQ(s.pushes_rejected(), 0);
     EXPECT_EQ(s.registered_workers(), 2);
   }
+  // What launch --kill=...@Nu reads, through the cluster's TLS and read-only token.
+  EXPECT_EQ(cluster.UpdatesApplied(absl::Seconds(10)), 600);
   EXPECT_EQ(cluster.Stop(), "");
   // The read-only evaluator pulled and scored the final weights at shutdown.
   std::string last = LastLine(cluster.run_dir() + "/evaluator.csv");
