@@ -208,16 +208,20 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
     result.interrupted = WaitForShutdown(absl::Milliseconds(by_progress ? 20 : 200));
     absl::Time now = absl::Now();
     if (!kills.empty()) {
-      RunProgress at{absl::ToDoubleSeconds(now - start), StepsDone(c.run_dir, c.workers), 0};
+      RunProgress at{absl::ToDoubleSeconds(now - start), StepsDone(c.run_dir, c.workers), -1};
+      auto read_updates = [&] {
+        if (at.updates < 0) at.updates = cluster.UpdatesApplied(absl::Milliseconds(500));
+      };
       if (std::any_of(kills.begin(), kills.end(),
                       [](const Kill& k) { return k.unit == Kill::Unit::kUpdates; })) {
-        at.updates = cluster.UpdatesApplied(absl::Milliseconds(500));
+        read_updates();
       }
       for (auto k = kills.begin(); k != kills.end();) {
         if (!k->Due(at)) {
           ++k;
           continue;
         }
+        read_updates();  // for the progress line
         (k->role == Kill::Role::kWorker ? *cluster.worker(k->index)
                                         : cluster.shards()[k->index * c.replicas])  // replica 0
             .Signal(SIGKILL);
@@ -297,7 +301,8 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
   // A fault that was asked for and never happened makes the run not the experiment asked for.
   if (result.failure.empty() && !result.interrupted && !kills.empty()) {
     result.failure = absl::StrCat("--kill: ", kills[0].Name(), " ", kills[0].When(),
-                                  " never happened: the run ended first; trigger it earlier");
+                                  " never happened: the run ended first (at ",
+                                  StepsDone(c.run_dir, c.workers), " steps); trigger it earlier");
   }
   result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   result.worker_steps = StepsDone(c.run_dir, c.workers);

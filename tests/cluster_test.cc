@@ -789,6 +789,14 @@ TEST(CommandTest, LaunchRecoversFromAWorkerAndAShardKilledMidRun) {
   auto [bad_plan, reason] = RunDaemon({"launch", "--kill=worker:9@1s"});
   EXPECT_NE(bad_plan, 0);
   EXPECT_NE(reason.find("bad --kill item 'worker:9@1s': no worker 9"), std::string::npos) << reason;
+  // A death the run ends before reaching is not silently skipped.
+  auto [missed, said] = RunDaemon({"launch", "--workers=1", "--steps=20", "--hidden=8",
+                                   "--kill=worker:0@1000steps", "--run_dir=" + dir + "-short"});
+  EXPECT_NE(missed, 0);
+  EXPECT_NE(said.find("--kill: worker 0 after 1000 steps never happened: the run ended first (at "
+                      "20 steps)"),
+            std::string::npos)
+      << said;
 }
 
 // With --replicas=2 a killed primary needs no checkpoint: its backup takes over, and the killed
