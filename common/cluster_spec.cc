@@ -54,7 +54,8 @@ std::pair<std::string, std::string> HostPort(const std::string& address) {
   return {address.substr(0, colon), address.substr(colon + 1)};
 }
 
-void AddSecurity(const ClusterSpec& spec, const std::string& program,
+// `replicated`: the role is a replica of a replicated shard (ps --peer).
+void AddSecurity(const ClusterSpec& spec, const std::string& program, bool replicated,
                  std::vector<std::string>* flags) {
   auto get = [&](const char* key) {
     auto it = spec.security.find(key);
@@ -69,6 +70,7 @@ void AddSecurity(const ClusterSpec& spec, const std::string& program,
     if (!get("client_cert").empty()) add("tls_ca", get("ca"));  // clients present certificates
     add("token_file", get("token_file"));
     add("read_token_file", get("read_token_file"));
+    if (replicated) add("replication_token_file", get("replication_token_file"));
     return;
   }
   add("tls_ca", get("ca"));
@@ -176,8 +178,8 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
   }
   if (root.contains("security")) {
     static const std::set<std::string> kSecurity = {
-        "ca",         "server_cert", "server_key",     "client_cert",
-        "client_key", "token_file",  "read_token_file"};
+        "ca",         "server_cert", "server_key",      "client_cert",
+        "client_key", "token_file",  "read_token_file", "replication_token_file"};
     if (!root["security"].is_object()) return Bad("\"security\" must be an object");
     for (const auto& [name, value] : root["security"].items()) {
       if (kSecurity.count(name) == 0) {
@@ -197,6 +199,15 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
     return Bad(
         "replicated shards over TLS need security.client_cert and client_key (a backup "
         "connects to its primary with them)");
+  }
+  // The job's tokens cannot replicate (a worker must not fence a shard's replicas).
+  const bool authenticated =
+      spec.security.count("token_file") > 0 ||
+      (spec.security.count("server_cert") > 0 && spec.security.count("client_cert") > 0);
+  if (replicated && authenticated && spec.security.count("replication_token_file") == 0) {
+    return Bad(
+        "replicated shards with a token or mutual TLS need security.replication_token_file (the "
+        "token the replicas of a shard prove themselves to each other with)");
   }
   return spec;
 }
@@ -243,6 +254,7 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
                      program == "ps" || program == "worker" ? program + ":N" : program, ")"));
   }
   std::vector<std::string> flags;
+  bool replicated = false;  // a replica of a replicated shard (ps --peer)
   // The clients get the model as the spec gave it: --model, or the MLP's --hidden sizes.
   const std::string model_flag =
       spec.model.empty() ? "--hidden=" + spec.hidden : "--model=" + spec.model;
@@ -280,6 +292,7 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
              "--host=" + host,
              "--port=" + port};
     if (replicas.size() == 2) {
+      replicated = true;
       flags.push_back("--peer=" + replicas[1 - r]);
       flags.push_back(absl::StrCat("--replica=", r));
     }
@@ -300,7 +313,7 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
   } else {
     return absl::InvalidArgumentError("no cluster-spec role for program " + program);
   }
-  AddSecurity(spec, program, &flags);
+  AddSecurity(spec, program, replicated, &flags);
   if (auto it = spec.role_flags.find(program); it != spec.role_flags.end()) {
     for (const auto& [name, value] : it->second)
       flags.push_back(absl::StrCat("--", name, "=", value));

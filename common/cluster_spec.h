@@ -14,7 +14,8 @@
 //     "evaluator": {"interval_seconds": 2},
 //     "security": {"ca": "ca.pem", "server_cert": "server.pem", "server_key": "server.key",
 //                  "client_cert": "client.pem", "client_key": "client.key",
-//                  "token_file": "token", "read_token_file": "read-token"}
+//                  "token_file": "token", "read_token_file": "read-token",
+//                  "replication_token_file": "replication-token"}   replicated shards only
 //   }
 //
 // Every field but "shards" and "workers" is optional; values of the per-role sections are
@@ -36,7 +37,9 @@ struct ClusterSpec {
   int workers = 0;
   // Per-role flags, by role kind ("ps", "worker", "evaluator"): name -> value.
   std::map<std::string, std::map<std::string, std::string>> role_flags;
-  // "security": ca, server_cert, server_key, client_cert, client_key, token_file, read_token_file.
+  // "security": ca, server_cert, server_key, client_cert, client_key, token_file, read_token_file,
+  // replication_token_file (given to replicated shards only; required for them with a token or
+  // mutual TLS).
   std::map<std::string, std::string> security;
 };
 

@@ -12,6 +12,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 
 namespace ps {
 namespace {
@@ -54,25 +56,88 @@ absl::Status DataLoss(const std::string& path, const std::string& why) {
   return absl::DataLossError(absl::StrCat(path, ": ", why));
 }
 
+constexpr char kChecksumKey[] = "file_crc32";
+constexpr size_t kChecksumDigits = 8;
+constexpr char kChecksumBlank[] = "00000000";
+
+// Where the value of `"file_crc32":"<value>"` starts in a header's JSON text, as the writer lays
+// it out (no spaces, no escapes); npos unless it occurs exactly once. A '"' that is not escaped
+// always delimits a string, so this text can only be the key and its value, not part of a string.
+size_t ChecksumValueAt(absl::string_view text, absl::string_view value) {
+  const std::string needle = absl::StrCat("\"", kChecksumKey, "\":\"", value, "\"");
+  size_t at = text.find(needle);
+  if (at == absl::string_view::npos || text.find(needle, at + 1) != absl::string_view::npos) {
+    return std::string::npos;
+  }
+  return at + needle.size() - 1 - value.size();
+}
+
+// OK if the metadata's file_crc32 is the CRC-32 of `bytes` (the whole file) with that value's
+// 8 digits read as '0's (`data_start`: where the header ends); DATA_LOSS naming the file and the
+// checksum otherwise.
+absl::Status CheckWholeFile(const std::string& path, const std::string& bytes, size_t data_start,
+                            const nlohmann::json& header) {
+  const nlohmann::json* metadata =
+      header.contains("__metadata__") ? &header["__metadata__"] : nullptr;
+  if (metadata == nullptr || !metadata->is_object() || !metadata->contains(kChecksumKey)) {
+    if (metadata != nullptr && metadata->is_object() && metadata->contains("crc32")) {
+      return DataLoss(path,
+                      "no whole-file checksum (file_crc32): written by an older version whose "
+                      "crc32 covers the tensors only, so its header could have been changed "
+                      "undetected; refused. Write it again with this version");
+    }
+    return DataLoss(path, "no checksum (metadata file_crc32): not written by this program");
+  }
+  const nlohmann::json& value = (*metadata)[kChecksumKey];
+  uint32_t expected = 0;
+  if (!value.is_string() || value.get<std::string>().size() != kChecksumDigits ||
+      value.get<std::string>().find_first_not_of("0123456789abcdef") != std::string::npos ||
+      !absl::SimpleHexAtoi(value.get<std::string>(), &expected)) {
+    return DataLoss(path, "checksum mismatch: file_crc32 is not 8 hex digits");
+  }
+  // Searched in the header only: the data could hold the same bytes.
+  const size_t at =
+      ChecksumValueAt(absl::string_view(bytes).substr(0, data_start), value.get<std::string>());
+  if (at == std::string::npos) {
+    return DataLoss(path, "checksum mismatch: the header does not hold file_crc32 as written");
+  }
+  uint32_t crc = Crc32(crc32(0, nullptr, 0), bytes.data(), at);
+  crc = Crc32(crc, kChecksumBlank, kChecksumDigits);
+  crc = Crc32(crc, bytes.data() + at + kChecksumDigits, bytes.size() - at - kChecksumDigits);
+  if (crc != expected) {
+    return DataLoss(path,
+                    "checksum mismatch: the file is torn or was changed after it was written "
+                    "(its header or its tensors)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
                               std::map<std::string, std::string> metadata) {
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
-  uint32_t crc = crc32(0, nullptr, 0);
   for (const TensorView& t : tensors) {
     uint64_t bytes = t.data.size() * sizeof(float);
     header[t.name] = {
         {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    crc = Crc32(crc, t.data.data(), bytes);
   }
-  metadata["crc32"] = absl::StrCat(crc);
+  metadata[kChecksumKey] = kChecksumBlank;
   header["__metadata__"] = metadata;
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
   uint64_t length = text.size();
+  // The checksum covers every byte of the file, its own value blanked.
+  const size_t at = ChecksumValueAt(text, kChecksumBlank);
+  if (at == std::string::npos) return absl::InternalError("checksum placeholder not found");
+  uint32_t crc = Crc32(crc32(0, nullptr, 0), &length, sizeof(length));
+  crc = Crc32(crc, text.data(), text.size());
+  for (const TensorView& t : tensors) {
+    crc = Crc32(crc, t.data.data(), t.data.size() * sizeof(float));
+  }
+  text.replace(at, kChecksumDigits, absl::StrFormat("%08x", crc));
 
   std::string tmp = path + ".tmp";
   int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -122,10 +187,8 @@ absl::StatusOr<Safetensors> ReadSafetensors(const std::string& path) {
       /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (!header.is_object()) return DataLoss(path, "the header is not a JSON object");
   const uint64_t data_start = sizeof(length) + length, data_size = bytes.size() - data_start;
+  if (absl::Status s = CheckWholeFile(path, bytes, data_start, header); !s.ok()) return s;
   Safetensors out;
-  uint32_t crc = crc32(0, nullptr, 0);
-  // Tensors in file order (by offset) for the checksum.
-  std::map<uint64_t, std::string> by_offset;
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       if (!entry.is_object()) return DataLoss(path, "__metadata__ is not an object");
@@ -157,17 +220,7 @@ absl::StatusOr<Safetensors> ReadSafetensors(const std::string& path) {
     }
     t.data.resize(count);
     if (count > 0) std::memcpy(t.data.data(), bytes.data() + data_start + begin, end - begin);
-    by_offset[begin] = name;
     out.tensors[name] = std::move(t);
-  }
-  for (const auto& [offset, name] : by_offset) {
-    const std::vector<float>& d = out.tensors[name].data;
-    crc = Crc32(crc, d.data(), d.size() * sizeof(float));
-  }
-  uint32_t expected = 0;
-  auto it = out.metadata.find("crc32");
-  if (it == out.metadata.end() || !absl::SimpleAtoi(it->second, &expected) || expected != crc) {
-    return DataLoss(path, "checksum mismatch: the tensors are corrupt or the file is torn");
   }
   return out;
 }

@@ -1,8 +1,13 @@
 // safetensors files (https://huggingface.co/docs/safetensors): an 8-byte little-endian header
 // length, a JSON header naming each tensor's dtype, shape and byte range, then the raw
 // little-endian tensors. NumPy (safetensors.numpy) and PyTorch read them. This project writes
-// float32 tensors only, plus string metadata in "__metadata__", including "crc32" (zlib's) of the
-// tensor bytes so that a torn or corrupt file is detected.
+// float32 tensors only, plus string metadata in "__metadata__", including "file_crc32": zlib's
+// CRC-32 of the whole file (length, header, padding, tensors) as 8 lowercase hex digits, computed
+// with those 8 digits written as "00000000". A file torn or changed anywhere, its metadata
+// included, is refused. The value is found in the header text as the writer lays it out
+// (`"file_crc32":"xxxxxxxx"`, exactly once), so the check needs no canonical re-serialisation.
+// Files of older versions (metadata "crc32", over the tensor bytes only) are refused too: their
+// metadata could have been changed undetected.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +41,10 @@ struct Safetensors {
   std::map<std::string, Tensor> tensors;
 };
 
-// Reads a file written by WriteSafetensors. Fails with DATA_LOSS naming the problem (truncated,
-// a header that does not parse or points outside the file, a dtype other than F32, a checksum
-// mismatch) and with NOT_FOUND if there is no such regular file or it cannot be opened.
+// Reads a file written by WriteSafetensors. Fails with DATA_LOSS naming the file and the problem
+// (truncated, a header that does not parse or points outside the file, a dtype other than F32, a
+// checksum mismatch: "checksum" is in the message, no or an older checksum) and with NOT_FOUND if
+// there is no such regular file or it cannot be opened.
 absl::StatusOr<Safetensors> ReadSafetensors(const std::string& path);
 
 }  // namespace ps

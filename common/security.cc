@@ -126,17 +126,28 @@ absl::StatusOr<std::string> LoadToken(absl::string_view flag, const std::string&
 std::string BearerValue(absl::string_view token) { return absl::StrCat("Bearer ", token); }
 
 absl::StatusOr<TokenAuthenticator> TokenAuthenticator::Create(absl::string_view write_token,
-                                                              absl::string_view read_token) {
-  if (write_token.empty()) {
+                                                              absl::string_view read_token,
+                                                              absl::string_view replication_token) {
+  if (write_token.empty() && read_token.empty() && replication_token.empty()) {
+    return absl::InvalidArgumentError("no token given (use TokenAuthenticator() for none)");
+  }
+  if (write_token.empty() && !read_token.empty()) {
     return absl::InvalidArgumentError(
         "a read-only token needs a write token too (--token_file or PS_TOKEN)");
   }
-  if (write_token == read_token) {
+  if (!read_token.empty() && write_token == read_token) {
     return absl::InvalidArgumentError("the read-only token must differ from the write token");
   }
+  if (!replication_token.empty() &&
+      (replication_token == write_token || replication_token == read_token)) {
+    return absl::InvalidArgumentError(
+        "the replication token must differ from the write and read-only tokens (workers hold "
+        "those; it lets a replica act on its peer)");
+  }
   TokenAuthenticator a;
-  a.write_ = Sha256(write_token);
+  if (!write_token.empty()) a.write_ = Sha256(write_token);
   if (!read_token.empty()) a.read_ = Sha256(read_token);
+  if (!replication_token.empty()) a.replication_ = Sha256(replication_token);
   return a;
 }
 
@@ -152,7 +163,16 @@ bool TokenAuthenticator::Equal(const Digest& a, const Digest& b) {
 
 absl::Status TokenAuthenticator::Authorize(absl::string_view authorization, Access needed,
                                            absl::string_view call) const {
-  if (!enabled()) return absl::OkStatus();
+  const bool replicate = needed == Access::kReplicate;
+  // Without a replication token, Replication calls are as open as the rest: no token at all is the
+  // plaintext-loopback mode. With job tokens but none for replication, nobody may replicate.
+  if (replicate ? !replication_.has_value() && !enabled() : !enabled()) return absl::OkStatus();
+  if (replicate && !replication_.has_value()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(call,
+                     " needs the replication token, and this shard has none "
+                     "(ps --replication_token_file or PS_REPLICATION_TOKEN)"));
+  }
   if (authorization.empty()) {
     return absl::UnauthenticatedError(
         absl::StrCat(call, " needs a token (call metadata 'authorization: Bearer <token>')"));
@@ -162,10 +182,26 @@ absl::Status TokenAuthenticator::Authorize(absl::string_view authorization, Acce
         "malformed authorization metadata: expected 'Bearer <token>'");
   }
   Digest presented = Sha256(authorization);
-  // Both comparisons always run, so the time taken does not tell which token matched.
-  bool is_write = Equal(presented, *write_);
+  // Every comparison always runs, so the time taken does not tell which token matched.
+  bool is_write = write_.has_value() && Equal(presented, *write_);
   bool is_read = read_.has_value() && Equal(presented, *read_);
+  bool is_replication = replication_.has_value() && Equal(presented, *replication_);
+  if (replicate) {
+    if (is_replication) return absl::OkStatus();
+    if (!is_write && !is_read) {
+      return absl::UnauthenticatedError(absl::StrCat(call, ": invalid token"));
+    }
+    return absl::PermissionDeniedError(absl::StrCat(
+        call,
+        " needs the replication credential (the token of ps --replication_token_file), which "
+        "only the shard's replica peer holds; the job's write and read-only tokens do not allow "
+        "ps.v1.Replication calls"));
+  }
   if (is_write) return absl::OkStatus();
+  if (is_replication) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        call, ": the replication token allows only ps.v1.Replication calls between replicas"));
+  }
   if (!is_read) return absl::UnauthenticatedError(absl::StrCat(call, ": invalid token"));
   if (needed == Access::kWrite) {
     return absl::PermissionDeniedError(
@@ -183,12 +219,14 @@ std::string ServerSecurity::Describe() const {
                       ", ",
                       !tokens.enabled()         ? "no token"
                       : tokens.has_read_token() ? "write and read-only tokens"
-                                                : "write token");
+                                                : "write token",
+                      tokens.has_replication_token() ? ", replication token" : "");
 }
 
 absl::StatusOr<ServerSecurity> LoadServerSecurity(const TlsFiles& files,
                                                   const std::string& token_file,
-                                                  const std::string& read_token_file) {
+                                                  const std::string& read_token_file,
+                                                  const std::string& replication_token_file) {
   ServerSecurity s;
   s.credentials = grpc::InsecureServerCredentials();
   if (!files.cert.empty() || !files.key.empty()) {
@@ -216,11 +254,16 @@ absl::StatusOr<ServerSecurity> LoadServerSecurity(const TlsFiles& files,
   absl::StatusOr<std::string> read =
       LoadToken("--read_token_file", read_token_file, "PS_READ_TOKEN");
   if (!read.ok()) return read.status();
-  if (!write->empty() || !read->empty()) {
-    absl::StatusOr<TokenAuthenticator> tokens = TokenAuthenticator::Create(*write, *read);
+  absl::StatusOr<std::string> replication =
+      LoadToken("--replication_token_file", replication_token_file, "PS_REPLICATION_TOKEN");
+  if (!replication.ok()) return replication.status();
+  if (!write->empty() || !read->empty() || !replication->empty()) {
+    absl::StatusOr<TokenAuthenticator> tokens =
+        TokenAuthenticator::Create(*write, *read, *replication);
     if (!tokens.ok()) return tokens.status();
     s.tokens = *std::move(tokens);
   }
+  s.replication_token = *std::move(replication);
   return s;
 }
 

@@ -1,7 +1,8 @@
 // Who may talk to a parameter server: TLS credentials built from PEM files (server-only or mutual),
-// shared-secret bearer tokens (a write token and an optional read-only one) compared in constant
-// time, and the rule for which addresses a daemon may listen on. Errors name the files by the
-// daemons' flags (--tls_cert, --tls_key, --tls_ca, --token_file, --read_token_file).
+// shared-secret bearer tokens (a write token, an optional read-only one, and the replication token
+// a shard's two replicas prove themselves to each other with) compared in constant time, and the
+// rule for which addresses a daemon may listen on. Errors name the files by the daemons' flags
+// (--tls_cert, --tls_key, --tls_ca, --token_file, --read_token_file, --replication_token_file).
 #pragma once
 
 #include <grpcpp/security/credentials.h>
@@ -30,9 +31,10 @@ struct TlsFiles {
 inline constexpr char kAuthorizationMetadata[] = "authorization";
 std::string BearerValue(absl::string_view token);
 
-// What a call needs: kRead (Pull as an observer, GetStats, Register as an observer) or kWrite
-// (everything else).
-enum class Access { kRead, kWrite };
+// What a call needs: kRead (Pull as an observer, GetStats, Register as an observer), kWrite
+// (every other ps.v1.ParameterServer call), or kReplicate (ps.v1.Replication: only a shard's
+// replica peer, with the replication token; the job's tokens never allow it).
+enum class Access { kRead, kWrite, kReplicate };
 
 // Decides from a call's authorization metadata whether the caller may do what it asks. Holds only
 // SHA-256 digests of the tokens and compares digests in constant time, so neither the tokens'
@@ -41,17 +43,24 @@ class TokenAuthenticator {
  public:
   // No tokens: every caller may do everything.
   TokenAuthenticator() = default;
-  // `write_token` must not be empty; `read_token` may be ("" : no read-only token) but must differ
-  // from the write token. INVALID_ARGUMENT otherwise.
+  // `read_token` ("": none) needs a `write_token`; `replication_token` ("": none) may stand alone
+  // (a job without tokens whose replicas still authenticate each other). Nonempty tokens must all
+  // differ. INVALID_ARGUMENT otherwise, or when all three are empty.
   static absl::StatusOr<TokenAuthenticator> Create(absl::string_view write_token,
-                                                   absl::string_view read_token);
+                                                   absl::string_view read_token,
+                                                   absl::string_view replication_token = "");
 
+  // Whether ParameterServer calls need a token (there is a write token).
   bool enabled() const { return write_.has_value(); }
   bool has_read_token() const { return read_.has_value(); }
+  bool has_replication_token() const { return replication_.has_value(); }
 
   // OK if the caller presenting `authorization` (the metadata value, "" if absent) may do `call`,
   // which needs `needed`. UNAUTHENTICATED: no, malformed or unknown token. PERMISSION_DENIED: the
-  // read-only token, for a call that needs kWrite. `call` names the call in messages.
+  // read-only token for a call that needs kWrite; the replication token for a kRead or kWrite
+  // call (when enabled()); the write or read-only token for kReplicate, and any caller for
+  // kReplicate when enabled() without a replication token (fails closed). Without any token
+  // everything is allowed. `call` names the call in messages.
   absl::Status Authorize(absl::string_view authorization, Access needed,
                          absl::string_view call) const;
 
@@ -60,7 +69,7 @@ class TokenAuthenticator {
   static Digest Sha256(absl::string_view text);
   static bool Equal(const Digest& a, const Digest& b);  // constant time
 
-  std::optional<Digest> write_, read_;
+  std::optional<Digest> write_, read_, replication_;
 };
 
 // The ps's side of security, from its flags: the listening port's credentials and the tokens.
@@ -71,6 +80,8 @@ struct ServerSecurity {
   // Whether strangers are kept out: mutual TLS or a token (server-only TLS encrypts but lets any
   // client in).
   bool authenticates_callers() const { return mutual_tls || tokens.enabled(); }
+  // The replication token itself, for this process's own calls to its replica peer; "": none.
+  std::string replication_token;
   // For the log: "mutual TLS, write+read tokens", "plaintext, no token", ...
   std::string Describe() const;
 };
@@ -78,11 +89,14 @@ struct ServerSecurity {
 // Builds the ps's security. TLS when files.cert/files.key are set (both or neither); mutual TLS
 // when files.ca is set too. The write token comes from `token_file`, else the environment variable
 // PS_TOKEN; the read-only token from `read_token_file`, else PS_READ_TOKEN; a read-only token needs
-// a write token. Fails with a one-line reason for a missing or unreadable file, a file that holds
-// no PEM certificate or key, a key that does not match its certificate, or an empty token.
+// a write token. The replication token comes from `replication_token_file`, else
+// PS_REPLICATION_TOKEN. Fails with a one-line reason for a missing or unreadable file, a file that
+// holds no PEM certificate or key, a key that does not match its certificate, an empty token, or
+// two equal tokens.
 absl::StatusOr<ServerSecurity> LoadServerSecurity(const TlsFiles& files,
                                                   const std::string& token_file,
-                                                  const std::string& read_token_file);
+                                                  const std::string& read_token_file,
+                                                  const std::string& replication_token_file = "");
 
 // A client's side (worker, evaluator, tests): channel credentials and the token it sends.
 struct ClientSecurity {

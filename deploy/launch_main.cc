@@ -78,6 +78,10 @@ ABSL_FLAG(std::string, kill, "",
 ABSL_FLAG(int, max_restarts, 3, "Times one process may be restarted; one more death ends the run.");
 ABSL_FLAG(std::string, read_token_file, "",
           "File holding a read-only token: the shards accept it and the evaluator uses it.");
+ABSL_FLAG(std::string, replication_token_file, "",
+          "With --replicas=2 and a token or --tls_dir: file holding the token a shard's replicas "
+          "prove themselves to each other with (the job's tokens cannot replicate); default: a "
+          "fresh one written to <run_dir>/replication-token.");
 
 namespace ps {
 namespace {
@@ -178,6 +182,7 @@ int Main(int argc, char** argv) {
   }
   c.security.token_file = absl::GetFlag(FLAGS_token_file);
   c.security.read_token_file = absl::GetFlag(FLAGS_read_token_file);
+  c.security.replication_token_file = absl::GetFlag(FLAGS_replication_token_file);
   c.run_dir = absl::GetFlag(FLAGS_run_dir);
   if (c.run_dir.empty()) {
     mkdir("runs", 0755);

@@ -1,6 +1,7 @@
 #include "deploy/local_cluster.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <netinet/in.h>
@@ -36,6 +37,32 @@ void LocalCluster::AppendShardSecurityFlags(std::vector<std::string>* argv) cons
   }
   if (!s.token_file.empty()) argv->push_back("--token_file=" + s.token_file);
   if (!s.read_token_file.empty()) argv->push_back("--read_token_file=" + s.read_token_file);
+  if (replicas_ > 1 && !s.replication_token_file.empty()) {
+    argv->push_back("--replication_token_file=" + s.replication_token_file);
+  }
+}
+
+absl::Status LocalCluster::EnsureReplicationToken() {
+  ClusterSecurity& s = security_;
+  const bool authenticated =
+      !s.token_file.empty() || (!s.server_cert.empty() && !s.client_cert.empty());
+  if (!s.replication_token_file.empty() || !authenticated) return absl::OkStatus();
+  unsigned char secret[32];
+  int random = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  const bool read_ok =
+      random >= 0 && read(random, secret, sizeof secret) == static_cast<ssize_t>(sizeof secret);
+  if (random >= 0) close(random);
+  if (!read_ok) return absl::UnavailableError("cannot read /dev/urandom for a replication token");
+  std::string token;
+  for (unsigned char byte : secret) absl::StrAppend(&token, absl::Hex(byte, absl::kZeroPad2));
+  const std::string path = run_dir_ + "/replication-token";
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const bool written =
+      fd >= 0 && write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size());
+  if (fd >= 0) close(fd);
+  if (!written) return absl::UnavailableError("cannot write " + path);
+  s.replication_token_file = path;
+  return absl::OkStatus();
 }
 
 void LocalCluster::AppendClientSecurityFlags(const std::string& token_file,
@@ -68,6 +95,9 @@ absl::Status LocalCluster::StartShards(int count, const std::string& model, int 
                                        const std::vector<std::string>& flags, int replicas) {
   replicas_ = replicas;
   stubs_.clear();
+  if (replicas > 1) {
+    if (absl::Status s = EnsureReplicationToken(); !s.ok()) return s;
+  }
   const int processes = count * replicas;
   shard_argv_.clear();
   shards_.clear();

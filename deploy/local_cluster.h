@@ -22,6 +22,10 @@ struct ClusterSecurity {
   std::string client_cert, client_key;  // workers' and the evaluator's; set too: mutual TLS
   std::string token_file;               // write token: shards, workers, and the evaluator ...
   std::string read_token_file;          // ... unless this read-only token is set
+  // Replicated shards only: the token a shard's replicas prove themselves to each other with.
+  // Empty while shards authenticate callers (a token or mutual TLS): StartShards writes a fresh
+  // one to run_dir/replication-token.
+  std::string replication_token_file;
 };
 
 // A port nothing listens on now on 127.0.0.1 (the kernel's pick for a socket bound to port 0),
@@ -82,6 +86,9 @@ class LocalCluster {
   void AppendShardSecurityFlags(std::vector<std::string>* argv) const;
   void AppendClientSecurityFlags(const std::string& token_file,
                                  std::vector<std::string>* argv) const;
+  // Replicated shards that authenticate callers need a replication token: writes a fresh one
+  // to run_dir/replication-token unless security_ names one.
+  absl::Status EnsureReplicationToken();
 
   std::string PortFile(int shard) const;
   // Starts shard `shard` from shard_argv_ (replacing shards_[shard]) / waits until it wrote its

@@ -124,13 +124,16 @@ absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path) {
   return c;
 }
 
-absl::StatusOr<std::optional<ShardCheckpoint>> CheckpointStore::LoadNewest() {
+absl::StatusOr<std::optional<ShardCheckpoint>> CheckpointStore::LoadNewest(std::string* skipped) {
   absl::StatusOr<std::vector<std::string>> files = Files();
   if (!files.ok()) return files.status();
   for (auto it = files->rbegin(); it != files->rend(); ++it) {
     absl::StatusOr<ShardCheckpoint> c = ReadShardCheckpoint(*it);
     if (c.ok()) return std::optional<ShardCheckpoint>(*std::move(c));
     PS_LOG(WARNING) << "skipping a checkpoint that does not read back: " << c.status().message();
+    if (skipped != nullptr) {
+      absl::StrAppend(skipped, skipped->empty() ? "" : "; ", c.status().message());
+    }
   }
   return std::optional<ShardCheckpoint>();
 }

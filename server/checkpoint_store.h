@@ -4,7 +4,10 @@
 // (strings): "format" = "ps.shard.v1", "model", "shard_index", "num_shards", "optimizer",
 // "consistency", "version", "workers" (JSON: [{"id", "last_sequence", "clock",
 // "pushes_applied", "joined_at_version", "incarnation"}]), "round_contributors" (JSON list),
-// "crc32".
+// "file_crc32" (the whole file's checksum: common/safetensors.h).
+// A file changed anywhere after it was written (a tensor, or metadata such as "version" or a
+// worker's "last_sequence") is refused like a torn one, and so are files of versions before the
+// whole-file checksum (their "crc32" covered the tensors only).
 // Not thread-safe.
 #pragma once
 
@@ -24,9 +27,11 @@ class CheckpointStore {
 
   // Writes `checkpoint` atomically, then deletes the oldest beyond `keep`. Returns the path.
   absl::StatusOr<std::string> Write(const ShardCheckpoint& checkpoint);
-  // The newest checkpoint that reads back whole, skipping (and logging) torn or corrupt ones;
-  // nullopt if there is none. Fails only if the directory cannot be read.
-  absl::StatusOr<std::optional<ShardCheckpoint>> LoadNewest();
+  // The newest checkpoint that reads back whole, skipping (and logging) torn, corrupt or edited
+  // ones (see ReadShardCheckpoint); nullopt if there is none. `skipped` (if not null) gets why
+  // each newer file was skipped, naming it, "; "-joined. Fails only if the directory cannot be
+  // read.
+  absl::StatusOr<std::optional<ShardCheckpoint>> LoadNewest(std::string* skipped = nullptr);
 
  private:
   // This shard's checkpoint files, oldest first.
@@ -37,7 +42,8 @@ class CheckpointStore {
   int keep_;
 };
 
-// A checkpoint file as the shard wrote it (exposed for tests and tools).
+// A checkpoint file as the shard wrote it (exposed for tests and tools); DATA_LOSS naming the
+// file if it is torn, corrupt or was changed since (the message says "checksum").
 absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path);
 
 }  // namespace ps

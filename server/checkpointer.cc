@@ -11,8 +11,8 @@ absl::StatusOr<std::unique_ptr<Checkpointer>> Checkpointer::Open(const Options& 
                                                                  int shard_index) {
   std::error_code error;
   std::filesystem::create_directories(options.dir, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot create ", options.dir, ": ",
-                                                     error.message()));
+  if (error)
+    return absl::InternalError(absl::StrCat("cannot create ", options.dir, ": ", error.message()));
   absl::StatusOr<std::unique_ptr<ProgressFile>> progress =
       ProgressFile::Open(absl::StrCat(options.dir, "/shard-", shard_index, ".progress"));
   if (!progress.ok()) return progress.status();
@@ -80,12 +80,12 @@ void Checkpointer::WriterLoop() {
   for (;;) {
     // Due: the first state of a shard that started empty, or `updates` more updates.
     auto due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || (changed_ && (written_ < 0 || (options_.updates > 0 &&
-                                                          latest_ >= written_ + options_.updates)));
+      return stopping_ ||
+             (changed_ &&
+              (written_ < 0 || (options_.updates > 0 && latest_ >= written_ + options_.updates)));
     };
-    mu_.AwaitWithDeadline(absl::Condition(&due), options_.every > absl::ZeroDuration()
-                                                     ? next
-                                                     : absl::InfiniteFuture());
+    mu_.AwaitWithDeadline(absl::Condition(&due),
+                          options_.every > absl::ZeroDuration() ? next : absl::InfiniteFuture());
     if (stopping_) return;
     changed_ = false;
     mu_.Unlock();
@@ -118,12 +118,17 @@ absl::StatusOr<Checkpointer::Written> Checkpointer::Write() {
   absl::StatusOr<std::string> path = store_.Write(buffer_);  // outside the shard's lock
   if (!path.ok()) {
     PS_LOG(ERROR) << "checkpoint failed: " << path.status().message();
+    absl::MutexLock lock(&mu_);
+    ++health_.failures;
+    health_.last_error = std::string(path.status().message());
     return path.status();
   }
   PS_LOG(INFO) << "checkpoint at version " << buffer_.version << " written to " << *path << " in "
                << absl::Now() - start << " (" << copy << " of it copying under the lock)";
   absl::MutexLock lock(&mu_);
   written_ = buffer_.version;
+  health_.last_written_version = buffer_.version;
+  health_.last_written_time = absl::Now();
   return Written{buffer_.version, *path};
 }
 
@@ -134,7 +139,25 @@ void Checkpointer::Stop() {
     stopping_ = true;
   }
   writer_.join();
-  Write().IgnoreError();  // logged
+  absl::StatusOr<Written> last = Write();  // a failure is logged and counted
+  if (!last.ok() && last.status().code() != absl::StatusCode::kFailedPrecondition) {
+    absl::MutexLock lock(&mu_);
+    final_status_ = absl::FailedPreconditionError(
+        absl::StrCat("the last checkpoint (version ", latest_, ") could not be written to ",
+                     options_.dir, ": ", last.status().message(),
+                     written_ >= 0 ? absl::StrCat("; the newest valid one holds version ", written_)
+                                   : std::string("; no valid checkpoint holds this shard")));
+  }
+}
+
+absl::Status Checkpointer::final_status() const {
+  absl::MutexLock lock(&mu_);
+  return final_status_;
+}
+
+Checkpointer::Health Checkpointer::health() const {
+  absl::MutexLock lock(&mu_);
+  return health_;
 }
 
 }  // namespace ps

@@ -49,8 +49,23 @@ class Checkpointer {
   // it found, then starts writing checkpoints of it. `shard` must outlive Stop(). Call once.
   absl::StatusOr<Resumed> Start(ParameterShard* shard);
   // Stops the writer and writes a last checkpoint (if the shard changed since the last one).
-  // Idempotent.
+  // Idempotent; final_status() says whether that last checkpoint was written.
   void Stop();
+  // After Stop(): OK if its last checkpoint was written or none was needed (the shard unchanged
+  // since the last one written, or never initialised); else FAILED_PRECONDITION with one line
+  // naming the version, the directory and the store's error. OK before Stop().
+  absl::Status final_status() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // What became of the checkpoints this process tried to write (GetStats, metrics): failures are
+  // otherwise only log lines, and a shard could run for hours saving nothing.
+  struct Health {
+    int64_t failures = 0;    // checkpoints that could not be written (every cause, every caller)
+    std::string last_error;  // the last failure's; "" if none
+    int64_t last_written_version = -1;  // the newest this process wrote; -1: none yet
+    absl::Time last_written_time = absl::InfinitePast();
+  };
+  Health health() const ABSL_LOCKS_EXCLUDED(mu_);
+  const std::string& dir() const { return options_.dir; }
 
   // A checkpoint written now, unless the newest one written already holds the shard's version
   // (psctl checkpoint): its version and file ("" when none was written). FAILED_PRECONDITION
@@ -77,11 +92,13 @@ class Checkpointer {
   absl::Mutex write_mu_;  // held while a checkpoint is written (the writer thread, WriteNow)
   // Reused: after the first, a checkpoint copies into mapped memory.
   ShardCheckpoint buffer_ ABSL_GUARDED_BY(write_mu_);
-  absl::Mutex mu_;
-  int64_t latest_ ABSL_GUARDED_BY(mu_) = 0;   // the shard's version, from OnUpdate
+  mutable absl::Mutex mu_;
+  int64_t latest_ ABSL_GUARDED_BY(mu_) = 0;    // the shard's version, from OnUpdate
   int64_t written_ ABSL_GUARDED_BY(mu_) = -1;  // of the last checkpoint written or resumed from
   bool changed_ ABSL_GUARDED_BY(mu_) = false;  // an OnUpdate since the writer last looked
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  Health health_ ABSL_GUARDED_BY(mu_);
+  absl::Status final_status_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
 };
 

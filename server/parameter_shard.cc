@@ -87,6 +87,9 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(const Sha
   if (!(c.clip_norm >= 0) || !std::isfinite(c.clip_norm)) {
     return absl::InvalidArgumentError("--clip_norm must be a number >= 0");
   }
+  if (!(c.max_norm_ratio == 0 || c.max_norm_ratio >= 1) || !std::isfinite(c.max_norm_ratio)) {
+    return absl::InvalidArgumentError("--max_norm_ratio must be 0 (off) or a number >= 1");
+  }
   if (c.apply_threads < 1 || c.apply_threads > ApplyThreads::kMaxThreads) {
     return absl::InvalidArgumentError(
         absl::StrCat("--apply_threads must be in [1, ", ApplyThreads::kMaxThreads, "]"));
@@ -105,6 +108,7 @@ ParameterShard::ParameterShard(const ShardConfig& config, ModelIdentity model,
       schedule_(std::move(schedule)),
       policy_(std::move(policy)),
       members_(config.lease),
+      norm_guard_(config.max_norm_ratio),
       apply_threads_(config.apply_threads) {
   deadline_thread_ = std::thread([this] { ExpireWaitersLoop(); });
 }
@@ -447,7 +451,9 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   absl::Span<float> gradient = slot.gradient();
   // Scanned and clipped outside the lock, on this thread: concurrent pushes scan side by side, and
   // the apply threads (which an apply waits for holding the locks) are not made to wait on scans.
-  const GradientSummary scan = ScanGradient(gradient, nullptr, config_.clip_norm > 0);
+  const GradientSummary scan =
+      ScanGradient(gradient, nullptr, config_.clip_norm > 0 || config_.max_norm_ratio > 0);
+  const double norm = std::sqrt(scan.sum_of_squares);  // before clipping
   absl::Status status;
   bool clipped = false;
   if (scan.first_nonfinite >= 0) {
@@ -455,7 +461,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
         absl::StrCat("gradient value at offset ", h.offset + scan.first_nonfinite, " is ",
                      gradient[scan.first_nonfinite], " (not finite)"));
   } else {
-    clipped = Clip(gradient, std::sqrt(scan.sum_of_squares));
+    clipped = Clip(gradient, norm);
   }
 
   Completions answers(this);
@@ -467,6 +473,11 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   if (status.ok() && h.sequence <= worker->last_sequence) {
     ++pushes_duplicate_;
     return PushOutcome{version_, 0, /*duplicate=*/true, false};
+  }
+  if (status.ok() && !(status = norm_guard_.Check(norm)).ok() &&
+      pushes_norm_refused_++ % 100 == 0) {
+    PS_LOG(WARNING) << "worker " << h.worker_id << ": " << status.message() << " ("
+                    << pushes_norm_refused_ << " refused so; logged every 100th)";
   }
   absl::StatusOr<ConsistencyPolicy::Take> take = ConsistencyPolicy::Take::kApply;
   if (status.ok()) {
@@ -504,6 +515,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   // Taken (applied, added to the round, or dropped by policy): the sequence is used up and the
   // worker made progress.
   pushes_clipped_ += clipped;
+  norm_guard_.Accept(norm);
   absl::Time now = MonotonicNow();
   worker = &members_.Touch(h.worker_id, now, version_);
   worker->last_sequence = h.sequence;

@@ -31,6 +31,7 @@
 #include "server/consistency.h"
 #include "server/learning_rate.h"
 #include "server/membership.h"
+#include "server/norm_guard.h"
 #include "server/optimizer.h"
 
 namespace ps {
@@ -77,6 +78,9 @@ struct ShardConfig {
   bool scale_lr_by_workers = false;  // lr * number of active workers
   // Scale each push's gradient (this shard's part of it) down to this L2 norm; 0: off.
   float clip_norm = 0;
+  // Refuse a push whose L2 norm is more than this many times the median of the recent pushes'
+  // (NormGuard); 0: off (ps --max_norm_ratio defaults to 1000).
+  double max_norm_ratio = 0;
   // Threads that apply one push together, each to its part of the range (ApplyThreads).
   int apply_threads = 1;
   // Called with each change (initialisation, every update, every push taken without one), under
@@ -447,6 +451,8 @@ class ParameterShard {
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // ShardChange::index of the last change
   Membership members_ ABSL_GUARDED_BY(mu_);
+  NormGuard norm_guard_ ABSL_GUARDED_BY(mu_);
+  int64_t pushes_norm_refused_ ABSL_GUARDED_BY(mu_) = 0;  // for the log's pace
   StalenessHistogram staleness_ ABSL_GUARDED_BY(mu_);
   Round round_ ABSL_GUARDED_BY(mu_);  // sync, local: the open round
   // DC-ASGD: each active worker's copies of the weights at its last two whole-shard pulls (a

@@ -19,6 +19,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/channel_options.h"
 #include "common/cluster_spec.h"
 #include "common/consistency_spec.h"
 #include "common/log.h"
@@ -67,6 +68,10 @@ ABSL_FLAG(int64_t, max_staleness, -1, "Drop (and count) pushes staler than this;
 ABSL_FLAG(double, dc_lambda, 0, "DC-ASGD delay compensation lambda; 0: off.");
 ABSL_FLAG(double, clip_norm, 0,
           "Scale each push's gradient (this shard's part) down to this L2 norm; 0: off.");
+ABSL_FLAG(double, max_norm_ratio, 1000,
+          "Refuse a push (INVALID_ARGUMENT, counted as rejected, logged) whose L2 norm is more "
+          "than this many times the median of the last 64 pushes taken (judged from the 16th on): "
+          "a guard against absurd, finite gradients. 0: off.");
 ABSL_FLAG(int32_t, apply_threads, 1,
           "Threads that apply one push together, each to a part of the shard (1..64); parts are "
           "at least 64k parameters, so small shards use fewer.");
@@ -123,6 +128,12 @@ ABSL_FLAG(
 ABSL_FLAG(std::string, read_token_file, "",
           "File holding a read-only token (else $PS_READ_TOKEN): Pull, GetStats and Register as an "
           "observer only. Needs a write token.");
+ABSL_FLAG(std::string, replication_token_file, "",
+          "With --peer: file holding the replication token (else $PS_REPLICATION_TOKEN), the same "
+          "on both replicas of a shard and distinct from the job's tokens. Only a caller holding "
+          "it may use ps.v1.Replication (join, epoch claims, takeover), and this replica sends it "
+          "to its peer. Required with --peer when callers must authenticate (a token or mutual "
+          "TLS); without any token or TLS, replication is as open as the rest.");
 ABSL_FLAG(bool, insecure, false,
           "Allow a non-loopback --host without a token or mutual TLS (logs a warning).");
 
@@ -189,13 +200,18 @@ absl::StatusOr<ShardConfig> ConfigFromFlags() {
   c.max_staleness = absl::GetFlag(FLAGS_max_staleness);
   c.dc_lambda = static_cast<float>(absl::GetFlag(FLAGS_dc_lambda));
   c.clip_norm = static_cast<float>(absl::GetFlag(FLAGS_clip_norm));
+  c.max_norm_ratio = absl::GetFlag(FLAGS_max_norm_ratio);
   c.apply_threads = absl::GetFlag(FLAGS_apply_threads);
   c.progress_timeout = absl::Seconds(absl::GetFlag(FLAGS_progress_timeout_seconds));
   return c;
 }
 
-// Replication's settings (--peer and what goes with it), or nullopt without --peer.
-absl::StatusOr<std::optional<Replica::Options>> ReplicaFromFlags(const ShardConfig& config) {
+// Replication's settings (--peer and what goes with it), or nullopt without --peer. `security` is
+// this shard's: where callers must authenticate, the replicas need their own replication token
+// (the job's write token, which every worker holds, must not be able to fence or take over a
+// replica).
+absl::StatusOr<std::optional<Replica::Options>> ReplicaFromFlags(const ShardConfig& config,
+                                                                 const ServerSecurity& security) {
   Replica::Options o;
   o.peer = absl::GetFlag(FLAGS_peer);
   if (o.peer.empty()) return std::nullopt;
@@ -219,9 +235,16 @@ absl::StatusOr<std::optional<Replica::Options>> ReplicaFromFlags(const ShardConf
     return absl::InvalidArgumentError(
         "--peer over TLS needs --tls_ca: the replicas check each other's certificates");
   }
-  absl::StatusOr<ClientSecurity> client = LoadClientSecurity(tls, absl::GetFlag(FLAGS_token_file));
+  if (security.authenticates_callers() && security.replication_token.empty()) {
+    return absl::InvalidArgumentError(
+        "--peer with a token or mutual TLS needs --replication_token_file (or "
+        "$PS_REPLICATION_TOKEN), the same on both replicas: only its holder may replicate, and "
+        "the job's tokens do not allow it");
+  }
+  absl::StatusOr<ClientSecurity> client = LoadClientSecurity(tls, "");
   if (!client.ok()) return client.status();
   o.security = *std::move(client);
+  o.security.token = security.replication_token;  // never the job's write token
   o.epoch_file = absl::GetFlag(FLAGS_epoch_file);
   return o;
 }
@@ -250,7 +273,7 @@ void ConfigureTransport(const ServiceLimits& limits, grpc::ServerBuilder* builde
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder->AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10'000);
+  AllowClientKeepalive(builder);
   builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60'000);
 }
 
@@ -276,7 +299,13 @@ int Main(int argc, char** argv) {
     if (!opened.ok()) return Fail(std::string(opened.status().message()));
     checkpointer = *std::move(opened);
   }
-  absl::StatusOr<std::optional<Replica::Options>> replica_options = ReplicaFromFlags(*config);
+  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
+      {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)},
+      absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_read_token_file),
+      absl::GetFlag(FLAGS_replication_token_file));
+  if (!security.ok()) return Fail(std::string(security.status().message()));
+  absl::StatusOr<std::optional<Replica::Options>> replica_options =
+      ReplicaFromFlags(*config, *security);
   if (!replica_options.ok()) return Fail(std::string(replica_options.status().message()));
   // Set once the replica exists; changes made before (a checkpoint's restore) need no copy.
   Replica* replica = nullptr;
@@ -286,10 +315,6 @@ int Main(int argc, char** argv) {
   };
   absl::StatusOr<std::unique_ptr<ParameterShard>> shard = ParameterShard::Create(*config);
   if (!shard.ok()) return Fail(std::string(shard.status().message()));
-  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
-      {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)},
-      absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_read_token_file));
-  if (!security.ok()) return Fail(std::string(security.status().message()));
   SetLogTag(absl::StrCat("ps[", config->shard_index, "]"));
   if (!parsed->spec_summary.empty()) {
     PS_LOG(INFO) << "from the cluster spec: " << parsed->spec_summary;
@@ -333,7 +358,9 @@ int Main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags();
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
   ServiceMetrics service_metrics;
-  if (*metrics != nullptr) service_metrics = AddShardMetrics(metrics->get(), shard->get());
+  if (*metrics != nullptr) {
+    service_metrics = AddShardMetrics(metrics->get(), shard->get(), checkpointer.get());
+  }
   ShardService service(shard->get(), process, limits, security->tokens, replica, service_metrics,
                        checkpointer.get());
   std::optional<ReplicationService> replication_service;
@@ -410,13 +437,18 @@ int Main(int argc, char** argv) {
   // that the shard stops within 2 s of SIGTERM, its last checkpoint included.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   std::move(stop_checkpoints).Invoke();  // a last checkpoint
+  // A shard that cannot save its state must not exit as if it had: whoever restarts it would
+  // lose what it holds without a word.
+  const absl::Status last_checkpoint =
+      checkpointer != nullptr ? checkpointer->final_status() : absl::OkStatus();
   ShardStats s = (*shard)->AllStats();
   WriteOutputs(s, process, replica);
   PS_LOG(INFO) << "stopped at version " << s.version << ": " << s.pushes_applied << " applied, "
                << s.pushes_dropped_late + s.pushes_dropped_stale << " dropped, "
                << s.pushes_duplicate << " duplicate, " << s.pushes_rejected << " rejected, "
                << s.pulls << " pulls";
-  return fenced.empty() ? 0 : Fail(fenced);
+  if (!fenced.empty()) return Fail(fenced);
+  return last_checkpoint.ok() ? 0 : Fail(std::string(last_checkpoint.message()));
 }
 
 }  // namespace

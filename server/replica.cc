@@ -44,6 +44,13 @@ absl::Status WriteEpoch(const std::string& path, int64_t epoch) {
   return absl::OkStatus();
 }
 
+// Parses raw request bytes into `message`; false if they are not one.
+bool ParseRaw(const grpc::ByteBuffer& bytes, google::protobuf::MessageLite* message) {
+  grpc::Slice flat;
+  if (!bytes.TrySingleSlice(&flat).ok() && !bytes.DumpToSingleSlice(&flat).ok()) return false;
+  return message->ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
+}
+
 bool Write(Replica::BackupStream* stream, const v1::ReplicationMessage& m) {
   grpc::Slice slice(m.SerializeAsString());
   return stream->Write(grpc::ByteBuffer(&slice, 1));
@@ -286,7 +293,14 @@ void Replica::Run() {
     }
     if (role == Role::kFenced || (role == Role::kPrimary && !lone_primary)) continue;
     v1::ReplicaStatusResponse peer;
-    const bool reached = ProbePeer(false, &peer).ok();
+    const grpc::Status probed = ProbePeer(false, &peer);
+    const bool reached = probed.ok();
+    if (probed.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+        probed.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      complain(absl::StrCat("shard ", shard_->index(), ": the replica at ", options_.peer,
+                            " refuses this one's replication credential (", probed.error_message(),
+                            "); both replicas need the same --replication_token_file"));
+    }
     if (role == Role::kPrimary) {  // without a backup: was it replaced?
       if (reached && peer.role() == "primary" && peer.epoch() > epoch) {
         absl::MutexLock lock(&mu_);
@@ -598,14 +612,23 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
   return grpc::Status::OK;
 }
 
-grpc::Status ReplicationService::Status(grpc::ServerContext* context,
-                                        const v1::ReplicaStatusRequest* request,
-                                        v1::ReplicaStatusResponse* response) {
-  if (grpc::Status s = AuthorizeCall(tokens_, *context, Access::kWrite, "Status"); !s.ok()) {
-    return s;
+grpc::ServerUnaryReactor* ReplicationService::Status(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The caller first: a stranger's bytes are never parsed.
+  grpc::Status status = AuthorizeCall(tokens_, *context, Access::kReplicate, "Replication/Status");
+  v1::ReplicaStatusRequest parsed;
+  if (status.ok() && !ParseRaw(*request, &parsed)) {
+    status =
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "cannot parse Replication/Status request");
   }
-  *response = replica_->Status(request->take_over());
-  return grpc::Status::OK;
+  if (status.ok()) {
+    grpc::Slice slice(replica_->Status(parsed.take_over()).SerializeAsString());
+    *response = grpc::ByteBuffer(&slice, 1);
+  }
+  reactor->Finish(status);
+  return reactor;
 }
 
 ReplicationService::ReplicationService(Replica* replica, TokenAuthenticator tokens)
@@ -620,7 +643,7 @@ ReplicationService::ReplicationService(Replica* replica, TokenAuthenticator toke
 
 grpc::Status ReplicationService::Replicate(grpc::ServerContext* context,
                                            Replica::BackupStream* stream) {
-  if (grpc::Status s = AuthorizeCall(tokens_, *context, Access::kWrite, "Replicate"); !s.ok()) {
+  if (grpc::Status s = AuthorizeCall(tokens_, *context, Access::kReplicate, "Replicate"); !s.ok()) {
     return s;
   }
   return replica_->ServeBackup(context, stream);

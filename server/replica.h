@@ -47,7 +47,9 @@ class Replica {
     int replica = 0;   // 0 or 1; 0 starts as the primary when its peer has no model to give
     // A backup takes over once its primary has been silent this long (it sends every 100 ms).
     absl::Duration failover = absl::Seconds(1);
-    ClientSecurity security;  // to reach the peer (the job's token, TLS)
+    // To reach the peer: TLS, and security.token the replication token (never the job's write
+    // token: the peer accepts only its replication credential on ps.v1.Replication).
+    ClientSecurity security;
     // Where the highest epoch this replica took part in is kept (fsynced before it acts at a new
     // one); "": not kept, and a replica restarted after a takeover cannot tell a stale primary.
     std::string epoch_file;
@@ -135,13 +137,18 @@ class Replica {
   std::thread thread_;
 };
 
-// The Replication service over a Replica: checks the caller's token (write access: a backup
-// receives the model and makes the primary acknowledge pushes), then hands the call over.
-class ReplicationService final : public v1::Replication::Service {
+// The Replication service over a Replica: checks that the caller holds the replication token
+// (Access::kReplicate: a backup receives the model, makes the primary acknowledge pushes, and
+// claims epochs that fence a primary or make a backup take over, so only the replica peer may
+// call), then hands the call over. Status reads raw bytes, so that the token is checked before
+// anything is parsed and a request that does not parse gets INVALID_ARGUMENT naming the method.
+class ReplicationService final
+    : public v1::Replication::WithRawCallbackMethod_Status<v1::Replication::Service> {
  public:
   ReplicationService(Replica* replica, TokenAuthenticator tokens);
-  grpc::Status Status(grpc::ServerContext* context, const v1::ReplicaStatusRequest* request,
-                      v1::ReplicaStatusResponse* response) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   // Replaces the generated handler (method 1 in ps.proto's order), writing raw bytes.
   grpc::Status Replicate(grpc::ServerContext* context, Replica::BackupStream* stream);
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/staleness_histogram.h"
+#include "server/checkpointer.h"
 
 namespace ps {
 namespace {
@@ -20,7 +21,8 @@ using prometheus::MetricType;
 // Reads the shard's statistics at each scrape.
 class ShardCollector : public prometheus::Collectable {
  public:
-  explicit ShardCollector(const ParameterShard* shard) : shard_(shard) {}
+  ShardCollector(const ParameterShard* shard, const Checkpointer* checkpointer)
+      : shard_(shard), checkpointer_(checkpointer) {}
 
   std::vector<MetricFamily> Collect() const override {
     const ShardStats s = shard_->AllStats();
@@ -76,6 +78,21 @@ class ShardCollector : public prometheus::Collectable {
       one("ps_worker_seconds_since_seen", "Seconds since each worker was last heard from.",
           MetricType::Gauge, w.seconds_since_seen, worker);
     }
+    if (checkpointer_ != nullptr) {
+      const Checkpointer::Health h = checkpointer_->health();
+      one("ps_checkpoint_failures_total",
+          "Checkpoints that could not be written (the last error is in GetStats and the log).",
+          MetricType::Counter, h.failures);
+      one("ps_checkpoint_last_success_timestamp_seconds",
+          "When the newest checkpoint this process wrote was written (Unix time; 0: none yet).",
+          MetricType::Gauge,
+          h.last_written_time == absl::InfinitePast()
+              ? 0
+              : absl::ToDoubleSeconds(h.last_written_time - absl::UnixEpoch()));
+      one("ps_checkpoint_last_success_version",
+          "The version of the newest checkpoint this process wrote (-1: none yet).",
+          MetricType::Gauge, h.last_written_version);
+    }
     out.push_back(StalenessFamily(s, shard));
     return out;
   }
@@ -110,12 +127,14 @@ class ShardCollector : public prometheus::Collectable {
   }
 
   const ParameterShard* shard_;
+  const Checkpointer* checkpointer_;
 };
 
 }  // namespace
 
-ServiceMetrics AddShardMetrics(MetricsEndpoint* endpoint, const ParameterShard* shard) {
-  endpoint->Add(std::make_shared<ShardCollector>(shard));
+ServiceMetrics AddShardMetrics(MetricsEndpoint* endpoint, const ParameterShard* shard,
+                               const Checkpointer* checkpointer) {
+  endpoint->Add(std::make_shared<ShardCollector>(shard, checkpointer));
   const std::string index = std::to_string(shard->Stats(0, 0).shard_index);
   prometheus::Registry& r = endpoint->registry();
   auto& seconds = prometheus::BuildHistogram()

@@ -583,6 +583,7 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
         response->set_shm_pushes(shm_pushes_.load(std::memory_order_relaxed));
         response->set_shm_pulls(shm_pulls_.load(std::memory_order_relaxed));
         response->set_shm_segments(segments_.size());
+        if (checkpointer_ != nullptr) CheckpointHealthToProto(checkpointer_->health(), response);
         return grpc::Status::OK;
       });
 }
@@ -646,6 +647,16 @@ grpc::ServerUnaryReactor* ShardService::AttachSharedMemory(grpc::CallbackServerC
         response->set_region_bytes(attached->segment->region_bytes());
         return grpc::Status::OK;
       });
+}
+
+void CheckpointHealthToProto(const Checkpointer::Health& health, v1::StatsResponse* stats) {
+  stats->set_checkpoint_failures(health.failures);
+  stats->set_checkpoint_last_error(health.last_error);
+  stats->set_checkpoint_last_written_version(health.last_written_version);
+  if (health.last_written_time != absl::InfinitePast()) {
+    stats->set_checkpoint_last_written_time(
+        absl::ToDoubleSeconds(health.last_written_time - absl::UnixEpoch()));
+  }
 }
 
 v1::StatsResponse StatsToProto(const ShardStats& s, const ShardProcess& process,

@@ -40,6 +40,8 @@ grpc::Status AuthorizeCall(const TokenAuthenticator& tokens, const grpc::ServerC
 // `replica`: its role and epoch, with replication on (else null).
 v1::StatsResponse StatsToProto(const ShardStats& stats, const ShardProcess& process,
                                const Replica* replica);
+// The checkpoints' failures and newest write (ps --checkpoint_dir) into `stats`.
+void CheckpointHealthToProto(const Checkpointer::Health& health, v1::StatsResponse* stats);
 
 // Limits on what clients may hold at once. With S the shard's size in bytes, a shard holds at
 // most (max_streams + max_pulls) * S in request buffers and snapshots, plus 4 * S idle buffers

@@ -1,11 +1,15 @@
 // Checkpoints: the safetensors file format, a shard's state round trip, corruption fallback, and a
 // real ps stopped and restarted from its checkpoint directory.
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/safetensors.h"
 #include "deploy/local_cluster.h"
 #include "server/checkpoint_store.h"
@@ -49,6 +53,53 @@ TEST(SafetensorsTest, RoundTripsTensorsAndMetadataAndDetectsCorruption) {
   write(std::string(4, 'x'));
   EXPECT_EQ(ReadSafetensors(path).status().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ(ReadSafetensors(path + ".missing").status().code(), absl::StatusCode::kNotFound);
+}
+
+// The checksum covers the whole file, metadata included: every single-bit change anywhere (the
+// header length, the JSON, its padding, the checksum itself, the tensors) is refused, and a file
+// of an older version, whose checksum covered the tensors only, is refused naming the reason.
+TEST(SafetensorsTest, AChangeAnywhereInTheFileIsRefused) {
+  const std::string path = NewRunDir("checkpoint") + "/t.safetensors";
+  std::vector<float> a = {1.5f, -2, 3};
+  ASSERT_TRUE(WriteSafetensors(path, {{"a", {3}, a}}, {{"version", "6225"}}).ok());
+  const std::string bytes = ReadFile(path);
+  auto write = [&](const std::string& contents) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << contents;
+  };
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string changed = bytes;
+      changed[i] ^= static_cast<char>(1 << bit);
+      write(changed);
+      ASSERT_EQ(ReadSafetensors(path).status().code(), absl::StatusCode::kDataLoss)
+          << "byte " << i << " bit " << bit;
+    }
+  }
+  // An edit that keeps the JSON valid, as a person would make it: named as a checksum mismatch.
+  std::string edited = bytes;
+  const size_t at = edited.find("\"version\":\"6225\"");
+  ASSERT_NE(at, std::string::npos);
+  edited[at + 11] = '1';
+  write(edited);
+  absl::Status s = ReadSafetensors(path).status();
+  EXPECT_EQ(s.message(), path +
+                             ": checksum mismatch: the file is torn or was changed after it "
+                             "was written (its header or its tensors)");
+  write(bytes);
+  ASSERT_TRUE(ReadSafetensors(path).ok());
+
+  // The layout of the previous version: "crc32" over the tensor bytes only.
+  std::string header = R"({"__metadata__":{"crc32":"0"},"a":{"dtype":"F32","shape":[0],)"
+                       R"("data_offsets":[0,0]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');
+  const uint64_t length = header.size();
+  write(std::string(reinterpret_cast<const char*>(&length), 8) + header);
+  s = ReadSafetensors(path).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find(path + ": no whole-file checksum (file_crc32): written by an older "
+                                    "version"),
+            std::string::npos)
+      << s;
 }
 
 ShardConfig AdamSsp() {
@@ -233,6 +284,198 @@ TEST(ShardCheckpointTest, ATornNewestCheckpointFallsBackToThePreviousAndOnlyKOfT
   absl::StatusOr<std::optional<ShardCheckpoint>> newest = store.LoadNewest();
   ASSERT_TRUE(newest.ok() && newest->has_value());
   EXPECT_EQ((*newest)->version, 20);
+}
+
+// Waits until the newest valid checkpoint of shard 0 in `dir` holds `version`.
+bool WaitForCheckpoint(const std::string& dir, int64_t version) {
+  for (absl::Time end = absl::Now() + absl::Minutes(1); absl::Now() < end;) {
+    absl::StatusOr<std::optional<ShardCheckpoint>> c = CheckpointStore(dir, 0, 3).LoadNewest();
+    if (c.ok() && c->has_value() && (*c)->version == version) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// psctl checkpoint's call on the plaintext shard at `address`.
+grpc::Status CheckpointNow(const std::string& address, v1::CheckpointResponse* response) {
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  return stub->Checkpoint(&context, v1::CheckpointRequest(), response);
+}
+
+// Replaces the one occurrence of `from` in the file at `path` by `to`, as long: the JSON stays
+// valid, as after an edit by hand. False if `from` is not there exactly once.
+bool Edit(const std::string& path, const std::string& from, const std::string& to) {
+  std::string bytes = ReadFile(path);
+  const size_t at = bytes.find(from);
+  if (at == std::string::npos || bytes.find(from, at + 1) != std::string::npos ||
+      from.size() != to.size()) {
+    return false;
+  }
+  bytes.replace(at, from.size(), to);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  return true;
+}
+
+const ModelIdentity kSmallMlp{"mlp:784-8-10", 784 * 8 + 8 + 8 * 10 + 10, 1};
+
+// A checkpoint changed after it was written, in its metadata (the version, a worker's last
+// sequence) or in its tensors, is refused like a torn one: the shard resumes from the newest
+// intact one, its log naming the refused file and the checksum, and export takes the same one
+// (and, with none left, refuses naming the files).
+TEST(CheckpointDaemonTest, ACheckpointChangedInItsHeaderOrItsDataIsRefused) {
+  const std::string run_dir = NewRunDir("checkpoint"), checkpoints = run_dir + "/checkpoints";
+  LocalCluster cluster(ExecutableDir(), run_dir);
+  ASSERT_TRUE(cluster
+                  .StartShards(1, kSmallMlp.fingerprint, 1,
+                               {"--checkpoint_dir=" + checkpoints, "--checkpoint_seconds=0"})
+                  .ok());
+  const std::string address = cluster.ShardAddress(0);
+  ShardedClient worker({address}, kSmallMlp, 0);
+  ASSERT_TRUE(worker.Register().ok());
+  ASSERT_EQ(*worker.Initialize(std::vector<float>(kSmallMlp.total_params, 0.25f)), 1);
+  // The shard writes its initialised state by itself, then only when asked (no timed or
+  // counted checkpoints): at version 2 by psctl checkpoint's call, at 4 on SIGTERM.
+  ASSERT_TRUE(WaitForCheckpoint(checkpoints, 0));
+  const std::vector<float> gradient(kSmallMlp.total_params, 0.5f);
+  for (int64_t step = 0; step < 4; ++step) {
+    ASSERT_TRUE(worker.Push(gradient, step, {step}).ok());
+    if (step == 1) {
+      v1::CheckpointResponse written;
+      ASSERT_TRUE(CheckpointNow(address, &written).ok());
+      ASSERT_EQ(written.version(), 2);
+    }
+  }
+  cluster.shards()[0].Signal(SIGTERM);
+  ASSERT_EQ(*cluster.shards()[0].Wait(absl::Seconds(30)), 0);
+  auto file = [&](int version) {
+    return absl::StrFormat("%s/shard-0-%012d.safetensors", checkpoints, version);
+  };
+  for (int version : {0, 2, 4}) ASSERT_TRUE(ReadShardCheckpoint(file(version)).ok()) << version;
+  auto expect_resumed_from = [&](int64_t version, const std::string& refused) {
+    ASSERT_TRUE(cluster.RestartShard(0).ok());
+    EXPECT_EQ(Stats(address).resumed_version(), version);
+    const std::string log = ReadFile(run_dir + "/ps-0.log");
+    EXPECT_NE(log.find(refused + ": checksum mismatch"), std::string::npos) << log;
+    cluster.shards()[0].Signal(SIGTERM);
+    // Nothing changed since the checkpoint it resumed from: nothing to write, and exit 0.
+    ASSERT_EQ(*cluster.shards()[0].Wait(absl::Seconds(30)), 0);
+  };
+
+  // The version in the newest one's metadata: would have resumed at version 1.
+  ASSERT_TRUE(Edit(file(4), R"("version":"4")", R"("version":"1")"));
+  expect_resumed_from(2, file(4));
+  absl::StatusOr<ModelFile> exported = ModelFromCheckpoints(checkpoints, kSmallMlp.fingerprint);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->versions, std::vector<int64_t>{2});
+  // Worker 0's last sequence (1: its pushes 0 and 1) in the next: would have answered its next
+  // pushes "duplicate" without applying them.
+  ASSERT_TRUE(Edit(file(2), R"(\"last_sequence\":1)", R"(\"last_sequence\":9)"));
+  expect_resumed_from(0, file(2));
+  // A bit of the values in the oldest: none left; the shard starts empty, export refuses.
+  std::string bytes = ReadFile(file(0));
+  bytes.back() ^= 1;
+  std::ofstream(file(0), std::ios::binary | std::ios::trunc) << bytes;
+  expect_resumed_from(-1, file(0));
+  exported = ModelFromCheckpoints(checkpoints, kSmallMlp.fingerprint);
+  EXPECT_EQ(exported.status().code(), absl::StatusCode::kNotFound);
+  for (int version : {0, 2, 4}) {
+    EXPECT_NE(exported.status().message().find(file(version) + ": checksum mismatch"),
+              std::string::npos)
+        << exported.status();
+  }
+}
+
+// The scrape of the metrics endpoint that `log` (a daemon's, --metrics_port=0) says it serves.
+std::string ScrapeLoggedMetrics(const std::string& log, const std::string& dir) {
+  const std::string marker = "Prometheus metrics on http://127.0.0.1:";
+  int port = 0;
+  for (absl::Time end = absl::Now() + absl::Seconds(30); port == 0 && absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(50))) {
+    const std::string text = ReadFile(log);
+    if (size_t at = text.find(marker); at != std::string::npos) {
+      port = std::atoi(text.c_str() + at + marker.size());
+    }
+  }
+  absl::StatusOr<Subprocess> curl = Subprocess::Start(
+      {"/usr/bin/curl", "-sf", absl::StrCat("http://127.0.0.1:", port, "/metrics")},
+      dir + "/scrape.txt");
+  EXPECT_TRUE(curl.ok()) << curl.status();
+  EXPECT_EQ(curl.ok() ? *curl->Wait(absl::Seconds(30)) : -1, 0);
+  return ReadFile(dir + "/scrape.txt");
+}
+
+// A shard whose checkpoints fail says so: GetStats, psctl status and the metrics count the
+// failures and name the error, and ps exits 1 when its last checkpoint at SIGTERM fails, with one
+// line naming the directory and the error. The directory is replaced after start by a regular
+// file of the same name, so that creating a file in it fails (ENOTDIR) even for root, whom
+// chmod 0555 would not stop (the tests run as root).
+TEST(CheckpointDaemonTest, FailedCheckpointsAreShownAndAFailedLastOneFailsTheExit) {
+  const std::string run_dir = NewRunDir("checkpoint"), checkpoints = run_dir + "/checkpoints";
+  LocalCluster cluster(ExecutableDir(), run_dir);
+  ASSERT_TRUE(cluster
+                  .StartShards(1, kSmallMlp.fingerprint, 1,
+                               {"--checkpoint_dir=" + checkpoints, "--checkpoint_seconds=0",
+                                "--metrics_port=0"})
+                  .ok());
+  const std::string address = cluster.ShardAddress(0);
+  ShardedClient worker({address}, kSmallMlp, 0);
+  ASSERT_TRUE(worker.Register().ok());
+  ASSERT_EQ(*worker.Initialize(std::vector<float>(kSmallMlp.total_params, 0.25f)), 1);
+  // The initialised state's checkpoint, written by the shard by itself.
+  v1::StatsResponse stats = Stats(address);
+  for (absl::Time end = absl::Now() + absl::Minutes(1);
+       stats.checkpoint_last_written_version() != 0 && absl::Now() < end; stats = Stats(address)) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_EQ(stats.checkpoint_last_written_version(), 0);
+  EXPECT_EQ(stats.checkpoint_failures(), 0);
+  ASSERT_TRUE(worker.Push(std::vector<float>(kSmallMlp.total_params, 0.5f), 0, {0}).ok());
+
+  std::filesystem::rename(checkpoints, checkpoints + ".moved");
+  std::ofstream(checkpoints) << "not a directory\n";
+  v1::CheckpointResponse response;
+  const grpc::Status refused = CheckpointNow(address, &response);
+  EXPECT_FALSE(refused.ok());
+  const std::string error =
+      "cannot create " + checkpoints + "/shard-0-000000000001.safetensors.tmp: Not a directory";
+  EXPECT_NE(refused.error_message().find(error), std::string::npos) << refused.error_message();
+  // Nothing else writes (no timed or counted checkpoints): exactly the one failure.
+  stats = Stats(address);
+  EXPECT_EQ(stats.checkpoint_failures(), 1);
+  EXPECT_EQ(stats.checkpoint_last_error(), error);
+  EXPECT_EQ(stats.checkpoint_last_written_version(), 0);
+  EXPECT_GT(stats.checkpoint_last_written_time(), 1.7e9);  // Unix seconds, after 2023
+
+  absl::StatusOr<Subprocess> psctl = Subprocess::Start(
+      {ExecutableDir() + "/psctl", "status", "--ps=" + address, "--hidden=8", "--interval=0.1"},
+      run_dir + "/status.log");
+  ASSERT_TRUE(psctl.ok()) << psctl.status();
+  EXPECT_EQ(*psctl->Wait(absl::Seconds(60)), 0);
+  const std::string status = ReadFile(run_dir + "/status.log");
+  EXPECT_NE(status.find("shard 0: 1 checkpoint(s) FAILED, the last: " + error +
+                        "; the newest written holds version 0 ("),
+            std::string::npos)
+      << status;
+
+  const std::string metrics = ScrapeLoggedMetrics(run_dir + "/ps-0.log", run_dir);
+  auto sample = [&](const std::string& name) {
+    const size_t at = metrics.find("\n" + name + "{shard=\"0\"} ");
+    return at == std::string::npos ? -1 : std::atof(metrics.c_str() + metrics.find("} ", at) + 2);
+  };
+  EXPECT_EQ(sample("ps_checkpoint_failures_total"), 1) << metrics;
+  EXPECT_EQ(sample("ps_checkpoint_last_success_version"), 0) << metrics;
+  EXPECT_GT(sample("ps_checkpoint_last_success_timestamp_seconds"), 1.7e9) << metrics;
+
+  cluster.shards()[0].Signal(SIGTERM);
+  EXPECT_EQ(*cluster.shards()[0].Wait(absl::Seconds(30)), 1);
+  const std::string log = ReadFile(run_dir + "/ps-0.log");
+  EXPECT_NE(log.find("ps: the last checkpoint (version 1) could not be written to " + checkpoints +
+                     ": " + error + "; the newest valid one holds version 0\n"),
+            std::string::npos)
+      << log;
 }
 
 TEST(CheckpointDaemonTest, AStoppedShardRestartsFromItsCheckpointAndTheWorkerResumes) {

@@ -28,7 +28,8 @@ constexpr char kSpec[] = R"({
   "worker": {"batch_size": 32},
   "security": {"ca": "ca.pem", "server_cert": "s.pem", "server_key": "s.key",
                "client_cert": "c.pem", "client_key": "c.key",
-               "token_file": "token", "read_token_file": "read-token"}
+               "token_file": "token", "read_token_file": "read-token",
+               "replication_token_file": "replication-token"}
 })";
 
 bool Has(const std::vector<std::string>& flags, const std::string& flag) {
@@ -47,10 +48,13 @@ TEST(ClusterSpecTest, EachRoleGetsItsFlags) {
         "--read_token_file=read-token"}) {
     EXPECT_TRUE(Has(*ps0, f)) << f;
   }
+  // Only the replicas of a replicated shard get the replication token.
+  EXPECT_FALSE(Has(*ps0, "--replication_token_file=replication-token"));
   absl::StatusOr<std::vector<std::string>> backup = FlagsForRole(*spec, "ps", "ps:1/1");
   ASSERT_TRUE(backup.ok()) << backup.status();
-  for (const char* f : {"--shard_index=1", "--host=10.0.0.3", "--port=5003", "--peer=10.0.0.2:5002",
-                        "--replica=1"}) {
+  for (const char* f :
+       {"--shard_index=1", "--host=10.0.0.3", "--port=5003", "--peer=10.0.0.2:5002", "--replica=1",
+        "--replication_token_file=replication-token", "--token_file=token"}) {
     EXPECT_TRUE(Has(*backup, f)) << f;
   }
   absl::StatusOr<std::vector<std::string>> worker = FlagsForRole(*spec, "worker", "worker:2");
@@ -61,6 +65,9 @@ TEST(ClusterSpecTest, EachRoleGetsItsFlags) {
     EXPECT_TRUE(Has(*worker, f)) << f;
   }
   EXPECT_FALSE(Has(*worker, "--lr=0.05"));  // ps flags stay with the ps
+  for (const std::string& flag : *worker) {
+    EXPECT_EQ(flag.find("replication"), std::string::npos) << flag;
+  }
   absl::StatusOr<std::vector<std::string>> evaluator =
       FlagsForRole(*spec, "evaluator", "evaluator");
   ASSERT_TRUE(evaluator.ok()) << evaluator.status();
@@ -132,6 +139,8 @@ TEST(ClusterSpecTest, BadSpecsAndRolesAreRefusedWithAReason) {
            {R"({"shards": ["a:1/b:2"], "workers": 1, "security": {"server_cert": "s.pem",
               "server_key": "s.key", "ca": "ca.pem"}})",
             "replicated shards over TLS need security.client_cert"},
+           {R"({"shards": ["a:1/b:2"], "workers": 1, "security": {"token_file": "t"}})",
+            "replicated shards with a token or mutual TLS need security.replication_token_file"},
        }) {
     absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(c.json);
     ASSERT_FALSE(spec.ok()) << c.json;

@@ -544,6 +544,38 @@ TEST_F(BadInputTest, FiniteGradientsThatWouldOverflowAreRefusedAndChangeNothing)
   std::cout << "refused after " << sequence << " pushes of 3e38\n";
 }
 
+// The guard against absurd gradients (ps --max_norm_ratio, 1000 by default): after 20 ordinary
+// pushes, one of 3e38 in every element (finite, so no non-finite check stops it; it would have
+// left the weights at ~3e36 for good) is refused, changing no weight and no version, and training
+// goes on.
+TEST_F(BadInputTest, AnAbsurdGradientAmongOrdinaryOnesIsRefusedAndChangesNothing) {
+  std::vector<float> weights(1000), before(1000), after(1000);
+  int64_t sequence = 0;
+  for (; sequence < 20; ++sequence) {
+    std::vector<float> gradient(1000, 0.01f * static_cast<float>(1 + sequence % 3));
+    absl::StatusOr<ShardedClient::Versions> versions = client_->Pull(absl::MakeSpan(weights));
+    ASSERT_TRUE(versions.ok());
+    ASSERT_TRUE(client_->Push(gradient, sequence, *versions).ok());
+  }
+  absl::StatusOr<ShardedClient::Versions> versions = client_->Pull(absl::MakeSpan(before));
+  ASSERT_TRUE(versions.ok());
+  absl::StatusOr<ShardedClient::PushSummary> absurd =
+      client_->Push(std::vector<float>(1000, 3e38f), sequence, *versions);
+  ASSERT_FALSE(absurd.ok());
+  EXPECT_EQ(absurd.status().code(), absl::StatusCode::kInvalidArgument) << absurd.status();
+  EXPECT_NE(absurd.status().message().find("--max_norm_ratio=1000"), std::string::npos)
+      << absurd.status();
+  absl::StatusOr<ShardedClient::Versions> unchanged = client_->Pull(absl::MakeSpan(after));
+  ASSERT_TRUE(unchanged.ok());
+  EXPECT_EQ(std::memcmp(before.data(), after.data(), sizeof(float) * 1000), 0);
+  EXPECT_EQ(unchanged->version, (std::vector<int64_t>{20, 20}));
+  for (int s = 0; s < 2; ++s) EXPECT_EQ(Stats(cluster_.ShardAddress(s)).pushes_rejected(), 1);
+  // The sequence was not used up: the worker's next (ordinary) push takes its place.
+  ASSERT_TRUE(client_->Push(std::vector<float>(1000, 0.02f), sequence, *unchanged).ok());
+  ASSERT_TRUE(client_->Pull(absl::MakeSpan(after)).ok());
+  EXPECT_NE(std::memcmp(before.data(), after.data(), sizeof(float) * 1000), 0);
+}
+
 TEST_F(BadInputTest, AStrangerCannotRegisterOrBlockTheJobWithMadeUpIds) {
   for (int id : {2, 666, 100000}) {
     ShardedClient stranger({cluster_.ShardAddress(0), cluster_.ShardAddress(1)}, model_, id);

@@ -49,7 +49,26 @@ TEST(JobStatusTest, OneRowPerShardAndPerWorkerWithRates) {
   EXPECT_NE(table.find("2/3"), std::string::npos) << table;
   EXPECT_NE(table.find("yes"), std::string::npos) << table;
   const std::string once = StatusTable({"a:1", "b:2"}, now, nullptr, 0);
-  EXPECT_EQ(once.find("125.0"), std::string::npos) << once;  // no rate from one reading
+  EXPECT_EQ(once.find("125.0"), std::string::npos) << once;       // no rate from one reading
+  EXPECT_EQ(once.find("checkpoint"), std::string::npos) << once;  // none failed
+}
+
+TEST(JobStatusTest, AShardWhoseCheckpointsFailedSaysSo) {
+  std::vector<v1::StatsResponse> now = {Shard(0, 350, {}), Shard(1, 150, {})};
+  now[1].set_checkpoint_failures(3);
+  now[1].set_checkpoint_last_error("cannot create /ckpt/shard-1-000000000150.safetensors.tmp");
+  now[1].set_checkpoint_last_written_version(100);
+  now[1].set_checkpoint_last_written_time(1'800'000'000);
+  const std::string table = StatusTable({"a:1", "b:2"}, now, nullptr, 0);
+  EXPECT_NE(table.find("shard 1: 3 checkpoint(s) FAILED, the last: cannot create "
+                       "/ckpt/shard-1-000000000150.safetensors.tmp; the newest written holds "
+                       "version 100 (2027-01-15 08:00:00 UTC)"),
+            std::string::npos)
+      << table;
+  EXPECT_EQ(table.find("shard 0:"), std::string::npos) << table;
+  now[1].set_checkpoint_last_written_version(-1);
+  EXPECT_NE(StatusTable({"a:1", "b:2"}, now, nullptr, 0).find("none written since the shard"),
+            std::string::npos);
 }
 
 }  // namespace

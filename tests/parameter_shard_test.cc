@@ -901,5 +901,33 @@ TEST(ParameterShardConcurrencyTest, PullsNeverSeeAPushHalfApplied) {
   EXPECT_EQ(shard->version(), kPushes);
 }
 
+// NormGuard: a norm above ratio x the median of the last 64 taken is refused, from the 16th on.
+TEST(NormGuardTest, RefusesNormsFarAboveTheRecentMedianOnceItHasSeenEnough) {
+  NormGuard guard(1000);
+  for (int i = 0; i < NormGuard::kMinimum - 1; ++i) {
+    EXPECT_TRUE(guard.Check(1e30).ok()) << "too few norms to judge by";
+    guard.Accept(1.0 + i % 3);  // median 2
+  }
+  EXPECT_TRUE(guard.Check(1e30).ok());
+  guard.Accept(2);
+  EXPECT_TRUE(guard.Check(2000).ok());
+  absl::Status refused = guard.Check(2001);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("2001 is 1e+03 times the median (2) of the last 16 pushes"),
+            std::string::npos)
+      << refused;
+  // The window moves: 64 norms of 100 replace the old ones.
+  for (int i = 0; i < NormGuard::kWindow; ++i) guard.Accept(100);
+  EXPECT_TRUE(guard.Check(1e5).ok());
+  EXPECT_FALSE(guard.Check(1.1e5).ok());
+  // Off, or nothing to judge by (all-zero pushes): anything passes.
+  NormGuard off(0);
+  for (int i = 0; i < 100; ++i) off.Accept(1);
+  EXPECT_TRUE(off.Check(1e30).ok());
+  NormGuard zeros(1000);
+  for (int i = 0; i < 100; ++i) zeros.Accept(0);
+  EXPECT_TRUE(zeros.Check(1).ok());
+}
+
 }  // namespace
 }  // namespace ps

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <iostream>
 #include <optional>
 
@@ -105,6 +106,87 @@ TEST(RecoveryTest, AKilledShardResumesFromItsCheckpointAndTheWorkersCarryOn) {
   std::string ps_log = ReadFile(run_dir + "/ps-1.log");
   EXPECT_NE(ps_log.find(absl::StrCat(reached - checkpointed, " update(s) lost")), std::string::npos)
       << ps_log;
+}
+
+// A rolling restart (systemd restart, a new build) of every shard of a 2+4 job, one after
+// another and twice over: each shard stops on SIGTERM (exit 0, its last checkpoint written) and is
+// started again with the same flags. The workers see a pause and nothing else: every worker
+// finishes every step with exit 0, and no update is lost (each shard ends at 4 x 600 versions).
+// A shutting-down shard cancels the calls it did not finish; the clients retry them.
+TEST(RecoveryTest, ARollingRestartOfEveryShardIsInvisibleToTheWorkers) {
+  const std::string run_dir = NewRunDir("recovery");
+  LocalCluster cluster(ExecutableDir(), run_dir);
+  ASSERT_TRUE(
+      cluster
+          .StartShards(2, kMlp, 4,
+                       {"--checkpoint_dir=" + run_dir + "/checkpoints", "--checkpoint_seconds=0"})
+          .ok());
+  // At most 200 steps/s per worker, 800 updates/s per shard, on any machine: the last restart
+  // (at version 1,600 of 2,400) leaves at least a second of training after it.
+  for (int rank = 0; rank < 4; ++rank) {
+    ASSERT_TRUE(
+        cluster.StartWorker(rank, 4, With(kHidden, {"--steps=600", "--push_delay=fixed:0.005"}))
+            .ok());
+  }
+  int64_t at = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (int shard = 0; shard < 2; ++shard) {
+      at += 400;
+      ASSERT_TRUE(WaitForVersion(cluster.ShardAddress(shard), at, absl::Minutes(2)));
+      EXPECT_EQ(cluster.shards()[shard].Stop(absl::Seconds(15)), 0)
+          << ReadFile(absl::StrCat(run_dir, "/ps-", shard, ".log"));
+      ASSERT_TRUE(cluster.RestartShard(shard).ok());
+      const v1::StatsResponse restarted = Stats(cluster.ShardAddress(shard));
+      EXPECT_EQ(restarted.updates_lost(), 0) << "shard " << shard << " restart " << round;
+      EXPECT_GE(restarted.resumed_version(), at);
+    }
+  }
+  double stall = 0;
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string name = absl::StrCat(run_dir, "/worker-", rank);
+    absl::StatusOr<int> code = cluster.worker(rank)->Wait(absl::Minutes(3));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << ReadFile(name + ".log");
+    EXPECT_EQ(Column(LastLine(name + ".csv"), 0), 599);
+    stall = std::max(stall, LongestGapSeconds(name + ".csv"));
+  }
+  std::cout << "longest pause of a worker step over 4 restarts: " << stall << " s" << std::endl;
+  // A restart's pause: the shard's shutdown (calls get 1 s to finish), its start, and the
+  // clients' next attempt (at most 0.5 s apart). Generous for a loaded machine.
+  EXPECT_LT(stall, 10);
+  for (int shard = 0; shard < 2; ++shard) {
+    const v1::StatsResponse stats = Stats(cluster.ShardAddress(shard));
+    EXPECT_EQ(stats.version(), 2400) << "shard " << shard;
+    EXPECT_EQ(stats.pushes_rejected(), 0) << "shard " << shard;
+  }
+  EXPECT_EQ(cluster.Stop(), "");
+}
+
+// A shard that was down for a while (3 s: long enough for gRPC's default reconnect backoff to
+// have grown past 2 s) is used again within about a second of its return: clients' channels and
+// retries try at most 0.5 s apart (common/channel_options.h). Measured from the moment the
+// restarted shard serves to the worker's next finished step.
+TEST(RecoveryTest, AShardBackFromAnOutageIsUsedAgainWithinASecond) {
+  const std::string run_dir = NewRunDir("recovery");
+  LocalCluster cluster(ExecutableDir(), run_dir);
+  ASSERT_TRUE(
+      cluster.StartShards(2, kMlp, 1, {"--checkpoint_dir=" + run_dir + "/checkpoints"}).ok());
+  ASSERT_TRUE(cluster.StartWorker(0, 1, With(kHidden, {"--steps=1000000"})).ok());
+  const std::string csv = run_dir + "/worker-0.csv";
+  ASSERT_TRUE(WaitForVersion(cluster.ShardAddress(1), 50, absl::Minutes(1)));
+  cluster.shards()[1].Signal(SIGKILL);
+  ASSERT_EQ(*cluster.shards()[1].Wait(absl::Seconds(10)), 128 + SIGKILL);
+  absl::SleepFor(absl::Seconds(3));  // the outage: the worker keeps retrying meanwhile
+  const int64_t stalled_at = static_cast<int64_t>(Column(LastLine(csv), 0));
+  ASSERT_TRUE(cluster.RestartShard(1).ok());  // returns once it serves
+  const double back = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+  ASSERT_TRUE(WaitForStep(csv, stalled_at + 1, absl::Minutes(1)));
+  const double resumed = Column(LastLine(csv), 1) - back;
+  std::cout << "the worker's first step after the shard came back ended " << resumed
+            << " s after it" << std::endl;
+  // Reconnection (attempts <= 0.5 s apart) and re-registration, and one step; generous for a loaded machine.
+  EXPECT_LT(resumed, 3);
+  EXPECT_EQ(cluster.Stop(), "");
 }
 
 // A shard that comes back without its model (no checkpoints) in a trained job is never

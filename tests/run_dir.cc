@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -74,6 +75,19 @@ bool WaitForStep(const std::string& csv, int64_t step, absl::Duration timeout) {
     absl::SleepFor(absl::Milliseconds(10));  // a short overshoot past `step`/`version`
   }
   return false;
+}
+
+double LongestGapSeconds(const std::string& csv) {
+  std::ifstream in(csv);
+  std::string line;
+  std::getline(in, line);  // header
+  double previous = -1, longest = 0;
+  while (std::getline(in, line)) {
+    double t = Column(line, 1);
+    if (previous >= 0) longest = std::max(longest, t - previous);
+    previous = t;
+  }
+  return longest;
 }
 
 v1::StatsResponse Stats(const std::string& address) {

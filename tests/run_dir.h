@@ -22,6 +22,9 @@ double Column(const std::string& csv_line, int column);
 // may be a few steps past it). Tests that act "mid-run" after it also bound the run's rate
 // (worker --push_delay) so that the run is still going on a machine many times faster.
 bool WaitForStep(const std::string& csv, int64_t step, absl::Duration timeout);
+// The longest gap between a worker's consecutive steps, from the wall-clock column of its CSV:
+// the stall a failover or a restart caused.
+double LongestGapSeconds(const std::string& csv);
 // GetStats of the plaintext shard at `address` (a failed call is a test failure).
 v1::StatsResponse Stats(const std::string& address);
 // Waits until the shard at `address` reaches `version`.

@@ -4,15 +4,19 @@
 #include "common/security.h"
 
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/shared_memory.h"
 #include "deploy/local_cluster.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
@@ -32,6 +36,7 @@ void WriteFile(const std::string& path, const std::string& text) { std::ofstream
 constexpr char kWriteToken[] = "write-4f9c2a7e1b3d5f60";
 constexpr char kReadToken[] = "read-8e1d7c3b5a9f2e40x";
 constexpr char kWrongToken[] = "write-4f9c2a7e1b3d5f61";
+constexpr char kReplicationToken[] = "replicate-5d2b8f1c7a3e";
 
 // Certificates (deploy/make_test_certs.sh) and token files in a fresh temporary directory.
 struct Secrets {
@@ -418,6 +423,241 @@ TEST(SecureClusterTest, WorkersAndAReadOnlyEvaluatorTrainOverMutualTlsWithTokens
   EXPECT_EQ(last.substr(last.find(',') + 1, 4), "300,") << last;
 }
 
+// --- Replication: only the replica peer, by its own credential ---
+
+const char kMlp[] = "mlp:784-32-10";
+constexpr int64_t kMlpParams = 784 * 32 + 32 + 32 * 10 + 10;
+
+// Polls GetStats of shard process `process` (with the cluster's credentials) until `done` holds.
+bool WaitForStats(LocalCluster& cluster, int process,
+                  const std::function<bool(const v1::StatsResponse&)>& done,
+                  absl::Duration timeout = absl::Minutes(2)) {
+  for (absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
+    absl::StatusOr<v1::StatsResponse> s = cluster.ProcessStats(process, absl::Seconds(5));
+    if (s.ok() && done(*s)) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return false;
+}
+
+// What a worker holding the write token could send: a join claiming epoch 99, which fenced a
+// primary (and a backup) before replication needed its own credential.
+grpc::Status ClaimEpoch99(const std::string& address, const std::string& token) {
+  auto stub =
+      v1::Replication::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!token.empty()) context.AddMetadata(kAuthorizationMetadata, BearerValue(token));
+  auto stream = stub->Replicate(&context);
+  v1::BackupMessage join;
+  join.mutable_model()->set_fingerprint(kMlp);
+  join.mutable_model()->set_total_params(kMlpParams);
+  join.mutable_model()->set_num_shards(1);
+  join.set_shard_index(0);
+  join.set_epoch(99);
+  if (stream->Write(join)) stream->WritesDone();
+  v1::ReplicationMessage m;
+  while (stream->Read(&m)) {
+  }
+  return stream->Finish();
+}
+
+// Replication/Status with take_over, as the same worker.
+grpc::Status AskToTakeOver(const std::string& address, const std::string& token) {
+  auto stub =
+      v1::Replication::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!token.empty()) context.AddMetadata(kAuthorizationMetadata, BearerValue(token));
+  v1::ReplicaStatusRequest request;
+  request.set_take_over(true);
+  v1::ReplicaStatusResponse response;
+  return stub->Status(&context, request, &response);
+}
+
+// A unary call of `method` carrying `bytes` as its request, with `token` ("": none).
+grpc::Status RawUnaryCall(const std::string& address, const std::string& method,
+                          const std::string& bytes, const std::string& token) {
+  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!token.empty()) context.AddMetadata(kAuthorizationMetadata, BearerValue(token));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  grpc::Status status;
+  absl::Notification done;
+  generic.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) {
+                      status = s;
+                      done.Notify();
+                    });
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  return status;
+}
+
+// The tester's attack: a worker's write token sends Replicate{epoch 99} to the primary and then to
+// the backup (and asks each to take over). Both refuse it with PERMISSION_DENIED; neither is
+// fenced, exits, or changes role or epoch; the worker trains on and every step is applied exactly
+// once, on both replicas, which keep replicating with the credential LocalCluster gave them.
+TEST(ReplicationCredentialTest, TheWriteTokenCannotFenceOrStopEitherReplica) {
+  Secrets secrets;
+  LocalCluster cluster(ExecutableDir(), NewRunDir(), secrets.Tokens());
+  ASSERT_TRUE(cluster.StartShards(1, kMlp, 1, {}, /*replicas=*/2).ok());
+  EXPECT_NE(ReadFile(cluster.run_dir() + "/ps-0-0.log").find("replication token"),
+            std::string::npos);
+  // At most 200 steps/s: still training for >= 1.5 s after the attack however fast the machine.
+  constexpr int kSteps = 400;
+  ASSERT_TRUE(
+      cluster
+          .StartWorker(
+              0, 1, {"--hidden=32", absl::StrCat("--steps=", kSteps), "--push_delay=fixed:0.005"})
+          .ok());
+  auto role_is = [](const std::string& role) {
+    return [role](const v1::StatsResponse& s) { return s.replica_role() == role; };
+  };
+  ASSERT_TRUE(WaitForStats(cluster, 1, role_is("backup")));
+  ASSERT_TRUE(WaitForStats(cluster, 0, [](const v1::StatsResponse& s) {
+    return s.replica_role() == "primary" && s.version() >= 50;
+  }));
+
+  for (int process : {0, 1}) {
+    const std::string address = cluster.ProcessAddress(process);
+    for (const char* token : {kWriteToken, kReadToken}) {
+      grpc::Status claim = ClaimEpoch99(address, token);
+      EXPECT_EQ(claim.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+          << "process " << process << ": " << claim.error_message();
+      EXPECT_NE(claim.error_message().find("needs the replication credential"), std::string::npos)
+          << claim.error_message();
+      EXPECT_EQ(AskToTakeOver(address, token).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    }
+    for (const std::string& token : {std::string(), std::string(kWrongToken)}) {
+      EXPECT_EQ(ClaimEpoch99(address, token).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+      EXPECT_EQ(AskToTakeOver(address, token).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    }
+  }
+  // Training goes on through the same primary, which acknowledges only what its backup applied.
+  absl::StatusOr<v1::StatsResponse> attacked = cluster.ProcessStats(0, absl::Seconds(10));
+  ASSERT_TRUE(attacked.ok()) << attacked.status();
+  ASSERT_TRUE(WaitForStats(cluster, 0, [&](const v1::StatsResponse& s) {
+    return s.version() >= attacked->version() + 50;
+  }));
+  for (int process : {0, 1}) {
+    EXPECT_TRUE(cluster.shards()[process].running()) << cluster.ProcessName(process);
+    absl::StatusOr<v1::StatsResponse> s = cluster.ProcessStats(process, absl::Seconds(10));
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->replica_role(), process == 0 ? "primary" : "backup");
+    EXPECT_EQ(s->replica_epoch(), 1);
+  }
+
+  absl::StatusOr<int> code = cluster.worker(0)->Wait(absl::Minutes(3));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0) << ReadFile(cluster.run_dir() + "/worker-0.log");
+  for (int process : {0, 1}) {
+    // The backup applies the last change just after the primary acknowledged it.
+    EXPECT_TRUE(WaitForStats(cluster, process, [](const v1::StatsResponse& s) {
+      return s.version() == kSteps;
+    })) << cluster.ProcessName(process);
+    absl::StatusOr<v1::StatsResponse> s = cluster.ProcessStats(process, absl::Seconds(10));
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->version(), kSteps);
+    EXPECT_EQ(s->replica_epoch(), 1);
+    EXPECT_EQ(ReadFile(absl::StrCat(cluster.run_dir(), "/", cluster.ProcessName(process), ".log"))
+                  .find("fenced"),
+              std::string::npos);
+  }
+  EXPECT_EQ(cluster.Stop(), "");
+}
+
+// With tokens on, the real peer still replicates and fails over: the primary is killed mid-run,
+// its backup takes over, the killed one restarted joins it (state transfer, with the replication
+// token), and no acknowledged push is lost.
+TEST(ReplicationCredentialTest, ThePeerWithTheReplicationTokenReplicatesAndTakesOver) {
+  Secrets secrets;
+  LocalCluster cluster(ExecutableDir(), NewRunDir(), secrets.Tokens());
+  ASSERT_TRUE(cluster.StartShards(1, kMlp, 1, {}, /*replicas=*/2).ok());
+  constexpr int kSteps = 600;
+  ASSERT_TRUE(
+      cluster
+          .StartWorker(
+              0, 1, {"--hidden=32", absl::StrCat("--steps=", kSteps), "--push_delay=fixed:0.005"})
+          .ok());
+  ASSERT_TRUE(WaitForStats(cluster, 0, [](const v1::StatsResponse& s) {
+    return s.replica_role() == "primary" && s.version() >= 100;
+  }));
+  cluster.shards()[0].Signal(SIGKILL);
+  ASSERT_EQ(*cluster.shards()[0].Wait(absl::Seconds(10)), 128 + SIGKILL);
+  ASSERT_TRUE(WaitForStats(cluster, 1, [](const v1::StatsResponse& s) {
+    return s.replica_role() == "primary" && s.replica_epoch() == 2;
+  }));
+  ASSERT_TRUE(cluster.RestartShard(0).ok());
+  ASSERT_TRUE(WaitForStats(
+      cluster, 0, [](const v1::StatsResponse& s) { return s.replica_role() == "backup"; }));
+  absl::StatusOr<int> code = cluster.worker(0)->Wait(absl::Minutes(3));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0) << ReadFile(cluster.run_dir() + "/worker-0.log");
+  for (int process : {1, 0}) {
+    EXPECT_TRUE(WaitForStats(cluster, process, [](const v1::StatsResponse& s) {
+      return s.version() == kSteps && s.replica_epoch() == 2;
+    })) << cluster.ProcessName(process);
+  }
+  EXPECT_EQ(cluster.Stop(), "");
+}
+
+// Replication/Status checks the caller first, then parses: a stranger's bytes are never looked
+// at, and a request that does not parse gets INVALID_ARGUMENT naming the method (not INTERNAL).
+TEST(ReplicationCredentialTest, StatusAuthenticatesBeforeItParses) {
+  const std::string kStatus = "/ps.v1.Replication/Status";
+  const std::string garbage(8, '\xff');  // field 31, wire type 7, which does not exist
+  Secrets secrets;
+  ClusterSecurity security = secrets.Tokens();
+  WriteFile(secrets.File("replication-token"), std::string(kReplicationToken) + "\n");
+  security.replication_token_file = secrets.File("replication-token");
+  LocalCluster cluster(ExecutableDir(), NewRunDir(), security);
+  ASSERT_TRUE(cluster.StartShards(1, "flat:1000", 1, {}, /*replicas=*/2).ok());
+  ASSERT_TRUE(WaitForStats(
+      cluster, 1, [](const v1::StatsResponse& s) { return s.replica_role() == "backup"; }));
+  for (int process : {0, 1}) {
+    const std::string address = cluster.ProcessAddress(process);
+    for (const std::string& bytes : {garbage, std::string()}) {
+      EXPECT_EQ(RawUnaryCall(address, kStatus, bytes, "").error_code(),
+                grpc::StatusCode::UNAUTHENTICATED);
+      EXPECT_EQ(RawUnaryCall(address, kStatus, bytes, kWrongToken).error_code(),
+                grpc::StatusCode::UNAUTHENTICATED);
+      for (const char* token : {kWriteToken, kReadToken}) {
+        grpc::Status s = RawUnaryCall(address, kStatus, bytes, token);
+        EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+        EXPECT_NE(s.error_message().find("needs the replication credential"), std::string::npos)
+            << s.error_message();
+      }
+    }
+    grpc::Status bad = RawUnaryCall(address, kStatus, garbage, kReplicationToken);
+    EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.error_message();
+    EXPECT_EQ(bad.error_message(), "cannot parse Replication/Status request");
+    EXPECT_TRUE(RawUnaryCall(address, kStatus, "", kReplicationToken).ok());
+    // The replication token is for replication only.
+    absl::StatusOr<v1::StatsResponse> stats = cluster.ProcessStats(process, absl::Seconds(10));
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_EQ(stats->replica_role(), process == 0 ? "primary" : "backup");
+  }
+  std::unique_ptr<ShardedClient> replicator;
+  {
+    ClientOptions options;
+    options.security = Plaintext(kReplicationToken);
+    replicator = std::make_unique<ShardedClient>(std::vector<std::string>{cluster.ShardAddress(0)},
+                                                 ModelIdentity{"flat:1000", 1000, 1}, 0, options);
+  }
+  EXPECT_EQ(replicator->Register().status().code(), absl::StatusCode::kPermissionDenied);
+
+  // Without any token (the plaintext-loopback mode) there is nobody to check: the bytes are parsed
+  // at once, and still answered with INVALID_ARGUMENT.
+  LocalCluster no_tokens(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(no_tokens.StartShards(1, "flat:1000", 1, {}, /*replicas=*/2).ok());
+  grpc::Status bad = RawUnaryCall(no_tokens.ProcessAddress(0), kStatus, garbage, "");
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.error_message();
+  EXPECT_EQ(bad.error_message(), "cannot parse Replication/Status request");
+  EXPECT_TRUE(RawUnaryCall(no_tokens.ProcessAddress(0), kStatus, "", "").ok());
+}
+
 // --- Where daemons listen, and bad security flags ---
 
 // Runs a daemon to completion; returns its exit code and output. A ps is given a job (model and
@@ -467,6 +707,7 @@ TEST(ListenTest, BadSecurityFlagsExitWithAOneLineReason) {
   Secrets secrets;
   ASSERT_TRUE(secrets.MakeCertificates());
   WriteFile(secrets.File("empty-token"), "\n");
+  WriteFile(secrets.File("token"), kWriteToken);
   const std::string server = secrets.Cert("server.pem"), client_key = secrets.Cert("client.key");
   struct Case {
     std::vector<std::string> argv;
@@ -484,6 +725,12 @@ TEST(ListenTest, BadSecurityFlagsExitWithAOneLineReason) {
       {{"ps", "--token_file=" + secrets.File("empty-token")}, "is empty"},
       {{"ps", "--read_token_file=" + secrets.Cert("ca.pem")}, "must be printable ASCII"},
       {{"ps", "--token_file=" + secrets.File("missing")}, "ps: cannot read --token_file="},
+      {{"ps", "--peer=127.0.0.1:1", "--token_file=" + secrets.File("token")},
+       "ps: --peer with a token or mutual TLS needs --replication_token_file"},
+      {{"ps", "--peer=127.0.0.1:1", "--token_file=" + secrets.File("token"),
+        "--replication_token_file=" + secrets.File("token")},
+       "the replication token must differ from the write and read-only tokens"},
+      {{"ps", "--replication_token_file=" + secrets.File("empty-token")}, "is empty"},
       {{"worker", "--ps=127.0.0.1:1", "--tls_cert=" + server, "--tls_key=" + client_key},
        "worker: --tls_cert/--tls_key need --tls_ca"},
       {{"evaluator", "--ps=127.0.0.1:1", "--tls_ca=/nonexistent"},
@@ -521,6 +768,40 @@ TEST(TokenAuthenticatorTest, CodesForEachKindOfCaller) {
   EXPECT_TRUE(TokenAuthenticator().Authorize("", Access::kWrite, "Call").ok());
   EXPECT_FALSE(TokenAuthenticator::Create("", kReadToken).ok());
   EXPECT_FALSE(TokenAuthenticator::Create(kWriteToken, kWriteToken).ok());
+  // Without a replication token, Replication calls fail closed where the job has tokens.
+  EXPECT_EQ(code(BearerValue(kWriteToken), Access::kReplicate),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(TokenAuthenticator().Authorize("", Access::kReplicate, "Call").ok());
+}
+
+TEST(TokenAuthenticatorTest, OnlyTheReplicationTokenReplicatesAndItDoesNothingElse) {
+  absl::StatusOr<TokenAuthenticator> a =
+      TokenAuthenticator::Create(kWriteToken, kReadToken, kReplicationToken);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto code = [&](const std::string& header, Access needed) {
+    return a->Authorize(header, needed, "Call").code();
+  };
+  EXPECT_EQ(code(BearerValue(kReplicationToken), Access::kReplicate), absl::StatusCode::kOk);
+  EXPECT_EQ(code(BearerValue(kWriteToken), Access::kReplicate),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(code(BearerValue(kReadToken), Access::kReplicate), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(code(BearerValue(kWrongToken), Access::kReplicate), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(code("", Access::kReplicate), absl::StatusCode::kUnauthenticated);
+  for (Access needed : {Access::kRead, Access::kWrite}) {
+    EXPECT_EQ(code(BearerValue(kReplicationToken), needed), absl::StatusCode::kPermissionDenied);
+  }
+  // A job without tokens (mutual TLS alone) may still guard replication.
+  absl::StatusOr<TokenAuthenticator> alone = TokenAuthenticator::Create("", "", kReplicationToken);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_FALSE(alone->enabled());
+  EXPECT_TRUE(alone->Authorize("", Access::kWrite, "Push").ok());
+  EXPECT_EQ(alone->Authorize("", Access::kReplicate, "Replicate").code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(
+      alone->Authorize(BearerValue(kReplicationToken), Access::kReplicate, "Replicate").ok());
+  EXPECT_FALSE(TokenAuthenticator::Create(kWriteToken, kReadToken, kWriteToken).ok());
+  EXPECT_FALSE(TokenAuthenticator::Create(kWriteToken, kReadToken, kReadToken).ok());
+  EXPECT_FALSE(TokenAuthenticator::Create("", "", "").ok());
 }
 
 TEST(ListenHostTest, LoopbackIsAlwaysAllowed) {

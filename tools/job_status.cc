@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/time.h"
 
 namespace ps {
 
@@ -41,6 +42,23 @@ std::string StatusTable(const std::vector<std::string>& addresses,
                         absl::StrCat(n.active_workers(), "/", n.registered_workers()),
                         quantile(0.5), quantile(0.99),
                         n.pushes_dropped_late() + n.pushes_dropped_stale(), n.pushes_rejected()));
+  }
+  // Failed checkpoints are otherwise only log lines: a shard could run for hours saving nothing.
+  for (const v1::StatsResponse& n : now) {
+    if (n.checkpoint_failures() == 0) continue;
+    const std::string newest =
+        n.checkpoint_last_written_version() < 0
+            ? std::string("none written since the shard started")
+            : absl::StrCat(
+                  "the newest written holds version ", n.checkpoint_last_written_version(), " (",
+                  absl::FormatTime(
+                      "%Y-%m-%d %H:%M:%S UTC",
+                      absl::FromUnixSeconds(static_cast<int64_t>(n.checkpoint_last_written_time())),
+                      absl::UTCTimeZone()),
+                  ")");
+    absl::StrAppend(&out, "shard ", n.shard_index(), ": ", n.checkpoint_failures(),
+                    " checkpoint(s) FAILED, the last: ", n.checkpoint_last_error(), "; ", newest,
+                    "\n");
   }
   if (!now.empty() && now[0].workers_size() > 0) {
     absl::StrAppend(&out, absl::StrFormat("\n%-7s %-7s %10s %14s %10s\n", "worker", "active",

@@ -1,6 +1,7 @@
 // The job as a table (psctl status): one row per shard (address, replica role, version, updates/s,
 // workers active/registered, staleness p50/p99, pushes dropped and rejected) and one row per worker
-// (its clock, seconds since last seen, pushes), from two rounds of the shards' statistics.
+// (its clock, seconds since last seen, pushes), from two rounds of the shards' statistics; a line
+// per shard whose checkpoints failed (how many, the last error, the newest written).
 #pragma once
 
 #include <string>

@@ -22,12 +22,13 @@ std::string JobText(const ShardCheckpoint& c) {
 }
 
 absl::StatusOr<ShardCheckpoint> NewestCheckpoint(const std::string& dir, int shard) {
+  std::string skipped;  // the shard resumes from the same file, skipping the same ones
   absl::StatusOr<std::optional<ShardCheckpoint>> newest =
-      CheckpointStore(dir, shard, /*keep=*/1).LoadNewest();
+      CheckpointStore(dir, shard, /*keep=*/1).LoadNewest(&skipped);
   if (!newest.ok()) return newest.status();
   if (!newest->has_value()) {
-    return absl::NotFoundError(
-        absl::StrCat("no readable checkpoint of shard ", shard, " in ", dir));
+    return absl::NotFoundError(absl::StrCat("no readable checkpoint of shard ", shard, " in ", dir,
+                                            skipped.empty() ? "" : " (" + skipped + ")"));
   }
   return **std::move(newest);
 }

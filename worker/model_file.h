@@ -7,7 +7,8 @@
 //                           nn.Linear keeps [out, in]: load its weight as W.T)
 //   fc<l>.bias   [out]
 // Metadata (strings): "format" = "ps.model.v1", "model" (the spec, "mlp:784-256-128-10"),
-// "versions" (JSON list: the version of each shard the values came from, in shard order), "crc32".
+// "versions" (JSON list: the version of each shard the values came from, in shard order),
+// "file_crc32" (of the whole file: common/safetensors.h).
 #pragma once
 
 #include <cstdint>

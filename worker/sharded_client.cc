@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/channel_options.h"
 #include "common/chunking.h"
 #include "common/cluster.h"
 #include "common/consistency_spec.h"
@@ -194,6 +195,9 @@ class ShardedClient::Impl {
   // generation was cancelled already.
   bool Track(grpc::ClientContext* context, int64_t generation);
   void Untrack(grpc::ClientContext* context);
+  // Whether this client cancelled the calls of `generation` (CancelPending, Close). A CANCELLED
+  // it did not cause came from the shard: one shutting down cancels the calls it did not finish.
+  bool CancelledHere(int64_t generation);
   v1::ModelIdentity ModelProto() const;
 
   // The replica of `shard` calls go to now, its stub and its address.
@@ -326,7 +330,8 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
   for (size_t i = 0; i < addresses.size(); ++i) {
     std::vector<Replica>& replicas = replicas_.emplace_back();
     for (const std::string& address : ShardReplicas(addresses[i])) {
-      std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(address, credentials);
+      std::shared_ptr<grpc::Channel> channel =
+          grpc::CreateCustomChannel(address, credentials, ShardChannelArguments());
       auto method = [&](const char* name) {
         return std::make_unique<grpc::internal::RpcMethod>(
             name, grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
@@ -401,6 +406,11 @@ void ShardedClient::Impl::Untrack(grpc::ClientContext* context) {
   in_flight_.erase(context);
 }
 
+bool ShardedClient::Impl::CancelledHere(int64_t generation) {
+  absl::MutexLock lock(&mu_);
+  return generation != generation_ || closed_;
+}
+
 grpc::Status ShardedClient::Impl::Attempt(
     int shard, const std::function<grpc::Status(int, grpc::ClientContext*)>& fn, int64_t generation,
     absl::Duration timeout) {
@@ -461,7 +471,12 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
     // The call's shared memory failed (and was dropped): the tensor goes over gRPC at once.
     if (IsSharedMemoryLost(s) && shared_lost++ < 2) continue;
     if (s.ok()) return absl::OkStatus();
-    bool cancelled = s.error_code() == grpc::StatusCode::CANCELLED;
+    // A shard's CANCELLED (it is shutting down: a restart, a fenced primary) is as transient as
+    // UNAVAILABLE; a push sent again is applied once whatever the first attempt did.
+    const bool cancelled =
+        s.error_code() == grpc::StatusCode::CANCELLED && CancelledHere(generation);
+    const bool transient =
+        IsTransient(s) || (s.error_code() == grpc::StatusCode::CANCELLED && !cancelled);
     if (retry && !cancelled && s.error_code() == grpc::StatusCode::ABORTED) {
       // Held back (a barrier, the SSP bound; bounded by the shard's progress timeout): the
       // shard is alive and waiting is the protocol, so ask again at once without spending the
@@ -471,23 +486,34 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
     }
     // A call that is not retried (a heartbeat) leaves the choice to those that are; a busy
     // replica (RESOURCE_EXHAUSTED) is alive and serving.
-    const bool switched = retry &&
-                          (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                           s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
+    const bool switched = retry && transient &&
+                          s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED &&
                           SwitchReplica(shard, replica, s);
     if (switched && !switched_at_once && absl::Now() < give_up) {
       switched_at_once = true;
       continue;
     }
     switched_at_once = false;
-    if (!retry || !IsTransient(s) || absl::Now() + backoff > give_up || cancelled_within(backoff)) {
+    // The backoff; cut short when the shard's channel, down meanwhile, connects again (a shard
+    // back from a restart is used at once). True if the call was cancelled meanwhile.
+    auto wait = [&] {
+      grpc::Channel& channel = *replicas_[shard][CurrentReplica(shard)].channel;
+      if (channel.GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
+        return cancelled_within(backoff);
+      }
+      channel.WaitForConnected(absl::ToChronoTime(absl::Now() + backoff));
+      return cancelled_within(absl::ZeroDuration());
+    };
+    if (!retry || !transient || absl::Now() + backoff > give_up || wait()) {
       return absl::Status(FromGrpcStatus(s).code(),
                           absl::StrCat("shard ", shard, " (", replicas_[shard][replica].address,
                                        "): ", s.error_message()));
     }
     PS_LOG(WARNING) << "shard " << shard << " (" << replicas_[shard][replica].address
                     << "): " << s.error_message() << "; retried after " << backoff;
-    backoff = std::min(backoff * 2, absl::Seconds(2));
+    // At most kMaxReconnectBackoffMs apart, like the channel's own attempts: a shard back from a
+    // restart is used within about a second.
+    backoff = std::min(backoff * 2, absl::Milliseconds(kMaxReconnectBackoffMs));
   }
 }
 

@@ -9,7 +9,10 @@
 //
 // Every call has a deadline and carries the token of ClientOptions::security (over TLS if set
 // there), and calls that failed for a transient reason (UNAVAILABLE, DEADLINE_EXCEEDED,
-// RESOURCE_EXHAUSTED) are retried with backoff, all in one retry loop. Retrying is safe: pulls are
+// RESOURCE_EXHAUSTED, and CANCELLED by the shard: one shutting down cancels what it did not
+// finish) are retried with backoff (50 ms doubling to 0.5 s), all in one retry loop; channels
+// reconnect as promptly and notice a peer that stopped answering within seconds
+// (common/channel_options.h). Retrying is safe: pulls are
 // reads, pushes carry a (worker, sequence) id that a shard applies once. A pull that a shard holds
 // back (ABORTED: sync barrier, SSP bound) is repeated for as long as it takes.
 //
