@@ -298,21 +298,7 @@ class BadInputTest : public ::testing::Test {
 
   // One request of raw bytes to shard 0 through the generic stub.
   grpc::Status RawUnaryCall(const std::string& method, const std::string& bytes) {
-    grpc::GenericStub generic(
-        grpc::CreateChannel(cluster_.ShardAddress(0), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer request(&slice, 1), response;
-    grpc::Status status;
-    absl::Notification done;
-    generic.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
-                      [&](grpc::Status s) {
-                        status = s;
-                        done.Notify();
-                      });
-    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
-    return status;
+    return ps::RawUnaryCall(cluster_.ShardAddress(0), method, bytes);
   }
 
   LocalCluster cluster_{ExecutableDir(), NewRunDir()};

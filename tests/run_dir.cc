@@ -1,6 +1,7 @@
 #include "tests/run_dir.h"
 
 #include <grpcpp/create_channel.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -15,6 +16,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "common/security.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.grpc.pb.h"
 
@@ -98,6 +101,25 @@ v1::StatsResponse Stats(const std::string& address) {
   v1::StatsResponse response;
   EXPECT_TRUE(stub->GetStats(&context, v1::StatsRequest(), &response).ok());
   return response;
+}
+
+grpc::Status RawUnaryCall(const std::string& address, const std::string& method,
+                          const std::string& bytes, const std::string& token) {
+  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!token.empty()) context.AddMetadata(kAuthorizationMetadata, BearerValue(token));
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1), response;
+  grpc::Status status;
+  absl::Notification done;
+  generic.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) {
+                      status = s;
+                      done.Notify();
+                    });
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  return status;
 }
 
 bool WaitForVersion(const std::string& address, int64_t version, absl::Duration timeout) {

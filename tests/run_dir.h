@@ -3,6 +3,8 @@
 // passing runs leave nothing behind. Also what those tests read from them and from the shards.
 #pragma once
 
+#include <grpcpp/support/status.h>
+
 #include <cstdint>
 #include <string>
 
@@ -27,6 +29,10 @@ bool WaitForStep(const std::string& csv, int64_t step, absl::Duration timeout);
 double LongestGapSeconds(const std::string& csv);
 // GetStats of the plaintext shard at `address` (a failed call is a test failure).
 v1::StatsResponse Stats(const std::string& address);
+// A unary call of `method` ("/ps.v1.ParameterServer/GetStats") to the plaintext server at
+// `address`, carrying `bytes` as its request and `token` ("": none) as its bearer token.
+grpc::Status RawUnaryCall(const std::string& address, const std::string& method,
+                          const std::string& bytes, const std::string& token = "");
 // Waits until the shard at `address` reaches `version`.
 bool WaitForVersion(const std::string& address, int64_t version, absl::Duration timeout);
 

@@ -475,26 +475,6 @@ grpc::Status AskToTakeOver(const std::string& address, const std::string& token)
   return stub->Status(&context, request, &response);
 }
 
-// A unary call of `method` carrying `bytes` as its request, with `token` ("": none).
-grpc::Status RawUnaryCall(const std::string& address, const std::string& method,
-                          const std::string& bytes, const std::string& token) {
-  grpc::GenericStub generic(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  if (!token.empty()) context.AddMetadata(kAuthorizationMetadata, BearerValue(token));
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer request(&slice, 1), response;
-  grpc::Status status;
-  absl::Notification done;
-  generic.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
-                    [&](grpc::Status s) {
-                      status = s;
-                      done.Notify();
-                    });
-  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(20)));
-  return status;
-}
-
 // The tester's attack: a worker's write token sends Replicate{epoch 99} to the primary and then to
 // the backup (and asks each to take over). Both refuse it with PERMISSION_DENIED; neither is
 // fenced, exits, or changes role or epoch; the worker trains on and every step is applied exactly
