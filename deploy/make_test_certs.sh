@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes throw-away TLS material for tests and local clusters in DIR (created if missing):
 #   ca.pem ca.key                  a test CA
-#   server.pem server.key          the ps certificate, signed by the CA; SAN localhost, 127.0.0.1
+#   server.pem server.key          the ps certificate, signed by the CA; SAN localhost, 127.0.0.1;
+#                                  also a client certificate: replicas present it to their peer
 #   client.pem client.key          a worker/evaluator certificate, signed by the CA
 #   other-ca.pem other-ca.key      a second, unrelated CA
 #   other-client.pem other-client.key   a client certificate signed by the unrelated CA
@@ -39,7 +40,7 @@ leaf() {
 }
 
 ca ca "paramserver test CA"
-leaf server ca "paramserver ps" $'extendedKeyUsage=serverAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1'
+leaf server ca "paramserver ps" $'extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1'
 leaf client ca "paramserver worker" "extendedKeyUsage=clientAuth"
 ca other-ca "unrelated test CA"
 leaf other-client other-ca "stranger" "extendedKeyUsage=clientAuth"

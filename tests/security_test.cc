@@ -553,7 +553,9 @@ TEST(ReplicationCredentialTest, TheWriteTokenCannotFenceOrStopEitherReplica) {
 // token), and no acknowledged push is lost.
 TEST(ReplicationCredentialTest, ThePeerWithTheReplicationTokenReplicatesAndTakesOver) {
   Secrets secrets;
-  LocalCluster cluster(ExecutableDir(), NewRunDir(), secrets.Tokens());
+  // Over mutual TLS too: a replica presents its ps certificate to its peer as a client.
+  ASSERT_TRUE(secrets.MakeCertificates());
+  LocalCluster cluster(ExecutableDir(), NewRunDir(), secrets.MutualTlsAndTokens());
   ASSERT_TRUE(cluster.StartShards(1, kMlp, 1, {}, /*replicas=*/2).ok());
   constexpr int kSteps = 600;
   ASSERT_TRUE(
