@@ -153,7 +153,8 @@ bool WriteFileAtomically(const std::string& path, const std::string& text) {
   return std::rename(tmp.c_str(), path.c_str()) == 0;
 }
 
-void WriteOutputs(const ShardStats& stats, const ShardProcess& process, const Replica* replica) {
+void WriteOutputs(const ShardStats& stats, const ShardProcess& process, const Replica* replica,
+                  const Checkpointer* checkpointer) {
   if (std::string path = absl::GetFlag(FLAGS_staleness_csv); !path.empty()) {
     std::string text = "staleness,count\n";
     for (size_t k = 0; k < stats.staleness_counts.size(); ++k) {
@@ -166,8 +167,9 @@ void WriteOutputs(const ShardStats& stats, const ShardProcess& process, const Re
     google::protobuf::util::JsonPrintOptions options;
     options.add_whitespace = true;
     options.always_print_primitive_fields = true;
-    (void)google::protobuf::util::MessageToJsonString(StatsToProto(stats, process, replica), &json,
-                                                      options);
+    v1::StatsResponse proto = StatsToProto(stats, process, replica);
+    if (checkpointer != nullptr) CheckpointHealthToProto(checkpointer->health(), &proto);
+    (void)google::protobuf::util::MessageToJsonString(proto, &json, options);
     if (!WriteFileAtomically(path, json)) PS_LOG(WARNING) << "cannot write " << path;
   }
 }
@@ -442,7 +444,7 @@ int Main(int argc, char** argv) {
   const absl::Status last_checkpoint =
       checkpointer != nullptr ? checkpointer->final_status() : absl::OkStatus();
   ShardStats s = (*shard)->AllStats();
-  WriteOutputs(s, process, replica);
+  WriteOutputs(s, process, replica, checkpointer.get());
   PS_LOG(INFO) << "stopped at version " << s.version << ": " << s.pushes_applied << " applied, "
                << s.pushes_dropped_late + s.pushes_dropped_stale << " dropped, "
                << s.pushes_duplicate << " duplicate, " << s.pushes_rejected << " rejected, "

@@ -476,6 +476,9 @@ TEST(CheckpointDaemonTest, FailedCheckpointsAreShownAndAFailedLastOneFailsTheExi
                      ": " + error + "; the newest valid one holds version 0\n"),
             std::string::npos)
       << log;
+  // The statistics it wrote at exit (--stats_json) count both failures.
+  const std::string json = ReadFile(run_dir + "/stats-shard-0.json");
+  EXPECT_NE(json.find("\"checkpointFailures\": \"2\""), std::string::npos) << json;
 }
 
 TEST(CheckpointDaemonTest, AStoppedShardRestartsFromItsCheckpointAndTheWorkerResumes) {
