@@ -68,8 +68,8 @@ int Main(int argc, char** argv) {
     g[i] = 0.001f * static_cast<float>(i % 89) - 0.04f;
   }
   absl::PrintF("apply_bench: %d parameters, median of %d\n", n, repeats);
-  absl::PrintF("%-9s %7s %9s %8s %8s %8s %8s %11s %11s\n", "optimizer", "threads", "MB/push",
-               "push", "apply", "checked", "stream", "push/strm", "apply/strm");
+  absl::PrintF("%-9s %7s %9s %8s %8s %8s %8s %8s %11s %11s\n", "optimizer", "threads", "MB/push",
+               "push", "+norm", "apply", "checked", "stream", "push/strm", "apply/strm");
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_optimizers), ',', absl::SkipEmpty())) {
     OptimizerConfig config;
@@ -98,6 +98,11 @@ int Main(int argc, char** argv) {
         GradientSummary scan = ScanGradient(g);  // as the shard: on the receiving thread
         apply(scan.max_abs);
       });
+      // As the shard with --max_norm_ratio or --clip_norm: the scan also sums the squares.
+      const double norm_s = MedianSeconds(repeats, [&] {
+        GradientSummary scan = ScanGradient(g, nullptr, /*squares=*/true);
+        apply(scan.max_abs);
+      });
       const double apply_s = MedianSeconds(repeats, [&] { apply(1.0f); });
       const double checked_s =
           MedianSeconds(repeats, [&] { apply(std::numeric_limits<float>::infinity()); });
@@ -105,9 +110,9 @@ int Main(int argc, char** argv) {
         pool.Run(n, [&](int, int64_t begin, int64_t end) { Stream(stream, g, begin, end); });
       });
       auto gbs = [&](double s) { return bytes / s / 1e9; };
-      absl::PrintF("%-9s %7d %9.0f %8.2f %8.2f %8.2f %8.2f %11.2f %11.2f\n", name, threads,
-                   bytes / 1e6, gbs(push_s), gbs(apply_s), gbs(checked_s), gbs(stream_s),
-                   stream_s / push_s, stream_s / apply_s);
+      absl::PrintF("%-9s %7d %9.0f %8.2f %8.2f %8.2f %8.2f %8.2f %11.2f %11.2f\n", name, threads,
+                   bytes / 1e6, gbs(push_s), gbs(norm_s), gbs(apply_s), gbs(checked_s),
+                   gbs(stream_s), stream_s / push_s, stream_s / apply_s);
     }
   }
   return 0;
