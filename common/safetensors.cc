@@ -8,12 +8,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/log.h"
 
 namespace ps {
 namespace {
@@ -76,15 +78,14 @@ size_t ChecksumValueAt(absl::string_view text, absl::string_view value) {
 // 8 digits read as '0's (`data_start`: where the header ends); DATA_LOSS naming the file and the
 // checksum otherwise.
 absl::Status CheckWholeFile(const std::string& path, const std::string& bytes, size_t data_start,
-                            const nlohmann::json& header) {
+                            const nlohmann::json& header, bool* legacy) {
+  *legacy = false;
   const nlohmann::json* metadata =
       header.contains("__metadata__") ? &header["__metadata__"] : nullptr;
   if (metadata == nullptr || !metadata->is_object() || !metadata->contains(kChecksumKey)) {
     if (metadata != nullptr && metadata->is_object() && metadata->contains("crc32")) {
-      return DataLoss(path,
-                      "no whole-file checksum (file_crc32): written by an older version whose "
-                      "crc32 covers the tensors only, so its header could have been changed "
-                      "undetected; refused. Write it again with this version");
+      *legacy = true;  // the older format: its tensors' crc32 is checked by the caller
+      return absl::OkStatus();
     }
     return DataLoss(path, "no checksum (metadata file_crc32): not written by this program");
   }
@@ -187,8 +188,10 @@ absl::StatusOr<Safetensors> ReadSafetensors(const std::string& path) {
       /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (!header.is_object()) return DataLoss(path, "the header is not a JSON object");
   const uint64_t data_start = sizeof(length) + length, data_size = bytes.size() - data_start;
-  if (absl::Status s = CheckWholeFile(path, bytes, data_start, header); !s.ok()) return s;
+  bool legacy = false;
+  if (absl::Status s = CheckWholeFile(path, bytes, data_start, header, &legacy); !s.ok()) return s;
   Safetensors out;
+  std::map<uint64_t, std::string> by_offset;  // legacy: the tensors in file order, for crc32
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       if (!entry.is_object()) return DataLoss(path, "__metadata__ is not an object");
@@ -220,7 +223,21 @@ absl::StatusOr<Safetensors> ReadSafetensors(const std::string& path) {
     }
     t.data.resize(count);
     if (count > 0) std::memcpy(t.data.data(), bytes.data() + data_start + begin, end - begin);
+    by_offset[begin] = name;
     out.tensors[name] = std::move(t);
+  }
+  if (legacy) {
+    uint32_t crc = crc32(0, nullptr, 0), expected = 0;
+    for (const auto& [offset, name] : by_offset) {
+      const std::vector<float>& d = out.tensors[name].data;
+      crc = Crc32(crc, d.data(), d.size() * sizeof(float));
+    }
+    if (!absl::SimpleAtoi(out.metadata["crc32"], &expected) || expected != crc) {
+      return DataLoss(path, "checksum mismatch: the tensors are corrupt or the file is torn");
+    }
+    PS_LOG(WARNING) << path << ": written by an older version, whose crc32 covers the tensors "
+                    << "only: its header (versions, workers' sequences) is unverified. Files "
+                    << "written from now on carry file_crc32, over the whole file";
   }
   return out;
 }

@@ -6,8 +6,8 @@
 // with those 8 digits written as "00000000". A file torn or changed anywhere, its metadata
 // included, is refused. The value is found in the header text as the writer lays it out
 // (`"file_crc32":"xxxxxxxx"`, exactly once), so the check needs no canonical re-serialisation.
-// Files of older versions (metadata "crc32", over the tensor bytes only) are refused too: their
-// metadata could have been changed undetected.
+// Files of older versions (metadata "crc32", over the tensor bytes only) still read, their tensors
+// checked and a warning logged that their metadata is unverified: an upgraded shard resumes.
 #pragma once
 
 #include <cstdint>

@@ -13,7 +13,7 @@ absl::Status NormGuard::Check(double norm) const {
   const double median = sorted[sorted.size() / 2];
   if (median <= 0 || norm <= ratio_ * median) return absl::OkStatus();  // nothing to judge by
   return absl::InvalidArgumentError(absl::StrFormat(
-      "push refused: its L2 norm %g is %.3g times the median (%g) of the last %d pushes taken, "
+      "push dropped: its L2 norm %g is %.3g times the median (%g) of the last %d pushes applied, "
       "above --max_norm_ratio=%g (0 turns this guard off)",
       norm, norm / median, median, norms_.size(), ratio_));
 }

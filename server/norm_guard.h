@@ -1,5 +1,5 @@
-// A guard against absurd pushes: a gradient (or a local model's change) whose L2 norm is more
-// than `ratio` times the median norm of the last kWindow pushes the shard accepted is refused.
+// A guard against absurd pushes: a gradient (or an EASGD difference) whose L2 norm is more than
+// `ratio` times the median norm of the last kWindow pushes the shard applied is to be dropped.
 // Finite but huge values (3e38 in every element) pass the non-finite checks and would wreck the
 // weights for good; one honest push is never that far from the others. Judged only once kMinimum
 // norms were seen, so the first pushes of a job always pass. Not thread-safe: the shard calls it
@@ -22,9 +22,9 @@ class NormGuard {
   explicit NormGuard(double ratio) : ratio_(ratio) {}
 
   // OK, or INVALID_ARGUMENT saying how far `norm` is above the median (and the flag that sets the
-  // bound). Changes nothing.
+  // bound), for the log. Changes nothing.
   absl::Status Check(double norm) const;
-  // Records the norm of a push that was taken.
+  // Records the norm of a push that was applied.
   void Accept(double norm);
 
  private:

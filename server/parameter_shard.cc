@@ -474,11 +474,6 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
     ++pushes_duplicate_;
     return PushOutcome{version_, 0, /*duplicate=*/true, false};
   }
-  if (status.ok() && !(status = norm_guard_.Check(norm)).ok() &&
-      pushes_norm_refused_++ % 100 == 0) {
-    PS_LOG(WARNING) << "worker " << h.worker_id << ": " << status.message() << " ("
-                    << pushes_norm_refused_ << " refused so; logged every 100th)";
-  }
   absl::StatusOr<ConsistencyPolicy::Take> take = ConsistencyPolicy::Take::kApply;
   if (status.ok()) {
     take = policy_->OnPush(State(), *worker, {h.worker_id, h.sequence, h.base_version});
@@ -503,6 +498,14 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   } else if (config_.max_staleness >= 0 && staleness > config_.max_staleness) {
     ++pushes_dropped_stale_;
     outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
+  } else if (absl::Status absurd = norm_guard_.Check(norm); !absurd.ok()) {
+    // Dropped like a stale push (the worker carries on), not refused: its other shards may
+    // have applied their parts, and one absurd slice is no reason to end a worker.
+    if (pushes_dropped_norm_++ % 100 == 0) {
+      PS_LOG(WARNING) << "worker " << h.worker_id << ": " << absurd.message() << " ("
+                      << pushes_dropped_norm_ << " dropped so; logged every 100th)";
+    }
+    outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
   } else {
     outcome = ApplyNow(*worker, h, staleness, gradient, scan.max_abs, &change);
     change.kind = ShardChange::Kind::kUpdate;
@@ -515,7 +518,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   // Taken (applied, added to the round, or dropped by policy): the sequence is used up and the
   // worker made progress.
   pushes_clipped_ += clipped;
-  norm_guard_.Accept(norm);
+  if (!outcome->dropped) norm_guard_.Accept(norm);
   absl::Time now = MonotonicNow();
   worker = &members_.Touch(h.worker_id, now, version_);
   worker->last_sequence = h.sequence;
@@ -770,6 +773,7 @@ ShardStats ParameterShard::Stats(int first_worker, int max_workers) const {
   s.pushes_duplicate = pushes_duplicate_;
   s.pushes_dropped_late = pushes_dropped_late_;
   s.pushes_dropped_stale = pushes_dropped_stale_;
+  s.pushes_dropped_norm = pushes_dropped_norm_;
   s.updates_nonfinite = updates_nonfinite_;
   s.pushes_clipped = pushes_clipped_;
   s.pulls = pulls_;

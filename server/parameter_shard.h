@@ -78,8 +78,9 @@ struct ShardConfig {
   bool scale_lr_by_workers = false;  // lr * number of active workers
   // Scale each push's gradient (this shard's part of it) down to this L2 norm; 0: off.
   float clip_norm = 0;
-  // Refuse a push whose L2 norm is more than this many times the median of the recent pushes'
-  // (NormGuard); 0: off (ps --max_norm_ratio defaults to 1000).
+  // Drop (and count) a push whose L2 norm is more than this many times the median of the recent
+  // pushes' (NormGuard); applied at once only (async, ssp, easgd: not to a sync or local round's
+  // contributions, whose drop would hold the round). 0: off (ps --max_norm_ratio: 1000).
   double max_norm_ratio = 0;
   // Threads that apply one push together, each to its part of the range (ApplyThreads).
   int apply_threads = 1;
@@ -138,6 +139,7 @@ struct ShardStats {
   int64_t pushes_duplicate = 0;
   int64_t pushes_dropped_late = 0;
   int64_t pushes_dropped_stale = 0;
+  int64_t pushes_dropped_norm = 0;  // over --max_norm_ratio times the recent median (NormGuard)
   // Updates refused because they would have made a weight or optimizer state non-finite (a push,
   // or under sync a whole round, which is then discarded).
   int64_t updates_nonfinite = 0;
@@ -452,7 +454,6 @@ class ParameterShard {
   int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // ShardChange::index of the last change
   Membership members_ ABSL_GUARDED_BY(mu_);
   NormGuard norm_guard_ ABSL_GUARDED_BY(mu_);
-  int64_t pushes_norm_refused_ ABSL_GUARDED_BY(mu_) = 0;  // for the log's pace
   StalenessHistogram staleness_ ABSL_GUARDED_BY(mu_);
   Round round_ ABSL_GUARDED_BY(mu_);  // sync, local: the open round
   // DC-ASGD: each active worker's copies of the weights at its last two whole-shard pulls (a
@@ -464,6 +465,7 @@ class ParameterShard {
   int64_t pushes_duplicate_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_dropped_late_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_dropped_stale_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pushes_dropped_norm_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t updates_nonfinite_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_clipped_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;

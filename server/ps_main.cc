@@ -68,10 +68,11 @@ ABSL_FLAG(int64_t, max_staleness, -1, "Drop (and count) pushes staler than this;
 ABSL_FLAG(double, dc_lambda, 0, "DC-ASGD delay compensation lambda; 0: off.");
 ABSL_FLAG(double, clip_norm, 0,
           "Scale each push's gradient (this shard's part) down to this L2 norm; 0: off.");
-ABSL_FLAG(double, max_norm_ratio, 1000,
-          "Refuse a push (INVALID_ARGUMENT, counted as rejected, logged) whose L2 norm is more "
-          "than this many times the median of the last 64 pushes taken (judged from the 16th on): "
-          "a guard against absurd, finite gradients. 0: off.");
+ABSL_FLAG(
+    double, max_norm_ratio, 1000,
+    "Drop a push (counted: pushes_dropped_norm; logged) whose L2 norm is more than this many "
+    "times the median of the last 64 pushes applied (judged from the 16th on): a guard "
+    "against absurd, finite gradients. async, ssp and easgd (not sync/local rounds). 0: off.");
 ABSL_FLAG(int32_t, apply_threads, 1,
           "Threads that apply one push together, each to a part of the shard (1..64); parts are "
           "at least 64k parameters, so small shards use fewer.");
@@ -446,9 +447,9 @@ int Main(int argc, char** argv) {
   ShardStats s = (*shard)->AllStats();
   WriteOutputs(s, process, replica, checkpointer.get());
   PS_LOG(INFO) << "stopped at version " << s.version << ": " << s.pushes_applied << " applied, "
-               << s.pushes_dropped_late + s.pushes_dropped_stale << " dropped, "
-               << s.pushes_duplicate << " duplicate, " << s.pushes_rejected << " rejected, "
-               << s.pulls << " pulls";
+               << s.pushes_dropped_late + s.pushes_dropped_stale + s.pushes_dropped_norm
+               << " dropped, " << s.pushes_duplicate << " duplicate, " << s.pushes_rejected
+               << " rejected, " << s.pulls << " pulls";
   if (!fenced.empty()) return Fail(fenced);
   return last_checkpoint.ok() ? 0 : Fail(std::string(last_checkpoint.message()));
 }

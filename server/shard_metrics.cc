@@ -52,7 +52,8 @@ class ShardCollector : public prometheus::Collectable {
         MetricType::Gauge, s.pulls_waiting);
     for (auto [reason, count] :
          {std::pair{"rejected", s.pushes_rejected}, std::pair{"duplicate", s.pushes_duplicate},
-          std::pair{"late", s.pushes_dropped_late}, std::pair{"stale", s.pushes_dropped_stale}}) {
+          std::pair{"late", s.pushes_dropped_late}, std::pair{"stale", s.pushes_dropped_stale},
+          std::pair{"norm", s.pushes_dropped_norm}}) {
       one("ps_pushes_not_applied_total",
           "Pushes not applied, by reason: rejected (bad input, non-finite), duplicate (applied "
           "before), late (sync: for a closed round), stale (beyond --max_staleness).",

@@ -680,6 +680,7 @@ v1::StatsResponse StatsToProto(const ShardStats& s, const ShardProcess& process,
   r.set_pushes_duplicate(s.pushes_duplicate);
   r.set_pushes_dropped_late(s.pushes_dropped_late);
   r.set_pushes_dropped_stale(s.pushes_dropped_stale);
+  r.set_pushes_dropped_norm(s.pushes_dropped_norm);
   r.set_pulls(s.pulls);
   r.set_pulls_waiting(s.pulls_waiting);
   r.set_registered_workers(s.registered_workers);

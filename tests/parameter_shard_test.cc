@@ -901,7 +901,7 @@ TEST(ParameterShardConcurrencyTest, PullsNeverSeeAPushHalfApplied) {
   EXPECT_EQ(shard->version(), kPushes);
 }
 
-// NormGuard: a norm above ratio x the median of the last 64 taken is refused, from the 16th on.
+// NormGuard: a norm above ratio x the median of the last 64 applied fails Check, from the 16th on.
 TEST(NormGuardTest, RefusesNormsFarAboveTheRecentMedianOnceItHasSeenEnough) {
   NormGuard guard(1000);
   for (int i = 0; i < NormGuard::kMinimum - 1; ++i) {

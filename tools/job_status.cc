@@ -35,13 +35,14 @@ std::string StatusTable(const std::vector<std::string>& addresses,
       return q < 0 ? std::string("-") : absl::StrCat(q);
     };
     absl::StrAppend(
-        &out,
-        absl::StrFormat("%-5d %-24s %-8s %10d %10s %9s %9s %9s %8d %8d\n", n.shard_index(),
-                        s < addresses.size() ? addresses[s] : "?",
-                        n.replica_role().empty() ? "-" : n.replica_role(), n.version(), rate,
-                        absl::StrCat(n.active_workers(), "/", n.registered_workers()),
-                        quantile(0.5), quantile(0.99),
-                        n.pushes_dropped_late() + n.pushes_dropped_stale(), n.pushes_rejected()));
+        &out, absl::StrFormat(
+                  "%-5d %-24s %-8s %10d %10s %9s %9s %9s %8d %8d\n", n.shard_index(),
+                  s < addresses.size() ? addresses[s] : "?",
+                  n.replica_role().empty() ? "-" : n.replica_role(), n.version(), rate,
+                  absl::StrCat(n.active_workers(), "/", n.registered_workers()), quantile(0.5),
+                  quantile(0.99),
+                  n.pushes_dropped_late() + n.pushes_dropped_stale() + n.pushes_dropped_norm(),
+                  n.pushes_rejected()));
   }
   // Failed checkpoints are otherwise only log lines: a shard could run for hours saving nothing.
   for (const v1::StatsResponse& n : now) {
