@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "common/cluster.h"
 #include "common/model_spec.h"
 #include "common/network_spec.h"
@@ -54,8 +55,8 @@ std::pair<std::string, std::string> HostPort(const std::string& address) {
   return {address.substr(0, colon), address.substr(colon + 1)};
 }
 
-// `replicated`: the role is a replica of a replicated shard (ps --peer).
-void AddSecurity(const ClusterSpec& spec, const std::string& program, bool replicated,
+// `replicated`: the role is a replica of a replicated shard (ps --peer); `rank`: a worker's.
+void AddSecurity(const ClusterSpec& spec, const std::string& program, bool replicated, int rank,
                  std::vector<std::string>* flags) {
   auto get = [&](const char* key) {
     auto it = spec.security.find(key);
@@ -71,6 +72,7 @@ void AddSecurity(const ClusterSpec& spec, const std::string& program, bool repli
     add("token_file", get("token_file"));
     add("read_token_file", get("read_token_file"));
     if (replicated) add("replication_token_file", get("replication_token_file"));
+    if (!get("worker_token_file").empty()) flags->push_back("--worker_identity=true");
     return;
   }
   add("tls_ca", get("ca"));
@@ -78,6 +80,10 @@ void AddSecurity(const ClusterSpec& spec, const std::string& program, bool repli
   add("tls_key", get("client_key"));
   const std::string read_token = get("read_token_file");
   const bool reads_only = program != "worker";  // the evaluator and the tools
+  if (!reads_only && !get("worker_token_file").empty()) {  // the worker's own token
+    add("token_file", absl::StrReplaceAll(get("worker_token_file"), {{"{rank}", absl::StrCat(rank)}}));
+    return;
+  }
   add("token_file", reads_only && !read_token.empty() ? read_token : get("token_file"));
 }
 
@@ -179,7 +185,8 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
   if (root.contains("security")) {
     static const std::set<std::string> kSecurity = {
         "ca",         "server_cert", "server_key",      "client_cert",
-        "client_key", "token_file",  "read_token_file", "replication_token_file"};
+        "client_key", "token_file",  "read_token_file", "replication_token_file",
+        "worker_token_file"};
     if (!root["security"].is_object()) return Bad("\"security\" must be an object");
     for (const auto& [name, value] : root["security"].items()) {
       if (kSecurity.count(name) == 0) {
@@ -188,6 +195,18 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
       }
       if (!value.is_string()) return Bad(absl::StrCat("security.", name, " must be a path"));
       spec.security[name] = value.get<std::string>();
+    }
+  }
+  if (auto it = spec.security.find("worker_token_file"); it != spec.security.end()) {
+    if (it->second.find("{rank}") == std::string::npos) {
+      return Bad(
+          "security.worker_token_file must contain {rank} (each worker's own token, e.g. "
+          "\"tokens/worker-{rank}\")");
+    }
+    if (spec.security.count("token_file") == 0) {
+      return Bad(
+          "security.worker_token_file needs security.token_file (the job's write token, which "
+          "the shards make workers' tokens from)");
     }
   }
   // A backup connects to its primary as a client: over TLS it needs a client certificate.
@@ -255,6 +274,7 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
   }
   std::vector<std::string> flags;
   bool replicated = false;  // a replica of a replicated shard (ps --peer)
+  int worker_rank = -1;
   // The clients get the model as the spec gave it: --model, or the MLP's --hidden sizes.
   const std::string model_flag =
       spec.model.empty() ? "--hidden=" + spec.hidden : "--model=" + spec.model;
@@ -297,7 +317,7 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
       flags.push_back(absl::StrCat("--replica=", r));
     }
   } else if (program == "worker") {
-    int rank = -1;
+    int& rank = worker_rank;
     if (colon == std::string::npos || !absl::SimpleAtoi(role.substr(colon + 1), &rank) ||
         rank < 0 || rank >= spec.workers) {
       return absl::InvalidArgumentError(
@@ -313,7 +333,7 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
   } else {
     return absl::InvalidArgumentError("no cluster-spec role for program " + program);
   }
-  AddSecurity(spec, program, replicated, &flags);
+  AddSecurity(spec, program, replicated, worker_rank, &flags);
   if (auto it = spec.role_flags.find(program); it != spec.role_flags.end()) {
     for (const auto& [name, value] : it->second)
       flags.push_back(absl::StrCat("--", name, "=", value));

@@ -15,7 +15,8 @@
 //     "security": {"ca": "ca.pem", "server_cert": "server.pem", "server_key": "server.key",
 //                  "client_cert": "client.pem", "client_key": "client.key",
 //                  "token_file": "token", "read_token_file": "read-token",
-//                  "replication_token_file": "replication-token"}   replicated shards only
+//                  "replication_token_file": "replication-token",   replicated shards only
+//                  "worker_token_file": "tokens/worker-{rank}"}     per-worker identity
 //   }
 //
 // Every field but "shards" and "workers" is optional; values of the per-role sections are
@@ -39,7 +40,8 @@ struct ClusterSpec {
   std::map<std::string, std::map<std::string, std::string>> role_flags;
   // "security": ca, server_cert, server_key, client_cert, client_key, token_file, read_token_file,
   // replication_token_file (given to replicated shards only; required for them with a token or
-  // mutual TLS).
+  // mutual TLS), worker_token_file (with "{rank}": worker R gets its own token from that file
+  // instead of token_file, and the shards --worker_identity).
   std::map<std::string, std::string> security;
 };
 

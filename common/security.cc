@@ -5,6 +5,7 @@
 #include <openssl/bio.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 #include <openssl/pem.h>
 #include <openssl/sha.h>
 #include <openssl/x509.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "common/log.h"
@@ -125,11 +127,62 @@ absl::StatusOr<std::string> LoadToken(absl::string_view flag, const std::string&
 
 std::string BearerValue(absl::string_view token) { return absl::StrCat("Bearer ", token); }
 
+namespace {
+constexpr char kWorkerTokenPrefix[] = "worker-";
+constexpr int kWorkerTokenHexDigits = 64;
+}  // namespace
+
+std::string WorkerToken(absl::string_view write_token, int rank) {
+  const std::string message = absl::StrCat("paramserver worker ", rank);
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  HMAC(EVP_sha256(), write_token.data(), static_cast<int>(write_token.size()),
+       reinterpret_cast<const unsigned char*>(message.data()), message.size(), mac, &length);
+  std::string token = absl::StrCat(kWorkerTokenPrefix, rank, ":");
+  for (unsigned int i = 0; i < length; ++i) absl::StrAppend(&token, absl::Hex(mac[i], absl::kZeroPad2));
+  return token;
+}
+
+std::optional<int> WorkerTokenRank(absl::string_view token) {
+  if (!absl::ConsumePrefix(&token, kWorkerTokenPrefix)) return std::nullopt;
+  const size_t colon = token.find(':');
+  int rank = -1;
+  if (colon == absl::string_view::npos || !absl::SimpleAtoi(token.substr(0, colon), &rank) ||
+      rank < 0 || token.size() - colon - 1 != kWorkerTokenHexDigits) {
+    return std::nullopt;
+  }
+  for (char ch : token.substr(colon + 1)) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(ch))) return std::nullopt;
+  }
+  return rank;
+}
+
+absl::Status CheckActsAs(const Caller& caller, int worker_id, absl::string_view call) {
+  if (worker_id < 0 || caller.worker == Caller::kAnyWorker || caller.worker == worker_id) {
+    return absl::OkStatus();
+  }
+  if (caller.worker >= 0) {
+    return absl::PermissionDeniedError(absl::StrCat(call, ": worker ", caller.worker,
+                                                    "'s token cannot act as worker ", worker_id));
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      call, " as worker ", worker_id,
+      " needs that worker's own token: this job binds each worker to its token (ps "
+      "--worker_identity), and the job's token acts as no worker (make worker ",
+      worker_id, "'s with psctl worker-token --rank=", worker_id, ")"));
+}
+
 absl::StatusOr<TokenAuthenticator> TokenAuthenticator::Create(absl::string_view write_token,
                                                               absl::string_view read_token,
-                                                              absl::string_view replication_token) {
+                                                              absl::string_view replication_token,
+                                                              bool worker_identity) {
   if (write_token.empty() && read_token.empty() && replication_token.empty()) {
     return absl::InvalidArgumentError("no token given (use TokenAuthenticator() for none)");
+  }
+  if (worker_identity && write_token.empty()) {
+    return absl::InvalidArgumentError(
+        "--worker_identity needs the write token (--token_file or PS_TOKEN): workers' own "
+        "tokens are made from it");
   }
   if (write_token.empty() && !read_token.empty()) {
     return absl::InvalidArgumentError(
@@ -148,6 +201,7 @@ absl::StatusOr<TokenAuthenticator> TokenAuthenticator::Create(absl::string_view 
   if (!write_token.empty()) a.write_ = Sha256(write_token);
   if (!read_token.empty()) a.read_ = Sha256(read_token);
   if (!replication_token.empty()) a.replication_ = Sha256(replication_token);
+  if (worker_identity) a.identity_key_ = std::string(write_token);
   return a;
 }
 
@@ -161,12 +215,12 @@ bool TokenAuthenticator::Equal(const Digest& a, const Digest& b) {
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-absl::Status TokenAuthenticator::Authorize(absl::string_view authorization, Access needed,
-                                           absl::string_view call) const {
+absl::StatusOr<Caller> TokenAuthenticator::Authorize(absl::string_view authorization,
+                                                     Access needed, absl::string_view call) const {
   const bool replicate = needed == Access::kReplicate;
   // Without a replication token, Replication calls are as open as the rest: no token at all is the
   // plaintext-loopback mode. With job tokens but none for replication, nobody may replicate.
-  if (replicate ? !replication_.has_value() && !enabled() : !enabled()) return absl::OkStatus();
+  if (replicate ? !replication_.has_value() && !enabled() : !enabled()) return Caller{};
   if (replicate && !replication_.has_value()) {
     return absl::PermissionDeniedError(
         absl::StrCat(call,
@@ -182,34 +236,53 @@ absl::Status TokenAuthenticator::Authorize(absl::string_view authorization, Acce
         "malformed authorization metadata: expected 'Bearer <token>'");
   }
   Digest presented = Sha256(authorization);
-  // Every comparison always runs, so the time taken does not tell which token matched.
+  // Every comparison always runs, so the time taken does not tell which token matched. (Whether a
+  // worker's token is made again depends on its form only, which is no secret.)
   bool is_write = write_.has_value() && Equal(presented, *write_);
   bool is_read = read_.has_value() && Equal(presented, *read_);
   bool is_replication = replication_.has_value() && Equal(presented, *replication_);
+  std::optional<int> rank = WorkerTokenRank(authorization);
+  bool is_worker = rank.has_value() && worker_identity() &&
+                   Equal(presented, Sha256(WorkerToken(identity_key_, *rank)));
   if (replicate) {
-    if (is_replication) return absl::OkStatus();
-    if (!is_write && !is_read) {
+    if (is_replication) return Caller{Caller::kNoWorker};
+    if (!is_write && !is_read && !is_worker) {
       return absl::UnauthenticatedError(absl::StrCat(call, ": invalid token"));
     }
     return absl::PermissionDeniedError(absl::StrCat(
         call,
         " needs the replication credential (the token of ps --replication_token_file), which "
-        "only the shard's replica peer holds; the job's write and read-only tokens do not allow "
-        "ps.v1.Replication calls"));
+        "only the shard's replica peer holds; the job's write, read-only and workers' tokens do "
+        "not allow ps.v1.Replication calls"));
   }
-  if (is_write) return absl::OkStatus();
+  if (is_write) return Caller{worker_identity() ? Caller::kNoWorker : Caller::kAnyWorker};
+  if (is_worker) {
+    if (needed == Access::kAdmin) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(call, " needs the job's write token; worker ", *rank,
+                       "'s own token allows that worker's calls only"));
+    }
+    return Caller{*rank};
+  }
   if (is_replication) {
     return absl::PermissionDeniedError(absl::StrCat(
         call, ": the replication token allows only ps.v1.Replication calls between replicas"));
   }
-  if (!is_read) return absl::UnauthenticatedError(absl::StrCat(call, ": invalid token"));
-  if (needed == Access::kWrite) {
+  if (!is_read) {
+    if (rank.has_value() && !worker_identity()) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          call, ": invalid token (a worker's own token, but this shard does not bind workers to "
+                "tokens: start it with --worker_identity, or give the worker the job's token)"));
+    }
+    return absl::UnauthenticatedError(absl::StrCat(call, ": invalid token"));
+  }
+  if (needed != Access::kRead) {
     return absl::PermissionDeniedError(
         absl::StrCat(call,
                      " needs the write token; the read-only token allows Pull and Register as an "
                      "observer and GetStats"));
   }
-  return absl::OkStatus();
+  return Caller{Caller::kNoWorker};
 }
 
 std::string ServerSecurity::Describe() const {
@@ -220,13 +293,15 @@ std::string ServerSecurity::Describe() const {
                       !tokens.enabled()         ? "no token"
                       : tokens.has_read_token() ? "write and read-only tokens"
                                                 : "write token",
+                      tokens.worker_identity() ? ", workers' own tokens" : "",
                       tokens.has_replication_token() ? ", replication token" : "");
 }
 
 absl::StatusOr<ServerSecurity> LoadServerSecurity(const TlsFiles& files,
                                                   const std::string& token_file,
                                                   const std::string& read_token_file,
-                                                  const std::string& replication_token_file) {
+                                                  const std::string& replication_token_file,
+                                                  bool worker_identity) {
   ServerSecurity s;
   s.credentials = grpc::InsecureServerCredentials();
   if (!files.cert.empty() || !files.key.empty()) {
@@ -257,9 +332,14 @@ absl::StatusOr<ServerSecurity> LoadServerSecurity(const TlsFiles& files,
   absl::StatusOr<std::string> replication =
       LoadToken("--replication_token_file", replication_token_file, "PS_REPLICATION_TOKEN");
   if (!replication.ok()) return replication.status();
+  if (worker_identity && write->empty()) {
+    return absl::InvalidArgumentError(
+        "--worker_identity needs the write token (--token_file or PS_TOKEN): workers' own "
+        "tokens are made from it");
+  }
   if (!write->empty() || !read->empty() || !replication->empty()) {
     absl::StatusOr<TokenAuthenticator> tokens =
-        TokenAuthenticator::Create(*write, *read, *replication);
+        TokenAuthenticator::Create(*write, *read, *replication, worker_identity);
     if (!tokens.ok()) return tokens.status();
     s.tokens = *std::move(tokens);
   }

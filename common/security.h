@@ -1,7 +1,8 @@
 // Who may talk to a parameter server: TLS credentials built from PEM files (server-only or mutual),
-// shared-secret bearer tokens (a write token, an optional read-only one, and the replication token
-// a shard's two replicas prove themselves to each other with) compared in constant time, and the
-// rule for which addresses a daemon may listen on. Errors name the files by the daemons' flags
+// shared-secret bearer tokens (a write token, an optional read-only one, the replication token a
+// shard's two replicas prove themselves to each other with, and with per-worker identity each
+// worker's own token, derived from the write token) compared in constant time, and the rule for
+// which addresses a daemon may listen on. Errors name the files by the daemons' flags
 // (--tls_cert, --tls_key, --tls_ca, --token_file, --read_token_file, --replication_token_file).
 #pragma once
 
@@ -32,37 +33,63 @@ inline constexpr char kAuthorizationMetadata[] = "authorization";
 std::string BearerValue(absl::string_view token);
 
 // What a call needs: kRead (Pull as an observer, GetStats, Register as an observer), kWrite
-// (every other ps.v1.ParameterServer call), or kReplicate (ps.v1.Replication: only a shard's
-// replica peer, with the replication token; the job's tokens never allow it).
-enum class Access { kRead, kWrite, kReplicate };
+// (a worker's calls and Initialize), kAdmin (Checkpoint: the write token, never a worker's own),
+// or kReplicate (ps.v1.Replication: only a shard's replica peer, with the replication token; the
+// job's tokens never allow it).
+enum class Access { kRead, kWrite, kAdmin, kReplicate };
 
-// Decides from a call's authorization metadata whether the caller may do what it asks. Holds only
-// SHA-256 digests of the tokens and compares digests in constant time, so neither the tokens'
-// contents nor their lengths leak through timing. Immutable after construction: thread-safe.
+// Per-worker identity (ps --worker_identity): each worker holds a token of its own, which acts as
+// that worker only; the job's write token then acts as no worker (it stays the operator's). A
+// worker's token is "worker-<rank>:" and 64 hex digits of HMAC-SHA256(the job's write token,
+// "paramserver worker <rank>"): whoever holds the write token can make any (launch, psctl
+// worker-token), and a shard checks one by making it again, so it stores nothing per worker.
+std::string WorkerToken(absl::string_view write_token, int rank);
+// The rank a token names if it has the form of a worker's token; nullopt otherwise. Says nothing
+// about whether it is genuine.
+std::optional<int> WorkerTokenRank(absl::string_view token);
+
+// Which worker a caller whose token checked out may act as (TokenAuthenticator::Authorize).
+struct Caller {
+  static constexpr int kAnyWorker = -1;  // the write token without per-worker identity; no tokens
+  static constexpr int kNoWorker = -2;   // the read-only token; the write token with identity
+  int worker = kAnyWorker;               // >= 0: that worker's own token
+};
+// OK if `caller` may make `call` as worker `worker_id` (negative: as an observer, always OK);
+// PERMISSION_DENIED naming both otherwise.
+absl::Status CheckActsAs(const Caller& caller, int worker_id, absl::string_view call);
+
+// Decides from a call's authorization metadata whether the caller may do what it asks, and as
+// which worker. Holds SHA-256 digests of the tokens (and, with per-worker identity, the write
+// token, the key workers' tokens derive from) and compares digests in constant time, so neither
+// the tokens' contents nor their lengths leak through timing. Immutable after construction: thread-safe.
 class TokenAuthenticator {
  public:
   // No tokens: every caller may do everything.
   TokenAuthenticator() = default;
   // `read_token` ("": none) needs a `write_token`; `replication_token` ("": none) may stand alone
   // (a job without tokens whose replicas still authenticate each other). Nonempty tokens must all
-  // differ. INVALID_ARGUMENT otherwise, or when all three are empty.
+  // differ. `worker_identity` (needs a write token): workers' own tokens are accepted, and the
+  // write token acts as no worker. INVALID_ARGUMENT otherwise, or when all three are empty.
   static absl::StatusOr<TokenAuthenticator> Create(absl::string_view write_token,
                                                    absl::string_view read_token,
-                                                   absl::string_view replication_token = "");
+                                                   absl::string_view replication_token = "",
+                                                   bool worker_identity = false);
 
   // Whether ParameterServer calls need a token (there is a write token).
   bool enabled() const { return write_.has_value(); }
   bool has_read_token() const { return read_.has_value(); }
   bool has_replication_token() const { return replication_.has_value(); }
+  bool worker_identity() const { return !identity_key_.empty(); }
 
-  // OK if the caller presenting `authorization` (the metadata value, "" if absent) may do `call`,
-  // which needs `needed`. UNAUTHENTICATED: no, malformed or unknown token. PERMISSION_DENIED: the
-  // read-only token for a call that needs kWrite; the replication token for a kRead or kWrite
-  // call (when enabled()); the write or read-only token for kReplicate, and any caller for
-  // kReplicate when enabled() without a replication token (fails closed). Without any token
-  // everything is allowed. `call` names the call in messages.
-  absl::Status Authorize(absl::string_view authorization, Access needed,
-                         absl::string_view call) const;
+  // Whom the caller presenting `authorization` (the metadata value, "" if absent) acts as, if it
+  // may do `call`, which needs `needed`. UNAUTHENTICATED: no, malformed or unknown token.
+  // PERMISSION_DENIED: the read-only token for a call that needs kWrite or kAdmin; a worker's own
+  // token for kAdmin; the replication token for anything but kReplicate (when enabled()); the
+  // job's tokens for kReplicate, and any caller for kReplicate when enabled() without a
+  // replication token (fails closed). Without any token everything is allowed (kAnyWorker).
+  // `call` names the call in messages.
+  absl::StatusOr<Caller> Authorize(absl::string_view authorization, Access needed,
+                                   absl::string_view call) const;
 
  private:
   using Digest = std::array<unsigned char, 32>;
@@ -70,6 +97,8 @@ class TokenAuthenticator {
   static bool Equal(const Digest& a, const Digest& b);  // constant time
 
   std::optional<Digest> write_, read_, replication_;
+  // With per-worker identity: the write token, which workers' tokens derive from; "" without.
+  std::string identity_key_;
 };
 
 // The ps's side of security, from its flags: the listening port's credentials and the tokens.
@@ -90,13 +119,15 @@ struct ServerSecurity {
 // when files.ca is set too. The write token comes from `token_file`, else the environment variable
 // PS_TOKEN; the read-only token from `read_token_file`, else PS_READ_TOKEN; a read-only token needs
 // a write token. The replication token comes from `replication_token_file`, else
-// PS_REPLICATION_TOKEN. Fails with a one-line reason for a missing or unreadable file, a file that
+// PS_REPLICATION_TOKEN. `worker_identity` (needs the write token) accepts workers' own tokens (see
+// WorkerToken). Fails with a one-line reason for a missing or unreadable file, a file that
 // holds no PEM certificate or key, a key that does not match its certificate, an empty token, or
 // two equal tokens.
 absl::StatusOr<ServerSecurity> LoadServerSecurity(const TlsFiles& files,
                                                   const std::string& token_file,
                                                   const std::string& read_token_file,
-                                                  const std::string& replication_token_file = "");
+                                                  const std::string& replication_token_file = "",
+                                                  bool worker_identity = false);
 
 // A client's side (worker, evaluator, tests): channel credentials and the token it sends.
 struct ClientSecurity {

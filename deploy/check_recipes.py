@@ -5,7 +5,8 @@
 
 k8s      deploy/k8s/paramserver.yaml parses; its cluster spec is accepted by the daemons' own
          parser (psctl spec) and agrees with the manifests (shard names and ports, StatefulSet
-         replicas, the workers' Indexed Job, GPUs, volumes, scrape annotations).
+         replicas, the workers' Indexed Job, GPUs, volumes, scrape annotations, workers' own
+         tokens and not the job's).
 docker   deploy/docker/Dockerfile: known instructions, a Debian 12 build stage and a CUDA runtime
          stage, and every build dependency deploy/setup.sh installs.
 slurm    deploy/slurm/paramserver.sbatch parses (bash -n), and the spec it writes for a made-up
@@ -119,6 +120,25 @@ def check_k8s(bin_dir):
           "the workers request no GPU")
     check(len([r for r in listed if r.startswith("worker:")]) == spec["workers"],
           "psctl spec lists another number of workers")
+    # Each worker holds a token of its own (per-worker identity), and no worker pod the job's.
+    worker_tokens = security.get("worker_token_file", "")
+    check("{rank}" in worker_tokens,
+          "the workers would hold the job's token: give each its own (security.worker_token_file)")
+
+    def secret_at(pod, container, path):
+        """The Secret mounted at `path`'s directory in `container`, or None."""
+        mounts = {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+        volume = mounts.get(os.path.dirname(path))
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        return volumes.get(volume, {}).get("secret", {}).get("secretName")
+
+    worker_pod = workers["spec"]["template"]["spec"]
+    check(secret_at(worker_pod, worker_container, worker_tokens) is not None,
+          "the worker pods do not mount the Secret of their own tokens")
+    job_secret = secret_at(sts["spec"]["template"]["spec"], ps_container, security["token_file"])
+    worker_secrets = {v["secret"]["secretName"] for v in worker_pod.get("volumes", [])
+                      if "secret" in v}
+    check(job_secret not in worker_secrets, "the worker pods mount the job's token")
     # Every pod: its mounts exist, the ConfigMap it mounts is this one, scrape annotations name
     # the port the spec gives the daemon's metrics.
     for d in docs:
@@ -191,6 +211,8 @@ def check_slurm(bin_dir):
     spec = json.loads(out.stdout)
     check(spec["shards"] == ["cpu1:50051", "cpu2:50051"], f"shards {spec['shards']}")
     check(spec["workers"] == 6, f"{spec['workers']} workers for 3 GPU nodes x 2 GPUs")
+    check("{rank}" in spec.get("security", {}).get("worker_token_file", ""),
+          "the workers would hold the job's token: give each its own (worker_token_file)")
     listed = roles(bin_dir, out.stdout)
     check("worker:5" in listed and "ps:1" in listed and "evaluator" in listed,
           "psctl spec lists other roles: " + ", ".join(listed))

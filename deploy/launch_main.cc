@@ -76,6 +76,10 @@ ABSL_FLAG(std::string, kill, "",
           "on any machine). With --replicas=2, ps:S is shard S's replica 0, its first primary. "
           "The run restarts what dies.");
 ABSL_FLAG(int, max_restarts, 3, "Times one process may be restarted; one more death ends the run.");
+ABSL_FLAG(bool, worker_identity, false,
+          "Bind each worker to a token of its own (ps --worker_identity): worker R gets "
+          "<run_dir>/worker-R.token, made from the write token (--token_file, else $PS_TOKEN, "
+          "else a fresh one written to <run_dir>/token), and no worker holds the write token.");
 ABSL_FLAG(std::string, read_token_file, "",
           "File holding a read-only token: the shards accept it and the evaluator uses it.");
 ABSL_FLAG(std::string, replication_token_file, "",
@@ -181,6 +185,7 @@ int Main(int argc, char** argv) {
     c.security.client_key = dir + "/client.key";
   }
   c.security.token_file = absl::GetFlag(FLAGS_token_file);
+  c.security.worker_identity = absl::GetFlag(FLAGS_worker_identity);
   c.security.read_token_file = absl::GetFlag(FLAGS_read_token_file);
   c.security.replication_token_file = absl::GetFlag(FLAGS_replication_token_file);
   c.run_dir = absl::GetFlag(FLAGS_run_dir);

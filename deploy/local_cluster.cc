@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -40,29 +41,64 @@ void LocalCluster::AppendShardSecurityFlags(std::vector<std::string>* argv) cons
   if (replicas_ > 1 && !s.replication_token_file.empty()) {
     argv->push_back("--replication_token_file=" + s.replication_token_file);
   }
+  if (s.worker_identity) argv->push_back("--worker_identity");
 }
+
+namespace {
+
+// Writes `token` to `path`, readable by this user only.
+absl::Status WriteSecret(const std::string& path, const std::string& token) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const bool written =
+      fd >= 0 && write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size());
+  if (fd >= 0) close(fd);
+  if (!written) return absl::UnavailableError("cannot write " + path);
+  return absl::OkStatus();
+}
+
+// Writes a fresh random token (64 hex digits) to `path`.
+absl::Status WriteFreshToken(const std::string& path) {
+  unsigned char secret[32];
+  int random = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  const bool read_ok =
+      random >= 0 && read(random, secret, sizeof secret) == static_cast<ssize_t>(sizeof secret);
+  if (random >= 0) close(random);
+  if (!read_ok) return absl::UnavailableError("cannot read /dev/urandom for " + path);
+  std::string token;
+  for (unsigned char byte : secret) absl::StrAppend(&token, absl::Hex(byte, absl::kZeroPad2));
+  return WriteSecret(path, token);
+}
+
+}  // namespace
 
 absl::Status LocalCluster::EnsureReplicationToken() {
   ClusterSecurity& s = security_;
   const bool authenticated =
       !s.token_file.empty() || (!s.server_cert.empty() && !s.client_cert.empty());
   if (!s.replication_token_file.empty() || !authenticated) return absl::OkStatus();
-  unsigned char secret[32];
-  int random = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
-  const bool read_ok =
-      random >= 0 && read(random, secret, sizeof secret) == static_cast<ssize_t>(sizeof secret);
-  if (random >= 0) close(random);
-  if (!read_ok) return absl::UnavailableError("cannot read /dev/urandom for a replication token");
-  std::string token;
-  for (unsigned char byte : secret) absl::StrAppend(&token, absl::Hex(byte, absl::kZeroPad2));
   const std::string path = run_dir_ + "/replication-token";
-  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  const bool written =
-      fd >= 0 && write(fd, token.data(), token.size()) == static_cast<ssize_t>(token.size());
-  if (fd >= 0) close(fd);
-  if (!written) return absl::UnavailableError("cannot write " + path);
+  if (absl::Status written = WriteFreshToken(path); !written.ok()) return written;
   s.replication_token_file = path;
   return absl::OkStatus();
+}
+
+absl::Status LocalCluster::EnsureJobToken() {
+  ClusterSecurity& s = security_;
+  if (!s.token_file.empty() || std::getenv("PS_TOKEN") != nullptr) return absl::OkStatus();
+  const std::string path = run_dir_ + "/token";
+  if (absl::Status written = WriteFreshToken(path); !written.ok()) return written;
+  s.token_file = path;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> LocalCluster::WorkerTokenFile(int rank) {
+  const std::string path = absl::StrCat(run_dir_, "/worker-", rank, ".token");
+  absl::StatusOr<ClientSecurity> job = LoadClientSecurity({}, security_.token_file);
+  if (!job.ok()) return job.status();
+  if (absl::Status written = WriteSecret(path, WorkerToken(job->token, rank)); !written.ok()) {
+    return written;
+  }
+  return path;
 }
 
 void LocalCluster::AppendClientSecurityFlags(const std::string& token_file,
@@ -97,6 +133,9 @@ absl::Status LocalCluster::StartShards(int count, const std::string& model, int 
   stubs_.clear();
   if (replicas > 1) {
     if (absl::Status s = EnsureReplicationToken(); !s.ok()) return s;
+  }
+  if (security_.worker_identity) {
+    if (absl::Status s = EnsureJobToken(); !s.ok()) return s;
   }
   const int processes = count * replicas;
   shard_argv_.clear();
@@ -216,7 +255,13 @@ absl::Status LocalCluster::StartWorker(int rank, int num_workers,
   std::vector<std::string> argv = {
       bin_dir_ + "/worker", "--ps=" + ShardAddresses(), absl::StrCat("--rank=", rank),
       absl::StrCat("--num_workers=", num_workers), "--csv=" + base + ".csv"};
-  AppendClientSecurityFlags(security_.token_file, &argv);
+  std::string token_file = security_.token_file;
+  if (security_.worker_identity) {
+    absl::StatusOr<std::string> own = WorkerTokenFile(rank);
+    if (!own.ok()) return own.status();
+    token_file = *std::move(own);
+  }
+  AppendClientSecurityFlags(token_file, &argv);
   argv.insert(argv.end(), flags.begin(), flags.end());
   absl::StatusOr<Subprocess> p = Subprocess::Start(argv, base + ".log");
   if (!p.ok()) return p.status();

@@ -26,6 +26,10 @@ struct ClusterSecurity {
   // Empty while shards authenticate callers (a token or mutual TLS): StartShards writes a fresh
   // one to run_dir/replication-token.
   std::string replication_token_file;
+  // Per-worker identity: the shards get --worker_identity and worker R its own token, written to
+  // run_dir/worker-R.token (made from the write token; without one, StartShards writes a fresh
+  // one to run_dir/token).
+  bool worker_identity = false;
 };
 
 // A port nothing listens on now on 127.0.0.1 (the kernel's pick for a socket bound to port 0),
@@ -89,6 +93,11 @@ class LocalCluster {
   // Replicated shards that authenticate callers need a replication token: writes a fresh one
   // to run_dir/replication-token unless security_ names one.
   absl::Status EnsureReplicationToken();
+  // With worker_identity and no write token (no token_file, no PS_TOKEN): writes a fresh one to
+  // run_dir/token.
+  absl::Status EnsureJobToken();
+  // Writes worker `rank`'s own token to run_dir/worker-<rank>.token; returns the path.
+  absl::StatusOr<std::string> WorkerTokenFile(int rank);
 
   std::string PortFile(int shard) const;
   // Starts shard `shard` from shard_argv_ (replacing shards_[shard]) / waits until it wrote its

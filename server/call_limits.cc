@@ -2,12 +2,15 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace ps {
 
 CallLimit::Slot& CallLimit::Slot::operator=(Slot&& o) noexcept {
   if (this != &o) {
     this->~Slot();
     limit_ = o.limit_;
+    worker_ = o.worker_;
     o.limit_ = nullptr;
   }
   return *this;
@@ -17,13 +20,26 @@ CallLimit::Slot::~Slot() {
   if (limit_ == nullptr) return;
   absl::MutexLock lock(&limit_->mu_);
   --limit_->in_use_;
+  if (worker_ >= 0 && --limit_->by_worker_[worker_] == 0) limit_->by_worker_.erase(worker_);
 }
 
-CallLimit::Slot CallLimit::TryAcquire() {
+absl::StatusOr<CallLimit::Slot> CallLimit::TryAcquire(int worker) {
   absl::MutexLock lock(&mu_);
-  if (in_use_ >= max_calls_) return Slot();
+  if (in_use_ >= max_calls_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "this shard already serves ", max_calls_, " ", what_, " at once; try again later"));
+  }
+  if (worker >= 0 && max_per_worker_ > 0) {
+    auto it = by_worker_.find(worker);
+    if (it != by_worker_.end() && it->second >= max_per_worker_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("worker ", worker, " already has ", max_per_worker_, " ", what_,
+                       " at this shard, its most at once (ps --max_calls_per_worker)"));
+    }
+  }
   ++in_use_;
-  return Slot(this);
+  if (worker >= 0) ++by_worker_[worker];
+  return Slot(this, worker);
 }
 
 int CallLimit::in_use() const {

@@ -1,6 +1,7 @@
 // Server-side limits on calls that gRPC itself does not impose, so that no client can hold a
 // shard's memory, threads or initialisation slot without end:
-//   CallLimit      at most N calls of a kind in progress; the next is refused at once.
+//   CallLimit      at most N calls of a kind in progress (and M per worker identity); the next is
+//                  refused at once.
 //   StreamWatchdog cancels a streaming call that moves no message for `idle`, or that runs
 //                  longer than `total` (gRPC has no server-side deadline of its own).
 // Both are thread-safe.
@@ -10,9 +11,11 @@
 
 #include <cstdint>
 #include <map>
+#include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -20,30 +23,37 @@ namespace ps {
 
 class CallLimit {
  public:
-  explicit CallLimit(int max_calls) : max_calls_(max_calls) {}
+  // At most `max_calls` in progress, and at most `max_per_worker` of them (0: no such cap) by any
+  // one worker's own token (per-worker identity); `what` names the calls in refusals ("streams").
+  CallLimit(std::string what, int max_calls, int max_per_worker = 0)
+      : what_(std::move(what)), max_calls_(max_calls), max_per_worker_(max_per_worker) {}
 
-  // Holds one of the N places while it lives; empty (false) if none was free.
+  // Holds one of the places while it lives.
   class Slot {
    public:
-    Slot() = default;
-    Slot(Slot&& o) noexcept : limit_(o.limit_) { o.limit_ = nullptr; }
+    Slot(Slot&& o) noexcept : limit_(o.limit_), worker_(o.worker_) { o.limit_ = nullptr; }
     Slot& operator=(Slot&& o) noexcept;
     ~Slot();
-    explicit operator bool() const { return limit_ != nullptr; }
 
    private:
     friend class CallLimit;
-    explicit Slot(CallLimit* limit) : limit_(limit) {}
-    CallLimit* limit_ = nullptr;
+    Slot(CallLimit* limit, int worker) : limit_(limit), worker_(worker) {}
+    CallLimit* limit_;
+    int worker_;
   };
-  Slot TryAcquire();
+  // A place for a call by `worker` (Caller::worker: >= 0 for a worker's own token, counted
+  // against its cap; negative: only against the total); RESOURCE_EXHAUSTED saying which limit is
+  // reached if none is free.
+  absl::StatusOr<Slot> TryAcquire(int worker = -1);
   int max_calls() const { return max_calls_; }
   int in_use() const;
 
  private:
-  const int max_calls_;
+  const std::string what_;
+  const int max_calls_, max_per_worker_;
   mutable absl::Mutex mu_;
   int in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<int, int> by_worker_ ABSL_GUARDED_BY(mu_);  // workers holding a place: how many
 };
 
 class StreamWatchdog {

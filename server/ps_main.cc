@@ -135,6 +135,15 @@ ABSL_FLAG(std::string, replication_token_file, "",
           "it may use ps.v1.Replication (join, epoch claims, takeover), and this replica sends it "
           "to its peer. Required with --peer when callers must authenticate (a token or mutual "
           "TLS); without any token or TLS, replication is as open as the rest.");
+ABSL_FLAG(bool, worker_identity, false,
+          "Bind each worker to a token of its own (needs the write token): worker R calls with "
+          "the token `psctl worker-token --rank=R` makes from the write token, which acts as "
+          "worker R only; the write token itself then acts as no worker (it stays the "
+          "operator's: Checkpoint, Initialize, reads). See also --max_calls_per_worker.");
+ABSL_FLAG(int, max_calls_per_worker, 4,
+          "With --worker_identity: the most Push/Initialize streams, and the most pulls, that one "
+          "worker's token may have in progress at this shard (each), so that one worker cannot "
+          "take every place of --max_streams/--max_pulls; 0: no such cap.");
 ABSL_FLAG(bool, insecure, false,
           "Allow a non-loopback --host without a token or mutual TLS (logs a warning).");
 
@@ -258,6 +267,7 @@ ServiceLimits LimitsFromFlags(int num_workers) {
   if (l.max_streams <= 0) l.max_streams = 2 * num_workers + 4;
   l.max_pulls = absl::GetFlag(FLAGS_max_pulls);
   if (l.max_pulls <= 0) l.max_pulls = 4 * num_workers + 16;
+  l.max_calls_per_worker = absl::GetFlag(FLAGS_max_calls_per_worker);
   l.shm_clients = absl::GetFlag(FLAGS_shm_clients);
   l.stream_idle = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_seconds));
   l.stream_total = absl::Seconds(absl::GetFlag(FLAGS_stream_max_seconds));
@@ -305,7 +315,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
       {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)},
       absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_read_token_file),
-      absl::GetFlag(FLAGS_replication_token_file));
+      absl::GetFlag(FLAGS_replication_token_file), absl::GetFlag(FLAGS_worker_identity));
   if (!security.ok()) return Fail(std::string(security.status().message()));
   absl::StatusOr<std::optional<Replica::Options>> replica_options =
       ReplicaFromFlags(*config, *security);
@@ -358,6 +368,7 @@ int Main(int argc, char** argv) {
   };
   const ServiceLimits limits = LimitsFromFlags(config->num_workers);
   if (limits.shm_clients < 0) return Fail("--shm_clients must be >= 0 (0: no shared memory)");
+  if (limits.max_calls_per_worker < 0) return Fail("--max_calls_per_worker must be >= 0 (0: no cap)");
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags();
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
   ServiceMetrics service_metrics;

@@ -129,13 +129,6 @@ absl::Status ReadPayload(grpc::ServerReader<grpc::ByteBuffer>* reader, TensorMes
 // Observers (negative ids) only read. A worker id touches the membership (Register joins it, a
 // Pull refreshes the worker's lease), so it needs write access.
 Access AccessFor(int worker_id) { return worker_id < 0 ? Access::kRead : Access::kWrite; }
-
-grpc::Status Busy(const char* what, int limit) {
-  return grpc::Status(
-      grpc::StatusCode::RESOURCE_EXHAUSTED,
-      absl::StrCat("this shard already serves ", limit, " ", what, " at once; try again later"));
-}
-
 }  // namespace
 
 // Streams one Pull's answer: waits (without a thread) for the shard to admit the pull, then
@@ -146,9 +139,8 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
              const grpc::ByteBuffer& request, CallLimit::Slot slot)
       : service_(service), context_(context), slot_(std::move(slot)) {
     v1::PullRequest r;
-    grpc::Status checked = service_->Authorize(*context, Access::kRead, "Pull");
-    if (checked.ok()) checked = Parse(request, "Pull", &r);
-    if (checked.ok()) checked = service_->Authorize(*context, AccessFor(r.worker_id()), "Pull");
+    grpc::Status checked = Parse(request, "Pull", &r);
+    if (checked.ok()) checked = service_->AuthorizeAs(*context, r.worker_id(), "Pull");
     if (checked.ok() && r.dtype() != v1::DTYPE_UNSPECIFIED) {
       absl::StatusOr<WireType> type = WireTypeOfDType(r.dtype());
       checked = ToGrpcStatus(type.status());
@@ -309,8 +301,8 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
       replica_(replica),
       metrics_(metrics),
       checkpointer_(checkpointer),
-      streams_(limits.max_streams),
-      pulls_(limits.max_pulls),
+      streams_("streams", limits.max_streams, limits.max_calls_per_worker),
+      pulls_("pulls", limits.max_pulls, limits.max_calls_per_worker),
       watchdog_(limits.stream_idle, limits.stream_total),
       segments_(limits.shm_clients, shard->range().size() * static_cast<int64_t>(sizeof(float))) {
   // Initialize and Push read raw bytes, so that tensors go from gRPC's slices straight into the
@@ -336,17 +328,26 @@ void ShardService::ReadRawBytes(int method, RawStream<Response> handle) {
 // is set on InsecureServerCredentials (so a token without TLS would be impossible), and it would
 // guard the health service too, which stays open for probes.
 grpc::Status AuthorizeCall(const TokenAuthenticator& tokens, const grpc::ServerContextBase& context,
-                           Access access, absl::string_view call) {
+                           Access access, absl::string_view call, Caller* caller) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find(kAuthorizationMetadata);
   absl::string_view value;
   if (it != metadata.end()) value = absl::string_view(it->second.data(), it->second.size());
-  return ToGrpcStatus(tokens.Authorize(value, access, call));
+  absl::StatusOr<Caller> who = tokens.Authorize(value, access, call);
+  if (who.ok() && caller != nullptr) *caller = *who;
+  return ToGrpcStatus(who.status());
 }
 
 grpc::Status ShardService::Authorize(const grpc::ServerContextBase& context, Access needed,
-                                     absl::string_view call) const {
-  return AuthorizeCall(tokens_, context, needed, call);
+                                     absl::string_view call, Caller* caller) const {
+  return AuthorizeCall(tokens_, context, needed, call, caller);
+}
+
+grpc::Status ShardService::AuthorizeAs(const grpc::ServerContextBase& context, int worker_id,
+                                       absl::string_view call) const {
+  Caller caller;
+  grpc::Status s = Authorize(context, AccessFor(worker_id), call, &caller);
+  return s.ok() ? ToGrpcStatus(CheckActsAs(caller, worker_id, call)) : s;
 }
 
 grpc::Status ShardService::CheckShardIncarnation(int64_t claimed) const {
@@ -375,8 +376,7 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
       context, request, response, "Register",
       [&] { return Authorize(*context, Access::kRead, "Register"); },
       [&](const auto& request, auto* response) {
-        if (grpc::Status s = Authorize(*context, AccessFor(request.worker_id()), "Register");
-            !s.ok()) {
+        if (grpc::Status s = AuthorizeAs(*context, request.worker_id(), "Register"); !s.ok()) {
           return s;
         }
         if (grpc::Status s = CheckServing(); !s.ok()) return s;
@@ -400,10 +400,11 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
 grpc::Status ShardService::Initialize(grpc::ServerContext* context,
                                       grpc::ServerReader<grpc::ByteBuffer>* reader,
                                       v1::InitializeResponse* response) {
-  if (grpc::Status s = Authorize(*context, Access::kWrite, "Initialize"); !s.ok()) return s;
+  Caller caller;
+  if (grpc::Status s = Authorize(*context, Access::kWrite, "Initialize", &caller); !s.ok()) return s;
   if (grpc::Status s = CheckServing(); !s.ok()) return s;
-  CallLimit::Slot stream = streams_.TryAcquire();
-  if (!stream) return Busy("streams", streams_.max_calls());
+  absl::StatusOr<CallLimit::Slot> stream = streams_.TryAcquire(caller.worker);
+  if (!stream.ok()) return ToGrpcStatus(stream.status());
   StreamWatchdog::Guard guard = watchdog_.Watch(context);
   v1::InitializeChunk chunk;
   std::optional<TensorMessage> data;
@@ -434,10 +435,11 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
                                 grpc::ServerReader<grpc::ByteBuffer>* reader,
                                 v1::PushResponse* response) {
   const absl::Time start = absl::Now();
-  if (grpc::Status s = Authorize(*context, Access::kWrite, "Push"); !s.ok()) return s;
+  Caller caller;
+  if (grpc::Status s = Authorize(*context, Access::kWrite, "Push", &caller); !s.ok()) return s;
   if (grpc::Status s = CheckServing(); !s.ok()) return s;
-  CallLimit::Slot stream = streams_.TryAcquire();
-  if (!stream) return Busy("streams", streams_.max_calls());
+  absl::StatusOr<CallLimit::Slot> stream = streams_.TryAcquire(caller.worker);
+  if (!stream.ok()) return ToGrpcStatus(stream.status());
   StreamWatchdog::Guard guard = watchdog_.Watch(context);
   v1::PushChunk chunk;
   std::optional<TensorMessage> data;
@@ -446,6 +448,9 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
     return ToGrpcStatus(s);
   }
   const v1::PushHeader& h = chunk.header();
+  if (absl::Status s = CheckActsAs(caller, h.worker_id(), "Push"); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   if (grpc::Status s = CheckShardIncarnation(h.shard_incarnation()); !s.ok()) return s;
   // Through shared memory: the region is taken before the push begins, so that a segment gone
   // (the client then sends the push over gRPC) is not counted as a rejected push.
@@ -527,16 +532,22 @@ ShardService::SharedPush::~SharedPush() {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::Pull(grpc::CallbackServerContext* context,
                                                                const grpc::ByteBuffer* request) {
-  CallLimit::Slot slot = pulls_.TryAcquire();
-  if (!slot) {
+  // The token is checked before a place is taken, so that a worker's own token counts against
+  // its cap; the request's worker id is checked against it once parsed (PullWriter).
+  Caller caller;
+  grpc::Status refused = Authorize(*context, Access::kRead, "Pull", &caller);
+  absl::StatusOr<CallLimit::Slot> slot = absl::UnknownError("");
+  if (refused.ok()) slot = pulls_.TryAcquire(caller.worker);
+  if (refused.ok() && !slot.ok()) refused = ToGrpcStatus(slot.status());
+  if (!refused.ok()) {
     // A reactor that only finishes: the limit holds before any work is done.
     struct Refusal : grpc::ServerWriteReactor<grpc::ByteBuffer> {
       explicit Refusal(grpc::Status s) { Finish(s); }
       void OnDone() override { delete this; }
     };
-    return new Refusal(Busy("pulls", pulls_.max_calls()));
+    return new Refusal(refused);
   }
-  return new PullWriter(this, context, *request, std::move(slot));
+  return new PullWriter(this, context, *request, *std::move(slot));
 }
 
 grpc::ServerUnaryReactor* ShardService::Heartbeat(grpc::CallbackServerContext* context,
@@ -546,6 +557,9 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(grpc::CallbackServerContext* c
       context, request, response, "Heartbeat",
       [&] { return Authorize(*context, Access::kWrite, "Heartbeat"); },
       [&](const auto& request, auto* response) {
+        if (grpc::Status s = AuthorizeAs(*context, request.worker_id(), "Heartbeat"); !s.ok()) {
+          return s;
+        }
         if (grpc::Status s = CheckServing(); !s.ok()) return s;
         if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
         absl::StatusOr<int> active = shard_->Heartbeat(request.worker_id(), request.incarnation());
@@ -562,6 +576,9 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* conte
       context, request, response, "Leave",
       [&] { return Authorize(*context, Access::kWrite, "Leave"); },
       [&](const auto& request, auto*) {
+        if (grpc::Status s = AuthorizeAs(*context, request.worker_id(), "Leave"); !s.ok()) {
+          return s;
+        }
         if (grpc::Status s = CheckServing(); !s.ok()) return s;
         if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
         absl::Status left = shard_->Leave(request.worker_id(), request.incarnation());
@@ -593,7 +610,7 @@ grpc::ServerUnaryReactor* ShardService::Checkpoint(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* response) {
   return Unary<v1::CheckpointRequest, v1::CheckpointResponse>(
       context, request, response, "Checkpoint",
-      [&] { return Authorize(*context, Access::kWrite, "Checkpoint"); },
+      [&] { return Authorize(*context, Access::kAdmin, "Checkpoint"); },
       [&](const auto& request, auto* response) {
         if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
         if (checkpointer_ == nullptr) {
@@ -625,8 +642,7 @@ grpc::ServerUnaryReactor* ShardService::AttachSharedMemory(grpc::CallbackServerC
       [&] { return Authorize(*context, Access::kRead, "AttachSharedMemory"); },
       [&](const auto& request, auto* response) {
         const int worker = request.worker_id();
-        if (grpc::Status s = Authorize(*context, AccessFor(worker), "AttachSharedMemory");
-            !s.ok()) {
+        if (grpc::Status s = AuthorizeAs(*context, worker, "AttachSharedMemory"); !s.ok()) {
           return s;
         }
         if (grpc::Status s = CheckServing(); !s.ok()) return s;

@@ -31,10 +31,10 @@ struct ShardProcess {
   int64_t updates_lost = -1;  // applied after that checkpoint by the previous process; -1: unknown
 };
 
-// OK if the token the call carries allows `access`; UNAUTHENTICATED or PERMISSION_DENIED
-// (naming `call`) otherwise.
+// OK if the token the call carries allows `access` (then `caller`, if given, says which worker it
+// may act as); UNAUTHENTICATED or PERMISSION_DENIED (naming `call`) otherwise.
 grpc::Status AuthorizeCall(const TokenAuthenticator& tokens, const grpc::ServerContextBase& context,
-                           Access access, absl::string_view call);
+                           Access access, absl::string_view call, Caller* caller = nullptr);
 
 // The shard's statistics as the wire (and the --stats_json file) carries them.
 // `replica`: its role and epoch, with replication on (else null).
@@ -50,6 +50,9 @@ void CheckpointHealthToProto(const Checkpointer::Health& health, v1::StatsRespon
 struct ServiceLimits {
   int max_streams = 16;                             // Push and Initialize calls in progress
   int max_pulls = 256;                              // Pull calls in progress, held ones included
+  // Of those, the most that one worker's own token may hold of each kind (per-worker identity:
+  // one worker cannot take every place); 0: no such cap.
+  int max_calls_per_worker = 4;
   absl::Duration stream_idle = absl::Seconds(30);   // a stream moving no message this long ends
   absl::Duration stream_total = absl::Minutes(10);  // and none lasts longer than this
   // Clients on this host that may move tensors through shared memory at once (0: none); each
@@ -123,9 +126,14 @@ class ShardService final : public ShardServiceBase {
   template <typename Response>
   void ReadRawBytes(int method, RawStream<Response> handle);
 
-  // OK if the caller's token allows `call`; UNAUTHENTICATED or PERMISSION_DENIED otherwise.
+  // OK if the caller's token allows `call` (then `caller`, if given, says which worker it may act
+  // as); UNAUTHENTICATED or PERMISSION_DENIED otherwise.
   grpc::Status Authorize(const grpc::ServerContextBase& context, Access needed,
-                         absl::string_view call) const;
+                         absl::string_view call, Caller* caller = nullptr) const;
+  // OK if the caller's token allows `call` made as worker `worker_id` (negative: an observer,
+  // which only reads); with per-worker identity, only that worker's own token does.
+  grpc::Status AuthorizeAs(const grpc::ServerContextBase& context, int worker_id,
+                           absl::string_view call) const;
   // OK if a request's shard_incarnation is 0 (unchecked) or this process's; otherwise the
   // client registered with an earlier process of this shard: ShardRestartedStatus.
   grpc::Status CheckShardIncarnation(int64_t claimed) const;

@@ -36,6 +36,25 @@ bool Has(const std::vector<std::string>& flags, const std::string& flag) {
   return std::find(flags.begin(), flags.end(), flag) != flags.end();
 }
 
+TEST(ClusterSpecTest, PerWorkerIdentityGivesEachWorkerItsOwnTokenAndNoneTheJobs) {
+  absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(R"({"shards": ["h:1"], "workers": 3,
+      "security": {"token_file": "token", "read_token_file": "read-token",
+                   "worker_token_file": "tokens/worker-{rank}.token"}})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<std::vector<std::string>> ps = FlagsForRole(*spec, "ps", "ps:0");
+  ASSERT_TRUE(ps.ok()) << ps.status();
+  EXPECT_TRUE(Has(*ps, "--token_file=token"));
+  EXPECT_TRUE(Has(*ps, "--worker_identity=true"));
+  absl::StatusOr<std::vector<std::string>> worker = FlagsForRole(*spec, "worker", "worker:2");
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_TRUE(Has(*worker, "--token_file=tokens/worker-2.token"));
+  EXPECT_FALSE(Has(*worker, "--token_file=token"));
+  absl::StatusOr<std::vector<std::string>> evaluator =
+      FlagsForRole(*spec, "evaluator", "evaluator");
+  ASSERT_TRUE(evaluator.ok()) << evaluator.status();
+  EXPECT_TRUE(Has(*evaluator, "--token_file=read-token"));
+}
+
 TEST(ClusterSpecTest, EachRoleGetsItsFlags) {
   absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(kSpec);
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -141,6 +160,11 @@ TEST(ClusterSpecTest, BadSpecsAndRolesAreRefusedWithAReason) {
             "replicated shards over TLS need security.client_cert"},
            {R"({"shards": ["a:1/b:2"], "workers": 1, "security": {"token_file": "t"}})",
             "replicated shards with a token or mutual TLS need security.replication_token_file"},
+           {"{" + shards + R"(, "workers": 2, "security": {"token_file": "t",
+              "worker_token_file": "tokens/worker"}})",
+            "security.worker_token_file must contain {rank}"},
+           {"{" + shards + R"(, "workers": 2, "security": {"worker_token_file": "w-{rank}"}})",
+            "security.worker_token_file needs security.token_file"},
        }) {
     absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(c.json);
     ASSERT_FALSE(spec.ok()) << c.json;

@@ -12,9 +12,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/chunking.h"
+#include "common/security.h"
 #include "deploy/local_cluster.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
+#include "server/call_limits.h"
 #include "tests/run_dir.h"
 #include "worker/shard_stats.h"
 #include "worker/sharded_client.h"
@@ -102,9 +104,11 @@ class LimitsTest : public ::testing::Test {
 // Reads one Pull to its end with the callback client API and reports its status.
 class PullReader : public grpc::ClientReadReactor<v1::PullChunk> {
  public:
-  PullReader(v1::ParameterServer::Stub* stub, v1::PullRequest request)
+  PullReader(v1::ParameterServer::Stub* stub, v1::PullRequest request,
+             const std::string& token = "")
       : request_(std::move(request)) {
     context_.set_deadline(In(absl::Seconds(120)));
+    if (!token.empty()) context_.AddMetadata(kAuthorizationMetadata, BearerValue(token));
     stub->async()->Pull(&context_, &request_, this);
     StartRead(&chunk_);
     StartCall();
@@ -120,6 +124,8 @@ class PullReader : public grpc::ClientReadReactor<v1::PullChunk> {
     EXPECT_TRUE(done_.WaitForNotificationWithTimeout(absl::Seconds(150)));
     return status_;
   }
+  bool done() const { return done_.HasBeenNotified(); }
+  void Cancel() { context_.TryCancel(); }
 
  private:
   grpc::ClientContext context_;
@@ -319,6 +325,157 @@ TEST(StatsPagesTest, FetchStatsListsEveryWorkerOfEveryShard) {
     EXPECT_EQ(workers[workers.size() - 1].worker_id(), 299);
     EXPECT_EQ((*stats)[shard].registered_workers(), shard == 0 ? 300 : 200);
   }
+}
+
+TEST(CallLimitTest, OneWorkerCannotTakeEveryPlace) {
+  CallLimit limit("streams", /*max_calls=*/5, /*max_per_worker=*/2);
+  std::vector<CallLimit::Slot> held;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<CallLimit::Slot> slot = limit.TryAcquire(7);
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    held.push_back(*std::move(slot));
+  }
+  absl::Status third = limit.TryAcquire(7).status();
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(third.message().find("worker 7 already has 2 streams"), std::string::npos) << third;
+  // Others still get in, up to the total; callers without a worker's token count only there.
+  ASSERT_TRUE(limit.TryAcquire(1).ok());  // released at once
+  for (int worker : {1, -1, -1}) {
+    absl::StatusOr<CallLimit::Slot> slot = limit.TryAcquire(worker);
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    held.push_back(*std::move(slot));
+  }
+  EXPECT_EQ(limit.in_use(), 5);
+  absl::Status full = limit.TryAcquire(2).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("already serves 5 streams"), std::string::npos) << full;
+  held.erase(held.begin());  // one of worker 7's ends
+  EXPECT_TRUE(limit.TryAcquire(7).ok());
+}
+
+// A Push stream opened with `token` that sends nothing: it holds a place at the shard until the
+// shard ends it (refused at once, or idle for --stream_idle_seconds) or Cancel.
+class HeldPush : public grpc::ClientWriteReactor<v1::PushChunk> {
+ public:
+  HeldPush(v1::ParameterServer::Stub* stub, const std::string& token) {
+    context_.set_deadline(In(absl::Seconds(120)));
+    context_.AddMetadata(kAuthorizationMetadata, BearerValue(token));
+    stub->async()->Push(&context_, &response_, this);
+    StartCall();
+  }
+  void OnDone(const grpc::Status& s) override {
+    status_ = s;
+    done_.Notify();
+  }
+  grpc::Status Wait() {
+    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(absl::Seconds(150)));
+    return status_;
+  }
+  bool done() const { return done_.HasBeenNotified(); }
+  void Cancel() { context_.TryCancel(); }
+
+ private:
+  grpc::ClientContext context_;
+  v1::PushResponse response_;
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
+// How many of `calls` have ended, once `count` have or after `timeout`.
+template <typename Call>
+int WaitUntilEnded(const std::vector<std::unique_ptr<Call>>& calls, int count,
+                   absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    int ended = 0;
+    for (const auto& c : calls) ended += c->done();
+    if (ended >= count || absl::Now() > deadline) return ended;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+TEST(WorkerQuotaTest, OneWorkerHoldingCallsOpenCannotStopTheOthers) {
+  // Before: with the job's token, 10 push streams held open took every place of --max_streams
+  // (2W+4, per shard) and stopped every worker's training for the 30 s idle limit; held pulls
+  // could do the same to --max_pulls. With per-worker identity, one worker's token holds at most
+  // --max_calls_per_worker (4) of each at a shard.
+  const std::string dir = NewRunDir("quota");
+  const std::string job_token = "job-7d3f9a1c5e2b8d40";
+  std::ofstream(dir + "/token") << job_token << "\n";
+  ClusterSecurity security;
+  security.token_file = dir + "/token";
+  security.worker_identity = true;
+  LocalCluster cluster(ExecutableDir(), dir, security);
+  ASSERT_TRUE(cluster.StartShards(1, kModel.fingerprint, 2, {"--optimizer=sgd", "--lr=1"}).ok());
+  const std::vector<std::string> address = {cluster.ShardAddress(0)};
+  auto worker = [&](int rank) {
+    ClientOptions options;
+    options.security.token = WorkerToken(job_token, rank);
+    return std::make_unique<ShardedClient>(address, kModel, rank, options);
+  };
+  std::unique_ptr<ShardedClient> worker0 = worker(0), worker1 = worker(1);
+  ASSERT_TRUE(worker0->Register().ok());
+  ASSERT_TRUE(worker1->Register().ok());
+
+  // Before the model is initialised, worker 1 opens 10 push streams that send nothing and 30
+  // pulls, which the shard holds until it is initialised.
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address[0], grpc::InsecureChannelCredentials()));
+  v1::PullRequest held_pull;
+  held_pull.set_worker_id(1);
+  held_pull.mutable_model()->set_fingerprint(kModel.fingerprint);
+  held_pull.mutable_model()->set_total_params(kModel.total_params);
+  held_pull.mutable_model()->set_num_shards(kModel.num_shards);
+  std::vector<std::unique_ptr<HeldPush>> pushes;
+  std::vector<std::unique_ptr<PullReader>> pulls;
+  for (int i = 0; i < 10; ++i) {
+    pushes.push_back(std::make_unique<HeldPush>(stub.get(), WorkerToken(job_token, 1)));
+  }
+  for (int i = 0; i < 30; ++i) {
+    pulls.push_back(
+        std::make_unique<PullReader>(stub.get(), held_pull, WorkerToken(job_token, 1)));
+  }
+  // All but 4 of each are refused at once, saying why.
+  EXPECT_EQ(WaitUntilEnded(pushes, 6, absl::Seconds(20)), 6);
+  EXPECT_EQ(WaitUntilEnded(pulls, 26, absl::Seconds(20)), 26);
+  for (const auto& p : pushes) {
+    if (!p->done()) continue;
+    grpc::Status s = p->Wait();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_NE(s.error_message().find("worker 1 already has 4 streams"), std::string::npos)
+        << s.error_message();
+  }
+  for (const auto& p : pulls) {
+    if (!p->done()) continue;
+    grpc::Status s = p->Wait();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_NE(s.error_message().find("worker 1 already has 4 pulls"), std::string::npos)
+        << s.error_message();
+  }
+
+  // Worker 0 initialises the model and trains on meanwhile, without waiting for worker 1's held
+  // streams (they end only at the 30 s idle limit).
+  const absl::Time start = absl::Now();
+  ASSERT_EQ(*worker0->Initialize(std::vector<float>(1000, 0.0f)), 1);
+  std::vector<float> weights(1000);
+  for (int step = 0; step < 20; ++step) {
+    absl::StatusOr<ShardedClient::Versions> pulled = worker0->Pull(absl::MakeSpan(weights));
+    ASSERT_TRUE(pulled.ok()) << pulled.status();
+    absl::StatusOr<ShardedClient::PushSummary> pushed =
+        worker0->Push(std::vector<float>(1000, 1.0f), step, *pulled);
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+  }
+  const absl::Duration took = absl::Now() - start;
+  std::cout << "worker 0's initialisation and 20 steps beside worker 1's held streams: " << took
+            << "\n";
+  EXPECT_LT(took, absl::Seconds(15));
+  ASSERT_TRUE(worker0->Pull(absl::MakeSpan(weights)).ok());
+  EXPECT_EQ(weights[0], -20.0f);
+  EXPECT_EQ(weights[999], -20.0f);
+  for (auto& p : pushes) p->Cancel();
+  for (auto& p : pulls) p->Cancel();
+  for (auto& p : pushes) p->Wait();
+  for (auto& p : pulls) p->Wait();
 }
 
 }  // namespace

@@ -640,6 +640,93 @@ TEST(ReplicationCredentialTest, StatusAuthenticatesBeforeItParses) {
   EXPECT_TRUE(RawUnaryCall(no_tokens.ProcessAddress(0), kStatus, "", "").ok());
 }
 
+// --- Per-worker identity ---
+
+ClusterSecurity WithWorkerIdentity(ClusterSecurity s) {
+  s.worker_identity = true;
+  return s;
+}
+
+class WorkerIdentityTest : public ::testing::Test {
+ protected:
+  Secrets secrets_;
+  GuardedShards shards_{2, WithWorkerIdentity(secrets_.Tokens()),
+                        Plaintext(WorkerToken(kWriteToken, 0))};
+  void SetUp() override { ASSERT_TRUE(shards_.ok()); }
+};
+
+TEST_F(WorkerIdentityTest, OneWorkersTokenCannotActAsAnother) {
+  // Before: any holder of the job's token could register as another worker's id, and the real
+  // worker then exited "superseded". Here worker 0 holds its own token; worker 1's token and the
+  // job's token try every call as worker 0.
+  const std::string address = shards_.cluster().ShardAddress(0);
+  for (const std::string& token : {WorkerToken(kWriteToken, 1), std::string(kWriteToken)}) {
+    std::unique_ptr<ShardedClient> impostor = shards_.Client(0, Plaintext(token));
+    std::vector<float> fifty(kParams, 50.0f), values(kParams);
+    ShardedClient::Versions base;
+    base.version.assign(2, 0);
+    base.shard_incarnation.assign(2, 0);
+    std::vector<std::pair<std::string, absl::Status>> calls = {
+        {"Register", impostor->Register().status()},
+        {"Push", impostor->Push(fifty, 0, base).status()},
+        {"Push with sequence 2^62", impostor->Push(fifty, kHugeSequence, base).status()},
+        {"Heartbeat", impostor->Heartbeat(absl::Seconds(10))},
+        {"Leave", impostor->Leave(absl::Seconds(10))},
+        {"Pull", impostor->Pull(absl::MakeSpan(values)).status()},
+    };
+    for (const auto& [call, status] : calls) {
+      EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << call << ": " << status;
+    }
+    EXPECT_EQ(AttachSharedMemory(address, 0, token).error_code(),
+              grpc::StatusCode::PERMISSION_DENIED);
+  }
+  absl::Status named = shards_.Client(0, Plaintext(WorkerToken(kWriteToken, 1)))->Register().status();
+  EXPECT_NE(named.message().find("worker 1's token cannot act as worker 0"), std::string::npos)
+      << named;
+  shards_.ExpectWeights();
+  // A worker's token does not checkpoint (the job's token does; this job keeps no checkpoints).
+  EXPECT_EQ(CheckpointNow(address, WorkerToken(kWriteToken, 1)).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(CheckpointNow(address, kWriteToken).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+
+  // Worker 0 was not superseded: its pushes still apply. Worker 1's token works as worker 1.
+  std::vector<float> zero(kParams, 0.0f);
+  absl::StatusOr<ShardedClient::PushSummary> push = shards_.owner().Push(zero, 0, {0, 0});
+  ASSERT_TRUE(push.ok()) << push.status();
+  EXPECT_EQ(push->duplicates, 0);
+  shards_.ExpectWeights(/*version=*/1);
+  absl::StatusOr<std::vector<v1::StatsResponse>> all = FetchStats(shards_.owner());
+  ASSERT_TRUE(all.ok()) << all.status();
+  for (const v1::StatsResponse& s : *all) {
+    EXPECT_EQ(s.registered_workers(), 1);
+    EXPECT_EQ(s.pushes_applied(), 1);
+  }
+  EXPECT_TRUE(shards_.Client(1, Plaintext(WorkerToken(kWriteToken, 1)))->Register().ok());
+}
+
+TEST(WorkerIdentityClusterTest, LaunchedWorkersTrainEachWithItsOwnToken) {
+  // The launcher's way: the shards get --worker_identity, worker R run_dir/worker-R.token.
+  Secrets secrets;
+  LocalCluster cluster(ExecutableDir(), NewRunDir(), WithWorkerIdentity(secrets.Tokens()));
+  ASSERT_TRUE(cluster.StartShards(2, "mlp:784-16-10", 2, {"--optimizer=sgd"}).ok());
+  for (int rank = 0; rank < 2; ++rank) {
+    ASSERT_TRUE(cluster.StartWorker(rank, 2, {"--model=mlp:784-16-10", "--steps=30"}).ok());
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    absl::StatusOr<int> code = cluster.worker(rank)->Wait(absl::Minutes(2));
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << ReadFile(absl::StrCat(cluster.run_dir(), "/worker-", rank, ".log"));
+    EXPECT_EQ(ReadFile(absl::StrCat(cluster.run_dir(), "/worker-", rank, ".token")),
+              WorkerToken(kWriteToken, rank));
+  }
+  EXPECT_NE(ReadFile(cluster.run_dir() + "/ps-0.log").find("workers' own tokens"),
+            std::string::npos);
+  absl::StatusOr<v1::StatsResponse> stats = cluster.ProcessStats(0, absl::Seconds(10));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->pushes_applied(), 60);
+}
+
 // --- Where daemons listen, and bad security flags ---
 
 // Runs a daemon to completion; returns its exit code and output. A ps is given a job (model and
@@ -690,6 +777,7 @@ TEST(ListenTest, BadSecurityFlagsExitWithAOneLineReason) {
   ASSERT_TRUE(secrets.MakeCertificates());
   WriteFile(secrets.File("empty-token"), "\n");
   WriteFile(secrets.File("token"), kWriteToken);
+  WriteFile(secrets.File("worker-1.token"), WorkerToken(kWriteToken, 1));
   const std::string server = secrets.Cert("server.pem"), client_key = secrets.Cert("client.key");
   struct Case {
     std::vector<std::string> argv;
@@ -717,6 +805,14 @@ TEST(ListenTest, BadSecurityFlagsExitWithAOneLineReason) {
        "worker: --tls_cert/--tls_key need --tls_ca"},
       {{"evaluator", "--ps=127.0.0.1:1", "--tls_ca=/nonexistent"},
        "evaluator: cannot read --tls_ca=/nonexistent: No such file or directory"},
+      {{"ps", "--worker_identity"}, "ps: --worker_identity needs the write token"},
+      {{"worker", "--ps=127.0.0.1:1", "--rank=0", "--num_workers=2",
+        "--token_file=" + secrets.File("worker-1.token")},
+       "worker: the token (--token_file or PS_TOKEN) is worker 1's own, and this is worker 0"},
+      {{"psctl", "worker-token", "--token_file=" + secrets.File("token")},
+       "psctl: psctl worker-token needs --rank=R"},
+      {{"psctl", "worker-token", "--rank=1", "--token_file=" + secrets.File("worker-1.token")},
+       "psctl: --token_file holds a worker's own token; give the job's write token"},
   };
   for (const Case& c : cases) {
     auto [code, output] = RunDaemon(c.argv);
@@ -727,6 +823,11 @@ TEST(ListenTest, BadSecurityFlagsExitWithAOneLineReason) {
   WriteFile(secrets.File("read-only"), kReadToken);
   auto [code, output] = RunDaemon({"ps", "--read_token_file=" + secrets.File("read-only")});
   EXPECT_NE(output.find("a read-only token needs a write token too"), std::string::npos) << output;
+  // psctl makes a worker's own token from the job's.
+  auto [made, token] =
+      RunDaemon({"psctl", "worker-token", "--rank=2", "--token_file=" + secrets.File("token")});
+  EXPECT_EQ(made, 0);
+  EXPECT_EQ(token, WorkerToken(kWriteToken, 2) + "\n");
 }
 
 // --- The pieces, without processes ---
@@ -735,7 +836,7 @@ TEST(TokenAuthenticatorTest, CodesForEachKindOfCaller) {
   absl::StatusOr<TokenAuthenticator> a = TokenAuthenticator::Create(kWriteToken, kReadToken);
   ASSERT_TRUE(a.ok());
   auto code = [&](const std::string& header, Access needed) {
-    return a->Authorize(header, needed, "Call").code();
+    return a->Authorize(header, needed, "Call").status().code();
   };
   for (Access needed : {Access::kRead, Access::kWrite}) {
     EXPECT_EQ(code(BearerValue(kWriteToken), needed), absl::StatusCode::kOk);
@@ -761,7 +862,7 @@ TEST(TokenAuthenticatorTest, OnlyTheReplicationTokenReplicatesAndItDoesNothingEl
       TokenAuthenticator::Create(kWriteToken, kReadToken, kReplicationToken);
   ASSERT_TRUE(a.ok()) << a.status();
   auto code = [&](const std::string& header, Access needed) {
-    return a->Authorize(header, needed, "Call").code();
+    return a->Authorize(header, needed, "Call").status().code();
   };
   EXPECT_EQ(code(BearerValue(kReplicationToken), Access::kReplicate), absl::StatusCode::kOk);
   EXPECT_EQ(code(BearerValue(kWriteToken), Access::kReplicate),
@@ -777,13 +878,69 @@ TEST(TokenAuthenticatorTest, OnlyTheReplicationTokenReplicatesAndItDoesNothingEl
   ASSERT_TRUE(alone.ok()) << alone.status();
   EXPECT_FALSE(alone->enabled());
   EXPECT_TRUE(alone->Authorize("", Access::kWrite, "Push").ok());
-  EXPECT_EQ(alone->Authorize("", Access::kReplicate, "Replicate").code(),
+  EXPECT_EQ(alone->Authorize("", Access::kReplicate, "Replicate").status().code(),
             absl::StatusCode::kUnauthenticated);
   EXPECT_TRUE(
       alone->Authorize(BearerValue(kReplicationToken), Access::kReplicate, "Replicate").ok());
   EXPECT_FALSE(TokenAuthenticator::Create(kWriteToken, kReadToken, kWriteToken).ok());
   EXPECT_FALSE(TokenAuthenticator::Create(kWriteToken, kReadToken, kReadToken).ok());
   EXPECT_FALSE(TokenAuthenticator::Create("", "", "").ok());
+}
+
+TEST(TokenAuthenticatorTest, AWorkersOwnTokenActsAsThatWorkerOnly) {
+  absl::StatusOr<TokenAuthenticator> a =
+      TokenAuthenticator::Create(kWriteToken, kReadToken, "", /*worker_identity=*/true);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const std::string worker3 = WorkerToken(kWriteToken, 3);
+  EXPECT_EQ(WorkerTokenRank(worker3), 3);
+  EXPECT_EQ(worker3, WorkerToken(kWriteToken, 3));  // made again the same
+  EXPECT_NE(worker3, WorkerToken(kWriteToken, 4));
+  EXPECT_NE(worker3, WorkerToken(kWrongToken, 3));  // another job's
+  // Worker 3's token reads and writes as worker 3, as an observer, and as no other worker.
+  for (Access needed : {Access::kRead, Access::kWrite}) {
+    absl::StatusOr<Caller> caller = a->Authorize(BearerValue(worker3), needed, "Push");
+    ASSERT_TRUE(caller.ok()) << caller.status();
+    EXPECT_EQ(caller->worker, 3);
+    EXPECT_TRUE(CheckActsAs(*caller, 3, "Push").ok());
+    EXPECT_TRUE(CheckActsAs(*caller, -1, "Pull").ok());
+    absl::Status other = CheckActsAs(*caller, 1, "Push");
+    EXPECT_EQ(other.code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_NE(other.message().find("worker 3's token cannot act as worker 1"), std::string::npos)
+        << other;
+  }
+  EXPECT_EQ(a->Authorize(BearerValue(worker3), Access::kAdmin, "Checkpoint").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(a->Authorize(BearerValue(worker3), Access::kReplicate, "Replicate").status().code(),
+            absl::StatusCode::kPermissionDenied);
+  // The job's token acts as no worker (it stays the operator's), but still reads and checkpoints.
+  absl::StatusOr<Caller> job = a->Authorize(BearerValue(kWriteToken), Access::kWrite, "Register");
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(CheckActsAs(*job, 0, "Register").code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(CheckActsAs(*job, -1, "Register").ok());
+  EXPECT_TRUE(a->Authorize(BearerValue(kWriteToken), Access::kAdmin, "Checkpoint").ok());
+  // Forgeries: another job's worker token, a rank swapped into worker 3's MAC, a digit changed.
+  std::string swapped = worker3;
+  swapped.replace(0, std::string("worker-3").size(), "worker-1");
+  std::string changed = worker3;
+  changed.back() = changed.back() == '0' ? '1' : '0';
+  for (const std::string& forged : {WorkerToken(kWrongToken, 3), swapped, changed,
+                                    worker3.substr(0, worker3.size() - 1)}) {
+    EXPECT_EQ(a->Authorize(BearerValue(forged), Access::kWrite, "Push").status().code(),
+              absl::StatusCode::kUnauthenticated)
+        << forged;
+  }
+  // Without per-worker identity, a worker's token is no token at all, and says why.
+  absl::StatusOr<TokenAuthenticator> plain = TokenAuthenticator::Create(kWriteToken, kReadToken);
+  ASSERT_TRUE(plain.ok());
+  absl::Status refused = plain->Authorize(BearerValue(worker3), Access::kWrite, "Push").status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_NE(refused.message().find("--worker_identity"), std::string::npos) << refused;
+  EXPECT_EQ(plain->Authorize(BearerValue(kWriteToken), Access::kWrite, "Push")->worker,
+            Caller::kAnyWorker);
+  EXPECT_FALSE(TokenAuthenticator::Create("", "", kReplicationToken, true).ok());
+  for (const char* malformed : {"worker-3", "worker-x:00", "worker--1:00", "worker-3:abc"}) {
+    EXPECT_FALSE(WorkerTokenRank(malformed).has_value()) << malformed;
+  }
 }
 
 TEST(ListenHostTest, LoopbackIsAlwaysAllowed) {

@@ -5,6 +5,8 @@
 //   checkpoint  every shard writes a checkpoint now (ps --checkpoint_dir; the write token).
 //   export      the live model as one safetensors file (--out), as export_model --ps does.
 //   spec        what the cluster spec (--cluster) makes each role, contacting nothing.
+//   worker-token  worker --rank's own token (ps --worker_identity), made from the job's write
+//               token (--token_file or PS_TOKEN), contacting nothing.
 #include <cstdio>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "common/cluster_spec.h"
 #include "common/log.h"
 #include "common/model_spec.h"
+#include "common/security.h"
 #include "common/shutdown.h"
 #include "proto/ps.pb.h"
 #include "tools/job_status.h"
@@ -27,6 +30,7 @@ ABSL_DECLARE_FLAG(std::string, cluster);  // common/cluster_spec.cc
 ABSL_FLAG(double, watch, 0, "status: refresh every this many seconds until interrupted; 0: once.");
 ABSL_FLAG(double, interval, 1, "status: seconds between the two readings updates/s comes from.");
 ABSL_FLAG(std::string, out, "", "export: the model file to write (safetensors).");
+ABSL_FLAG(int, rank, -1, "worker-token: the worker whose own token to print.");
 
 namespace ps {
 namespace {
@@ -40,6 +44,21 @@ int Spec() {
       spec.ok() ? DescribeRoles(*spec) : absl::StatusOr<std::string>(spec.status());
   if (!roles.ok()) return Fail(std::string(roles.status().message()));
   std::printf("%s", roles->c_str());
+  return 0;
+}
+
+int PrintWorkerToken() {
+  const int rank = absl::GetFlag(FLAGS_rank);
+  if (rank < 0) return Fail("psctl worker-token needs --rank=R (R >= 0)");
+  absl::StatusOr<ClientSecurity> job = ClientSecurityFromFlags();
+  if (!job.ok()) return Fail(std::string(job.status().message()));
+  if (job->token.empty()) {
+    return Fail("psctl worker-token needs the job's write token (--token_file=FILE or PS_TOKEN)");
+  }
+  if (WorkerTokenRank(job->token).has_value()) {
+    return Fail("--token_file holds a worker's own token; give the job's write token");
+  }
+  std::printf("%s\n", WorkerToken(job->token, rank).c_str());
   return 0;
 }
 
@@ -110,12 +129,16 @@ int Main(int argc, char** argv) {
       "          psctl status --ps=host1:50051,host2:50051 --token_file=read-token\n"
       "          psctl checkpoint --cluster=cluster.json --token_file=token\n"
       "          psctl export --cluster=cluster.json --out=model.safetensors\n"
-      "          psctl spec --cluster=cluster.json   (each role's flags, from the spec)");
+      "          psctl spec --cluster=cluster.json   (each role's flags, from the spec)\n"
+      "          psctl worker-token --rank=3 --token_file=token > worker-3.token\n"
+      "                      (worker 3's own token, for ps --worker_identity)");
   if (!parsed.ok()) return Fail(std::string(parsed.status().message()));
   const std::string command = parsed->positional.size() == 1 ? parsed->positional[0] : "";
   if (command == "spec") return Spec();
+  if (command == "worker-token") return PrintWorkerToken();
   if (command != "status" && command != "checkpoint" && command != "export") {
-    return Fail("expected one command: status, checkpoint, export or spec (see --help)");
+    return Fail(
+        "expected one command: status, checkpoint, export, spec or worker-token (see --help)");
   }
   SetLogTag("psctl");
   absl::StatusOr<ClientConnection> shards = ClientConnectionFromFlags(/*needs_shards=*/true);

@@ -1,6 +1,11 @@
 #include "worker/client_start.h"
 
+#include <algorithm>
+#include <optional>
+
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/security.h"
 #include "common/log.h"
 #include "common/shutdown.h"
 
@@ -21,6 +26,12 @@ absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bo
   absl::StatusOr<ClientConnection> connection = ClientConnectionFromFlags(needs_shards);
   if (!connection.ok()) return connection.status();
   start.connection = *std::move(connection);
+  if (std::optional<int> own = WorkerTokenRank(start.connection.options.security.token);
+      own.has_value() && rank >= 0 && *own != rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the token (--token_file or PS_TOKEN) is worker ", *own, "'s own, and this is worker ",
+        rank, " (--rank): give it worker ", rank, "'s token"));
+  }
   start.data_dir = absl::GetFlag(FLAGS_data_dir);
   start.csv = absl::GetFlag(FLAGS_csv);
   SetLogTag(log_tag);
@@ -29,7 +40,7 @@ absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bo
   if (!metrics.ok()) return metrics.status();
   start.metrics = *std::move(metrics);
   absl::StatusOr<std::unique_ptr<Backend>> backend =
-      MakeBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_threads), rank);
+      MakeBackend(absl::GetFlag(FLAGS_device), absl::GetFlag(FLAGS_threads), std::max(rank, 0));
   if (!backend.ok()) return backend.status();
   start.backend = *std::move(backend);
   absl::StatusOr<std::unique_ptr<grpc::Server>> health = StartHealthFromFlags();

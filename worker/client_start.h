@@ -20,13 +20,14 @@ struct ClientStart {
   ClientConnection connection;           // --ps, --hidden, credentials, ...
   std::string data_dir;                  // --data_dir
   std::string csv;                       // --csv; "" for none
-  std::unique_ptr<Backend> backend;      // --device (a GPU by `rank`: see MakeBackend), --threads
+  std::unique_ptr<Backend> backend;      // --device (a GPU by rank: see MakeBackend), --threads
   std::unique_ptr<grpc::Server> health;  // --health_port; null when off
   std::unique_ptr<MetricsEndpoint> metrics;  // --metrics_port; null when off
 };
 
-// Fails with a one-line reason (a bad flag, an unreadable credential, no usable --device, a
-// health port taken). `needs_shards`: as ClientConnectionFromFlags.
+// `rank`: the worker's (-1: not a worker). Fails with a one-line reason (a bad flag, an
+// unreadable credential, another worker's own token, no usable --device, a health port taken).
+// `needs_shards`: as ClientConnectionFromFlags.
 absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bool needs_shards);
 
 }  // namespace ps

@@ -87,7 +87,7 @@ int Main(int argc, char** argv) {
     return Fail("unexpected argument '" + parsed->positional[0] + "' (flags are --name=value)");
   }
   const bool offline = !absl::GetFlag(FLAGS_model_file).empty();
-  absl::StatusOr<ClientStart> started = StartClient("evaluator", /*rank=*/0, !offline);
+  absl::StatusOr<ClientStart> started = StartClient("evaluator", /*rank=*/-1, !offline);
   if (!started.ok()) return Fail(std::string(started.status().message()));
   if (!parsed->spec_summary.empty()) {
     PS_LOG(INFO) << "from the cluster spec: " << parsed->spec_summary;
