@@ -5,9 +5,11 @@
 //
 //   build/bin/load_bench --clients=64 --seconds=60
 //   build/bin/load_bench --ps=hostA:50051,hostB:50051   # a running async cluster of this model
+//   build/bin/load_bench --credentials=worker           # each client with its own token
 #include <stdlib.h>
 
 #include <algorithm>
+#include <fstream>
 #include <iostream>
 #include <thread>
 
@@ -20,6 +22,7 @@
 #include "bench/proc_status.h"
 #include "common/cluster.h"
 #include "common/log.h"
+#include "common/security.h"
 #include "deploy/local_cluster.h"
 #include "worker/shard_stats.h"
 #include "worker/sharded_client.h"
@@ -33,6 +36,10 @@ ABSL_FLAG(std::vector<std::string>, ps_flags, {},
 ABSL_FLAG(std::string, ps, "",
           "Shard addresses of a running async cluster (fresh, or holding this benchmark's model); "
           "empty: start --shards shards here.");
+
+ABSL_FLAG(std::string, credentials, "none",
+          "Shards started here: none | token (every client sends the job's write token) | worker "
+          "(ps --worker_identity: client i sends worker i's own token).");
 
 namespace ps {
 namespace {
@@ -49,9 +56,9 @@ struct ClientResult {
 };
 
 ClientResult RunClient(const std::vector<std::string>& addresses, const ModelIdentity& model,
-                       int worker_id, absl::Time stop) {
+                       int worker_id, const ClientOptions& options, absl::Time stop) {
   ClientResult r;
-  ShardedClient client(addresses, model, worker_id);
+  ShardedClient client(addresses, model, worker_id, options);
   auto failed = [&](const absl::Status& s) {
     if (r.errors++ == 0) r.first_error = absl::StrCat("worker ", worker_id, ": ", s.ToString());
   };
@@ -102,11 +109,34 @@ int Main(int argc, char** argv) {
   const int64_t n = absl::GetFlag(FLAGS_params);
   if (clients < 1 || n < 1) return Fail("--clients and --params must be positive");
 
+  const std::string credentials = absl::GetFlag(FLAGS_credentials);
+  if (credentials != "none" && credentials != "token" && credentials != "worker") {
+    return Fail("--credentials must be none, token or worker");
+  }
+  if (credentials != "none" && !absl::GetFlag(FLAGS_ps).empty()) {
+    return Fail("--credentials is for the shards started here (give --ps's clients PS_TOKEN)");
+  }
+  const std::string job_token = "load-bench-job-token-0123456789abcdef";
+  // Client i's options: the token --credentials gives it.
+  auto options_of = [&](int worker_id) {
+    ClientOptions options;
+    if (credentials == "token") options.security.token = job_token;
+    if (credentials == "worker") options.security.token = WorkerToken(job_token, worker_id);
+    return options;
+  };
+
   std::unique_ptr<LocalCluster> cluster;
   std::vector<std::string> addresses;
   if (absl::GetFlag(FLAGS_ps).empty()) {
     std::string pattern = "/tmp/load-bench-XXXXXX";
-    cluster = std::make_unique<LocalCluster>(ExecutableDir(), mkdtemp(pattern.data()));
+    const std::string dir = mkdtemp(pattern.data());
+    ClusterSecurity security;
+    if (credentials != "none") {
+      std::ofstream(dir + "/token") << job_token << "\n";
+      security.token_file = dir + "/token";
+      security.worker_identity = credentials == "worker";
+    }
+    cluster = std::make_unique<LocalCluster>(ExecutableDir(), dir, security);
     std::vector<std::string> flags = {"--optimizer=momentum", "--lr=0.01"};
     for (const std::string& f : absl::GetFlag(FLAGS_ps_flags)) flags.push_back(f);
     if (absl::Status s = cluster->StartShards(absl::GetFlag(FLAGS_shards), absl::StrCat("flat:", n),
@@ -125,7 +155,7 @@ int Main(int argc, char** argv) {
   // An external cluster must run ps --model=flat:N --num_workers >= --clients.
   const ModelIdentity model{absl::StrCat("flat:", n), n, static_cast<int>(addresses.size())};
 
-  ShardedClient setup(addresses, model, /*worker_id=*/0);
+  ShardedClient setup(addresses, model, /*worker_id=*/0, options_of(0));
   if (absl::StatusOr<int64_t> s = setup.Register(); !s.ok()) return Fail(s.status().ToString());
   if (absl::StatusOr<int> s = setup.Initialize(std::vector<float>(n, 0.5f)); !s.ok()) {
     return Fail(s.status().ToString());
@@ -142,12 +172,13 @@ int Main(int argc, char** argv) {
 
   const absl::Duration duration = absl::Seconds(absl::GetFlag(FLAGS_seconds));
   std::cout << "load_bench: " << clients << " clients, " << addresses.size() << " shards, " << n
-            << " parameters, " << duration << std::endl;
+            << " parameters, " << duration << ", credentials " << credentials << std::endl;
   const absl::Time start = absl::Now();
   std::vector<ClientResult> results(clients);
   std::vector<std::thread> threads;
   for (int i = 0; i < clients; ++i) {
-    threads.emplace_back([&, i] { results[i] = RunClient(addresses, model, i, start + duration); });
+    threads.emplace_back(
+        [&, i] { results[i] = RunClient(addresses, model, i, options_of(i), start + duration); });
   }
   for (std::thread& t : threads) t.join();
   const absl::Duration elapsed = absl::Now() - start;
