@@ -5,6 +5,7 @@
 #include <grpcpp/server_builder.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/listen.h"
 
 namespace ps {
 
@@ -13,10 +14,12 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthServer(const std::strin
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   std::string address = absl::StrCat(host, ":", port);
+  ListenExclusively(&builder);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), bound_port);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", address));
+    return absl::UnavailableError(absl::StrCat("cannot serve health on ", address, ": ",
+                                               CannotListenReason(host, port)));
   }
   return server;
 }

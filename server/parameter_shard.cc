@@ -207,6 +207,16 @@ absl::Status ParameterShard::CheckWorkerId(int worker_id) const {
   return absl::OkStatus();
 }
 
+absl::Status ParameterShard::CheckNumWorkers(int claimed) const {
+  if (claimed == 0 || claimed == config_.num_workers) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "worker count mismatch: shard ", config_.shard_index, " serves a job of ",
+      config_.num_workers, " workers (ps --num_workers=", config_.num_workers,
+      "), this worker was started with --num_workers=", claimed,
+      ": give every shard and worker the same count (each worker's share of the data depends on "
+      "it)"));
+}
+
 bool ParameterShard::initialized() const {
   absl::ReaderMutexLock lock(&mu_);
   return initialized_;

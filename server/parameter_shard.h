@@ -366,6 +366,9 @@ class ParameterShard {
   absl::Status CheckModel(const ModelIdentity& model) const;
   // OK if `worker_id` is one of the job's workers; INVALID_ARGUMENT otherwise.
   absl::Status CheckWorkerId(int worker_id) const;
+  // OK if a client's count of the job's workers (its --num_workers; 0: not given) is this
+  // shard's; FAILED_PRECONDITION naming both otherwise.
+  absl::Status CheckNumWorkers(int claimed) const;
   // Ends every waiting pull with UNAVAILABLE; later ones fail the same way.
   void Shutdown();
   ~ParameterShard();

@@ -22,6 +22,7 @@
 #include "common/channel_options.h"
 #include "common/cluster_spec.h"
 #include "common/consistency_spec.h"
+#include "common/listen.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/reflection.h"
@@ -287,6 +288,7 @@ void ConfigureTransport(const ServiceLimits& limits, grpc::ServerBuilder* builde
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
   builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   AllowClientKeepalive(builder);
+  ListenExclusively(builder);
   builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60'000);
 }
 
@@ -388,7 +390,10 @@ int Main(int argc, char** argv) {
   builder.RegisterService(&service);
   if (replication_service) builder.RegisterService(&*replication_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) return Fail("cannot listen on " + address);
+  if (server == nullptr || port == 0) {
+    return Fail(absl::StrCat("cannot listen on ", address, ": ",
+                             CannotListenReason(host, absl::GetFlag(FLAGS_port))));
+  }
   // Health says SERVING only while the shard can serve: once initialised, until shutdown.
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus(false);

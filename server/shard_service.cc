@@ -380,6 +380,9 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
           return s;
         }
         if (grpc::Status s = CheckServing(); !s.ok()) return s;
+        if (absl::Status s = shard_->CheckNumWorkers(request.num_workers()); !s.ok()) {
+          return ToGrpcStatus(s);
+        }
         absl::StatusOr<Registration> r =
             shard_->Register(request.worker_id(), FromProto(request.model()),
                              request.has_resume_sequence() ? request.resume_sequence() : -1);

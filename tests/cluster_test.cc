@@ -242,6 +242,23 @@ TEST(ClusterTest, ASecondProcessWithTheSameRankSupersedesTheFirst) {
   EXPECT_EQ(cluster.Stop(), "");
 }
 
+TEST(ClusterTest, AWorkerWithAnotherWorkerCountIsRefusedNamingBoth) {
+  // Before: ps --num_workers=2 and worker --num_workers=3 trained, each worker's share of the data
+  // silently wrong.
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(2, kMlp, 2, {}).ok());
+  ASSERT_TRUE(cluster.StartWorker(0, 3, kWorkerFlags).ok());
+  absl::StatusOr<int> code = cluster.worker(0)->Wait(absl::Minutes(1));
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 1);
+  const std::string log = ReadFile(cluster.run_dir() + "/worker-0.log");
+  EXPECT_NE(log.find("worker count mismatch: shard 0 serves a job of 2 workers (ps "
+                     "--num_workers=2), this worker was started with --num_workers=3"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(Stats(cluster.ShardAddress(0)).registered_workers(), 0);
+}
+
 // A shard pair holding a 1000-parameter "model" initialised to 0.5 * i, for malformed requests.
 class BadInputTest : public ::testing::Test {
  protected:

@@ -772,6 +772,22 @@ TEST(ListenTest, ANonLoopbackAddressNeedsATokenOrMutualTlsOrInsecure) {
             std::string::npos);
 }
 
+TEST(ListenTest, ASecondPsOnAPortInUseExitsNamingIt) {
+  // Before: gRPC's SO_REUSEPORT let a second ps (a stale one from an earlier run) listen on the
+  // same port, and the kernel split the workers between the two.
+  LocalCluster first(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(first.StartShards(1, "flat:4", 1, {}).ok());
+  const std::string address = first.ShardAddress(0);
+  const std::string port = address.substr(address.rfind(':') + 1);
+  auto [code, output] = RunDaemon({"ps", "--port=" + port});
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(output.find("ps: cannot listen on 127.0.0.1:" + port + ": port " + port +
+                        " on 127.0.0.1 is in use"),
+            std::string::npos)
+      << output;
+  EXPECT_TRUE(RawUnaryCall(address, "/ps.v1.ParameterServer/GetStats", "").ok());
+}
+
 TEST(ListenTest, BadSecurityFlagsExitWithAOneLineReason) {
   Secrets secrets;
   ASSERT_TRUE(secrets.MakeCertificates());

@@ -530,6 +530,7 @@ grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* c
   request.set_worker_id(worker_id_);
   *request.mutable_model() = ModelProto();
   if (resume_sequence >= 0) request.set_resume_sequence(resume_sequence);
+  request.set_num_workers(options_.num_workers);
   v1::RegisterResponse response;
   grpc::Status status = Stub(shard)->Register(context, request, &response);
   if (!status.ok()) return status;

@@ -64,6 +64,9 @@ struct ClientOptions {
   WireType pull_type = WireType::kFloat32;
   // Move tensors through shared memory with shards on this host (common/shared_memory.h).
   bool shared_memory = true;
+  // The job's number of workers as this client was told (worker --num_workers), which a shard
+  // checks at registration against its own; 0: not checked (observers, tools).
+  int num_workers = 0;
 };
 
 class ShardedClient {

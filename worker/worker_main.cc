@@ -382,6 +382,7 @@ int Main(int argc, char** argv) {
   ClientOptions options = shards.options;
   options.push_type = *push_type;
   options.rpc_timeout = absl::Seconds(absl::GetFlag(FLAGS_rpc_timeout_seconds));
+  options.num_workers = workers;
   ModelIdentity model{mlp.Fingerprint(), mlp.num_params(),
                       static_cast<int>(shards.addresses.size())};
   ShardedClient client(shards.addresses, model, rank, options);
