@@ -147,12 +147,16 @@ std::optional<int> WorkerTokenRank(absl::string_view token) {
   if (!absl::ConsumePrefix(&token, kWorkerTokenPrefix)) return std::nullopt;
   const size_t colon = token.find(':');
   int rank = -1;
+  // Only the form WorkerToken writes: decimal digits without sign, space or leading zero.
   if (colon == absl::string_view::npos || !absl::SimpleAtoi(token.substr(0, colon), &rank) ||
-      rank < 0 || token.size() - colon - 1 != kWorkerTokenHexDigits) {
+      rank < 0 || absl::StrCat(rank) != token.substr(0, colon) ||
+      token.size() - colon - 1 != kWorkerTokenHexDigits) {
     return std::nullopt;
   }
   for (char ch : token.substr(colon + 1)) {
-    if (!absl::ascii_isxdigit(static_cast<unsigned char>(ch))) return std::nullopt;
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(ch)) || absl::ascii_isupper(ch)) {
+      return std::nullopt;
+    }
   }
   return rank;
 }
@@ -220,7 +224,9 @@ absl::StatusOr<Caller> TokenAuthenticator::Authorize(absl::string_view authoriza
   const bool replicate = needed == Access::kReplicate;
   // Without a replication token, Replication calls are as open as the rest: no token at all is the
   // plaintext-loopback mode. With job tokens but none for replication, nobody may replicate.
-  if (replicate ? !replication_.has_value() && !enabled() : !enabled()) return Caller{};
+  if (replicate ? !replication_.has_value() && !enabled() : !enabled()) {
+    return Caller{Caller::kAnyWorker};
+  }
   if (replicate && !replication_.has_value()) {
     return absl::PermissionDeniedError(
         absl::StrCat(call,

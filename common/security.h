@@ -52,7 +52,7 @@ std::optional<int> WorkerTokenRank(absl::string_view token);
 struct Caller {
   static constexpr int kAnyWorker = -1;  // the write token without per-worker identity; no tokens
   static constexpr int kNoWorker = -2;   // the read-only token; the write token with identity
-  int worker = kAnyWorker;               // >= 0: that worker's own token
+  int worker = kNoWorker;                // >= 0: that worker's own token
 };
 // OK if `caller` may make `call` as worker `worker_id` (negative: as an observer, always OK);
 // PERMISSION_DENIED naming both otherwise.

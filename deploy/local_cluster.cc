@@ -84,9 +84,12 @@ absl::Status LocalCluster::EnsureReplicationToken() {
 
 absl::Status LocalCluster::EnsureJobToken() {
   ClusterSecurity& s = security_;
-  if (!s.token_file.empty() || std::getenv("PS_TOKEN") != nullptr) return absl::OkStatus();
+  if (!s.token_file.empty()) return absl::OkStatus();
   const std::string path = run_dir_ + "/token";
-  if (absl::Status written = WriteFreshToken(path); !written.ok()) return written;
+  const char* from_environment = std::getenv("PS_TOKEN");
+  absl::Status written = from_environment != nullptr ? WriteSecret(path, from_environment)
+                                                     : WriteFreshToken(path);
+  if (!written.ok()) return written;
   s.token_file = path;
   return absl::OkStatus();
 }
@@ -263,7 +266,10 @@ absl::Status LocalCluster::StartWorker(int rank, int num_workers,
   }
   AppendClientSecurityFlags(token_file, &argv);
   argv.insert(argv.end(), flags.begin(), flags.end());
-  absl::StatusOr<Subprocess> p = Subprocess::Start(argv, base + ".log");
+  // With per-worker identity a worker holds its own token only, not the job's from $PS_TOKEN.
+  absl::StatusOr<Subprocess> p = Subprocess::Start(
+      argv, base + ".log",
+      security_.worker_identity ? std::vector<std::string>{"PS_TOKEN"} : std::vector<std::string>{});
   if (!p.ok()) return p.status();
   workers_.erase(rank);
   workers_.emplace(rank, *std::move(p));

@@ -27,8 +27,9 @@ struct ClusterSecurity {
   // one to run_dir/replication-token.
   std::string replication_token_file;
   // Per-worker identity: the shards get --worker_identity and worker R its own token, written to
-  // run_dir/worker-R.token (made from the write token; without one, StartShards writes a fresh
-  // one to run_dir/token).
+  // run_dir/worker-R.token and nothing else (PS_TOKEN is dropped from its environment). The
+  // write token comes from token_file, else $PS_TOKEN, else a fresh one; the latter two are
+  // written to run_dir/token.
   bool worker_identity = false;
 };
 
@@ -93,8 +94,8 @@ class LocalCluster {
   // Replicated shards that authenticate callers need a replication token: writes a fresh one
   // to run_dir/replication-token unless security_ names one.
   absl::Status EnsureReplicationToken();
-  // With worker_identity and no write token (no token_file, no PS_TOKEN): writes a fresh one to
-  // run_dir/token.
+  // With worker_identity and no token_file: writes $PS_TOKEN, else a fresh token, to
+  // run_dir/token and names it token_file.
   absl::Status EnsureJobToken();
   // Writes worker `rank`'s own token to run_dir/worker-<rank>.token; returns the path.
   absl::StatusOr<std::string> WorkerTokenFile(int rank);

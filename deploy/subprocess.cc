@@ -10,13 +10,15 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 
 namespace ps {
 
 absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& argv,
-                                             const std::string& log_path) {
+                                             const std::string& log_path,
+                                             const std::vector<std::string>& drop_env) {
   if (access(argv[0].c_str(), X_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("cannot execute ", argv[0], ": ", strerror(errno)));
   }
@@ -26,6 +28,17 @@ absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& arg
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    bool dropped = false;
+    for (const std::string& name : drop_env) {
+      dropped = dropped || (entry.size() > name.size() && entry.substr(0, name.size()) == name &&
+                            entry[name.size()] == '=');
+    }
+    if (!dropped) env.push_back(*e);
+  }
+  env.push_back(nullptr);
   pid_t parent = getpid();
   pid_t pid = fork();
   if (pid < 0) {
@@ -39,7 +52,7 @@ absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& arg
     if (getppid() != parent) _exit(127);  // the launcher died before prctl took effect
     dup2(log, STDOUT_FILENO);
     dup2(log, STDERR_FILENO);
-    execv(args[0], args.data());
+    execve(args[0], args.data(), env.data());
     _exit(127);
   }
   close(log);

@@ -15,9 +15,11 @@ namespace ps {
 
 class Subprocess {
  public:
-  // Starts argv[0] (a path) with `argv`; output goes to `log_path` (appended).
+  // Starts argv[0] (a path) with `argv` and this process's environment less the variables named
+  // in `drop_env`; output goes to `log_path` (appended).
   static absl::StatusOr<Subprocess> Start(const std::vector<std::string>& argv,
-                                          const std::string& log_path);
+                                          const std::string& log_path,
+                                          const std::vector<std::string>& drop_env = {});
   Subprocess() = default;  // no process: never running, exit code -1
   Subprocess(Subprocess&& o) noexcept;
   Subprocess& operator=(Subprocess&& o) noexcept;

@@ -20,7 +20,9 @@ CallLimit::Slot::~Slot() {
   if (limit_ == nullptr) return;
   absl::MutexLock lock(&limit_->mu_);
   --limit_->in_use_;
-  if (worker_ >= 0 && --limit_->by_worker_[worker_] == 0) limit_->by_worker_.erase(worker_);
+  if (worker_ != Caller::kAnyWorker && --limit_->by_worker_[worker_] == 0) {
+    limit_->by_worker_.erase(worker_);
+  }
 }
 
 absl::StatusOr<CallLimit::Slot> CallLimit::TryAcquire(int worker) {
@@ -29,17 +31,20 @@ absl::StatusOr<CallLimit::Slot> CallLimit::TryAcquire(int worker) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "this shard already serves ", max_calls_, " ", what_, " at once; try again later"));
   }
-  if (worker >= 0 && max_per_worker_ > 0) {
+  const bool counted = worker != Caller::kAnyWorker;
+  if (counted && max_per_worker_ > 0) {
     auto it = by_worker_.find(worker);
     if (it != by_worker_.end() && it->second >= max_per_worker_) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("worker ", worker, " already has ", max_per_worker_, " ", what_,
-                       " at this shard, its most at once (ps --max_calls_per_worker)"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          worker >= 0 ? absl::StrCat("worker ", worker, " already has ")
+                      : std::string("the job's observers and operator already have "),
+          max_per_worker_, " ", what_,
+          " at this shard, the most at once (ps --max_calls_per_worker)"));
     }
   }
   ++in_use_;
-  if (worker >= 0) ++by_worker_[worker];
-  return Slot(this, worker);
+  if (counted) ++by_worker_[worker];
+  return Slot(this, counted ? worker : Caller::kAnyWorker);
 }
 
 int CallLimit::in_use() const {

@@ -12,10 +12,12 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "common/security.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -24,7 +26,8 @@ namespace ps {
 class CallLimit {
  public:
   // At most `max_calls` in progress, and at most `max_per_worker` of them (0: no such cap) by any
-  // one worker's own token (per-worker identity); `what` names the calls in refusals ("streams").
+  // one worker's own token (per-worker identity), and as many by all callers that act as no
+  // worker (Caller::kNoWorker: observers, the operator); `what` names the calls in refusals.
   CallLimit(std::string what, int max_calls, int max_per_worker = 0)
       : what_(std::move(what)), max_calls_(max_calls), max_per_worker_(max_per_worker) {}
 
@@ -41,10 +44,10 @@ class CallLimit {
     CallLimit* limit_;
     int worker_;
   };
-  // A place for a call by `worker` (Caller::worker: >= 0 for a worker's own token, counted
-  // against its cap; negative: only against the total); RESOURCE_EXHAUSTED saying which limit is
-  // reached if none is free.
-  absl::StatusOr<Slot> TryAcquire(int worker = -1);
+  // A place for a call by `worker` (Caller::worker: >= 0, a worker's own token, and kNoWorker
+  // count against their cap; kAnyWorker, as without per-worker identity, only against the
+  // total); RESOURCE_EXHAUSTED saying which limit is reached if none is free.
+  absl::StatusOr<Slot> TryAcquire(int worker = Caller::kAnyWorker);
   int max_calls() const { return max_calls_; }
   int in_use() const;
 

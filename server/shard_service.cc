@@ -452,6 +452,7 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   }
   const v1::PushHeader& h = chunk.header();
   if (absl::Status s = CheckActsAs(caller, h.worker_id(), "Push"); !s.ok()) {
+    shard_->RecordRejectedPush();
     return ToGrpcStatus(s);
   }
   if (grpc::Status s = CheckShardIncarnation(h.shard_incarnation()); !s.ok()) return s;

@@ -350,7 +350,22 @@ TEST(CallLimitTest, OneWorkerCannotTakeEveryPlace) {
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(full.message().find("already serves 5 streams"), std::string::npos) << full;
   held.erase(held.begin());  // one of worker 7's ends
-  EXPECT_TRUE(limit.TryAcquire(7).ok());
+  EXPECT_EQ(limit.in_use(), 4);
+  absl::StatusOr<CallLimit::Slot> again = limit.TryAcquire(7);
+  ASSERT_TRUE(again.ok()) << again.status();
+  held.push_back(*std::move(again));
+  held.clear();  // every place given back, per worker too
+  EXPECT_EQ(limit.in_use(), 0);
+  std::vector<CallLimit::Slot> observers;
+  for (int i = 0; i < 2; ++i) observers.push_back(*limit.TryAcquire(Caller::kNoWorker));
+  absl::Status third_observer = limit.TryAcquire(Caller::kNoWorker).status();
+  EXPECT_NE(third_observer.message().find("the job's observers and operator already have 2"),
+            std::string::npos)
+      << third_observer;
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(limit.TryAcquire(7).ok());
+  // Without per-worker identity (kAnyWorker) only the total counts.
+  for (int i = 0; i < 3; ++i) observers.push_back(*limit.TryAcquire(Caller::kAnyWorker));
+  EXPECT_EQ(limit.in_use(), 5);
 }
 
 // A Push stream opened with `token` that sends nothing: it holds a place at the shard until the

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/shared_memory.h"
@@ -22,6 +23,7 @@
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/run_dir.h"
+#include "tests/scoped_env.h"
 #include "worker/shard_stats.h"
 #include "worker/sharded_client.h"
 
@@ -703,16 +705,37 @@ TEST_F(WorkerIdentityTest, OneWorkersTokenCannotActAsAnother) {
     EXPECT_EQ(s.pushes_applied(), 1);
   }
   EXPECT_TRUE(shards_.Client(1, Plaintext(WorkerToken(kWriteToken, 1)))->Register().ok());
+  // The operator's write token still initialises (here: already done, so it changes nothing).
+  absl::StatusOr<int> initialised =
+      shards_.Client(-1, Plaintext(kWriteToken))->Initialize(std::vector<float>(kParams, 9.0f));
+  ASSERT_TRUE(initialised.ok()) << initialised.status();
+  EXPECT_EQ(*initialised, 0);
+  // The impostors' pushes were counted as rejected.
+  absl::StatusOr<std::vector<v1::StatsResponse>> after = FetchStats(shards_.owner());
+  ASSERT_TRUE(after.ok());
+  EXPECT_GE((*after)[0].pushes_rejected(), 4);
 }
 
-TEST(WorkerIdentityClusterTest, LaunchedWorkersTrainEachWithItsOwnToken) {
-  // The launcher's way: the shards get --worker_identity, worker R run_dir/worker-R.token.
-  Secrets secrets;
-  LocalCluster cluster(ExecutableDir(), NewRunDir(), WithWorkerIdentity(secrets.Tokens()));
+TEST(WorkerIdentityClusterTest, LaunchedWorkersTrainEachWithItsOwnTokenAndNotTheJobs) {
+  // The launcher's way: the shards get --worker_identity, worker R run_dir/worker-R.token. The
+  // job's token comes from PS_TOKEN here, which the workers must not inherit.
+  ScopedEnv job_token("PS_TOKEN", kWriteToken);
+  ClusterSecurity security;
+  security.worker_identity = true;
+  LocalCluster cluster(ExecutableDir(), NewRunDir(), security);
   ASSERT_TRUE(cluster.StartShards(2, "mlp:784-16-10", 2, {"--optimizer=sgd"}).ok());
+  EXPECT_EQ(ReadFile(cluster.run_dir() + "/token"), kWriteToken);
   for (int rank = 0; rank < 2; ++rank) {
-    ASSERT_TRUE(cluster.StartWorker(rank, 2, {"--model=mlp:784-16-10", "--steps=30"}).ok());
+    ASSERT_TRUE(cluster
+                    .StartWorker(rank, 2,
+                                 {"--model=mlp:784-16-10", "--steps=30", "--push_delay=fixed:0.05"})
+                    .ok());
   }
+  ASSERT_TRUE(WaitForStep(cluster.run_dir() + "/worker-1.csv", 1, absl::Minutes(1)));
+  const std::string environment =
+      ReadFile(absl::StrCat("/proc/", cluster.worker(1)->pid(), "/environ"));
+  EXPECT_FALSE(environment.empty());
+  EXPECT_EQ(environment.find(kWriteToken), std::string::npos);
   for (int rank = 0; rank < 2; ++rank) {
     absl::StatusOr<int> code = cluster.worker(rank)->Wait(absl::Minutes(2));
     ASSERT_TRUE(code.ok()) << code.status();
@@ -954,8 +977,17 @@ TEST(TokenAuthenticatorTest, AWorkersOwnTokenActsAsThatWorkerOnly) {
   EXPECT_EQ(plain->Authorize(BearerValue(kWriteToken), Access::kWrite, "Push")->worker,
             Caller::kAnyWorker);
   EXPECT_FALSE(TokenAuthenticator::Create("", "", kReplicationToken, true).ok());
-  for (const char* malformed : {"worker-3", "worker-x:00", "worker--1:00", "worker-3:abc"}) {
+  // Only the exact form WorkerToken writes has a rank; anything else is no worker's token.
+  const std::string mac = worker3.substr(worker3.find(':') + 1);
+  std::string upper = mac;
+  for (char& c : upper) c = absl::ascii_toupper(c);
+  for (const std::string& malformed :
+       {std::string("worker-3"), "worker-x:" + mac, "worker--1:" + mac, "worker-+3:" + mac,
+        "worker- 3:" + mac, "worker-03:" + mac, "worker-99999999999:" + mac, "worker-3:" + upper,
+        "worker-3:" + mac.substr(1)}) {
     EXPECT_FALSE(WorkerTokenRank(malformed).has_value()) << malformed;
+    absl::Status s = a->Authorize(BearerValue(malformed), Access::kWrite, "Push").status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated) << malformed;
   }
 }
 
