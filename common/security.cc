@@ -368,6 +368,7 @@ absl::StatusOr<ClientSecurity> LoadClientSecurity(const TlsFiles& files,
       }
     }
     s.credentials = grpc::SslCredentials(options);
+    s.tls = files;
   } else if (!files.cert.empty() || !files.key.empty()) {
     return absl::InvalidArgumentError(
         "--tls_cert/--tls_key need --tls_ca (the CA that signed the ps's certificate)");

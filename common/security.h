@@ -133,6 +133,7 @@ absl::StatusOr<ServerSecurity> LoadServerSecurity(const TlsFiles& files,
 struct ClientSecurity {
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
   std::string token;                                      // "": none sent
+  TlsFiles tls;  // the files `credentials` came from, to name them and probe with (connection_probe.h)
 };
 
 // Builds a client's security. TLS when files.ca is set (the CA that signed the ps's certificate);

@@ -327,28 +327,38 @@ class MutualTlsTest : public ::testing::Test {
   std::unique_ptr<GuardedShards> shards_;
 };
 
-TEST_F(MutualTlsTest, ClientsWithoutATrustedCertificateCannotConnect) {
+TEST_F(MutualTlsTest, ClientsWithoutATrustedCertificateCannotConnectAndAreToldWhy) {
+  // Before: gRPC said only "failed to connect to all addresses ... Socket closed" (UNAVAILABLE),
+  // the same for each mistake, and clients retried it for their whole budget (60 s).
   const std::string ca = secrets_.Cert("ca.pem");
   struct Case {
     std::string who;
     ClientSecurity security;
+    std::string cause;
   };
   std::vector<Case> cases = {
-      {"plaintext", Plaintext(kWriteToken)},
-      {"TLS without a client certificate", Tls(ca, "", "", kWriteToken)},
+      {"plaintext", Plaintext(kWriteToken),
+       "the shard serves TLS and this client connects in plaintext: give --tls_ca"},
+      {"TLS without a client certificate", Tls(ca, "", "", kWriteToken),
+       "it requires a client certificate (mutual TLS), and this client gave none"},
       {"a client certificate from another CA",
-       Tls(ca, secrets_.Cert("other-client.pem"), secrets_.Cert("other-client.key"), kWriteToken)},
+       Tls(ca, secrets_.Cert("other-client.pem"), secrets_.Cert("other-client.key"), kWriteToken),
+       "it refused this client's certificate (--tls_cert=" + secrets_.Cert("other-client.pem")},
       {"a client that does not trust the ps's CA",
        Tls(secrets_.Cert("other-ca.pem"), secrets_.Cert("client.pem"), secrets_.Cert("client.key"),
-           kWriteToken)},
+           kWriteToken),
+       "the shard's certificate is not trusted by --tls_ca=" + secrets_.Cert("other-ca.pem")},
   };
-  // gRPC reports a failed handshake as UNAVAILABLE ("failed to connect"): the call never reaches
-  // the service, so it cannot be UNAUTHENTICATED.
+  // The handshake fails before any call reaches the service; the client's own probe names the
+  // cause, and the call fails at once (FAILED_PRECONDITION: no retry heals it).
   for (Case& c : cases) {
-    std::unique_ptr<ShardedClient> client =
-        shards_->Client(0, std::move(c.security), absl::ZeroDuration());
-    shards_->ExpectEveryWriteRefused(*client, absl::StatusCode::kUnavailable, c.who);
-    EXPECT_EQ(FetchStats(*client).status().code(), absl::StatusCode::kUnavailable) << c.who;
+    std::unique_ptr<ShardedClient> client = shards_->Client(0, std::move(c.security));
+    const absl::Time start = absl::Now();
+    shards_->ExpectEveryWriteRefused(*client, absl::StatusCode::kFailedPrecondition, c.who);
+    absl::Status stats = FetchStats(*client).status();
+    EXPECT_EQ(stats.code(), absl::StatusCode::kFailedPrecondition) << c.who;
+    EXPECT_NE(stats.message().find(c.cause), std::string::npos) << c.who << ": " << stats;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << c.who << " (8 calls)";
   }
 }
 
@@ -377,9 +387,8 @@ TEST(ServerOnlyTlsTest, ClientsNeedNoCertificateButMustUseTls) {
   GuardedShards shards(1, security, owner);
   ASSERT_TRUE(shards.ok());
   shards.ExpectWeights();
-  std::unique_ptr<ShardedClient> plaintext =
-      shards.Client(0, Plaintext(kWriteToken), absl::ZeroDuration());
-  shards.ExpectEveryWriteRefused(*plaintext, absl::StatusCode::kUnavailable, "plaintext");
+  std::unique_ptr<ShardedClient> plaintext = shards.Client(0, Plaintext(kWriteToken));
+  shards.ExpectEveryWriteRefused(*plaintext, absl::StatusCode::kFailedPrecondition, "plaintext");
 }
 
 // --- A whole cluster ---
@@ -809,6 +818,44 @@ TEST(ListenTest, ASecondPsOnAPortInUseExitsNamingIt) {
             std::string::npos)
       << output;
   EXPECT_TRUE(RawUnaryCall(address, "/ps.v1.ParameterServer/GetStats", "").ok());
+}
+
+TEST(ConnectionTest, DaemonsAndToolsNameTheCauseWithinSeconds) {
+  // Before: each of these waited the whole retry budget (60 s, tools included) and ended with
+  // gRPC's "failed to connect to all addresses ... Socket closed".
+  Secrets secrets;
+  ASSERT_TRUE(secrets.MakeCertificates());
+  ClusterSecurity mutual = secrets.MutualTlsAndTokens();
+  LocalCluster tls_cluster(ExecutableDir(), NewRunDir(), mutual);
+  ASSERT_TRUE(tls_cluster.StartShards(1, "mlp:784-8-10", 1, {}).ok());
+  LocalCluster plain_cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(plain_cluster.StartShards(1, "mlp:784-8-10", 1, {}).ok());
+  struct Case {
+    std::vector<std::string> argv;
+    std::string reason;
+  };
+  const std::vector<Case> cases = {
+      {{"worker", "--ps=" + tls_cluster.ShardAddress(0), "--hidden=8", "--rank=0",
+        "--num_workers=1", "--token_file=" + mutual.token_file},
+       "worker: shard 0 (" + tls_cluster.ShardAddress(0) +
+           "): the shard serves TLS and this client connects in plaintext"},
+      {{"psctl", "status", "--ps=" + plain_cluster.ShardAddress(0), "--hidden=8",
+        "--tls_ca=" + mutual.ca},
+       "psctl: shard 0 (" + plain_cluster.ShardAddress(0) + "): the shard does not speak TLS"},
+      {{"psctl", "status", "--ps=127.0.0.1:1", "--hidden=8"},
+       "psctl: shard 0 (127.0.0.1:1): connection refused: nothing listens on 127.0.0.1:1"},
+      {{"export_model", "--ps=127.0.0.1:1", "--hidden=8", "--out=" + secrets.File("m.st")},
+       "connection refused: nothing listens on 127.0.0.1:1"},
+  };
+  for (const Case& c : cases) {
+    const absl::Time start = absl::Now();
+    auto [code, output] = RunDaemon(c.argv);
+    const absl::Duration took = absl::Now() - start;
+    std::cout << c.argv[0] << " " << c.argv[1] << ": " << took << "\n";
+    EXPECT_EQ(code, 1) << output;
+    EXPECT_NE(output.find(c.reason), std::string::npos) << output;
+    EXPECT_LT(took, absl::Seconds(30)) << output;  // the retry budget was 60 s
+  }
 }
 
 TEST(ListenTest, BadSecurityFlagsExitWithAOneLineReason) {

@@ -39,7 +39,7 @@ int Main(int argc, char** argv) {
     PS_LOG(INFO) << "from the cluster spec: " << parsed->spec_summary;
   }
   const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir), out = absl::GetFlag(FLAGS_out);
-  absl::StatusOr<ClientConnection> shards = ClientConnectionFromFlags(/*needs_shards=*/false);
+  absl::StatusOr<ClientConnection> shards = ClientConnectionFromFlags(/*needs_shards=*/false, ClientKind::kTool);
   if (!shards.ok()) return Fail(std::string(shards.status().message()));
   // Exactly one source. A --cluster spec always names the shards: there --checkpoint_dir wins.
   const bool from_spec = !parsed->spec_summary.empty();

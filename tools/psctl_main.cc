@@ -141,7 +141,7 @@ int Main(int argc, char** argv) {
         "expected one command: status, checkpoint, export, spec or worker-token (see --help)");
   }
   SetLogTag("psctl");
-  absl::StatusOr<ClientConnection> shards = ClientConnectionFromFlags(/*needs_shards=*/true);
+  absl::StatusOr<ClientConnection> shards = ClientConnectionFromFlags(/*needs_shards=*/true, ClientKind::kTool);
   if (!shards.ok()) return Fail(std::string(shards.status().message()));
   if (command == "export") return Export(*shards);
   InstallShutdownHandler();

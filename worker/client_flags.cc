@@ -14,7 +14,9 @@ ABSL_FLAG(std::string, model, "",
           "The model, when not the --hidden MLP: a spec (mlp:784-256-10, "
           "cnn:1x28x28-conv32k5-pool2-fc128-10, grammar in common/network_spec.h) or a preset "
           "(cnn-small, cnn-large). The same everywhere.");
-ABSL_FLAG(double, retry_seconds, 60, "Give up after a shard has been unreachable this long.");
+ABSL_FLAG(double, retry_seconds, -1,
+          "Give up after a shard has been unreachable this long; -1: 60 for the daemons (worker, "
+          "evaluator), 5 for the one-shot tools (psctl, export_model).");
 ABSL_FLAG(int, health_port, -1, "Serve grpc.health.v1 on this port (0: any free one; -1: off).");
 ABSL_FLAG(std::string, health_host, "127.0.0.1",
           "Address of the health service (plaintext: anything but loopback needs --insecure).");
@@ -65,7 +67,7 @@ absl::StatusOr<ClientSecurity> ClientSecurityFromFlags() {
   return security;
 }
 
-absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards) {
+absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards, ClientKind kind) {
   ClientConnection c;
   if (needs_shards || !absl::GetFlag(FLAGS_ps).empty()) {
     absl::StatusOr<std::vector<std::string>> addresses =
@@ -81,7 +83,11 @@ absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards) {
   absl::StatusOr<WireType> pull_type = PullTypeFromFlags();
   if (!pull_type.ok()) return pull_type.status();
   c.options.pull_type = *pull_type;
-  c.options.retry_for = absl::Seconds(absl::GetFlag(FLAGS_retry_seconds));
+  const double retry = absl::GetFlag(FLAGS_retry_seconds);
+  if (retry < 0 && retry != -1) return absl::InvalidArgumentError("--retry_seconds must be >= 0");
+  c.options.retry_for = retry >= 0                       ? absl::Seconds(retry)
+                        : kind == ClientKind::kDaemon ? absl::Seconds(60)
+                                                      : absl::Seconds(5);
   c.options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   absl::StatusOr<ClientSecurity> security = ClientSecurityFromFlags();
   if (!security.ok()) return security.status();

@@ -25,8 +25,11 @@ struct ClientConnection {
   NetworkSpec network;                 // --model, else the --hidden MLP
   ClientOptions options;  // credentials, --pull_dtype, --retry_seconds, --shared_memory
 };
+// A daemon waits for shards that are down (a minute by default: they may be restarting); a
+// one-shot tool reports them within seconds.
+enum class ClientKind { kDaemon, kTool };
 // From the flags; `needs_shards`: --ps must name at least one shard (else it may be empty).
-absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards);
+absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards, ClientKind kind);
 
 // The shards' credentials from the flags, after checking that the health service may listen
 // where asked. Fails with a one-line reason (an unreadable file, a non-loopback --health_host

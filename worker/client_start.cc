@@ -23,7 +23,7 @@ namespace ps {
 
 absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bool needs_shards) {
   ClientStart start;
-  absl::StatusOr<ClientConnection> connection = ClientConnectionFromFlags(needs_shards);
+  absl::StatusOr<ClientConnection> connection = ClientConnectionFromFlags(needs_shards, ClientKind::kDaemon);
   if (!connection.ok()) return connection.status();
   start.connection = *std::move(connection);
   if (std::optional<int> own = WorkerTokenRank(start.connection.options.security.token);

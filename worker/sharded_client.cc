@@ -7,9 +7,11 @@
 #include <grpcpp/support/byte_buffer.h>
 
 #include <algorithm>
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -18,6 +20,7 @@
 #include "common/channel_options.h"
 #include "common/chunking.h"
 #include "common/cluster.h"
+#include "common/connection_probe.h"
 #include "common/consistency_spec.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -277,6 +280,8 @@ class ShardedClient::Impl {
     std::unique_ptr<v1::ParameterServer::Stub> stub;
     // Initialize and Push on raw bytes: tensors go out through common/tensor_codec.h.
     std::unique_ptr<grpc::internal::RpcMethod> initialize, push;
+    // A call reached it once: failures since are outages, not settings that do not fit.
+    std::unique_ptr<std::atomic<bool>> reached = std::make_unique<std::atomic<bool>>(false);
   };
   const Replica& CurrentReplicaOf(int shard) const;
   std::vector<std::vector<Replica>> replicas_;  // by shard: one, or two with replication
@@ -338,7 +343,8 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
       };
       replicas.push_back({address, channel, v1::ParameterServer::NewStub(channel),
                           method("/ps.v1.ParameterServer/Initialize"),
-                          method("/ps.v1.ParameterServer/Push")});
+                          method("/ps.v1.ParameterServer/Push"),
+                          std::make_unique<std::atomic<bool>>(false)});
     }
     ranges_.push_back(
         PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses.size())));
@@ -452,8 +458,11 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
     auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return generation_ != generation; };
     return mu_.AwaitWithTimeout(absl::Condition(&changed), d);
   };
-  absl::Time give_up = absl::Now() + options_.retry_for;
+  const absl::Time start = absl::Now();
+  absl::Time give_up = start + options_.retry_for;
   absl::Duration backoff = absl::Milliseconds(50);
+  // What a probe found about a replica this client has not reached yet (connection_probe.h).
+  std::optional<ProbeFinding> probed;
   // A shard that keeps saying it restarted after we registered again is not one we can use.
   // With two replicas, a failure is tried at the other at once, then again after the backoff.
   bool switched_at_once = false;
@@ -470,7 +479,24 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
     }
     // The call's shared memory failed (and was dropped): the tensor goes over gRPC at once.
     if (IsSharedMemoryLost(s) && shared_lost++ < 2) continue;
-    if (s.ok()) return absl::OkStatus();
+    const Replica& called = replicas_[shard][replica];
+    if (s.ok()) {
+      called.reached->store(true, std::memory_order_relaxed);
+      return absl::OkStatus();
+    }
+    // Not connected yet, and never reached: the TLS settings may not fit, which no retry heals.
+    // Probed once (a few seconds at most); a mismatch ends the call at once, naming it.
+    if (!probed && !called.reached->load(std::memory_order_relaxed) &&
+        (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::UNKNOWN) &&
+        called.channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
+      probed = ProbeShard(called.address, options_.security);
+      if (probed->misconfigured) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "shard ", shard, " (", called.address, "): ", probed->cause, " [gRPC: ",
+            s.error_message(), "]"));
+      }
+    }
     // A shard's CANCELLED (it is shutting down: a restart, a fenced primary) is as transient as
     // UNAVAILABLE; a push sent again is applied once whatever the first attempt did.
     const bool cancelled =
@@ -512,9 +538,19 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
       return cancelled_within(absl::ZeroDuration());
     };
     if (!retry || !transient || absl::Now() + backoff > give_up || wait()) {
-      return absl::Status(FromGrpcStatus(s).code(),
-                          absl::StrCat("shard ", shard, " (", replicas_[shard][replica].address,
-                                       "): ", s.error_message()));
+      // A call that kept failing says for how long, and what the probe found.
+      const std::string tried =
+          retry && transient && absl::Now() + backoff > give_up
+              ? absl::StrCat(" (still failing after ", absl::FormatDuration(absl::Trunc(
+                                 absl::Now() - start, absl::Milliseconds(100))),
+                             " of retries; the client's limit: --retry_seconds)")
+              : "";
+      const bool found = probed && !probed->cause.empty();
+      return absl::Status(
+          FromGrpcStatus(s).code(),
+          absl::StrCat("shard ", shard, " (", called.address, "): ",
+                       found ? probed->cause : s.error_message(), tried,
+                       found ? absl::StrCat(" [gRPC: ", s.error_message(), "]") : ""));
     }
     PS_LOG(WARNING) << "shard " << shard << " (" << replicas_[shard][replica].address
                     << "): " << s.error_message() << "; retried after " << backoff;

@@ -1,0 +1,216 @@
+#include "common/connection_probe.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+namespace {
+
+// host and port of "host:port" / "[v6]:port".
+bool SplitAddress(const std::string& address, std::string* host, std::string* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return false;
+  *host = address.substr(0, colon);
+  *port = address.substr(colon + 1);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return true;
+}
+
+// A TCP connection to host:port within `timeout`: the socket (blocking, with send and receive
+// timeouts), or -1 with the reason in *why.
+int Connect(const std::string& host, const std::string& port, absl::Duration timeout,
+            std::string* why) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (int e = getaddrinfo(host.c_str(), port.c_str(), &hints, &found); e != 0) {
+    *why = absl::StrCat("cannot resolve ", host, ": ", gai_strerror(e));
+    return -1;
+  }
+  const int ms = static_cast<int>(absl::ToInt64Milliseconds(timeout));
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) continue;
+    int error = connect(fd, a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+    if (error == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      if (poll(&p, 1, ms) == 1) {
+        socklen_t length = sizeof error;
+        getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &length);
+      } else {
+        error = ETIMEDOUT;
+      }
+    }
+    if (error != 0) {
+      close(fd);
+      fd = -1;
+      *why = error == ECONNREFUSED
+                 ? absl::StrCat("connection refused: nothing listens on ", host, ":", port,
+                                " (the shard is down or not started yet)")
+             : error == ETIMEDOUT
+                 ? absl::StrCat("no answer from ", host, ":", port, " within ",
+                                absl::FormatDuration(timeout),
+                                " (the host is down, a firewall drops the connection, or the "
+                                "address is wrong)")
+                 : absl::StrCat("cannot connect to ", host, ":", port, ": ", strerror(error));
+    }
+  }
+  freeaddrinfo(found);
+  if (fd >= 0) {
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    timeval t{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>((ms % 1000) * 1000)};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &t, sizeof t);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &t, sizeof t);
+  }
+  return fd;
+}
+
+struct SslCtxDeleter {
+  void operator()(SSL_CTX* c) const { SSL_CTX_free(c); }
+};
+struct SslDeleter {
+  void operator()(SSL* s) const { SSL_free(s); }
+};
+
+// The TLS alert or failure behind the last OpenSSL error, as what it says about the settings.
+ProbeFinding Classify(unsigned long error, SSL* ssl, const ClientSecurity& security,
+                      const std::string& host) {
+  const bool tls = !security.tls.ca.empty();
+  const bool has_cert = !security.tls.cert.empty();
+  switch (ERR_GET_REASON(error)) {
+    case SSL_R_CERTIFICATE_VERIFY_FAILED: {
+      const long verify = SSL_get_verify_result(ssl);
+      if (verify == X509_V_ERR_HOSTNAME_MISMATCH) {
+        return {true, absl::StrCat("the shard's certificate does not name ", host,
+                                   " (its subjectAltName must list the address clients use)")};
+      }
+      return {true, absl::StrCat("the shard's certificate is not trusted by --tls_ca=",
+                                 security.tls.ca, " (", X509_verify_cert_error_string(verify),
+                                 "): give the CA that signed the shards' certificates")};
+    }
+    case SSL_R_WRONG_VERSION_NUMBER:
+    case SSL_R_PACKET_LENGTH_TOO_LONG:
+    case SSL_R_UNEXPECTED_EOF_WHILE_READING:
+      if (!tls) return {};
+      return {true,
+              "the shard does not speak TLS (it serves plaintext) and this client uses TLS "
+              "(--tls_ca): give both the same settings"};
+    case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
+    case SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE:
+      if (!has_cert) {
+        return {true,
+                "the shard requires a client certificate (mutual TLS) and this client gave "
+                "none: give --tls_cert and --tls_key"};
+      }
+      break;
+    case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
+    case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
+    case SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN:
+    case SSL_R_TLSV1_ALERT_DECRYPT_ERROR:
+    case SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE:
+      return {true, absl::StrCat("the shard refused this client's certificate (--tls_cert=",
+                                 security.tls.cert,
+                                 "): it is not signed by the CA the shard trusts (ps --tls_ca)")};
+    default:
+      break;
+  }
+  char text[256];
+  ERR_error_string_n(error, text, sizeof text);
+  return {false, absl::StrCat("TLS handshake failed: ", text)};
+}
+
+}  // namespace
+
+ProbeFinding ProbeShard(const std::string& address, const ClientSecurity& security,
+                        absl::Duration timeout) {
+  std::string host, port, why;
+  if (!SplitAddress(address, &host, &port)) return {false, "not a host:port address"};
+  const int fd = Connect(host, port, timeout, &why);
+  if (fd < 0) return {false, why};
+  const bool tls = !security.tls.ca.empty();
+  std::unique_ptr<SSL_CTX, SslCtxDeleter> ctx(SSL_CTX_new(TLS_client_method()));
+  ProbeFinding finding;
+  if (ctx != nullptr && tls) {
+    SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+    SSL_CTX_load_verify_locations(ctx.get(), security.tls.ca.c_str(), nullptr);
+    if (!security.tls.cert.empty()) {
+      SSL_CTX_use_certificate_chain_file(ctx.get(), security.tls.cert.c_str());
+      SSL_CTX_use_PrivateKey_file(ctx.get(), security.tls.key.c_str(), SSL_FILETYPE_PEM);
+    }
+  }
+  std::unique_ptr<SSL, SslDeleter> ssl(ctx != nullptr ? SSL_new(ctx.get()) : nullptr);
+  if (ssl == nullptr) {
+    close(fd);
+    return {false, ""};
+  }
+  static const unsigned char kAlpn[] = {2, 'h', '2'};
+  SSL_set_alpn_protos(ssl.get(), kAlpn, sizeof kAlpn);
+  SSL_set_tlsext_host_name(ssl.get(), host.c_str());
+  if (tls) SSL_set1_host(ssl.get(), host.c_str());
+  SSL_set_fd(ssl.get(), fd);
+  ERR_clear_error();
+  if (SSL_connect(ssl.get()) == 1) {
+    if (!tls) {
+      finding = {true,
+                 "the shard serves TLS and this client connects in plaintext: give --tls_ca (the "
+                 "CA of the shards' certificates), and --tls_cert/--tls_key if the shard requires "
+                 "client certificates"};
+    } else {
+      // Under TLS 1.3 a shard checks the client's certificate after the client's handshake
+      // ends: its refusal arrives as an alert on the first read. (No alert within the timeout:
+      // the settings fit, and the cause is elsewhere.)
+      // A shard that closes the connection instead (gRPC's does) refused the certificate too:
+      // it speaks TLS, and a served connection would get its HTTP/2 settings first.
+      char byte;
+      const int read = SSL_read(ssl.get(), &byte, 1);
+      const int error = SSL_get_error(ssl.get(), read);
+      const bool timed_out = error == SSL_ERROR_SYSCALL && (errno == EAGAIN || errno == EWOULDBLOCK);
+      if (read <= 0 && !timed_out) {
+        const unsigned long e = ERR_peek_error();
+        const int reason = e == 0 ? 0 : ERR_GET_REASON(e);
+        if (e != 0 && reason != SSL_R_UNEXPECTED_EOF_WHILE_READING) {
+          finding = Classify(e, ssl.get(), security, host);
+          if (!finding.misconfigured) finding = {};
+        } else if (security.tls.cert.empty()) {
+          finding = {true,
+                     "the shard closed the connection after the TLS handshake: it requires a "
+                     "client certificate (mutual TLS), and this client gave none: give "
+                     "--tls_cert and --tls_key"};
+        } else {
+          finding = {true, absl::StrCat("the shard closed the connection after the TLS handshake: "
+                                        "it refused this client's certificate (--tls_cert=",
+                                        security.tls.cert,
+                                        "), which is not signed by the CA it trusts (ps --tls_ca)")};
+        }
+      }
+    }
+  } else if (!tls) {
+    finding = {};  // the shard does not speak TLS either: the settings fit
+  } else if (ERR_peek_error() != 0) {
+    finding = Classify(ERR_peek_error(), ssl.get(), security, host);
+  } else {
+    finding = {true,
+               "the shard closed the connection during the TLS handshake (it does not speak TLS, "
+               "or refused it): check that shards and clients use the same TLS settings"};
+  }
+  ERR_clear_error();
+  close(fd);
+  return finding;
+}
+
+}  // namespace ps
