@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
 #include "common/cluster.h"
+#include "common/flags_help.h"
 #include "common/model_spec.h"
 #include "common/network_spec.h"
 #include "nlohmann/json.hpp"
@@ -370,19 +371,11 @@ absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::
 absl::StatusOr<ParsedCommandLine> ParseDaemonFlags(int argc, char** argv,
                                                    const std::string& program,
                                                    const std::string& usage) {
-  absl::SetProgramUsageMessage(usage);
-  absl::FlagsUsageConfig config;
-  config.contains_help_flags = [](absl::string_view file) {
-    absl::string_view name = file.substr(file.rfind('/') + 1);
-    name = name.substr(0, name.rfind('.'));
-    return absl::EndsWith(name, "_main") || name == "cluster_spec" || name == "client_flags" ||
-           name == "client_start" || name == "metrics";
-  };
-  absl::SetFlagsUsageConfig(config);
   absl::StatusOr<ClusterArgs> expanded = ExpandClusterArgs(argc, argv, program);
   if (!expanded.ok()) return expanded.status();
   std::vector<char*> args = expanded->argv();
-  std::vector<char*> rest = absl::ParseCommandLine(static_cast<int>(args.size()), args.data());
+  std::vector<char*> rest =
+      ParseFlagsOrHelp(static_cast<int>(args.size()), args.data(), program, usage);
   ParsedCommandLine parsed;
   parsed.spec_summary = expanded->summary;
   parsed.positional.assign(rest.begin() + 1, rest.end());

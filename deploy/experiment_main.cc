@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/consistency_spec.h"
+#include "common/flags_help.h"
 #include "common/log.h"
 #include "common/model_spec.h"
 #include "common/shutdown.h"
@@ -103,11 +105,12 @@ double ExamplesPerUpdate(const std::string& mode, int workers, int batch) {
 }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  std::vector<char*> args = ParseFlagsOrHelp(
+      argc, argv, "experiment",
       "Runs a matrix of training configurations and writes a report.\n"
       "Example: experiment --preset=straggler   or   experiment --modes=async,sync,ssp:2 "
       "--workers=2,4 --stragglers=none,0:4 --seeds=1,2");
-  absl::ParseCommandLine(argc, argv);
+  if (args.size() > 1) return Fail(absl::StrCat("unexpected argument '", args[1], "'"));
   std::vector<std::string> modes = absl::GetFlag(FLAGS_modes),
                            workers = absl::GetFlag(FLAGS_workers),
                            stragglers = absl::GetFlag(FLAGS_stragglers),
@@ -139,10 +142,8 @@ int Main(int argc, char** argv) {
   }
   std::string report = absl::GetFlag(FLAGS_report_dir);
   if (report.empty()) {
-    mkdir("reports", 0755);
     report = "reports/" + absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone());
   }
-  mkdir(report.c_str(), 0755);
   SetLogTag("experiment");
   InstallShutdownHandler();
 
@@ -179,7 +180,9 @@ int Main(int argc, char** argv) {
   double max_seconds = absl::GetFlag(FLAGS_max_seconds);
   if (!(max_seconds >= 0)) return Fail("--max_seconds must be >= 0");
   if (max_seconds == 0 && epochs == 0) max_seconds = 60;
-  for (size_t i = 0; i < runs.size() && !ShutdownRequested(); ++i) {
+  // Every run's configuration, made and checked by the daemons (--dry_run) before any starts.
+  std::vector<TrainingConfig> configs;
+  for (size_t i = 0; i < runs.size(); ++i) {
     ExperimentRun& run = runs[i];
     const std::string& mode = run.mode;
     JobSpec job;
@@ -214,10 +217,25 @@ int Main(int argc, char** argv) {
     c.run_dir = report + "/" + run.name;
     c.progress_seconds = 10;
     c.progress_prefix = absl::StrFormat("[%d/%d %s] ", i + 1, runs.size(), run.name);
+    if (absl::Status s = CheckTrainingConfig(c); !s.ok()) {
+      return Fail(absl::StrCat(run.name, ": ", s.message()));
+    }
+    configs.push_back(std::move(c));
+  }
+  std::error_code made_report;
+  std::filesystem::create_directories(report, made_report);
+  if (made_report) {
+    return Fail(absl::StrCat("cannot create --report_dir=", report, ": ", made_report.message()));
+  }
+  int failed = 0;
+  for (size_t i = 0; i < runs.size() && !ShutdownRequested(); ++i) {
+    ExperimentRun& run = runs[i];
+    const TrainingConfig& c = configs[i];
     std::cout << c.progress_prefix << "starting: ps " << absl::StrJoin(c.ps_flags, " ")
               << std::endl;
     run.result = RunTraining(c, std::cout);
     if (!run.result.failure.empty()) {
+      ++failed;
       std::cout << c.progress_prefix << "FAILED: " << run.result.failure << std::endl;
     }
     SummariseRun(c.run_dir, target, run);
@@ -236,10 +254,16 @@ int Main(int argc, char** argv) {
                    " per worker, ",
                    epochs > 0 ? absl::StrCat(epochs, " epochs") : absl::StrCat(max_seconds, " s"),
                    " per run."));
-  std::cout << "report: " << report << "/summary.md" << std::endl;
   std::ifstream in(report + "/summary.md");
+  if (!in) return Fail("the report was not written: cannot read " + report + "/summary.md");
+  std::cout << "report: " << report << "/summary.md" << std::endl;
   std::cout << in.rdbuf();
-  return ShutdownRequested() ? 130 : 0;
+  if (ShutdownRequested()) return 130;
+  if (failed > 0) {
+    return Fail(absl::StrCat(failed, " of ", runs.size(), " runs FAILED (see ", report,
+                             "/summary.md and their logs)"));
+  }
+  return 0;
 }
 
 }  // namespace

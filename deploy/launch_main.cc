@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/flags_help.h"
 #include "common/log.h"
 #include "common/model_spec.h"
 #include "common/shutdown.h"
@@ -139,10 +140,10 @@ absl::StatusOr<std::vector<std::string>> ScheduleFlags(const std::string& schedu
 }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  std::vector<char*> args = ParseFlagsOrHelp(
+      argc, argv, "launch",
       "Starts a local cluster (shards, workers, evaluator) training Fashion-MNIST.\n"
       "Example: launch --shards=2 --workers=4 --consistency=ssp:2 --straggler=3:4");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() > 1) return Fail(absl::StrCat("unexpected argument '", args[1], "'"));
   JobSpec job;
   job.shards = absl::GetFlag(FLAGS_shards);
@@ -190,7 +191,6 @@ int Main(int argc, char** argv) {
   c.security.replication_token_file = absl::GetFlag(FLAGS_replication_token_file);
   c.run_dir = absl::GetFlag(FLAGS_run_dir);
   if (c.run_dir.empty()) {
-    mkdir("runs", 0755);
     c.run_dir = "runs/" + absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone());
   }
   c.replicas = absl::GetFlag(FLAGS_replicas);
@@ -216,6 +216,8 @@ int Main(int argc, char** argv) {
   c.kills = *std::move(kills);
   c.max_restarts = absl::GetFlag(FLAGS_max_restarts);
   SetLogTag("launch");
+  // Every daemon's flags checked by the daemon itself before anything starts (or is created).
+  if (absl::Status s = CheckTrainingConfig(c); !s.ok()) return Fail(std::string(s.message()));
   InstallShutdownHandler();
 
   std::cout << "run directory: " << c.run_dir << "\n"

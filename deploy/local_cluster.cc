@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -23,8 +25,48 @@
 namespace ps {
 
 LocalCluster::LocalCluster(std::string bin_dir, std::string run_dir, ClusterSecurity security)
-    : bin_dir_(std::move(bin_dir)), run_dir_(std::move(run_dir)), security_(std::move(security)) {
-  mkdir(run_dir_.c_str(), 0755);
+    : bin_dir_(std::move(bin_dir)), run_dir_(std::move(run_dir)), security_(std::move(security)) {}
+
+absl::Status LocalCluster::MakeRunDir() const {
+  std::error_code error;
+  std::filesystem::create_directories(run_dir_, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create the run directory ", run_dir_, ": ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::CheckFlags(int shards, const std::string& model, int num_workers,
+                                      const std::vector<std::string>& ps_flags,
+                                      const std::vector<std::string>& worker_flags) const {
+  std::vector<std::string> ps = {bin_dir_ + "/ps", "--shard_index=0",
+                                 absl::StrCat("--num_shards=", shards), "--model=" + model,
+                                 absl::StrCat("--num_workers=", num_workers), "--port=0"};
+  AppendShardSecurityFlags(&ps);
+  ps.insert(ps.end(), ps_flags.begin(), ps_flags.end());
+  std::vector<std::string> addresses(shards, "127.0.0.1:1");  // contacted by no dry run
+  std::vector<std::string> worker = {bin_dir_ + "/worker", "--ps=" + absl::StrJoin(addresses, ","),
+                                     "--rank=0", absl::StrCat("--num_workers=", num_workers)};
+  AppendClientSecurityFlags(security_.worker_identity ? "" : security_.token_file, &worker);
+  worker.insert(worker.end(), worker_flags.begin(), worker_flags.end());
+  for (std::vector<std::string>& argv : {std::ref(ps), std::ref(worker)}) {
+    argv.push_back("--dry_run");
+    char log[] = "/tmp/ps-dry-run-XXXXXX";
+    const int fd = mkstemp(log);
+    if (fd < 0) return absl::UnavailableError("cannot make a temporary file for --dry_run");
+    close(fd);
+    absl::StatusOr<Subprocess> p = Subprocess::Start(argv, log);
+    absl::StatusOr<int> code = p.ok() ? p->Wait(absl::Minutes(1)) : p.status();
+    const std::string reason = LastLine(log);
+    std::remove(log);
+    if (!code.ok()) return code.status();
+    if (*code != 0) {
+      return absl::InvalidArgumentError(
+          reason.empty() ? absl::StrCat(argv[0], " --dry_run exited ", *code) : reason);
+    }
+  }
+  return absl::OkStatus();
 }
 
 LocalCluster::~LocalCluster() { Stop(); }
@@ -134,6 +176,7 @@ absl::Status LocalCluster::StartShards(int count, const std::string& model, int 
                                        const std::vector<std::string>& flags, int replicas) {
   replicas_ = replicas;
   stubs_.clear();
+  if (absl::Status s = MakeRunDir(); !s.ok()) return s;
   if (replicas > 1) {
     if (absl::Status s = EnsureReplicationToken(); !s.ok()) return s;
   }
@@ -254,6 +297,7 @@ std::string LocalCluster::ShardAddresses() const {
 
 absl::Status LocalCluster::StartWorker(int rank, int num_workers,
                                        const std::vector<std::string>& flags) {
+  if (absl::Status s = MakeRunDir(); !s.ok()) return s;
   std::string base = absl::StrCat(run_dir_, "/worker-", rank);
   std::vector<std::string> argv = {
       bin_dir_ + "/worker", "--ps=" + ShardAddresses(), absl::StrCat("--rank=", rank),
@@ -277,6 +321,7 @@ absl::Status LocalCluster::StartWorker(int rank, int num_workers,
 }
 
 absl::Status LocalCluster::StartEvaluator(const std::vector<std::string>& flags) {
+  if (absl::Status s = MakeRunDir(); !s.ok()) return s;
   std::vector<std::string> argv = {bin_dir_ + "/evaluator", "--ps=" + ShardAddresses(),
                                    "--csv=" + run_dir_ + "/evaluator.csv"};
   AppendClientSecurityFlags(

@@ -40,9 +40,16 @@ absl::StatusOr<int> FreePort();
 
 class LocalCluster {
  public:
-  // Binaries are taken from `bin_dir`; logs and CSVs go to `run_dir` (created if missing). Every
-  // daemon started gets the flags that `security` implies.
+  // Binaries are taken from `bin_dir`; logs and CSVs go to `run_dir` (created with its parents
+  // by StartShards). Every daemon started gets the flags that `security` implies.
   LocalCluster(std::string bin_dir, std::string run_dir, ClusterSecurity security = {});
+
+  // Runs a ps and a worker of such a job with --dry_run, as StartShards and StartWorker would
+  // start them (shard 0, rank 0, without replication's flags): OK if both would start, else the
+  // daemon's one-line reason. Starts nothing and creates no directory.
+  absl::Status CheckFlags(int shards, const std::string& model, int num_workers,
+                          const std::vector<std::string>& ps_flags,
+                          const std::vector<std::string>& worker_flags) const;
   // Stops everything still running (see Stop).
   ~LocalCluster();
 
@@ -100,6 +107,7 @@ class LocalCluster {
   // Writes worker `rank`'s own token to run_dir/worker-<rank>.token; returns the path.
   absl::StatusOr<std::string> WorkerTokenFile(int rank);
 
+  absl::Status MakeRunDir() const;
   std::string PortFile(int shard) const;
   // Starts shard `shard` from shard_argv_ (replacing shards_[shard]) / waits until it wrote its
   // port file, then records the port.

@@ -136,13 +136,35 @@ absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job) {
   return c;
 }
 
+namespace {
+
+// The flags of the config's shards, and of worker `rank` (without the time left of the run).
+std::vector<std::string> ShardFlags(const TrainingConfig& c) {
+  std::vector<std::string> flags = c.ps_flags;
+  if (!c.checkpoint_dir.empty()) flags.push_back("--checkpoint_dir=" + c.checkpoint_dir);
+  return flags;
+}
+std::vector<std::string> WorkerFlags(const TrainingConfig& c, int rank) {
+  std::vector<std::string> flags = c.worker_flags;
+  if (auto it = c.rank_flags.find(rank); it != c.rank_flags.end()) {
+    flags.insert(flags.end(), it->second.begin(), it->second.end());
+  }
+  return flags;
+}
+
+}  // namespace
+
+absl::Status CheckTrainingConfig(const TrainingConfig& c) {
+  LocalCluster cluster(ExecutableDir(), c.run_dir, c.security);
+  return cluster.CheckFlags(c.shards, c.model, c.workers, ShardFlags(c), WorkerFlags(c, 0));
+}
+
 TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
   TrainingResult result;
   LocalCluster cluster(ExecutableDir(), c.run_dir, c.security);
   const absl::Time start = absl::Now();
   result.start_unix_seconds = absl::ToDoubleSeconds(start - absl::UnixEpoch());
-  std::vector<std::string> ps_flags = c.ps_flags;
-  if (!c.checkpoint_dir.empty()) ps_flags.push_back("--checkpoint_dir=" + c.checkpoint_dir);
+  std::vector<std::string> ps_flags = ShardFlags(c);
   if (absl::Status s = cluster.StartShards(c.shards, c.model, c.workers, ps_flags, c.replicas);
       !s.ok()) {
     result.failure = std::string(s.message());
@@ -151,10 +173,7 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
   WriteConfig(c, cluster, start);
   // Worker r's flags; a worker started again gets the time left of the run.
   auto worker_flags = [&](int r) {
-    std::vector<std::string> flags = c.worker_flags;
-    if (auto it = c.rank_flags.find(r); it != c.rank_flags.end()) {
-      flags.insert(flags.end(), it->second.begin(), it->second.end());
-    }
+    std::vector<std::string> flags = WorkerFlags(c, r);
     if (c.max_seconds > 0) {
       double left = c.max_seconds - absl::ToDoubleSeconds(absl::Now() - start);
       flags.push_back(absl::StrCat("--max_seconds=", std::max(left, 0.1)));  // the last one counts

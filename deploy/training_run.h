@@ -83,6 +83,10 @@ struct TrainingResult {
 // Runs the cluster to completion; progress lines go to `progress`. The run directory gets
 // config.txt, the CSVs, logs, staleness-shard-S.csv and stats-shard-S.json (replicated:
 // -S-R for replica R; shard_stats has the replica that ended furthest on).
+// Checks every flag of the config's ps and worker by running each with --dry_run (their own
+// parsers, so flags passed through, e.g. --ps_flags, are checked too): OK if the run would start,
+// else the daemon's one-line reason. Starts nothing and creates no directory.
+absl::Status CheckTrainingConfig(const TrainingConfig& config);
 TrainingResult RunTraining(const TrainingConfig& config, std::ostream& progress);
 
 // Field `column` of a CSV line, or NaN.

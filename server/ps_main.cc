@@ -136,6 +136,10 @@ ABSL_FLAG(std::string, replication_token_file, "",
           "it may use ps.v1.Replication (join, epoch claims, takeover), and this replica sends it "
           "to its peer. Required with --peer when callers must authenticate (a token or mutual "
           "TLS); without any token or TLS, replication is as open as the rest.");
+ABSL_FLAG(bool, dry_run, false,
+          "Check the flags and the files they name (credentials, model, cluster spec) as a start "
+          "would, then exit: 0 if it would start, 1 with the reason. Binds no port, writes "
+          "nothing (launch checks every daemon this way before it starts any).");
 ABSL_FLAG(bool, worker_identity, false,
           "Bind each worker to a token of its own (needs the write token): worker R calls with "
           "the token `psctl worker-token --rank=R` makes from the write token, which acts as "
@@ -304,16 +308,7 @@ int Main(int argc, char** argv) {
   }
   absl::StatusOr<ShardConfig> config = ConfigFromFlags();
   if (!config.ok()) return Fail(std::string(config.status().message()));
-  std::unique_ptr<Checkpointer> checkpointer;
-  if (const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir); !dir.empty()) {
-    absl::StatusOr<std::unique_ptr<Checkpointer>> opened =
-        Checkpointer::Open({dir, absl::GetFlag(FLAGS_checkpoint_keep),
-                            absl::Seconds(absl::GetFlag(FLAGS_checkpoint_seconds)),
-                            absl::GetFlag(FLAGS_checkpoint_updates)},
-                           config->shard_index);
-    if (!opened.ok()) return Fail(std::string(opened.status().message()));
-    checkpointer = *std::move(opened);
-  }
+  std::unique_ptr<Checkpointer> checkpointer;  // opened below, once every flag checked out
   absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
       {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)},
       absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_read_token_file),
@@ -343,6 +338,19 @@ int Main(int argc, char** argv) {
       absl::GetFlag(FLAGS_stream_max_seconds) <= 0) {
     return Fail("--stream_idle_seconds and --stream_max_seconds must be > 0");
   }
+  const ServiceLimits limits = LimitsFromFlags(config->num_workers);
+  if (limits.shm_clients < 0) return Fail("--shm_clients must be >= 0 (0: no shared memory)");
+  if (limits.max_calls_per_worker < 0) return Fail("--max_calls_per_worker must be >= 0 (0: no cap)");
+  if (absl::GetFlag(FLAGS_dry_run)) return 0;
+  if (const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir); !dir.empty()) {
+    absl::StatusOr<std::unique_ptr<Checkpointer>> opened =
+        Checkpointer::Open({dir, absl::GetFlag(FLAGS_checkpoint_keep),
+                            absl::Seconds(absl::GetFlag(FLAGS_checkpoint_seconds)),
+                            absl::GetFlag(FLAGS_checkpoint_updates)},
+                           config->shard_index);
+    if (!opened.ok()) return Fail(std::string(opened.status().message()));
+    checkpointer = *std::move(opened);
+  }
   InstallShutdownHandler();
 
   // Random, not the start time: a shard's two replicas start in the same microsecond often enough
@@ -368,9 +376,6 @@ int Main(int argc, char** argv) {
   absl::Cleanup stop_replication = [&replication] {
     if (replication != nullptr) replication->Stop();
   };
-  const ServiceLimits limits = LimitsFromFlags(config->num_workers);
-  if (limits.shm_clients < 0) return Fail("--shm_clients must be >= 0 (0: no shared memory)");
-  if (limits.max_calls_per_worker < 0) return Fail("--max_calls_per_worker must be >= 0 (0: no cap)");
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags();
   if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
   ServiceMetrics service_metrics;

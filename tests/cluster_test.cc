@@ -761,7 +761,7 @@ bool FileHasData(const std::string& path) {
 }
 
 TEST(CommandTest, LaunchRunsAClusterAndLeavesCsvsAndAPlot) {
-  std::string dir = NewRunDir() + "/run";
+  std::string dir = NewRunDir() + "/runs/deep/run";  // parents made as needed
   auto [code, output] = RunDaemon({"launch", "--workers=2", "--steps=300", "--max_seconds=60",
                                    "--hidden=32", "--progress_seconds=1", "--run_dir=" + dir});
   EXPECT_EQ(code, 0) << output;
@@ -775,6 +775,53 @@ TEST(CommandTest, LaunchRunsAClusterAndLeavesCsvsAndAPlot) {
   for (const char* f : {"/training.png", "/evaluator.csv", "/worker-0.csv", "/worker-1.csv",
                         "/config.txt", "/stats-shard-1.json", "/staleness-shard-0.csv"}) {
     EXPECT_TRUE(FileHasData(dir + f)) << f;
+  }
+}
+
+TEST(CommandTest, BadFlagsAreRefusedBeforeAnythingStarts) {
+  // Before: "launch: ps-0 exited at start; see runs/.../ps-0.log", the reason only in that log,
+  // and an empty run directory left behind. Each daemon's own parser now checks its flags first
+  // (--dry_run), flags passed through included.
+  const std::string dir = NewRunDir() + "/never";
+  struct Case {
+    std::vector<std::string> argv;
+    std::string reason;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"launch", "--consistency=bogus"}, "launch: ps: unknown consistency model 'bogus'"},
+           {{"launch", "--optimizer=adamw"}, "launch: ps: unknown optimizer 'adamw'"},
+           {{"launch", "--ps_flags=--learning_rate=3"}, "Unknown command line flag 'learning_rate'"},
+           {{"launch", "--worker_flags=--push_dtype=fp8"}, "launch: worker: --push_dtype"},
+           {{"experiment", "--optimizer=adamw", "--epochs=0.01"},
+            "experiment: async_w4: ps: unknown optimizer 'adamw'"},
+       }) {
+    std::vector<std::string> argv = c.argv;
+    argv.push_back(argv[0] == "launch" ? "--run_dir=" + dir : "--report_dir=" + dir);
+    const absl::Time start = absl::Now();
+    auto [code, output] = RunDaemon(argv);
+    EXPECT_EQ(code, 1) << output;
+    EXPECT_NE(output.find(c.reason), std::string::npos) << output;
+    EXPECT_FALSE(std::filesystem::exists(dir)) << c.argv[1];
+    EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << c.argv[1];
+  }
+}
+
+TEST(CommandTest, HelpExitsZeroListingOnlyTheProgramsOwnFlags) {
+  struct Case {
+    std::string program, has, has_not;
+  };
+  for (const Case& c : std::vector<Case>{{"ps", "--worker_identity=false", "--batch_size"},
+                                         {"worker", "--batch_size=64", "--worker_identity"},
+                                         {"evaluator", "--interval_seconds", "--batch_size"},
+                                         {"psctl", "--retry_seconds=-1", "--health_port"},
+                                         {"export_model", "--out", "--health_port"},
+                                         {"launch", "--worker_identity=false", "--cluster"},
+                                         {"experiment", "--report_dir", "--metrics_port"}}) {
+    auto [code, output] = RunDaemon({c.program, "--help"});
+    EXPECT_EQ(code, 0) << c.program;
+    EXPECT_NE(output.find("\n  " + c.has), std::string::npos) << c.program << ": " << output;
+    EXPECT_EQ(output.find("\n  " + c.has_not), std::string::npos) << c.program << ": " << output;
+    EXPECT_EQ(output.find("Flags from"), std::string::npos) << c.program;
   }
 }
 
@@ -859,7 +906,7 @@ TEST(CommandTest, LaunchWithReplicasLosesNothingWhenAPrimaryIsKilled) {
 }
 
 TEST(CommandTest, ExperimentRunsAMatrixAndWritesAReport) {
-  std::string dir = NewRunDir() + "/report";
+  std::string dir = NewRunDir() + "/reports/strag";  // parents made as needed
   // Runs bounded by progress (0.1 epochs: 47 steps per worker), so that each has data to report
   // on a machine of any speed.
   auto [code, output] =
@@ -892,6 +939,15 @@ TEST(CommandTest, ExperimentRunsAMatrixAndWritesAReport) {
   auto [bad, why] = RunDaemon({"experiment", "--modes=hogwild"});
   EXPECT_NE(bad, 0);
   EXPECT_NE(why.find("unknown mode 'hogwild'"), std::string::npos) << why;
+  // A run that fails (here: its workers find no data) fails the command, after the report.
+  std::string failing_dir = NewRunDir() + "/failing";
+  auto [failed, failed_output] =
+      RunDaemon({"experiment", "--modes=async", "--workers=1", "--epochs=0.01", "--hidden=8",
+                 "--data_dir=/nonexistent", "--report_dir=" + failing_dir});
+  EXPECT_EQ(failed, 1) << failed_output;
+  EXPECT_NE(failed_output.find("experiment: 1 of 1 runs FAILED"), std::string::npos)
+      << failed_output;
+  EXPECT_TRUE(FileHasData(failing_dir + "/summary.md"));
 }
 
 TEST(DaemonTest, SigtermStopsDaemonsWaitingOnAShardAtOnce) {

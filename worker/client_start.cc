@@ -21,7 +21,8 @@ ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
 
 namespace ps {
 
-absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bool needs_shards) {
+absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bool needs_shards,
+                                        bool checks_only) {
   ClientStart start;
   absl::StatusOr<ClientConnection> connection = ClientConnectionFromFlags(needs_shards, ClientKind::kDaemon);
   if (!connection.ok()) return connection.status();
@@ -34,6 +35,7 @@ absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bo
   }
   start.data_dir = absl::GetFlag(FLAGS_data_dir);
   start.csv = absl::GetFlag(FLAGS_csv);
+  if (checks_only) return start;
   SetLogTag(log_tag);
   InstallShutdownHandler();
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags();

@@ -28,6 +28,9 @@ struct ClientStart {
 // `rank`: the worker's (-1: not a worker). Fails with a one-line reason (a bad flag, an
 // unreadable credential, another worker's own token, no usable --device, a health port taken).
 // `needs_shards`: as ClientConnectionFromFlags.
-absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bool needs_shards);
+// `checks_only` (--dry_run): returns once the flags and credentials checked out, with only
+// `connection` set, having started nothing.
+absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bool needs_shards,
+                                        bool checks_only = false);
 
 }  // namespace ps

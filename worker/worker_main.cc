@@ -34,6 +34,9 @@
 ABSL_FLAG(int, rank, 0, "This worker's rank r in [0, num_workers); rank 0 initialises the model.");
 ABSL_FLAG(int, num_workers, 1, "Number of workers W; worker r trains on slice r of W of the data.");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size.");
+ABSL_FLAG(bool, dry_run, false,
+          "Check the flags and the files they name (credentials, model, cluster spec) as a start "
+          "would, then exit: 0 if it would start, 1 with the reason; contacts nothing.");
 ABSL_FLAG(int64_t, steps, 0,
           "Stop after this many steps in total (restarts included); 0: no limit.");
 ABSL_FLAG(double, max_seconds, 0, "Stop after this many seconds; 0: no limit.");
@@ -362,9 +365,10 @@ int Main(int argc, char** argv) {
   if (!push_delay.ok()) return Fail(std::string(push_delay.status().message()));
   absl::StatusOr<WireType> push_type = ParseWireType(absl::GetFlag(FLAGS_push_dtype));
   if (!push_type.ok()) return Fail("--push_dtype: " + std::string(push_type.status().message()));
-  absl::StatusOr<ClientStart> started =
-      StartClient(absl::StrCat("worker[", rank, "]"), rank, /*needs_shards=*/true);
+  absl::StatusOr<ClientStart> started = StartClient(absl::StrCat("worker[", rank, "]"), rank,
+                                                    /*needs_shards=*/true, absl::GetFlag(FLAGS_dry_run));
   if (!started.ok()) return Fail(std::string(started.status().message()));
+  if (absl::GetFlag(FLAGS_dry_run)) return 0;
   if (!parsed->spec_summary.empty()) {
     PS_LOG(INFO) << "from the cluster spec: " << parsed->spec_summary;
   }

@@ -1,0 +1,107 @@
+#include "common/flags_help.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace ps {
+namespace {
+
+// Where each program's flags are defined (source files without directory and extension), and
+// the ones defined there that it does not use.
+struct Applies {
+  std::set<std::string> files;
+  std::set<std::string> unused;
+};
+
+const Applies& AppliesTo(const std::string& program) {
+  static const auto* const kPrograms = new std::map<std::string, Applies>{
+      {"ps", {{"ps_main", "cluster_spec", "metrics"}, {}}},
+      {"worker", {{"worker_main", "cluster_spec", "client_flags", "client_start", "metrics"}, {}}},
+      {"evaluator",
+       {{"evaluator_main", "cluster_spec", "client_flags", "client_start", "metrics"}, {}}},
+      {"psctl",
+       {{"psctl_main", "cluster_spec", "client_flags"},
+        {"role", "health_port", "health_host", "insecure"}}},
+      {"export_model",
+       {{"export_model_main", "cluster_spec", "client_flags"},
+        {"role", "health_port", "health_host", "insecure"}}},
+      {"launch", {{"launch_main"}, {}}},
+      {"experiment", {{"experiment_main"}, {}}},
+  };
+  static const Applies kNone;
+  auto it = kPrograms->find(program);
+  return it == kPrograms->end() ? kNone : it->second;
+}
+
+// `text` wrapped at `width` columns, each line indented by `indent`.
+std::string Wrap(const std::string& text, int indent, int width) {
+  std::string out, line;
+  for (absl::string_view word : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    if (!line.empty() && static_cast<int>(line.size() + 1 + word.size()) > width - indent) {
+      absl::StrAppend(&out, std::string(indent, ' '), line, "\n");
+      line.clear();
+    }
+    absl::StrAppend(&line, line.empty() ? "" : " ", word);
+  }
+  if (!line.empty()) absl::StrAppend(&out, std::string(indent, ' '), line, "\n");
+  return out;
+}
+
+bool IsHelp(const std::string& arg) {
+  for (const char* h : {"-h", "--help", "-help", "--helpfull", "-helpfull", "--helpshort",
+                        "-helpshort"}) {
+    if (arg == h) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::string FlagsHelp(const std::string& program, const std::string& usage) {
+  const Applies& applies = AppliesTo(program);
+  std::vector<const absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    std::string file = flag->Filename();
+    file = file.substr(file.rfind('/') + 1);
+    file = file.substr(0, file.rfind('.'));
+    if (applies.files.count(file) > 0 && applies.unused.count(std::string(name)) == 0) {
+      flags.push_back(flag);
+    }
+  }
+  std::sort(flags.begin(), flags.end(),
+            [](const auto* a, const auto* b) { return a->Name() < b->Name(); });
+  std::string out = absl::StrCat(usage, "\n\nFlags (--name=value; shown with their defaults):\n");
+  for (const absl::CommandLineFlag* f : flags) {
+    const std::string value = f->DefaultValue();
+    absl::StrAppend(&out, "  --", f->Name(), value.empty() ? "=\"\"" : "=" + value, "\n",
+                    Wrap(f->Help(), 6, 100));
+  }
+  absl::StrAppend(&out, "  --help\n      This text.\n");
+  return out;
+}
+
+std::vector<char*> ParseFlagsOrHelp(int argc, char** argv, const std::string& program,
+                                    const std::string& usage) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--") break;
+    if (IsHelp(arg)) {
+      std::fputs(FlagsHelp(program, usage).c_str(), stdout);
+      std::exit(0);
+    }
+  }
+  absl::SetProgramUsageMessage(usage);
+  return absl::ParseCommandLine(argc, argv);
+}
+
+}  // namespace ps
