@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -54,6 +55,13 @@ absl::StatusOr<std::string> ScalarText(const Json& v, const std::string& where) 
 std::pair<std::string, std::string> HostPort(const std::string& address) {
   size_t colon = address.rfind(':');
   return {address.substr(0, colon), address.substr(colon + 1)};
+}
+
+// Flags whose values are paths (resolved against the spec's directory): --*_dir, --*_file,
+// --csv, --*_csv, --*_json, --out.
+bool IsPathFlag(const std::string& name) {
+  return absl::EndsWith(name, "_dir") || absl::EndsWith(name, "_file") || name == "csv" ||
+         absl::EndsWith(name, "_csv") || absl::EndsWith(name, "_json") || name == "out";
 }
 
 // `replicated`: the role is a replica of a replicated shard (ps --peer); `rank`: a worker's.
@@ -198,6 +206,16 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
       spec.security[name] = value.get<std::string>();
     }
   }
+  if (auto worker = spec.role_flags.find("worker"); worker != spec.role_flags.end()) {
+    for (const auto& [name, value] : worker->second) {
+      if (IsPathFlag(name) && spec.workers > 1 && value.find("{rank}") == std::string::npos &&
+          name != "data_dir") {
+        return Bad(absl::StrCat("worker.", name, " \"", value, "\" would be one file for all ",
+                                spec.workers, " workers: put {rank} in it (e.g. \"worker-{rank}.",
+                                name == "csv" ? "csv" : "out", "\")"));
+      }
+    }
+  }
   if (auto it = spec.security.find("worker_token_file"); it != spec.security.end()) {
     if (it->second.find("{rank}") == std::string::npos) {
       return Bad(
@@ -240,6 +258,17 @@ absl::StatusOr<ClusterSpec> ReadClusterSpec(const std::string& path) {
   absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(text.str());
   if (!spec.ok())
     return absl::Status(spec.status().code(), path + ": " + std::string(spec.status().message()));
+  // Relative paths name files beside the spec, wherever the daemon runs from.
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  auto resolve = [&](std::string& value) {
+    if (!dir.empty() && !value.empty() && value.front() != '/') value = dir + "/" + value;
+  };
+  for (auto& [key, value] : spec->security) resolve(value);
+  for (auto& [role, flags] : spec->role_flags) {
+    for (auto& [name, value] : flags) {
+      if (IsPathFlag(name)) resolve(value);
+    }
+  }
   return spec;
 }
 
@@ -336,8 +365,11 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
   }
   AddSecurity(spec, program, replicated, worker_rank, &flags);
   if (auto it = spec.role_flags.find(program); it != spec.role_flags.end()) {
-    for (const auto& [name, value] : it->second)
-      flags.push_back(absl::StrCat("--", name, "=", value));
+    for (const auto& [name, value] : it->second) {
+      flags.push_back(absl::StrCat(
+          "--", name, "=",
+          absl::StrReplaceAll(value, {{"{rank}", absl::StrCat(std::max(worker_rank, 0))}})));
+    }
   }
   return flags;
 }
@@ -361,6 +393,10 @@ absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::
   if (!spec.ok()) return spec.status();
   absl::StatusOr<std::vector<std::string>> flags = FlagsForRole(*spec, program, role);
   if (!flags.ok()) return flags.status();
+  out.spec_path = path;
+  if (auto section = spec->role_flags.find(program); section != spec->role_flags.end()) {
+    for (const auto& [name, value] : section->second) out.section_keys.push_back(name);
+  }
   out.args.insert(out.args.begin() + 1, flags->begin(), flags->end());
   out.summary =
       absl::StrCat(role, " of ", path, " (", spec->shards.size(), " shard(s), ", spec->workers,
@@ -373,6 +409,14 @@ absl::StatusOr<ParsedCommandLine> ParseDaemonFlags(int argc, char** argv,
                                                    const std::string& usage) {
   absl::StatusOr<ClusterArgs> expanded = ExpandClusterArgs(argc, argv, program);
   if (!expanded.ok()) return expanded.status();
+  // A misspelt key in the spec's section is named as the spec's, not as an unknown flag.
+  for (const std::string& name : expanded->section_keys) {
+    if (!HasFlag(program, name)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cluster spec ", expanded->spec_path, ": the \"", program, "\" section sets \"", name,
+          "\", which is not a ", program, " flag (see ", program, " --help)"));
+    }
+  }
   std::vector<char*> args = expanded->argv();
   std::vector<char*> rest =
       ParseFlagsOrHelp(static_cast<int>(args.size()), args.data(), program, usage);

@@ -71,6 +71,8 @@ absl::StatusOr<std::string> DescribeRoles(const ClusterSpec& spec);
 struct ClusterArgs {
   std::vector<std::string> args;
   std::string summary;  // "" without --cluster
+  std::string spec_path;                  // --cluster
+  std::vector<std::string> section_keys;  // the names the spec's section for the program sets
   // args as argv for absl::ParseCommandLine; valid while this object lives unchanged.
   std::vector<char*> argv() {
     std::vector<char*> v;
@@ -80,10 +82,10 @@ struct ClusterArgs {
 };
 absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::string& program);
 
-// A daemon's whole command-line parse: sets `usage` for --help (which lists the program's own
-// flags, from its *_main.cc, and the shared ones: cluster_spec, metrics, client_flags,
-// client_start), puts the cluster spec's flags for its role first (ExpandClusterArgs), then
-// parses. Fails with a one-line reason.
+// A daemon's whole command-line parse: puts the cluster spec's flags for its role first
+// (ExpandClusterArgs), refuses a key of the spec's section that is not one of the program's flags
+// (naming the spec), then parses (common/flags_help.h: --help prints `usage` and the program's
+// own flags). Fails with a one-line reason.
 struct ParsedCommandLine {
   std::string spec_summary;             // the line to log about the spec; "" without --cluster
   std::vector<std::string> positional;  // the arguments that are not flags (argv[0] excluded)

@@ -18,13 +18,13 @@ namespace {
 
 // Where each program's flags are defined (source files without directory and extension), and
 // the ones defined there that it does not use.
-struct Applies {
+struct ProgramFlags {
   std::set<std::string> files;
   std::set<std::string> unused;
 };
 
-const Applies& AppliesTo(const std::string& program) {
-  static const auto* const kPrograms = new std::map<std::string, Applies>{
+const ProgramFlags& FlagsOf(const std::string& program) {
+  static const auto* const kPrograms = new std::map<std::string, ProgramFlags>{
       {"ps", {{"ps_main", "cluster_spec", "metrics"}, {}}},
       {"worker", {{"worker_main", "cluster_spec", "client_flags", "client_start", "metrics"}, {}}},
       {"evaluator",
@@ -38,7 +38,7 @@ const Applies& AppliesTo(const std::string& program) {
       {"launch", {{"launch_main"}, {}}},
       {"experiment", {{"experiment_main"}, {}}},
   };
-  static const Applies kNone;
+  static const ProgramFlags kNone;
   auto it = kPrograms->find(program);
   return it == kPrograms->end() ? kNone : it->second;
 }
@@ -65,18 +65,30 @@ bool IsHelp(const std::string& arg) {
   return false;
 }
 
+// The source file a flag is defined in, without directory and extension.
+std::string SourceOf(const absl::CommandLineFlag& flag) {
+  std::string file = flag.Filename();
+  file = file.substr(file.rfind('/') + 1);
+  return file.substr(0, file.rfind('.'));
+}
+
+bool Uses(const ProgramFlags& program, const absl::CommandLineFlag& flag) {
+  return program.files.count(SourceOf(flag)) > 0 &&
+         program.unused.count(std::string(flag.Name())) == 0;
+}
+
 }  // namespace
 
+bool HasFlag(const std::string& program, const std::string& name) {
+  const absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+  return flag != nullptr && Uses(FlagsOf(program), *flag);
+}
+
 std::string FlagsHelp(const std::string& program, const std::string& usage) {
-  const Applies& applies = AppliesTo(program);
+  const ProgramFlags& own = FlagsOf(program);
   std::vector<const absl::CommandLineFlag*> flags;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    std::string file = flag->Filename();
-    file = file.substr(file.rfind('/') + 1);
-    file = file.substr(0, file.rfind('.'));
-    if (applies.files.count(file) > 0 && applies.unused.count(std::string(name)) == 0) {
-      flags.push_back(flag);
-    }
+    if (Uses(own, *flag)) flags.push_back(flag);
   }
   std::sort(flags.begin(), flags.end(),
             [](const auto* a, const auto* b) { return a->Name() < b->Name(); });

@@ -14,6 +14,9 @@ namespace ps {
 std::vector<char*> ParseFlagsOrHelp(int argc, char** argv, const std::string& program,
                                     const std::string& usage);
 
+// Whether `program` has a flag `name` of its own (one its --help lists).
+bool HasFlag(const std::string& program, const std::string& name);
+
 // The help text ParseFlagsOrHelp prints for `program`.
 std::string FlagsHelp(const std::string& program, const std::string& usage);
 

@@ -806,6 +806,23 @@ TEST(CommandTest, BadFlagsAreRefusedBeforeAnythingStarts) {
   }
 }
 
+TEST(DaemonTest, AMisspeltKeyInASpecIsNamedAsTheSpecs) {
+  // Before: psctl spec accepted it, and ps died with "Unknown command line flag" not saying that
+  // it came from the spec.
+  const std::string path = NewRunDir() + "/cluster.json";
+  std::ofstream(path) << R"({"shards": ["127.0.0.1:5001"], "workers": 2,
+                             "ps": {"learning_rate": 0.1}})";
+  const std::string reason = "cluster spec " + path +
+                             ": the \"ps\" section sets \"learning_rate\", which is not a ps flag";
+  for (const std::vector<std::string>& argv :
+       {std::vector<std::string>{"ps", "--cluster=" + path, "--role=ps:0"},
+        std::vector<std::string>{"psctl", "spec", "--cluster=" + path}}) {
+    auto [code, output] = RunDaemon(argv);
+    EXPECT_EQ(code, 1) << argv[0];
+    EXPECT_NE(output.find(reason), std::string::npos) << output;
+  }
+}
+
 TEST(CommandTest, HelpExitsZeroListingOnlyTheProgramsOwnFlags) {
   struct Case {
     std::string program, has, has_not;

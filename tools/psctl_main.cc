@@ -7,6 +7,8 @@
 //   spec        what the cluster spec (--cluster) makes each role, contacting nothing.
 //   worker-token  worker --rank's own token (ps --worker_identity), made from the job's write
 //               token (--token_file or PS_TOKEN), contacting nothing.
+#include <unistd.h>
+
 #include <cstdio>
 #include <vector>
 
@@ -19,6 +21,8 @@
 #include "common/model_spec.h"
 #include "common/security.h"
 #include "common/shutdown.h"
+#include "deploy/local_cluster.h"
+#include "deploy/subprocess.h"
 #include "proto/ps.pb.h"
 #include "tools/job_status.h"
 #include "tools/model_export.h"
@@ -37,12 +41,38 @@ namespace {
 
 int Fail(const std::string& reason) { return FailMain("psctl", reason); }
 
+// Each kind of role of the spec as its daemon takes it (--version: the flags parsed, nothing
+// started), so that a key no daemon has is refused here too; OK or the daemon's reason.
+absl::Status CheckWithDaemons(const std::string& path, const ClusterSpec& spec) {
+  std::vector<std::pair<std::string, std::string>> roles = {{"ps", "ps:0"}, {"evaluator", "evaluator"}};
+  if (spec.shards.front().find('/') != std::string::npos) roles.front().second = "ps:0/0";
+  roles.emplace_back("worker", "worker:0");
+  for (const auto& [program, role] : roles) {
+    char log[] = "/tmp/psctl-spec-XXXXXX";
+    const int fd = mkstemp(log);
+    if (fd < 0) return absl::UnavailableError("cannot make a temporary file");
+    close(fd);
+    absl::StatusOr<Subprocess> daemon = Subprocess::Start(
+        {ExecutableDir() + "/" + program, "--cluster=" + path, "--role=" + role, "--version"}, log);
+    absl::StatusOr<int> code = daemon.ok() ? daemon->Wait(absl::Minutes(1)) : daemon.status();
+    const std::string reason = LastLine(log);
+    std::remove(log);
+    if (!code.ok()) return code.status();
+    if (*code != 0) return absl::InvalidArgumentError(reason);
+  }
+  return absl::OkStatus();
+}
+
 int Spec() {
-  if (absl::GetFlag(FLAGS_cluster).empty()) return Fail("psctl spec needs --cluster=FILE");
-  absl::StatusOr<ClusterSpec> spec = ReadClusterSpec(absl::GetFlag(FLAGS_cluster));
+  const std::string path = absl::GetFlag(FLAGS_cluster);
+  if (path.empty()) return Fail("psctl spec needs --cluster=FILE");
+  absl::StatusOr<ClusterSpec> spec = ReadClusterSpec(path);
   absl::StatusOr<std::string> roles =
       spec.ok() ? DescribeRoles(*spec) : absl::StatusOr<std::string>(spec.status());
   if (!roles.ok()) return Fail(std::string(roles.status().message()));
+  if (absl::Status s = CheckWithDaemons(path, *spec); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   std::printf("%s", roles->c_str());
   return 0;
 }
