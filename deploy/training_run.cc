@@ -290,11 +290,14 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
     if (now - last_time >= absl::Seconds(c.progress_seconds) || result.interrupted ||
         !any_running) {
       int64_t steps = StepsDone(c.run_dir, c.workers);
-      double version = CsvField(evaluation, 1);
-      if (std::isnan(version)) version = last_version;
+      // Read from the shards now (the evaluator's last row lags by its interval); a shard that
+      // does not answer at once counts its last reading.
+      double version =
+          static_cast<double>(cluster.UpdatesApplied(absl::Milliseconds(200))) / c.shards;
+      version = std::max(version, last_version);
       double dt = absl::ToDoubleSeconds(now - last_time);
       progress << stamp(now)
-               << absl::StrFormat("%8d steps (%6.1f/s), %7.0f updates (%6.1f/s), test accuracy %s",
+               << absl::StrFormat("%8d steps (%6.1f/s), %7.0f updates/shard (%6.1f/s), test accuracy %s",
                                   steps, (steps - last_steps) / dt, version,
                                   (version - last_version) / dt,
                                   std::isnan(accuracy) ? "-" : absl::StrFormat("%.4f", accuracy))

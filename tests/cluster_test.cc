@@ -770,7 +770,7 @@ TEST(CommandTest, LaunchRunsAClusterAndLeavesCsvsAndAPlot) {
             std::string::npos)
       << ReadFile(dir + "/config.txt");
   EXPECT_NE(output.find("final test accuracy 0."), std::string::npos) << output;
-  EXPECT_NE(output.find("updates ("), std::string::npos) << output;
+  EXPECT_NE(output.find("updates/shard ("), std::string::npos) << output;
   EXPECT_NE(output.find("/s), test accuracy"), std::string::npos) << output;
   for (const char* f : {"/training.png", "/evaluator.csv", "/worker-0.csv", "/worker-1.csv",
                         "/config.txt", "/stats-shard-1.json", "/staleness-shard-0.csv"}) {

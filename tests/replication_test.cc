@@ -200,6 +200,37 @@ bool WaitForRole(const std::string& address, const std::string& role, absl::Dura
 
 const char kMlp[] = "mlp:784-32-10";
 
+TEST(ReplicationTest, PsctlStatusShowsEachReplicaWithItsRoleAndOneThatIsDown) {
+  // Before: one row per shard, from whichever replica the client reached (often the backup, with
+  // finished workers "active yes"), and the long "primary/backup" address broke the columns.
+  LocalCluster cluster(ExecutableDir(), NewRunDir("replication"));
+  ASSERT_TRUE(cluster.StartShards(1, kMlp, 1, {}, /*replicas=*/2).ok());
+  const std::string primary = cluster.ProcessAddress(0), backup = cluster.ProcessAddress(1);
+  ASSERT_TRUE(WaitForRole(primary, "primary", absl::Seconds(30)));
+  ASSERT_TRUE(WaitForRole(backup, "backup", absl::Seconds(30)));
+  auto psctl = [&] {
+    const std::string log = NewRunDir("psctl") + "/out.log";
+    absl::StatusOr<Subprocess> p =
+        Subprocess::Start({ExecutableDir() + "/psctl", "status", "--ps=" + cluster.ShardAddress(0),
+                           "--hidden=32", "--interval=0.1"},
+                          log);
+    EXPECT_TRUE(p.ok());
+    absl::StatusOr<int> code = p.ok() ? p->Wait(absl::Seconds(60)) : p.status();
+    return std::make_pair(code.ok() ? *code : -1, ReadFile(log));
+  };
+  auto [code, table] = psctl();
+  EXPECT_EQ(code, 0) << table;
+  EXPECT_NE(table.find(primary + " primary"), std::string::npos) << table;
+  EXPECT_NE(table.find(backup + " backup"), std::string::npos) << table;
+  // A replica down: its row says so, and the table still comes from its peer.
+  cluster.shards()[1].Signal(SIGKILL);
+  ASSERT_TRUE(cluster.shards()[1].Wait(absl::Seconds(10)).ok());
+  auto [down_code, down_table] = psctl();
+  EXPECT_EQ(down_code, 0) << down_table;
+  EXPECT_NE(down_table.find(backup + " down"), std::string::npos) << down_table;
+  EXPECT_NE(down_table.find("down: shard 0 (" + backup + ")"), std::string::npos) << down_table;
+}
+
 // The acceptance test of replication: two replicated shards, two workers. The primary of shard 1
 // is killed (SIGKILL) mid-run; its backup takes over, the workers carry on, and the killed one,
 // started again, joins the new primary as its backup (state transfer mid-run). Then that primary

@@ -1,5 +1,7 @@
 #include "tools/job_status.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
@@ -21,11 +23,18 @@ int64_t StalenessQuantile(const v1::StatsResponse& stats, double fraction) {
 std::string StatusTable(const std::vector<std::string>& addresses,
                         const std::vector<v1::StatsResponse>& now,
                         const std::vector<v1::StatsResponse>* before, double seconds) {
-  std::string out = absl::StrFormat("%-5s %-24s %-8s %10s %10s %9s %9s %9s %8s %8s\n", "shard",
-                                    "address", "role", "version", "updates/s", "workers",
+  int width = 7;  // the address column fits the longest address
+  for (const std::string& a : addresses) width = std::max(width, static_cast<int>(a.size()));
+  std::string out = absl::StrFormat("%-5s %-*s %-8s %10s %10s %9s %9s %9s %8s %8s\n", "shard",
+                                    width, "address", "role", "version", "updates/s", "workers",
                                     "stale p50", "stale p99", "dropped", "rejected");
   for (size_t s = 0; s < now.size(); ++s) {
     const v1::StatsResponse& n = now[s];
+    if (n.replica_role() == "down") {
+      absl::StrAppend(&out, absl::StrFormat("%-5d %-*s %-8s\n", n.shard_index(), width,
+                                            s < addresses.size() ? addresses[s] : "?", "down"));
+      continue;
+    }
     std::string rate = "-";
     if (before != nullptr && s < before->size() && seconds > 0) {
       rate = absl::StrFormat("%.1f", (n.version() - (*before)[s].version()) / seconds);
@@ -36,7 +45,7 @@ std::string StatusTable(const std::vector<std::string>& addresses,
     };
     absl::StrAppend(
         &out, absl::StrFormat(
-                  "%-5d %-24s %-8s %10d %10s %9s %9s %9s %8d %8d\n", n.shard_index(),
+                  "%-5d %-*s %-8s %10d %10s %9s %9s %9s %8d %8d\n", n.shard_index(), width,
                   s < addresses.size() ? addresses[s] : "?",
                   n.replica_role().empty() ? "-" : n.replica_role(), n.version(), rate,
                   absl::StrCat(n.active_workers(), "/", n.registered_workers()), quantile(0.5),
@@ -61,10 +70,18 @@ std::string StatusTable(const std::vector<std::string>& addresses,
                     " checkpoint(s) FAILED, the last: ", n.checkpoint_last_error(), "; ", newest,
                     "\n");
   }
-  if (!now.empty() && now[0].workers_size() > 0) {
+  // The workers as the first shard serving them sees them (a backup mirrors its primary's
+  // membership, not the workers' leases).
+  const v1::StatsResponse* serving = nullptr;
+  for (const v1::StatsResponse& n : now) {
+    if (serving == nullptr && (n.replica_role().empty() || n.replica_role() == "primary")) {
+      serving = &n;
+    }
+  }
+  if (serving != nullptr && serving->workers_size() > 0) {
     absl::StrAppend(&out, absl::StrFormat("\n%-7s %-7s %10s %14s %10s\n", "worker", "active",
                                           "clock", "last seen (s)", "pushes"));
-    for (const v1::WorkerStats& w : now[0].workers()) {
+    for (const v1::WorkerStats& w : serving->workers()) {
       absl::StrAppend(&out, absl::StrFormat("%-7d %-7s %10d %14.1f %10d\n", w.worker_id(),
                                             w.active() ? "yes" : "no", w.clock(),
                                             w.seconds_since_seen(), w.pushes_applied()));

@@ -1,4 +1,4 @@
-// The job as a table (psctl status): one row per shard (address, replica role, version, updates/s,
+// The job as a table (psctl status): one row per shard process (address, replica role, version, updates/s,
 // workers active/registered, staleness p50/p99, pushes dropped and rejected) and one row per worker
 // (its clock, seconds since last seen, pushes), from two rounds of the shards' statistics; a line
 // per shard whose checkpoints failed (how many, the last error, the newest written).
@@ -15,8 +15,9 @@ namespace ps {
 // when none was applied.
 int64_t StalenessQuantile(const v1::StatsResponse& stats, double fraction);
 
-// `now` and `before` by shard, `seconds` apart (rates are "-" without `before`). The workers come
-// from shard 0's statistics (every shard sees every worker).
+// `now` and `before` by shard process (a replicated shard has a row per replica; a row whose
+// replica_role is "down" did not answer), `seconds` apart (rates are "-" without `before`). The
+// workers come from the first unreplicated shard or primary (every shard sees every worker).
 std::string StatusTable(const std::vector<std::string>& addresses,
                         const std::vector<v1::StatsResponse>& now,
                         const std::vector<v1::StatsResponse>* before, double seconds);

@@ -1,5 +1,6 @@
 // psctl: a running job at a glance and at hand.
-//   status      every shard (address, role, version, updates/s, workers, staleness, drops) and
+//   status      every shard process, each replica of a replicated shard on a row of its own
+//               (address, role, version, updates/s, workers, staleness, drops), and
 //               every worker (clock, last seen) as a table; --watch=S refreshes it every S
 //               seconds until SIGINT/SIGTERM.
 //   checkpoint  every shard writes a checkpoint now (ps --checkpoint_dir; the write token).
@@ -10,12 +11,16 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
 #include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cluster.h"
 #include "common/cluster_spec.h"
 #include "common/log.h"
 #include "common/model_spec.h"
@@ -92,15 +97,64 @@ int PrintWorkerToken() {
   return 0;
 }
 
-int Status(ShardedClient& client, const std::vector<std::string>& addresses) {
+// One process of a shard (each replica of a replicated shard), with a client of its own so that
+// each answers for itself: a backup is shown as one, beside its primary.
+struct ShardProcessClient {
+  int shard;
+  std::string address;
+  std::unique_ptr<ShardedClient> client;
+};
+
+// Every process's statistics; a replica that does not answer is a "down" row, its reason added
+// to *notes. Fails when no process of some shard answers.
+absl::StatusOr<std::vector<v1::StatsResponse>> FetchEach(
+    std::vector<ShardProcessClient>& processes, std::vector<std::string>* notes) {
+  std::vector<v1::StatsResponse> rows;
+  std::map<int, absl::Status> unanswered;  // by shard, while none of its processes answered
+  std::set<int> answered;
+  notes->clear();
+  for (ShardProcessClient& p : processes) {
+    absl::StatusOr<std::vector<v1::StatsResponse>> stats = FetchStats(*p.client);
+    if (stats.ok()) {
+      rows.push_back(stats->front());
+      answered.insert(p.shard);
+      continue;
+    }
+    v1::StatsResponse& down = rows.emplace_back();
+    down.set_shard_index(p.shard);
+    down.set_replica_role("down");
+    notes->push_back(std::string(stats.status().message()));
+    unanswered.emplace(p.shard, stats.status());
+  }
+  for (const auto& [shard, status] : unanswered) {
+    if (answered.count(shard) == 0) return status;
+  }
+  return rows;
+}
+
+int Status(const ClientConnection& shards) {
   const double watch = absl::GetFlag(FLAGS_watch), interval = absl::GetFlag(FLAGS_interval);
   if (!(watch >= 0) || !(interval > 0)) return Fail("--watch must be >= 0 and --interval > 0");
-  absl::StatusOr<std::vector<v1::StatsResponse>> before = FetchStats(client);
+  std::vector<ShardProcessClient> processes;
+  std::vector<std::string> addresses;
+  std::vector<std::unique_ptr<CancelOnShutdown>> cancel_on_shutdown;
+  for (size_t s = 0; s < shards.addresses.size(); ++s) {
+    for (const std::string& address : ShardReplicas(shards.addresses[s])) {
+      auto client = std::make_unique<ShardedClient>(
+          std::vector<std::string>{address}, ModelIdentity{shards.network.ToString(), 0, 1},
+          /*worker_id=*/-1, shards.options);
+      cancel_on_shutdown.push_back(std::make_unique<CancelOnShutdown>(client.get()));
+      processes.push_back({static_cast<int>(s), address, std::move(client)});
+      addresses.push_back(address);
+    }
+  }
+  std::vector<std::string> notes;
+  absl::StatusOr<std::vector<v1::StatsResponse>> before = FetchEach(processes, &notes);
   if (!before.ok()) return Fail(std::string(before.status().message()));
   absl::Time before_at = absl::Now();
   for (;;) {
     if (WaitForShutdown(absl::Seconds(watch > 0 ? watch : interval))) return 0;
-    absl::StatusOr<std::vector<v1::StatsResponse>> now = FetchStats(client);
+    absl::StatusOr<std::vector<v1::StatsResponse>> now = FetchEach(processes, &notes);
     if (!now.ok()) {
       if (ShutdownRequested()) return 0;
       return Fail(std::string(now.status().message()));
@@ -110,6 +164,7 @@ int Status(ShardedClient& client, const std::vector<std::string>& addresses) {
     std::printf(
         "%s",
         StatusTable(addresses, *now, &*before, absl::ToDoubleSeconds(now_at - before_at)).c_str());
+    for (const std::string& note : notes) std::printf("down: %s\n", note.c_str());
     std::fflush(stdout);
     if (watch == 0) return 0;
     before = std::move(now);
@@ -175,12 +230,12 @@ int Main(int argc, char** argv) {
   if (!shards.ok()) return Fail(std::string(shards.status().message()));
   if (command == "export") return Export(*shards);
   InstallShutdownHandler();
+  if (command == "status") return Status(*shards);
   ShardedClient client(shards->addresses,
                        {shards->network.ToString(), 0, static_cast<int>(shards->addresses.size())},
                        /*worker_id=*/-1, shards->options);
   CancelOnShutdown cancel_on_shutdown(&client);
-  return command == "status" ? Status(client, shards->addresses)
-                             : Checkpoint(client, shards->addresses);
+  return Checkpoint(client, shards->addresses);
 }
 
 }  // namespace
