@@ -217,6 +217,7 @@ int Main(int argc, char** argv) {
     c.run_dir = report + "/" + run.name;
     c.progress_seconds = 10;
     c.progress_prefix = absl::StrFormat("[%d/%d %s] ", i + 1, runs.size(), run.name);
+    c.command = absl::StrJoin(std::vector<std::string>(argv, argv + argc), " ");
     if (absl::Status s = CheckTrainingConfig(c); !s.ok()) {
       return Fail(absl::StrCat(run.name, ": ", s.message()));
     }

@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/flags_help.h"
@@ -176,6 +177,7 @@ int Main(int argc, char** argv) {
   absl::StatusOr<TrainingConfig> made = MakeTrainingConfig(job);
   if (!made.ok()) return Fail(std::string(made.status().message()));
   TrainingConfig c = *std::move(made);
+  c.command = absl::StrJoin(std::vector<std::string>(argv, argv + argc), " ");
   c.target_accuracy = absl::GetFlag(FLAGS_target_accuracy);
   c.progress_seconds = absl::GetFlag(FLAGS_progress_seconds);
   if (std::string dir = absl::GetFlag(FLAGS_tls_dir); !dir.empty()) {

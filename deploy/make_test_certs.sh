@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # Makes throw-away TLS material for tests and local clusters in DIR (created if missing):
 #   ca.pem ca.key                  a test CA
-#   server.pem server.key          the ps certificate, signed by the CA; SAN localhost, 127.0.0.1;
+#   server.pem server.key          the ps certificate, signed by the CA; SAN localhost, 127.0.0.1
+#                                  and each HOST given (a name, or an IPv4 address);
 #                                  also a client certificate: replicas present it to their peer
 #   client.pem client.key          a worker/evaluator certificate, signed by the CA
 #   other-ca.pem other-ca.key      a second, unrelated CA
 #   other-client.pem other-client.key   a client certificate signed by the unrelated CA
 # EC P-256 keys, valid for 30 days. Never use these for anything that matters: the CA key sits
-# next to the certificates. Usage: deploy/make_test_certs.sh DIR
+# next to the certificates. Usage: deploy/make_test_certs.sh DIR [HOST ...]
 set -euo pipefail
-if [ $# -ne 1 ]; then
-  echo "usage: $0 DIR" >&2
+if [ $# -lt 1 ]; then
+  echo "usage: $0 DIR [HOST ...]" >&2
   exit 2
 fi
 command -v openssl > /dev/null || { echo "$0: openssl not found (apt-get install openssl)" >&2; exit 1; }
 dir=$1
+shift
+names="DNS:localhost,IP:127.0.0.1"
+for host in "$@"; do
+  if [[ $host =~ ^[0-9]+(\.[0-9]+){3}$ ]]; then names+=",IP:$host"; else names+=",DNS:$host"; fi
+done
 mkdir -p "$dir"
 cd "$dir"
 umask 077  # private keys readable by their owner only
@@ -40,7 +46,7 @@ leaf() {
 }
 
 ca ca "paramserver test CA"
-leaf server ca "paramserver ps" $'extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=DNS:localhost,IP:127.0.0.1'
+leaf server ca "paramserver ps" $'extendedKeyUsage=serverAuth,clientAuth\n'"subjectAltName=$names"
 leaf client ca "paramserver worker" "extendedKeyUsage=clientAuth"
 ca other-ca "unrelated test CA"
 leaf other-client other-ca "stranger" "extendedKeyUsage=clientAuth"

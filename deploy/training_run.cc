@@ -35,7 +35,8 @@ int64_t StepsDone(const std::string& run_dir, int workers) {
 
 void WriteConfig(const TrainingConfig& c, const LocalCluster& cluster, absl::Time start) {
   std::ofstream out(c.run_dir + "/config.txt");
-  out << "started: " << absl::FormatTime(start) << "\nshards: " << c.shards
+  out << "command: " << (c.command.empty() ? "-" : c.command)
+      << "\nstarted: " << absl::FormatTime(start) << "\nshards: " << c.shards
       << "\nreplicas: " << c.replicas << "\nworkers: " << c.workers << "\nmodel: " << c.model
       << "\nps addresses: " << cluster.ShardAddresses()
       << "\nps flags: " << absl::StrJoin(c.ps_flags, " ")
@@ -45,7 +46,8 @@ void WriteConfig(const TrainingConfig& c, const LocalCluster& cluster, absl::Tim
   out << "TLS CA: " << or_none(c.security.ca)
       << "\nclient certificate: " << or_none(c.security.client_cert)
       << "\ntoken file: " << or_none(c.security.token_file)
-      << "\nread-only token file: " << or_none(c.security.read_token_file) << "\n";
+      << "\nread-only token file: " << or_none(c.security.read_token_file)
+      << "\nworkers' own tokens: " << (c.security.worker_identity ? "yes" : "no") << "\n";
   for (const auto& [rank, flags] : c.rank_flags) {
     out << "worker " << rank << " extra flags: " << absl::StrJoin(flags, " ") << "\n";
   }

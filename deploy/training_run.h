@@ -20,6 +20,7 @@
 namespace ps {
 
 struct TrainingConfig {
+  std::string command;  // the command line that asked for the run, for config.txt
   int shards = 2;
   int workers = 4;
   std::string model;  // the model spec every ps is given (ps --model)
