@@ -101,8 +101,30 @@ class LimitsTest : public ::testing::Test {
   std::vector<float> initial_ = std::vector<float>(1000);
 };
 
+// The end of a call made with the callback API: its status, once gRPC is done with it.
+class CallEnd {
+ public:
+  grpc::Status Wait() {
+    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(absl::Seconds(150)));
+    return status_;
+  }
+  bool done() const { return done_.HasBeenNotified(); }
+  void Cancel() { context_.TryCancel(); }
+
+ protected:
+  void End(const grpc::Status& s) {
+    status_ = s;
+    done_.Notify();
+  }
+  grpc::ClientContext context_;
+
+ private:
+  grpc::Status status_;
+  absl::Notification done_;
+};
+
 // Reads one Pull to its end with the callback client API and reports its status.
-class PullReader : public grpc::ClientReadReactor<v1::PullChunk> {
+class PullReader : public grpc::ClientReadReactor<v1::PullChunk>, public CallEnd {
  public:
   PullReader(v1::ParameterServer::Stub* stub, v1::PullRequest request,
              const std::string& token = "")
@@ -116,23 +138,11 @@ class PullReader : public grpc::ClientReadReactor<v1::PullChunk> {
   void OnReadDone(bool ok) override {
     if (ok) StartRead(&chunk_);
   }
-  void OnDone(const grpc::Status& s) override {
-    status_ = s;
-    done_.Notify();
-  }
-  grpc::Status Wait() {
-    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(absl::Seconds(150)));
-    return status_;
-  }
-  bool done() const { return done_.HasBeenNotified(); }
-  void Cancel() { context_.TryCancel(); }
+  void OnDone(const grpc::Status& s) override { End(s); }
 
  private:
-  grpc::ClientContext context_;
   const v1::PullRequest request_;  // read by gRPC until the call ends
   v1::PullChunk chunk_;
-  grpc::Status status_;
-  absl::Notification done_;
 };
 
 TEST_F(LimitsTest, PullsHeldAtABarrierHoldNoThreadsAndTheShardStillAnswers) {
@@ -370,7 +380,7 @@ TEST(CallLimitTest, OneWorkerCannotTakeEveryPlace) {
 
 // A Push stream opened with `token` that sends nothing: it holds a place at the shard until the
 // shard ends it (refused at once, or idle for --stream_idle_seconds) or Cancel.
-class HeldPush : public grpc::ClientWriteReactor<v1::PushChunk> {
+class HeldPush : public grpc::ClientWriteReactor<v1::PushChunk>, public CallEnd {
  public:
   HeldPush(v1::ParameterServer::Stub* stub, const std::string& token) {
     context_.set_deadline(In(absl::Seconds(120)));
@@ -378,22 +388,10 @@ class HeldPush : public grpc::ClientWriteReactor<v1::PushChunk> {
     stub->async()->Push(&context_, &response_, this);
     StartCall();
   }
-  void OnDone(const grpc::Status& s) override {
-    status_ = s;
-    done_.Notify();
-  }
-  grpc::Status Wait() {
-    EXPECT_TRUE(done_.WaitForNotificationWithTimeout(absl::Seconds(150)));
-    return status_;
-  }
-  bool done() const { return done_.HasBeenNotified(); }
-  void Cancel() { context_.TryCancel(); }
+  void OnDone(const grpc::Status& s) override { End(s); }
 
  private:
-  grpc::ClientContext context_;
   v1::PushResponse response_;
-  grpc::Status status_;
-  absl::Notification done_;
 };
 
 // How many of `calls` have ended, once `count` have or after `timeout`.

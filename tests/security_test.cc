@@ -160,6 +160,22 @@ class GuardedShards {
     ExpectWeights();
   }
 
+  // The owner's first push (sequence 0, a zero gradient: under SGD the weights stay
+  // bit-identical) applies once on every shard, and the owner is the only worker registered.
+  void ExpectTheOwnersFirstPushApplied() {
+    std::vector<float> zero(kParams, 0.0f);
+    absl::StatusOr<ShardedClient::PushSummary> push = owner_->Push(zero, 0, {0, 0});
+    ASSERT_TRUE(push.ok()) << push.status();
+    EXPECT_EQ(push->duplicates, 0);
+    ExpectWeights(/*version=*/1);
+    absl::StatusOr<std::vector<v1::StatsResponse>> all = FetchStats(*owner_);
+    ASSERT_TRUE(all.ok()) << all.status();
+    for (const v1::StatsResponse& s : *all) {
+      EXPECT_EQ(s.registered_workers(), 1);
+      EXPECT_EQ(s.pushes_applied(), 1);
+    }
+  }
+
   ShardedClient& owner() { return *owner_; }
   LocalCluster& cluster() { return cluster_; }
 
@@ -238,19 +254,9 @@ TEST_F(TokenTest, CallersWithoutTheTokenAreUnauthenticatedAndChangeNothing) {
   EXPECT_EQ(CheckpointNow(shards_.cluster().ShardAddress(0), "").error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
 
-  // Worker 0's own pushes still apply: the forged sequence 2^62 was never recorded. (A zero
-  // gradient under SGD leaves the weights bit-identical.)
-  std::vector<float> zero(kParams, 0.0f);
-  absl::StatusOr<ShardedClient::PushSummary> push = shards_.owner().Push(zero, 0, {0, 0});
-  ASSERT_TRUE(push.ok()) << push.status();
-  EXPECT_EQ(push->duplicates, 0);
-  shards_.ExpectWeights(/*version=*/1);
-  absl::StatusOr<std::vector<v1::StatsResponse>> all = FetchStats(shards_.owner());
-  ASSERT_TRUE(all.ok()) << all.status();
-  for (const v1::StatsResponse& s : *all) {
-    EXPECT_EQ(s.registered_workers(), 1);  // worker 666 never joined
-    EXPECT_EQ(s.pushes_applied(), 1);
-  }
+  // Worker 0's own pushes still apply: the forged sequence 2^62 was never recorded; worker 666
+  // never joined.
+  shards_.ExpectTheOwnersFirstPushApplied();
 }
 
 TEST_F(TokenTest, TheReadOnlyTokenReadsButNeverWrites) {
@@ -702,17 +708,7 @@ TEST_F(WorkerIdentityTest, OneWorkersTokenCannotActAsAnother) {
             grpc::StatusCode::FAILED_PRECONDITION);
 
   // Worker 0 was not superseded: its pushes still apply. Worker 1's token works as worker 1.
-  std::vector<float> zero(kParams, 0.0f);
-  absl::StatusOr<ShardedClient::PushSummary> push = shards_.owner().Push(zero, 0, {0, 0});
-  ASSERT_TRUE(push.ok()) << push.status();
-  EXPECT_EQ(push->duplicates, 0);
-  shards_.ExpectWeights(/*version=*/1);
-  absl::StatusOr<std::vector<v1::StatsResponse>> all = FetchStats(shards_.owner());
-  ASSERT_TRUE(all.ok()) << all.status();
-  for (const v1::StatsResponse& s : *all) {
-    EXPECT_EQ(s.registered_workers(), 1);
-    EXPECT_EQ(s.pushes_applied(), 1);
-  }
+  shards_.ExpectTheOwnersFirstPushApplied();
   EXPECT_TRUE(shards_.Client(1, Plaintext(WorkerToken(kWriteToken, 1)))->Register().ok());
   // The operator's write token still initialises (here: already done, so it changes nothing).
   absl::StatusOr<int> initialised =
