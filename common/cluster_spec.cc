@@ -57,11 +57,17 @@ std::pair<std::string, std::string> HostPort(const std::string& address) {
   return {address.substr(0, colon), address.substr(colon + 1)};
 }
 
-// Flags whose values are paths (resolved against the spec's directory): --*_dir, --*_file,
-// --csv, --*_csv, --*_json, --out.
-bool IsPathFlag(const std::string& name) {
-  return absl::EndsWith(name, "_dir") || absl::EndsWith(name, "_file") || name == "csv" ||
-         absl::EndsWith(name, "_csv") || absl::EndsWith(name, "_json") || name == "out";
+// Flags naming files a daemon reads, which travel with the spec: resolved against its directory.
+bool IsInputPathFlag(const std::string& name) {
+  static const auto* const kInputs = new std::set<std::string>{
+      "tls_cert", "tls_key", "tls_ca", "token_file", "read_token_file", "replication_token_file",
+      "data_dir"};
+  return kInputs->count(name) > 0;
+}
+
+// Flags naming a file a worker writes: each worker needs its own ({rank}).
+bool IsWorkerOutputFlag(const std::string& name) {
+  return name == "csv" || absl::EndsWith(name, "_csv") || absl::EndsWith(name, "_json");
 }
 
 // `replicated`: the role is a replica of a replicated shard (ps --peer); `rank`: a worker's.
@@ -208,11 +214,11 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
   }
   if (auto worker = spec.role_flags.find("worker"); worker != spec.role_flags.end()) {
     for (const auto& [name, value] : worker->second) {
-      if (IsPathFlag(name) && spec.workers > 1 && value.find("{rank}") == std::string::npos &&
-          name != "data_dir") {
+      if (IsWorkerOutputFlag(name) && spec.workers > 1 &&
+          value.find("{rank}") == std::string::npos) {
         return Bad(absl::StrCat("worker.", name, " \"", value, "\" would be one file for all ",
                                 spec.workers, " workers: put {rank} in it (e.g. \"worker-{rank}.",
-                                name == "csv" ? "csv" : "out", "\")"));
+                                name == "csv" ? "csv" : "json", "\")"));
       }
     }
   }
@@ -258,7 +264,8 @@ absl::StatusOr<ClusterSpec> ReadClusterSpec(const std::string& path) {
   absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(text.str());
   if (!spec.ok())
     return absl::Status(spec.status().code(), path + ": " + std::string(spec.status().message()));
-  // Relative paths name files beside the spec, wherever the daemon runs from.
+  // Relative paths of files the daemons read name files beside the spec, wherever a daemon runs
+  // from (what they write stays relative to their working directory).
   const std::string dir = std::filesystem::path(path).parent_path().string();
   auto resolve = [&](std::string& value) {
     if (!dir.empty() && !value.empty() && value.front() != '/') value = dir + "/" + value;
@@ -266,7 +273,7 @@ absl::StatusOr<ClusterSpec> ReadClusterSpec(const std::string& path) {
   for (auto& [key, value] : spec->security) resolve(value);
   for (auto& [role, flags] : spec->role_flags) {
     for (auto& [name, value] : flags) {
-      if (IsPathFlag(name)) resolve(value);
+      if (IsInputPathFlag(name)) resolve(value);
     }
   }
   return spec;

@@ -12,8 +12,10 @@
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace ps {
 namespace {
@@ -87,64 +89,66 @@ struct SslDeleter {
   void operator()(SSL* s) const { SSL_free(s); }
 };
 
-// The TLS alert or failure behind the last OpenSSL error, as what it says about the settings.
-ProbeFinding Classify(unsigned long error, SSL* ssl, const ClientSecurity& security,
-                      const std::string& host) {
-  const bool tls = !security.tls.ca.empty();
-  const bool has_cert = !security.tls.cert.empty();
+// What one probe of a shard found.
+struct Attempt {
+  enum Kind {
+    kUnreachable,  // no TCP connection (cause says why)
+    kInconclusive,  // connected, but nothing proves a mismatch (a timeout, a reset, a close
+                    // during the handshake: a shard starting, stopping or busy looks the same)
+    kFits,          // the TLS settings fit
+    kClosedAfterHandshake,  // a TLS shard closed the connection right after the handshake
+    kMismatch,              // definite: an alert, a certificate check, non-TLS bytes
+  } kind;
+  std::string cause;
+};
+
+// The mismatch a definite OpenSSL error shows, or nullopt when it proves nothing.
+std::optional<std::string> Mismatch(unsigned long error, SSL* ssl, const ClientSecurity& security,
+                                    const std::string& host) {
   switch (ERR_GET_REASON(error)) {
     case SSL_R_CERTIFICATE_VERIFY_FAILED: {
       const long verify = SSL_get_verify_result(ssl);
       if (verify == X509_V_ERR_HOSTNAME_MISMATCH) {
-        return {true, absl::StrCat("the shard's certificate does not name ", host,
-                                   " (its subjectAltName must list the address clients use)")};
+        return absl::StrCat("the shard's certificate does not name ", host,
+                            " (its subjectAltName must list the address clients use)");
       }
-      return {true, absl::StrCat("the shard's certificate is not trusted by --tls_ca=",
-                                 security.tls.ca, " (", X509_verify_cert_error_string(verify),
-                                 "): give the CA that signed the shards' certificates")};
+      return absl::StrCat("the shard's certificate is not trusted by --tls_ca=", security.tls.ca,
+                          " (", X509_verify_cert_error_string(verify),
+                          "): give the CA that signed the shards' certificates");
     }
     case SSL_R_WRONG_VERSION_NUMBER:
-    case SSL_R_PACKET_LENGTH_TOO_LONG:
-    case SSL_R_UNEXPECTED_EOF_WHILE_READING:
-      if (!tls) return {};
-      return {true,
-              "the shard does not speak TLS (it serves plaintext) and this client uses TLS "
-              "(--tls_ca): give both the same settings"};
+    case SSL_R_PACKET_LENGTH_TOO_LONG:  // the shard answered with bytes that are not TLS
+      return std::string(
+          "the shard does not speak TLS (it serves plaintext) and this client uses TLS "
+          "(--tls_ca): give both the same settings");
     case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
     case SSL_R_SSLV3_ALERT_HANDSHAKE_FAILURE:
-      if (!has_cert) {
-        return {true,
-                "the shard requires a client certificate (mutual TLS) and this client gave "
-                "none: give --tls_cert and --tls_key"};
+      if (security.tls.cert.empty()) {
+        return std::string(
+            "the shard requires a client certificate (mutual TLS) and this client gave none: "
+            "give --tls_cert and --tls_key");
       }
-      break;
+      return std::nullopt;
     case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
     case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
     case SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN:
     case SSL_R_TLSV1_ALERT_DECRYPT_ERROR:
     case SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE:
-      return {true, absl::StrCat("the shard refused this client's certificate (--tls_cert=",
-                                 security.tls.cert,
-                                 "): it is not signed by the CA the shard trusts (ps --tls_ca)")};
+      return absl::StrCat("the shard refused this client's certificate (--tls_cert=",
+                          security.tls.cert,
+                          "): it is not signed by the CA the shard trusts (ps --tls_ca)");
     default:
-      break;
+      return std::nullopt;
   }
-  char text[256];
-  ERR_error_string_n(error, text, sizeof text);
-  return {false, absl::StrCat("TLS handshake failed: ", text)};
 }
 
-}  // namespace
-
-ProbeFinding ProbeShard(const std::string& address, const ClientSecurity& security,
-                        absl::Duration timeout) {
-  std::string host, port, why;
-  if (!SplitAddress(address, &host, &port)) return {false, "not a host:port address"};
+Attempt ProbeOnce(const std::string& host, const std::string& port,
+                  const ClientSecurity& security, absl::Duration timeout) {
+  std::string why;
   const int fd = Connect(host, port, timeout, &why);
-  if (fd < 0) return {false, why};
+  if (fd < 0) return {Attempt::kUnreachable, why};
   const bool tls = !security.tls.ca.empty();
   std::unique_ptr<SSL_CTX, SslCtxDeleter> ctx(SSL_CTX_new(TLS_client_method()));
-  ProbeFinding finding;
   if (ctx != nullptr && tls) {
     SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
     SSL_CTX_load_verify_locations(ctx.get(), security.tls.ca.c_str(), nullptr);
@@ -156,7 +160,7 @@ ProbeFinding ProbeShard(const std::string& address, const ClientSecurity& securi
   std::unique_ptr<SSL, SslDeleter> ssl(ctx != nullptr ? SSL_new(ctx.get()) : nullptr);
   if (ssl == nullptr) {
     close(fd);
-    return {false, ""};
+    return {Attempt::kInconclusive, ""};
   }
   static const unsigned char kAlpn[] = {2, 'h', '2'};
   SSL_set_alpn_protos(ssl.get(), kAlpn, sizeof kAlpn);
@@ -164,53 +168,71 @@ ProbeFinding ProbeShard(const std::string& address, const ClientSecurity& securi
   if (tls) SSL_set1_host(ssl.get(), host.c_str());
   SSL_set_fd(ssl.get(), fd);
   ERR_clear_error();
+  Attempt attempt{Attempt::kInconclusive, ""};
   if (SSL_connect(ssl.get()) == 1) {
     if (!tls) {
-      finding = {true,
+      attempt = {Attempt::kMismatch,
                  "the shard serves TLS and this client connects in plaintext: give --tls_ca (the "
                  "CA of the shards' certificates), and --tls_cert/--tls_key if the shard requires "
                  "client certificates"};
     } else {
       // Under TLS 1.3 a shard checks the client's certificate after the client's handshake
-      // ends: its refusal arrives as an alert on the first read. (No alert within the timeout:
-      // the settings fit, and the cause is elsewhere.)
-      // A shard that closes the connection instead (gRPC's does) refused the certificate too:
-      // it speaks TLS, and a served connection would get its HTTP/2 settings first.
+      // ends: a refusal arrives as an alert, or (gRPC's) as a close, on the first read; a shard
+      // that serves the client sends its HTTP/2 settings first.
       char byte;
       const int read = SSL_read(ssl.get(), &byte, 1);
       const int error = SSL_get_error(ssl.get(), read);
-      const bool timed_out = error == SSL_ERROR_SYSCALL && (errno == EAGAIN || errno == EWOULDBLOCK);
-      if (read <= 0 && !timed_out) {
-        const unsigned long e = ERR_peek_error();
-        const int reason = e == 0 ? 0 : ERR_GET_REASON(e);
-        if (e != 0 && reason != SSL_R_UNEXPECTED_EOF_WHILE_READING) {
-          finding = Classify(e, ssl.get(), security, host);
-          if (!finding.misconfigured) finding = {};
-        } else if (security.tls.cert.empty()) {
-          finding = {true,
-                     "the shard closed the connection after the TLS handshake: it requires a "
-                     "client certificate (mutual TLS), and this client gave none: give "
-                     "--tls_cert and --tls_key"};
-        } else {
-          finding = {true, absl::StrCat("the shard closed the connection after the TLS handshake: "
-                                        "it refused this client's certificate (--tls_cert=",
-                                        security.tls.cert,
-                                        "), which is not signed by the CA it trusts (ps --tls_ca)")};
-        }
+      const unsigned long e = ERR_peek_error();
+      if (read > 0) {
+        attempt = {Attempt::kFits, ""};
+      } else if (std::optional<std::string> m =
+                     e != 0 ? Mismatch(e, ssl.get(), security, host) : std::nullopt) {
+        attempt = {Attempt::kMismatch, *m};
+      } else if (error == SSL_ERROR_ZERO_RETURN ||
+                 (error == SSL_ERROR_SYSCALL && e == 0 && errno == 0) ||
+                 (e != 0 && ERR_GET_REASON(e) == SSL_R_UNEXPECTED_EOF_WHILE_READING)) {
+        attempt = {Attempt::kClosedAfterHandshake, ""};
       }
     }
-  } else if (!tls) {
-    finding = {};  // the shard does not speak TLS either: the settings fit
-  } else if (ERR_peek_error() != 0) {
-    finding = Classify(ERR_peek_error(), ssl.get(), security, host);
-  } else {
-    finding = {true,
-               "the shard closed the connection during the TLS handshake (it does not speak TLS, "
-               "or refused it): check that shards and clients use the same TLS settings"};
+  } else if (tls && ERR_peek_error() != 0) {
+    if (std::optional<std::string> m = Mismatch(ERR_peek_error(), ssl.get(), security, host)) {
+      attempt = {Attempt::kMismatch, *m};
+    }
   }
   ERR_clear_error();
   close(fd);
-  return finding;
+  return attempt;
+}
+
+}  // namespace
+
+ProbeFinding ProbeShard(const std::string& address, const ClientSecurity& security,
+                        absl::Duration timeout) {
+  std::string host, port;
+  if (!SplitAddress(address, &host, &port)) return {};
+  Attempt attempt = ProbeOnce(host, port, security, timeout);
+  if (attempt.kind == Attempt::kClosedAfterHandshake) {
+    // A shard that was stopping would not do it twice, a second apart.
+    absl::SleepFor(absl::Seconds(1));
+    attempt = ProbeOnce(host, port, security, timeout);
+  }
+  switch (attempt.kind) {
+    case Attempt::kUnreachable:
+      return {false, attempt.cause};
+    case Attempt::kMismatch:
+      return {true, attempt.cause};
+    case Attempt::kClosedAfterHandshake:
+      return {true, security.tls.cert.empty()
+                        ? std::string("the shard closed the connection after the TLS handshake, "
+                                      "twice: it requires a client certificate (mutual TLS), "
+                                      "and this client gave none: give --tls_cert and --tls_key")
+                        : absl::StrCat("the shard closed the connection after the TLS handshake, "
+                                       "twice: it refused this client's certificate (--tls_cert=",
+                                       security.tls.cert,
+                                       "), which is not signed by the CA it trusts (ps --tls_ca)")};
+    default:
+      return {};
+  }
 }
 
 }  // namespace ps

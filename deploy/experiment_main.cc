@@ -256,9 +256,10 @@ int Main(int argc, char** argv) {
                    epochs > 0 ? absl::StrCat(epochs, " epochs") : absl::StrCat(max_seconds, " s"),
                    " per run."));
   std::ifstream in(report + "/summary.md");
-  if (!in) return Fail("the report was not written: cannot read " + report + "/summary.md");
-  std::cout << "report: " << report << "/summary.md" << std::endl;
-  std::cout << in.rdbuf();
+  if (!in && !ShutdownRequested()) {
+    return Fail("the report was not written: cannot read " + report + "/summary.md");
+  }
+  if (in) std::cout << "report: " << report << "/summary.md" << std::endl << in.rdbuf();
   if (ShutdownRequested()) return 130;
   if (failed > 0) {
     return Fail(absl::StrCat(failed, " of ", runs.size(), " runs FAILED (see ", report,

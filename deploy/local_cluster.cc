@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -44,6 +45,11 @@ absl::Status LocalCluster::CheckFlags(int shards, const std::string& model, int 
                                  absl::StrCat("--num_shards=", shards), "--model=" + model,
                                  absl::StrCat("--num_workers=", num_workers), "--port=0"};
   AppendShardSecurityFlags(&ps);
+  if (security_.worker_identity && security_.token_file.empty() &&
+      std::getenv("PS_TOKEN") == nullptr) {
+    // StartShards makes the write token first (EnsureJobToken); this check has none yet.
+    ps.erase(std::remove(ps.begin(), ps.end(), "--worker_identity"), ps.end());
+  }
   ps.insert(ps.end(), ps_flags.begin(), ps_flags.end());
   std::vector<std::string> addresses(shards, "127.0.0.1:1");  // contacted by no dry run
   std::vector<std::string> worker = {bin_dir_ + "/worker", "--ps=" + absl::StrJoin(addresses, ","),

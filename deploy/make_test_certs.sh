@@ -2,7 +2,7 @@
 # Makes throw-away TLS material for tests and local clusters in DIR (created if missing):
 #   ca.pem ca.key                  a test CA
 #   server.pem server.key          the ps certificate, signed by the CA; SAN localhost, 127.0.0.1
-#                                  and each HOST given (a name, or an IPv4 address);
+#                                  and each HOST given (a name, or an IPv4 or IPv6 address);
 #                                  also a client certificate: replicas present it to their peer
 #   client.pem client.key          a worker/evaluator certificate, signed by the CA
 #   other-ca.pem other-ca.key      a second, unrelated CA
@@ -19,7 +19,7 @@ dir=$1
 shift
 names="DNS:localhost,IP:127.0.0.1"
 for host in "$@"; do
-  if [[ $host =~ ^[0-9]+(\.[0-9]+){3}$ ]]; then names+=",IP:$host"; else names+=",DNS:$host"; fi
+  if [[ $host =~ ^[0-9]+(\.[0-9]+){3}$ || $host == *:* ]]; then names+=",IP:$host"; else names+=",DNS:$host"; fi
 done
 mkdir -p "$dir"
 cd "$dir"

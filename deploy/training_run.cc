@@ -292,8 +292,8 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
     if (now - last_time >= absl::Seconds(c.progress_seconds) || result.interrupted ||
         !any_running) {
       int64_t steps = StepsDone(c.run_dir, c.workers);
-      // Read from the shards now (the evaluator's last row lags by its interval); a shard that
-      // does not answer at once counts its last reading.
+      // Read from the shards now (the evaluator's last row lags by its interval). A shard that
+      // does not answer within 200 ms counts 0, so the line keeps the highest count seen.
       double version =
           static_cast<double>(cluster.UpdatesApplied(absl::Milliseconds(200))) / c.shards;
       version = std::max(version, last_version);

@@ -236,26 +236,27 @@ TEST(ClusterSpecTest, TheCommandLineComesAfterTheSpecAndTheRoleMayComeFromTheEnv
   EXPECT_NE(std::string(none.status().message()).find("/nonexistent.json"), std::string::npos);
 }
 
-TEST(ClusterSpecTest, PathsAreRelativeToTheSpecFileAndWorkersFilesToTheirRank) {
+TEST(ClusterSpecTest, FilesReadAreRelativeToTheSpecFileAndWorkersFilesToTheirRank) {
   const std::string dir = NewRunDir("spec");
   const std::string path = dir + "/m3/cluster.json";
   std::filesystem::create_directories(dir + "/m3");
   std::ofstream(path) << R"({"shards": ["h:1"], "workers": 2,
       "ps": {"checkpoint_dir": "ckpt", "lr": 0.1},
-      "worker": {"csv": "worker-{rank}.csv", "data_dir": "/data"},
+      "worker": {"csv": "worker-{rank}.csv", "data_dir": "data", "token_file": "worker-token"},
       "security": {"ca": "../certs/ca.pem", "token_file": "/abs/token"}})";
   absl::StatusOr<ClusterSpec> spec = ReadClusterSpec(path);
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<std::vector<std::string>> ps = FlagsForRole(*spec, "ps", "ps:0");
   ASSERT_TRUE(ps.ok());
-  EXPECT_TRUE(Has(*ps, "--checkpoint_dir=" + dir + "/m3/ckpt"));
+  EXPECT_TRUE(Has(*ps, "--checkpoint_dir=ckpt"));  // what a daemon writes: its own directory
   EXPECT_TRUE(Has(*ps, "--lr=0.1"));
   absl::StatusOr<std::vector<std::string>> worker = FlagsForRole(*spec, "worker", "worker:1");
   ASSERT_TRUE(worker.ok());
-  EXPECT_TRUE(Has(*worker, "--csv=" + dir + "/m3/worker-1.csv"));
-  EXPECT_TRUE(Has(*worker, "--data_dir=/data"));
+  EXPECT_TRUE(Has(*worker, "--csv=worker-1.csv"));
+  EXPECT_TRUE(Has(*worker, "--data_dir=" + dir + "/m3/data"));
+  EXPECT_TRUE(Has(*worker, "--token_file=" + dir + "/m3/worker-token"));  // shared: no {rank}
   EXPECT_TRUE(Has(*worker, "--tls_ca=" + dir + "/m3/../certs/ca.pem"));
-  EXPECT_TRUE(Has(*worker, "--token_file=/abs/token"));
+
   // One file for every worker is refused.
   absl::StatusOr<ClusterSpec> shared = ParseClusterSpec(
       R"({"shards": ["h:1"], "workers": 2, "worker": {"csv": "worker.csv"}})");

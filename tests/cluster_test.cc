@@ -794,6 +794,8 @@ TEST(CommandTest, BadFlagsAreRefusedBeforeAnythingStarts) {
            {{"launch", "--worker_flags=--push_dtype=fp8"}, "launch: worker: --push_dtype"},
            {{"experiment", "--optimizer=adamw", "--epochs=0.01"},
             "experiment: async_w4: ps: unknown optimizer 'adamw'"},
+           {{"launch", "--data_dir=/nonexistent"},
+            "launch: worker: cannot open /nonexistent/train-images-idx3-ubyte.gz"},
        }) {
     std::vector<std::string> argv = c.argv;
     argv.push_back(argv[0] == "launch" ? "--run_dir=" + dir : "--report_dir=" + dir);
@@ -956,11 +958,13 @@ TEST(CommandTest, ExperimentRunsAMatrixAndWritesAReport) {
   auto [bad, why] = RunDaemon({"experiment", "--modes=hogwild"});
   EXPECT_NE(bad, 0);
   EXPECT_NE(why.find("unknown mode 'hogwild'"), std::string::npos) << why;
-  // A run that fails (here: its workers find no data) fails the command, after the report.
+  // A run that fails (here: its worker cannot serve health where asked, which no dry run
+  // checks) fails the command, after the report.
   std::string failing_dir = NewRunDir() + "/failing";
-  auto [failed, failed_output] =
-      RunDaemon({"experiment", "--modes=async", "--workers=1", "--epochs=0.01", "--hidden=8",
-                 "--data_dir=/nonexistent", "--report_dir=" + failing_dir});
+  auto [failed, failed_output] = RunDaemon(
+      {"experiment", "--modes=async", "--workers=1", "--epochs=0.01", "--hidden=8",
+       "--worker_flags=--health_host=256.1.1.1 --health_port=0 --insecure",
+       "--report_dir=" + failing_dir});
   EXPECT_EQ(failed, 1) << failed_output;
   EXPECT_NE(failed_output.find("experiment: 1 of 1 runs FAILED"), std::string::npos)
       << failed_output;

@@ -228,7 +228,8 @@ TEST(ReplicationTest, PsctlStatusShowsEachReplicaWithItsRoleAndOneThatIsDown) {
   auto [down_code, down_table] = psctl();
   EXPECT_EQ(down_code, 0) << down_table;
   EXPECT_NE(down_table.find(backup + " down"), std::string::npos) << down_table;
-  EXPECT_NE(down_table.find("down: shard 0 (" + backup + ")"), std::string::npos) << down_table;
+  EXPECT_NE(down_table.find("down: shard 0 (" + backup + "): "), std::string::npos) << down_table;
+  EXPECT_EQ(down_table.find("): shard 0 ("), std::string::npos) << down_table;
 }
 
 // The acceptance test of replication: two replicated shards, two workers. The primary of shard 1

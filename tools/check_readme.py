@@ -16,6 +16,8 @@ import sys
 
 BUILTIN = {"help", "version", "flagfile", "fromenv", "tryfromenv", "undefok"}  # Abseil's own
 PSCTL_COMMANDS = {"status", "checkpoint", "export", "spec", "worker-token"}
+PROGRAMS = {"ps", "worker", "evaluator", "psctl", "export_model", "launch", "experiment"}
+MIN_FLAGS = 60  # README has ~80 today: fewer means the checker stopped finding them
 
 
 def code_blocks(text):
@@ -36,9 +38,9 @@ def commands(block):
         line = re.sub(r"(^|\s)#.*$", "", line).strip()
         if not line:
             continue
-        assignment = re.fullmatch(r'(\w+)="([^"]*)"', line)
+        assignment = re.fullmatch(r'(\w+)=(?:"([^"]*)"|(\S*))', line)
         if assignment:
-            variables[assignment.group(1)] = assignment.group(2)
+            variables[assignment.group(1)] = assignment.group(2) or assignment.group(3) or ""
             continue
         line = re.sub(r"\$(\w+)|\$\{(\w+)\}",
                       lambda v: variables.get(v.group(1) or v.group(2), v.group(0)), line)
@@ -58,12 +60,21 @@ def main():
                 words = shlex.split(command)
             except ValueError:
                 continue
+            # Leading VAR=value words (PS_ROLE=ps:0 build/bin/ps ...) and sudo are not the program.
+            start = 0
+            while start < len(words) and (re.fullmatch(r"\w+=\S*", words[start]) or
+                                          words[start] == "sudo"):
+                start += 1
             for i, word in enumerate(words):
                 if word.startswith("deploy/") and not os.path.exists(os.path.join(root, word)):
                     problems.append(f"README.md:{first_line}: {word} does not exist")
-                if not word.startswith("build/bin/"):
+                # A program run by its path, or by its bare name as a command's first word.
+                if word.startswith("build/bin/"):
+                    program = word[len("build/bin/"):]
+                elif i == start and word in PROGRAMS:
+                    program = word
+                else:
                     continue
-                program = word[len("build/bin/"):]
                 path = os.path.join(bin_dir, program)
                 if not os.access(path, os.X_OK):
                     problems.append(f"README.md:{first_line}: no program {word}")
@@ -88,6 +99,9 @@ def main():
                         problems.append(f"README.md:{first_line}: {program} has no flag --{name} "
                                         f"(in: {command[:100]})")
                 break
+    if checked < MIN_FLAGS:
+        problems.append(f"only {checked} flags found in README's commands (expected >= "
+                        f"{MIN_FLAGS}): is the checker still reading them?")
     for p in problems:
         print(p, file=sys.stderr)
     print(f"README.md: {checked} flags of {len(helps)} programs checked, {len(problems)} problems")

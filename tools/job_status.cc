@@ -36,7 +36,8 @@ std::string StatusTable(const std::vector<std::string>& addresses,
       continue;
     }
     std::string rate = "-";
-    if (before != nullptr && s < before->size() && seconds > 0) {
+    if (before != nullptr && s < before->size() && seconds > 0 &&
+        (*before)[s].replica_role() != "down") {
       rate = absl::StrFormat("%.1f", (n.version() - (*before)[s].version()) / seconds);
     }
     auto quantile = [&](double f) {

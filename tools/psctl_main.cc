@@ -53,12 +53,18 @@ absl::Status CheckWithDaemons(const std::string& path, const ClusterSpec& spec) 
   if (spec.shards.front().find('/') != std::string::npos) roles.front().second = "ps:0/0";
   roles.emplace_back("worker", "worker:0");
   for (const auto& [program, role] : roles) {
+    const std::string binary = ExecutableDir() + "/" + program;
+    if (access(binary.c_str(), X_OK) != 0) {
+      PS_LOG(WARNING) << program << " is not beside psctl: the spec's " << program
+                      << " section is not checked by it";
+      continue;
+    }
     char log[] = "/tmp/psctl-spec-XXXXXX";
     const int fd = mkstemp(log);
     if (fd < 0) return absl::UnavailableError("cannot make a temporary file");
     close(fd);
     absl::StatusOr<Subprocess> daemon = Subprocess::Start(
-        {ExecutableDir() + "/" + program, "--cluster=" + path, "--role=" + role, "--version"}, log);
+        {binary, "--cluster=" + path, "--role=" + role, "--version"}, log);
     absl::StatusOr<int> code = daemon.ok() ? daemon->Wait(absl::Minutes(1)) : daemon.status();
     const std::string reason = LastLine(log);
     std::remove(log);
@@ -105,10 +111,11 @@ struct ShardProcessClient {
   std::unique_ptr<ShardedClient> client;
 };
 
-// Every process's statistics; a replica that does not answer is a "down" row, its reason added
-// to *notes. Fails when no process of some shard answers.
+// Every process's statistics; a process that does not answer is a "down" row, its reason added
+// to *notes. Unless `tolerate_down`, fails when no process of some shard answers.
 absl::StatusOr<std::vector<v1::StatsResponse>> FetchEach(
-    std::vector<ShardProcessClient>& processes, std::vector<std::string>* notes) {
+    std::vector<ShardProcessClient>& processes, bool tolerate_down,
+    std::vector<std::string>* notes) {
   std::vector<v1::StatsResponse> rows;
   std::map<int, absl::Status> unanswered;  // by shard, while none of its processes answered
   std::set<int> answered;
@@ -123,11 +130,15 @@ absl::StatusOr<std::vector<v1::StatsResponse>> FetchEach(
     v1::StatsResponse& down = rows.emplace_back();
     down.set_shard_index(p.shard);
     down.set_replica_role("down");
-    notes->push_back(std::string(stats.status().message()));
-    unanswered.emplace(p.shard, stats.status());
+    // The client knows the process as its only shard, 0: name it as the job does.
+    std::string why(stats.status().message());
+    if (const size_t own = why.find("): "); own != std::string::npos) why = why.substr(own + 3);
+    const std::string note = absl::StrCat("shard ", p.shard, " (", p.address, "): ", why);
+    notes->push_back(note);
+    unanswered.emplace(p.shard, absl::Status(stats.status().code(), note));
   }
   for (const auto& [shard, status] : unanswered) {
-    if (answered.count(shard) == 0) return status;
+    if (!tolerate_down && answered.count(shard) == 0) return status;
   }
   return rows;
 }
@@ -149,12 +160,16 @@ int Status(const ClientConnection& shards) {
     }
   }
   std::vector<std::string> notes;
-  absl::StatusOr<std::vector<v1::StatsResponse>> before = FetchEach(processes, &notes);
+  // Watching rides out a shard that is down (a restart); a single look fails on it.
+  const bool tolerate_down = watch > 0;
+  absl::StatusOr<std::vector<v1::StatsResponse>> before =
+      FetchEach(processes, tolerate_down, &notes);
   if (!before.ok()) return Fail(std::string(before.status().message()));
   absl::Time before_at = absl::Now();
   for (;;) {
     if (WaitForShutdown(absl::Seconds(watch > 0 ? watch : interval))) return 0;
-    absl::StatusOr<std::vector<v1::StatsResponse>> now = FetchEach(processes, &notes);
+    absl::StatusOr<std::vector<v1::StatsResponse>> now =
+        FetchEach(processes, tolerate_down, &notes);
     if (!now.ok()) {
       if (ShutdownRequested()) return 0;
       return Fail(std::string(now.status().message()));

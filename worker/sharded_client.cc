@@ -280,9 +280,18 @@ class ShardedClient::Impl {
     std::unique_ptr<v1::ParameterServer::Stub> stub;
     // Initialize and Push on raw bytes: tensors go out through common/tensor_codec.h.
     std::unique_ptr<grpc::internal::RpcMethod> initialize, push;
-    // A call reached it once: failures since are outages, not settings that do not fit.
-    std::unique_ptr<std::atomic<bool>> reached = std::make_unique<std::atomic<bool>>(false);
+    // Whether a call reached it once (failures since are outages, not settings that do not
+    // fit), and what the last probe found (connection_probe.h), used for 5 s.
+    struct Contact {
+      std::atomic<bool> reached{false};
+      absl::Mutex mu;
+      absl::Time probed_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+      ProbeFinding finding ABSL_GUARDED_BY(mu);
+    };
+    std::unique_ptr<Contact> contact = std::make_unique<Contact>();
   };
+  // What probing `replica` finds, probed again only 5 s after the last probe.
+  static ProbeFinding ProbeOf(const Replica& replica, const ClientSecurity& security);
   const Replica& CurrentReplicaOf(int shard) const;
   std::vector<std::vector<Replica>> replicas_;  // by shard: one, or two with replication
   std::string authorization_;                   // the metadata value every call carries; "" : none
@@ -344,7 +353,7 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
       replicas.push_back({address, channel, v1::ParameterServer::NewStub(channel),
                           method("/ps.v1.ParameterServer/Initialize"),
                           method("/ps.v1.ParameterServer/Push"),
-                          std::make_unique<std::atomic<bool>>(false)});
+                          std::make_unique<Replica::Contact>()});
     }
     ranges_.push_back(
         PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses.size())));
@@ -481,16 +490,18 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
     if (IsSharedMemoryLost(s) && shared_lost++ < 2) continue;
     const Replica& called = replicas_[shard][replica];
     if (s.ok()) {
-      called.reached->store(true, std::memory_order_relaxed);
+      called.contact->reached.store(true, std::memory_order_relaxed);
       return absl::OkStatus();
     }
-    // Not connected yet, and never reached: the TLS settings may not fit, which no retry heals.
-    // Probed once (a few seconds at most); a mismatch ends the call at once, naming it.
-    if (!probed && !called.reached->load(std::memory_order_relaxed) &&
-        (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         s.error_code() == grpc::StatusCode::UNKNOWN) &&
-        called.channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
-      probed = ProbeShard(called.address, options_.security);
+    // Could not connect, and never reached: the TLS settings may not fit, which no retry heals.
+    const bool not_connected = (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                                s.error_code() == grpc::StatusCode::UNKNOWN ||
+                                s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
+                               called.channel->GetState(/*try_to_connect=*/false) !=
+                                   GRPC_CHANNEL_READY;
+    // A mismatch ends the call at once, naming it.
+    if (!probed && not_connected && !called.contact->reached.load(std::memory_order_relaxed)) {
+      probed = ProbeOf(called, options_.security);
       if (probed->misconfigured) {
         return absl::FailedPreconditionError(absl::StrCat(
             "shard ", shard, " (", called.address, "): ", probed->cause, " [gRPC: ",
@@ -545,7 +556,8 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
                                  absl::Now() - start, absl::Milliseconds(100))),
                              " of retries; the client's limit: --retry_seconds)")
               : "";
-      const bool found = probed && !probed->cause.empty();
+      // What the probe found explains this failure only if it is still one to connect.
+      const bool found = probed && !probed->cause.empty() && not_connected;
       return absl::Status(
           FromGrpcStatus(s).code(),
           absl::StrCat("shard ", shard, " (", called.address, "): ",
@@ -558,6 +570,20 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
     // restart is used within about a second.
     backoff = std::min(backoff * 2, absl::Milliseconds(kMaxReconnectBackoffMs));
   }
+}
+
+ProbeFinding ShardedClient::Impl::ProbeOf(const Replica& replica, const ClientSecurity& security) {
+  Replica::Contact& c = *replica.contact;
+  {
+    absl::MutexLock lock(&c.mu);
+    if (absl::Now() - c.probed_at < absl::Seconds(5)) return c.finding;
+  }
+  // Calls that meet the same replica meanwhile may probe it too: a few probes, no lock held.
+  ProbeFinding finding = ProbeShard(replica.address, security);
+  absl::MutexLock lock(&c.mu);
+  c.probed_at = absl::Now();
+  c.finding = finding;
+  return finding;
 }
 
 grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* context,

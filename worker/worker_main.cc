@@ -35,8 +35,8 @@ ABSL_FLAG(int, rank, 0, "This worker's rank r in [0, num_workers); rank 0 initia
 ABSL_FLAG(int, num_workers, 1, "Number of workers W; worker r trains on slice r of W of the data.");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size.");
 ABSL_FLAG(bool, dry_run, false,
-          "Check the flags and the files they name (credentials, model, cluster spec) as a start "
-          "would, then exit: 0 if it would start, 1 with the reason; contacts nothing.");
+          "Check the flags and the files they name (credentials, model, data, cluster spec) as a "
+          "start would, then exit: 0 if it would start, 1 with the reason; contacts nothing.");
 ABSL_FLAG(int64_t, steps, 0,
           "Stop after this many steps in total (restarts included); 0: no limit.");
 ABSL_FLAG(double, max_seconds, 0, "Stop after this many seconds; 0: no limit.");
@@ -368,7 +368,13 @@ int Main(int argc, char** argv) {
   absl::StatusOr<ClientStart> started = StartClient(absl::StrCat("worker[", rank, "]"), rank,
                                                     /*needs_shards=*/true, absl::GetFlag(FLAGS_dry_run));
   if (!started.ok()) return Fail(std::string(started.status().message()));
-  if (absl::GetFlag(FLAGS_dry_run)) return 0;
+  if (absl::GetFlag(FLAGS_dry_run)) {
+    // The data (its first example: the files are there and readable) and the batch.
+    Range first{0, 1};
+    absl::Status s = LoadFashionMnist(started->data_dir, "train", &first).status();
+    if (s.ok()) s = started->connection.network.FitsBatch(batch);
+    return s.ok() ? 0 : Fail(std::string(s.message()));
+  }
   if (!parsed->spec_summary.empty()) {
     PS_LOG(INFO) << "from the cluster spec: " << parsed->spec_summary;
   }
