@@ -87,7 +87,11 @@ ClientSecurity Tls(const std::string& ca, const std::string& cert, const std::st
   return out;
 }
 
-ClientSecurity Plaintext(const std::string& token) { return ClientSecurity{nullptr, token}; }
+ClientSecurity Plaintext(const std::string& token) {
+  ClientSecurity s;
+  s.token = token;
+  return s;
+}
 
 constexpr int kParams = 1000;
 constexpr int64_t kHugeSequence = int64_t{1} << 62;
