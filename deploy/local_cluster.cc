@@ -58,19 +58,7 @@ absl::Status LocalCluster::CheckFlags(int shards, const std::string& model, int 
   worker.insert(worker.end(), worker_flags.begin(), worker_flags.end());
   for (std::vector<std::string>& argv : {std::ref(ps), std::ref(worker)}) {
     argv.push_back("--dry_run");
-    char log[] = "/tmp/ps-dry-run-XXXXXX";
-    const int fd = mkstemp(log);
-    if (fd < 0) return absl::UnavailableError("cannot make a temporary file for --dry_run");
-    close(fd);
-    absl::StatusOr<Subprocess> p = Subprocess::Start(argv, log);
-    absl::StatusOr<int> code = p.ok() ? p->Wait(absl::Minutes(1)) : p.status();
-    const std::string reason = LastLine(log);
-    std::remove(log);
-    if (!code.ok()) return code.status();
-    if (*code != 0) {
-      return absl::InvalidArgumentError(
-          reason.empty() ? absl::StrCat(argv[0], " --dry_run exited ", *code) : reason);
-    }
+    if (absl::Status s = RunToSuccess(argv, absl::Minutes(1)); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -407,18 +395,6 @@ std::string LocalCluster::Stop() {
   ports_.clear();
   stubs_.clear();
   return absl::StrJoin(bad, "; ");
-}
-
-std::string LastLine(const std::string& path) {
-  std::ifstream in(path, std::ios::ate);
-  if (!in) return "";
-  std::streamoff size = in.tellg();
-  std::streamoff from = std::max<std::streamoff>(0, size - 4096);
-  in.seekg(from);
-  std::string tail((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  while (!tail.empty() && tail.back() == '\n') tail.pop_back();
-  size_t nl = tail.rfind('\n');
-  return nl == std::string::npos ? (from == 0 ? tail : "") : tail.substr(nl + 1);
 }
 
 }  // namespace ps

@@ -127,7 +127,5 @@ class LocalCluster {
   std::unique_ptr<Subprocess> evaluator_;
 };
 
-// The last line of a text file ("" if it has none), read from its tail.
-std::string LastLine(const std::string& path);
 
 }  // namespace ps

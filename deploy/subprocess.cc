@@ -6,10 +6,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
@@ -132,6 +135,33 @@ CommandResult RunCommand(const std::string& command) {
   const int status = pclose(pipe);
   if (WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
   return result;
+}
+
+std::string LastLine(const std::string& path) {
+  std::ifstream in(path, std::ios::ate);
+  if (!in) return "";
+  std::streamoff size = in.tellg();
+  std::streamoff from = std::max<std::streamoff>(0, size - 4096);
+  in.seekg(from);
+  std::string tail((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!tail.empty() && tail.back() == '\n') tail.pop_back();
+  size_t nl = tail.rfind('\n');
+  return nl == std::string::npos ? (from == 0 ? tail : "") : tail.substr(nl + 1);
+}
+
+absl::Status RunToSuccess(const std::vector<std::string>& argv, absl::Duration timeout) {
+  char log[] = "/tmp/ps-run-XXXXXX";
+  const int fd = mkstemp(log);
+  if (fd < 0) return absl::UnavailableError("cannot make a temporary file for " + argv[0]);
+  close(fd);
+  absl::StatusOr<Subprocess> p = Subprocess::Start(argv, log);
+  absl::StatusOr<int> code = p.ok() ? p->Wait(timeout) : p.status();
+  const std::string reason = LastLine(log);
+  std::remove(log);
+  if (!code.ok()) return code.status();
+  if (*code == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      reason.empty() ? absl::StrCat(argv[0], " exited with status ", *code) : reason);
 }
 
 }  // namespace ps

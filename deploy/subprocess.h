@@ -58,4 +58,11 @@ CommandResult RunCommand(const std::string& command);
 // Directory of the running executable, to find sibling binaries (ps, worker, evaluator).
 std::string ExecutableDir();
 
+// The last line of a text file ("" if it has none), read from its tail.
+std::string LastLine(const std::string& path);
+
+// Runs `argv` to its end (at most `timeout`), its output in a temporary file: OK if it exits 0,
+// else INVALID_ARGUMENT with its last line (a daemon's one-line reason).
+absl::Status RunToSuccess(const std::vector<std::string>& argv, absl::Duration timeout);
+
 }  // namespace ps

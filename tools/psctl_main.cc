@@ -26,7 +26,6 @@
 #include "common/model_spec.h"
 #include "common/security.h"
 #include "common/shutdown.h"
-#include "deploy/local_cluster.h"
 #include "deploy/subprocess.h"
 #include "proto/ps.pb.h"
 #include "tools/job_status.h"
@@ -59,17 +58,11 @@ absl::Status CheckWithDaemons(const std::string& path, const ClusterSpec& spec) 
                       << " section is not checked by it";
       continue;
     }
-    char log[] = "/tmp/psctl-spec-XXXXXX";
-    const int fd = mkstemp(log);
-    if (fd < 0) return absl::UnavailableError("cannot make a temporary file");
-    close(fd);
-    absl::StatusOr<Subprocess> daemon = Subprocess::Start(
-        {binary, "--cluster=" + path, "--role=" + role, "--version"}, log);
-    absl::StatusOr<int> code = daemon.ok() ? daemon->Wait(absl::Minutes(1)) : daemon.status();
-    const std::string reason = LastLine(log);
-    std::remove(log);
-    if (!code.ok()) return code.status();
-    if (*code != 0) return absl::InvalidArgumentError(reason);
+    if (absl::Status s = RunToSuccess(
+            {binary, "--cluster=" + path, "--role=" + role, "--version"}, absl::Minutes(1));
+        !s.ok()) {
+      return s;
+    }
   }
   return absl::OkStatus();
 }
