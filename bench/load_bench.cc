@@ -24,7 +24,7 @@
 #include "common/log.h"
 #include "common/security.h"
 #include "deploy/local_cluster.h"
-#include "worker/shard_stats.h"
+#include "proto/ps.pb.h"
 #include "worker/sharded_client.h"
 
 ABSL_FLAG(int, clients, 64, "Concurrent clients, worker ids 0 .. clients-1.");
@@ -77,13 +77,12 @@ ClientResult RunClient(const std::vector<std::string>& addresses, const ModelIde
     }
     absl::Time pulled = absl::Now();
     r.pull_latency.push_back(pulled - start);
-    absl::StatusOr<ShardedClient::PushSummary> push = client.Push(gradient, *sequence, *versions);
+    absl::StatusOr<ShardedClient::PushSummary> push = client.Push(gradient);
     if (!push.ok()) {
       failed(push.status());
       continue;
     }
     r.push_latency.push_back(absl::Now() - pulled);
-    ++*sequence;
     ++r.acknowledged;
     r.duplicates += push->duplicates;
   }
@@ -160,7 +159,7 @@ int Main(int argc, char** argv) {
   if (absl::StatusOr<int> s = setup.Initialize(std::vector<float>(n, 0.5f)); !s.ok()) {
     return Fail(s.status().ToString());
   }
-  absl::StatusOr<std::vector<v1::StatsResponse>> before = FetchStats(setup);
+  absl::StatusOr<std::vector<v1::StatsResponse>> before = setup.Stats();
   if (!before.ok()) return Fail(before.status().ToString());
   if (before->front().consistency() != "async") {
     return Fail("the cluster runs " + before->front().consistency() + ", not async");
@@ -183,7 +182,7 @@ int Main(int argc, char** argv) {
   for (std::thread& t : threads) t.join();
   const absl::Duration elapsed = absl::Now() - start;
 
-  absl::StatusOr<std::vector<v1::StatsResponse>> after = FetchStats(setup);
+  absl::StatusOr<std::vector<v1::StatsResponse>> after = setup.Stats();
   if (!after.ok()) return Fail(after.status().ToString());
   ClientResult all;
   for (ClientResult& r : results) {

@@ -70,7 +70,7 @@ int Main(int argc, char** argv) {
   row("initialised");
   const int rounds = absl::GetFlag(FLAGS_rounds);
   for (int round = 0; round < rounds; ++round) {
-    if (!client.Push(grad, round, {0}).ok() || !client.Pull(absl::MakeSpan(params)).ok()) {
+    if (!client.Push(grad).ok() || !client.Pull(absl::MakeSpan(params)).ok()) {
       std::cerr << "push or pull failed\n";
       return 1;
     }

@@ -205,15 +205,13 @@ int Main(int argc, char** argv) {
     ShardedClient client({cluster.ShardAddress(0)}, model, 0, over_grpc);
     std::vector<float> params(n, 0.5f), grad(n, 0.001f);
     if (!client.Register().ok() || !client.Initialize(params).ok()) return 1;
-    int64_t sequence = 0;
     double push = MedianSeconds(repeats, [&] {
-      if (!client.Push(grad, sequence++, {0}).ok()) std::abort();
+      if (!client.Push(grad).ok()) std::abort();
     });
     ShardedClient replicated_client({replicated.ShardAddress(0)}, model, 0, over_grpc);
     if (!replicated_client.Register().ok() || !replicated_client.Initialize(params).ok()) return 1;
-    int64_t replicated_sequence = 0;
     double replicated_push = MedianSeconds(repeats, [&] {
-      if (!replicated_client.Push(grad, replicated_sequence++, {0}).ok()) std::abort();
+      if (!replicated_client.Push(grad).ok()) std::abort();
     });
     replicated.Stop();
     double pull = MedianSeconds(repeats, [&] {
@@ -224,7 +222,7 @@ int Main(int argc, char** argv) {
     ShardedClient half_client({cluster.ShardAddress(0)}, model, 0, half_options);
     if (!half_client.Register().ok()) return 1;
     double half_push = MedianSeconds(repeats, [&] {
-      if (!half_client.Push(grad, sequence++, {0}).ok()) std::abort();
+      if (!half_client.Push(grad).ok()) std::abort();
     });
     double half_pull = MedianSeconds(repeats, [&] {
       if (!half_client.Pull(absl::MakeSpan(params)).ok()) std::abort();
@@ -233,7 +231,7 @@ int Main(int argc, char** argv) {
     ShardedClient shared_client({cluster.ShardAddress(0)}, model, 0);
     if (!shared_client.Register().ok()) return 1;
     double shm_push = MedianSeconds(repeats, [&] {
-      if (!shared_client.Push(grad, sequence++, {0}).ok()) std::abort();
+      if (!shared_client.Push(grad).ok()) std::abort();
     });
     double shm_pull = MedianSeconds(repeats, [&] {
       if (!shared_client.Pull(absl::MakeSpan(params)).ok()) std::abort();

@@ -346,7 +346,7 @@ TEST(CheckpointDaemonTest, ACheckpointChangedInItsHeaderOrItsDataIsRefused) {
   ASSERT_TRUE(WaitForCheckpoint(checkpoints, 0));
   const std::vector<float> gradient(kSmallMlp.total_params, 0.5f);
   for (int64_t step = 0; step < 4; ++step) {
-    ASSERT_TRUE(worker.Push(gradient, step, {step}).ok());
+    ASSERT_TRUE(worker.Push(gradient).ok());
     if (step == 1) {
       v1::CheckpointResponse written;
       ASSERT_TRUE(CheckpointNow(address, &written).ok());
@@ -437,7 +437,7 @@ TEST(CheckpointDaemonTest, FailedCheckpointsAreShownAndAFailedLastOneFailsTheExi
   }
   ASSERT_EQ(stats.checkpoint_last_written_version(), 0);
   EXPECT_EQ(stats.checkpoint_failures(), 0);
-  ASSERT_TRUE(worker.Push(std::vector<float>(kSmallMlp.total_params, 0.5f), 0, {0}).ok());
+  ASSERT_TRUE(worker.Push(std::vector<float>(kSmallMlp.total_params, 0.5f)).ok());
 
   std::filesystem::rename(checkpoints, checkpoints + ".moved");
   std::ofstream(checkpoints) << "not a directory\n";
@@ -538,7 +538,7 @@ TEST(PsctlTest, CheckpointAndExportALiveJob) {
   ASSERT_TRUE(worker.Register().ok());
   std::vector<float> values(model.total_params, 0.25f), gradient(model.total_params, 0.5f);
   ASSERT_EQ(*worker.Initialize(values), 2);
-  ASSERT_TRUE(worker.Push(gradient, 0, {0, 0}).ok());
+  ASSERT_TRUE(worker.Push(gradient).ok());
   ASSERT_TRUE(worker.Pull(absl::MakeSpan(values)).ok());
   auto psctl = [&](std::vector<std::string> args, const std::string& log) {
     args.insert(args.begin(), {ExecutableDir() + "/psctl"});

@@ -328,6 +328,51 @@ class BadInputTest : public ::testing::Test {
 // The same shard pair, for the client's own behaviour.
 class ClientTest : public BadInputTest {};
 
+// The client numbers its pushes (from Register on; a refused push uses its sequence up) and
+// bases each on the versions its last waited-for pull saw; a prefetch is ahead of the push made
+// next, or of the one already started since that pull. A sync shard shows which: it refuses a
+// pull ahead of a push it has not seen.
+TEST(ClientBookkeepingTest, SequencesBasesAndPrefetchesFollowTheCallsMade) {
+  LocalCluster cluster(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(cluster.StartShards(1, "flat:4", 1, {"--consistency=sync", "--lr=1"}).ok());
+  ShardedClient client({cluster.ShardAddress(0)}, {"flat:4", 4, 1}, 0);
+  ASSERT_EQ(*client.Register(), 0);
+  ASSERT_TRUE(client.Initialize(std::vector<float>(4, 0.0f)).ok());
+  EXPECT_EQ(client.last_pull().version, std::vector<int64_t>{0});  // none yet
+  std::vector<float> w(4), ahead(4);
+  ASSERT_TRUE(client.Pull(absl::MakeSpan(w)).ok());
+  // Before this step's push: ahead of sequence 0, which the shard has not seen.
+  EXPECT_EQ(client.StartPull(absl::MakeSpan(ahead), /*prefetch=*/true).Wait().status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<ShardedClient::PushSummary> first = client.Push(std::vector<float>(4, 1.0f));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->sequence, 0);
+  // After it: ahead of sequence 0, which is in.
+  absl::StatusOr<ShardedClient::Versions> next =
+      client.StartPull(absl::MakeSpan(ahead), /*prefetch=*/true).Wait();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->version, std::vector<int64_t>{1});
+  EXPECT_EQ(client.last_pull().version, std::vector<int64_t>{1});
+  EXPECT_EQ(ahead, std::vector<float>(4, -1.0f));
+  // A push the shard refuses (not finite) uses sequence 1 up; the next carries 2, based on
+  // version 1: staleness 0.
+  EXPECT_EQ(client.Push(std::vector<float>(4, std::nanf(""))).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<ShardedClient::PushSummary> third = client.Push(std::vector<float>(4, 1.0f));
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->sequence, 2);
+  EXPECT_EQ(third->max_staleness, 0);
+  EXPECT_EQ(third->duplicates, 0);
+  // A caller numbering pushes by its own steps; the client goes on from there.
+  absl::StatusOr<ShardedClient::PushSummary> at_step = client.Push(std::vector<float>(4, 0.0f), 9);
+  ASSERT_TRUE(at_step.ok()) << at_step.status();
+  EXPECT_EQ(client.Push(std::vector<float>(4, 0.0f))->sequence, 10);
+  // A new process of this worker resumes after the last.
+  ShardedClient again({cluster.ShardAddress(0)}, {"flat:4", 4, 1}, 0);
+  EXPECT_EQ(*again.Register(), 11);
+  EXPECT_EQ(cluster.Stop(), "");
+}
+
 // The client's calls to every shard are Pending values: a pull and a push overlap, and their
 // shards' calls run on threads the client keeps, so many calls start no thread.
 TEST_F(ClientTest, PendingCallsOverlapOnThreadsTheClientKeeps) {
@@ -344,7 +389,7 @@ TEST_F(ClientTest, PendingCallsOverlapOnThreadsTheClientKeeps) {
   ASSERT_TRUE(base.ok());
   constexpr int kRounds = 40;
   for (int step = 0; step < kRounds; ++step) {
-    ShardedClient::Pending<ShardedClient::PushSummary> push = client_->StartPush(grad, step, *base);
+    ShardedClient::Pending<ShardedClient::PushSummary> push = client_->StartPush(grad);
     ShardedClient::Pending<ShardedClient::Versions> pull = client_->StartPull(absl::MakeSpan(b));
     note_threads();
     absl::StatusOr<ShardedClient::PushSummary> pushed = push.Wait();
@@ -527,9 +572,8 @@ TEST_F(BadInputTest, FiniteGradientsThatWouldOverflowAreRefusedAndChangeNothing)
   grpc::StatusCode refused = grpc::StatusCode::OK;
   int64_t sequence = 0;
   for (; sequence < 200 && refused == grpc::StatusCode::OK; ++sequence) {
-    absl::StatusOr<ShardedClient::Versions> versions = client_->Pull(absl::MakeSpan(before));
-    ASSERT_TRUE(versions.ok());
-    absl::StatusOr<ShardedClient::PushSummary> r = client_->Push(huge, sequence, *versions);
+    ASSERT_TRUE(client_->Pull(absl::MakeSpan(before)).ok());
+    absl::StatusOr<ShardedClient::PushSummary> r = client_->Push(huge);
     if (!r.ok()) refused = ToGrpcStatus(r.status()).error_code();
   }
   ASSERT_EQ(refused, grpc::StatusCode::INVALID_ARGUMENT) << "3e38 never overflowed";
@@ -553,17 +597,13 @@ TEST_F(BadInputTest, FiniteGradientsThatWouldOverflowAreRefusedAndChangeNothing)
 // and no version; the worker carries on with its next step.
 TEST_F(BadInputTest, AnAbsurdGradientAmongOrdinaryOnesIsDroppedAndChangesNothing) {
   std::vector<float> weights(1000), before(1000), after(1000);
-  int64_t sequence = 0;
-  for (; sequence < 20; ++sequence) {
+  for (int64_t sequence = 0; sequence < 20; ++sequence) {
     std::vector<float> gradient(1000, 0.01f * static_cast<float>(1 + sequence % 3));
-    absl::StatusOr<ShardedClient::Versions> versions = client_->Pull(absl::MakeSpan(weights));
-    ASSERT_TRUE(versions.ok());
-    ASSERT_TRUE(client_->Push(gradient, sequence, *versions).ok());
+    ASSERT_TRUE(client_->Pull(absl::MakeSpan(weights)).ok());
+    ASSERT_TRUE(client_->Push(gradient).ok());
   }
-  absl::StatusOr<ShardedClient::Versions> versions = client_->Pull(absl::MakeSpan(before));
-  ASSERT_TRUE(versions.ok());
-  absl::StatusOr<ShardedClient::PushSummary> absurd =
-      client_->Push(std::vector<float>(1000, 3e38f), sequence++, *versions);
+  ASSERT_TRUE(client_->Pull(absl::MakeSpan(before)).ok());
+  absl::StatusOr<ShardedClient::PushSummary> absurd = client_->Push(std::vector<float>(1000, 3e38f));
   ASSERT_TRUE(absurd.ok()) << absurd.status();
   EXPECT_EQ(absurd->dropped, 2);
   absl::StatusOr<ShardedClient::Versions> unchanged = client_->Pull(absl::MakeSpan(after));
@@ -575,7 +615,7 @@ TEST_F(BadInputTest, AnAbsurdGradientAmongOrdinaryOnesIsDroppedAndChangesNothing
     EXPECT_EQ(stats.pushes_dropped_norm(), 1);
     EXPECT_EQ(stats.pushes_rejected(), 0);
   }
-  ASSERT_TRUE(client_->Push(std::vector<float>(1000, 0.02f), sequence, *unchanged).ok());
+  ASSERT_TRUE(client_->Push(std::vector<float>(1000, 0.02f)).ok());
   ASSERT_TRUE(client_->Pull(absl::MakeSpan(after)).ok());
   EXPECT_NE(std::memcmp(before.data(), after.data(), sizeof(float) * 1000), 0);
 }

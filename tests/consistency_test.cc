@@ -66,7 +66,7 @@ std::vector<float> TrainSync(int workers, int batch, int steps, const Examples& 
         int64_t first = (static_cast<int64_t>(s) * workers + w) * batch;
         mlp.Gradient(params, data.features.data() + first * 784, data.labels.data() + first, batch,
                      absl::MakeSpan(grad));
-        ASSERT_TRUE(client.Push(grad, s, *versions).ok());
+        ASSERT_TRUE(client.Push(grad).ok());
       }
     });
   }
@@ -166,11 +166,11 @@ TEST(SyncBarrierTest, APullHeldBackLongerThanTheRetryBudgetStillCompletes) {
   std::vector<float> params(8), grad(8, 0.5f);
   absl::StatusOr<ShardedClient::Versions> versions = a.Pull(absl::MakeSpan(params));
   ASSERT_TRUE(versions.ok());
-  ASSERT_TRUE(a.Push(grad, 0, *versions).ok());
+  ASSERT_TRUE(a.Push(grad).ok());
   // A's next pull waits for B's gradient, three times longer than A's retry budget.
   std::thread late_b([&] {
     absl::SleepFor(absl::Seconds(3));
-    ASSERT_TRUE(b.Push(grad, 0, {0}).ok());
+    ASSERT_TRUE(b.Push(grad).ok());
   });
   absl::Time start = absl::Now();
   versions = a.Pull(absl::MakeSpan(params));

@@ -18,7 +18,7 @@
 #include "proto/ps.grpc.pb.h"
 #include "server/call_limits.h"
 #include "tests/run_dir.h"
-#include "worker/shard_stats.h"
+#include "proto/ps.pb.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -151,7 +151,7 @@ TEST_F(LimitsTest, PullsHeldAtABarrierHoldNoThreadsAndTheShardStillAnswers) {
          "--lease_seconds=600"});
   ShardedClient worker1({cluster_.ShardAddress(0)}, kModel, 1);
   ASSERT_TRUE(worker1.Register().ok());
-  ASSERT_TRUE(worker0_->Push(std::vector<float>(1000, 1.0f), 0, {0}).ok());  // waits for worker 1
+  ASSERT_TRUE(worker0_->Push(std::vector<float>(1000, 1.0f), 0).ok());  // waits for worker 1
   const int before = Threads(pid());
   std::vector<std::unique_ptr<PullReader>> held;
   for (int i = 0; i < 1000; ++i)
@@ -187,7 +187,7 @@ TEST_F(LimitsTest, PullsHeldAtABarrierHoldNoThreadsAndTheShardStillAnswers) {
   EXPECT_LT(during - before, 50) << "held pulls should not hold threads";
   EXPECT_EQ(stats.version(), 0);
   // Worker 1's gradient closes the round: every held pull is answered with the new weights.
-  ASSERT_TRUE(worker1.Push(std::vector<float>(1000, 1.0f), 0, {0}).ok());
+  ASSERT_TRUE(worker1.Push(std::vector<float>(1000, 1.0f)).ok());
   int ok = 0;
   for (auto& p : held) ok += p->Wait().ok();
   EXPECT_EQ(ok, 1000);
@@ -211,8 +211,7 @@ TEST_F(LimitsTest, StalledPushStreamsAreBoundedAndCancelledAndChangeNothing) {
   std::vector<float> w = Weights();
   EXPECT_EQ(std::memcmp(w.data(), initial_.data(), sizeof(float) * 1000), 0);
   // The slots are free again: a real push goes through.
-  ShardedClient::Versions versions = {0};
-  ASSERT_TRUE(worker0_->Push(std::vector<float>(1000, 1.0f), 0, versions).ok());
+  ASSERT_TRUE(worker0_->Push(std::vector<float>(1000, 1.0f)).ok());
 }
 
 TEST(PullLimitsTest, APullWhoseReaderStopsReadingIsCancelled) {
@@ -324,7 +323,7 @@ TEST(StatsPagesTest, FetchStatsListsEveryWorkerOfEveryShard) {
     }
   }
   ShardedClient observer({cluster.ShardAddress(0), cluster.ShardAddress(1)}, model, -1);
-  absl::StatusOr<std::vector<v1::StatsResponse>> stats = FetchStats(observer);
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = observer.Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
   for (int shard = 0; shard < 2; ++shard) {
     const auto& workers = (*stats)[shard].workers();
@@ -475,7 +474,7 @@ TEST(WorkerQuotaTest, OneWorkerHoldingCallsOpenCannotStopTheOthers) {
     absl::StatusOr<ShardedClient::Versions> pulled = worker0->Pull(absl::MakeSpan(weights));
     ASSERT_TRUE(pulled.ok()) << pulled.status();
     absl::StatusOr<ShardedClient::PushSummary> pushed =
-        worker0->Push(std::vector<float>(1000, 1.0f), step, *pulled);
+        worker0->Push(std::vector<float>(1000, 1.0f));
     ASSERT_TRUE(pushed.ok()) << pushed.status();
   }
   const absl::Duration took = absl::Now() - start;

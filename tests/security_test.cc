@@ -24,7 +24,7 @@
 #include "proto/ps.grpc.pb.h"
 #include "tests/run_dir.h"
 #include "tests/scoped_env.h"
-#include "worker/shard_stats.h"
+#include "proto/ps.pb.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -146,14 +146,11 @@ class GuardedShards {
   void ExpectEveryWriteRefused(ShardedClient& client, absl::StatusCode code,
                                const std::string& who) {
     std::vector<float> fifty(kParams, 50.0f), values(kParams);
-    ShardedClient::Versions base;
-    base.version.assign(model_.num_shards, 0);
-    base.shard_incarnation.assign(model_.num_shards, 0);
     std::vector<std::pair<std::string, absl::Status>> calls = {
         {"Register", client.Register().status()},
         {"Initialize", client.Initialize(fifty).status()},
-        {"Push", client.Push(fifty, 0, base).status()},
-        {"Push with sequence 2^62", client.Push(fifty, kHugeSequence, base).status()},
+        {"Push", client.Push(fifty, 0).status()},
+        {"Push with sequence 2^62", client.Push(fifty, kHugeSequence).status()},
         {"Heartbeat", client.Heartbeat(absl::Seconds(10))},
         {"Leave", client.Leave(absl::Seconds(10))},
         {"Pull", client.Pull(absl::MakeSpan(values)).status()},
@@ -168,11 +165,11 @@ class GuardedShards {
   // bit-identical) applies once on every shard, and the owner is the only worker registered.
   void ExpectTheOwnersFirstPushApplied() {
     std::vector<float> zero(kParams, 0.0f);
-    absl::StatusOr<ShardedClient::PushSummary> push = owner_->Push(zero, 0, {0, 0});
+    absl::StatusOr<ShardedClient::PushSummary> push = owner_->Push(zero, 0);
     ASSERT_TRUE(push.ok()) << push.status();
     EXPECT_EQ(push->duplicates, 0);
     ExpectWeights(/*version=*/1);
-    absl::StatusOr<std::vector<v1::StatsResponse>> all = FetchStats(*owner_);
+    absl::StatusOr<std::vector<v1::StatsResponse>> all = owner_->Stats();
     ASSERT_TRUE(all.ok()) << all.status();
     for (const v1::StatsResponse& s : *all) {
       EXPECT_EQ(s.registered_workers(), 1);
@@ -238,7 +235,7 @@ TEST_F(TokenTest, CallersWithoutTheTokenAreUnauthenticatedAndChangeNothing) {
       std::unique_ptr<ShardedClient> stranger = shards_.Client(id, Plaintext(token));
       shards_.ExpectEveryWriteRefused(*stranger, absl::StatusCode::kUnauthenticated,
                                       absl::StrCat("worker ", id, " with token '", token, "'"));
-      EXPECT_EQ(FetchStats(*stranger).status().code(), absl::StatusCode::kUnauthenticated);
+      EXPECT_EQ(stranger->Stats().status().code(), absl::StatusCode::kUnauthenticated);
     }
   }
   // The token without "Bearer ", straight through a raw stub.
@@ -269,7 +266,7 @@ TEST_F(TokenTest, TheReadOnlyTokenReadsButNeverWrites) {
   std::vector<float> values(kParams);
   ASSERT_TRUE(observer->Pull(absl::MakeSpan(values)).ok());
   EXPECT_EQ(values[999], 0.5f * 999);
-  ASSERT_TRUE(FetchStats(*observer).ok());
+  ASSERT_TRUE(observer->Stats().ok());
 
   for (int id : {0, 1}) {  // a registered worker's id and a fresh one
     std::unique_ptr<ShardedClient> reader = shards_.Client(id, Plaintext(kReadToken));
@@ -284,9 +281,9 @@ TEST_F(TokenTest, TheReadOnlyTokenReadsButNeverWrites) {
   EXPECT_EQ(CheckpointNow(shard0, kReadToken).error_code(), grpc::StatusCode::PERMISSION_DENIED);
   // With the write token: these shards keep no checkpoints, and say so.
   EXPECT_EQ(CheckpointNow(shard0, kWriteToken).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  absl::Status push = shards_.Client(0, Plaintext(kReadToken))->Push(values, 0, {0, 0}).status();
+  absl::Status push = shards_.Client(0, Plaintext(kReadToken))->Push(values, 0).status();
   EXPECT_NE(push.message().find("Push needs the write token"), std::string::npos) << push;
-  EXPECT_EQ((*FetchStats(shards_.owner()))[0].registered_workers(), 1);
+  EXPECT_EQ((*shards_.owner().Stats())[0].registered_workers(), 1);
 }
 
 TEST_F(TokenTest, TheHealthServiceStaysOpen) {
@@ -365,7 +362,7 @@ TEST_F(MutualTlsTest, ClientsWithoutATrustedCertificateCannotConnectAndAreToldWh
     std::unique_ptr<ShardedClient> client = shards_->Client(0, std::move(c.security));
     const absl::Time start = absl::Now();
     shards_->ExpectEveryWriteRefused(*client, absl::StatusCode::kFailedPrecondition, c.who);
-    absl::Status stats = FetchStats(*client).status();
+    absl::Status stats = client->Stats().status();
     EXPECT_EQ(stats.code(), absl::StatusCode::kFailedPrecondition) << c.who;
     EXPECT_NE(stats.message().find(c.cause), std::string::npos) << c.who << ": " << stats;
     EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << c.who << " (8 calls)";
@@ -383,7 +380,7 @@ TEST_F(MutualTlsTest, ATrustedCertificateStillNeedsTheToken) {
                                    "certificate, read-only token");
   std::unique_ptr<ShardedClient> observer = shards_->Client(-1, Tls(ca, cert, key, kReadToken));
   EXPECT_TRUE(observer->Register().ok());
-  EXPECT_TRUE(FetchStats(*observer).ok());
+  EXPECT_TRUE(observer->Stats().ok());
 }
 
 TEST(ServerOnlyTlsTest, ClientsNeedNoCertificateButMustUseTls) {
@@ -428,7 +425,7 @@ TEST(SecureClusterTest, WorkersAndAReadOnlyEvaluatorTrainOverMutualTlsWithTokens
   options.security = observer;
   ShardedClient stats_client({cluster.ShardAddress(0), cluster.ShardAddress(1)}, {"unused", 1, 2},
                              -1, options);
-  absl::StatusOr<std::vector<v1::StatsResponse>> stats = FetchStats(stats_client);
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = stats_client.Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
   for (const v1::StatsResponse& s : *stats) {
     EXPECT_EQ(s.version(), 300);
@@ -684,13 +681,10 @@ TEST_F(WorkerIdentityTest, OneWorkersTokenCannotActAsAnother) {
   for (const std::string& token : {WorkerToken(kWriteToken, 1), std::string(kWriteToken)}) {
     std::unique_ptr<ShardedClient> impostor = shards_.Client(0, Plaintext(token));
     std::vector<float> fifty(kParams, 50.0f), values(kParams);
-    ShardedClient::Versions base;
-    base.version.assign(2, 0);
-    base.shard_incarnation.assign(2, 0);
     std::vector<std::pair<std::string, absl::Status>> calls = {
         {"Register", impostor->Register().status()},
-        {"Push", impostor->Push(fifty, 0, base).status()},
-        {"Push with sequence 2^62", impostor->Push(fifty, kHugeSequence, base).status()},
+        {"Push", impostor->Push(fifty, 0).status()},
+        {"Push with sequence 2^62", impostor->Push(fifty, kHugeSequence).status()},
         {"Heartbeat", impostor->Heartbeat(absl::Seconds(10))},
         {"Leave", impostor->Leave(absl::Seconds(10))},
         {"Pull", impostor->Pull(absl::MakeSpan(values)).status()},
@@ -720,7 +714,7 @@ TEST_F(WorkerIdentityTest, OneWorkersTokenCannotActAsAnother) {
   ASSERT_TRUE(initialised.ok()) << initialised.status();
   EXPECT_EQ(*initialised, 0);
   // The impostors' pushes were counted as rejected.
-  absl::StatusOr<std::vector<v1::StatsResponse>> after = FetchStats(shards_.owner());
+  absl::StatusOr<std::vector<v1::StatsResponse>> after = shards_.owner().Stats();
   ASSERT_TRUE(after.ok());
   EXPECT_GE((*after)[0].pushes_rejected(), 4);
 }
@@ -794,7 +788,7 @@ TEST(ListenTest, ANonLoopbackAddressNeedsATokenOrMutualTlsOrInsecure) {
                 .find("W ps[0]] --insecure: listening on --host=0.0.0.0 where anyone"),
             std::string::npos);
   ShardedClient plain({insecure.ShardAddress(0)}, {"unused", 1, 1}, -1);
-  EXPECT_TRUE(FetchStats(plain).ok());
+  EXPECT_TRUE(plain.Stats().ok());
 
   // A token is enough, with a warning that it travels in plaintext.
   Secrets secrets;

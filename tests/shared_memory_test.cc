@@ -19,7 +19,7 @@
 #include "proto/ps.grpc.pb.h"
 #include "server/shared_segments.h"
 #include "tests/run_dir.h"
-#include "worker/shard_stats.h"
+#include "proto/ps.pb.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -239,7 +239,7 @@ TEST_F(SharedMemoryShardTest, CoLocatedClientsMoveTensorsThroughItWithTheSameRes
     absl::StatusOr<ShardedClient::Versions> seen = client.Pull(absl::MakeSpan(got));
     ASSERT_TRUE(seen.ok()) << seen.status();
     ASSERT_EQ(got, expected) << "step " << step;
-    ASSERT_TRUE(client.Push(gradient, step / 2, *seen).ok());
+    ASSERT_TRUE(client.Push(gradient).ok());
     for (int i = 0; i < kParams; ++i) expected[i] -= 0.5f * gradient[i];
   }
   ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(got)).ok());
@@ -270,7 +270,7 @@ TEST_F(SharedMemoryShardTest, AShardThatSharesNoneServesOverGrpc) {
   std::vector<float> got(kParams), zero(kParams, 0.0f);
   ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(got)).ok());
   EXPECT_EQ(got, initial_);
-  ASSERT_TRUE(worker0_->Push(zero, 0, {0}).ok());
+  ASSERT_TRUE(worker0_->Push(zero, 0).ok());
   v1::AttachSharedMemoryResponse a;
   EXPECT_EQ(Attach(0, &a).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   v1::StatsResponse stats = ShardStats();
@@ -286,7 +286,7 @@ TEST_F(SharedMemoryShardTest, ARefusedSegmentFallsBackToGrpc) {
   v1::AttachSharedMemoryResponse a;
   EXPECT_EQ(Attach(1, &a).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   std::vector<float> got(kParams), zero(kParams, 0.0f);
-  ASSERT_TRUE(worker1->Push(zero, 0, {0}).ok());
+  ASSERT_TRUE(worker1->Push(zero, 0).ok());
   ASSERT_TRUE(worker1->Pull(absl::MakeSpan(got)).ok());
   EXPECT_EQ(got, initial_);
   EXPECT_EQ(ShardStats().shm_pushes(), 0);
@@ -294,7 +294,7 @@ TEST_F(SharedMemoryShardTest, ARefusedSegmentFallsBackToGrpc) {
   // Worker 0's segment is taken from it (another process attached as worker 0): its next push
   // is refused as "shared memory lost", and the client sends it over gRPC at once.
   ASSERT_TRUE(Attach(0, &a).ok());
-  ASSERT_TRUE(worker0_->Push(zero, 0, {0}).ok());
+  ASSERT_TRUE(worker0_->Push(zero, 0).ok());
   ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(got)).ok());
   v1::StatsResponse stats = ShardStats();
   EXPECT_EQ(stats.pushes_applied(), 2);

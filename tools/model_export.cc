@@ -11,7 +11,7 @@
 #include "common/model_spec.h"
 #include "common/partition.h"
 #include "server/checkpoint_store.h"
-#include "worker/shard_stats.h"
+#include "proto/ps.pb.h"
 
 namespace ps {
 namespace {
@@ -91,7 +91,7 @@ absl::StatusOr<ModelFile> ModelFromShards(const std::vector<std::string>& addres
   ShardedClient client(addresses, *identity, /*worker_id=*/-1, options);
   if (absl::StatusOr<int64_t> r = client.Register(); !r.ok()) return r.status();
   // A pull would wait for an initialiser; an uninitialised job has nothing to export.
-  absl::StatusOr<std::vector<v1::StatsResponse>> stats = FetchStats(client);
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = client.Stats();
   if (!stats.ok()) return stats.status();
   for (size_t shard = 0; shard < stats->size(); ++shard) {
     if (!(*stats)[shard].initialized()) {

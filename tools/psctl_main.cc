@@ -31,7 +31,7 @@
 #include "tools/job_status.h"
 #include "tools/model_export.h"
 #include "worker/client_flags.h"
-#include "worker/shard_stats.h"
+#include "proto/ps.pb.h"
 
 ABSL_DECLARE_FLAG(std::string, cluster);  // common/cluster_spec.cc
 
@@ -114,7 +114,7 @@ absl::StatusOr<std::vector<v1::StatsResponse>> FetchEach(
   std::set<int> answered;
   notes->clear();
   for (ShardProcessClient& p : processes) {
-    absl::StatusOr<std::vector<v1::StatsResponse>> stats = FetchStats(*p.client);
+    absl::StatusOr<std::vector<v1::StatsResponse>> stats = p.client->Stats();
     if (stats.ok()) {
       rows.push_back(stats->front());
       answered.insert(p.shard);
@@ -183,17 +183,14 @@ int Status(const ClientConnection& shards) {
 int Checkpoint(ShardedClient& client, const std::vector<std::string>& addresses) {
   // One attempt per shard, with time for a large file: a write that failed is not retried.
   client.LimitCallsTo(absl::Minutes(10));
-  absl::StatusOr<std::vector<std::string>> answers = client.CallEachShard(
-      "/ps.v1.ParameterServer/Checkpoint", v1::CheckpointRequest().SerializeAsString());
+  absl::StatusOr<std::vector<v1::CheckpointResponse>> answers = client.Checkpoint();
   if (answers.status().code() == absl::StatusCode::kPermissionDenied) {
     return Fail(absl::StrCat(answers.status().message(),
                              " (give psctl the write token: --token_file=FILE)"));
   }
   if (!answers.ok()) return Fail(std::string(answers.status().message()));
   for (size_t i = 0; i < answers->size(); ++i) {
-    v1::CheckpointResponse r;
-    if (!r.ParseFromString((*answers)[i]))
-      return Fail("unreadable answer from shard " + addresses[i]);
+    const v1::CheckpointResponse& r = (*answers)[i];
     std::printf("shard %zu (%s): checkpoint at version %lld%s\n", i, addresses[i].c_str(),
                 static_cast<long long>(r.version()),
                 r.path().empty() ? " (already written)" : (" in " + r.path()).c_str());

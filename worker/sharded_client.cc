@@ -131,22 +131,30 @@ class CallThreads {
 }  // namespace
 
 // One call to every shard: each shard's attempts run on a CallThreads thread and report here.
-// `on_success` runs once every shard succeeded, before Wait returns, on the client's thread that
-// reported last (so while the client exists: a Pending may outlive it).
+// `on_end(ok)` runs once every shard reported (ok: all succeeded), before Wait returns, on the
+// client's thread that reported last (so while the client exists: a Pending may outlive it).
 class ShardedClient::Call {
  public:
-  Call(int shards, std::function<void()> on_success)
-      : on_success_(std::move(on_success)), results_(shards), pending_(shards) {}
+  Call(int shards, std::function<void(bool ok)> on_end)
+      : on_end_(std::move(on_end)), results_(shards), pending_(shards) {}
   void Done(int shard, absl::Status status) {
     absl::MutexLock lock(&mu_);
     results_[shard] = std::move(status);
-    if (pending_ == 1 && on_success_ &&
-        std::all_of(results_.begin(), results_.end(), [](const auto& s) { return s.ok(); })) {
+    if (pending_ == 1 && on_end_) {
+      const bool ok =
+          std::all_of(results_.begin(), results_.end(), [](const auto& s) { return s.ok(); });
       mu_.Unlock();
-      on_success_();
+      on_end_(ok);
       mu_.Lock();
     }
     --pending_;
+  }
+  // Whether every shard reported, waiting up to `timeout`.
+  bool Ended(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(
+                                    +[](int* pending) { return *pending == 0; }, &pending_),
+                                timeout);
   }
   // Waits for every shard; the first failure, by shard.
   absl::Status Wait() {
@@ -160,13 +168,14 @@ class ShardedClient::Call {
   }
 
  private:
-  const std::function<void()> on_success_;
+  const std::function<void(bool ok)> on_end_;
   absl::Mutex mu_;
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
   int pending_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::Status ShardedClient::Await(Call& call) { return call.Wait(); }
+bool ShardedClient::Ended(Call& call, absl::Duration timeout) { return call.Ended(timeout); }
 
 // Everything the client knows and holds: channels, sessions, the retry loop, the threads.
 class ShardedClient::Impl {
@@ -179,9 +188,9 @@ class ShardedClient::Impl {
 
   // Starts fn(shard) for every shard, each on a CallThreads thread, retrying transient failures
   // (the one retry loop); the call reports the first error, prefixed with the shard's address.
-  // `on_success`: see Call.
+  // `on_end`: see Call.
   std::shared_ptr<Call> Start(ShardFn fn, bool retry, absl::Duration timeout,
-                              std::function<void()> on_success = nullptr);
+                              std::function<void(bool ok)> on_end = nullptr);
   absl::Status ForEachShard(ShardFn fn, bool retry, absl::Duration timeout) {
     return Start(std::move(fn), retry, timeout)->Wait();
   }
@@ -243,11 +252,23 @@ class ShardedClient::Impl {
   std::shared_ptr<SharedPath> AttachTo(int shard, int64_t shard_incarnation);
   // Stops using `shared` with `shard` (it failed: `why`); later calls go over gRPC.
   void DropShared(int shard, const std::shared_ptr<SharedPath>& shared, absl::string_view why);
-  // Register, Initialize and CallEachShard of the class.
+  // Register, Initialize and Stats of the class.
   absl::StatusOr<int64_t> Register();
   absl::StatusOr<int> Initialize(absl::Span<const float> params);
-  absl::StatusOr<std::vector<std::string>> CallEachShard(const std::string& method,
-                                                         const std::string& request);
+  absl::StatusOr<std::vector<v1::StatsResponse>> Stats();
+  // One unary `call` with `request` to every shard, retried like the others; the answers by shard.
+  template <typename Request, typename Response>
+  absl::StatusOr<std::vector<Response>> CallEachShard(
+      grpc::Status (v1::ParameterServer::Stub::*call)(grpc::ClientContext*, const Request&,
+                                                      Response*),
+      const Request& request) {
+    std::vector<Response> out(num_shards());
+    absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
+      return (Stub(shard)->*call)(context, request, &out[shard]);
+    });
+    if (!s.ok()) return s;
+    return out;
+  }
   // Sends every shard `call` (Heartbeat, Leave) with this worker's identity: one attempt each.
   template <typename Request, typename Response>
   absl::Status TellEachShard(absl::Duration timeout,
@@ -308,8 +329,23 @@ class ShardedClient::Impl {
   std::vector<Session> sessions_ ABSL_GUARDED_BY(sessions_mu_);
   std::vector<int> current_ ABSL_GUARDED_BY(sessions_mu_);  // by shard: the replica called
   int reregistrations_ ABSL_GUARDED_BY(sessions_mu_) = 0;
-  // The sequence of the push in progress or of the next one, for registering again.
-  int64_t next_sequence_ ABSL_GUARDED_BY(sessions_mu_) = 0;
+  // The worker's pushes and pulls as the client numbers them. Shared with the calls' results,
+  // which may outlive the client.
+  struct Steps {
+    absl::Mutex mu;
+    int64_t next ABSL_GUARDED_BY(mu) = 0;                // the next push's sequence
+    int64_t last_started ABSL_GUARDED_BY(mu) = -1;       // the last push's
+    std::multiset<int64_t> pushing ABSL_GUARDED_BY(mu);  // pushes in progress
+    // Whether a push started since the last pull was waited for: a prefetch is then ahead of
+    // that push, else of the next one.
+    bool pushed_since_pull ABSL_GUARDED_BY(mu) = false;
+    Versions last_pull ABSL_GUARDED_BY(mu);
+    // For registering again: the push in progress (the lowest), else the next.
+    int64_t Resume() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return pushing.empty() ? next : *pushing.begin();
+    }
+  };
+  const std::shared_ptr<Steps> steps_ = std::make_shared<Steps>();
 
   absl::Mutex mu_;
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // incremented by CancelPending
@@ -329,6 +365,7 @@ ShardedClient::~ShardedClient() { Close(); }
 
 int ShardedClient::num_shards() const { return impl_->num_shards(); }
 const ModelIdentity& ShardedClient::model() const { return impl_->model_; }
+int ShardedClient::worker_id() const { return impl_->worker_id_; }
 const std::string& ShardedClient::consistency() const { return impl_->consistency_; }
 
 ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
@@ -359,6 +396,9 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
         PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses.size())));
     register_mu_.push_back(std::make_unique<absl::Mutex>());
   }
+  absl::MutexLock lock(&steps_->mu);
+  steps_->last_pull.version.assign(addresses.size(), 0);
+  steps_->last_pull.shard_incarnation.assign(addresses.size(), 0);
 }
 
 int ShardedClient::Impl::CurrentReplica(int shard) const {
@@ -442,13 +482,13 @@ grpc::Status ShardedClient::Impl::Attempt(
 
 std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(ShardFn fn, bool retry,
                                                                 absl::Duration timeout,
-                                                                std::function<void()> on_success) {
+                                                                std::function<void(bool ok)> on_end) {
   int64_t generation;
   {
     absl::MutexLock lock(&mu_);
     generation = generation_;
   }
-  auto call = std::make_shared<Call>(num_shards(), std::move(on_success));
+  auto call = std::make_shared<Call>(num_shards(), std::move(on_end));
   auto shared_fn = std::make_shared<const ShardFn>(std::move(fn));
   for (int shard = 0; shard < num_shards(); ++shard) {
     auto result = std::make_shared<absl::Status>();
@@ -676,7 +716,10 @@ grpc::Status ShardedClient::Impl::Reregister(int shard, int64_t stale, int64_t g
   {
     absl::MutexLock lock(&sessions_mu_);
     if (sessions_[shard].shard_incarnation != stale) return grpc::Status::OK;  // done already
-    if (worker_id_ >= 0) resume_sequence = next_sequence_;
+  }
+  if (worker_id_ >= 0) {
+    absl::MutexLock lock(&steps_->mu);
+    resume_sequence = steps_->Resume();
   }
   grpc::Status s = Attempt(
       shard,
@@ -740,10 +783,12 @@ absl::StatusOr<int64_t> ShardedClient::Impl::Register() {
   // barrier.
   absl::StatusOr<ConsistencySpec> spec = ParseConsistencySpec(consistency_);
   const bool rounds = spec.ok() && spec->rounds();
-  next_sequence_ = (rounds ? *std::max_element(last.begin(), last.end())
-                           : *std::min_element(last.begin(), last.end())) +
-                   1;
-  return next_sequence_;
+  const int64_t next = (rounds ? *std::max_element(last.begin(), last.end())
+                               : *std::min_element(last.begin(), last.end())) +
+                       1;
+  absl::MutexLock steps_lock(&steps_->mu);
+  steps_->next = next;
+  return next;
 }
 
 absl::StatusOr<int> ShardedClient::Impl::Initialize(absl::Span<const float> params) {
@@ -843,17 +888,33 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
 }
 
 ShardedClient::Pending<ShardedClient::Versions> ShardedClient::StartPull(absl::Span<float> params,
-                                                                         int64_t after_sequence) {
+                                                                         bool prefetch) {
   auto versions = std::make_shared<Versions>();
   versions->version.assign(num_shards(), 0);
   versions->shard_incarnation.assign(num_shards(), 0);
   Impl* impl = impl_.get();
+  std::shared_ptr<Impl::Steps> steps = impl->steps_;
+  int64_t after_sequence = -1;
+  if (prefetch) {
+    absl::MutexLock lock(&steps->mu);
+    after_sequence = steps->pushed_since_pull ? steps->last_started : steps->next;
+  }
   std::shared_ptr<Call> call = impl->Start(
       [impl, params, after_sequence, versions](int shard, grpc::ClientContext* context) {
         return impl->PullFrom(shard, context, params, after_sequence, versions.get());
       },
       /*retry=*/true, impl->options_.rpc_timeout);
-  return Pending<Versions>(std::move(call), [versions] { return *versions; });
+  return Pending<Versions>(std::move(call), [versions, steps] {
+    absl::MutexLock lock(&steps->mu);
+    steps->last_pull = *versions;
+    steps->pushed_since_pull = false;
+    return *versions;
+  });
+}
+
+ShardedClient::Versions ShardedClient::last_pull() const {
+  absl::MutexLock lock(&impl_->steps_->mu);
+  return impl_->steps_->last_pull;
 }
 
 grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context,
@@ -914,31 +975,38 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
 }
 
 ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
-    absl::Span<const float> gradient, int64_t sequence, const Versions& base) {
+    absl::Span<const float> gradient, int64_t sequence) {
   Impl* impl = impl_.get();
-  {
-    absl::MutexLock lock(&impl->sessions_mu_);
-    impl->next_sequence_ = sequence;
-  }
+  std::shared_ptr<Impl::Steps> steps = impl->steps_;
   struct Answers {
     std::vector<v1::PushResponse> responses;
     std::vector<int64_t> saturated;
     Versions base;
   };
   auto answers = std::make_shared<Answers>(Answers{std::vector<v1::PushResponse>(num_shards()),
-                                                   std::vector<int64_t>(num_shards(), 0), base});
+                                                   std::vector<int64_t>(num_shards(), 0), {}});
+  {
+    absl::MutexLock lock(&steps->mu);
+    if (sequence == kNextSequence) sequence = steps->next;
+    steps->next = std::max(steps->next, sequence + 1);
+    steps->last_started = sequence;
+    steps->pushing.insert(sequence);
+    steps->pushed_since_pull = true;
+    answers->base = steps->last_pull;
+  }
   std::shared_ptr<Call> call = impl->Start(
       [impl, gradient, sequence, answers](int shard, grpc::ClientContext* context) {
         return impl->PushTo(shard, context, gradient, sequence, answers->base,
                             &answers->responses[shard], &answers->saturated[shard]);
       },
       /*retry=*/true, impl->options_.rpc_timeout,
-      [impl, sequence] {
-        absl::MutexLock lock(&impl->sessions_mu_);
-        impl->next_sequence_ = sequence + 1;
+      [steps, sequence](bool) {
+        absl::MutexLock lock(&steps->mu);
+        steps->pushing.erase(steps->pushing.find(sequence));
       });
-  return Pending<PushSummary>(std::move(call), [answers] {
+  return Pending<PushSummary>(std::move(call), [answers, sequence] {
     PushSummary summary;
+    summary.sequence = sequence;
     for (int64_t n : answers->saturated) summary.saturated += n;
     for (const v1::PushResponse& r : answers->responses) {
       summary.max_staleness = std::max(summary.max_staleness, r.staleness());
@@ -949,27 +1017,37 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
   });
 }
 
-absl::StatusOr<std::vector<std::string>> ShardedClient::Impl::CallEachShard(
-    const std::string& method, const std::string& request) {
-  std::vector<std::string> out(num_shards());
-  absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
-    const Replica& replica = CurrentReplicaOf(shard);
-    const grpc::internal::RpcMethod rpc(method.c_str(), grpc::internal::RpcMethod::NORMAL_RPC,
-                                        replica.channel);
-    grpc::Slice request_slice(request);
-    grpc::ByteBuffer request_bytes(&request_slice, 1), response_bytes;
-    grpc::Status status = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-        replica.channel.get(), rpc, context, request_bytes, &response_bytes);
-    grpc::Slice flat;
-    if (status.ok() && !response_bytes.TrySingleSlice(&flat).ok() &&
-        !response_bytes.DumpToSingleSlice(&flat).ok()) {
-      return grpc::Status(grpc::StatusCode::DATA_LOSS, "unreadable response");
+absl::StatusOr<std::vector<v1::StatsResponse>> ShardedClient::Impl::Stats() {
+  std::vector<v1::StatsResponse> stats(num_shards());
+  std::vector<int> last(num_shards(), -1);  // by shard: the highest worker id taken so far
+  // One request serves every shard; shards know different workers, so a page goes on from the
+  // lowest id where some shard's page ended, and each shard's workers already taken are skipped.
+  for (int first = 0; first >= 0;) {
+    v1::StatsRequest request;
+    request.set_first_worker(first);
+    absl::StatusOr<std::vector<v1::StatsResponse>> pages =
+        CallEachShard(&v1::ParameterServer::Stub::GetStats, request);
+    if (!pages.ok()) return pages.status();
+    int next = -1;
+    for (int shard = 0; shard < num_shards(); ++shard) {
+      v1::StatsResponse& page = (*pages)[shard];
+      if (first == 0) {
+        stats[shard] = page;
+        stats[shard].clear_workers();
+      }
+      for (const v1::WorkerStats& w : page.workers()) {
+        if (w.worker_id() <= last[shard]) continue;
+        *stats[shard].add_workers() = w;
+        last[shard] = w.worker_id();
+      }
+      if (page.next_worker() > first && (next < 0 || page.next_worker() < next)) {
+        next = page.next_worker();
+      }
     }
-    if (status.ok()) out[shard].assign(reinterpret_cast<const char*>(flat.begin()), flat.size());
-    return status;
-  });
-  if (!s.ok()) return s;
-  return out;
+    first = next;
+  }
+  for (v1::StatsResponse& s : stats) s.set_next_worker(-1);
+  return stats;
 }
 
 absl::StatusOr<int64_t> ShardedClient::Register() { return impl_->Register(); }
@@ -978,9 +1056,10 @@ absl::StatusOr<int> ShardedClient::Initialize(absl::Span<const float> params) {
   return impl_->Initialize(params);
 }
 
-absl::StatusOr<std::vector<std::string>> ShardedClient::CallEachShard(const std::string& method,
-                                                                      const std::string& request) {
-  return impl_->CallEachShard(method, request);
+absl::StatusOr<std::vector<v1::StatsResponse>> ShardedClient::Stats() { return impl_->Stats(); }
+
+absl::StatusOr<std::vector<v1::CheckpointResponse>> ShardedClient::Checkpoint() {
+  return impl_->CallEachShard(&v1::ParameterServer::Stub::Checkpoint, v1::CheckpointRequest());
 }
 
 int64_t ShardedClient::incarnation(int shard) const { return impl_->SessionOf(shard).incarnation; }

@@ -31,9 +31,13 @@
 // over gRPC (deadlines, token, retries as above). A shard elsewhere, one that shares no memory,
 // or a segment that stopped working: tensors go over gRPC, as they always can.
 //
-// Thread-safe, with one rule: a worker's pushes carry increasing sequences, so start them from
-// one thread. Registering again happens on whichever call meets the restart first (once per
-// restart: the others wait for it).
+// The client keeps a worker's bookkeeping: the sequence number each push carries (from Register
+// on, one more per push) and the versions of the weights its last pull saw (a push's base: what
+// staleness is measured from), so callers pass tensors only.
+//
+// Thread-safe, with one rule: pushes take increasing sequences in the order they start, so start
+// them from one thread. Registering again happens on whichever call meets the restart first (once
+// per restart: the others wait for it).
 #pragma once
 
 #include <cstdint>
@@ -53,6 +57,10 @@
 #include "common/wire_type.h"
 
 namespace ps {
+namespace v1 {
+class CheckpointResponse;  // proto/ps.pb.h
+class StatsResponse;
+}  // namespace v1
 
 struct ClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(10);  // deadline of each attempt
@@ -86,6 +94,7 @@ class ShardedClient {
   };
 
   struct PushSummary {
+    int64_t sequence = 0;       // what the push carried
     int64_t max_staleness = 0;  // over shards
     int duplicates = 0;         // shards that had applied this sequence before
     int dropped = 0;            // shards whose consistency policy dropped it (counted there)
@@ -111,6 +120,10 @@ class ShardedClient {
     }
     ~Pending() { Finish(); }
     bool valid() const { return call_ != nullptr; }
+    // Whether the call has ended, waiting up to `timeout` for it (Wait then returns at once).
+    bool Done(absl::Duration timeout) const {
+      return call_ == nullptr || Ended(*call_, timeout);
+    }
     absl::StatusOr<T> Wait() {
       if (call_ == nullptr) return absl::FailedPreconditionError("no call to wait for");
       std::shared_ptr<Call> call = std::move(call_);
@@ -139,13 +152,14 @@ class ShardedClient {
 
   int num_shards() const;
   const ModelIdentity& model() const;
+  int worker_id() const;  // < 0: an observer
 
   // Registers with every shard (checking they agree on the model) and returns the sequence number
-  // this worker's next push should carry: one past the lowest last sequence over the shards, so
-  // that a step that reached only some shards is delivered to the others (those that have it
-  // answer duplicate); in rounds (sync, local), one past the highest (that step's round has
-  // closed). Fails
-  // (FAILED_PRECONDITION) if some shards hold a trained model and others none.
+  // this worker's next push carries, which is also the step a restarted worker resumes at: one
+  // past the lowest last sequence over the shards, so that a step that reached only some shards
+  // is delivered to the others (those that have it answer duplicate); in rounds (sync, local),
+  // one past the highest (that step's round has closed). Fails (FAILED_PRECONDITION) if some
+  // shards hold a trained model and others none.
   absl::StatusOr<int64_t> Register();
   // The shards' consistency model (common/consistency_spec.h), known after Register.
   const std::string& consistency() const;
@@ -161,29 +175,35 @@ class ShardedClient {
 
   // Fills `params` (total_params floats, valid until the call ends) from all shards, waiting for
   // initialisation if needed (up to ClientOptions::retry_for); the result is what each shard
-  // served. A prefetching worker passes the sequence of its push that may still be in flight
-  // (see PullRequest.after_sequence); -1: none.
-  Pending<Versions> StartPull(absl::Span<float> params, int64_t after_sequence = -1);
-  absl::StatusOr<Versions> Pull(absl::Span<float> params, int64_t after_sequence = -1) {
-    return StartPull(params, after_sequence).Wait();
+  // served, which the client also keeps (last_pull()) once Wait returned it. `prefetch`: the
+  // pull is of the weights for this worker's next step, made before its current step's push has
+  // landed (started before that push, or while it is in flight: see PullRequest.after_sequence).
+  Pending<Versions> StartPull(absl::Span<float> params, bool prefetch = false);
+  absl::StatusOr<Versions> Pull(absl::Span<float> params) { return StartPull(params).Wait(); }
+  // The versions of the last pull whose Wait returned them; before any, version 0 everywhere.
+  Versions last_pull() const;
+
+  // Pushes each shard its slice of `gradient` (valid until the call ends), computed from the
+  // weights of last_pull() (a shard that restarted since that pull gets it as computed from its
+  // current version). It carries the client's next sequence (a push that failed uses its
+  // sequence up), or `sequence` when given, which must not be below it: for a caller that numbers
+  // pushes by its own steps (local SGD pushes every few steps, and Register's answer is then the
+  // step to resume at).
+  static constexpr int64_t kNextSequence = -1;
+  Pending<PushSummary> StartPush(absl::Span<const float> gradient,
+                                 int64_t sequence = kNextSequence);
+  absl::StatusOr<PushSummary> Push(absl::Span<const float> gradient,
+                                   int64_t sequence = kNextSequence) {
+    return StartPush(gradient, sequence).Wait();
   }
 
-  // Pushes each shard its slice of `gradient` (valid until the call ends), tagged with `sequence`
-  // and the version of that shard the gradient was computed from (from the Pull that gave the
-  // weights). A shard that restarted since that pull gets the gradient as computed from its
-  // current version.
-  Pending<PushSummary> StartPush(absl::Span<const float> gradient, int64_t sequence,
-                                 const Versions& base);
-  absl::StatusOr<PushSummary> Push(absl::Span<const float> gradient, int64_t sequence,
-                                   const Versions& base) {
-    return StartPush(gradient, sequence, base).Wait();
-  }
-
-  // One unary call of `method` (a full name, "/ps.v1.ParameterServer/GetStats") with the
-  // serialised `request` to every shard, retried like the others; the serialised responses, by
-  // shard (worker/shard_stats.h reads statistics this way).
-  absl::StatusOr<std::vector<std::string>> CallEachShard(const std::string& method,
-                                                         const std::string& request);
+  // Every shard's statistics (GetStats: a page of at most 256 workers per call, fetched one after
+  // another and joined), by shard. Fails like any call, or DATA_LOSS for an answer that does not
+  // parse.
+  absl::StatusOr<std::vector<v1::StatsResponse>> Stats();
+  // Asks every shard to write a checkpoint now (the write token's right), retried like the other
+  // calls (a tool that must not repeat a long write sets LimitCallsTo first); the answers by shard.
+  absl::StatusOr<std::vector<v1::CheckpointResponse>> Checkpoint();
 
   // Refreshes this worker's lease on every shard: one attempt each, with `timeout` (keep it well
   // under the lease, so that one stalled shard does not delay the others' heartbeats).
@@ -206,6 +226,7 @@ class ShardedClient {
 
  private:
   static absl::Status Await(Call& call);
+  static bool Ended(Call& call, absl::Duration timeout);
   std::unique_ptr<Impl> impl_;
 };
 

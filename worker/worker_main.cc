@@ -30,6 +30,7 @@
 #include "worker/local_model.h"
 #include "worker/network.h"
 #include "worker/sharded_client.h"
+#include "worker/worker_session.h"
 
 ABSL_FLAG(int, rank, 0, "This worker's rank r in [0, num_workers); rank 0 initialises the model.");
 ABSL_FLAG(int, num_workers, 1, "Number of workers W; worker r trains on slice r of W of the data.");
@@ -207,7 +208,7 @@ absl::StatusOr<int64_t> TrainOnGradients(Run& run, int64_t step, bool prefetch) 
           absl::StrCat("pull failed at step ", step, ": ", versions.status().message())));
     }
     if (prefetch && (run.steps == 0 || step + 1 < run.steps)) {
-      prefetched = run.client.StartPull(next_params->span(), /*after_sequence=*/step);
+      prefetched = run.client.StartPull(next_params->span(), /*prefetch=*/true);
     }
     run.sampler.Indices(step, &indices);
     const absl::Time compute_start = absl::Now();
@@ -221,7 +222,7 @@ absl::StatusOr<int64_t> TrainOnGradients(Run& run, int64_t step, bool prefetch) 
     if (!run.SlowDown(compute_start)) break;
     if (run.push_delay.enabled() && WaitForShutdown(run.push_delay.Next())) break;
     const absl::Time push_start = absl::Now();
-    absl::StatusOr<ShardedClient::PushSummary> push = run.client.Push(grad.span(), step, *versions);
+    absl::StatusOr<ShardedClient::PushSummary> push = run.client.Push(grad.span());
     if (!push.ok()) {
       if (ShutdownRequested()) break;
       return fail(absl::UnavailableError(
@@ -262,7 +263,7 @@ absl::StatusOr<int64_t> TrainLocalModel(Run& run, int64_t step, const Consistenc
         return absl::CancelledError("stopping");
       }
       const absl::Time push_start = absl::Now();
-      absl::StatusOr<ShardedClient::PushSummary> pushed = run.client.Push(values, step, versions);
+      absl::StatusOr<ShardedClient::PushSummary> pushed = run.client.Push(values, /*sequence=*/step);
       if (!pushed.ok()) return pushed.status();
       push_time = absl::Now() - push_start;
       run.metrics.Observe(StepMetrics::kPush, push_time);
@@ -397,9 +398,13 @@ int Main(int argc, char** argv) {
                       static_cast<int>(shards.addresses.size())};
   ShardedClient client(shards.addresses, model, rank, options);
   CancelOnShutdown cancel_on_shutdown(&client);
-  absl::StatusOr<int64_t> next_step = client.Register();
-  if (!next_step.ok() && ShutdownRequested()) return 0;
-  if (!next_step.ok()) return Fail(std::string(next_step.status().message()));
+  // Heartbeats keep this worker in the shards' active set while it computes or waits at a
+  // barrier; each has a deadline of one interval, so a stalled shard does not delay the others.
+  const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds));
+  absl::StatusOr<std::unique_ptr<WorkerSession>> session = WorkerSession::Start(&client, heartbeat);
+  if (!session.ok() && ShutdownRequested()) return 0;
+  if (!session.ok()) return Fail(std::string(session.status().message()));
+  const int64_t first_step = (*session)->first_step();
   absl::StatusOr<ConsistencySpec> consistency = ParseConsistencySpec(client.consistency());
   if (!consistency.ok()) {
     return Fail("the shards run " + std::string(consistency.status().message()));
@@ -410,34 +415,21 @@ int Main(int argc, char** argv) {
     // only every few steps.
     return Fail("--prefetch needs async or ssp:S shards; these run " + client.consistency());
   }
-  // Heartbeats keep this worker in the shards' active set while it computes or waits at a
-  // barrier; each has a deadline of one interval, so a stalled shard does not delay the others.
-  // The same thread ends the run at --max_seconds, even in the middle of a wait on a shard.
-  const absl::Duration heartbeat = absl::Seconds(absl::GetFlag(FLAGS_heartbeat_seconds));
+  // --max_seconds ends the run even in the middle of a wait on a shard.
   const double max_seconds = absl::GetFlag(FLAGS_max_seconds);
   const absl::Time start = absl::Now();
   const absl::Time time_limit =
       max_seconds > 0 ? start + absl::Seconds(max_seconds) : absl::InfiniteFuture();
-  // Stopped (idempotently) by shutdown: at the end of the run, or on any early return.
-  struct Heartbeats {
+  struct Deadline {
     std::thread thread;
-    void Stop() {
-      if (!thread.joinable()) return;
+    ~Deadline() {
       RequestShutdown();
       thread.join();
     }
-    ~Heartbeats() { Stop(); }
-  } heartbeats{std::thread([&client, heartbeat, time_limit] {
-    while (!WaitForShutdown(std::min(heartbeat, time_limit - absl::Now()))) {
-      if (absl::Now() >= time_limit) {
-        PS_LOG(INFO) << "--max_seconds reached: stopping";
-        RequestShutdown();
-        break;
-      }
-      if (absl::Status s = client.Heartbeat(std::max(heartbeat, absl::Milliseconds(500)));
-          !s.ok()) {
-        PS_LOG(WARNING) << "heartbeat: " << s;
-      }
+  } deadline{std::thread([time_limit] {
+    if (!WaitForShutdown(time_limit - absl::Now())) {
+      PS_LOG(INFO) << "--max_seconds reached: stopping";
+      RequestShutdown();
     }
   })};
   if (rank == 0) {
@@ -449,7 +441,7 @@ int Main(int argc, char** argv) {
   }
   PS_LOG(INFO) << mlp.Fingerprint() << " (" << mlp.num_params() << " parameters) on "
                << backend->Name() << ", examples [" << slice.begin << ", " << slice.end
-               << "), starting at step " << *next_step;
+               << "), starting at step " << first_step;
 
   absl::StatusOr<CsvWriter> csv =
       CsvWriter::Open(started->csv.empty() ? "/dev/null" : started->csv,
@@ -475,12 +467,12 @@ int Main(int argc, char** argv) {
           absl::GetFlag(FLAGS_steps),
           start,
           time_limit,
-          *next_step};
+          first_step};
   absl::StatusOr<int64_t> stopped =
       consistency->local_models()
-          ? TrainLocalModel(run, *next_step, *consistency, local_lr,
+          ? TrainLocalModel(run, first_step, *consistency, local_lr,
                             static_cast<float>(local_momentum), local_schedule == "cosine")
-          : TrainOnGradients(run, *next_step, prefetch);
+          : TrainOnGradients(run, first_step, prefetch);
   if (!stopped.ok()) return Fail(std::string(stopped.status().message()));
   const int64_t step = *stopped;
   PS_LOG(INFO) << "done at step " << step << " after " << absl::ToDoubleSeconds(absl::Now() - start)
@@ -488,9 +480,10 @@ int Main(int argc, char** argv) {
                << client.reregistrations() << " restarted shard(s)";
   // Leave the active set now (after the last heartbeat, which would rejoin), so that sync rounds
   // need not wait out this worker's lease.
-  heartbeats.Stop();
   cancel_on_shutdown.Join();  // or it could cancel the Leave
-  if (absl::Status s = client.Leave(absl::Seconds(2)); !s.ok()) PS_LOG(WARNING) << "leave: " << s;
+  if (absl::Status s = (*session)->Leave(absl::Seconds(2)); !s.ok()) {
+    PS_LOG(WARNING) << "leave: " << s;
+  }
   if (started->health != nullptr) started->health->Shutdown();
   return 0;
 }

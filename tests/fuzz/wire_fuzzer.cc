@@ -21,7 +21,7 @@
 #include "common/shared_memory.h"
 #include "common/wire_type.h"
 #include "proto/ps.grpc.pb.h"
-#include "worker/shard_stats.h"
+#include "proto/ps.pb.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -848,7 +848,7 @@ absl::StatusOr<Snapshot> TakeSnapshot(ShardedClient& observer) {
   absl::StatusOr<ShardedClient::Versions> versions = observer.Pull(absl::MakeSpan(s.weights));
   if (!versions.ok()) return versions.status();
   s.versions = *std::move(versions);
-  absl::StatusOr<std::vector<v1::StatsResponse>> stats = FetchStats(observer);
+  absl::StatusOr<std::vector<v1::StatsResponse>> stats = observer.Stats();
   if (!stats.ok()) return stats.status();
   s.stats = *std::move(stats);
   return s;

@@ -1,0 +1,358 @@
+// The C API (paramserver_c.h) over ShardedClient and WorkerSession: settings parsing, error
+// reporting through a thread-local message, and operations as Pending calls.
+#include "capi/paramserver_c.h"
+
+#include <google/protobuf/util/json_util.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/cluster.h"
+#include "common/cluster_spec.h"
+#include "common/model_spec.h"
+#include "common/network_spec.h"
+#include "common/security.h"
+#include "common/wire_type.h"
+#include "nlohmann/json.hpp"
+#include "proto/ps.pb.h"
+#include "worker/sharded_client.h"
+#include "worker/worker_session.h"
+
+struct ps_client {
+  std::unique_ptr<ps::ShardedClient> client;
+  absl::Duration heartbeat;
+  std::unique_ptr<ps::WorkerSession> session;  // after register; destroyed before the client
+};
+
+struct ps_op {
+  bool is_pull = false;
+  ps::ShardedClient::Pending<ps::ShardedClient::Versions> pull;
+  ps::ShardedClient::Pending<ps::ShardedClient::PushSummary> push;
+  std::optional<absl::Status> result;  // once ended
+  ps::ShardedClient::Versions versions;
+  ps::ShardedClient::PushSummary summary;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+int Report(const absl::Status& status) {
+  last_error = std::string(status.message());
+  return static_cast<int>(status.code());
+}
+
+int Ok() {
+  last_error.clear();
+  return 0;
+}
+
+using Settings = std::map<std::string, std::string>;
+
+const std::set<std::string>& KnownSettings() {
+  static const auto* const kKnown = new std::set<std::string>{
+      "ps",         "cluster",      "model",         "hidden",        "rank",
+      "num_workers", "tls_ca",      "tls_cert",      "tls_key",       "token_file",
+      "push_dtype", "pull_dtype",   "shared_memory", "rpc_timeout_seconds", "retry_seconds",
+      "heartbeat_seconds"};
+  return *kKnown;
+}
+
+// The settings object as name -> text (numbers and booleans as JSON writes them).
+absl::StatusOr<Settings> ParseSettings(const char* text) {
+  nlohmann::json root = nlohmann::json::parse(text == nullptr ? "{}" : text, nullptr, false);
+  if (root.is_discarded() || !root.is_object()) {
+    return absl::InvalidArgumentError("settings must be a JSON object");
+  }
+  Settings settings;
+  for (const auto& [name, value] : root.items()) {
+    if (KnownSettings().count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown setting \"", name, "\" (known: ",
+                                                     absl::StrJoin(KnownSettings(), ", "), ")"));
+    }
+    if (value.is_null()) continue;
+    if (!value.is_string() && !value.is_number() && !value.is_boolean()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("setting \"", name, "\" must be a string, number or boolean"));
+    }
+    settings[name] = value.is_string() ? value.get<std::string>() : value.dump();
+  }
+  return settings;
+}
+
+// Adds what a cluster spec gives this role (shards, model, workers, credentials), where the
+// settings do not say otherwise.
+absl::Status AddClusterSpec(int rank, Settings* settings) {
+  absl::StatusOr<ps::ClusterSpec> spec = ps::ReadClusterSpec((*settings)["cluster"]);
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<std::vector<std::string>> flags =
+      rank >= 0 ? ps::FlagsForRole(*spec, "worker", absl::StrCat("worker:", rank))
+                : ps::FlagsForRole(*spec, "evaluator", "evaluator");
+  if (!flags.ok()) return flags.status();
+  for (const std::string& flag : *flags) {
+    const size_t eq = flag.find('=');
+    if (flag.rfind("--", 0) != 0 || eq == std::string::npos) continue;
+    const std::string name = flag.substr(2, eq - 2);
+    if (KnownSettings().count(name) > 0) settings->emplace(name, flag.substr(eq + 1));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::StatusOr<T> Number(const Settings& settings, const std::string& name, T fallback) {
+  auto it = settings.find(name);
+  if (it == settings.end()) return fallback;
+  T value;
+  bool parsed;
+  if constexpr (std::is_floating_point_v<T>) {
+    parsed = absl::SimpleAtod(it->second, &value);
+  } else {
+    parsed = absl::SimpleAtoi(it->second, &value);
+  }
+  if (!parsed) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("setting \"", name, "\" must be a number, not \"", it->second, "\""));
+  }
+  return value;
+}
+
+std::string Text(const Settings& settings, const std::string& name) {
+  auto it = settings.find(name);
+  return it == settings.end() ? "" : it->second;
+}
+
+absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json) {
+  absl::StatusOr<Settings> settings = ParseSettings(settings_json);
+  if (!settings.ok()) return settings.status();
+  absl::StatusOr<int> rank = Number(*settings, "rank", -1);
+  if (!rank.ok()) return rank.status();
+  if (settings->count("cluster") > 0) {
+    if (absl::Status s = AddClusterSpec(*rank, &*settings); !s.ok()) return s;
+  }
+  if (Text(*settings, "ps").empty()) {
+    return absl::InvalidArgumentError("no shards: set \"ps\" (host:port,...) or \"cluster\"");
+  }
+  absl::StatusOr<std::vector<std::string>> addresses = ps::ParseShardAddresses((*settings)["ps"]);
+  if (!addresses.ok()) return addresses.status();
+  const int shards = static_cast<int>(addresses->size());
+  // A spec the C++ network knows (mlp:, cnn:, a preset, or the MLP of "hidden"), else flat:N.
+  absl::StatusOr<ps::ModelIdentity> model = ps::ParseModelSpec(Text(*settings, "model"), shards);
+  if (!model.ok()) {
+    absl::StatusOr<ps::NetworkSpec> network =
+        ps::ResolveModel(Text(*settings, "model"), Text(*settings, "hidden"));
+    if (!network.ok()) return model.status();
+    model = ps::ModelIdentity{network->ToString(), network->num_params(), shards};
+  }
+  ps::ClientOptions options;
+  absl::StatusOr<int> workers = Number(*settings, "num_workers", 0);
+  absl::StatusOr<double> timeout = Number(*settings, "rpc_timeout_seconds", 10.0);
+  absl::StatusOr<double> retry = Number(*settings, "retry_seconds", 60.0);
+  absl::StatusOr<double> heartbeat = Number(*settings, "heartbeat_seconds", 1.0);
+  for (const absl::Status& s :
+       {workers.status(), timeout.status(), retry.status(), heartbeat.status()}) {
+    if (!s.ok()) return s;
+  }
+  if (*workers < 0 || !(*timeout > 0) || !(*retry >= 0) || !(*heartbeat >= 0)) {
+    return absl::InvalidArgumentError(
+        "num_workers, retry_seconds and heartbeat_seconds must be >= 0, rpc_timeout_seconds > 0");
+  }
+  options.num_workers = *workers;
+  options.rpc_timeout = absl::Seconds(*timeout);
+  options.retry_for = absl::Seconds(*retry);
+  for (const char* name : {"push_dtype", "pull_dtype"}) {
+    if (Text(*settings, name).empty()) continue;
+    absl::StatusOr<ps::WireType> type = ps::ParseWireType((*settings)[name]);
+    if (!type.ok()) return absl::InvalidArgumentError(absl::StrCat(name, ": ", type.status().message()));
+    (std::string(name) == "push_dtype" ? options.push_type : options.pull_type) = *type;
+  }
+  const std::string shared = Text(*settings, "shared_memory");
+  if (!shared.empty() && shared != "true" && shared != "false") {
+    return absl::InvalidArgumentError("setting \"shared_memory\" must be true or false");
+  }
+  options.shared_memory = shared != "false";
+  absl::StatusOr<ps::ClientSecurity> security = ps::LoadClientSecurity(
+      {Text(*settings, "tls_cert"), Text(*settings, "tls_key"), Text(*settings, "tls_ca")},
+      Text(*settings, "token_file"));
+  if (!security.ok()) return security.status();
+  options.security = *std::move(security);
+  if (*rank >= 0 && !options.security.token.empty()) {
+    // A worker's own token (ps --worker_identity) names its rank: refuse another's at once.
+    if (std::optional<int> owner = ps::WorkerTokenRank(options.security.token);
+        owner.has_value() && *owner != *rank) {
+      return absl::InvalidArgumentError(absl::StrCat("the token is worker ", *owner,
+                                                     "'s own, not rank ", *rank, "'s"));
+    }
+  }
+  auto client = std::make_unique<ps_client>();
+  client->heartbeat = absl::Seconds(*heartbeat);
+  client->client =
+      std::make_unique<ps::ShardedClient>(*std::move(addresses), *model, *rank, options);
+  return client;
+}
+
+// Ends `op`'s result if its call ended (waiting up to `timeout`).
+void Settle(ps_op* op, absl::Duration timeout) {
+  if (op->result.has_value()) return;
+  if (op->is_pull) {
+    if (!op->pull.Done(timeout)) return;
+    absl::StatusOr<ps::ShardedClient::Versions> v = op->pull.Wait();
+    op->result = v.status();
+    if (v.ok()) op->versions = *std::move(v);
+  } else {
+    if (!op->push.Done(timeout)) return;
+    absl::StatusOr<ps::ShardedClient::PushSummary> s = op->push.Wait();
+    op->result = s.status();
+    if (s.ok()) op->summary = *s;
+  }
+}
+
+absl::Status CheckCount(const ps_client* client, int64_t count, const char* what) {
+  if (count != client->client->model().total_params) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has ", count, " values; the model has ",
+                                                   client->client->model().total_params));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+extern "C" {
+
+int ps_api_version(void) { return PS_C_API_VERSION; }
+
+const char* ps_last_error(void) { return last_error.c_str(); }
+
+int ps_client_create(const char* settings_json, ps_client** out) {
+  absl::StatusOr<std::unique_ptr<ps_client>> client = MakeClient(settings_json);
+  if (!client.ok()) return Report(client.status());
+  *out = client->release();
+  return Ok();
+}
+
+void ps_client_destroy(ps_client* client) {
+  if (client == nullptr) return;
+  client->session.reset();  // stops heartbeats, leaves
+  client->client->Close();
+  delete client;
+}
+
+void ps_client_cancel_pending(ps_client* client) { client->client->CancelPending(); }
+
+int ps_client_register(ps_client* client, int64_t* first_step) {
+  if (client->session != nullptr) {
+    return Report(absl::FailedPreconditionError("this client registered already"));
+  }
+  absl::StatusOr<std::unique_ptr<ps::WorkerSession>> session =
+      ps::WorkerSession::Start(client->client.get(), client->heartbeat);
+  if (!session.ok()) return Report(session.status());
+  client->session = *std::move(session);
+  if (first_step != nullptr) *first_step = client->session->first_step();
+  return Ok();
+}
+
+int64_t ps_client_total_params(const ps_client* client) {
+  return client->client->model().total_params;
+}
+
+int ps_client_num_shards(const ps_client* client) { return client->client->num_shards(); }
+
+const char* ps_client_consistency(const ps_client* client) {
+  return client->client->consistency().c_str();
+}
+
+int ps_client_initialize(ps_client* client, const float* values, int64_t count, int* taken) {
+  if (absl::Status s = CheckCount(client, count, "the initial values"); !s.ok()) return Report(s);
+  absl::StatusOr<int> n = client->client->Initialize(absl::MakeConstSpan(values, count));
+  if (!n.ok()) return Report(n.status());
+  if (taken != nullptr) *taken = *n;
+  return Ok();
+}
+
+int ps_client_pull(ps_client* client, float* values, int64_t count, int prefetch, ps_op** op) {
+  if (absl::Status s = CheckCount(client, count, "the pull's buffer"); !s.ok()) return Report(s);
+  auto pending = std::make_unique<ps_op>();
+  pending->is_pull = true;
+  pending->pull = client->client->StartPull(absl::MakeSpan(values, count), prefetch != 0);
+  *op = pending.release();
+  return Ok();
+}
+
+int ps_client_push(ps_client* client, const float* gradient, int64_t count, int64_t sequence,
+                   ps_op** op) {
+  if (absl::Status s = CheckCount(client, count, "the gradient"); !s.ok()) return Report(s);
+  if (client->client->worker_id() < 0) {
+    return Report(absl::FailedPreconditionError("an observer (rank -1) cannot push"));
+  }
+  auto pending = std::make_unique<ps_op>();
+  pending->push = client->client->StartPush(absl::MakeConstSpan(gradient, count),
+                                            sequence < 0 ? ps::ShardedClient::kNextSequence
+                                                         : sequence);
+  *op = pending.release();
+  return Ok();
+}
+
+int ps_op_wait(ps_op* op, double timeout_seconds) {
+  Settle(op, timeout_seconds < 0 ? absl::InfiniteDuration() : absl::Seconds(timeout_seconds));
+  if (!op->result.has_value()) {
+    last_error = "in progress";
+    return PS_NOT_DONE;
+  }
+  return op->result->ok() ? Ok() : Report(*op->result);
+}
+
+int ps_op_versions(const ps_op* op, int64_t* versions, int num_shards) {
+  if (!op->is_pull || !op->result.has_value() || !op->result->ok()) {
+    return Report(absl::FailedPreconditionError("not a pull that succeeded"));
+  }
+  if (num_shards != static_cast<int>(op->versions.version.size())) {
+    return Report(absl::InvalidArgumentError(absl::StrCat(
+        "room for ", num_shards, " versions; there are ", op->versions.version.size())));
+  }
+  std::memcpy(versions, op->versions.version.data(), sizeof(int64_t) * num_shards);
+  return Ok();
+}
+
+int ps_op_push_summary(const ps_op* op, ps_push_summary* out) {
+  if (op->is_pull || !op->result.has_value() || !op->result->ok()) {
+    return Report(absl::FailedPreconditionError("not a push that succeeded"));
+  }
+  const ps::ShardedClient::PushSummary& s = op->summary;
+  *out = {s.sequence, s.max_staleness, s.duplicates, s.dropped, s.saturated};
+  return Ok();
+}
+
+void ps_op_free(ps_op* op) { delete op; }
+
+int ps_client_stats_json(ps_client* client, char** json) {
+  absl::StatusOr<std::vector<ps::v1::StatsResponse>> stats = client->client->Stats();
+  if (!stats.ok()) return Report(stats.status());
+  std::string out = "[";
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  for (size_t i = 0; i < stats->size(); ++i) {
+    std::string one;
+    if (!google::protobuf::util::MessageToJsonString((*stats)[i], &one, options).ok()) {
+      return Report(absl::InternalError("statistics do not convert to JSON"));
+    }
+    absl::StrAppend(&out, i == 0 ? "" : ",", one);
+  }
+  out += "]";
+  *json = strdup(out.c_str());
+  return Ok();
+}
+
+void ps_string_free(char* s) { std::free(s); }
+
+}  // extern "C"

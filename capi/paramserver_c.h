@@ -1,0 +1,107 @@
+/* The parameter servers' client as a C API (libparamserver_c.so), for languages that load C
+ * libraries: the Python package (python/paramserver) loads it through ctypes, which depends on no
+ * interpreter's ABI, so one build serves every Python version. It wraps the C++ client
+ * (worker/sharded_client.h) and a worker's session (worker/worker_session.h): the same protocol,
+ * retries, TLS, tokens, shared memory and wire types as the C++ daemons.
+ *
+ * Errors: a function returning int returns 0 on success, else an absl::StatusCode (1-16: 3
+ * INVALID_ARGUMENT, 9 FAILED_PRECONDITION, 14 UNAVAILABLE, ...), and ps_last_error() gives that
+ * error's message on the calling thread. A failed call changes nothing it was given.
+ *
+ * Threads: a client may be used from several threads, but start pushes from one (their sequences
+ * follow the order they start). No function keeps a caller's thread longer than the client's
+ * deadlines and retry budget; ps_op_wait takes a timeout so that callers can stay responsive.
+ *
+ * Memory: the caller's buffers are read or written in place (no copy) until the operation that
+ * uses them ends: keep them alive until ps_op_wait returned something other than PS_NOT_DONE, or
+ * until ps_op_free, which waits for the call.
+ */
+#ifndef PARAMSERVER_C_H_
+#define PARAMSERVER_C_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PS_C_API_VERSION 1
+#define PS_EXPORT __attribute__((visibility("default")))
+#define PS_NOT_DONE (-1) /* ps_op_wait: the call is still in progress */
+
+typedef struct ps_client ps_client;
+typedef struct ps_op ps_op; /* a pull or push in progress */
+
+/* This library's PS_C_API_VERSION, for a loader to check. */
+PS_EXPORT int ps_api_version(void);
+/* The message of the last error on this thread ("" after success); valid until this thread's next
+ * call of this library. */
+PS_EXPORT const char* ps_last_error(void);
+
+/* Makes a client from a JSON object of settings (the C++ daemons' flags of the same names):
+ *   "ps": "h1:50051,h2:50051"     the shards in order ("a/b": a shard's two replicas), or
+ *   "cluster": "job.json"         a cluster spec: shards, model, workers, security from it
+ *   "model": "mlp:784-128-10"     the model spec the shards hold (also flat:N, cnn:..., presets)
+ *   "rank": 0                     this worker's rank; -1 (default): an observer, pull only
+ *   "num_workers": 4              checked against the shards' (0: not checked)
+ *   "tls_ca", "tls_cert", "tls_key", "token_file"   credentials (token: else $PS_TOKEN)
+ *   "push_dtype", "pull_dtype"    "float32" (default), "bfloat16", "float16"
+ *   "shared_memory": true         tensors through shared memory with shards on this host
+ *   "rpc_timeout_seconds": 10, "retry_seconds": 60, "heartbeat_seconds": 1
+ * Connects lazily: nothing is called before ps_client_register. */
+PS_EXPORT int ps_client_create(const char* settings_json, ps_client** out);
+/* Leaves the job (a worker that registered), stops heartbeats, ends calls in progress with
+ * CANCELLED and frees the client. Operations still open stay valid until freed. */
+PS_EXPORT void ps_client_destroy(ps_client* client);
+
+/* Ends the calls in progress (and their retries) with CANCELLED; later calls work as usual. For
+ * another thread that wants a blocked call back now (before ps_client_destroy). */
+PS_EXPORT void ps_client_cancel_pending(ps_client* client);
+
+/* Registers with every shard (a worker then sends heartbeats on a thread of the client's);
+ * *first_step: the step to start or resume at. */
+PS_EXPORT int ps_client_register(ps_client* client, int64_t* first_step);
+PS_EXPORT int64_t ps_client_total_params(const ps_client* client);
+PS_EXPORT int ps_client_num_shards(const ps_client* client);
+/* The shards' consistency model ("async", "ssp:3", "sync", "easgd:...", "local:..."), known after
+ * register; the string lives as long as the client. */
+PS_EXPORT const char* ps_client_consistency(const ps_client* client);
+/* Offers initial values (total_params floats) to every shard; *taken: how many shards took them
+ * (those already initialised keep theirs). */
+PS_EXPORT int ps_client_initialize(ps_client* client, const float* values, int64_t count, int* taken);
+
+/* Starts a pull of all total_params weights into `values` (count floats); `prefetch`: the pull is
+ * of the next step's weights, made before this step's push has landed. */
+PS_EXPORT int ps_client_pull(ps_client* client, float* values, int64_t count, int prefetch, ps_op** op);
+/* Starts a push of `gradient` (count floats), computed from the weights of the last pull waited
+ * for; `sequence` < 0: the client's next. */
+PS_EXPORT int ps_client_push(ps_client* client, const float* gradient, int64_t count, int64_t sequence,
+                   ps_op** op);
+/* Waits up to `timeout_seconds` (< 0: until it ends) for an operation: 0 once it succeeded,
+ * PS_NOT_DONE if it is still in progress, else its error (the same error on every later wait). */
+PS_EXPORT int ps_op_wait(ps_op* op, double timeout_seconds);
+/* After a successful pull: the version each shard served (num_shards values). */
+PS_EXPORT int ps_op_versions(const ps_op* op, int64_t* versions, int num_shards);
+/* After a successful push: its sequence, largest staleness over shards, shards that answered
+ * duplicate or dropped it, and gradient values beyond the wire type's range. */
+typedef struct {
+  int64_t sequence;
+  int64_t max_staleness;
+  int32_t duplicates;
+  int32_t dropped;
+  int64_t saturated;
+} ps_push_summary;
+PS_EXPORT int ps_op_push_summary(const ps_op* op, ps_push_summary* out);
+/* Waits for the operation if it is still in progress, then frees it. */
+PS_EXPORT void ps_op_free(ps_op* op);
+
+/* Every shard's statistics as a JSON array (the StatsResponse message of proto/ps.proto, by
+ * shard); free with ps_string_free. */
+PS_EXPORT int ps_client_stats_json(ps_client* client, char** json);
+PS_EXPORT void ps_string_free(char* s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PARAMSERVER_C_H_ */

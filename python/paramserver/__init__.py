@@ -1,0 +1,13 @@
+"""paramserver: the Python client of the parameter servers (see README, "Python and PyTorch").
+
+    import paramserver
+    with paramserver.Client(ps="localhost:50051", model="flat:1000", rank=0) as client:
+        step = client.register()
+        ...
+"""
+from .client import Client, Handle, PushSummary
+from .errors import (Cancelled, DeadlineExceeded, Error, FailedPrecondition, InvalidArgument,
+                     Unauthenticated, Unavailable)
+
+__all__ = ["Client", "Handle", "PushSummary", "Error", "Cancelled", "DeadlineExceeded",
+           "FailedPrecondition", "InvalidArgument", "Unauthenticated", "Unavailable"]

@@ -1,0 +1,68 @@
+"""Loads libparamserver_c.so (capi/paramserver_c.h) through ctypes and declares its functions.
+
+ctypes releases the GIL during every call, so other Python threads run while a call waits on the
+shards, and the library depends on no interpreter's ABI: one build serves every Python 3.
+"""
+import ctypes
+import os
+
+API_VERSION = 1
+NOT_DONE = -1
+
+
+class PushSummary(ctypes.Structure):
+    _fields_ = [
+        ("sequence", ctypes.c_int64),
+        ("max_staleness", ctypes.c_int64),
+        ("duplicates", ctypes.c_int32),
+        ("dropped", ctypes.c_int32),
+        ("saturated", ctypes.c_int64),
+    ]
+
+
+def _library_path():
+    explicit = os.environ.get("PARAMSERVER_LIBRARY")
+    if explicit:
+        return explicit
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libparamserver_c.so")
+
+
+def _load():
+    path = _library_path()
+    if not os.path.exists(path):
+        raise ImportError(
+            f"paramserver: {path} is missing: build the project (deploy/setup.sh or "
+            "cmake --build build) and put build/python on PYTHONPATH, or set PARAMSERVER_LIBRARY")
+    lib = ctypes.CDLL(path)
+    if lib.ps_api_version() != API_VERSION:
+        raise ImportError(f"paramserver: {path} has C API version {lib.ps_api_version()}, "
+                          f"this package needs {API_VERSION}: rebuild the project")
+    client_p, op_p = ctypes.c_void_p, ctypes.c_void_p
+    i64, f32p = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
+    declare = {
+        "ps_last_error": (ctypes.c_char_p, []),
+        "ps_client_create": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(client_p)]),
+        "ps_client_destroy": (None, [client_p]),
+        "ps_client_cancel_pending": (None, [client_p]),
+        "ps_client_register": (ctypes.c_int, [client_p, ctypes.POINTER(i64)]),
+        "ps_client_total_params": (i64, [client_p]),
+        "ps_client_num_shards": (ctypes.c_int, [client_p]),
+        "ps_client_consistency": (ctypes.c_char_p, [client_p]),
+        "ps_client_initialize": (ctypes.c_int, [client_p, f32p, i64, ctypes.POINTER(ctypes.c_int)]),
+        "ps_client_pull": (ctypes.c_int, [client_p, f32p, i64, ctypes.c_int, ctypes.POINTER(op_p)]),
+        "ps_client_push": (ctypes.c_int, [client_p, f32p, i64, i64, ctypes.POINTER(op_p)]),
+        "ps_op_wait": (ctypes.c_int, [op_p, ctypes.c_double]),
+        "ps_op_versions": (ctypes.c_int, [op_p, ctypes.POINTER(i64), ctypes.c_int]),
+        "ps_op_push_summary": (ctypes.c_int, [op_p, ctypes.POINTER(PushSummary)]),
+        "ps_op_free": (None, [op_p]),
+        "ps_client_stats_json": (ctypes.c_int, [client_p, ctypes.POINTER(ctypes.c_void_p)]),
+        "ps_string_free": (None, [ctypes.c_void_p]),
+    }
+    for name, (restype, argtypes) in declare.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+    return lib
+
+
+lib = _load()

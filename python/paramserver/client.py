@@ -1,0 +1,263 @@
+"""The client of the parameter servers: one flat float32 vector of total_params values, split over
+the shards, pulled into and pushed from the caller's own NumPy arrays or PyTorch CPU tensors
+without a copy. It wraps the C++ client (worker/sharded_client.h) through capi/paramserver_c.h:
+the same retries, deadlines, replicas, TLS, tokens, shared memory and wire types as the daemons.
+"""
+import ctypes
+import json
+import threading
+import time
+from collections import namedtuple
+
+import numpy as np
+
+from . import errors
+from ._native import NOT_DONE, PushSummary as _PushSummary, lib
+
+PushSummary = namedtuple("PushSummary", "sequence max_staleness duplicates dropped saturated")
+PushSummary.__doc__ = """What a push did: the sequence it carried, the largest staleness over the
+shards, how many shards had applied it before (duplicates) or dropped it by their consistency
+policy, and how many gradient values exceeded the wire type's range."""
+
+
+def _raise_last(code):
+    raise errors.from_code(code, lib.ps_last_error().decode(errors="replace"))
+
+
+def _bad(message):
+    return errors.InvalidArgument("INVALID_ARGUMENT", message)
+
+
+def float_buffer(x, writable, what):
+    """(address, count, owner): the memory of `x` (a float32 C-contiguous NumPy array, CPU torch
+    tensor or buffer), used in place. Raises InvalidArgument for anything else."""
+    if type(x).__module__.split(".")[0] == "torch":
+        import torch
+        if x.device.type != "cpu":
+            raise _bad(f"{what} is on {x.device}; the client reads and writes CPU tensors")
+        if x.dtype != torch.float32:
+            raise _bad(f"{what} has dtype {x.dtype}; the shards hold torch.float32")
+        if not x.is_contiguous():
+            raise _bad(f"{what} is not contiguous: pass tensor.contiguous() (a copy) or a "
+                       "contiguous buffer")
+        return x.data_ptr(), x.numel(), x
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.frombuffer(memoryview(x), dtype=np.float32) if memoryview(x).format == "f" \
+                else x
+        except TypeError:
+            raise _bad(f"{what} must be a NumPy array, a torch tensor or a buffer of float32, "
+                       f"not {type(x).__name__}") from None
+        if not isinstance(x, np.ndarray):
+            raise _bad(f"{what} is a buffer of format '{memoryview(x).format}', not float32 'f'")
+    if x.dtype != np.float32:
+        raise _bad(f"{what} has dtype {x.dtype}; the shards hold float32")
+    if not x.flags.c_contiguous or not x.flags.aligned:
+        raise _bad(f"{what} is not C-contiguous and aligned: pass np.ascontiguousarray(...)")
+    if writable and not x.flags.writeable:
+        raise _bad(f"{what} is read-only; a pull writes into it")
+    return x.ctypes.data, x.size, x
+
+
+class Handle:
+    """A pull or push in progress (from pull_async / push_async). wait() returns its result or
+    raises its error; the buffer it reads or writes is kept alive, and must not be touched, until
+    it ended."""
+
+    def __init__(self, op, owner, kind, num_shards):
+        self._op = op
+        self._owner = owner
+        self._kind = kind
+        self._num_shards = num_shards
+        self._result = None
+
+    def done(self):
+        """Whether the call has ended (its wait() then returns at once)."""
+        return self._result is not None or lib.ps_op_wait(self._op, 0.0) != NOT_DONE
+
+    def wait(self, timeout=None):
+        """Waits for the call (at most `timeout` seconds: then TimeoutError, the call going on)
+        and returns its result: for a pull, the version each shard served; for a push, a
+        PushSummary. Raises a paramserver.Error if the call failed."""
+        if self._result is not None:
+            return self._result
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            # Short slices: Ctrl-C (KeyboardInterrupt) is seen between them.
+            left = 0.1 if end is None else min(0.1, max(0.0, end - time.monotonic()))
+            code = lib.ps_op_wait(self._op, left)
+            if code != NOT_DONE:
+                break
+            if end is not None and time.monotonic() >= end:
+                raise TimeoutError(f"the {self._kind} is still in progress after {timeout} s")
+        if code != 0:
+            _raise_last(code)
+        if self._kind == "pull":
+            versions = (ctypes.c_int64 * self._num_shards)()
+            code = lib.ps_op_versions(self._op, versions, self._num_shards)
+            if code != 0:
+                _raise_last(code)
+            self._result = list(versions)
+        else:
+            summary = _PushSummary()
+            code = lib.ps_op_push_summary(self._op, ctypes.byref(summary))
+            if code != 0:
+                _raise_last(code)
+            self._result = PushSummary(summary.sequence, summary.max_staleness,
+                                       summary.duplicates, summary.dropped, summary.saturated)
+        self._free()
+        return self._result
+
+    def _free(self):
+        op, self._op = self._op, None
+        if op is not None:
+            lib.ps_op_free(op)  # waits for a call in progress: it uses the buffer
+        self._owner = None
+
+    def __del__(self):
+        if getattr(self, "_op", None) is not None:
+            self._free()
+
+
+class Client:
+    """A client of the shards. Settings are the C++ daemons' flags of the same names:
+
+        Client(ps="h1:50051,h2:50051", model="flat:1000", rank=0, num_workers=4)
+        Client(cluster="job.json", rank=2)       # shards, model, credentials from the spec
+
+    ps: the shards in order ("a/b": a shard's two replicas); cluster: a cluster spec file;
+    model: the model spec the shards hold (mlp:..., cnn:..., flat:N); rank: this worker's rank
+    (None: an observer, which may pull only); num_workers: checked against the shards';
+    tls_ca, tls_cert, tls_key, token_file (else $PS_TOKEN): credentials; push_dtype,
+    pull_dtype: "float32", "bfloat16" or "float16" on the wire; shared_memory: use shared
+    memory with shards on this host (default True); rpc_timeout_seconds, retry_seconds,
+    heartbeat_seconds.
+
+    register() joins the job (a worker then sends heartbeats from a thread of its own); close()
+    (or the end of a `with` block) leaves it. Calls may come from several threads; start pushes
+    from one. Every failure raises a paramserver.Error carrying the shard's message.
+    """
+
+    def __init__(self, **settings):
+        if settings.get("rank") is None:
+            settings["rank"] = -1
+        handle = ctypes.c_void_p()
+        code = lib.ps_client_create(json.dumps(settings).encode(), ctypes.byref(handle))
+        if code != 0:
+            _raise_last(code)
+        self._handle = handle
+        self._lock = threading.Condition()
+        self._calls = 0  # blocking calls in progress on this client
+        self._closed = False
+        self.rank = settings["rank"]
+        self.total_params = lib.ps_client_total_params(handle)
+        self.num_shards = lib.ps_client_num_shards(handle)
+
+    # Each call into the library holds a use of the handle, so that close() frees it only after.
+    def _enter(self):
+        with self._lock:
+            if self._closed:
+                raise errors.FailedPrecondition("FAILED_PRECONDITION", "the client is closed")
+            self._calls += 1
+            return self._handle
+
+    def _exit(self):
+        with self._lock:
+            self._calls -= 1
+            self._lock.notify_all()
+
+    def _call(self, fn, *args):
+        handle = self._enter()
+        try:
+            code = fn(handle, *args)
+        finally:
+            self._exit()
+        if code != 0:
+            _raise_last(code)
+
+    def register(self):
+        """Registers with every shard; returns the step to start (or, restarted, resume) at."""
+        step = ctypes.c_int64()
+        self._call(lib.ps_client_register, ctypes.byref(step))
+        return step.value
+
+    @property
+    def consistency(self):
+        """The shards' consistency model ("async", "ssp:3", "sync", ...), known after register."""
+        handle = self._enter()
+        try:
+            return lib.ps_client_consistency(handle).decode()
+        finally:
+            self._exit()
+
+    def initialize(self, values):
+        """Offers initial values to every shard; returns how many took them (shards already
+        initialised keep theirs, so a restarted worker never resets a trained model)."""
+        address, count, _ = float_buffer(values, writable=False, what="the initial values")
+        taken = ctypes.c_int()
+        self._call(lib.ps_client_initialize, ctypes.cast(address, ctypes.POINTER(ctypes.c_float)),
+                   count, ctypes.byref(taken))
+        return taken.value
+
+    def _start(self, fn, kind, buffer, *args):
+        address, count, owner = float_buffer(buffer, writable=kind == "pull",
+                                             what="the pull's buffer" if kind == "pull"
+                                             else "the gradient")
+        op = ctypes.c_void_p()
+        self._call(fn, ctypes.cast(address, ctypes.POINTER(ctypes.c_float)), count, *args,
+                   ctypes.byref(op))
+        return Handle(op, owner, kind, self.num_shards)
+
+    def pull_async(self, out, prefetch=False):
+        """Starts filling `out` (total_params float32) with the shards' weights; returns a Handle
+        whose wait() gives the version each shard served. `prefetch`: the weights for this
+        worker's next step, asked before this step's push has landed (async and SSP only)."""
+        return self._start(lib.ps_client_pull, "pull", out, int(bool(prefetch)))
+
+    def pull(self, out):
+        """Fills `out` with the shards' weights; returns the version each shard served."""
+        return self.pull_async(out).wait()
+
+    def push_async(self, gradient, sequence=None):
+        """Starts pushing `gradient` (total_params float32), computed from the weights of the last
+        pull waited for; returns a Handle whose wait() gives a PushSummary. The client numbers
+        pushes itself; `sequence` overrides that for a caller numbering pushes by its own steps."""
+        return self._start(lib.ps_client_push, "push", gradient,
+                           -1 if sequence is None else int(sequence))
+
+    def push(self, gradient, sequence=None):
+        """Pushes `gradient`; returns a PushSummary."""
+        return self.push_async(gradient, sequence).wait()
+
+    def stats(self):
+        """Every shard's statistics (proto/ps.proto's StatsResponse), as a list of dicts."""
+        text = ctypes.c_void_p()
+        self._call(lib.ps_client_stats_json, ctypes.byref(text))
+        try:
+            return json.loads(ctypes.string_at(text.value).decode())
+        finally:
+            lib.ps_string_free(text)
+
+    def close(self):
+        """Leaves the job (a registered worker), stops heartbeats and ends calls in progress
+        (their handles raise Cancelled). Idempotent; later calls raise FailedPrecondition."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._calls:
+                lib.ps_client_cancel_pending(self._handle)
+            while self._calls:
+                self._lock.wait()
+            handle, self._handle = self._handle, None
+        lib.ps_client_destroy(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self.close()
