@@ -45,7 +45,7 @@ PS_EXPORT const char* ps_last_error(void);
  *   "rank": 0                     this worker's rank; -1 (default): an observer, pull only
  *   "num_workers": 4              checked against the shards' (0: not checked)
  *   "tls_ca", "tls_cert", "tls_key", "token_file"   credentials (token: else $PS_TOKEN)
- *   "push_dtype", "pull_dtype"    "float32" (default), "bfloat16", "float16"
+ *   "push_dtype", "pull_dtype"    "fp32" (default), "bf16", "fp16"
  *   "shared_memory": true         tensors through shared memory with shards on this host
  *   "rpc_timeout_seconds": 10, "retry_seconds": 60, "heartbeat_seconds": 1
  * Connects lazily: nothing is called before ps_client_register. */

@@ -12,6 +12,7 @@ packages=(
   prometheus-cpp-dev prometheus curl
   dataset-fashion-mnist gnuplot-nox iperf3 iproute2 iptables systemd
   python3 python3-numpy python3-yaml  # for /usr/bin/python3: the tests' interpreter, PS_PYTHON
+  python3-torch python3-torchvision python3-pytest  # the PyTorch adapter, its tests and examples
   libnetfilter-queue-dev
 )
 missing=()

@@ -129,7 +129,7 @@ class Client:
     model: the model spec the shards hold (mlp:..., cnn:..., flat:N); rank: this worker's rank
     (None: an observer, which may pull only); num_workers: checked against the shards';
     tls_ca, tls_cert, tls_key, token_file (else $PS_TOKEN): credentials; push_dtype,
-    pull_dtype: "float32", "bfloat16" or "float16" on the wire; shared_memory: use shared
+    pull_dtype: "fp32", "bf16" or "fp16" on the wire; shared_memory: use shared
     memory with shards on this host (default True); rpc_timeout_seconds, retry_seconds,
     heartbeat_seconds.
 

@@ -1,0 +1,201 @@
+"""The Python client against real shards: zero-copy buffers, asynchronous handles, heartbeats and
+Leave, credentials, and bad input that raises and changes no weight."""
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import paramserver
+from paramserver import Client
+
+N = 1000
+SGD = ("--optimizer=sgd", "--lr=0.5")
+
+
+def weights(shards, n=N):
+    """The shards' weights, as an observer reads them."""
+    with Client(ps=shards.addresses, model=shards.model) as observer:
+        out = np.empty(n, np.float32)
+        observer.pull(out)
+        return out
+
+
+def worker(shards, rank=0, **settings):
+    settings.setdefault("num_workers", 1)
+    return Client(ps=shards.addresses, model=shards.model, rank=rank, **settings)
+
+
+def test_pull_writes_and_push_reads_the_callers_memory_in_place(start_shards):
+    shards = start_shards(2, f"flat:{N}", flags=SGD)
+    with worker(shards) as client:
+        assert client.register() == 0
+        assert client.num_shards == 2 and client.total_params == N
+        assert client.initialize(np.arange(N, dtype=np.float32)) == 2
+        # A NumPy array over a bytearray: the pull lands in the bytearray itself.
+        raw = bytearray(4 * N)
+        assert client.pull(np.frombuffer(raw, dtype=np.float32)) == [0, 0]
+        assert np.array_equal(np.frombuffer(raw, dtype=np.float32), np.arange(N))
+        # A torch tensor that is a view at an offset into a larger storage: its own elements only.
+        storage = torch.full((3 * N,), 7.0)
+        view = storage[N:2 * N]
+        before = view.data_ptr()
+        client.pull(view)
+        assert view.data_ptr() == before
+        assert torch.equal(view, torch.arange(N, dtype=torch.float32))
+        assert torch.all(storage[:N] == 7) and torch.all(storage[2 * N:] == 7)
+        # A push from a view: w -= 0.5 * g on both shards.
+        storage[N:2 * N] = 2.0
+        summary = client.push(view)
+        assert summary.sequence == 0 and summary.duplicates == 0 and summary.dropped == 0
+        assert np.array_equal(weights(shards), np.arange(N, dtype=np.float32) - 1.0)
+        # A plain writable buffer of floats works too.
+        floats = memoryview(bytearray(4 * N)).cast("f")
+        client.pull(floats)
+        assert floats[5] == 4.0
+
+
+def test_asynchronous_handles_overlap_and_keep_their_buffers(start_shards):
+    shards = start_shards(2, f"flat:{N}", flags=SGD)
+    with worker(shards) as client:
+        client.register()
+        client.initialize(np.zeros(N, np.float32))
+        w = np.empty(N, np.float32)
+        client.pull(w)
+        versions = [0, 0]
+        for step in range(20):
+            push = client.push_async(np.ones(N, np.float32))  # the array lives in the handle
+            pull = client.pull_async(w, prefetch=True)
+            summary = push.wait()
+            assert summary.sequence == step
+            # Computed from weights pulled while the previous push was in flight: at most 1.
+            assert summary.max_staleness <= 1
+            versions = pull.wait()
+            assert pull.done() and pull.wait() == versions  # a result is kept
+            assert versions[0] in (step, step + 1)
+        assert client.pull(w) == [20, 20]
+        assert np.all(w == -10.0)
+
+
+def test_bad_input_raises_a_clear_error_and_changes_no_weight(start_shards):
+    shards = start_shards(2, f"flat:{N}", flags=SGD)
+    client = worker(shards)
+    client.register()
+    client.initialize(np.arange(N, dtype=np.float32))
+    before = weights(shards)
+    bad = {
+        "float64": (np.ones(N), "dtype float64"),
+        "int tensor": (torch.ones(N, dtype=torch.int32), "dtype torch.int32"),
+        "short": (np.ones(N - 1, np.float32), f"has {N - 1} values; the model has {N}"),
+        "long tensor": (torch.ones(N + 1), f"has {N + 1} values"),
+        "strided": (np.ones(2 * N, np.float32)[::2], "not C-contiguous"),
+        "transposed": (torch.ones(N // 10, 10).t(), "not contiguous"),
+        "list": ([1.0] * N, "must be a NumPy array, a torch tensor or a buffer"),
+        "NaN": (np.full(N, np.nan, np.float32), "not finite"),
+        "Inf": (np.full(N, np.inf, np.float32), "not finite"),
+    }
+    for name, (gradient, message) in bad.items():
+        with pytest.raises(paramserver.InvalidArgument, match=message):
+            client.push(gradient)
+    read_only = np.empty(N, np.float32)
+    read_only.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        client.pull(read_only)
+    with pytest.raises(paramserver.InvalidArgument, match="dtype float64"):
+        client.pull(np.empty(N))
+    with pytest.raises(paramserver.InvalidArgument):
+        client.initialize(np.ones(N + 5, np.float32))
+    assert np.array_equal(weights(shards), before)
+    stats = client.stats()
+    assert [s["version"] for s in stats] == ["0", "0"]
+    assert sum(int(s["pushes_rejected"]) for s in stats) >= 2  # the NaN and Inf pushes
+    client.close()
+    client.close()  # idempotent
+    for call in (lambda: client.pull(np.empty(N, np.float32)),
+                 lambda: client.push(np.ones(N, np.float32)), client.register, client.stats):
+        with pytest.raises(paramserver.FailedPrecondition, match="the client is closed"):
+            call()
+    assert np.array_equal(weights(shards), before)
+
+
+def test_an_observer_pulls_but_cannot_push(start_shards):
+    shards = start_shards(1, f"flat:{N}")
+    with worker(shards) as w:
+        w.register()
+        w.initialize(np.ones(N, np.float32))
+    with Client(ps=shards.addresses, model=f"flat:{N}") as observer:
+        observer.register()
+        assert observer.rank == -1
+        with pytest.raises(paramserver.FailedPrecondition, match="observer"):
+            observer.push(np.ones(N, np.float32))
+        out = np.empty(N, np.float32)
+        observer.pull(out)
+        assert np.all(out == 1.0)
+
+
+def test_a_token_protected_job_refuses_a_client_without_its_token(start_shards, tmp_path,
+                                                                  monkeypatch):
+    monkeypatch.delenv("PS_TOKEN", raising=False)
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-of-this-job-0123456789\n")
+    os.chmod(token, 0o600)
+    shards = start_shards(1, f"flat:{N}", flags=(f"--token_file={token}",))
+    with worker(shards, retry_seconds=0) as stranger:
+        with pytest.raises(paramserver.Unauthenticated, match="token"):
+            stranger.register()
+    wrong = tmp_path / "wrong"
+    wrong.write_text("another-jobs-token-0123456789abcdef\n")
+    os.chmod(wrong, 0o600)
+    with worker(shards, token_file=str(wrong), retry_seconds=0) as impostor:
+        with pytest.raises(PermissionError):
+            impostor.register()
+    with worker(shards, token_file=str(token)) as member:
+        member.register()
+        assert member.initialize(np.ones(N, np.float32)) == 1
+
+
+def test_heartbeats_keep_a_worker_active_and_close_leaves(start_shards):
+    shards = start_shards(1, f"flat:{N}", flags=("--lease_seconds=1",))
+    with Client(ps=shards.addresses, model=f"flat:{N}") as observer:
+        def active():
+            return [w["active"] for w in observer.stats()[0].get("workers", [])]
+
+        client = worker(shards, heartbeat_seconds=0.2)
+        client.register()
+        time.sleep(2.5)  # past the lease: only heartbeats keep it active
+        assert active() == [True]
+        client.close()  # leaves
+        assert active() == [False]
+
+
+def test_a_cluster_spec_names_the_shards_model_and_credentials(start_shards, tmp_path):
+    shards = start_shards(2, "mlp:784-8-10", workers=2)
+    spec = tmp_path / "job.json"
+    spec.write_text(json.dumps({"shards": shards.addresses.split(","), "workers": 2,
+                                "model": "mlp:784-8-10"}))
+    with Client(cluster=str(spec), rank=1) as client:
+        assert client.register() == 0
+        assert client.total_params == 784 * 8 + 8 + 8 * 10 + 10
+    with pytest.raises(paramserver.InvalidArgument, match="unknown setting"):
+        Client(cluster=str(spec), rank=1, batch_size=3)
+    with pytest.raises(paramserver.InvalidArgument, match="no shards"):
+        Client(model="flat:4")
+    with pytest.raises(paramserver.InvalidArgument, match="push_dtype"):
+        Client(ps="127.0.0.1:1", model="flat:4", push_dtype="float8")
+    with pytest.raises(paramserver.Error, match="cluster spec"):
+        Client(cluster=str(tmp_path / "missing.json"))
+
+
+@pytest.mark.parametrize("settings", [{"shared_memory": False}, {"shared_memory": True},
+                                      {"push_dtype": "bf16", "pull_dtype": "fp16"}])
+def test_every_transport_and_wire_type_moves_the_same_values(start_shards, settings):
+    shards = start_shards(2, f"flat:{N}", flags=SGD)
+    with worker(shards, **settings) as client:
+        client.register()
+        client.initialize(np.full(N, 1.0, np.float32))
+        client.push(np.full(N, 0.5, np.float32))
+        out = np.empty(N, np.float32)
+        assert client.pull(out) == [1, 1]
+        assert np.all(out == 0.75)
