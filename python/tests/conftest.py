@@ -4,6 +4,7 @@ that they exited cleanly."""
 import os
 import signal
 import subprocess
+import tempfile
 import time
 
 import pytest
@@ -24,7 +25,7 @@ class Shards:
     """`count` shards of a job of `model` and `workers` workers, each a ps process."""
 
     def __init__(self, run_dir, count, model, workers, flags=(), env=None):
-        self.run_dir = str(run_dir)
+        self.run_dir = tempfile.mkdtemp(prefix="shards-", dir=run_dir)
         self.model = model
         self.processes, self.logs, ports = [], [], []
         for i in range(count):

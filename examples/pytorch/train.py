@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""A PyTorch model trained on Fashion-MNIST through the parameter servers by one worker of a job.
+
+Start the shards with the model's size (this script prints it: --print_model_spec), then one of
+these per worker:
+
+    python3 examples/pytorch/train.py --ps=127.0.0.1:50051,127.0.0.1:50052 --rank=0 \
+        --num_workers=2 --steps=2000
+
+The training loop is a plain PyTorch one; the three lines marked "paramserver" are the change.
+--arch=cnn (default) is a small CNN; --arch=mlp:H is the C++ workers' MLP (784-H-10, the same
+tensor layout), so Python and C++ workers can train one model side by side.
+"""
+import argparse
+import gzip
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import paramserver.torch  # paramserver
+
+DATA = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
+
+
+def load(split, data_dir):
+    with gzip.open(os.path.join(data_dir, f"{split}-images-idx3-ubyte.gz")) as f:
+        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
+    with gzip.open(os.path.join(data_dir, f"{split}-labels-idx1-ubyte.gz")) as f:
+        labels = np.frombuffer(f.read(), np.uint8, offset=8)
+    return torch.from_numpy(images.astype(np.float32) / 255.0), torch.from_numpy(labels.astype(np.int64))
+
+
+class CppMlp(torch.nn.Module):
+    """The C++ workers' MLP (worker/network.h): x W + b per layer, W stored [in, out], ReLU
+    between layers; the parameters in the flat layout of mlp:784-H-...-10."""
+
+    def __init__(self, sizes, seed):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.weights = torch.nn.ParameterList()
+        for fan_in, fan_out in zip(sizes, sizes[1:]):
+            bound = (6.0 / (fan_in + fan_out)) ** 0.5
+            self.weights.append(torch.nn.Parameter(
+                (torch.rand(fan_in, fan_out, generator=g) * 2 - 1) * bound))
+            self.weights.append(torch.nn.Parameter(torch.zeros(fan_out)))
+
+    def forward(self, x):
+        layers = len(self.weights) // 2
+        for i in range(layers):
+            x = x @ self.weights[2 * i] + self.weights[2 * i + 1]
+            if i + 1 < layers:
+                x = F.relu(x)
+        return x
+
+
+class SmallCnn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 16, 5, padding=2)
+        self.conv2 = torch.nn.Conv2d(16, 32, 5, padding=2)
+        self.fc1 = torch.nn.Linear(32 * 7 * 7, 128)
+        self.fc2 = torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = x.view(-1, 1, 28, 28)
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def make_model(arch, seed):
+    torch.manual_seed(seed)
+    if arch == "cnn":
+        return SmallCnn(), None
+    if arch.startswith("mlp:"):
+        sizes = [784] + [int(h) for h in arch[4:].split(",") if h] + [10]
+        return CppMlp(sizes, seed), "mlp:" + "-".join(map(str, sizes))
+    raise SystemExit(f"--arch must be cnn or mlp:H[,H...], not {arch}")
+
+
+def accuracy(model, x, y):
+    with torch.no_grad():
+        return (model(x).argmax(1) == y).float().mean().item()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--ps", help="the shards, host:port,... (or --cluster)")
+    p.add_argument("--cluster", help="a cluster spec (shards, workers, credentials)")
+    p.add_argument("--rank", type=int, default=int(os.environ.get("PS_RANK", "0")))
+    p.add_argument("--num_workers", type=int, default=int(os.environ.get("PS_NUM_WORKERS", "1")))
+    p.add_argument("--arch", default="cnn", help="cnn, or mlp:H[,H...] (the C++ workers' MLP)")
+    p.add_argument("--steps", type=int, default=1000, help="this worker's training steps")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--local_lr", type=float, default=0.05, help="local:H and easgd only")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--data_dir", default=DATA)
+    p.add_argument("--token_file", default=None)
+    p.add_argument("--print_model_spec", action="store_true",
+                   help="print the --model to start the shards with, and exit")
+    args = p.parse_args()
+
+    model, spec = make_model(args.arch, args.seed)
+    spec = spec or f"flat:{paramserver.torch.layout_size(model)}"
+    if args.print_model_spec:
+        print(spec)
+        return 0
+    x, y = load("train", args.data_dir)
+    part = slice(args.rank * len(x) // args.num_workers, (args.rank + 1) * len(x) // args.num_workers)
+    x, y = x[part], y[part]
+    test_x, test_y = load("t10k", args.data_dir)
+
+    local = torch.optim.SGD(model.parameters(), lr=args.local_lr, momentum=0.9)
+    settings = {"ps": args.ps, "cluster": args.cluster, "token_file": args.token_file}
+    model = paramserver.torch.DistributedModel(  # paramserver
+        model, optimizer=local, rank=args.rank, num_workers=args.num_workers, model=spec,
+        **{k: v for k, v in settings.items() if v is not None})
+    print(f"worker {args.rank}: {spec}, shards run {model.consistency}, starting at step "
+          f"{model.first_step}", flush=True)
+    g = torch.Generator().manual_seed(args.seed * 1000003 + args.rank)
+    start = time.time()
+    for step in range(model.first_step, args.steps):
+        batch = torch.randint(len(x), (args.batch_size,), generator=g)
+        loss = F.cross_entropy(model(x[batch]), y[batch])
+        loss.backward()
+        model.step()  # paramserver
+        if step % 100 == 0 or step + 1 == args.steps:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+    elapsed = time.time() - start
+    print(f"worker {args.rank}: done at step {args.steps} in {elapsed:.1f} s; test accuracy "
+          f"{accuracy(model, test_x, test_y):.4f}", flush=True)
+    model.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
