@@ -54,8 +54,9 @@ def python_rates(bin_dir, repeats):
                 client.register()
                 client.initialize(weights)
                 way = "shm" if shared else "grpc"
-                rates[f"{way} push"] = N * 4 / median_seconds(repeats, lambda: client.push(gradient))
-                rates[f"{way} pull"] = N * 4 / median_seconds(repeats, lambda: client.pull(weights))
+                push = median_seconds(repeats, lambda: client.push(gradient))
+                pull = median_seconds(repeats, lambda: client.pull(weights))
+                rates[f"{way} push"], rates[f"{way} pull"] = N * 4 / push, N * 4 / pull
         return rates
     finally:
         ps.send_signal(signal.SIGTERM)

@@ -146,7 +146,11 @@ absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json)
   absl::StatusOr<std::vector<std::string>> addresses = ps::ParseShardAddresses((*settings)["ps"]);
   if (!addresses.ok()) return addresses.status();
   const int shards = static_cast<int>(addresses->size());
-  // A spec the C++ network knows (mlp:, cnn:, a preset, or the MLP of "hidden"), else flat:N.
+  // A model spec (mlp:, cnn:, flat:N), a preset (cnn-small), or the MLP of "hidden".
+  if (Text(*settings, "model").empty() && Text(*settings, "hidden").empty()) {
+    return absl::InvalidArgumentError(
+        "no model: set \"model\" to the shards' --model (e.g. flat:N) or \"cluster\"");
+  }
   absl::StatusOr<ps::ModelIdentity> model = ps::ParseModelSpec(Text(*settings, "model"), shards);
   if (!model.ok()) {
     absl::StatusOr<ps::NetworkSpec> network =
@@ -173,7 +177,9 @@ absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json)
   for (const char* name : {"push_dtype", "pull_dtype"}) {
     if (Text(*settings, name).empty()) continue;
     absl::StatusOr<ps::WireType> type = ps::ParseWireType((*settings)[name]);
-    if (!type.ok()) return absl::InvalidArgumentError(absl::StrCat(name, ": ", type.status().message()));
+    if (!type.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, ": ", type.status().message()));
+    }
     (std::string(name) == "push_dtype" ? options.push_type : options.pull_type) = *type;
   }
   const std::string shared = Text(*settings, "shared_memory");
@@ -201,7 +207,7 @@ absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json)
   return client;
 }
 
-// Ends `op`'s result if its call ended (waiting up to `timeout`).
+// Records `op`'s result once its call ended (waiting up to `timeout` for it).
 void Settle(ps_op* op, absl::Duration timeout) {
   if (op->result.has_value()) return;
   if (op->is_pull) {

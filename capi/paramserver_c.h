@@ -68,15 +68,17 @@ PS_EXPORT int ps_client_num_shards(const ps_client* client);
 PS_EXPORT const char* ps_client_consistency(const ps_client* client);
 /* Offers initial values (total_params floats) to every shard; *taken: how many shards took them
  * (those already initialised keep theirs). */
-PS_EXPORT int ps_client_initialize(ps_client* client, const float* values, int64_t count, int* taken);
+PS_EXPORT int ps_client_initialize(ps_client* client, const float* values, int64_t count,
+                                   int* taken);
 
 /* Starts a pull of all total_params weights into `values` (count floats); `prefetch`: the pull is
  * of the next step's weights, made before this step's push has landed. */
-PS_EXPORT int ps_client_pull(ps_client* client, float* values, int64_t count, int prefetch, ps_op** op);
+PS_EXPORT int ps_client_pull(ps_client* client, float* values, int64_t count, int prefetch,
+                             ps_op** op);
 /* Starts a push of `gradient` (count floats), computed from the weights of the last pull waited
  * for; `sequence` < 0: the client's next. */
-PS_EXPORT int ps_client_push(ps_client* client, const float* gradient, int64_t count, int64_t sequence,
-                   ps_op** op);
+PS_EXPORT int ps_client_push(ps_client* client, const float* gradient, int64_t count,
+                             int64_t sequence, ps_op** op);
 /* Waits up to `timeout_seconds` (< 0: until it ends) for an operation: 0 once it succeeded,
  * PS_NOT_DONE if it is still in progress, else its error (the same error on every later wait). */
 PS_EXPORT int ps_op_wait(ps_op* op, double timeout_seconds);

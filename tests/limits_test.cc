@@ -450,20 +450,16 @@ TEST(WorkerQuotaTest, OneWorkerHoldingCallsOpenCannotStopTheOthers) {
   // All but 4 of each are refused at once, saying why.
   EXPECT_EQ(WaitUntilEnded(pushes, 6, absl::Seconds(20)), 6);
   EXPECT_EQ(WaitUntilEnded(pulls, 26, absl::Seconds(20)), 26);
-  for (const auto& p : pushes) {
-    if (!p->done()) continue;
-    grpc::Status s = p->Wait();
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
-    EXPECT_NE(s.error_message().find("worker 1 already has 4 streams"), std::string::npos)
-        << s.error_message();
-  }
-  for (const auto& p : pulls) {
-    if (!p->done()) continue;
-    grpc::Status s = p->Wait();
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
-    EXPECT_NE(s.error_message().find("worker 1 already has 4 pulls"), std::string::npos)
-        << s.error_message();
-  }
+  auto expect_refused = [](const auto& calls, const std::string& why) {
+    for (const auto& call : calls) {
+      if (!call->done()) continue;
+      grpc::Status s = call->Wait();
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+      EXPECT_NE(s.error_message().find(why), std::string::npos) << s.error_message();
+    }
+  };
+  expect_refused(pushes, "worker 1 already has 4 streams");
+  expect_refused(pulls, "worker 1 already has 4 pulls");
 
   // Worker 0 initialises the model and trains on meanwhile, without waiting for worker 1's held
   // streams (they end only at the 30 s idle limit).

@@ -31,7 +31,8 @@ def load(split, data_dir):
         images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 784)
     with gzip.open(os.path.join(data_dir, f"{split}-labels-idx1-ubyte.gz")) as f:
         labels = np.frombuffer(f.read(), np.uint8, offset=8)
-    return torch.from_numpy(images.astype(np.float32) / 255.0), torch.from_numpy(labels.astype(np.int64))
+    return (torch.from_numpy(images.astype(np.float32) / 255.0),
+            torch.from_numpy(labels.astype(np.int64)))
 
 
 class CppMlp(torch.nn.Module):
@@ -110,7 +111,8 @@ def main():
         print(spec)
         return 0
     x, y = load("train", args.data_dir)
-    part = slice(args.rank * len(x) // args.num_workers, (args.rank + 1) * len(x) // args.num_workers)
+    n, w = len(x), args.num_workers
+    part = slice(args.rank * n // w, (args.rank + 1) * n // w)
     x, y = x[part], y[part]
     test_x, test_y = load("t10k", args.data_dir)
 

@@ -12,6 +12,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import errors
+from .errors import invalid
 from ._native import NOT_DONE, PushSummary as _PushSummary, lib
 
 PushSummary = namedtuple("PushSummary", "sequence max_staleness duplicates dropped saturated")
@@ -24,38 +25,31 @@ def _raise_last(code):
     raise errors.from_code(code, lib.ps_last_error().decode(errors="replace"))
 
 
-def _bad(message):
-    return errors.InvalidArgument("INVALID_ARGUMENT", message)
-
-
 def float_buffer(x, writable, what):
     """(address, count, owner): the memory of `x` (a float32 C-contiguous NumPy array, CPU torch
     tensor or buffer), used in place. Raises InvalidArgument for anything else."""
     if type(x).__module__.split(".")[0] == "torch":
         import torch
         if x.device.type != "cpu":
-            raise _bad(f"{what} is on {x.device}; the client reads and writes CPU tensors")
+            raise invalid(f"{what} is on {x.device}; the client reads and writes CPU tensors")
         if x.dtype != torch.float32:
-            raise _bad(f"{what} has dtype {x.dtype}; the shards hold torch.float32")
+            raise invalid(f"{what} has dtype {x.dtype}; the shards hold torch.float32")
         if not x.is_contiguous():
-            raise _bad(f"{what} is not contiguous: pass tensor.contiguous() (a copy) or a "
+            raise invalid(f"{what} is not contiguous: pass tensor.contiguous() (a copy) or a "
                        "contiguous buffer")
         return x.data_ptr(), x.numel(), x
     if not isinstance(x, np.ndarray):
         try:
-            x = np.frombuffer(memoryview(x), dtype=np.float32) if memoryview(x).format == "f" \
-                else x
+            x = np.asarray(memoryview(x))  # a view, with the buffer's own element type
         except TypeError:
-            raise _bad(f"{what} must be a NumPy array, a torch tensor or a buffer of float32, "
+            raise invalid(f"{what} must be a NumPy array, a torch tensor or a buffer of float32, "
                        f"not {type(x).__name__}") from None
-        if not isinstance(x, np.ndarray):
-            raise _bad(f"{what} is a buffer of format '{memoryview(x).format}', not float32 'f'")
     if x.dtype != np.float32:
-        raise _bad(f"{what} has dtype {x.dtype}; the shards hold float32")
+        raise invalid(f"{what} has dtype {x.dtype}; the shards hold float32")
     if not x.flags.c_contiguous or not x.flags.aligned:
-        raise _bad(f"{what} is not C-contiguous and aligned: pass np.ascontiguousarray(...)")
+        raise invalid(f"{what} is not C-contiguous and aligned: pass np.ascontiguousarray(...)")
     if writable and not x.flags.writeable:
-        raise _bad(f"{what} is read-only; a pull writes into it")
+        raise invalid(f"{what} is read-only; a pull writes into it")
     return x.ctypes.data, x.size, x
 
 

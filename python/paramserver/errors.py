@@ -51,6 +51,11 @@ _CLASSES = {
 }
 
 
+def invalid(message):
+    """The InvalidArgument this package raises for bad input found before any call."""
+    return InvalidArgument("INVALID_ARGUMENT", message)
+
+
 def from_code(code, message):
     name = _CODE_NAMES.get(code, f"CODE_{code}")
     return _CLASSES.get(name, Error)(name, message)

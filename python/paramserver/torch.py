@@ -23,11 +23,8 @@ import numpy as np
 import torch
 
 from . import errors
+from .errors import invalid
 from .client import Client
-
-
-def _bad(message):
-    return errors.InvalidArgument("INVALID_ARGUMENT", message)
 
 
 def layout_size(module):
@@ -51,16 +48,16 @@ class DistributedModel(torch.nn.Module):
         self._params = list(module.parameters())
         for name, p in module.named_parameters():
             if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise _bad(f"parameter {name} is {p.dtype} on {p.device}; the adapter trains "
+                raise invalid(f"parameter {name} is {p.dtype} on {p.device}; the adapter trains "
                            "float32 parameters on the CPU")
         n = layout_size(module)
         if client is None:
             settings.setdefault("model", f"flat:{n}")
             client = Client(**settings)
         elif settings:
-            raise _bad("pass either a client or its settings, not both")
+            raise invalid("pass either a client or its settings, not both")
         if client.total_params != n:
-            raise _bad(f"the shards' model has {client.total_params} values; this module has "
+            raise invalid(f"the shards' model has {client.total_params} values; this module has "
                        f"{n} parameters")
         self.client = client
         self.optimizer = optimizer
@@ -85,7 +82,7 @@ class DistributedModel(torch.nn.Module):
         self._local = kind in ("local", "easgd")
         if self._local:
             if optimizer is None:
-                raise _bad(f"the shards run {client.consistency}: the workers train local "
+                raise invalid(f"the shards run {client.consistency}: the workers train local "
                            "models; pass optimizer= (the local optimizer)")
             period, _, alpha = arg.partition(",")
             self._period = int(period)

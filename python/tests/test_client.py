@@ -182,6 +182,8 @@ def test_a_cluster_spec_names_the_shards_model_and_credentials(start_shards, tmp
         Client(cluster=str(spec), rank=1, batch_size=3)
     with pytest.raises(paramserver.InvalidArgument, match="no shards"):
         Client(model="flat:4")
+    with pytest.raises(paramserver.InvalidArgument, match="no model"):
+        Client(ps="127.0.0.1:1")
     with pytest.raises(paramserver.InvalidArgument, match="push_dtype"):
         Client(ps="127.0.0.1:1", model="flat:4", push_dtype="float8")
     with pytest.raises(paramserver.Error, match="cluster spec"):
