@@ -603,7 +603,8 @@ TEST_F(BadInputTest, AnAbsurdGradientAmongOrdinaryOnesIsDroppedAndChangesNothing
     ASSERT_TRUE(client_->Push(gradient).ok());
   }
   ASSERT_TRUE(client_->Pull(absl::MakeSpan(before)).ok());
-  absl::StatusOr<ShardedClient::PushSummary> absurd = client_->Push(std::vector<float>(1000, 3e38f));
+  absl::StatusOr<ShardedClient::PushSummary> absurd =
+      client_->Push(std::vector<float>(1000, 3e38f));
   ASSERT_TRUE(absurd.ok()) << absurd.status();
   EXPECT_EQ(absurd->dropped, 2);
   absl::StatusOr<ShardedClient::Versions> unchanged = client_->Pull(absl::MakeSpan(after));

@@ -131,20 +131,18 @@ class CallThreads {
 }  // namespace
 
 // One call to every shard: each shard's attempts run on a CallThreads thread and report here.
-// `on_end(ok)` runs once every shard reported (ok: all succeeded), before Wait returns, on the
+// `on_end` runs once every shard reported (succeeded or not), before Wait returns, on the
 // client's thread that reported last (so while the client exists: a Pending may outlive it).
 class ShardedClient::Call {
  public:
-  Call(int shards, std::function<void(bool ok)> on_end)
+  Call(int shards, std::function<void()> on_end)
       : on_end_(std::move(on_end)), results_(shards), pending_(shards) {}
   void Done(int shard, absl::Status status) {
     absl::MutexLock lock(&mu_);
     results_[shard] = std::move(status);
     if (pending_ == 1 && on_end_) {
-      const bool ok =
-          std::all_of(results_.begin(), results_.end(), [](const auto& s) { return s.ok(); });
       mu_.Unlock();
-      on_end_(ok);
+      on_end_();
       mu_.Lock();
     }
     --pending_;
@@ -168,7 +166,7 @@ class ShardedClient::Call {
   }
 
  private:
-  const std::function<void(bool ok)> on_end_;
+  const std::function<void()> on_end_;
   absl::Mutex mu_;
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
   int pending_ ABSL_GUARDED_BY(mu_);
@@ -190,7 +188,7 @@ class ShardedClient::Impl {
   // (the one retry loop); the call reports the first error, prefixed with the shard's address.
   // `on_end`: see Call.
   std::shared_ptr<Call> Start(ShardFn fn, bool retry, absl::Duration timeout,
-                              std::function<void(bool ok)> on_end = nullptr);
+                              std::function<void()> on_end = nullptr);
   absl::Status ForEachShard(ShardFn fn, bool retry, absl::Duration timeout) {
     return Start(std::move(fn), retry, timeout)->Wait();
   }
@@ -482,7 +480,7 @@ grpc::Status ShardedClient::Impl::Attempt(
 
 std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(ShardFn fn, bool retry,
                                                                 absl::Duration timeout,
-                                                                std::function<void(bool ok)> on_end) {
+                                                                std::function<void()> on_end) {
   int64_t generation;
   {
     absl::MutexLock lock(&mu_);
@@ -1000,7 +998,7 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
                             &answers->responses[shard], &answers->saturated[shard]);
       },
       /*retry=*/true, impl->options_.rpc_timeout,
-      [steps, sequence](bool) {
+      [steps, sequence] {
         absl::MutexLock lock(&steps->mu);
         steps->pushing.erase(steps->pushing.find(sequence));
       });

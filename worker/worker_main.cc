@@ -263,7 +263,8 @@ absl::StatusOr<int64_t> TrainLocalModel(Run& run, int64_t step, const Consistenc
         return absl::CancelledError("stopping");
       }
       const absl::Time push_start = absl::Now();
-      absl::StatusOr<ShardedClient::PushSummary> pushed = run.client.Push(values, /*sequence=*/step);
+      absl::StatusOr<ShardedClient::PushSummary> pushed =
+          run.client.Push(values, /*sequence=*/step);
       if (!pushed.ok()) return pushed.status();
       push_time = absl::Now() - push_start;
       run.metrics.Observe(StepMetrics::kPush, push_time);
