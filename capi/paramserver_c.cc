@@ -20,8 +20,8 @@
 #include "absl/strings/str_join.h"
 #include "common/cluster.h"
 #include "common/cluster_spec.h"
+#include "common/log.h"
 #include "common/model_spec.h"
-#include "common/network_spec.h"
 #include "common/security.h"
 #include "common/wire_type.h"
 #include "nlohmann/json.hpp"
@@ -146,18 +146,17 @@ absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json)
   absl::StatusOr<std::vector<std::string>> addresses = ps::ParseShardAddresses((*settings)["ps"]);
   if (!addresses.ok()) return addresses.status();
   const int shards = static_cast<int>(addresses->size());
-  // A model spec (mlp:, cnn:, flat:N), a preset (cnn-small), or the MLP of "hidden".
+  // A model spec (mlp:, cnn:, flat:N, a tensor layout), a preset (cnn-small), or the MLP of
+  // "hidden".
   if (Text(*settings, "model").empty() && Text(*settings, "hidden").empty()) {
     return absl::InvalidArgumentError(
-        "no model: set \"model\" to the shards' --model (e.g. flat:N) or \"cluster\"");
+        "no model: set \"model\" to the shards' --model (e.g. a layout) or \"cluster\"");
   }
-  absl::StatusOr<ps::ModelIdentity> model = ps::ParseModelSpec(Text(*settings, "model"), shards);
-  if (!model.ok()) {
-    absl::StatusOr<ps::NetworkSpec> network =
-        ps::ResolveModel(Text(*settings, "model"), Text(*settings, "hidden"));
-    if (!network.ok()) return model.status();
-    model = ps::ModelIdentity{network->ToString(), network->num_params(), shards};
-  }
+  absl::StatusOr<std::string> spec =
+      ps::ResolveModelSpec(Text(*settings, "model"), Text(*settings, "hidden"));
+  if (!spec.ok()) return spec.status();
+  absl::StatusOr<ps::ModelIdentity> model = ps::ParseModelSpec(*spec, shards);
+  if (!model.ok()) return model.status();
   ps::ClientOptions options;
   absl::StatusOr<int> workers = Number(*settings, "num_workers", 0);
   absl::StatusOr<double> timeout = Number(*settings, "rpc_timeout_seconds", 10.0);
@@ -240,6 +239,7 @@ int ps_api_version(void) { return PS_C_API_VERSION; }
 const char* ps_last_error(void) { return last_error.c_str(); }
 
 int ps_client_create(const char* settings_json, ps_client** out) {
+  ps::SetLogTag("paramserver");  // the library's log lines, in the user's process
   absl::StatusOr<std::unique_ptr<ps_client>> client = MakeClient(settings_json);
   if (!client.ok()) return Report(client.status());
   *out = client->release();

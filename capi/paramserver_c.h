@@ -41,7 +41,8 @@ PS_EXPORT const char* ps_last_error(void);
 /* Makes a client from a JSON object of settings (the C++ daemons' flags of the same names):
  *   "ps": "h1:50051,h2:50051"     the shards in order ("a/b": a shard's two replicas), or
  *   "cluster": "job.json"         a cluster spec: shards, model, workers, security from it
- *   "model": "mlp:784-128-10"     the model spec the shards hold (also flat:N, cnn:..., presets)
+ *   "model": "mlp:784-128-10"     the model spec the shards hold (also flat:N, cnn:..., presets,
+ *                                 a tensor layout: JSON text or a file F.json)
  *   "rank": 0                     this worker's rank; -1 (default): an observer, pull only
  *   "num_workers": 4              checked against the shards' (0: not checked)
  *   "tls_ca", "tls_cert", "tls_key", "token_file"   credentials (token: else $PS_TOKEN)

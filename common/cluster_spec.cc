@@ -118,7 +118,7 @@ std::string ArgValue(int argc, char** argv, const std::string& name) {
 
 }  // namespace
 
-absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
+absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text, const std::string& dir) {
   Json root = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return Bad("not valid JSON");
   if (!root.is_object()) return Bad("the top level must be an object");
@@ -151,12 +151,18 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
   }
   if (root.contains("model")) {
     if (root.contains("hidden")) return Bad("give \"model\" or \"hidden\", not both");
-    if (!root["model"].is_string()) {
-      return Bad("\"model\" must be a spec or preset string (common/network_spec.h)");
+    const Json& m = root["model"];
+    if (!m.is_string() && !m.is_object()) {
+      return Bad("\"model\" must be a spec or preset string (common/network_spec.h), a layout "
+                 "file name (F.json) or a layout object (common/tensor_layout.h)");
     }
-    absl::StatusOr<NetworkSpec> network = ResolveModel(root["model"].get<std::string>(), "");
-    if (!network.ok()) return Bad("\"model\": " + std::string(network.status().message()));
-    spec.model = network->ToString();
+    std::string model = m.is_object() ? m.dump() : m.get<std::string>();
+    if (m.is_string() && IsLayoutSpec(model) && !dir.empty() && model.front() != '/') {
+      model = dir + "/" + model;  // a layout file beside the spec
+    }
+    absl::StatusOr<std::string> canonical = ResolveModelSpec(model, "");
+    if (!canonical.ok()) return Bad("\"model\": " + std::string(canonical.status().message()));
+    spec.model = *std::move(canonical);
   }
   if (!root.contains("shards") || !root["shards"].is_array() || root["shards"].empty()) {
     return Bad("\"shards\" must be a non-empty array of \"host:port\" (or \"a:port/b:port\")");
@@ -261,12 +267,12 @@ absl::StatusOr<ClusterSpec> ReadClusterSpec(const std::string& path) {
   if (!in) return absl::NotFoundError("cannot read the cluster spec " + path);
   std::stringstream text;
   text << in.rdbuf();
-  absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(text.str());
-  if (!spec.ok())
-    return absl::Status(spec.status().code(), path + ": " + std::string(spec.status().message()));
   // Relative paths of files the daemons read name files beside the spec, wherever a daemon runs
   // from (what they write stays relative to their working directory).
   const std::string dir = std::filesystem::path(path).parent_path().string();
+  absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(text.str(), dir);
+  if (!spec.ok())
+    return absl::Status(spec.status().code(), path + ": " + std::string(spec.status().message()));
   auto resolve = [&](std::string& value) {
     if (!dir.empty() && !value.empty() && value.front() != '/') value = dir + "/" + value;
   };
@@ -405,9 +411,17 @@ absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::
     for (const auto& [name, value] : section->second) out.section_keys.push_back(name);
   }
   out.args.insert(out.args.begin() + 1, flags->begin(), flags->end());
-  out.summary =
-      absl::StrCat(role, " of ", path, " (", spec->shards.size(), " shard(s), ", spec->workers,
-                   " worker(s), ", ModelOf(*spec), "): ", absl::StrJoin(*flags, " "));
+  // A layout's inline JSON would fill the log line: its fingerprint names it.
+  std::string model = ModelOf(*spec);
+  if (absl::StatusOr<ModelIdentity> id = ParseModelSpec(model, 1); id.ok() && IsLayoutSpec(model)) {
+    model = id->fingerprint;
+  }
+  std::vector<std::string> shown = *flags;
+  for (std::string& flag : shown) {
+    if (absl::StartsWith(flag, "--model=")) flag = "--model=" + model;
+  }
+  out.summary = absl::StrCat(role, " of ", path, " (", spec->shards.size(), " shard(s), ",
+                             spec->workers, " worker(s), ", model, "): ", absl::StrJoin(shown, " "));
   return out;
 }
 

@@ -6,7 +6,9 @@
 //
 //   {
 //     "hidden": "256,128",                     MLP hidden sizes (the model: mlp:784-...-10), or
-//     "model": "cnn-small",                    a model spec or preset (common/network_spec.h)
+//     "model": "cnn-small",                    a model spec or preset (common/network_spec.h), a
+//                                              tensor layout file "F.json" or object {"tensors":
+//                                              [...]} (common/tensor_layout.h)
 //     "shards": ["h1:50051", "h2:50051/h3:50051"],   in shard order; "a/b": two replicas
 //     "workers": 4,
 //     "ps": {"consistency": "async", "optimizer": "momentum", "lr": 0.01},   flags of every ps
@@ -33,7 +35,7 @@ namespace ps {
 
 struct ClusterSpec {
   std::string hidden = "256,128";
-  std::string model;                // canonical spec from "model"; empty: the MLP of `hidden`
+  std::string model;  // canonical spec from "model" (a layout inline); empty: the MLP of `hidden`
   std::vector<std::string> shards;  // entries as ParseShardAddresses gives them
   int workers = 0;
   // Per-role flags, by role kind ("ps", "worker", "evaluator"): name -> value.
@@ -46,8 +48,9 @@ struct ClusterSpec {
 };
 
 // Parses the JSON text; fails naming the first problem (bad JSON, a missing or mistyped field, a
-// bad shard address, an unknown key).
-absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& json);
+// bad shard address, an unknown key). A relative layout file name in "model" is read from `dir`
+// (ReadClusterSpec: the spec's directory).
+absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& json, const std::string& dir = "");
 absl::StatusOr<ClusterSpec> ReadClusterSpec(const std::string& path);
 
 // The flags that `role` of `program` ("ps", "worker", "evaluator"; or the tools "export_model" and

@@ -17,7 +17,8 @@ constexpr int64_t kMaxParams = int64_t{1} << 40;
 
 absl::Status Bad(const std::string& spec, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(
-      "bad model spec '", spec, "': ", why, " (expected mlp:IN-H1-...-OUT, cnn:... or flat:N)"));
+      "bad model spec '", spec, "': ", why,
+      " (expected mlp:IN-H1-...-OUT, cnn:..., flat:N, or a tensor layout: {...} or FILE.json)"));
 }
 
 // A spec's kind ("mlp" or "flat"), sizes and parameter count, validated.
@@ -61,6 +62,11 @@ absl::StatusOr<ParsedSpec> Parse(const std::string& spec) {
 }  // namespace
 
 absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_shards) {
+  if (IsLayoutSpec(spec)) {
+    absl::StatusOr<TensorLayout> layout = ParseTensorLayout(spec);
+    if (!layout.ok()) return layout.status();
+    return ModelIdentity{layout->Fingerprint(), layout->num_params(), num_shards};
+  }
   if (absl::StartsWith(spec, "cnn")) {  // a cnn:... spec or a preset
     absl::StatusOr<NetworkSpec> net = ResolveModel(spec, "");
     if (!net.ok()) return net.status();
@@ -71,6 +77,38 @@ absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_sh
   // Canonical: the numbers as parsed (mlp:784-0256-10 is mlp:784-256-10).
   return ModelIdentity{absl::StrCat(parsed->kind, ":", absl::StrJoin(parsed->sizes, "-")),
                        parsed->total, num_shards};
+}
+
+absl::StatusOr<std::string> ResolveModelSpec(const std::string& model, const std::string& hidden) {
+  if (IsLayoutSpec(model)) {
+    absl::StatusOr<TensorLayout> layout = ParseTensorLayout(model);
+    if (!layout.ok()) return layout.status();
+    return layout->ToJson();
+  }
+  if (absl::StartsWith(model, "flat:")) {
+    absl::StatusOr<ModelIdentity> flat = ParseModelSpec(model, 1);
+    if (!flat.ok()) return flat.status();
+    return flat->fingerprint;
+  }
+  absl::StatusOr<NetworkSpec> network = ResolveModel(model, hidden);
+  if (!network.ok()) return network.status();
+  return network->ToString();
+}
+
+absl::StatusOr<std::vector<TensorSlot>> ModelTensors(const std::string& spec) {
+  if (IsLayoutSpec(spec)) {
+    absl::StatusOr<TensorLayout> layout = ParseTensorLayout(spec);
+    if (!layout.ok()) return layout.status();
+    return std::move(layout->tensors);
+  }
+  if (absl::StartsWith(spec, "flat:")) {
+    absl::StatusOr<ModelIdentity> flat = ParseModelSpec(spec, 1);
+    if (!flat.ok()) return flat.status();
+    return std::vector<TensorSlot>{{"params", {flat->total_params}, 0, flat->total_params}};
+  }
+  absl::StatusOr<NetworkSpec> network = ResolveModel(spec, "");
+  if (!network.ok()) return network.status();
+  return TensorSlots(*network);
 }
 
 absl::StatusOr<std::vector<int>> ParseMlpSpec(const std::string& spec) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/tensor_layout.h"
 
 namespace ps {
 
@@ -68,14 +69,6 @@ absl::StatusOr<NetworkSpec> ResolveModel(const std::string& model, const std::st
 // The MLP with layer sizes {inputs, hidden..., classes}, as ParseNetworkSpec(MlpSpec(sizes)) would
 // give it. REQUIRES: at least two sizes, all positive.
 NetworkSpec MlpNetwork(const std::vector<int>& sizes);
-
-// A named tensor inside the flat parameter vector.
-struct TensorSlot {
-  std::string name;
-  std::vector<int64_t> shape;
-  int64_t offset = 0;
-  int64_t size = 0;
-};
 
 // The flat layout, tensors back to back from offset 0 in layer order: for conv layer i (from 1)
 // "convi.weight" [K, K, C_in, C_out] (row-major, so as a matrix [K*K*C_in, C_out], the order of

@@ -41,7 +41,9 @@ ABSL_FLAG(std::string, port_file, "", "If set, write the bound port here once se
 ABSL_FLAG(int, shard_index, 0, "This shard's index i in [0, num_shards).");
 ABSL_FLAG(int, num_shards, 1, "Number of shards S; shard i owns [i*N/S, (i+1)*N/S).");
 ABSL_FLAG(std::string, model, "",
-          "Required: the job's model, mlp:IN-H1-...-OUT (e.g. mlp:784-256-128-10) or flat:N. "
+          "Required: the job's model, mlp:IN-H1-...-OUT (e.g. mlp:784-256-128-10), cnn:... or a "
+          "preset (cnn-small), flat:N, or named tensors (a PyTorch module's): a layout file "
+          "F.json or inline JSON {\"tensors\": [{\"name\": ..., \"shape\": [...]}, ...]}. "
           "Clients of another model are refused.");
 ABSL_FLAG(int, num_workers, 0, "Required: the job's number of workers W; worker ids are [0, W).");
 ABSL_FLAG(std::string, consistency, "async",
@@ -404,7 +406,7 @@ int Main(int argc, char** argv) {
   health->SetServingStatus(false);
   const Range& range = (*shard)->range();
   PS_LOG(INFO) << "shard " << config->shard_index << "/" << config->num_shards << " of "
-               << config->model << " (" << (*shard)->model().total_params << " parameters; owns ["
+               << (*shard)->model().fingerprint << " (" << (*shard)->model().total_params << " parameters; owns ["
                << range.begin << ", " << range.end << ")) for " << config->num_workers
                << " workers, serving on port " << port << ": " << (*shard)->consistency().Name()
                << ", " << config->optimizer.name << ", lr " << config->learning_rate.base << " ("

@@ -116,6 +116,31 @@ TEST(ClusterSpecTest, AModelSpecReachesEveryRole) {
   }
 }
 
+// "model" as named tensors, an object or a file beside the spec: every role gets the layout
+// inline, so that it reads no file of its own.
+TEST(ClusterSpecTest, ATensorLayoutReachesEveryRoleInline) {
+  const std::string layout = R"({"tensors": [{"name": "fc.weight", "shape": [10, 784]}]})";
+  const std::string canonical = R"(--model={"tensors":[{"name":"fc.weight","shape":[10,784]}]})";
+  const std::string dir = NewRunDir("cluster_spec");
+  std::ofstream(dir + "/model.json") << layout;
+  std::ofstream(dir + "/job.json") << R"({"model": "model.json", "shards": ["127.0.0.1:5001"],
+                                          "workers": 2})";
+  absl::StatusOr<ClusterSpec> from_file = ReadClusterSpec(dir + "/job.json");
+  ASSERT_TRUE(from_file.ok()) << from_file.status();
+  absl::StatusOr<ClusterSpec> from_object = ParseClusterSpec(
+      R"({"model": )" + layout + R"(, "shards": ["127.0.0.1:5001"], "workers": 2})");
+  ASSERT_TRUE(from_object.ok()) << from_object.status();
+  for (const ClusterSpec& spec : {*from_file, *from_object}) {
+    EXPECT_TRUE(Has(*FlagsForRole(spec, "ps", "ps:0"), canonical));
+    EXPECT_TRUE(Has(*FlagsForRole(spec, "worker", "worker:1"), canonical));
+    EXPECT_TRUE(Has(*FlagsForRole(spec, "export_model", "export_model"), canonical));
+  }
+  absl::StatusOr<ClusterSpec> bad =
+      ParseClusterSpec(R"({"model": {"tensors": 3}, "shards": ["127.0.0.1:5001"], "workers": 2})");
+  EXPECT_NE(bad.status().message().find("\"model\": bad model layout"), std::string::npos)
+      << bad.status();
+}
+
 TEST(ClusterSpecTest, EveryRoleIsDescribedOnALineOfItsOwn) {
   absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(kSpec);
   ASSERT_TRUE(spec.ok()) << spec.status();

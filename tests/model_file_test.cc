@@ -112,7 +112,8 @@ TEST(ModelFileTest, RefusesAnotherModelAMissingExtraOrMisshapenTensorAndOtherFil
   };
   refusal(ReadModelFile(good, "mlp:4-5-2"), absl::StatusCode::kInvalidArgument,
           "holds model mlp:4-3-2, expected mlp:4-5-2");
-  refusal(ReadModelFile(good, "flat:21"), absl::StatusCode::kInvalidArgument, "not a network");
+  refusal(ReadModelFile(good, "flat:21"), absl::StatusCode::kInvalidArgument,
+          "holds model mlp:4-3-2, expected flat:21");
   refusal(ReadModelFile(dir + "/missing.safetensors", kModel), absl::StatusCode::kNotFound,
           "cannot open");
 
@@ -156,14 +157,40 @@ TEST(ModelFileTest, RefusesAnotherModelAMissingExtraOrMisshapenTensorAndOtherFil
   refusal(ReadModelFile(good, kModel), absl::StatusCode::kDataLoss, "checksum mismatch");
 }
 
-TEST(ModelFileTest, WritingRefusesAWrongSizeNoVersionsAndModelsThatAreNotNetworks) {
+TEST(ModelFileTest, WritingRefusesAWrongSizeNoVersionsAndNoModel) {
   const std::string path = NewRunDir("model_file") + "/model.safetensors";
   EXPECT_EQ(WriteModelFile(path, {kModel, {1}, std::vector<float>(kParams - 1)}).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(WriteModelFile(path, {kModel, {}, std::vector<float>(kParams)}).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(WriteModelFile(path, {"flat:21", {1}, std::vector<float>(21)}).code(),
+  EXPECT_EQ(WriteModelFile(path, {"rnn:3", {1}, std::vector<float>(21)}).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A tensor layout's file holds the layout's own names and shapes (a PyTorch module's: [out, in]
+// weights), in flat order, and names the model by its fingerprint.
+TEST(ModelFileTest, ALayoutsFileHoldsItsOwnNamesAndShapes) {
+  const std::string path = NewRunDir("model_file") + "/layout.safetensors";
+  const std::string layout = R"({"tensors": [{"name": "fc.weight", "shape": [2, 3]},
+                                             {"name": "fc.bias", "shape": [2]}]})";
+  const std::vector<float> values = RandomParams(8, 5);
+  ASSERT_TRUE(WriteModelFile(path, {layout, {7}, values}).ok());
+  absl::StatusOr<Safetensors> raw = ReadSafetensors(path);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  EXPECT_EQ(raw->metadata["model"], ParseModelSpec(layout, 1)->fingerprint);
+  EXPECT_EQ(raw->tensors["fc.weight"].shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(raw->tensors["fc.weight"].data, std::vector<float>(values.begin(), values.begin() + 6));
+  EXPECT_EQ(raw->tensors["fc.bias"].data, std::vector<float>(values.begin() + 6, values.end()));
+  absl::StatusOr<ModelFile> read = ReadModelFile(path, layout);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->params, values);
+  const std::string renamed = R"({"tensors": [{"name": "fc.weight", "shape": [2, 3]},
+                                              {"name": "fc.b", "shape": [2]}]})";
+  EXPECT_NE(ReadModelFile(path, renamed).status().message().find("holds model layout:8:"),
+            std::string::npos);
+  const std::string flat = NewRunDir("model_file") + "/flat.safetensors";
+  ASSERT_TRUE(WriteModelFile(flat, {"flat:8", {7}, values}).ok());
+  EXPECT_EQ(ReadModelFile(flat, "flat:8")->params, values);
 }
 
 // A CNN's file holds its convolutions as [K, K, C_in, C_out] and reads back bit-identical.

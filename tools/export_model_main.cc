@@ -47,7 +47,7 @@ int Main(int argc, char** argv) {
   const bool neither = dir.empty() && shards->addresses.empty();
   if (both || neither) return Fail("give either --checkpoint_dir or --ps");
   if (out.empty()) return Fail("--out is required");
-  const std::string model = shards->network.ToString();
+  const std::string model = shards->model;
   const absl::Time start = absl::Now();
   absl::StatusOr<ModelFile> file = dir.empty()
                                        ? ModelFromShards(shards->addresses, model, shards->options)

@@ -43,17 +43,17 @@ absl::StatusOr<ModelFile> ModelFromCheckpoints(const std::string& dir,
   }
   absl::StatusOr<ShardCheckpoint> first = NewestCheckpoint(dir, 0);
   if (!first.ok()) return first.status();
-  if (first->model != expected_model) {
-    return absl::InvalidArgumentError(absl::StrCat("the checkpoints in ", dir, " are of model ",
-                                                   first->model, ", expected ", expected_model));
-  }
   const int num_shards = first->num_shards;
+  absl::StatusOr<ModelIdentity> model = ParseModelSpec(expected_model, num_shards);
+  if (!model.ok()) return model.status();
+  if (first->model != model->fingerprint) {
+    return absl::InvalidArgumentError(absl::StrCat("the checkpoints in ", dir, " are of model ",
+                                                   first->model, ", expected ", model->fingerprint));
+  }
   if (num_shards < 1) {
     return absl::DataLossError("shard 0's checkpoint in " + dir + " says the job has no shards");
   }
-  absl::StatusOr<ModelIdentity> model = ParseModelSpec(first->model, num_shards);
-  if (!model.ok()) return model.status();
-  ModelFile file{first->model, {}, std::vector<float>(model->total_params)};
+  ModelFile file{expected_model, {}, std::vector<float>(model->total_params)};
   // Checks that `c` is shard `shard` of shard 0's job and copies its values into place.
   auto add = [&](const ShardCheckpoint& c, int shard) {
     if (JobText(c) != JobText(*first) || c.shard_index != shard) {
@@ -109,7 +109,9 @@ absl::StatusOr<ModelFile> ModelFromShards(const std::vector<std::string>& addres
 absl::StatusOr<std::string> WriteExport(const std::string& out, const ModelFile& file,
                                         absl::Time start) {
   if (absl::Status s = WriteModelFile(out, file); !s.ok()) return s;
-  return absl::StrFormat("wrote %s (%d parameters, versions [%s]) to %s in %.3f s", file.model,
+  absl::StatusOr<ModelIdentity> model = ParseModelSpec(file.model, 1);  // parsed fine just now
+  return absl::StrFormat("wrote %s (%d parameters, versions [%s]) to %s in %.3f s",
+                         model.ok() ? model->fingerprint : file.model,
                          file.params.size(), absl::StrJoin(file.versions, ","), out,
                          absl::ToDoubleSeconds(absl::Now() - start));
 }

@@ -14,7 +14,7 @@ namespace ps {
 
 // The model in the newest checkpoint that reads back whole of every shard in `dir` (what `ps
 // --checkpoint_dir=dir` would resume from; torn or corrupt newer files are skipped with a log
-// line), which must be a job of `expected_model` (an mlp spec). Shard 0's checkpoint says how many
+// line), which must be a job of `expected_model` (a model spec). Shard 0's checkpoint says how many
 // shards the job has. Checkpoints carry no job id: shards are taken to be of one job when they
 // agree on model, shard count, optimizer and consistency.
 // Fails with NOT_FOUND if `dir` is not a directory or a shard has no checkpoint there (naming

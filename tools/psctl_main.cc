@@ -145,7 +145,7 @@ int Status(const ClientConnection& shards) {
   for (size_t s = 0; s < shards.addresses.size(); ++s) {
     for (const std::string& address : ShardReplicas(shards.addresses[s])) {
       auto client = std::make_unique<ShardedClient>(
-          std::vector<std::string>{address}, ModelIdentity{shards.network.ToString(), 0, 1},
+          std::vector<std::string>{address}, ModelIdentity{shards.identity.fingerprint, 0, 1},
           /*worker_id=*/-1, shards.options);
       cancel_on_shutdown.push_back(std::make_unique<CancelOnShutdown>(client.get()));
       processes.push_back({static_cast<int>(s), address, std::move(client)});
@@ -203,7 +203,7 @@ int Export(const ClientConnection& shards) {
   if (out.empty()) return Fail("psctl export needs --out=FILE");
   const absl::Time start = absl::Now();
   absl::StatusOr<ModelFile> file =
-      ModelFromShards(shards.addresses, shards.network.ToString(), shards.options);
+      ModelFromShards(shards.addresses, shards.model, shards.options);
   if (!file.ok()) return Fail(std::string(file.status().message()));
   absl::StatusOr<std::string> wrote = WriteExport(out, *file, start);
   if (!wrote.ok()) return Fail(std::string(wrote.status().message()));
@@ -237,7 +237,7 @@ int Main(int argc, char** argv) {
   InstallShutdownHandler();
   if (command == "status") return Status(*shards);
   ShardedClient client(shards->addresses,
-                       {shards->network.ToString(), 0, static_cast<int>(shards->addresses.size())},
+                       {shards->identity.fingerprint, 0, static_cast<int>(shards->addresses.size())},
                        /*worker_id=*/-1, shards->options);
   CancelOnShutdown cancel_on_shutdown(&client);
   return Checkpoint(client, shards->addresses);

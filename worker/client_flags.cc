@@ -4,7 +4,7 @@
 #include "common/cluster.h"
 #include "common/health_server.h"
 #include "common/log.h"
-#include "common/network_spec.h"
+#include "common/model_spec.h"
 
 ABSL_FLAG(std::string, ps, "",
           "Shard addresses in shard order: host:port,host:port,... (a replicated shard: its two "
@@ -13,7 +13,8 @@ ABSL_FLAG(std::string, hidden, "256,128", "Hidden layer sizes of the MLP (the sa
 ABSL_FLAG(std::string, model, "",
           "The model, when not the --hidden MLP: a spec (mlp:784-256-10, "
           "cnn:1x28x28-conv32k5-pool2-fc128-10, grammar in common/network_spec.h) or a preset "
-          "(cnn-small, cnn-large). The same everywhere.");
+          "(cnn-small, cnn-large); for export_model and psctl also a tensor layout (a JSON file "
+          "or object, common/tensor_layout.h) or flat:N. The same everywhere.");
 ABSL_FLAG(double, retry_seconds, -1,
           "Give up after a shard has been unreachable this long; -1: 60 for the daemons (worker, "
           "evaluator), 5 for the one-shot tools (psctl, export_model).");
@@ -75,11 +76,14 @@ absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards, Cl
     if (!addresses.ok()) return addresses.status();
     c.addresses = *std::move(addresses);
   }
-  absl::StatusOr<NetworkSpec> network =
-      ResolveModel(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_hidden));
-  if (!network.ok()) return network.status();
-  if (absl::Status s = network->FitsFashionMnist(); !s.ok()) return s;
-  c.network = *std::move(network);
+  absl::StatusOr<std::string> model =
+      ResolveModelSpec(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_hidden));
+  if (!model.ok()) return model.status();
+  c.model = *std::move(model);
+  absl::StatusOr<ModelIdentity> identity =
+      ParseModelSpec(c.model, static_cast<int>(c.addresses.size()));
+  if (!identity.ok()) return identity.status();
+  c.identity = *std::move(identity);
   absl::StatusOr<WireType> pull_type = PullTypeFromFlags();
   if (!pull_type.ok()) return pull_type.status();
   c.options.pull_type = *pull_type;

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/network_spec.h"
 #include "common/security.h"
 #include "common/wire_type.h"
 #include "worker/sharded_client.h"
@@ -22,7 +21,8 @@ namespace ps {
 // Where the shards are, the model they hold, and how to call them.
 struct ClientConnection {
   std::vector<std::string> addresses;  // --ps, in shard order; empty when not needed
-  NetworkSpec network;                 // --model, else the --hidden MLP
+  std::string model;  // canonical spec (common/model_spec.h) of --model, else the --hidden MLP
+  ModelIdentity identity;  // of `model`, with num_shards the number of addresses
   ClientOptions options;  // credentials, --pull_dtype, --retry_seconds, --shared_memory
 };
 // A daemon waits for shards that are down (a minute by default: they may be restarting); a

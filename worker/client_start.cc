@@ -24,9 +24,19 @@ namespace ps {
 absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bool needs_shards,
                                         bool checks_only) {
   ClientStart start;
-  absl::StatusOr<ClientConnection> connection = ClientConnectionFromFlags(needs_shards, ClientKind::kDaemon);
+  absl::StatusOr<ClientConnection> connection =
+      ClientConnectionFromFlags(needs_shards, ClientKind::kDaemon);
   if (!connection.ok()) return connection.status();
   start.connection = *std::move(connection);
+  if (IsLayoutSpec(start.connection.model)) {
+    return absl::InvalidArgumentError(
+        "--model is a tensor layout: the C++ worker and evaluator build mlp: and cnn: networks "
+        "only; train a layout model with Python workers (paramserver.torch)");
+  }
+  absl::StatusOr<NetworkSpec> network = ResolveModel(start.connection.model, "");
+  if (!network.ok()) return network.status();
+  if (absl::Status s = network->FitsFashionMnist(); !s.ok()) return s;
+  start.network = *std::move(network);
   if (std::optional<int> own = WorkerTokenRank(start.connection.options.security.token);
       own.has_value() && rank >= 0 && *own != rank) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
+#include "common/network_spec.h"
 #include "kernels/backend.h"
 #include "worker/client_flags.h"
 
@@ -18,6 +19,7 @@ namespace ps {
 
 struct ClientStart {
   ClientConnection connection;           // --ps, --hidden, credentials, ...
+  NetworkSpec network;                   // connection.model, which these daemons build
   std::string data_dir;                  // --data_dir
   std::string csv;                       // --csv; "" for none
   std::unique_ptr<Backend> backend;      // --device (a GPU by rank: see MakeBackend), --threads
@@ -25,7 +27,8 @@ struct ClientStart {
   std::unique_ptr<MetricsEndpoint> metrics;  // --metrics_port; null when off
 };
 
-// `rank`: the worker's (-1: not a worker). Fails with a one-line reason (a bad flag, an
+// `rank`: the worker's (-1: not a worker). Fails with a one-line reason (a bad flag, a model that
+// is not a network for Fashion-MNIST (a tensor layout is trained by Python workers), an
 // unreadable credential, another worker's own token, no usable --device, a health port taken).
 // `needs_shards`: as ClientConnectionFromFlags.
 // `checks_only` (--dry_run): returns once the flags and credentials checked out, with only

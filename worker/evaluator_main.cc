@@ -53,7 +53,7 @@ std::vector<std::string> CsvRow(int64_t version, const Network::Score& score) {
 
 // --model_file: scores the file on the test set, prints the result and appends it to --csv.
 int ScoreModelFile(const ClientStart& started) {
-  const NetworkSpec& network = started.connection.network;
+  const NetworkSpec& network = started.network;
   const std::string path = absl::GetFlag(FLAGS_model_file);
   absl::StatusOr<ModelFile> file = ReadModelFile(path, network.ToString());
   if (!file.ok()) return Fail(std::string(file.status().message()));
@@ -97,10 +97,10 @@ int Main(int argc, char** argv) {
 
   absl::StatusOr<Examples> test = LoadFashionMnist(started->data_dir, "t10k");
   if (!test.ok()) return Fail(std::string(test.status().message()));
-  if (absl::Status s = shards.network.FitsBatch(EvaluationBatch(shards.network)); !s.ok()) {
+  if (absl::Status s = started->network.FitsBatch(EvaluationBatch(started->network)); !s.ok()) {
     return Fail(std::string(s.message()));
   }
-  Network mlp(shards.network, EvaluationBatch(shards.network), started->backend.get());
+  Network mlp(started->network, EvaluationBatch(started->network), started->backend.get());
   ShardedClient client(
       shards.addresses,
       {mlp.Fingerprint(), mlp.num_params(), static_cast<int>(shards.addresses.size())},

@@ -8,7 +8,6 @@
 #include "absl/strings/str_join.h"
 #include "common/model_spec.h"
 #include "common/safetensors.h"
-#include "worker/network.h"
 
 namespace ps {
 namespace {
@@ -22,30 +21,32 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 }  // namespace
 
 absl::Status WriteModelFile(const std::string& path, const ModelFile& file) {
-  absl::StatusOr<NetworkSpec> network = ParseNetworkSpec(file.model);
-  if (!network.ok()) return network.status();
-  std::vector<TensorSlot> slots = TensorSlots(*network);
-  const int64_t expected = slots.back().offset + slots.back().size;
-  if (static_cast<int64_t>(file.params.size()) != expected) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(file.model, " has ", expected, " parameters, got ", file.params.size()));
+  absl::StatusOr<ModelIdentity> model = ParseModelSpec(file.model, 1);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<std::vector<TensorSlot>> slots = ModelTensors(file.model);
+  if (!slots.ok()) return slots.status();
+  if (static_cast<int64_t>(file.params.size()) != model->total_params) {
+    return absl::InvalidArgumentError(absl::StrCat(model->fingerprint, " has ", model->total_params,
+                                                   " parameters, got ", file.params.size()));
   }
   if (file.versions.empty()) return absl::InvalidArgumentError("a model file needs its versions");
   std::vector<TensorView> tensors;
-  for (const TensorSlot& slot : slots) {
+  for (const TensorSlot& slot : *slots) {
     tensors.push_back(
         {slot.name, slot.shape, absl::MakeConstSpan(file.params).subspan(slot.offset, slot.size)});
   }
   return WriteSafetensors(path, tensors,
                           {{"format", kFormat},
-                           {"model", file.model},
+                           {"model", model->fingerprint},
                            {"versions", nlohmann::json(file.versions).dump()}});
 }
 
 absl::StatusOr<ModelFile> ReadModelFile(const std::string& path,
                                         const std::string& expected_model) {
-  absl::StatusOr<NetworkSpec> network = ParseNetworkSpec(expected_model);
-  if (!network.ok()) return network.status();
+  absl::StatusOr<ModelIdentity> model = ParseModelSpec(expected_model, 1);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<std::vector<TensorSlot>> slots = ModelTensors(expected_model);
+  if (!slots.ok()) return slots.status();
   absl::StatusOr<Safetensors> read = ReadSafetensors(path);
   if (!read.ok()) return read.status();
   auto bad = [&](const std::string& why) { return absl::InvalidArgumentError(path + ": " + why); };
@@ -54,8 +55,8 @@ absl::StatusOr<ModelFile> ReadModelFile(const std::string& path,
     return bad(absl::StrCat("not a model file (format '", metadata["format"], "', expected '",
                             kFormat, "'); export_model writes them"));
   }
-  if (metadata["model"] != expected_model) {
-    return bad(absl::StrCat("holds model ", metadata["model"], ", expected ", expected_model));
+  if (metadata["model"] != model->fingerprint) {
+    return bad(absl::StrCat("holds model ", metadata["model"], ", expected ", model->fingerprint));
   }
   ModelFile file;
   file.model = expected_model;
@@ -67,22 +68,23 @@ absl::StatusOr<ModelFile> ReadModelFile(const std::string& path,
     if (!v.is_number_integer()) return bad("metadata 'versions' holds a non-integer");
     file.versions.push_back(v.get<int64_t>());
   }
-  std::vector<TensorSlot> slots = TensorSlots(*network);
-  file.params.resize(slots.back().offset + slots.back().size);
-  for (const TensorSlot& slot : slots) {
+  file.params.resize(model->total_params);
+  for (const TensorSlot& slot : *slots) {
     auto it = read->tensors.find(slot.name);
     if (it == read->tensors.end()) return bad("has no tensor " + slot.name);
     if (it->second.shape != slot.shape) {
       return bad(absl::StrCat(slot.name, " has shape ", ShapeText(it->second.shape), ", expected ",
                               ShapeText(slot.shape),
-                              " (weights are [in, out], convolutions [K, K, C_in, C_out])"));
+                              IsLayoutSpec(expected_model)
+                                  ? ""
+                                  : " (weights are [in, out], convolutions [K, K, C_in, C_out])"));
     }
     std::copy(it->second.data.begin(), it->second.data.end(), file.params.begin() + slot.offset);
     read->tensors.erase(it);
   }
   if (!read->tensors.empty()) {
-    return bad(absl::StrCat("has a tensor ", read->tensors.begin()->first, " that ", expected_model,
-                            " does not"));
+    return bad(absl::StrCat("has a tensor ", read->tensors.begin()->first, " that ",
+                            model->fingerprint, " does not"));
   }
   return file;
 }

@@ -374,7 +374,7 @@ int Main(int argc, char** argv) {
     // The data (its first example: the files are there and readable) and the batch.
     Range first{0, 1};
     absl::Status s = LoadFashionMnist(started->data_dir, "train", &first).status();
-    if (s.ok()) s = started->connection.network.FitsBatch(batch);
+    if (s.ok()) s = started->network.FitsBatch(batch);
     return s.ok() ? 0 : Fail(std::string(s.message()));
   }
   if (!parsed->spec_summary.empty()) {
@@ -386,10 +386,10 @@ int Main(int argc, char** argv) {
   absl::StatusOr<Examples> data = LoadFashionMnist(started->data_dir, "train", &slice);
   if (!data.ok()) return Fail(std::string(data.status().message()));
   Backend* backend = started->backend.get();
-  if (absl::Status s = shards.network.FitsBatch(batch); !s.ok()) {
+  if (absl::Status s = started->network.FitsBatch(batch); !s.ok()) {
     return Fail(std::string(s.message()));
   }
-  Network mlp(shards.network, batch, backend);
+  Network mlp(started->network, batch, backend);
 
   ClientOptions options = shards.options;
   options.push_type = *push_type;

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """A PyTorch model trained on Fashion-MNIST through the parameter servers by one worker of a job.
 
-Start the shards with the model's size (this script prints it: --print_model_spec), then one of
-these per worker:
+Start the shards with the model's tensor layout (this script writes it: --print_model_spec), then
+one of these per worker:
 
+    python3 examples/pytorch/train.py --print_model_spec > cnn.json   # ps --model=cnn.json
     python3 examples/pytorch/train.py --ps=127.0.0.1:50051,127.0.0.1:50052 --rank=0 \
         --num_workers=2 --steps=2000
 
@@ -13,6 +14,7 @@ tensor layout), so Python and C++ workers can train one model side by side.
 """
 import argparse
 import gzip
+import json
 import os
 import sys
 import time
@@ -106,9 +108,9 @@ def main():
     args = p.parse_args()
 
     model, spec = make_model(args.arch, args.seed)
-    spec = spec or f"flat:{paramserver.torch.layout_size(model)}"
+    spec = spec or paramserver.torch.layout_of(model)
     if args.print_model_spec:
-        print(spec)
+        print(spec if isinstance(spec, str) else json.dumps(spec))
         return 0
     x, y = load("train", args.data_dir)
     n, w = len(x), args.num_workers
@@ -121,7 +123,9 @@ def main():
     model = paramserver.torch.DistributedModel(  # paramserver
         model, optimizer=local, rank=args.rank, num_workers=args.num_workers, model=spec,
         **{k: v for k, v in settings.items() if v is not None})
-    print(f"worker {args.rank}: {spec}, shards run {model.consistency}, starting at step "
+    name = spec if isinstance(spec, str) else f"{len(spec['tensors'])} tensors"
+    print(f"worker {args.rank}: {name} ({model.client.total_params} parameters), shards run "
+          f"{model.consistency}, starting at step "
           f"{model.first_step}", flush=True)
     g = torch.Generator().manual_seed(args.seed * 1000003 + args.rank)
     start = time.time()

@@ -8,6 +8,8 @@
 from .client import Client, Handle, PushSummary
 from .errors import (Cancelled, DeadlineExceeded, Error, FailedPrecondition, InvalidArgument,
                      Unauthenticated, Unavailable)
+from .model_file import load_file, read_file
 
 __all__ = ["Client", "Handle", "PushSummary", "Error", "Cancelled", "DeadlineExceeded",
-           "FailedPrecondition", "InvalidArgument", "Unauthenticated", "Unavailable"]
+           "FailedPrecondition", "InvalidArgument", "Unauthenticated", "Unavailable", "load_file",
+           "read_file"]

@@ -120,7 +120,9 @@ class Client:
         Client(cluster="job.json", rank=2)       # shards, model, credentials from the spec
 
     ps: the shards in order ("a/b": a shard's two replicas); cluster: a cluster spec file;
-    model: the model spec the shards hold (mlp:..., cnn:..., flat:N); rank: this worker's rank
+    model: the model the shards hold: a spec (mlp:..., cnn:..., flat:N), a tensor layout (a
+    dict {"tensors": [...]} as paramserver.torch.layout_of gives, or a JSON file); rank: this
+    worker's rank
     (None: an observer, which may pull only); num_workers: checked against the shards';
     tls_ca, tls_cert, tls_key, token_file (else $PS_TOKEN): credentials; push_dtype,
     pull_dtype: "fp32", "bf16" or "fp16" on the wire; shared_memory: use shared
@@ -135,6 +137,8 @@ class Client:
     def __init__(self, **settings):
         if settings.get("rank") is None:
             settings["rank"] = -1
+        if isinstance(settings.get("model"), dict):
+            settings["model"] = json.dumps(settings["model"])
         handle = ctypes.c_void_p()
         code = lib.ps_client_create(json.dumps(settings).encode(), ctypes.byref(handle))
         if code != 0:

@@ -22,22 +22,34 @@ A worker killed and started again registers under its rank and resumes at `first
 import numpy as np
 import torch
 
-from . import errors
+from . import errors, model_file
 from .errors import invalid
 from .client import Client
 
 
-def layout_size(module):
-    """The number of float32 values the shards hold for `module` (its parameters, in order)."""
-    return sum(p.numel() for p in module.parameters())
+def layout_of(module):
+    """The tensor layout of `module`'s parameters, the shards' --model for it (written to a JSON
+    file: ps --model=F.json): {"tensors": [{"name": "conv1.weight", "shape": [16, 1, 5, 5]},
+    ...]}, in named_parameters() order. The shards' checkpoints and export_model then carry these
+    names and shapes, so load_state_dict(load_file(exported)) restores the module."""
+    return {"tensors": [{"name": name, "shape": list(p.shape)}
+                        for name, p in module.named_parameters()]}
+
+
+def load_file(path):
+    """The tensors of a file export_model wrote, as CPU torch tensors by name (the interface of
+    safetensors.torch.load_file): a module of the exported layout takes them in load_state_dict
+    (strict=False when it has buffers, such as BatchNorm's running statistics, which the shards do
+    not hold)."""
+    return {name: torch.from_numpy(a) for name, a in model_file.load_file(path).items()}
 
 
 class DistributedModel(torch.nn.Module):
     """Wraps `module` (float32 parameters on the CPU) so that it trains through the shards.
 
     settings: those of paramserver.Client (ps or cluster, rank, num_workers, credentials, ...);
-    "model" defaults to flat:N, N the module's parameter count (start the shards with the same
-    --model). `client`: an existing Client instead. `initialize`: offer this module's own
+    "model" defaults to the module's layout_of() (start the shards with the same --model).
+    `client`: an existing Client instead. `initialize`: offer this module's own
     values as the initial model (default: rank 0 does). `optimizer`: the local optimizer of
     local:H and easgd (required there, unused otherwise).
     """
@@ -50,9 +62,9 @@ class DistributedModel(torch.nn.Module):
             if p.dtype != torch.float32 or p.device.type != "cpu":
                 raise invalid(f"parameter {name} is {p.dtype} on {p.device}; the adapter trains "
                            "float32 parameters on the CPU")
-        n = layout_size(module)
+        n = sum(p.numel() for p in self._params)
         if client is None:
-            settings.setdefault("model", f"flat:{n}")
+            settings.setdefault("model", layout_of(module))
             client = Client(**settings)
         elif settings:
             raise invalid("pass either a client or its settings, not both")

@@ -1,6 +1,7 @@
 """The PyTorch adapter against real shards: Python workers (examples/pytorch/train.py, each a
 process) training to a bar under every consistency model, beside a C++ worker, and after being
 SIGKILLed and started again."""
+import json
 import os
 import re
 import signal
@@ -16,7 +17,20 @@ import paramserver.torch
 from conftest import BIN_DIR
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "../../examples/pytorch/train.py")
-CNN = "flat:215370"  # examples/pytorch/train.py --print_model_spec
+sys.path.insert(0, os.path.dirname(EXAMPLE))
+import train as example  # noqa: E402  (the example's models)
+
+
+@pytest.fixture
+def cnn(tmp_path):
+    """The example CNN's tensor layout in a file, as a user starts the shards with it."""
+    path = tmp_path / "cnn.json"
+    path.write_text(json.dumps(paramserver.torch.layout_of(example.SmallCnn())))
+    return str(path)
+
+
+def layout(module):
+    return json.dumps(paramserver.torch.layout_of(module))
 
 
 def train(shards, rank, workers, *flags):
@@ -41,10 +55,10 @@ def accuracy_in(out):
     ("local:4", ()),
     ("easgd:4", ()),
 ])
-def test_two_python_workers_train_a_cnn_on_two_shards(start_shards, consistency, flags):
+def test_two_python_workers_train_a_cnn_on_two_shards(start_shards, cnn, consistency, flags):
     # 300 steps each: 0.77-0.80 async, about as much sync (measured); a model that did not train
     # stays near 0.1.
-    shards = start_shards(2, CNN, workers=2, flags=(f"--consistency={consistency}", *flags))
+    shards = start_shards(2, cnn, workers=2, flags=(f"--consistency={consistency}", *flags))
     workers = [train(shards, r, 2, "--steps=300") for r in range(2)]
     for out in map(finish, workers):
         assert f"shards run {consistency}" in out
@@ -66,8 +80,8 @@ def test_a_cpp_and_a_python_worker_train_one_mlp(start_shards):
     assert applied.get(0, 0) == 600 and applied[1] == 600, applied
 
 
-def test_a_python_worker_killed_and_started_again_resumes(start_shards):
-    shards = start_shards(2, CNN, workers=1, flags=("--optimizer=sgd", "--lr=0.05"))
+def test_a_python_worker_killed_and_started_again_resumes(start_shards, cnn):
+    shards = start_shards(2, cnn, workers=1, flags=("--optimizer=sgd", "--lr=0.05"))
     first = train(shards, 0, 1, "--steps=100000")
     for line in first.stdout:  # killed on progress, not on time
         if line.startswith("step 200 "):
@@ -81,12 +95,15 @@ def test_a_python_worker_killed_and_started_again_resumes(start_shards):
 
 
 def test_the_adapter_refuses_what_it_cannot_train(start_shards):
-    shards = start_shards(1, "flat:10")
+    shards = start_shards(1, layout(torch.nn.Linear(3, 2)))
     with pytest.raises(paramserver.InvalidArgument, match="float32 parameters on the CPU"):
         paramserver.torch.DistributedModel(torch.nn.Linear(3, 2).double(), ps=shards.addresses)
     with pytest.raises(paramserver.Error, match="model mismatch"):
-        paramserver.torch.DistributedModel(torch.nn.Linear(5, 2), ps=shards.addresses, rank=0)
-    local = start_shards(1, "flat:8", flags=("--consistency=local:2",))
+        paramserver.torch.DistributedModel(torch.nn.Linear(2, 3), ps=shards.addresses, rank=0)
+    with pytest.raises(paramserver.Error, match="model mismatch"):  # the same size, flat
+        paramserver.torch.DistributedModel(torch.nn.Linear(3, 2), ps=shards.addresses, rank=0,
+                                           model="flat:8")
+    local = start_shards(1, layout(torch.nn.Linear(3, 2)), flags=("--consistency=local:2",))
     with pytest.raises(paramserver.InvalidArgument, match="pass optimizer="):
         paramserver.torch.DistributedModel(torch.nn.Linear(3, 2), ps=local.addresses, rank=0)
 
@@ -94,7 +111,8 @@ def test_the_adapter_refuses_what_it_cannot_train(start_shards):
 def test_parameters_and_gradients_are_views_into_the_flat_buffers(start_shards):
     module = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
     # sync: step() pushes, then pulls the round's weights (async would prefetch, maybe earlier).
-    shards = start_shards(1, "flat:11", flags=("--optimizer=sgd", "--lr=1", "--consistency=sync"))
+    shards = start_shards(1, layout(module),
+                          flags=("--optimizer=sgd", "--lr=1", "--consistency=sync"))
     initial = paramserver.torch.weights_of(module).copy()
     with paramserver.torch.DistributedModel(module, ps=shards.addresses, rank=0) as model:
         assert np.array_equal(paramserver.torch.weights_of(module), initial)
@@ -106,3 +124,56 @@ def test_parameters_and_gradients_are_views_into_the_flat_buffers(start_shards):
         model(torch.ones(1, 3))  # waits for the push and the pull
         assert np.allclose(paramserver.torch.weights_of(module), initial - grads, atol=1e-6)
         assert model.steps == 1
+
+
+def export(shards, model, out, *source):
+    run = subprocess.run([os.path.join(BIN_DIR, "export_model"), f"--model={model}",
+                          f"--out={out}", *source], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+def test_an_exported_model_loads_into_the_module_by_name(start_shards, cnn, tmp_path):
+    # The shards hold the CNN as its named tensors (cnn.json); export_model writes them under
+    # PyTorch's own names and shapes ([out, in] weights), from the live shards and from the
+    # checkpoints, and load_state_dict takes the file as it is.
+    ckpt = tmp_path / "ckpt"
+    shards = start_shards(2, cnn, flags=("--optimizer=sgd", "--lr=0.05", "--consistency=sync",
+                                         f"--checkpoint_dir={ckpt}"))
+    trained = example.SmallCnn()
+    with paramserver.torch.DistributedModel(trained, ps=shards.addresses, rank=0) as model:
+        g = torch.Generator().manual_seed(3)
+        for _ in range(3):
+            x, y = torch.rand(8, 784, generator=g), torch.randint(10, (8,), generator=g)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            model.step()
+        model(x)  # sync: waits for the last round's weights
+    live = tmp_path / "live.safetensors"
+    assert "layout:215370:" in export(shards, cnn, live, f"--ps={shards.addresses}")
+    assert shards.stop() == [0, 0]  # a final checkpoint each
+    saved = tmp_path / "saved.safetensors"
+    export(shards, cnn, saved, f"--checkpoint_dir={ckpt}")
+    for path in (live, saved):
+        tensors, metadata = paramserver.read_file(str(path))
+        assert metadata["model"].startswith("layout:215370:"), metadata
+        assert metadata["versions"] == "[3,3]", metadata
+        assert list(tensors) == [name for name, _ in trained.named_parameters()]
+        restored = example.SmallCnn()
+        restored.load_state_dict(paramserver.torch.load_file(str(path)))  # strict: every name
+        for (name, a), b in zip(trained.named_parameters(), restored.parameters()):
+            assert torch.equal(a, b), name
+        assert not torch.equal(trained.conv1.weight, example.SmallCnn().conv1.weight)
+
+
+def test_a_torn_export_is_refused(start_shards, tmp_path):
+    module = torch.nn.Linear(3, 2)
+    shards = start_shards(1, layout(module))
+    with paramserver.torch.DistributedModel(module, ps=shards.addresses, rank=0):
+        pass
+    path = tmp_path / "m.safetensors"
+    export(shards, layout(module), path, f"--ps={shards.addresses}")
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(paramserver.InvalidArgument, match="checksum mismatch"):
+        paramserver.torch.load_file(str(path))
