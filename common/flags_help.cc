@@ -35,8 +35,8 @@ const ProgramFlags& FlagsOf(const std::string& program) {
       {"export_model",
        {{"export_model_main", "cluster_spec", "client_flags"},
         {"role", "health_port", "health_host", "insecure"}}},
-      {"launch", {{"launch_main"}, {}}},
-      {"experiment", {{"experiment_main"}, {}}},
+      {"launch", {{"launch_main", "training_run"}, {}}},
+      {"experiment", {{"experiment_main", "training_run"}, {}}},
   };
   static const ProgramFlags kNone;
   auto it = kPrograms->find(program);

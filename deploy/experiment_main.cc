@@ -54,7 +54,9 @@ ABSL_FLAG(double, target_accuracy, 0.85, "Accuracy whose time-to is reported.");
 ABSL_FLAG(std::string, optimizer, "momentum", "Server optimizer.");
 ABSL_FLAG(double, lr, 0.01, "Learning rate.");
 ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
-ABSL_FLAG(std::string, model, "", "A model spec or preset instead of the --hidden MLP.");
+ABSL_FLAG(std::string, model, "",
+          "A model spec or preset instead of the --hidden MLP; with --worker_cmd also a tensor "
+          "layout (F.json).");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
 ABSL_FLAG(std::string, device, "cpu", "Workers' device: auto | cpu | cuda | cuda:N.");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
@@ -211,6 +213,7 @@ int Main(int argc, char** argv) {
     job.worker_flags = LocalModelFlags(mode, lr, 0.9, false);
     job.extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
     if (run.straggler != "none") job.straggler = run.straggler;
+    CommandsFromFlags(&job);
     absl::StatusOr<TrainingConfig> made = MakeTrainingConfig(job);
     if (!made.ok()) return Fail(std::string(made.status().message()));
     TrainingConfig c = *std::move(made);

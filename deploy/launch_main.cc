@@ -46,7 +46,8 @@ ABSL_FLAG(double, momentum, 0.9, "Momentum coefficient.");
 ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
 ABSL_FLAG(std::string, model, "",
           "The model instead of the --hidden MLP: a spec (cnn:1x28x28-conv32k5-pool2-fc128-10, "
-          "grammar in common/network_spec.h) or a preset (cnn-small, cnn-large).");
+          "grammar in common/network_spec.h), a preset (cnn-small, cnn-large), or with "
+          "--worker_cmd a tensor layout (F.json, common/tensor_layout.h).");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of initial weights and batch order.");
 ABSL_FLAG(std::string, device, "cpu", "Workers' device: auto | cpu | cuda | cuda:N.");
@@ -174,6 +175,7 @@ int Main(int argc, char** argv) {
   job.extra_ps_flags = absl::GetFlag(FLAGS_ps_flags);
   job.extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
   job.straggler = absl::GetFlag(FLAGS_straggler);
+  CommandsFromFlags(&job);
   absl::StatusOr<TrainingConfig> made = MakeTrainingConfig(job);
   if (!made.ok()) return Fail(std::string(made.status().message()));
   TrainingConfig c = *std::move(made);

@@ -17,6 +17,7 @@
 #include <functional>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -40,7 +41,8 @@ absl::Status LocalCluster::MakeRunDir() const {
 
 absl::Status LocalCluster::CheckFlags(int shards, const std::string& model, int num_workers,
                                       const std::vector<std::string>& ps_flags,
-                                      const std::vector<std::string>& worker_flags) const {
+                                      const std::optional<std::vector<std::string>>& worker_flags)
+    const {
   std::vector<std::string> ps = {bin_dir_ + "/ps", "--shard_index=0",
                                  absl::StrCat("--num_shards=", shards), "--model=" + model,
                                  absl::StrCat("--num_workers=", num_workers), "--port=0"};
@@ -51,16 +53,16 @@ absl::Status LocalCluster::CheckFlags(int shards, const std::string& model, int 
     ps.erase(std::remove(ps.begin(), ps.end(), "--worker_identity"), ps.end());
   }
   ps.insert(ps.end(), ps_flags.begin(), ps_flags.end());
+  ps.push_back("--dry_run");
+  if (absl::Status s = RunToSuccess(ps, absl::Minutes(1)); !s.ok()) return s;
+  if (!worker_flags.has_value()) return absl::OkStatus();
   std::vector<std::string> addresses(shards, "127.0.0.1:1");  // contacted by no dry run
   std::vector<std::string> worker = {bin_dir_ + "/worker", "--ps=" + absl::StrJoin(addresses, ","),
                                      "--rank=0", absl::StrCat("--num_workers=", num_workers)};
   AppendClientSecurityFlags(security_.worker_identity ? "" : security_.token_file, &worker);
-  worker.insert(worker.end(), worker_flags.begin(), worker_flags.end());
-  for (std::vector<std::string>& argv : {std::ref(ps), std::ref(worker)}) {
-    argv.push_back("--dry_run");
-    if (absl::Status s = RunToSuccess(argv, absl::Minutes(1)); !s.ok()) return s;
-  }
-  return absl::OkStatus();
+  worker.insert(worker.end(), worker_flags->begin(), worker_flags->end());
+  worker.push_back("--dry_run");
+  return RunToSuccess(worker, absl::Minutes(1));
 }
 
 LocalCluster::~LocalCluster() { Stop(); }
@@ -290,7 +292,8 @@ std::string LocalCluster::ShardAddresses() const {
 }
 
 absl::Status LocalCluster::StartWorker(int rank, int num_workers,
-                                       const std::vector<std::string>& flags) {
+                                       const std::vector<std::string>& flags,
+                                       const std::string& command) {
   if (absl::Status s = MakeRunDir(); !s.ok()) return s;
   std::string base = absl::StrCat(run_dir_, "/worker-", rank);
   std::vector<std::string> argv = {
@@ -305,8 +308,8 @@ absl::Status LocalCluster::StartWorker(int rank, int num_workers,
   AppendClientSecurityFlags(token_file, &argv);
   argv.insert(argv.end(), flags.begin(), flags.end());
   // With per-worker identity a worker holds its own token only, not the job's from $PS_TOKEN.
-  absl::StatusOr<Subprocess> p = Subprocess::Start(
-      argv, base + ".log",
+  absl::StatusOr<Subprocess> p = StartClient(
+      argv, command, base + ".log",
       security_.worker_identity ? std::vector<std::string>{"PS_TOKEN"} : std::vector<std::string>{});
   if (!p.ok()) return p.status();
   workers_.erase(rank);
@@ -314,17 +317,35 @@ absl::Status LocalCluster::StartWorker(int rank, int num_workers,
   return absl::OkStatus();
 }
 
-absl::Status LocalCluster::StartEvaluator(const std::vector<std::string>& flags) {
+absl::Status LocalCluster::StartEvaluator(const std::vector<std::string>& flags,
+                                          const std::string& command) {
   if (absl::Status s = MakeRunDir(); !s.ok()) return s;
   std::vector<std::string> argv = {bin_dir_ + "/evaluator", "--ps=" + ShardAddresses(),
                                    "--csv=" + run_dir_ + "/evaluator.csv"};
   AppendClientSecurityFlags(
       security_.read_token_file.empty() ? security_.token_file : security_.read_token_file, &argv);
   argv.insert(argv.end(), flags.begin(), flags.end());
-  absl::StatusOr<Subprocess> p = Subprocess::Start(argv, run_dir_ + "/evaluator.log");
+  absl::StatusOr<Subprocess> p = StartClient(argv, command, run_dir_ + "/evaluator.log", {});
   if (!p.ok()) return p.status();
   evaluator_ = std::make_unique<Subprocess>(*std::move(p));
   return absl::OkStatus();
+}
+
+absl::StatusOr<Subprocess> LocalCluster::StartClient(const std::vector<std::string>& argv,
+                                                     const std::string& command,
+                                                     const std::string& log,
+                                                     const std::vector<std::string>& drop_env) const {
+  if (command.empty()) return Subprocess::Start(argv, log, drop_env);
+  std::map<std::string, std::string> env;
+  for (size_t i = 1; i < argv.size(); ++i) {
+    const size_t eq = argv[i].find('=');
+    if (argv[i].rfind("--", 0) != 0 || eq == std::string::npos) continue;
+    env["PS_" + absl::AsciiStrToUpper(argv[i].substr(2, eq - 2))] = argv[i].substr(eq + 1);
+  }
+  // The Python package of this build (build/python beside build/bin) comes first.
+  const char* path = std::getenv("PYTHONPATH");
+  env["PYTHONPATH"] = bin_dir_ + "/../python" + (path != nullptr && *path ? std::string(":") + path : "");
+  return Subprocess::Start({"/bin/sh", "-c", "exec " + command}, log, drop_env, env);
 }
 
 absl::StatusOr<v1::StatsResponse> LocalCluster::ProcessStats(int process, absl::Duration deadline) {

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,11 +46,12 @@ class LocalCluster {
   LocalCluster(std::string bin_dir, std::string run_dir, ClusterSecurity security = {});
 
   // Runs a ps and a worker of such a job with --dry_run, as StartShards and StartWorker would
-  // start them (shard 0, rank 0, without replication's flags): OK if both would start, else the
-  // daemon's one-line reason. Starts nothing and creates no directory.
+  // start them (shard 0, rank 0, without replication's flags; no worker without
+  // `worker_flags`): OK if both would start, else the daemon's one-line reason. Starts nothing
+  // and creates no directory.
   absl::Status CheckFlags(int shards, const std::string& model, int num_workers,
                           const std::vector<std::string>& ps_flags,
-                          const std::vector<std::string>& worker_flags) const;
+                          const std::optional<std::vector<std::string>>& worker_flags) const;
   // Stops everything still running (see Stop).
   ~LocalCluster();
 
@@ -70,8 +72,18 @@ class LocalCluster {
   // "ps-<shard>" or, replicated, "ps-<shard>-<replica>": its log is run_dir/<name>.log.
   std::string ProcessName(int process) const;
   // (Re)starts worker `rank` of `num_workers`, appending to worker-<rank>.{log,csv}.
-  absl::Status StartWorker(int rank, int num_workers, const std::vector<std::string>& flags);
-  absl::Status StartEvaluator(const std::vector<std::string>& flags);
+  // `command`: a worker command of the user's (e.g. a Python worker) instead of this project's
+  // worker, a shell command line run as `/bin/sh -c "exec COMMAND"` and told everything through
+  // its environment: each --name=value flag the worker would get (--ps, --rank, --num_workers,
+  // --csv, credentials, `flags`) becomes PS_NAME=value (PS_PS, PS_RANK, PS_CSV, PS_TOKEN_FILE,
+  // PS_STEPS, PS_SLOWDOWN, ...; flags without a value are left out). paramserver.torch reads
+  // them (the worker protocol, README); this build's Python package leads its PYTHONPATH.
+  absl::Status StartWorker(int rank, int num_workers, const std::vector<std::string>& flags,
+                           const std::string& command = "");
+  // Likewise for the evaluator (evaluator.{log,csv}; a command gets PS_PS, PS_CSV,
+  // PS_INTERVAL_SECONDS, ...).
+  absl::Status StartEvaluator(const std::vector<std::string>& flags,
+                              const std::string& command = "");
 
   // GetStats of shard process `process` (shards()[process]) over the cluster's TLS, with its
   // read-only token if it has one (else the write token); the call's error if it does not answer
@@ -108,6 +120,11 @@ class LocalCluster {
   absl::StatusOr<std::string> WorkerTokenFile(int rank);
 
   absl::Status MakeRunDir() const;
+  // Starts `argv` (a daemon of bin_dir_ and its flags) or, when `command` is set, that command
+  // with the flags in its environment (see StartWorker), logging to `log`.
+  absl::StatusOr<Subprocess> StartClient(const std::vector<std::string>& argv,
+                                         const std::string& command, const std::string& log,
+                                         const std::vector<std::string>& drop_env) const;
   std::string PortFile(int shard) const;
   // Starts shard `shard` from shard_argv_ (replacing shards_[shard]) / waits until it wrote its
   // port file, then records the port.

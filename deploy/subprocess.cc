@@ -21,7 +21,8 @@ namespace ps {
 
 absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& argv,
                                              const std::string& log_path,
-                                             const std::vector<std::string>& drop_env) {
+                                             const std::vector<std::string>& drop_env,
+                                             const std::map<std::string, std::string>& set_env) {
   if (access(argv[0].c_str(), X_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("cannot execute ", argv[0], ": ", strerror(errno)));
   }
@@ -32,15 +33,19 @@ absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& arg
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   std::vector<char*> env;
+  auto named = [](std::string_view entry, const std::string& name) {
+    return entry.size() > name.size() && entry.substr(0, name.size()) == name &&
+           entry[name.size()] == '=';
+  };
   for (char** e = environ; *e != nullptr; ++e) {
-    const std::string_view entry(*e);
     bool dropped = false;
-    for (const std::string& name : drop_env) {
-      dropped = dropped || (entry.size() > name.size() && entry.substr(0, name.size()) == name &&
-                            entry[name.size()] == '=');
-    }
+    for (const std::string& name : drop_env) dropped = dropped || named(*e, name);
+    for (const auto& [name, value] : set_env) dropped = dropped || named(*e, name);
     if (!dropped) env.push_back(*e);
   }
+  std::vector<std::string> added;
+  for (const auto& [name, value] : set_env) added.push_back(name + "=" + value);
+  for (std::string& entry : added) env.push_back(entry.data());
   env.push_back(nullptr);
   pid_t parent = getpid();
   pid_t pid = fork();

@@ -5,6 +5,7 @@
 
 #include <sys/types.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,10 +17,12 @@ namespace ps {
 class Subprocess {
  public:
   // Starts argv[0] (a path) with `argv` and this process's environment less the variables named
-  // in `drop_env`; output goes to `log_path` (appended).
+  // in `drop_env`, with `set_env` added (replacing variables of the same names); output goes to
+  // `log_path` (appended).
   static absl::StatusOr<Subprocess> Start(const std::vector<std::string>& argv,
                                           const std::string& log_path,
-                                          const std::vector<std::string>& drop_env = {});
+                                          const std::vector<std::string>& drop_env = {},
+                                          const std::map<std::string, std::string>& set_env = {});
   Subprocess() = default;  // no process: never running, exit code -1
   Subprocess(Subprocess&& o) noexcept;
   Subprocess& operator=(Subprocess&& o) noexcept;

@@ -10,15 +10,27 @@
 #include <optional>
 #include <sstream>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/consistency_spec.h"
+#include "common/model_spec.h"
 #include "common/network_spec.h"
 #include "common/shutdown.h"
 #include "deploy/local_cluster.h"
+
+ABSL_FLAG(std::string, worker_cmd, "",
+          "Run this command as each worker instead of the worker daemon (a shell command line, "
+          "e.g. \"/usr/bin/python3 examples/pytorch/train.py\"): the flags a worker would get "
+          "reach it as PS_NAME=value in its environment (PS_PS, PS_RANK, PS_NUM_WORKERS, PS_CSV, "
+          "PS_TOKEN_FILE, PS_STEPS, PS_SLOWDOWN, ...), which paramserver.torch reads.");
+ABSL_FLAG(std::string, eval_cmd, "",
+          "Run this command as the evaluator instead of the evaluator daemon (e.g. "
+          "\"/usr/bin/python3 examples/pytorch/train.py --evaluate\"); needed for a model the "
+          "daemon cannot build (a tensor layout). Its flags reach it as --worker_cmd's do.");
 
 namespace ps {
 namespace {
@@ -42,6 +54,8 @@ void WriteConfig(const TrainingConfig& c, const LocalCluster& cluster, absl::Tim
       << "\nps flags: " << absl::StrJoin(c.ps_flags, " ")
       << "\nworker flags: " << absl::StrJoin(c.worker_flags, " ")
       << "\nevaluator flags: " << absl::StrJoin(c.evaluator_flags, " ") << "\n";
+  if (!c.worker_command.empty()) out << "worker command: " << c.worker_command << "\n";
+  if (!c.evaluator_command.empty()) out << "evaluator command: " << c.evaluator_command << "\n";
   auto or_none = [](const std::string& path) { return path.empty() ? "none" : path; };
   out << "TLS CA: " << or_none(c.security.ca)
       << "\nclient certificate: " << or_none(c.security.client_cert)
@@ -91,17 +105,40 @@ std::vector<std::string> LocalModelFlags(const std::string& consistency, double 
   return flags;
 }
 
+void CommandsFromFlags(JobSpec* job) {
+  job->worker_command = absl::GetFlag(FLAGS_worker_cmd);
+  job->evaluator_command = absl::GetFlag(FLAGS_eval_cmd);
+}
+
 absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job) {
   if (job.shards < 1 || job.workers < 1) {
     return absl::InvalidArgumentError("shards and workers must be positive");
   }
-  absl::StatusOr<NetworkSpec> network = ResolveModel(job.model, job.hidden);
-  if (!network.ok()) return network.status();
-  if (absl::Status s = network->FitsFashionMnist(); !s.ok()) return s;
+  absl::StatusOr<std::string> model = ResolveModelSpec(job.model, job.hidden);
+  if (!model.ok()) return model.status();
+  // The daemons build networks for Fashion-MNIST; a worker or evaluator command is the judge of
+  // its own model.
+  absl::StatusOr<NetworkSpec> network = ResolveModel(*model, "");
+  if (network.ok() && (job.worker_command.empty() || job.evaluator_command.empty())) {
+    if (absl::Status s = network->FitsFashionMnist(); !s.ok()) return s;
+  }
+  if (!network.ok() && job.worker_command.empty()) {
+    return IsLayoutSpec(*model) ? absl::InvalidArgumentError(
+                                      "a tensor layout model is trained by the user's workers: "
+                                      "give --worker_cmd (e.g. a Python worker)")
+                                : network.status();
+  }
+  if (!network.ok() && job.evaluator_command.empty()) {
+    return absl::InvalidArgumentError(
+        "the evaluator daemon scores mlp: and cnn: networks only: give --eval_cmd (the "
+        "user's own scoring code, e.g. examples/pytorch/train.py --evaluate)");
+  }
   TrainingConfig c;
   c.shards = job.shards;
   c.workers = job.workers;
-  c.model = network->ToString();
+  c.model = *std::move(model);
+  c.worker_command = job.worker_command;
+  c.evaluator_command = job.evaluator_command;
   c.max_seconds = job.max_seconds;
   c.ps_flags = job.ps_flags;
   for (absl::string_view w : absl::StrSplit(job.extra_ps_flags, ' ', absl::SkipWhitespace())) {
@@ -158,7 +195,11 @@ std::vector<std::string> WorkerFlags(const TrainingConfig& c, int rank) {
 
 absl::Status CheckTrainingConfig(const TrainingConfig& c) {
   LocalCluster cluster(ExecutableDir(), c.run_dir, c.security);
-  return cluster.CheckFlags(c.shards, c.model, c.workers, ShardFlags(c), WorkerFlags(c, 0));
+  // A worker command checks its own settings when it starts.
+  return cluster.CheckFlags(c.shards, c.model, c.workers, ShardFlags(c),
+                            c.worker_command.empty()
+                                ? std::optional<std::vector<std::string>>(WorkerFlags(c, 0))
+                                : std::nullopt);
 }
 
 TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
@@ -182,11 +223,12 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
     }
     return flags;
   };
-  if (absl::Status s = cluster.StartEvaluator(c.evaluator_flags); !s.ok()) {
+  if (absl::Status s = cluster.StartEvaluator(c.evaluator_flags, c.evaluator_command); !s.ok()) {
     result.failure = std::string(s.message());
   }
   for (int r = 0; r < c.workers && result.failure.empty(); ++r) {
-    if (absl::Status s = cluster.StartWorker(r, c.workers, worker_flags(r)); !s.ok()) {
+    if (absl::Status s = cluster.StartWorker(r, c.workers, worker_flags(r), c.worker_command);
+        !s.ok()) {
       result.failure = std::string(s.message());
     }
   }
@@ -261,7 +303,7 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
       } else if (int code = *w->Wait(absl::ZeroDuration()); code != 0) {
         any_running = true;
         recover(absl::StrCat("worker ", r), code, "starting it again (it rejoins and resumes)",
-                [&] { return cluster.StartWorker(r, c.workers, worker_flags(r)); });
+                [&] { return cluster.StartWorker(r, c.workers, worker_flags(r), c.worker_command); });
       }
     }
     for (int i = 0; i < c.shards * c.replicas && result.failure.empty(); ++i) {
@@ -284,7 +326,7 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
     if (result.failure.empty() && !cluster.evaluator()->running()) {
       int code = *cluster.evaluator()->Wait(absl::ZeroDuration());
       recover("evaluator", code, "starting it again",
-              [&] { return cluster.StartEvaluator(c.evaluator_flags); });
+              [&] { return cluster.StartEvaluator(c.evaluator_flags, c.evaluator_command); });
     }
     // The evaluator's last row: the version it scored (applied updates) and the accuracy.
     std::string evaluation = LastLine(c.run_dir + "/evaluator.csv");

@@ -40,6 +40,9 @@ struct TrainingConfig {
   int replicas = 1;
   std::vector<Kill> kills;  // deaths to inject (launch --kill)
   int max_restarts = 3;     // per process; one more death ends the run
+  // The user's worker and evaluator commands (a Python worker, say) instead of this project's
+  // daemons, given their flags in the environment (LocalCluster::StartWorker); "": the daemons.
+  std::string worker_command, evaluator_command;
 };
 
 // What a job trains, as `launch` and `experiment` describe it: MakeTrainingConfig turns it into
@@ -61,13 +64,21 @@ struct JobSpec {
   std::vector<std::string> worker_flags;  // e.g. LocalModelFlags, after the ones made here
   std::string extra_worker_flags;         // space-separated, after worker_flags
   std::string straggler;  // RANK:FACTOR (worker RANK computes FACTOR times slower); "": none
+  // Commands run instead of the worker and evaluator daemons (TrainingConfig). With a worker
+  // command the model may be any spec, a tensor layout included; a model the evaluator daemon
+  // cannot build (a layout) needs an evaluator command.
+  std::string worker_command, evaluator_command;
 };
 // The worker flags of a job under `consistency` when its workers train local models (easgd,
 // local: the learning rate and momentum are theirs, and decay by cosine over their steps if
 // `cosine`); none otherwise.
 std::vector<std::string> LocalModelFlags(const std::string& consistency, double lr, double momentum,
                                          bool cosine);
-// Fails with a one-line reason on bad sizes or a bad straggler. Leaves run_dir, limits other than
+// The job's worker and evaluator commands from --worker_cmd and --eval_cmd (flags of launch and
+// experiment, defined with this).
+void CommandsFromFlags(JobSpec* job);
+// Fails with a one-line reason on bad sizes, a bad straggler, or a model the workers cannot train
+// (a layout without a worker command) or no evaluator can score. Leaves run_dir, limits other than
 // max_seconds, security, checkpoints and replicas at their defaults.
 absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job);
 

@@ -59,6 +59,33 @@ TEST(TrainingRunTest, BadJobSpecsAreRefusedWithAReason) {
   EXPECT_FALSE(MakeTrainingConfig(no_workers).ok());
 }
 
+// The user's worker and evaluator commands train and score what the daemons cannot build: a
+// tensor layout needs both; the shards get the layout inline.
+TEST(TrainingRunTest, ALayoutModelRunsWithTheUsersCommands) {
+  JobSpec job;
+  job.model = R"({"tensors": [{"name": "fc.weight", "shape": [10, 784]}]})";
+  EXPECT_NE(MakeTrainingConfig(job).status().message().find("give --worker_cmd"),
+            std::string::npos);
+  job.worker_command = "/usr/bin/python3 train.py";
+  EXPECT_NE(MakeTrainingConfig(job).status().message().find("give --eval_cmd"),
+            std::string::npos);
+  job.evaluator_command = "/usr/bin/python3 train.py --evaluate";
+  absl::StatusOr<TrainingConfig> c = MakeTrainingConfig(job);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model, R"({"tensors":[{"name":"fc.weight","shape":[10,784]}]})");
+  EXPECT_EQ(c->worker_command, job.worker_command);
+  EXPECT_EQ(c->evaluator_command, job.evaluator_command);
+  EXPECT_TRUE(Has(c->worker_flags, "--model=" + c->model));
+  // A network with a worker command keeps the evaluator daemon unless told otherwise.
+  JobSpec mlp;
+  mlp.hidden = "32";
+  mlp.worker_command = "/usr/bin/python3 train.py --arch=mlp:32";
+  c = MakeTrainingConfig(mlp);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model, "mlp:784-32-10");
+  EXPECT_TRUE(c->evaluator_command.empty());
+}
+
 TEST(KillPlanTest, TriggersByTimeStepsOrUpdatesInTheOrderGiven) {
   absl::StatusOr<std::vector<Kill>> plan =
       ParseKillPlan("ps:1@800u, worker:2@300steps,worker:0@6s,ps:0@7,worker:1@50updates", 2, 3);

@@ -9,6 +9,12 @@ one of these per worker:
         --num_workers=2 --steps=2000
 
 The training loop is a plain PyTorch one; the three lines marked "paramserver" are the change.
+`launch` and `experiment` run it as their workers and evaluator (it reads their PS_* settings):
+
+    build/bin/launch --model=cnn.json --workers=4 --steps=500 \
+        --worker_cmd="/usr/bin/python3 examples/pytorch/train.py" \
+        --eval_cmd="/usr/bin/python3 examples/pytorch/train.py --evaluate"
+
 --arch=cnn (default) is a small CNN; --arch=mlp:H is the C++ workers' MLP (784-H-10, the same
 tensor layout), so Python and C++ workers can train one model side by side.
 """
@@ -16,7 +22,9 @@ import argparse
 import gzip
 import json
 import os
+import signal
 import sys
+import threading
 import time
 
 import numpy as np
@@ -85,26 +93,42 @@ def make_model(arch, seed):
     raise SystemExit(f"--arch must be cnn or mlp:H[,H...], not {arch}")
 
 
-def accuracy(model, x, y):
-    with torch.no_grad():
-        return (model(x).argmax(1) == y).float().mean().item()
+def env(name, default, kind=str):
+    """A default from the environment `launch --worker_cmd` sets (PS_STEPS, PS_SEED, ...)."""
+    return kind(os.environ.get("PS_" + name.upper(), default))
+
+
+def score_on(test_x, test_y):
+    def score(model):
+        with torch.no_grad():
+            logits = model(test_x)
+            return (F.cross_entropy(logits, test_y).item(),
+                    (logits.argmax(1) == test_y).float().mean().item())
+    return score
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--ps", help="the shards, host:port,... (or --cluster)")
+    p.add_argument("--ps", help="the shards, host:port,... (or --cluster; else $PS_PS)")
     p.add_argument("--cluster", help="a cluster spec (shards, workers, credentials)")
-    p.add_argument("--rank", type=int, default=int(os.environ.get("PS_RANK", "0")))
-    p.add_argument("--num_workers", type=int, default=int(os.environ.get("PS_NUM_WORKERS", "1")))
+    p.add_argument("--rank", type=int, default=env("rank", 0, int))
+    p.add_argument("--num_workers", type=int, default=env("num_workers", 1, int))
     p.add_argument("--arch", default="cnn", help="cnn, or mlp:H[,H...] (the C++ workers' MLP)")
-    p.add_argument("--steps", type=int, default=1000, help="this worker's training steps")
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--local_lr", type=float, default=0.05, help="local:H and easgd only")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--data_dir", default=DATA)
+    p.add_argument("--steps", type=int, default=env("steps", 1000, int),
+                   help="this worker's training steps (0: no limit)")
+    p.add_argument("--max_seconds", type=float, default=env("max_seconds", 0, float),
+                   help="stop after this long (0: no limit)")
+    p.add_argument("--batch_size", type=int, default=env("batch_size", 64, int))
+    p.add_argument("--local_lr", type=float, default=env("local_lr", 0.05, float),
+                   help="local:H and easgd only")
+    p.add_argument("--seed", type=int, default=env("seed", 1, int))
+    p.add_argument("--data_dir", default=env("data_dir", DATA))
     p.add_argument("--token_file", default=None)
     p.add_argument("--print_model_spec", action="store_true",
                    help="print the --model to start the shards with, and exit")
+    p.add_argument("--evaluate", action="store_true",
+                   help="be the job's evaluator: score the shards' weights on the test set "
+                   "until SIGTERM (launch --eval_cmd)")
     args = p.parse_args()
 
     model, spec = make_model(args.arch, args.seed)
@@ -112,34 +136,57 @@ def main():
     if args.print_model_spec:
         print(spec if isinstance(spec, str) else json.dumps(spec))
         return 0
+    given = {"ps": args.ps, "cluster": args.cluster, "token_file": args.token_file}
+    settings = {k: v for k, v in given.items() if v is not None}
+    test_x, test_y = load("t10k", args.data_dir)
+    if args.evaluate:
+        paramserver.torch.evaluate(model, score_on(test_x, test_y), model=spec, **settings)
+        return 0
     x, y = load("train", args.data_dir)
     n, w = len(x), args.num_workers
     part = slice(args.rank * n // w, (args.rank + 1) * n // w)
     x, y = x[part], y[part]
-    test_x, test_y = load("t10k", args.data_dir)
 
     local = torch.optim.SGD(model.parameters(), lr=args.local_lr, momentum=0.9)
-    settings = {"ps": args.ps, "cluster": args.cluster, "token_file": args.token_file}
     model = paramserver.torch.DistributedModel(  # paramserver
         model, optimizer=local, rank=args.rank, num_workers=args.num_workers, model=spec,
-        **{k: v for k, v in settings.items() if v is not None})
+        **settings)
+    stop = threading.Event()
+
+    def on_sigterm(*_):  # the launcher stopping the run: end calls in flight (a sync round that
+        stop.set()       # will not close now); the loop then leaves
+        model.client.cancel()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
     name = spec if isinstance(spec, str) else f"{len(spec['tensors'])} tensors"
     print(f"worker {args.rank}: {name} ({model.client.total_params} parameters), shards run "
-          f"{model.consistency}, starting at step "
-          f"{model.first_step}", flush=True)
+          f"{model.consistency}, starting at step {model.first_step}", flush=True)
     g = torch.Generator().manual_seed(args.seed * 1000003 + args.rank)
     start = time.time()
-    for step in range(model.first_step, args.steps):
-        batch = torch.randint(len(x), (args.batch_size,), generator=g)
-        loss = F.cross_entropy(model(x[batch]), y[batch])
-        loss.backward()
-        model.step()  # paramserver
-        if step % 100 == 0 or step + 1 == args.steps:
-            print(f"step {step} loss {loss.item():.4f}", flush=True)
+    step = model.first_step
+    try:
+        while (args.steps == 0 or step < args.steps) and not stop.is_set() and \
+                (args.max_seconds == 0 or time.time() - start < args.max_seconds):
+            batch = torch.randint(len(x), (args.batch_size,), generator=g)
+            loss = F.cross_entropy(model(x[batch]), y[batch])
+            loss.backward()
+            if stop.is_set():
+                break
+            model.step(loss)  # paramserver
+            if step % 100 == 0 or step + 1 == args.steps:
+                print(f"step {step} loss {loss.item():.4f}", flush=True)
+            step += 1
+    except paramserver.Error:
+        if not stop.is_set():
+            raise
+    finally:
+        model.close()
+    if stop.is_set():
+        print(f"worker {args.rank}: stopped at step {step}", flush=True)
+        return 0
     elapsed = time.time() - start
-    print(f"worker {args.rank}: done at step {args.steps} in {elapsed:.1f} s; test accuracy "
-          f"{accuracy(model, test_x, test_y):.4f}", flush=True)
-    model.close()
+    print(f"worker {args.rank}: done at step {step} in {elapsed:.1f} s; test accuracy "
+          f"{score_on(test_x, test_y)(model)[1]:.4f}", flush=True)
     return 0
 
 

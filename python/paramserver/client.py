@@ -5,6 +5,7 @@ the same retries, deadlines, replicas, TLS, tokens, shared memory and wire types
 """
 import ctypes
 import json
+import os
 import threading
 import time
 from collections import namedtuple
@@ -19,6 +20,31 @@ PushSummary = namedtuple("PushSummary", "sequence max_staleness duplicates dropp
 PushSummary.__doc__ = """What a push did: the sequence it carried, the largest staleness over the
 shards, how many shards had applied it before (duplicates) or dropped it by their consistency
 policy, and how many gradient values exceeded the wire type's range."""
+
+
+# The settings Client takes, with their types: the daemons' flags of the same names.
+SETTINGS = {"ps": str, "cluster": str, "model": str, "hidden": str, "rank": int,
+            "num_workers": int, "tls_ca": str, "tls_cert": str, "tls_key": str, "token_file": str,
+            "push_dtype": str, "pull_dtype": str, "shared_memory": bool,
+            "rpc_timeout_seconds": float, "retry_seconds": float, "heartbeat_seconds": float}
+
+
+def settings_from_environment(environ=None):
+    """The client settings that `launch --worker_cmd` (and --eval_cmd) hand a command through
+    its environment, each flag --name=value as PS_NAME=value: {"ps": $PS_PS, "rank":
+    int($PS_RANK), "token_file": $PS_TOKEN_FILE, ...}, for those that are set. Like
+    torch.distributed's env:// initialisation."""
+    environ = os.environ if environ is None else environ
+    found = {}
+    for name, kind in SETTINGS.items():
+        text = environ.get("PS_" + name.upper())
+        if text is None:
+            continue
+        try:
+            found[name] = (text.lower() in ("1", "true", "yes")) if kind is bool else kind(text)
+        except ValueError:
+            raise invalid(f"$PS_{name.upper()}={text!r} is not a {kind.__name__}") from None
+    return found
 
 
 def _raise_last(code):
@@ -235,6 +261,13 @@ class Client:
             return json.loads(ctypes.string_at(text.value).decode())
         finally:
             lib.ps_string_free(text)
+
+    def cancel(self):
+        """Ends the calls in progress (their handles raise Cancelled); later calls work as usual.
+        Takes no lock: safe from a signal handler, to get a call blocked on the shards back."""
+        handle = self._handle
+        if handle is not None:
+            lib.ps_client_cancel_pending(handle)
 
     def close(self):
         """Leaves the job (a registered worker), stops heartbeats and ends calls in progress

@@ -18,13 +18,25 @@ another, so a pull writes straight into the model and a push reads straight from
 The optimizer of the gradient modes runs on the shards (ps --optimizer, --lr).
 
 A worker killed and started again registers under its rank and resumes at `first_step`.
+
+Started by `launch --worker_cmd` (or `experiment`), a worker finds the shards, its rank and its
+credentials in its environment (PS_PS, PS_RANK, PS_TOKEN_FILE, ...: settings_from_environment),
+records its steps where the launcher counts them (PS_CSV) and computes as slowly as a straggler
+plan asks (PS_SLOWDOWN), with no change to the training script. evaluate() is the evaluator's
+side: the user's own scoring code run on the shards' weights.
 """
+import csv as csv_module
+import os
+import signal
+import threading
+import time
+
 import numpy as np
 import torch
 
 from . import errors, model_file
 from .errors import invalid
-from .client import Client
+from .client import Client, settings_from_environment
 
 
 def layout_of(module):
@@ -48,13 +60,17 @@ class DistributedModel(torch.nn.Module):
     """Wraps `module` (float32 parameters on the CPU) so that it trains through the shards.
 
     settings: those of paramserver.Client (ps or cluster, rank, num_workers, credentials, ...);
-    "model" defaults to the module's layout_of() (start the shards with the same --model).
+    without "ps" or "cluster", those of the environment (settings_from_environment). "model"
+    defaults to the module's layout_of() (start the shards with the same --model).
     `client`: an existing Client instead. `initialize`: offer this module's own
     values as the initial model (default: rank 0 does). `optimizer`: the local optimizer of
-    local:H and easgd (required there, unused otherwise).
+    local:H and easgd (required there, unused otherwise). `csv`: append a row per step here
+    (step,wall_time,loss; default $PS_CSV). `slowdown`: compute this many times slower, sleeping
+    in step() (a straggler; default $PS_SLOWDOWN, else 1).
     """
 
-    def __init__(self, module, *, client=None, optimizer=None, initialize=None, **settings):
+    def __init__(self, module, *, client=None, optimizer=None, initialize=None, csv=None,
+                 slowdown=None, **settings):
         super().__init__()
         self.module = module
         self._params = list(module.parameters())
@@ -63,7 +79,13 @@ class DistributedModel(torch.nn.Module):
                 raise invalid(f"parameter {name} is {p.dtype} on {p.device}; the adapter trains "
                            "float32 parameters on the CPU")
         n = sum(p.numel() for p in self._params)
+        self._slowdown = float(os.environ.get("PS_SLOWDOWN", 1) if slowdown is None
+                               else slowdown)
+        if not self._slowdown >= 1:
+            raise invalid(f"slowdown must be >= 1, not {self._slowdown}")
         if client is None:
+            if "ps" not in settings and "cluster" not in settings:
+                settings = {**settings_from_environment(), **settings}
             settings.setdefault("model", layout_of(module))
             client = Client(**settings)
         elif settings:
@@ -115,6 +137,8 @@ class DistributedModel(torch.nn.Module):
         else:
             client.pull(self._weights)
         self._hook = module.register_forward_pre_hook(lambda *_: self._ready())
+        self._csv = _StepLog(csv if csv is not None else os.environ.get("PS_CSV"))
+        self._compute_start = time.monotonic()
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -129,6 +153,7 @@ class DistributedModel(torch.nn.Module):
         if self._pending_pull is not None:
             pull, self._pending_pull = self._pending_pull, None
             pull.wait()
+        self._compute_start = time.monotonic()
 
     def _collect_gradients(self):
         """Brings gradients that autograd put elsewhere (after zero_grad(set_to_none=True), say)
@@ -143,8 +168,13 @@ class DistributedModel(torch.nn.Module):
                 continue
             p.grad = view.view_as(p)
 
-    def step(self):
-        """Ends this training step (after backward): see the module's docstring."""
+    def step(self, loss=None):
+        """Ends this training step (after backward): see the module's docstring. `loss` (a
+        number or a one-element tensor), if given, goes to the step's CSV row."""
+        if self._slowdown > 1:
+            time.sleep((self._slowdown - 1) * (time.monotonic() - self._compute_start))
+        self._csv.row(self.steps, f"{time.time():.3f}",
+                      "" if loss is None else f"{float(loss):.5f}")
         self._collect_gradients()
         if self._local:
             self.optimizer.step()
@@ -182,10 +212,14 @@ class DistributedModel(torch.nn.Module):
         try:
             for pending in (self._pending_push, self._pending_pull):
                 if pending is not None:
-                    pending.wait()
+                    try:
+                        pending.wait()
+                    except errors.Cancelled:
+                        pass  # the client was closed first (a shutdown): nothing to wait for
         finally:
             self._pending_push = self._pending_pull = None
             self._hook.remove()
+            self._csv.close()
             self.client.close()
 
     def __enter__(self):
@@ -193,6 +227,88 @@ class DistributedModel(torch.nn.Module):
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _StepLog:
+    """Rows of `columns` appended to a CSV file (nothing when `path` is empty), with a header
+    when the file is new; flushed per row, so that a launcher reading it sees progress."""
+
+    def __init__(self, path, columns=("step", "wall_time", "loss")):
+        self._file = None
+        if path:
+            new = not os.path.exists(path) or os.path.getsize(path) == 0
+            self._file = open(path, "a", newline="")
+            self._writer = csv_module.writer(self._file)
+            if new:
+                self._writer.writerow(columns)
+
+    def row(self, *values):
+        if self._file is not None:
+            self._writer.writerow(values)
+            self._file.flush()
+
+    def close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def evaluate(module, score, *, interval_seconds=None, csv=None, **settings):
+    """The evaluator of a model only your code can score: pulls the shards' weights into
+    `module`'s parameters (as an observer) and calls score(module) -> (loss, accuracy) whenever
+    they changed, at most every `interval_seconds` (default $PS_INTERVAL_SECONDS, else 2), until
+    SIGTERM or SIGINT; then once more, so that the last row is the run's result. Appends
+    wall_time,version,test_loss,test_accuracy rows (version: the lowest of the shards') to `csv`
+    (default $PS_CSV), the evaluator daemon's columns, which launch and experiment read. settings:
+    as DistributedModel's (the environment's without "ps" or "cluster"). Returns the last
+    (version, loss, accuracy), or None if the shards were never initialised. Call it from the
+    main thread (it handles the signals)."""
+    if "ps" not in settings and "cluster" not in settings:
+        environment = settings_from_environment()
+        environment.pop("rank", None)
+        settings = {**environment, **settings}
+    settings.setdefault("model", layout_of(module))
+    settings["rank"] = None
+    if interval_seconds is None:
+        interval_seconds = float(os.environ.get("PS_INTERVAL_SECONDS", 2))
+    params = list(module.parameters())
+    weights = torch.empty(sum(p.numel() for p in params))
+    with torch.no_grad():
+        offset = 0
+        for p in params:
+            p.data = weights[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    log = _StepLog(csv if csv is not None else os.environ.get("PS_CSV"),
+                   ("wall_time", "version", "test_loss", "test_accuracy"))
+    last = None
+    try:
+        with Client(**settings) as client:
+            client.register()
+            while True:
+                stopping = stop.is_set()
+                pull = client.pull_async(weights)
+                while not pull.done() and not stop.is_set():
+                    stop.wait(0.1)
+                if not pull.done() and last is None:
+                    break  # stopped before the model existed: nothing to score
+                version = min(pull.wait())
+                if last is None or version != last[0]:
+                    loss, accuracy = score(module)
+                    last = (version, float(loss), float(accuracy))
+                    log.row(f"{time.time():.3f}", version, f"{last[1]:.5f}", f"{last[2]:.4f}")
+                    print(f"version {version}: test loss {last[1]:.4f}, accuracy "
+                          f"{last[2]:.4f}", flush=True)
+                if stopping:
+                    break
+                stop.wait(interval_seconds)
+    finally:
+        log.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return last
 
 
 def weights_of(module):
