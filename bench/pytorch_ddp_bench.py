@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""pytorch_ddp_bench: the PyTorch adapter against PyTorch's own DistributedDataParallel (gloo).
+
+The same model (examples/pytorch/train.py's CNN, 215,370 parameters), the same data (Fashion-MNIST,
+worker r takes the r-th of W equal parts), the same batch per worker and total batch, the same
+seeds and the same SGD learning rate, trained for the same number of steps per worker by:
+
+  ddp    W processes, DistributedDataParallel over gloo on 127.0.0.1 (gradients averaged by
+         allreduce, then SGD): the ceiling the synchronous modes are measured against;
+  sync   W Python workers through 2 shards under --consistency=sync (a round averages the W
+         gradients, then SGD on the shards: the same arithmetic as ddp);
+  async  the same under --consistency=async (every gradient applied as it arrives).
+
+  local  one process, a plain PyTorch loop (--workers=1): the adapter's overhead is measured
+         against it.
+
+Each worker uses one intra-op thread. examples/s is each worker's steps x batch over its own time
+from its first step to its last, summed over the workers: the rate the job consumes examples at.
+The accuracy is the test accuracy of the final weights (the shards' or rank 0's). With
+--straggler=R:F worker R computes F times slower (it sleeps F-1 times its compute time per step,
+as launch --straggler does): synchronous training waits for it every step, asynchronous does not.
+Worker 0's time per step is split into forward (with the adapter under async: also waiting for the
+prefetched weights), backward and the step (the optimizer; with the adapter the push and pull, and
+under sync the wait for the round).
+
+    /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=4 --steps=200 --seeds=1,2,3
+    /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=4 --steps=200 --straggler=0:3
+    /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=1 --modes=local,sync,async
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "../examples/pytorch"))
+BIN = os.environ.get("PS_BIN_DIR", os.path.join(HERE, "../build/bin"))
+sys.path.insert(0, os.path.join(BIN, "../python"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import train as example  # noqa: E402
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def data(rank, workers, data_dir):
+    x, y = example.load("train", data_dir)
+    part = slice(rank * len(x) // workers, (rank + 1) * len(x) // workers)
+    return x[part], y[part]
+
+
+def train_loop(model, step_fn, x, y, args, rank):
+    """Runs args.steps steps; returns the first step's start and the last step's end (wall
+    time) and the seconds spent in forward (with the adapter: and waiting for the weights),
+    backward and the step (optimizer, or the adapter's push and pull)."""
+    g = torch.Generator().manual_seed(args.seed * 1000003 + rank)
+    slowdown = args.slowdown if rank == args.straggler_rank else 1.0
+    result = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+    for _ in range(args.steps):
+        t0 = time.time()
+        result.setdefault("start", t0)
+        batch = torch.randint(len(x), (args.batch_size,), generator=g)
+        loss = F.cross_entropy(model(x[batch]), y[batch])
+        t1 = time.time()
+        loss.backward()
+        if slowdown > 1:
+            time.sleep((slowdown - 1) * (time.time() - t0))
+        t2 = time.time()
+        step_fn()
+        t3 = time.time()
+        result["forward"] += t1 - t0
+        result["backward"] += t2 - t1
+        result["step"] += t3 - t2
+    result["end"] = time.time()
+    return result
+
+
+def ddp_worker(rank, args, port, out):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=args.workers)
+    torch.manual_seed(args.seed)
+    model = DistributedDataParallel(example.SmallCnn())
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    x, y = data(rank, args.workers, args.data_dir)
+    dist.barrier()
+
+    def step():
+        opt.step()
+        opt.zero_grad()
+
+    result = train_loop(model, step, x, y, args, rank)
+    if rank == 0:
+        test_x, test_y = example.load("t10k", args.data_dir)
+        result["accuracy"] = example.score_on(test_x, test_y)(model.module)[1]
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
+def ps_worker(args):
+    import paramserver.torch
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    x, y = data(args.rank, args.workers, args.data_dir)
+    model = paramserver.torch.DistributedModel(
+        example.SmallCnn(), ps=args.ps, rank=args.rank, num_workers=args.workers)
+    result = train_loop(model, model.step, x, y, args, args.rank)
+    model.close()
+    print(json.dumps(result))
+
+
+def run_local(args):
+    """One process, a plain PyTorch loop: the step the adapter is measured against."""
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    model = example.SmallCnn()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    x, y = data(0, 1, args.data_dir)
+
+    def step():
+        opt.step()
+        opt.zero_grad()
+
+    result = train_loop(model, step, x, y, args, 0)
+    test_x, test_y = example.load("t10k", args.data_dir)
+    return [result], example.score_on(test_x, test_y)(model)[1]
+
+
+def run_ddp(args):
+    import torch.multiprocessing as mp
+    out = tempfile.mktemp(prefix="ddp-")
+    mp.spawn(ddp_worker, args=(args, free_port(), out), nprocs=args.workers)
+    results = []
+    for r in range(args.workers):
+        with open(f"{out}.{r}") as f:
+            results.append(json.load(f))
+        os.remove(f"{out}.{r}")
+    return results, results[0]["accuracy"]
+
+
+def run_ps(args, consistency):
+    import paramserver
+    import paramserver.torch
+    tmp = tempfile.mkdtemp(prefix="ps-bench-")
+    layout = os.path.join(tmp, "cnn.json")
+    with open(layout, "w") as f:
+        json.dump(paramserver.torch.layout_of(example.SmallCnn()), f)
+    shards, ports = [], []
+    for i in range(2):
+        port_file = os.path.join(tmp, f"port-{i}")
+        shards.append(subprocess.Popen(
+            [os.path.join(BIN, "ps"), f"--shard_index={i}", "--num_shards=2", f"--model={layout}",
+             f"--num_workers={args.workers}", f"--consistency={consistency}", "--optimizer=sgd",
+             f"--lr={args.lr}", "--host=127.0.0.1", "--port=0", f"--port_file={port_file}"],
+            stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, f"ps-{i}.log"), "w")))
+        while not (os.path.exists(port_file) and open(port_file).read().strip()):
+            time.sleep(0.02)
+        ports.append(open(port_file).read().strip())
+    addresses = ",".join(f"127.0.0.1:{p}" for p in ports)
+    env = {**os.environ, "PYTHONPATH": os.path.join(BIN, "../python")}
+    workers = [subprocess.Popen(
+        [sys.executable, __file__, "--role=ps_worker", f"--ps={addresses}", f"--rank={r}",
+         f"--workers={args.workers}", f"--steps={args.steps}", f"--batch_size={args.batch_size}",
+         f"--lr={args.lr}", f"--seed={args.seed}", f"--straggler={args.straggler}",
+         f"--data_dir={args.data_dir}"], stdout=subprocess.PIPE, env=env, text=True)
+        for r in range(args.workers)]
+    results = []
+    for w in workers:
+        out, _ = w.communicate(timeout=3600)
+        if w.returncode != 0:
+            sys.exit(f"a worker failed (exit {w.returncode})")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    observer = example.SmallCnn()
+    with paramserver.Client(ps=addresses, model=paramserver.torch.layout_of(observer)) as client:
+        client.register()
+        weights = torch.empty(sum(p.numel() for p in observer.parameters()))
+        client.pull(weights)
+    with torch.no_grad():
+        offset = 0
+        for p in observer.parameters():
+            p.copy_(weights[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()
+    test_x, test_y = example.load("t10k", args.data_dir)
+    accuracy = example.score_on(test_x, test_y)(observer)[1]
+    for s in shards:
+        s.terminate()
+        s.wait(timeout=60)
+    return results, accuracy
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--modes", default="ddp,sync,async")
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--straggler", default="", help="RANK:FACTOR")
+    p.add_argument("--data_dir", default=example.DATA)
+    p.add_argument("--role", default="bench", help=argparse.SUPPRESS)
+    p.add_argument("--ps", help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    rank, _, factor = args.straggler.partition(":")
+    args.straggler_rank = int(rank) if rank else -1
+    args.slowdown = float(factor) if factor else 1.0
+    if args.role == "ps_worker":
+        return ps_worker(args)
+
+    print(f"{args.workers} workers x {args.steps} steps x batch {args.batch_size}, SGD lr "
+          f"{args.lr}, straggler {args.straggler or 'none'}; 2 shards for sync/async")
+    rows = {}
+    runners = {"ddp": run_ddp, "local": run_local}
+    for mode in args.modes.split(","):
+        if mode == "local" and args.workers != 1:
+            sys.exit("--modes=local is one process: give --workers=1")
+        for seed in map(int, args.seeds.split(",")):
+            args.seed = seed
+            results, accuracy = (runners[mode](args) if mode in runners
+                                 else run_ps(args, mode))
+            # The rate the job consumes examples at: each worker's own, summed (a straggler
+            # holds back the others only where they wait for it).
+            rate = sum(args.steps * args.batch_size / (r["end"] - r["start"]) for r in results)
+            ms = {k: 1000 * results[0][k] / args.steps for k in ("forward", "backward", "step")}
+            rows.setdefault(mode, []).append((rate, accuracy, ms))
+            print(f"  {mode:5s} seed {seed}: {rate:7.0f} examples/s, test accuracy "
+                  f"{accuracy:.4f}; worker 0 per step: forward {ms['forward']:.1f} ms, backward "
+                  f"{ms['backward']:.1f} ms, step {ms['step']:.1f} ms", flush=True)
+    base_mode = "ddp" if "ddp" in rows else "local" if "local" in rows else None
+    base = statistics.median(r for r, _, _ in rows[base_mode]) if base_mode else None
+    print(f"\n| mode | examples/s (median) | vs {base_mode or '-'} | test accuracy (median) | "
+          "worker 0 ms/step: forward, backward, step |")
+    print("|---|---|---|---|---|")
+    for mode, values in rows.items():
+        rate = statistics.median(r for r, _, _ in values)
+        ratio = f"{rate / base:.2f}" if base else "-"
+        ms = {k: statistics.median(m[k] for _, _, m in values) for k in values[0][2]}
+        print(f"| {mode} | {rate:.0f} | {ratio} | {statistics.median(a for _, a, _ in values):.4f}"
+              f" | {ms['forward']:.1f}, {ms['backward']:.1f}, {ms['step']:.1f} |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
