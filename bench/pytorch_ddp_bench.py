@@ -16,7 +16,9 @@ seeds and the same SGD learning rate, trained for the same number of steps per w
 
 Each worker uses one intra-op thread. examples/s is each worker's steps x batch over its own time
 from its first step to its last, summed over the workers: the rate the job consumes examples at.
-The accuracy is the test accuracy of the final weights (the shards' or rank 0's). With
+The accuracy is the test accuracy of the final weights (the shards' or rank 0's); the time to
+--target is when rank 0's weights first reached it (snapshots every --snapshot_every steps,
+scored after the run so that scoring takes no time from training). With
 --straggler=R:F worker R computes F times slower (it sleeps F-1 times its compute time per step,
 as launch --straggler does): synchronous training waits for it every step, asynchronous does not.
 Worker 0's time per step is split into forward (with the adapter under async: also waiting for the
@@ -67,9 +69,14 @@ def train_loop(model, step_fn, x, y, args, rank):
     g = torch.Generator().manual_seed(args.seed * 1000003 + rank)
     slowdown = args.slowdown if rank == args.straggler_rank else 1.0
     result = {"forward": 0.0, "backward": 0.0, "step": 0.0}
-    for _ in range(args.steps):
+    snapshots = []  # rank 0: (seconds since its first step, the weights it trains on)
+    for i in range(args.steps):
         t0 = time.time()
         result.setdefault("start", t0)
+        if rank == 0 and i % args.snapshot_every == 0:
+            with torch.no_grad():
+                snapshots.append((t0 - result["start"],
+                                  torch.cat([p.reshape(-1) for p in model.parameters()])))
         batch = torch.randint(len(x), (args.batch_size,), generator=g)
         loss = F.cross_entropy(model(x[batch]), y[batch])
         t1 = time.time()
@@ -83,7 +90,31 @@ def train_loop(model, step_fn, x, y, args, rank):
         result["backward"] += t2 - t1
         result["step"] += t3 - t2
     result["end"] = time.time()
+    if rank == 0:
+        with torch.no_grad():
+            snapshots.append((result["end"] - result["start"],
+                              torch.cat([p.reshape(-1) for p in model.parameters()])))
+        result["snapshots"] = tempfile.mktemp(prefix="snapshots-")
+        torch.save(snapshots, result["snapshots"])
     return result
+
+
+def time_to(target, snapshots_file, data_dir):
+    """Scores rank 0's weight snapshots afterwards (outside the timed run): the seconds until the
+    first that reaches `target` accuracy (NaN if none does)."""
+    snapshots = torch.load(snapshots_file)
+    os.remove(snapshots_file)
+    test_x, test_y = example.load("t10k", data_dir)
+    model = example.SmallCnn()
+    for seconds, weights in snapshots:
+        with torch.no_grad():
+            offset = 0
+            for p in model.parameters():
+                p.copy_(weights[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+        if example.score_on(test_x, test_y)(model)[1] >= target:
+            return seconds
+    return float("nan")
 
 
 def ddp_worker(rank, args, port, out):
@@ -176,7 +207,8 @@ def run_ps(args, consistency):
         [sys.executable, __file__, "--role=ps_worker", f"--ps={addresses}", f"--rank={r}",
          f"--workers={args.workers}", f"--steps={args.steps}", f"--batch_size={args.batch_size}",
          f"--lr={args.lr}", f"--seed={args.seed}", f"--straggler={args.straggler}",
-         f"--data_dir={args.data_dir}"], stdout=subprocess.PIPE, env=env, text=True)
+         f"--snapshot_every={args.snapshot_every}", f"--data_dir={args.data_dir}"],
+        stdout=subprocess.PIPE, env=env, text=True)
         for r in range(args.workers)]
     results = []
     for w in workers:
@@ -212,6 +244,10 @@ def main():
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--straggler", default="", help="RANK:FACTOR")
+    p.add_argument("--target", type=float, default=0.7,
+                   help="test accuracy whose time-to is reported (rank 0's weights, snapshotted "
+                   "every --snapshot_every steps and scored after the run)")
+    p.add_argument("--snapshot_every", type=int, default=25)
     p.add_argument("--data_dir", default=example.DATA)
     p.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     p.add_argument("--ps", help=argparse.SUPPRESS)
@@ -238,21 +274,27 @@ def main():
             # holds back the others only where they wait for it).
             rate = sum(args.steps * args.batch_size / (r["end"] - r["start"]) for r in results)
             ms = {k: 1000 * results[0][k] / args.steps for k in ("forward", "backward", "step")}
-            rows.setdefault(mode, []).append((rate, accuracy, ms))
+            reached = time_to(args.target, results[0]["snapshots"], args.data_dir)
+            rows.setdefault(mode, []).append((rate, accuracy, ms, reached))
             print(f"  {mode:5s} seed {seed}: {rate:7.0f} examples/s, test accuracy "
-                  f"{accuracy:.4f}; worker 0 per step: forward {ms['forward']:.1f} ms, backward "
-                  f"{ms['backward']:.1f} ms, step {ms['step']:.1f} ms", flush=True)
+                  f"{accuracy:.4f}, {args.target} after {reached:.1f} s; worker 0 per step: "
+                  f"forward {ms['forward']:.1f} ms, backward {ms['backward']:.1f} ms, step "
+                  f"{ms['step']:.1f} ms", flush=True)
     base_mode = "ddp" if "ddp" in rows else "local" if "local" in rows else None
-    base = statistics.median(r for r, _, _ in rows[base_mode]) if base_mode else None
+    base = statistics.median(r[0] for r in rows[base_mode]) if base_mode else None
     print(f"\n| mode | examples/s (median) | vs {base_mode or '-'} | test accuracy (median) | "
+          f"time to {args.target} (s; median of those that reached it) | "
           "worker 0 ms/step: forward, backward, step |")
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for mode, values in rows.items():
-        rate = statistics.median(r for r, _, _ in values)
+        rate = statistics.median(v[0] for v in values)
         ratio = f"{rate / base:.2f}" if base else "-"
-        ms = {k: statistics.median(m[k] for _, _, m in values) for k in values[0][2]}
-        print(f"| {mode} | {rate:.0f} | {ratio} | {statistics.median(a for _, a, _ in values):.4f}"
-              f" | {ms['forward']:.1f}, {ms['backward']:.1f}, {ms['step']:.1f} |")
+        ms = {k: statistics.median(v[2][k] for v in values) for k in values[0][2]}
+        reached = [v[3] for v in values if v[3] == v[3]]
+        to = (f"{statistics.median(reached):.1f} ({len(reached)} of {len(values)})" if reached
+              else f"not reached (0 of {len(values)})")
+        print(f"| {mode} | {rate:.0f} | {ratio} | {statistics.median(v[1] for v in values):.4f}"
+              f" | {to} | {ms['forward']:.1f}, {ms['backward']:.1f}, {ms['step']:.1f} |")
 
 
 if __name__ == "__main__":
