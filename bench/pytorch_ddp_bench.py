@@ -47,6 +47,8 @@ sys.path.insert(0, os.path.join(BIN, "../python"))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import paramserver  # noqa: E402
+import paramserver.torch  # noqa: E402
 import train as example  # noqa: E402
 
 
@@ -73,13 +75,13 @@ def train_loop(model, step_fn, x, y, args, rank):
     for i in range(args.steps):
         t0 = time.time()
         result.setdefault("start", t0)
-        if rank == 0 and i % args.snapshot_every == 0:
-            with torch.no_grad():
-                snapshots.append((t0 - result["start"],
-                                  torch.cat([p.reshape(-1) for p in model.parameters()])))
         batch = torch.randint(len(x), (args.batch_size,), generator=g)
         loss = F.cross_entropy(model(x[batch]), y[batch])
         t1 = time.time()
+        if rank == 0 and i % args.snapshot_every == 0:  # after forward: the weights it used
+            with torch.no_grad():
+                snapshots.append((t0 - result["start"],
+                                  torch.cat([p.reshape(-1) for p in model.parameters()])))
         loss.backward()
         if slowdown > 1:
             time.sleep((slowdown - 1) * (time.time() - t0))
@@ -94,7 +96,8 @@ def train_loop(model, step_fn, x, y, args, rank):
         with torch.no_grad():
             snapshots.append((result["end"] - result["start"],
                               torch.cat([p.reshape(-1) for p in model.parameters()])))
-        result["snapshots"] = tempfile.mktemp(prefix="snapshots-")
+        fd, result["snapshots"] = tempfile.mkstemp(prefix="snapshots-")
+        os.close(fd)
         torch.save(snapshots, result["snapshots"])
     return result
 
@@ -107,11 +110,7 @@ def time_to(target, snapshots_file, data_dir):
     test_x, test_y = example.load("t10k", data_dir)
     model = example.SmallCnn()
     for seconds, weights in snapshots:
-        with torch.no_grad():
-            offset = 0
-            for p in model.parameters():
-                p.copy_(weights[offset:offset + p.numel()].view_as(p))
-                offset += p.numel()
+        paramserver.torch.set_weights(model, weights)
         if example.score_on(test_x, test_y)(model)[1] >= target:
             return seconds
     return float("nan")
@@ -143,7 +142,6 @@ def ddp_worker(rank, args, port, out):
 
 
 def ps_worker(args):
-    import paramserver.torch
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     x, y = data(args.rank, args.workers, args.data_dir)
@@ -173,32 +171,52 @@ def run_local(args):
 
 def run_ddp(args):
     import torch.multiprocessing as mp
-    out = tempfile.mktemp(prefix="ddp-")
-    mp.spawn(ddp_worker, args=(args, free_port(), out), nprocs=args.workers)
-    results = []
-    for r in range(args.workers):
-        with open(f"{out}.{r}") as f:
-            results.append(json.load(f))
-        os.remove(f"{out}.{r}")
+    with tempfile.TemporaryDirectory(prefix="ddp-") as tmp:
+        out = os.path.join(tmp, "result")
+        mp.spawn(ddp_worker, args=(args, free_port(), out), nprocs=args.workers)
+        results = []
+        for r in range(args.workers):
+            with open(f"{out}.{r}") as f:
+                results.append(json.load(f))
     return results, results[0]["accuracy"]
 
 
 def run_ps(args, consistency):
-    import paramserver
-    import paramserver.torch
-    tmp = tempfile.mkdtemp(prefix="ps-bench-")
+    with tempfile.TemporaryDirectory(prefix="ps-bench-") as tmp:
+        processes = []
+        try:
+            return ps_job(args, consistency, tmp, processes)
+        finally:
+            for p in processes:  # shards, and workers left by a failure
+                if p.poll() is None:
+                    p.terminate()
+                    try:
+                        p.wait(timeout=60)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+
+
+def ps_job(args, consistency, tmp, processes):
+    """Starts 2 shards and the workers (into `processes`), runs them to the end; the workers'
+    results and the final weights' test accuracy."""
     layout = os.path.join(tmp, "cnn.json")
     with open(layout, "w") as f:
         json.dump(paramserver.torch.layout_of(example.SmallCnn()), f)
-    shards, ports = [], []
+    ports = []
     for i in range(2):
         port_file = os.path.join(tmp, f"port-{i}")
-        shards.append(subprocess.Popen(
-            [os.path.join(BIN, "ps"), f"--shard_index={i}", "--num_shards=2", f"--model={layout}",
-             f"--num_workers={args.workers}", f"--consistency={consistency}", "--optimizer=sgd",
-             f"--lr={args.lr}", "--host=127.0.0.1", "--port=0", f"--port_file={port_file}"],
-            stdout=subprocess.DEVNULL, stderr=open(os.path.join(tmp, f"ps-{i}.log"), "w")))
+        with open(os.path.join(tmp, f"ps-{i}.log"), "w") as log:
+            processes.append(subprocess.Popen(
+                [os.path.join(BIN, "ps"), f"--shard_index={i}", "--num_shards=2",
+                 f"--model={layout}", f"--num_workers={args.workers}",
+                 f"--consistency={consistency}", "--optimizer=sgd", f"--lr={args.lr}",
+                 "--host=127.0.0.1", "--port=0", f"--port_file={port_file}"],
+                stdout=subprocess.DEVNULL, stderr=log))
+        deadline = time.time() + 60
         while not (os.path.exists(port_file) and open(port_file).read().strip()):
+            if processes[-1].poll() is not None or time.time() > deadline:
+                sys.exit(f"ps {i} did not start: see {tmp}/ps-{i}.log")
             time.sleep(0.02)
         ports.append(open(port_file).read().strip())
     addresses = ",".join(f"127.0.0.1:{p}" for p in ports)
@@ -210,6 +228,7 @@ def run_ps(args, consistency):
          f"--snapshot_every={args.snapshot_every}", f"--data_dir={args.data_dir}"],
         stdout=subprocess.PIPE, env=env, text=True)
         for r in range(args.workers)]
+    processes.extend(workers)
     results = []
     for w in workers:
         out, _ = w.communicate(timeout=3600)
@@ -221,17 +240,9 @@ def run_ps(args, consistency):
         client.register()
         weights = torch.empty(sum(p.numel() for p in observer.parameters()))
         client.pull(weights)
-    with torch.no_grad():
-        offset = 0
-        for p in observer.parameters():
-            p.copy_(weights[offset:offset + p.numel()].view_as(p))
-            offset += p.numel()
+    paramserver.torch.set_weights(observer, weights)
     test_x, test_y = example.load("t10k", args.data_dir)
-    accuracy = example.score_on(test_x, test_y)(observer)[1]
-    for s in shards:
-        s.terminate()
-        s.wait(timeout=60)
-    return results, accuracy
+    return results, example.score_on(test_x, test_y)(observer)[1]
 
 
 def main():

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -239,7 +240,8 @@ int ps_api_version(void) { return PS_C_API_VERSION; }
 const char* ps_last_error(void) { return last_error.c_str(); }
 
 int ps_client_create(const char* settings_json, ps_client** out) {
-  ps::SetLogTag("paramserver");  // the library's log lines, in the user's process
+  static std::once_flag tagged;  // the tag is read by every client's threads: set it once
+  std::call_once(tagged, [] { ps::SetLogTag("paramserver"); });
   absl::StatusOr<std::unique_ptr<ps_client>> client = MakeClient(settings_json);
   if (!client.ok()) return Report(client.status());
   *out = client->release();

@@ -157,7 +157,8 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text, const std:
                  "file name (F.json) or a layout object (common/tensor_layout.h)");
     }
     std::string model = m.is_object() ? m.dump() : m.get<std::string>();
-    if (m.is_string() && IsLayoutSpec(model) && !dir.empty() && model.front() != '/') {
+    if (m.is_string() && IsLayoutSpec(model) && !IsInlineLayout(model) && !dir.empty() &&
+        model.front() != '/') {
       model = dir + "/" + model;  // a layout file beside the spec
     }
     absl::StatusOr<std::string> canonical = ResolveModelSpec(model, "");

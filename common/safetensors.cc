@@ -120,6 +120,11 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorV
   nlohmann::json header = nlohmann::json::object();
   uint64_t offset = 0;
   for (const TensorView& t : tensors) {
+    if (t.name == "__metadata__" || header.contains(t.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot write ", path, ": tensor name \"", t.name, "\" is ",
+                       t.name == "__metadata__" ? "safetensors' own key" : "given twice"));
+    }
     uint64_t bytes = t.data.size() * sizeof(float);
     header[t.name] = {
         {"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};

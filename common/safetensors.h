@@ -28,7 +28,8 @@ struct TensorView {
 
 // Writes `tensors` and `metadata` to `path` atomically: a temporary file beside it, fsync,
 // rename, fsync of the directory. A reader sees the old file or the whole new one, even after a
-// crash. Fails naming the file and the system error.
+// crash. Fails naming the file and the system error, or (INVALID_ARGUMENT) a tensor name given
+// twice or "__metadata__".
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorView>& tensors,
                               std::map<std::string, std::string> metadata);
 

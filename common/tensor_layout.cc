@@ -49,6 +49,7 @@ absl::StatusOr<TensorSlot> ParseTensor(const Json& t, size_t index, int64_t offs
   if (slot.name.empty() || slot.name.size() > kMaxName) {
     return bad("a name must be 1 to 256 bytes long");
   }
+  if (slot.name == "__metadata__") return bad("__metadata__ is safetensors' own key, not a name");
   for (char c : slot.name) {
     if (absl::ascii_iscntrl(static_cast<unsigned char>(c))) {
       return bad("a name may not hold control characters");
@@ -70,6 +71,7 @@ absl::StatusOr<TensorSlot> ParseTensor(const Json& t, size_t index, int64_t offs
     if (size + offset > kMaxParams) return bad("the model has more than 2^40 parameters");
     slot.size = static_cast<int64_t>(size);
   }
+  if (slot.size + offset > kMaxParams) return bad("the model has more than 2^40 parameters");
   slot.offset = offset;
   return slot;
 }
@@ -95,13 +97,16 @@ std::string TensorLayout::Fingerprint() const {
   return absl::StrFormat("layout:%d:%016x", num_params(), hash);
 }
 
+bool IsInlineLayout(const std::string& spec) {
+  return absl::StartsWith(absl::StripLeadingAsciiWhitespace(spec), "{");
+}
+
 bool IsLayoutSpec(const std::string& spec) {
-  const absl::string_view text = absl::StripLeadingAsciiWhitespace(spec);
-  return absl::StartsWith(text, "{") || absl::EndsWith(spec, ".json");
+  return IsInlineLayout(spec) || absl::EndsWith(spec, ".json");
 }
 
 absl::StatusOr<TensorLayout> ParseTensorLayout(const std::string& spec) {
-  const bool inline_json = absl::StartsWith(absl::StripLeadingAsciiWhitespace(spec), "{");
+  const bool inline_json = IsInlineLayout(spec);
   std::string text = spec;
   if (!inline_json) {
     absl::StatusOr<std::string> read = ReadLayoutFile(spec);

@@ -42,11 +42,14 @@ struct TensorLayout {
 // True when `spec` is a layout rather than a named model: inline JSON (its first non-blank
 // character is '{') or a file whose name ends in ".json".
 bool IsLayoutSpec(const std::string& spec);
+// True when `spec` is an inline layout (its first non-blank character is '{').
+bool IsInlineLayout(const std::string& spec);
 
 // Parses inline JSON or reads the file (at most 16 MiB). Fails with NOT_FOUND naming a missing
 // file, and INVALID_ARGUMENT naming the problem otherwise: not JSON, keys other than "tensors"
 // (and, per tensor, "name" and "shape"), no tensors, a name empty, longer than 256 bytes, holding
-// control characters or repeated, a dimension < 1, more than 2^40 parameters in all.
+// control characters, repeated or "__metadata__" (safetensors' own key), a dimension < 1, more
+// than 2^40 parameters in all.
 absl::StatusOr<TensorLayout> ParseTensorLayout(const std::string& spec);
 
 }  // namespace ps

@@ -73,7 +73,8 @@ class LocalCluster {
   std::string ProcessName(int process) const;
   // (Re)starts worker `rank` of `num_workers`, appending to worker-<rank>.{log,csv}.
   // `command`: a worker command of the user's (e.g. a Python worker) instead of this project's
-  // worker, a shell command line run as `/bin/sh -c "exec COMMAND"` and told everything through
+  // worker, a program and its arguments run as `/bin/sh -c "exec COMMAND"` (sh's quoting; the
+  // signals and exit status are the program's own) and told everything through
   // its environment: each --name=value flag the worker would get (--ps, --rank, --num_workers,
   // --csv, credentials, `flags`) becomes PS_NAME=value (PS_PS, PS_RANK, PS_CSV, PS_TOKEN_FILE,
   // PS_STEPS, PS_SLOWDOWN, ...; flags without a value are left out). paramserver.torch reads

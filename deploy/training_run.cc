@@ -23,7 +23,8 @@
 #include "deploy/local_cluster.h"
 
 ABSL_FLAG(std::string, worker_cmd, "",
-          "Run this command as each worker instead of the worker daemon (a shell command line, "
+          "Run this command as each worker instead of the worker daemon (a program and its "
+          "arguments, quoted as sh quotes and exec'd; variables through env NAME=value ...; "
           "e.g. \"/usr/bin/python3 examples/pytorch/train.py\"): the flags a worker would get "
           "reach it as PS_NAME=value in its environment (PS_PS, PS_RANK, PS_NUM_WORKERS, PS_CSV, "
           "PS_TOKEN_FILE, PS_STEPS, PS_SLOWDOWN, ...), which paramserver.torch reads.");
@@ -110,10 +111,35 @@ void CommandsFromFlags(JobSpec* job) {
   job->evaluator_command = absl::GetFlag(FLAGS_eval_cmd);
 }
 
+namespace {
+
+// A worker or evaluator command is exec'd by sh (so that its signals and exit status are the
+// program's own): one program and its arguments, quoted as sh quotes.
+absl::Status CheckCommand(const std::string& flag, const std::string& command) {
+  const std::vector<std::string> words = absl::StrSplit(command, ' ', absl::SkipWhitespace());
+  if (!words.empty() && words[0].find('=') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": '", words[0], "' is not a program; set variables with env: \"env ", words[0],
+        " ...\""));
+  }
+  for (const char* op : {"&&", "||", ";", "|"}) {
+    if (command.find(op) != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, " is one program and its arguments (it is exec'd), not a shell list ('", op,
+          "'): put the steps in a script"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job) {
   if (job.shards < 1 || job.workers < 1) {
     return absl::InvalidArgumentError("shards and workers must be positive");
   }
+  if (absl::Status s = CheckCommand("--worker_cmd", job.worker_command); !s.ok()) return s;
+  if (absl::Status s = CheckCommand("--eval_cmd", job.evaluator_command); !s.ok()) return s;
   absl::StatusOr<std::string> model = ResolveModelSpec(job.model, job.hidden);
   if (!model.ok()) return model.status();
   // The daemons build networks for Fashion-MNIST; a worker or evaluator command is the judge of

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "deploy/local_cluster.h"
@@ -130,7 +131,12 @@ TEST(ClusterSpecTest, ATensorLayoutReachesEveryRoleInline) {
   absl::StatusOr<ClusterSpec> from_object = ParseClusterSpec(
       R"({"model": )" + layout + R"(, "shards": ["127.0.0.1:5001"], "workers": 2})");
   ASSERT_TRUE(from_object.ok()) << from_object.status();
-  for (const ClusterSpec& spec : {*from_file, *from_object}) {
+  // Inline JSON as a string is not a file name to look for beside the spec.
+  nlohmann::json as_string = {{"model", layout}, {"shards", {"127.0.0.1:5001"}}, {"workers", 2}};
+  std::ofstream(dir + "/inline.json") << as_string.dump();
+  absl::StatusOr<ClusterSpec> from_string = ReadClusterSpec(dir + "/inline.json");
+  ASSERT_TRUE(from_string.ok()) << from_string.status();
+  for (const ClusterSpec& spec : {*from_file, *from_object, *from_string}) {
     EXPECT_TRUE(Has(*FlagsForRole(spec, "ps", "ps:0"), canonical));
     EXPECT_TRUE(Has(*FlagsForRole(spec, "worker", "worker:1"), canonical));
     EXPECT_TRUE(Has(*FlagsForRole(spec, "export_model", "export_model"), canonical));

@@ -102,7 +102,11 @@ TEST(TensorLayoutTest, BadLayoutsNameTheProblem) {
                             {"name": "b", "shape": [1]}]})",
             "tensor 1: the model has more than 2^40 parameters"},
            {R"({"tensors": [{"name": "a", "shape": [2]}, {"name": "a", "shape": [3]}]})",
-            "tensor name \"a\" appears twice"}}) {
+            "tensor name \"a\" appears twice"},
+           {R"({"tensors": [{"name": "__metadata__", "shape": [2]}]})",
+            "safetensors' own key"},
+           {R"({"tensors": [{"name": "a", "shape": [1099511627776]}, {"name": "s", "shape": []}]})",
+            "tensor 1: the model has more than 2^40 parameters"}}) {
     absl::StatusOr<ModelIdentity> model = ParseModelSpec(spec, 1);
     ASSERT_FALSE(model.ok()) << spec;
     EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument) << spec;

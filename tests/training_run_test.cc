@@ -84,6 +84,15 @@ TEST(TrainingRunTest, ALayoutModelRunsWithTheUsersCommands) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->model, "mlp:784-32-10");
   EXPECT_TRUE(c->evaluator_command.empty());
+  // A command is exec'd: one program, not a shell list or an assignment.
+  for (auto [command, says] : std::vector<std::pair<std::string, std::string>>{
+           {"OMP_NUM_THREADS=1 python3 t.py", "set variables with env"},
+           {"cd x && python3 t.py", "not a shell list ('&&')"},
+           {"python3 t.py | tee log", "not a shell list ('|')"}}) {
+    mlp.worker_command = command;
+    EXPECT_NE(MakeTrainingConfig(mlp).status().message().find(says), std::string::npos)
+        << command << ": " << MakeTrainingConfig(mlp).status();
+  }
 }
 
 TEST(KillPlanTest, TriggersByTimeStepsOrUpdatesInTheOrderGiven) {

@@ -121,6 +121,9 @@ def main():
     p.add_argument("--batch_size", type=int, default=env("batch_size", 64, int))
     p.add_argument("--local_lr", type=float, default=env("local_lr", 0.05, float),
                    help="local:H and easgd only")
+    p.add_argument("--local_momentum", type=float, default=env("local_momentum", 0.9, float))
+    p.add_argument("--threads", type=int, default=env("threads", 0, int),
+                   help="torch intra-op threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=env("seed", 1, int))
     p.add_argument("--data_dir", default=env("data_dir", DATA))
     p.add_argument("--token_file", default=None)
@@ -131,6 +134,8 @@ def main():
                    "until SIGTERM (launch --eval_cmd)")
     args = p.parse_args()
 
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     model, spec = make_model(args.arch, args.seed)
     spec = spec or paramserver.torch.layout_of(model)
     if args.print_model_spec:
@@ -147,7 +152,7 @@ def main():
     part = slice(args.rank * n // w, (args.rank + 1) * n // w)
     x, y = x[part], y[part]
 
-    local = torch.optim.SGD(model.parameters(), lr=args.local_lr, momentum=0.9)
+    local = torch.optim.SGD(model.parameters(), lr=args.local_lr, momentum=args.local_momentum)
     model = paramserver.torch.DistributedModel(  # paramserver
         model, optimizer=local, rank=args.rank, num_workers=args.num_workers, model=spec,
         **settings)
@@ -161,6 +166,8 @@ def main():
     name = spec if isinstance(spec, str) else f"{len(spec['tensors'])} tensors"
     print(f"worker {args.rank}: {name} ({model.client.total_params} parameters), shards run "
           f"{model.consistency}, starting at step {model.first_step}", flush=True)
+    if model.slowdown > 1:
+        print(f"worker {args.rank}: a straggler, computing {model.slowdown:g}x slower", flush=True)
     g = torch.Generator().manual_seed(args.seed * 1000003 + args.rank)
     start = time.time()
     step = model.first_step

@@ -170,7 +170,8 @@ class Client:
         if code != 0:
             _raise_last(code)
         self._handle = handle
-        self._lock = threading.Condition()
+        self._lock = threading.Condition(threading.RLock())
+        self._cancelled = False
         self._calls = 0  # blocking calls in progress on this client
         self._closed = False
         self.rank = settings["rank"]
@@ -224,6 +225,8 @@ class Client:
         return taken.value
 
     def _start(self, fn, kind, buffer, *args):
+        if self._cancelled:
+            raise errors.Cancelled("CANCELLED", f"the client was cancelled: no {kind} started")
         address, count, owner = float_buffer(buffer, writable=kind == "pull",
                                              what="the pull's buffer" if kind == "pull"
                                              else "the gradient")
@@ -262,12 +265,19 @@ class Client:
         finally:
             lib.ps_string_free(text)
 
+    @property
+    def cancelled(self):
+        """Whether cancel() was called."""
+        return self._cancelled
+
     def cancel(self):
-        """Ends the calls in progress (their handles raise Cancelled); later calls work as usual.
-        Takes no lock: safe from a signal handler, to get a call blocked on the shards back."""
-        handle = self._handle
-        if handle is not None:
-            lib.ps_client_cancel_pending(handle)
+        """Ends the calls in progress (their handles raise Cancelled) and refuses later pulls and
+        pushes (Cancelled), without leaving: for a signal handler that wants a call blocked on
+        the shards back and none started after it. close() still leaves the job."""
+        with self._lock:  # re-entrant: a handler may interrupt this thread inside it
+            self._cancelled = True
+            if self._handle is not None:
+                lib.ps_client_cancel_pending(self._handle)
 
     def close(self):
         """Leaves the job (a registered worker), stops heartbeats and ends calls in progress

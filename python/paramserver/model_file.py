@@ -34,14 +34,26 @@ def read_file(path):
     blanked = data[:at + len(_CRC_KEY)] + b"00000000" + data[at + len(_CRC_KEY) + 8:]
     if f"{zlib.crc32(blanked):08x}" != metadata["file_crc32"]:
         raise invalid(f"{path} is torn or corrupt (checksum mismatch)")
-    tensors = {}  # in the file's data order: the flat vector's
+    try:
+        return _tensors(header, data, 8 + n, path), metadata
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise invalid(f"{path}: a malformed safetensors header ({type(e).__name__}: {e})") from None
+
+
+def _tensors(header, data, start, path):
+    """The tensors `header` describes in data[start:], in the data's order (the flat vector's)."""
+    tensors = {}
     for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"]):
-        if entry.get("dtype") != "F32":
-            raise invalid(f"{path}: tensor {name} is {entry.get('dtype')}, expected F32")
-        begin, end = entry["data_offsets"]
+        if entry["dtype"] != "F32":
+            raise invalid(f"{path}: tensor {name} is {entry['dtype']}, expected F32")
+        begin, end = (int(v) for v in entry["data_offsets"])
+        shape = [int(d) for d in entry["shape"]]
+        if not 0 <= begin <= end <= len(data) - start or end - begin != 4 * int(np.prod(shape)):
+            raise invalid(f"{path}: tensor {name}'s bytes [{begin}, {end}) do not hold shape "
+                          f"{shape} inside the file")
         tensors[name] = np.frombuffer(data, "<f4", (end - begin) // 4,
-                                      8 + n + begin).reshape(entry["shape"]).copy()
-    return tensors, metadata
+                                      start + begin).reshape(shape).copy()
+    return tensors
 
 
 def load_file(path):

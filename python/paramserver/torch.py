@@ -79,14 +79,15 @@ class DistributedModel(torch.nn.Module):
                 raise invalid(f"parameter {name} is {p.dtype} on {p.device}; the adapter trains "
                            "float32 parameters on the CPU")
         n = sum(p.numel() for p in self._params)
-        self._slowdown = float(os.environ.get("PS_SLOWDOWN", 1) if slowdown is None
-                               else slowdown)
-        if not self._slowdown >= 1:
-            raise invalid(f"slowdown must be >= 1, not {self._slowdown}")
+        self.slowdown = float(os.environ.get("PS_SLOWDOWN", 1) if slowdown is None
+                              else slowdown)
+        if not self.slowdown >= 1:
+            raise invalid(f"slowdown must be >= 1, not {self.slowdown}")
         if client is None:
             if "ps" not in settings and "cluster" not in settings:
                 settings = {**settings_from_environment(), **settings}
-            settings.setdefault("model", layout_of(module))
+            if "model" not in settings and "hidden" not in settings:
+                settings["model"] = layout_of(module)
             client = Client(**settings)
         elif settings:
             raise invalid("pass either a client or its settings, not both")
@@ -171,8 +172,8 @@ class DistributedModel(torch.nn.Module):
     def step(self, loss=None):
         """Ends this training step (after backward): see the module's docstring. `loss` (a
         number or a one-element tensor), if given, goes to the step's CSV row."""
-        if self._slowdown > 1:
-            time.sleep((self._slowdown - 1) * (time.monotonic() - self._compute_start))
+        if self.slowdown > 1:  # a cancel() meanwhile makes the push below raise Cancelled
+            time.sleep((self.slowdown - 1) * (time.monotonic() - self._compute_start))
         self._csv.row(self.steps, f"{time.time():.3f}",
                       "" if loss is None else f"{float(loss):.5f}")
         self._collect_gradients()
@@ -214,8 +215,10 @@ class DistributedModel(torch.nn.Module):
                 if pending is not None:
                     try:
                         pending.wait()
-                    except errors.Cancelled:
-                        pass  # the client was closed first (a shutdown): nothing to wait for
+                    except errors.Error:
+                        if not self.client.cancelled:
+                            raise
+                        # cancelled first (a shutdown): the call's end is all there is to wait for
         finally:
             self._pending_push = self._pending_pull = None
             self._hook.remove()
@@ -230,7 +233,7 @@ class DistributedModel(torch.nn.Module):
 
 
 class _StepLog:
-    """Rows of `columns` appended to a CSV file (nothing when `path` is empty), with a header
+    """Rows appended to a CSV file (nothing when `path` is empty), with a header
     when the file is new; flushed per row, so that a launcher reading it sees progress."""
 
     def __init__(self, path, columns=("step", "wall_time", "loss")):
@@ -267,17 +270,11 @@ def evaluate(module, score, *, interval_seconds=None, csv=None, **settings):
         environment = settings_from_environment()
         environment.pop("rank", None)
         settings = {**environment, **settings}
-    settings.setdefault("model", layout_of(module))
+    if "model" not in settings and "hidden" not in settings:
+        settings["model"] = layout_of(module)
     settings["rank"] = None
     if interval_seconds is None:
         interval_seconds = float(os.environ.get("PS_INTERVAL_SECONDS", 2))
-    params = list(module.parameters())
-    weights = torch.empty(sum(p.numel() for p in params))
-    with torch.no_grad():
-        offset = 0
-        for p in params:
-            p.data = weights[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda *_: stop.set())
                 for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -287,13 +284,19 @@ def evaluate(module, score, *, interval_seconds=None, csv=None, **settings):
     try:
         with Client(**settings) as client:
             client.register()
+            weights = _flat_weights(module)  # once the shards took us: the module's own values
             while True:
                 stopping = stop.is_set()
                 pull = client.pull_async(weights)
                 while not pull.done() and not stop.is_set():
                     stop.wait(0.1)
-                if not pull.done() and last is None:
-                    break  # stopped before the model existed: nothing to score
+                if stop.is_set() and not pull.done():
+                    # The shards are slow or gone: the final pull gets a few seconds, no more.
+                    try:
+                        pull.wait(timeout=5)
+                    except (errors.Error, TimeoutError):
+                        client.cancel()
+                        break
                 version = min(pull.wait())
                 if last is None or version != last[0]:
                     loss, accuracy = score(module)
@@ -311,6 +314,29 @@ def evaluate(module, score, *, interval_seconds=None, csv=None, **settings):
     return last
 
 
+def _flat_weights(module):
+    """Points `module`'s parameters into one flat float32 buffer (in layout order), their values
+    kept, and returns it: a pull into it writes the module's weights."""
+    params = list(module.parameters())
+    weights = torch.cat([p.detach().reshape(-1) for p in params])
+    with torch.no_grad():
+        offset = 0
+        for p in params:
+            p.data = weights[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+    return weights
+
+
 def weights_of(module):
     """The module's parameters as one flat float32 NumPy array, in the adapter's order."""
     return np.concatenate([p.detach().reshape(-1).numpy() for p in module.parameters()])
+
+
+def set_weights(module, flat):
+    """Copies `flat` (a float32 tensor in the adapter's order, e.g. a pull) into the module's
+    parameters; the inverse of weights_of."""
+    with torch.no_grad():
+        offset = 0
+        for p in module.parameters():
+            p.copy_(flat[offset:offset + p.numel()].view_as(p))
+            offset += p.numel()

@@ -45,18 +45,17 @@ def test_launch_runs_python_workers_through_a_kill_with_a_straggler(tmp_path):
     assert "killed worker 1 (--kill after 150 steps)" in run.stdout, run.stdout
     assert "worker 1 exited with status 137: starting it again" in run.stdout, run.stdout
     # Each worker's CSV (written by the adapter, where launch counts steps) ends at step 299;
-    # the restarted worker resumed, it did not start over.
+    # the restarted worker resumed where it was (the step it was in, or the next), so its steps
+    # never go back.
     for rank in (0, 1):
         steps = [int(r["step"]) for r in rows(run_dir / f"worker-{rank}.csv")]
         assert steps[-1] == 299, steps[-5:]
+        assert all(b >= a for a, b in zip(steps, steps[1:])), steps
     log = (run_dir / "worker-1.log").read_text()
-    starts = [int(s) for s in re.findall(r"starting at step (\d+)", log)]
-    assert len(starts) == 2 and starts[1] > 0, log
-    # The straggler computed twice as slowly: its steps took longer than the other's.
-    first = rows(run_dir / "worker-0.csv"), rows(run_dir / "worker-1.csv")
-    def span(r):
-        return float(r[-1]["wall_time"]) - float(r[0]["wall_time"])
-    assert span(first[0]) / 300 > span(first[1][-100:]) / 100, "worker 0 was not slowed"
+    assert len(re.findall(r"starting at step (\d+)", log)) == 2, log
+    # The straggler plan reached worker 0 only (how much slower it ran: bench/pytorch_ddp_bench).
+    assert "computing 2x slower" in (run_dir / "worker-0.log").read_text()
+    assert "slower" not in log
     # The Python evaluator scored the shards' weights with the model's own code, to the end.
     evaluations = rows(run_dir / "evaluator.csv")
     assert float(evaluations[-1]["test_accuracy"]) >= 0.6, evaluations[-3:]
