@@ -287,8 +287,9 @@ def main():
             ms = {k: 1000 * results[0][k] / args.steps for k in ("forward", "backward", "step")}
             reached = time_to(args.target, results[0]["snapshots"], args.data_dir)
             rows.setdefault(mode, []).append((rate, accuracy, ms, reached))
+            when = f"after {reached:.1f} s" if reached == reached else "not reached"
             print(f"  {mode:5s} seed {seed}: {rate:7.0f} examples/s, test accuracy "
-                  f"{accuracy:.4f}, {args.target} after {reached:.1f} s; worker 0 per step: "
+                  f"{accuracy:.4f}, {args.target} {when}; worker 0 per step: "
                   f"forward {ms['forward']:.1f} ms, backward {ms['backward']:.1f} ms, step "
                   f"{ms['step']:.1f} ms", flush=True)
     base_mode = "ddp" if "ddp" in rows else "local" if "local" in rows else None
