@@ -18,35 +18,51 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ","), "]");
 }
 
+// A model's fingerprint and tensors from one reading of its spec (a layout file is read once).
+struct Described {
+  ModelIdentity model;
+  std::vector<TensorSlot> slots;
+};
+absl::StatusOr<Described> Describe(const std::string& spec) {
+  if (spec.empty()) return absl::InvalidArgumentError("a model file needs its model");
+  absl::StatusOr<std::string> canonical = ResolveModelSpec(spec, "");
+  if (!canonical.ok()) return canonical.status();
+  absl::StatusOr<ModelIdentity> model = ParseModelSpec(*canonical, 1);
+  if (!model.ok()) return model.status();
+  absl::StatusOr<std::vector<TensorSlot>> slots = ModelTensors(*canonical);
+  if (!slots.ok()) return slots.status();
+  return Described{*std::move(model), *std::move(slots)};
+}
+
 }  // namespace
 
 absl::Status WriteModelFile(const std::string& path, const ModelFile& file) {
-  absl::StatusOr<ModelIdentity> model = ParseModelSpec(file.model, 1);
-  if (!model.ok()) return model.status();
-  absl::StatusOr<std::vector<TensorSlot>> slots = ModelTensors(file.model);
-  if (!slots.ok()) return slots.status();
-  if (static_cast<int64_t>(file.params.size()) != model->total_params) {
-    return absl::InvalidArgumentError(absl::StrCat(model->fingerprint, " has ", model->total_params,
+  absl::StatusOr<Described> described = Describe(file.model);
+  if (!described.ok()) return described.status();
+  const ModelIdentity& model = described->model;
+  const std::vector<TensorSlot>& slots = described->slots;
+  if (static_cast<int64_t>(file.params.size()) != model.total_params) {
+    return absl::InvalidArgumentError(absl::StrCat(model.fingerprint, " has ", model.total_params,
                                                    " parameters, got ", file.params.size()));
   }
   if (file.versions.empty()) return absl::InvalidArgumentError("a model file needs its versions");
   std::vector<TensorView> tensors;
-  for (const TensorSlot& slot : *slots) {
+  for (const TensorSlot& slot : slots) {
     tensors.push_back(
         {slot.name, slot.shape, absl::MakeConstSpan(file.params).subspan(slot.offset, slot.size)});
   }
   return WriteSafetensors(path, tensors,
                           {{"format", kFormat},
-                           {"model", model->fingerprint},
+                           {"model", model.fingerprint},
                            {"versions", nlohmann::json(file.versions).dump()}});
 }
 
 absl::StatusOr<ModelFile> ReadModelFile(const std::string& path,
                                         const std::string& expected_model) {
-  absl::StatusOr<ModelIdentity> model = ParseModelSpec(expected_model, 1);
-  if (!model.ok()) return model.status();
-  absl::StatusOr<std::vector<TensorSlot>> slots = ModelTensors(expected_model);
-  if (!slots.ok()) return slots.status();
+  absl::StatusOr<Described> described = Describe(expected_model);
+  if (!described.ok()) return described.status();
+  const ModelIdentity& model = described->model;
+  const std::vector<TensorSlot>& slots = described->slots;
   absl::StatusOr<Safetensors> read = ReadSafetensors(path);
   if (!read.ok()) return read.status();
   auto bad = [&](const std::string& why) { return absl::InvalidArgumentError(path + ": " + why); };
@@ -55,8 +71,8 @@ absl::StatusOr<ModelFile> ReadModelFile(const std::string& path,
     return bad(absl::StrCat("not a model file (format '", metadata["format"], "', expected '",
                             kFormat, "'); export_model writes them"));
   }
-  if (metadata["model"] != model->fingerprint) {
-    return bad(absl::StrCat("holds model ", metadata["model"], ", expected ", model->fingerprint));
+  if (metadata["model"] != model.fingerprint) {
+    return bad(absl::StrCat("holds model ", metadata["model"], ", expected ", model.fingerprint));
   }
   ModelFile file;
   file.model = expected_model;
@@ -68,8 +84,8 @@ absl::StatusOr<ModelFile> ReadModelFile(const std::string& path,
     if (!v.is_number_integer()) return bad("metadata 'versions' holds a non-integer");
     file.versions.push_back(v.get<int64_t>());
   }
-  file.params.resize(model->total_params);
-  for (const TensorSlot& slot : *slots) {
+  file.params.resize(model.total_params);
+  for (const TensorSlot& slot : slots) {
     auto it = read->tensors.find(slot.name);
     if (it == read->tensors.end()) return bad("has no tensor " + slot.name);
     if (it->second.shape != slot.shape) {
@@ -84,7 +100,7 @@ absl::StatusOr<ModelFile> ReadModelFile(const std::string& path,
   }
   if (!read->tensors.empty()) {
     return bad(absl::StrCat("has a tensor ", read->tensors.begin()->first, " that ",
-                            model->fingerprint, " does not"));
+                            model.fingerprint, " does not"));
   }
   return file;
 }
