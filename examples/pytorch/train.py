@@ -4,8 +4,8 @@
 Start the shards with the model's tensor layout (this script writes it: --print_model_spec), then
 one of these per worker:
 
-    python3 examples/pytorch/train.py --print_model_spec > cnn.json   # ps --model=cnn.json
-    python3 examples/pytorch/train.py --ps=127.0.0.1:50051,127.0.0.1:50052 --rank=0 \
+    /usr/bin/python3 examples/pytorch/train.py --print_model_spec > cnn.json   # ps --model=cnn.json
+    /usr/bin/python3 examples/pytorch/train.py --ps=127.0.0.1:50051,127.0.0.1:50052 --rank=0 \
         --num_workers=2 --steps=2000
 
 The training loop is a plain PyTorch one; the three lines marked "paramserver" are the change.

@@ -97,19 +97,14 @@ class DistributedModel(torch.nn.Module):
         self.client = client
         self.optimizer = optimizer
         # One flat buffer for the weights, one for the gradients; parameters are views into them.
-        self._weights = torch.empty(n)
+        self._weights = _flat_weights(module)
         self._grads = torch.zeros(n)
         self._views = []
         offset = 0
-        with torch.no_grad():
-            for p in self._params:
-                k = p.numel()
-                w, g = self._weights[offset:offset + k].view_as(p), self._grads[offset:offset + k]
-                w.copy_(p)
-                p.data = w
-                p.grad = g.view_as(p)
-                self._views.append((offset, k))
-                offset += k
+        for p in self._params:
+            p.grad = self._grads[offset:offset + p.numel()].view_as(p)
+            self._views.append((offset, p.numel()))
+            offset += p.numel()
         self.first_step = client.register()
         self.steps = self.first_step  # step() calls so far, from first_step
         kind, _, arg = client.consistency.partition(":")
