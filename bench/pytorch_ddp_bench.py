@@ -10,6 +10,9 @@ seeds and the same SGD learning rate, trained for the same number of steps per w
   sync   W Python workers through 2 shards under --consistency=sync (a round averages the W
          gradients, then SGD on the shards: the same arithmetic as ddp);
   async  the same under --consistency=async (every gradient applied as it arrives).
+  sync-after, async-after
+         the same with the push made after backward (DistributedModel(overlap=False)) rather
+         than each shard's part as soon as backward has produced it: what overlap buys.
 
   local  one process, a plain PyTorch loop (--workers=1): the adapter's overhead is measured
          against it.
@@ -28,6 +31,7 @@ under sync the wait for the round).
     /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=4 --steps=200 --seeds=1,2,3
     /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=4 --steps=200 --straggler=0:3
     /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=1 --modes=local,sync,async
+    /usr/bin/python3 bench/pytorch_ddp_bench.py --modes=sync,sync-after,async,async-after
 """
 import argparse
 import json
@@ -146,7 +150,8 @@ def ps_worker(args):
     torch.manual_seed(args.seed)
     x, y = data(args.rank, args.workers, args.data_dir)
     model = paramserver.torch.DistributedModel(
-        example.SmallCnn(), ps=args.ps, rank=args.rank, num_workers=args.workers)
+        example.SmallCnn(), ps=args.ps, rank=args.rank, num_workers=args.workers,
+        overlap=bool(args.overlap))
     result = train_loop(model, model.step, x, y, args, args.rank)
     model.close()
     print(json.dumps(result))
@@ -181,7 +186,9 @@ def run_ddp(args):
     return results, results[0]["accuracy"]
 
 
-def run_ps(args, consistency):
+def run_ps(args, mode):
+    consistency, _, when = mode.partition("-")
+    args.overlap = int(when != "after")
     with tempfile.TemporaryDirectory(prefix="ps-bench-") as tmp:
         processes = []
         try:
@@ -225,7 +232,8 @@ def ps_job(args, consistency, tmp, processes):
         [sys.executable, __file__, "--role=ps_worker", f"--ps={addresses}", f"--rank={r}",
          f"--workers={args.workers}", f"--steps={args.steps}", f"--batch_size={args.batch_size}",
          f"--lr={args.lr}", f"--seed={args.seed}", f"--straggler={args.straggler}",
-         f"--snapshot_every={args.snapshot_every}", f"--data_dir={args.data_dir}"],
+         f"--snapshot_every={args.snapshot_every}", f"--data_dir={args.data_dir}",
+         f"--overlap={args.overlap}"],
         stdout=subprocess.PIPE, env=env, text=True)
         for r in range(args.workers)]
     processes.extend(workers)
@@ -263,6 +271,7 @@ def main():
     p.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     p.add_argument("--ps", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--overlap", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
     rank, _, factor = args.straggler.partition(":")
     args.straggler_rank = int(rank) if rank else -1
@@ -288,7 +297,7 @@ def main():
             reached = time_to(args.target, results[0]["snapshots"], args.data_dir)
             rows.setdefault(mode, []).append((rate, accuracy, ms, reached))
             when = f"after {reached:.1f} s" if reached == reached else "not reached"
-            print(f"  {mode:5s} seed {seed}: {rate:7.0f} examples/s, test accuracy "
+            print(f"  {mode:11s} seed {seed}: {rate:7.0f} examples/s, test accuracy "
                   f"{accuracy:.4f}, {args.target} {when}; worker 0 per step: "
                   f"forward {ms['forward']:.1f} ms, backward {ms['backward']:.1f} ms, step "
                   f"{ms['step']:.1f} ms", flush=True)

@@ -296,8 +296,19 @@ int ps_client_pull(ps_client* client, float* values, int64_t count, int prefetch
   return Ok();
 }
 
+int ps_client_shard_range(const ps_client* client, int shard, int64_t* begin, int64_t* end) {
+  if (shard < 0 || shard >= client->client->num_shards()) {
+    return Report(absl::OutOfRangeError(absl::StrCat(
+        "no shard ", shard, ": there are ", client->client->num_shards())));
+  }
+  const ps::Range r = client->client->shard_range(shard);
+  *begin = r.begin;
+  *end = r.end;
+  return Ok();
+}
+
 int ps_client_push(ps_client* client, const float* gradient, int64_t count, int64_t sequence,
-                   ps_op** op) {
+                   int held, ps_op** op) {
   if (absl::Status s = CheckCount(client, count, "the gradient"); !s.ok()) return Report(s);
   if (client->client->worker_id() < 0) {
     return Report(absl::FailedPreconditionError("an observer (rank -1) cannot push"));
@@ -305,8 +316,20 @@ int ps_client_push(ps_client* client, const float* gradient, int64_t count, int6
   auto pending = std::make_unique<ps_op>();
   pending->push = client->client->StartPush(absl::MakeConstSpan(gradient, count),
                                             sequence < 0 ? ps::ShardedClient::kNextSequence
-                                                         : sequence);
+                                                         : sequence,
+                                            held != 0 ? ps::ShardedClient::Parts::kHeld
+                                                      : ps::ShardedClient::Parts::kAllNow);
   *op = pending.release();
+  return Ok();
+}
+
+int ps_op_send(ps_op* op, int shard) {
+  if (op->is_pull) return Report(absl::FailedPreconditionError("a pull has no parts to send"));
+  if (shard < 0) {
+    op->push.SendAll();
+  } else {
+    op->push.Send(shard);
+  }
   return Ok();
 }
 

@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PS_C_API_VERSION 1
+#define PS_C_API_VERSION 2
 #define PS_EXPORT __attribute__((visibility("default")))
 #define PS_NOT_DONE (-1) /* ps_op_wait: the call is still in progress */
 
@@ -76,10 +76,19 @@ PS_EXPORT int ps_client_initialize(ps_client* client, const float* values, int64
  * of the next step's weights, made before this step's push has landed. */
 PS_EXPORT int ps_client_pull(ps_client* client, float* values, int64_t count, int prefetch,
                              ps_op** op);
+/* Shard `shard`'s range [*begin, *end) of the flat vector: its part of every pull and push. */
+PS_EXPORT int ps_client_shard_range(const ps_client* client, int shard, int64_t* begin,
+                                    int64_t* end);
 /* Starts a push of `gradient` (count floats), computed from the weights of the last pull waited
- * for; `sequence` < 0: the client's next. */
+ * for; `sequence` < 0: the client's next. `held` != 0: the push takes its sequence now but sends
+ * each shard its part only at ps_op_send (its range of `gradient` is final then: a backward pass
+ * fills in the last layers first); it is in progress until every part was sent and answered,
+ * and freeing the op first sends none of the parts left (they end CANCELLED). */
 PS_EXPORT int ps_client_push(ps_client* client, const float* gradient, int64_t count,
-                             int64_t sequence, ps_op** op);
+                             int64_t sequence, int held, ps_op** op);
+/* Sends shard `shard`'s part of a push started held (shard < 0: every part still held); nothing
+ * for a part sent already. */
+PS_EXPORT int ps_op_send(ps_op* op, int shard);
 /* Waits up to `timeout_seconds` (< 0: until it ends) for an operation: 0 once it succeeded,
  * PS_NOT_DONE if it is still in progress, else its error (the same error on every later wait). */
 PS_EXPORT int ps_op_wait(ps_op* op, double timeout_seconds);

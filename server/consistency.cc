@@ -73,14 +73,11 @@ class RoundPolicy : public ConsistencyPolicy {
     if (!current) return Take::kDropLate;
     return Take::kJoinRound;
   }
+  // A pull ahead of the worker's push (a prefetch) waits for that push and then for its round to
+  // close: the next round's weights do not exist before.
   bool Admits(const ConsistencyState& s, int worker_id, const Membership::Worker&,
-              bool) const override {
-    return s.round.contributors.count(worker_id) == 0;
-  }
-  absl::Status CheckPullAhead(int worker_id, int64_t after_sequence) const override {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "worker ", worker_id, " pulls ahead of its push ", after_sequence, ", but under ", Name(),
-        " the next round's weights do not exist before its push is in"));
+              bool ahead) const override {
+    return !ahead && s.round.contributors.count(worker_id) == 0;
   }
   // The workers missing from an open round.
   std::vector<int> WaitedFor(const ConsistencyState& s) const override {
@@ -101,8 +98,6 @@ class RoundPolicy : public ConsistencyPolicy {
 };
 
 }  // namespace
-
-absl::Status ConsistencyPolicy::CheckPullAhead(int, int64_t) const { return absl::OkStatus(); }
 
 std::unique_ptr<ConsistencyPolicy> ConsistencyPolicy::Make(ConsistencySpec spec, int num_workers,
                                                            int backup_workers) {

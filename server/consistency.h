@@ -69,12 +69,9 @@ class ConsistencyPolicy {
   virtual absl::StatusOr<Take> OnPush(const ConsistencyState& s, const Membership::Worker& worker,
                                       const PushInfo& push) const = 0;
   // Whether `worker_id`'s pull may proceed; `ahead`: it is made before its last push landed
-  // (a prefetch), which SSP counts as done.
+  // (a prefetch), which SSP counts as done and rounds wait for.
   virtual bool Admits(const ConsistencyState& s, int worker_id, const Membership::Worker& worker,
                       bool ahead) const = 0;
-  // OK, or why a pull ahead of the worker's push is refused (rounds: the next weights do not
-  // exist before its push is in).
-  virtual absl::Status CheckPullAhead(int worker_id, int64_t after_sequence) const;
   // The active workers the others are waiting for now (the progress timeout expires them).
   virtual std::vector<int> WaitedFor(const ConsistencyState&) const { return {}; }
   // Rounds: whether the open round has all the pushes it waits for.

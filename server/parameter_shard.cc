@@ -663,9 +663,6 @@ int64_t ParameterShard::StartRead(ReadRequest r, ReadDone done) {
   Completions answers(this);
   absl::MutexLock lock(&mu_);
   if (bad.ok() && r.worker_id >= 0) members_.Refresh(r.worker_id, MonotonicNow(), version_);
-  if (bad.ok() && Pending(r.worker_id, r.after_sequence)) {
-    bad = policy_->CheckPullAhead(r.worker_id, r.after_sequence);
-  }
   if (!bad.ok()) {
     answers.Fail(std::move(done), bad);
     return 0;

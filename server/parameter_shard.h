@@ -315,7 +315,8 @@ class ParameterShard {
   // the consistency model holds it back (waiting longer is normal: a barrier, the SSP bound), or
   // UNAVAILABLE if the shard is still not initialised. A prefetching
   // worker pulls step s+1's weights before its push of step s (`after_sequence`; -1: none) has
-  // landed: SSP admits it as if that push were done, sync refuses it (INVALID_ARGUMENT).
+  // landed: SSP admits it as if that push were done; rounds hold it until that push is in and its
+  // round has closed.
   struct ReadRequest {
     ModelIdentity model;
     int worker_id = -1;

@@ -152,7 +152,7 @@ TEST(ClusterTest, Float16PullsSaturateLargeWeightsAndTheShardSaysSo) {
   EXPECT_EQ(log.find(line, first + line.size()), std::string::npos) << log;
 }
 
-TEST(ClusterTest, PrefetchingWorkersTrainAndRefuseSyncShards) {
+TEST(ClusterTest, PrefetchingWorkersTrainOnAsyncAndSyncShardsButNotLocalOnes) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
   ASSERT_TRUE(cluster.StartShards(2, kMlp, 2, {"--optimizer=momentum", "--lr=0.01"}).ok());
   ASSERT_TRUE(cluster.StartEvaluator({"--hidden=128,64", "--interval_seconds=1"}).ok());
@@ -168,11 +168,26 @@ TEST(ClusterTest, PrefetchingWorkersTrainAndRefuseSyncShards) {
   std::cout << "test accuracy after 1400 prefetching updates: " << Column(last, 3) << "\n";
   EXPECT_GE(Column(last, 3), kTrainedAccuracy) << last;
 
+  // Sync: each prefetched pull waits at the shards for its round; every round has both pushes.
   LocalCluster sync(ExecutableDir(), NewRunDir());
-  ASSERT_TRUE(sync.StartShards(1, "mlp:784-8-10", 1, {"--consistency=sync"}).ok());
-  ASSERT_TRUE(sync.StartWorker(0, 1, {"--hidden=8", "--prefetch"}).ok());
-  EXPECT_EQ(*sync.worker(0)->Wait(absl::Seconds(30)), 1);
-  EXPECT_NE(ReadFile(sync.run_dir() + "/worker-0.log").find("--prefetch needs async or ssp"),
+  ASSERT_TRUE(sync.StartShards(2, "mlp:784-8-10", 2, {"--consistency=sync"}).ok());
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(sync.StartWorker(r, 2, {"--hidden=8", "--prefetch", "--steps=150"}).ok());
+  }
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(*sync.worker(r)->Wait(absl::Minutes(2)), 0);
+  for (int s = 0; s < 2; ++s) {
+    v1::StatsResponse stats = Stats(sync.ShardAddress(s));
+    EXPECT_EQ(stats.version(), 150);
+    EXPECT_EQ(stats.pushes_applied(), 300);
+  }
+  EXPECT_EQ(sync.Stop(), "");
+
+  LocalCluster local(ExecutableDir(), NewRunDir());
+  ASSERT_TRUE(local.StartShards(1, "mlp:784-8-10", 1, {"--consistency=local:4"}).ok());
+  ASSERT_TRUE(local.StartWorker(0, 1, {"--hidden=8", "--prefetch"}).ok());
+  EXPECT_EQ(*local.worker(0)->Wait(absl::Seconds(30)), 1);
+  EXPECT_NE(ReadFile(local.run_dir() + "/worker-0.log").find("--prefetch needs async, ssp:S or "
+                                                             "sync shards"),
             std::string::npos);
 }
 
@@ -330,8 +345,8 @@ class ClientTest : public BadInputTest {};
 
 // The client numbers its pushes (from Register on; a refused push uses its sequence up) and
 // bases each on the versions its last waited-for pull saw; a prefetch is ahead of the push made
-// next, or of the one already started since that pull. A sync shard shows which: it refuses a
-// pull ahead of a push it has not seen.
+// next, or of the one already started since that pull. A sync shard shows which: it holds a
+// pull ahead of a push it has not seen until that push closed its round.
 TEST(ClientBookkeepingTest, SequencesBasesAndPrefetchesFollowTheCallsMade) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
   ASSERT_TRUE(cluster.StartShards(1, "flat:4", 1, {"--consistency=sync", "--lr=1"}).ok());
@@ -341,26 +356,31 @@ TEST(ClientBookkeepingTest, SequencesBasesAndPrefetchesFollowTheCallsMade) {
   EXPECT_EQ(client.last_pull().version, std::vector<int64_t>{0});  // none yet
   std::vector<float> w(4), ahead(4);
   ASSERT_TRUE(client.Pull(absl::MakeSpan(w)).ok());
-  // Before this step's push: ahead of sequence 0, which the shard has not seen.
-  EXPECT_EQ(client.StartPull(absl::MakeSpan(ahead), /*prefetch=*/true).Wait().status().code(),
-            absl::StatusCode::kInvalidArgument);
+  // Before this step's push: ahead of sequence 0, which the shard has not seen: held until that
+  // push is in and its round closed (one worker: at once).
+  ShardedClient::Pending<ShardedClient::Versions> prefetch =
+      client.StartPull(absl::MakeSpan(ahead), /*prefetch=*/true);
+  EXPECT_FALSE(prefetch.Done(absl::Milliseconds(300)));
   absl::StatusOr<ShardedClient::PushSummary> first = client.Push(std::vector<float>(4, 1.0f));
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(first->sequence, 0);
-  // After it: ahead of sequence 0, which is in.
-  absl::StatusOr<ShardedClient::Versions> next =
-      client.StartPull(absl::MakeSpan(ahead), /*prefetch=*/true).Wait();
+  absl::StatusOr<ShardedClient::Versions> next = prefetch.Wait();
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->version, std::vector<int64_t>{1});
   EXPECT_EQ(client.last_pull().version, std::vector<int64_t>{1});
   EXPECT_EQ(ahead, std::vector<float>(4, -1.0f));
-  // A push the shard refuses (not finite) uses sequence 1 up; the next carries 2, based on
-  // version 1: staleness 0.
+  // After a push: ahead of that push, which is in.
+  ASSERT_TRUE(client.Push(std::vector<float>(4, 0.0f)).ok());
+  next = client.StartPull(absl::MakeSpan(ahead), /*prefetch=*/true).Wait();
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->version, std::vector<int64_t>{2});
+  // A push the shard refuses (not finite) uses sequence 2 up; the next carries 3, based on
+  // version 2: staleness 0.
   EXPECT_EQ(client.Push(std::vector<float>(4, std::nanf(""))).status().code(),
             absl::StatusCode::kInvalidArgument);
   absl::StatusOr<ShardedClient::PushSummary> third = client.Push(std::vector<float>(4, 1.0f));
   ASSERT_TRUE(third.ok()) << third.status();
-  EXPECT_EQ(third->sequence, 2);
+  EXPECT_EQ(third->sequence, 3);
   EXPECT_EQ(third->max_staleness, 0);
   EXPECT_EQ(third->duplicates, 0);
   // A caller numbering pushes by its own steps; the client goes on from there.
@@ -410,6 +430,56 @@ TEST_F(ClientTest, PendingCallsOverlapOnThreadsTheClientKeeps) {
   // w = 0.5 i - 0.01 (the default rate) * 40 pushes of 1.
   EXPECT_NEAR(a[999], 0.5 * 999 - 0.4, 1e-3);
   EXPECT_EQ(Stats(cluster_.ShardAddress(0)).version(), kRounds);
+}
+
+// A push whose parts are held sends each shard its part when told (a backward pass filling in
+// the gradient), under one sequence; one dropped or cancelled before its parts were sent sends
+// none of those left.
+TEST_F(ClientTest, HeldPushesSendEachShardItsPartWhenToldUnderOneSequence) {
+  auto version_of = [&](int shard) { return Stats(cluster_.ShardAddress(shard)).version(); };
+  std::vector<float> grad(1000, 1.0f), w(1000);
+  ASSERT_TRUE(client_->Pull(absl::MakeSpan(w)).ok());
+  EXPECT_EQ(client_->shard_range(1), (Range{500, 1000}));
+  ShardedClient::Pending<ShardedClient::PushSummary> push =
+      client_->StartPush(grad, ShardedClient::kNextSequence, ShardedClient::Parts::kHeld);
+  EXPECT_FALSE(push.Done(absl::Milliseconds(200)));
+  EXPECT_EQ(version_of(0), 0);
+  push.Send(1);
+  push.Send(1);  // sent already: nothing
+  EXPECT_FALSE(push.Done(absl::ZeroDuration()));
+  absl::Time until = absl::Now() + absl::Seconds(30);
+  while (version_of(1) == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(version_of(1), 1);
+  EXPECT_EQ(version_of(0), 0);
+  absl::StatusOr<ShardedClient::PushSummary> pushed = push.Wait();  // sends shard 0's part
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(pushed->sequence, 0);
+  EXPECT_EQ(pushed->duplicates, 0);
+  EXPECT_EQ(version_of(0), 1);
+  {
+    // Dropped after shard 1's part: shard 0 never sees sequence 1.
+    ShardedClient::Pending<ShardedClient::PushSummary> dropped =
+        client_->StartPush(grad, ShardedClient::kNextSequence, ShardedClient::Parts::kHeld);
+    dropped.Send(1);
+  }
+  EXPECT_EQ(version_of(0), 1);
+  EXPECT_EQ(version_of(1), 2);
+  ShardedClient::Pending<ShardedClient::PushSummary> cancelled =
+      client_->StartPush(grad, ShardedClient::kNextSequence, ShardedClient::Parts::kHeld);
+  client_->CancelPending();
+  EXPECT_EQ(cancelled.Wait().status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(version_of(0), 1);
+  // The next push carries sequence 3 to both shards, each applying it once.
+  absl::StatusOr<ShardedClient::PushSummary> next = client_->Push(grad);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->sequence, 3);
+  EXPECT_EQ(next->duplicates, 0);
+  EXPECT_EQ(version_of(0), 2);
+  EXPECT_EQ(version_of(1), 3);
+  // w = 0.5 i - 0.01 * the pushes each shard applied.
+  ASSERT_TRUE(client_->Pull(absl::MakeSpan(w)).ok());
+  EXPECT_NEAR(w[0], -0.02, 1e-6);
+  EXPECT_NEAR(w[999], 0.5 * 999 - 0.03, 1e-3);
 }
 
 TEST_F(BadInputTest, MalformedPushesGetInvalidArgumentAndChangeNothing) {

@@ -761,11 +761,30 @@ TEST(SspPrefetchTest, APullAheadIsAdmittedAsIfThePendingPushWereDone) {
   ASSERT_TRUE(PushAll(*shard, 0, 1, 1).ok());  // clocks 2, 1: push 1 landed, nothing pending
   EXPECT_EQ(may_pull(0, 1), absl::StatusCode::kOk);
   EXPECT_EQ(may_pull(0, 2), absl::StatusCode::kAborted);
-  // Under sync a pull ahead of a pending push could never be admitted: refused.
+}
+
+TEST(SyncPrefetchTest, APullAheadWaitsForItsPushAndThenForTheRoundToClose) {
   std::unique_ptr<ParameterShard> sync = Started(Config("sgd", "sync"));
-  EXPECT_EQ(sync->Read(m, 0, 0, 0, absl::Now(), /*after_sequence=*/0).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(sync->Read(m, 0, 0, 0, absl::Now()).status().code(), absl::StatusCode::kOk);
+  const ModelIdentity m{"flat:4", 4, 1};
+  auto may_pull = [&](int worker, int64_t after_sequence) {
+    return sync->Read(m, worker, 0, 0, absl::Now(), after_sequence).status().code();
+  };
+  EXPECT_EQ(may_pull(0, -1), absl::StatusCode::kOk);
+  EXPECT_EQ(may_pull(0, 0), absl::StatusCode::kAborted);  // push 0 not in: held
+  // Held, it is answered by the push that closes the round, with that round's weights.
+  std::optional<absl::StatusOr<int64_t>> held;  // the version it was answered with
+  sync->StartRead({m, 0, 0, 0, /*after_sequence=*/0, absl::Now() + absl::Minutes(5)},
+                  [&](absl::StatusOr<ParameterShard::Snapshot> s) {
+                    held.emplace(s.ok() ? absl::StatusOr<int64_t>(s->version) : s.status());
+                  });
+  ASSERT_TRUE(PushAll(*sync, 0, 0, 1).ok());  // in, but its round waits for worker 1
+  EXPECT_FALSE(held.has_value());
+  EXPECT_EQ(may_pull(0, 0), absl::StatusCode::kAborted);
+  ASSERT_TRUE(PushAll(*sync, 1, 0, 1).ok());  // the round closes
+  ASSERT_TRUE(held.has_value());
+  ASSERT_TRUE(held->ok()) << held->status();
+  EXPECT_EQ(**held, 1);
+  EXPECT_EQ(may_pull(0, 0), absl::StatusCode::kOk);
 }
 
 }  // namespace

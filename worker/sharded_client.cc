@@ -133,10 +133,47 @@ class CallThreads {
 // One call to every shard: each shard's attempts run on a CallThreads thread and report here.
 // `on_end` runs once every shard reported (succeeded or not), before Wait returns, on the
 // client's thread that reported last (so while the client exists: a Pending may outlive it).
+// A shard's start may be held (Hold) until Send, or abandoned: it then reports `why`.
 class ShardedClient::Call {
  public:
   Call(int shards, std::function<void()> on_end)
-      : on_end_(std::move(on_end)), results_(shards), pending_(shards) {}
+      : on_end_(std::move(on_end)), held_(shards), results_(shards), pending_(shards) {}
+  void Hold(int shard, std::function<void()> start) {
+    absl::MutexLock lock(&mu_);
+    held_[shard] = std::move(start);
+  }
+  // Starts shard's call if it is held.
+  void Send(int shard) {
+    std::function<void()> start;
+    {
+      absl::MutexLock lock(&mu_);
+      if (shard < 0 || shard >= static_cast<int>(held_.size())) return;
+      start = std::exchange(held_[shard], nullptr);
+    }
+    if (start) start();
+  }
+  void SendAll() {
+    for (int shard = 0; shard < static_cast<int>(held_.size()); ++shard) Send(shard);
+  }
+  // Whether some shard's start is still held.
+  bool Holding() {
+    absl::MutexLock lock(&mu_);
+    for (const std::function<void()>& start : held_) {
+      if (start) return true;
+    }
+    return false;
+  }
+  // The shards still held report `why` instead of starting.
+  void Abandon(const absl::Status& why) {
+    std::vector<int> abandoned;
+    {
+      absl::MutexLock lock(&mu_);
+      for (int shard = 0; shard < static_cast<int>(held_.size()); ++shard) {
+        if (std::exchange(held_[shard], nullptr)) abandoned.push_back(shard);
+      }
+    }
+    for (int shard : abandoned) Done(shard, why);
+  }
   void Done(int shard, absl::Status status) {
     absl::MutexLock lock(&mu_);
     results_[shard] = std::move(status);
@@ -168,12 +205,18 @@ class ShardedClient::Call {
  private:
   const std::function<void()> on_end_;
   absl::Mutex mu_;
+  std::vector<std::function<void()>> held_ ABSL_GUARDED_BY(mu_);  // by shard: null once started
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
   int pending_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::Status ShardedClient::Await(Call& call) { return call.Wait(); }
 bool ShardedClient::Ended(Call& call, absl::Duration timeout) { return call.Ended(timeout); }
+void ShardedClient::SendPart(Call& call, int shard) { call.Send(shard); }
+void ShardedClient::SendRest(Call& call) { call.SendAll(); }
+void ShardedClient::Abandon(Call& call) {
+  call.Abandon(absl::CancelledError("the push was dropped before this shard's part was sent"));
+}
 
 // Everything the client knows and holds: channels, sessions, the retry loop, the threads.
 class ShardedClient::Impl {
@@ -186,9 +229,10 @@ class ShardedClient::Impl {
 
   // Starts fn(shard) for every shard, each on a CallThreads thread, retrying transient failures
   // (the one retry loop); the call reports the first error, prefixed with the shard's address.
-  // `on_end`: see Call.
+  // `on_end`: see Call. `hold`: each shard starts at the call's Send (CancelPending and Close
+  // abandon those not sent).
   std::shared_ptr<Call> Start(ShardFn fn, bool retry, absl::Duration timeout,
-                              std::function<void()> on_end = nullptr);
+                              std::function<void()> on_end = nullptr, bool hold = false);
   absl::Status ForEachShard(ShardFn fn, bool retry, absl::Duration timeout) {
     return Start(std::move(fn), retry, timeout)->Wait();
   }
@@ -349,6 +393,7 @@ class ShardedClient::Impl {
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // incremented by CancelPending
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::weak_ptr<Call>> holding_ ABSL_GUARDED_BY(mu_);  // calls started with `hold`
 
   // Last: destroyed (its threads joined) before the state they use.
   CallThreads threads_;
@@ -364,6 +409,7 @@ ShardedClient::~ShardedClient() { Close(); }
 int ShardedClient::num_shards() const { return impl_->num_shards(); }
 const ModelIdentity& ShardedClient::model() const { return impl_->model_; }
 int ShardedClient::worker_id() const { return impl_->worker_id_; }
+Range ShardedClient::shard_range(int shard) const { return impl_->ranges_[shard]; }
 const std::string& ShardedClient::consistency() const { return impl_->consistency_; }
 
 ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
@@ -480,19 +526,38 @@ grpc::Status ShardedClient::Impl::Attempt(
 
 std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(ShardFn fn, bool retry,
                                                                 absl::Duration timeout,
-                                                                std::function<void()> on_end) {
+                                                                std::function<void()> on_end,
+                                                                bool hold) {
+  auto call = std::make_shared<Call>(num_shards(), std::move(on_end));
   int64_t generation;
   {
     absl::MutexLock lock(&mu_);
     generation = generation_;
+    if (hold) {  // known to CancelPending from the generation it was started in
+      holding_.erase(std::remove_if(holding_.begin(), holding_.end(),
+                                    [](const std::weak_ptr<Call>& c) {
+                                      std::shared_ptr<Call> held = c.lock();
+                                      return held == nullptr || !held->Holding();
+                                    }),
+                     holding_.end());
+      holding_.push_back(call);
+    }
   }
-  auto call = std::make_shared<Call>(num_shards(), std::move(on_end));
   auto shared_fn = std::make_shared<const ShardFn>(std::move(fn));
+  // Holds only a weak reference to the call: a held start must not keep its own call alive.
+  std::weak_ptr<Call> weak = call;
   for (int shard = 0; shard < num_shards(); ++shard) {
-    auto result = std::make_shared<absl::Status>();
-    threads_.Run([this, shared_fn, shard, retry, timeout, generation,
-                  result] { *result = Retry(shard, *shared_fn, retry, timeout, generation); },
-                 [call, shard, result] { call->Done(shard, std::move(*result)); });
+    auto start = [this, shared_fn, shard, retry, timeout, generation, weak] {
+      auto result = std::make_shared<absl::Status>();
+      threads_.Run([this, shared_fn, shard, retry, timeout, generation,
+                    result] { *result = Retry(shard, *shared_fn, retry, timeout, generation); },
+                   [call = weak.lock(), shard, result] { call->Done(shard, std::move(*result)); });
+    };
+    if (hold) {
+      call->Hold(shard, std::move(start));
+    } else {
+      start();
+    }
   }
   return call;
 }
@@ -973,7 +1038,7 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
 }
 
 ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
-    absl::Span<const float> gradient, int64_t sequence) {
+    absl::Span<const float> gradient, int64_t sequence, Parts parts) {
   Impl* impl = impl_.get();
   std::shared_ptr<Impl::Steps> steps = impl->steps_;
   struct Answers {
@@ -1001,7 +1066,8 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
       [steps, sequence] {
         absl::MutexLock lock(&steps->mu);
         steps->pushing.erase(steps->pushing.find(sequence));
-      });
+      },
+      /*hold=*/parts == Parts::kHeld);
   return Pending<PushSummary>(std::move(call), [answers, sequence] {
     PushSummary summary;
     summary.sequence = sequence;
@@ -1081,9 +1147,18 @@ void ShardedClient::LimitCallsTo(absl::Duration timeout) {
 }
 
 void ShardedClient::CancelPending() {
-  absl::MutexLock lock(&impl_->mu_);
-  ++impl_->generation_;
-  for (grpc::ClientContext* c : impl_->in_flight_) c->TryCancel();
+  std::vector<std::weak_ptr<Call>> holding;
+  {
+    absl::MutexLock lock(&impl_->mu_);
+    ++impl_->generation_;
+    for (grpc::ClientContext* c : impl_->in_flight_) c->TryCancel();
+    holding.swap(impl_->holding_);
+  }
+  for (const std::weak_ptr<Call>& c : holding) {
+    if (std::shared_ptr<Call> call = c.lock()) {
+      call->Abandon(absl::CancelledError("cancelled before this shard's part was sent"));
+    }
+  }
 }
 
 void ShardedClient::Close() {

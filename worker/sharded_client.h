@@ -35,6 +35,11 @@
 // on, one more per push) and the versions of the weights its last pull saw (a push's base: what
 // staleness is measured from), so callers pass tensors only.
 //
+// A push can be sent shard by shard (Parts::kHeld): a worker whose backward pass produces the
+// gradient's last layers first sends each shard's part as soon as its range is final, so that
+// communication overlaps the rest of backward (as DDP and Horovod do); the push keeps one
+// sequence and one base over its parts.
+//
 // Thread-safe, with one rule: pushes take increasing sequences in the order they start, so start
 // them from one thread. Registering again happens on whichever call meets the restart first (once
 // per restart: the others wait for it).
@@ -53,6 +58,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/model_identity.h"
+#include "common/partition.h"
 #include "common/security.h"
 #include "common/wire_type.h"
 
@@ -105,6 +111,11 @@ class ShardedClient {
   // failed) and returns the result; a second Wait returns FAILED_PRECONDITION. The call reads or
   // writes the caller's buffer until it ends, so destroying (or assigning over) a Pending that
   // was not waited for waits for it. Default-constructed: no call (valid() is false).
+  //
+  // A call whose parts are held (StartPush with Parts::kHeld) sends shard s's part at Send(s);
+  // Wait sends the parts still held first. Destroyed before Wait, it sends none of them: they
+  // end CANCELLED (a backward pass that failed midway left their ranges unfinished), as they do
+  // at CancelPending and Close.
   template <typename T>
   class Pending {
    public:
@@ -120,6 +131,14 @@ class ShardedClient {
     }
     ~Pending() { Finish(); }
     bool valid() const { return call_ != nullptr; }
+    // Sends shard `shard`'s part of a call whose parts are held; nothing if it was sent already.
+    void Send(int shard) {
+      if (call_ != nullptr) SendPart(*call_, shard);
+    }
+    // Sends every part still held (Wait does so first).
+    void SendAll() {
+      if (call_ != nullptr) SendRest(*call_);
+    }
     // Whether the call has ended, waiting up to `timeout` for it (Wait then returns at once).
     bool Done(absl::Duration timeout) const {
       return call_ == nullptr || Ended(*call_, timeout);
@@ -127,6 +146,7 @@ class ShardedClient {
     absl::StatusOr<T> Wait() {
       if (call_ == nullptr) return absl::FailedPreconditionError("no call to wait for");
       std::shared_ptr<Call> call = std::move(call_);
+      SendRest(*call);
       absl::Status s = Await(*call);
       if (!s.ok()) return s;
       return result_();
@@ -137,7 +157,10 @@ class ShardedClient {
     Pending(std::shared_ptr<Call> call, std::function<T()> result)
         : call_(std::move(call)), result_(std::move(result)) {}
     void Finish() {
-      if (call_ != nullptr) Await(*std::exchange(call_, nullptr)).IgnoreError();
+      if (call_ == nullptr) return;
+      std::shared_ptr<Call> call = std::exchange(call_, nullptr);
+      Abandon(*call);
+      Await(*call).IgnoreError();
     }
     std::shared_ptr<Call> call_;
     std::function<T()> result_;  // the call's value, once it succeeded
@@ -153,6 +176,8 @@ class ShardedClient {
   int num_shards() const;
   const ModelIdentity& model() const;
   int worker_id() const;  // < 0: an observer
+  // Shard `shard`'s range of the flat vector: what its part of a pull or push is.
+  Range shard_range(int shard) const;
 
   // Registers with every shard (checking they agree on the model) and returns the sequence number
   // this worker's next push carries, which is also the step a restarted worker resumes at: one
@@ -188,10 +213,12 @@ class ShardedClient {
   // current version). It carries the client's next sequence (a push that failed uses its
   // sequence up), or `sequence` when given, which must not be below it: for a caller that numbers
   // pushes by its own steps (local SGD pushes every few steps, and Register's answer is then the
-  // step to resume at).
+  // step to resume at). `parts`: kAllNow sends every shard its part at once; kHeld takes the
+  // sequence and base now and sends each part at Pending::Send (see Pending).
   static constexpr int64_t kNextSequence = -1;
+  enum class Parts { kAllNow, kHeld };
   Pending<PushSummary> StartPush(absl::Span<const float> gradient,
-                                 int64_t sequence = kNextSequence);
+                                 int64_t sequence = kNextSequence, Parts parts = Parts::kAllNow);
   absl::StatusOr<PushSummary> Push(absl::Span<const float> gradient,
                                    int64_t sequence = kNextSequence) {
     return StartPush(gradient, sequence).Wait();
@@ -227,6 +254,9 @@ class ShardedClient {
  private:
   static absl::Status Await(Call& call);
   static bool Ended(Call& call, absl::Duration timeout);
+  static void SendPart(Call& call, int shard);
+  static void SendRest(Call& call);
+  static void Abandon(Call& call);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -51,8 +51,9 @@ ABSL_FLAG(double, slowdown, 1, "Straggler injection: compute takes this many tim
 ABSL_FLAG(std::string, pull_delay, "", "Delay before each pull: fixed:S | uniform:A,B | exp:MEAN.");
 ABSL_FLAG(std::string, push_delay, "", "Delay before each push: fixed:S | uniform:A,B | exp:MEAN.");
 ABSL_FLAG(bool, prefetch, false,
-          "async/ssp: pull the next step's weights while computing this one (overlaps "
-          "communication with compute; the gradient is one step staler).");
+          "Pull the next step's weights while computing this one (overlaps communication "
+          "with compute). async/ssp: the gradient is one step staler; sync: the shard holds "
+          "the pull until the round closes (no staleness, one round trip less).");
 ABSL_FLAG(double, local_lr, 0.01,
           "easgd, local: learning rate of the worker's own model (SGD with --local_momentum).");
 ABSL_FLAG(double, local_momentum, 0.9, "easgd, local: momentum of the worker's own model.");
@@ -411,10 +412,9 @@ int Main(int argc, char** argv) {
     return Fail("the shards run " + std::string(consistency.status().message()));
   }
   const bool prefetch = absl::GetFlag(FLAGS_prefetch);
-  if (prefetch && (consistency->rounds() || consistency->local_models())) {
-    // The next round's weights do not exist until this step's push is in; a local model pulls
-    // only every few steps.
-    return Fail("--prefetch needs async or ssp:S shards; these run " + client.consistency());
+  if (prefetch && consistency->local_models()) {  // a local model pulls only every few steps
+    return Fail("--prefetch needs async, ssp:S or sync shards; these run " +
+                client.consistency());
   }
   // --max_seconds ends the run even in the middle of a wait on a shard.
   const double max_seconds = absl::GetFlag(FLAGS_max_seconds);

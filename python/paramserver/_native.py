@@ -6,7 +6,7 @@ shards, and the library depends on no interpreter's ABI: one build serves every 
 import ctypes
 import os
 
-API_VERSION = 1
+API_VERSION = 2
 NOT_DONE = -1
 
 
@@ -50,7 +50,11 @@ def _load():
         "ps_client_consistency": (ctypes.c_char_p, [client_p]),
         "ps_client_initialize": (ctypes.c_int, [client_p, f32p, i64, ctypes.POINTER(ctypes.c_int)]),
         "ps_client_pull": (ctypes.c_int, [client_p, f32p, i64, ctypes.c_int, ctypes.POINTER(op_p)]),
-        "ps_client_push": (ctypes.c_int, [client_p, f32p, i64, i64, ctypes.POINTER(op_p)]),
+        "ps_client_shard_range": (ctypes.c_int, [client_p, ctypes.c_int, ctypes.POINTER(i64),
+                                                 ctypes.POINTER(i64)]),
+        "ps_client_push": (ctypes.c_int, [client_p, f32p, i64, i64, ctypes.c_int,
+                                          ctypes.POINTER(op_p)]),
+        "ps_op_send": (ctypes.c_int, [op_p, ctypes.c_int]),
         "ps_op_wait": (ctypes.c_int, [op_p, ctypes.c_double]),
         "ps_op_versions": (ctypes.c_int, [op_p, ctypes.POINTER(i64), ctypes.c_int]),
         "ps_op_push_summary": (ctypes.c_int, [op_p, ctypes.POINTER(PushSummary)]),

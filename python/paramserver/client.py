@@ -82,7 +82,8 @@ def float_buffer(x, writable, what):
 class Handle:
     """A pull or push in progress (from pull_async / push_async). wait() returns its result or
     raises its error; the buffer it reads or writes is kept alive, and must not be touched, until
-    it ended."""
+    it ended. A push started with held=True sends shard s's part at send(s); wait() sends the
+    parts still held, and a handle dropped (or abandon()ed) before sends none of them."""
 
     def __init__(self, op, owner, kind, num_shards):
         self._op = op
@@ -91,9 +92,22 @@ class Handle:
         self._num_shards = num_shards
         self._result = None
 
+    def send(self, shard):
+        """Sends shard `shard`'s part of a push started held (its range of the gradient is
+        final; -1: every part still held); nothing for a part sent already."""
+        if self._op is not None:
+            code = lib.ps_op_send(self._op, shard)
+            if code != 0:
+                _raise_last(code)
+
+    def abandon(self):
+        """Drops a push started held: its parts not sent yet are never sent (they end
+        Cancelled); waits for those sent. The handle is done afterwards."""
+        self._free()
+
     def done(self):
         """Whether the call has ended (its wait() then returns at once)."""
-        return self._result is not None or lib.ps_op_wait(self._op, 0.0) != NOT_DONE
+        return self._op is None or lib.ps_op_wait(self._op, 0.0) != NOT_DONE
 
     def wait(self, timeout=None):
         """Waits for the call (at most `timeout` seconds: then TimeoutError, the call going on)
@@ -101,6 +115,10 @@ class Handle:
         PushSummary. Raises a paramserver.Error if the call failed."""
         if self._result is not None:
             return self._result
+        if self._op is None:
+            raise errors.Cancelled("CANCELLED", "the push was abandoned")
+        if self._kind == "push":
+            lib.ps_op_send(self._op, -1)  # a push started held: its parts not sent yet
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             # Short slices: Ctrl-C (KeyboardInterrupt) is seen between them.
@@ -177,6 +195,14 @@ class Client:
         self.rank = settings["rank"]
         self.total_params = lib.ps_client_total_params(handle)
         self.num_shards = lib.ps_client_num_shards(handle)
+        self.shard_ranges = []  # by shard: its range (begin, end) of the flat vector
+        for shard in range(self.num_shards):
+            begin, end = ctypes.c_int64(), ctypes.c_int64()
+            code = lib.ps_client_shard_range(handle, shard, ctypes.byref(begin),
+                                             ctypes.byref(end))
+            if code != 0:
+                _raise_last(code)
+            self.shard_ranges.append((begin.value, end.value))
 
     # Each call into the library holds a use of the handle, so that close() frees it only after.
     def _enter(self):
@@ -245,12 +271,14 @@ class Client:
         """Fills `out` with the shards' weights; returns the version each shard served."""
         return self.pull_async(out).wait()
 
-    def push_async(self, gradient, sequence=None):
+    def push_async(self, gradient, sequence=None, held=False):
         """Starts pushing `gradient` (total_params float32), computed from the weights of the last
         pull waited for; returns a Handle whose wait() gives a PushSummary. The client numbers
-        pushes itself; `sequence` overrides that for a caller numbering pushes by its own steps."""
+        pushes itself; `sequence` overrides that for a caller numbering pushes by its own steps.
+        `held`: send each shard's part only at the handle's send(shard), once that shard's range
+        (shard_ranges) of the gradient is final, e.g. from a backward hook."""
         return self._start(lib.ps_client_push, "push", gradient,
-                           -1 if sequence is None else int(sequence))
+                           -1 if sequence is None else int(sequence), int(bool(held)))
 
     def push(self, gradient, sequence=None):
         """Pushes `gradient`; returns a PushSummary."""

@@ -8,10 +8,15 @@
 
 The module's parameters become views into one flat float32 buffer and their gradients views into
 another, so a pull writes straight into the model and a push reads straight from its gradients
-(no copy). What step() does follows the shards' consistency model (ps --consistency):
-  async, ssp:S  push this step's gradient and, at the same time, prefetch the next step's weights;
-                the next forward pass waits for both.
-  sync          push, then pull the weights of the round that push closes.
+(no copy). What happens follows the shards' consistency model (ps --consistency):
+  async, ssp:S, sync
+                the gradient is pushed while backward runs: each shard's part as soon as backward
+                has produced every gradient in its range (the last layers first, as DDP's
+                buckets), the rest at step(), which also starts the pull of the next step's
+                weights (under sync the shards answer it once the round closes); the next forward
+                pass waits for both. Backward more than once per step (accumulating gradients):
+                run all but the last inside `with model.no_sync():`, as with DDP. No
+                zero_grad() is needed: each step's gradients start at zero.
   local:H       the `optimizer` given here (the user's own) steps locally; every H steps the
                 model's change since the last pull is pushed and the averaged model pulled.
   easgd:T,A     the local optimizer steps; every T steps an elastic exchange with the centre.
@@ -25,6 +30,7 @@ records its steps where the launcher counts them (PS_CSV) and computes as slowly
 plan asks (PS_SLOWDOWN), with no change to the training script. evaluate() is the evaluator's
 side: the user's own scoring code run on the shards' weights.
 """
+import contextlib
 import csv as csv_module
 import os
 import signal
@@ -66,11 +72,12 @@ class DistributedModel(torch.nn.Module):
     values as the initial model (default: rank 0 does). `optimizer`: the local optimizer of
     local:H and easgd (required there, unused otherwise). `csv`: append a row per step here
     (step,wall_time,loss; default $PS_CSV). `slowdown`: compute this many times slower, sleeping
-    in step() (a straggler; default $PS_SLOWDOWN, else 1).
+    in step() (a straggler; default $PS_SLOWDOWN, else 1). `overlap`: push during backward
+    (default); False pushes the whole gradient at step().
     """
 
     def __init__(self, module, *, client=None, optimizer=None, initialize=None, csv=None,
-                 slowdown=None, **settings):
+                 slowdown=None, overlap=True, **settings):
         super().__init__()
         self.module = module
         self._params = list(module.parameters())
@@ -121,7 +128,6 @@ class DistributedModel(torch.nn.Module):
             self._easgd = kind == "easgd"
             self._start = torch.empty(n)  # local:H: the model at the last pull
             self._centre = torch.empty(n)  # easgd: the centre pulled
-        self._rounds = kind == "sync"
         if initialize is None:
             initialize = client.rank == 0
         if initialize:
@@ -132,20 +138,40 @@ class DistributedModel(torch.nn.Module):
             self._exchange(first=True)
         else:
             client.pull(self._weights)
-        self._hook = module.register_forward_pre_hook(lambda *_: self._ready())
+        self._hooks = [module.register_forward_pre_hook(lambda *_: self._ready())]
+        self._backward = None
+        if overlap and not self._local:
+            self._backward = _BackwardPush(self)
+            self._hooks += self._backward.hooks
         self._csv = _StepLog(csv if csv is not None else os.environ.get("PS_CSV"))
         self._compute_start = time.monotonic()
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    def _ready(self):
-        """Waits for the calls step() left in flight: the weights the forward pass reads, and the
-        push that reads the gradients backward will write."""
+    def zero_grad(self, set_to_none=True):
+        """Clears the gradients for a fresh start after a backward that no step() followed (one
+        that raised midway, say): what it began to push is dropped (parts not sent yet are never
+        sent). The gradients stay views into the flat buffer, zeroed, whatever `set_to_none`.
+        Not needed in a plain loop: step() starts each step's gradients at zero."""
+        if self._backward is not None:
+            self._backward.drop_unfinished()
+        self._wait_push()
+        self._grads.zero_()
+        for p, (offset, k) in zip(self._params, self._views):
+            p.grad = self._grads[offset:offset + k].view_as(p)
+
+    def _wait_push(self):
+        """Waits for the push step() left in flight, then zeroes the gradients it read."""
         if self._pending_push is not None:
             push, self._pending_push = self._pending_push, None
             push.wait()
             self._grads.zero_()
+
+    def _ready(self):
+        """Waits for the calls step() left in flight: the weights the forward pass reads, and the
+        push that reads the gradients backward will write."""
+        self._wait_push()
         if self._pending_pull is not None:
             pull, self._pending_pull = self._pending_pull, None
             pull.wait()
@@ -179,14 +205,25 @@ class DistributedModel(torch.nn.Module):
             if self.steps % self._period == 0:
                 self._exchange()
             return
-        if self._rounds:
-            self.client.push(self._grads)
-            self._grads.zero_()
-            self.client.pull(self._weights)
-        else:
-            self._pending_push = self.client.push_async(self._grads)
-            self._pending_pull = self.client.pull_async(self._weights, prefetch=True)
+        push = self._backward.finish() if self._backward is not None else None
+        if push is None:  # no backward hook pushed (overlap off, or under no_sync)
+            push = self.client.push_async(self._grads)
+        self._pending_push = push
+        self._pending_pull = self.client.pull_async(self._weights, prefetch=True)
         self.steps += 1
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate their gradients without pushing (DDP's no_sync):
+        the next backward outside, or step(), pushes the sum."""
+        if self._backward is None:
+            yield
+            return
+        self._backward.paused = True
+        try:
+            yield
+        finally:
+            self._backward.paused = False
 
     def _exchange(self, first=False):
         """local:H and easgd: trade the local model with the shards' centre."""
@@ -216,7 +253,11 @@ class DistributedModel(torch.nn.Module):
                         # cancelled first (a shutdown): the call's end is all there is to wait for
         finally:
             self._pending_push = self._pending_pull = None
-            self._hook.remove()
+            if self._backward is not None:
+                self._backward.drop_unfinished()
+            for hook in self._hooks:
+                hook.remove()
+            self._hooks = []
             self._csv.close()
             self.client.close()
 
@@ -225,6 +266,98 @@ class DistributedModel(torch.nn.Module):
 
     def __exit__(self, *exc):
         self.close()
+
+
+class _BackwardPush:
+    """Pushes a DistributedModel's gradient while backward runs: a hook on each parameter's
+    gradient accumulation counts the parameters of each shard's range still to come, and sends
+    that shard its part of a held push (Client.push_async(held=True)) once none are left.
+    Parameters that get no gradient (unused, frozen) hold their shards' parts until step()."""
+
+    def __init__(self, model):
+        self._model = model
+        params = model._params
+        self._shards_of = []  # by parameter: the shards its range touches
+        self._needed = [0] * model.client.num_shards  # by shard: parameters that get gradients
+        for p, (offset, k) in zip(params, model._views):
+            shards = [s for s, (begin, end) in enumerate(model.client.shard_ranges)
+                      if begin < offset + k and offset < end]
+            self._shards_of.append(shards)
+            if p.requires_grad:
+                for s in shards:
+                    self._needed[s] += 1
+        self.paused = False  # no_sync
+        self._push = None  # the held push of this step's gradient, once a hook started it
+        self._waiting = None  # by shard: parameters still to come
+        self._seen = None  # by parameter: its gradient came in this step
+        self.hooks = [_after_accumulate(p, self._hook_for(i))
+                      for i, p in enumerate(params) if p.requires_grad]
+
+    def _hook_for(self, index):
+        return lambda: self._accumulated(index)
+
+    def _accumulated(self, index):
+        """Parameter `index` has its gradient for this step."""
+        if self.paused:
+            return
+        model = self._model
+        if self._push is None:
+            self._push = model.client.push_async(model._grads, held=True)
+            self._waiting = list(self._needed)
+            self._seen = bytearray(len(self._shards_of))
+        if self._seen[index]:
+            raise RuntimeError(
+                "paramserver: backward ran twice in one step while its gradient was being "
+                "pushed; run the passes that only accumulate inside `with model.no_sync():` "
+                "(or call model.zero_grad() to start the step again)")
+        self._seen[index] = 1
+        p, (offset, k) = model._params[index], model._views[index]
+        view = model._grads[offset:offset + k]
+        if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad.reshape(-1))  # a new tensor, after zero_grad(set_to_none=True)
+            p.grad = view.view_as(p)
+        for s in self._shards_of[index]:
+            self._waiting[s] -= 1
+            if self._waiting[s] == 0:
+                self._push.send(s)
+
+    def finish(self):
+        """step(): sends the parts still held and returns the push (None if no hook fired)."""
+        push, self._push = self._push, None
+        if push is not None:
+            push.send(-1)
+        return push
+
+    def drop_unfinished(self):
+        """Drops the push of a backward that no step() followed: its parts not sent yet are
+        never sent."""
+        push, self._push = self._push, None
+        if push is not None:
+            push.abandon()
+
+
+def _after_accumulate(param, fn):
+    """Calls fn() each time backward has accumulated `param`'s gradient into param.grad; returns
+    a handle whose remove() undoes it."""
+    if hasattr(param, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+        return param.register_post_accumulate_grad_hook(lambda _: fn())
+    # Older torch: a hook run after the parameter's AccumulateGrad node, as Horovod does.
+    with torch.enable_grad():
+        node = param.expand_as(param).grad_fn.next_functions[0][0]
+    handle = node.register_hook(lambda *_: fn())
+    return _NodeHook(node, handle)
+
+
+class _NodeHook:
+    """A hook on an AccumulateGrad node, which must be kept alive for the hook to stay."""
+
+    def __init__(self, node, handle):
+        self._node = node
+        self._handle = handle
+
+    def remove(self):
+        self._handle.remove()
+        self._node = None
 
 
 class _StepLog:

@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -116,14 +117,66 @@ def test_parameters_and_gradients_are_views_into_the_flat_buffers(start_shards):
     initial = paramserver.torch.weights_of(module).copy()
     with paramserver.torch.DistributedModel(module, ps=shards.addresses, rank=0) as model:
         assert np.array_equal(paramserver.torch.weights_of(module), initial)
-        module(torch.ones(1, 3)).sum().backward()
-        grads = np.concatenate([p.grad.reshape(-1).numpy() for p in module.parameters()])
+        with model.no_sync():
+            module(torch.ones(1, 3)).sum().backward()
+        grads = np.concatenate([p.grad.reshape(-1).numpy().copy() for p in module.parameters()])
         module.zero_grad(set_to_none=True)  # autograd's next gradients land elsewhere ...
-        module(torch.ones(1, 3)).sum().backward()
-        model.step()  # ... and are taken back into the buffer
+        module(torch.ones(1, 3)).sum().backward()  # ... and are taken back into the buffer
+        model.step()
         model(torch.ones(1, 3))  # waits for the push and the pull
         assert np.allclose(paramserver.torch.weights_of(module), initial - grads, atol=1e-6)
         assert model.steps == 1
+
+
+def test_backward_sends_each_shard_its_part_once_its_gradients_are_in(start_shards):
+    first, last = torch.nn.Linear(2, 2), torch.nn.Linear(2, 20)
+    module = torch.nn.Sequential(first, last)  # 6 + 60 values: shard 1 holds last's only
+    shards = start_shards(2, layout(module), flags=("--optimizer=sgd", "--lr=1"))
+    observer = paramserver.Client(ps=shards.addresses, model=layout(module))
+
+    def versions():
+        return [int(s.get("version", 0)) for s in observer.stats()]
+
+    seen = []
+
+    def at_first_layer(grad):  # backward reached the first layer: the last is pushed already
+        deadline = time.monotonic() + 30
+        while versions()[1] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(versions())
+
+    with paramserver.torch.DistributedModel(module, ps=shards.addresses, rank=0) as model:
+        assert model.client.shard_ranges == [(0, 33), (33, 66)]
+        first.weight.register_hook(at_first_layer)
+        model(torch.ones(1, 2)).sum().backward()
+        assert seen == [[0, 1]]
+        model.step()
+        model(torch.ones(1, 2))  # waits for the push and the pull
+        assert versions() == [1, 1]
+    observer.close()
+
+
+def test_no_sync_accumulates_and_a_second_backward_without_it_is_refused(start_shards):
+    module = torch.nn.Linear(3, 1)
+    shards = start_shards(1, layout(module),
+                          flags=("--optimizer=sgd", "--lr=1", "--consistency=sync"))
+    initial = paramserver.torch.weights_of(module).copy()
+    x = torch.ones(1, 3)
+    with paramserver.torch.DistributedModel(module, ps=shards.addresses, rank=0) as model:
+        with model.no_sync():
+            model(x).sum().backward()
+        model(x).sum().backward()
+        model.step()  # pushes the sum: the gradient of sum(w x + b) is 1 everywhere, twice
+        model(x).sum().backward()  # waits for the round's weights first
+        assert np.allclose(paramserver.torch.weights_of(module), initial - 2, atol=1e-6)
+        with pytest.raises(RuntimeError, match="no_sync"):
+            model(x).sum().backward()
+        model.zero_grad()  # starts the step again
+        model(x).sum().backward()
+        model.step()
+        model(x)
+        assert np.allclose(paramserver.torch.weights_of(module), initial - 3, atol=1e-6)
+        assert model.steps == 2
 
 
 def export(shards, model, out, *source):
