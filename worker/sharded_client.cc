@@ -137,7 +137,11 @@ class CallThreads {
 class ShardedClient::Call {
  public:
   Call(int shards, std::function<void()> on_end)
-      : on_end_(std::move(on_end)), held_(shards), results_(shards), pending_(shards) {}
+      : shards_(shards),
+        on_end_(std::move(on_end)),
+        held_(shards),
+        results_(shards),
+        pending_(shards) {}
   void Hold(int shard, std::function<void()> start) {
     absl::MutexLock lock(&mu_);
     held_[shard] = std::move(start);
@@ -147,13 +151,13 @@ class ShardedClient::Call {
     std::function<void()> start;
     {
       absl::MutexLock lock(&mu_);
-      if (shard < 0 || shard >= static_cast<int>(held_.size())) return;
+      if (shard < 0 || shard >= shards_) return;
       start = std::exchange(held_[shard], nullptr);
     }
     if (start) start();
   }
   void SendAll() {
-    for (int shard = 0; shard < static_cast<int>(held_.size()); ++shard) Send(shard);
+    for (int shard = 0; shard < shards_; ++shard) Send(shard);
   }
   // Whether some shard's start is still held.
   bool Holding() {
@@ -168,7 +172,7 @@ class ShardedClient::Call {
     std::vector<int> abandoned;
     {
       absl::MutexLock lock(&mu_);
-      for (int shard = 0; shard < static_cast<int>(held_.size()); ++shard) {
+      for (int shard = 0; shard < shards_; ++shard) {
         if (std::exchange(held_[shard], nullptr)) abandoned.push_back(shard);
       }
     }
@@ -203,6 +207,7 @@ class ShardedClient::Call {
   }
 
  private:
+  const int shards_;
   const std::function<void()> on_end_;
   absl::Mutex mu_;
   std::vector<std::function<void()>> held_ ABSL_GUARDED_BY(mu_);  // by shard: null once started
