@@ -10,6 +10,8 @@
 #                   lib/  every shared library they load, except glibc's own (libc, libm,
 #                         libpthread, libdl, librt, the loader) and the CUDA toolkit's (cuBLAS):
 #                         gRPC, protobuf, Abseil, OpenBLAS + libgfortran/libquadmath, libstdc++...
+#                   python/paramserver/  the Python package with libparamserver_c.so (its libraries
+#                         in lib/ too), for deploy/python_bundle_check.sh
 #                   torch_mlp_bench.py
 #   data/           the Fashion-MNIST .gz files
 #   MANIFEST.txt    commit, date, sizes, file list
@@ -36,10 +38,12 @@ limit=$((64 * 1024 * 1024))
 data_src=/usr/share/datasets/fashion-mnist
 if ((build)); then bash deploy/setup.sh; fi
 
-required=(ps worker evaluator launch transport_bench compute_bench cuda_backend_test mlp_test)
+required=(ps worker evaluator launch transport_bench compute_bench cuda_backend_test network_test)
 for b in "${required[@]}"; do
   [ -x "build/bin/$b" ] || die "build/bin/$b is missing: build first (bash deploy/setup.sh)"
 done
+capi=build/python/paramserver/libparamserver_c.so
+[ -f "$capi" ] || die "$capi is missing: build first (bash deploy/setup.sh)"
 [[ "$(ldd build/bin/compute_bench)" == *libcublas.so* ]] \
   || die "build/bin/compute_bench has no CUDA backend (no cuBLAS in ldd): configure with nvcc present"
 for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
@@ -50,7 +54,7 @@ done
 stage=$(mktemp -d /tmp/gpu-bundle-stage.XXXXXX)
 check=$(mktemp -d /tmp/gpu-bundle-check.XXXXXX)
 trap 'rm -rf "$stage" "$check"' EXIT
-mkdir -p "$stage/bin" "$stage/lib"
+mkdir -p "$stage/bin" "$stage/lib" "$stage/python/paramserver"
 
 # Binaries: everything build/bin holds (daemons, benches, tests), stripped.
 binaries=()
@@ -70,8 +74,12 @@ is_base() {  # glibc's own libraries and the CUDA toolkit: the GPU machine has i
   case "$2" in /usr/local/cuda*) return 0 ;; esac
   return 1
 }
+# The Python package: its modules and the C API library (stripped), whose libraries join lib/.
+cp build/python/paramserver/*.py "$capi" "$stage/python/paramserver/"
+strip --strip-unneeded "$stage/python/paramserver/libparamserver_c.so"
+
 declare -A copied=()
-for f in "${binaries[@]}"; do
+for f in "${binaries[@]}" "$capi"; do
   while read -r name arrow path _; do
     [ "$arrow" = "=>" ] || continue  # the loader and the vDSO have no "=>"
     [ "$path" = "not" ] && die "$f: $name is not found by ldd"
@@ -87,12 +95,12 @@ rm -rf .gpu-bundle
 mkdir -p .gpu-bundle/data
 cp "$data_src"/*.gz .gpu-bundle/data/
 echo "gpu_bundle: compressing $(du -sh "$stage" | cut -f1) of binaries and libraries (xz)"
-tar -C "$stage" -cf - bin lib torch_mlp_bench.py | xz -T0 -6 > .gpu-bundle/bundle.tar.xz
+tar -C "$stage" -cf - bin lib python torch_mlp_bench.py | xz -T0 -6 > .gpu-bundle/bundle.tar.xz
 
 # Self-check on the unpacked copy: every library the binaries load, other than glibc's and the
 # CUDA toolkit's, must come from the bundle; and the binaries must run from it.
 tar -C "$check" -xJf .gpu-bundle/bundle.tar.xz
-for f in "$check"/bin/*; do
+for f in "$check"/bin/* "$check/python/paramserver/libparamserver_c.so"; do
   while read -r name arrow path _; do
     [ "$arrow" = "=>" ] || continue
     [ "$path" = "not" ] && die "bundle check: $(basename "$f"): $name not found"
@@ -103,7 +111,7 @@ for f in "$check"/bin/*; do
     esac
   done < <(LD_LIBRARY_PATH="$check/lib" ldd "$f")
 done
-[[ "$(LD_LIBRARY_PATH="$check/lib" "$check/bin/ps" --help 2>&1)" == *"Flags from"* ]] \
+[[ "$(LD_LIBRARY_PATH="$check/lib" "$check/bin/ps" --help 2>&1)" == *"--shard_index"* ]] \
   || die "bundle check: bin/ps --help did not print its flags"
 LD_LIBRARY_PATH="$check/lib" "$check/bin/compute_bench" --device=cpu --iters=2 --warmup=1 \
   --configs=784-256-128-10:256 > "$check/compute_bench.txt" 2>&1 \

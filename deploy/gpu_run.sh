@@ -8,8 +8,8 @@
 #   1. check glibc (the bundle's libstdc++ is Debian 12's: glibc >= 2.36), unpack the bundle into
 #      $BUNDLE_DIR (default /tmp/ps-gpu-bundle; outside the checkout, so a local run never makes
 #      .gpu-bundle/ too big to travel), find cuBLAS, print nvidia-smi
-#   2. GPU tests: cuda_backend_test and mlp_test (gtest binaries: no ctest there); a skipped test
-#      counts as a failure, since it means the GPU was not usable
+#   2. GPU tests: cuda_backend_test and network_test (gtest binaries: no ctest there); a skipped
+#      test counts as a failure, since it means the GPU was not usable
 #   3. compute_bench on cuda with PS_CUDA_MATH=fp32 (CUDA graphs on and off), tf32, bf16, and on
 #      cpu with all threads (again with OPENBLAS_CORETYPE where AVX2/AVX-512 allow), over
 #      $CONFIGS: the crossover table; and on cpu with 1 thread over the two default configs
@@ -18,6 +18,8 @@
 #      --device=cuda, with --prefetch, under CUDA MPS where nvidia-cuda-mps-control exists, and on
 #      --device=cpu without and with --prefetch, on the bundle's Fashion-MNIST (--data_dir); all
 #      of it E2E_REPEATS times (default 1), as far as the 10 minutes allow
+#   6. the Python client and PyTorch adapter in the machine's own python3 and PyTorch
+#      (deploy/python_bundle_check.sh: Python workers and evaluator under launch, 300 steps)
 # Independent steps go on after a failure; the script then exits 1 naming every failed step.
 #
 # Output, in ${OUT:-/tmp/gpu-out} (the device tool returns at most 8 files, 2 folders deep, so the
@@ -126,7 +128,7 @@ main() {
 
   # 2. GPU tests.
   local t
-  for t in cuda_backend_test mlp_test; do
+  for t in cuda_backend_test network_test; do
     if QUIET=1 run_step "$t" 180 "${ours[@]}" "$bin/$t" --gtest_color=no; then
       grep -q '\[  SKIPPED \]' "$WORK/logs/$t.log" \
         && fail "$t" "some tests were SKIPPED on a GPU machine (the GPU was not usable by them)"
@@ -218,6 +220,14 @@ main() {
   nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv \
     > "$WORK/logs/gpu-state-after.csv" 2>&1
 
+  # 6. The Python client beside the machine's PyTorch.
+  if ((SECONDS + 200 > 590)); then
+    fail "python" "skipped: ${SECONDS}s spent, too little time left"
+  else
+    run_step python 190 bash deploy/python_bundle_check.sh "$BUNDLE_DIR" \
+      "$PWD/.gpu-bundle/data" "$WORK"
+  fi
+
   # Summary last: the device tool's reply carries the end of the output.
   (cd "$WORK" && shopt -s nullglob && tar -czf "$OUT/artifacts.tar.gz" \
     --exclude='run-*/checkpoints' logs run-*) \
@@ -235,8 +245,9 @@ main() {
     echo "CUDA graphs off (PS_CUDA_GRAPHS=0):"
     column -s, -t < "$OUT/nographs.csv" 2>/dev/null || cat "$OUT/nographs.csv"
   fi
-  grep -h "relative L2 error" "$WORK/logs/mlp_test.log"
+  grep -h "relative L2 error" "$WORK/logs/network_test.log"
   grep -h "CPU backend:" "$WORK/logs/compute_bench-cpu-1thr.log" | head -n 1
+  grep -h "^python \|accuracy:" "$WORK/logs/python.log" 2>/dev/null
   local log
   for log in "$WORK"/logs/e2e-*.log; do
     [ -f "$log" ] || continue
