@@ -88,9 +88,16 @@ class RoundPolicy : public ConsistencyPolicy {
     }
     return ids;
   }
+  // Complete once all active workers but the backups have pushed. The pushes of workers that left
+  // or expired since stay in the round but stand in for no one: a worker finishing its last step
+  // and leaving must not close a round the others have not pushed to yet.
   bool RoundComplete(const ConsistencyState& s) const override {
-    const int needed = std::max(1, s.members.ActiveCount() - backup_workers_);
-    return s.round.open() && static_cast<int>(s.round.contributors.size()) >= needed;
+    if (!s.round.open()) return false;
+    int active_contributors = 0;
+    for (const auto& [id, w] : s.members.workers()) {
+      active_contributors += w.active && s.round.contributors.count(id) > 0;
+    }
+    return active_contributors >= std::max(1, s.members.ActiveCount() - backup_workers_);
   }
 
  private:

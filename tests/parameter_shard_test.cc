@@ -763,6 +763,22 @@ TEST(SspPrefetchTest, APullAheadIsAdmittedAsIfThePendingPushWereDone) {
   EXPECT_EQ(may_pull(0, 2), absl::StatusCode::kAborted);
 }
 
+// A worker that pushes its last step and leaves does not close the round the others are still
+// computing for: its gradient stays in the round, which waits for theirs and averages both.
+TEST(SyncMembershipUnitTest, ALeavingContributorDoesNotCloseTheRoundForTheOthers) {
+  ShardConfig c = Config("sgd", "sync");
+  c.learning_rate.base = 1.0f;
+  std::unique_ptr<ParameterShard> sync = Started(c);  // weights 1 2 3 4
+  ASSERT_TRUE(PushAll(*sync, 0, 0, 2).ok());
+  ASSERT_TRUE(sync->Leave(0, Inc(*sync, 0)).ok());
+  EXPECT_EQ(sync->Stats().version, 0);
+  absl::StatusOr<PushOutcome> last = PushAll(*sync, 1, 0, 4);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_FALSE(last->dropped);
+  EXPECT_EQ(sync->Stats().version, 1);
+  EXPECT_EQ(Weights(*sync), (std::vector<float>{-2, -1, 0, 1}));  // minus the mean, 3
+}
+
 TEST(SyncPrefetchTest, APullAheadWaitsForItsPushAndThenForTheRoundToClose) {
   std::unique_ptr<ParameterShard> sync = Started(Config("sgd", "sync"));
   const ModelIdentity m{"flat:4", 4, 1};
