@@ -154,12 +154,14 @@ class DistributedModel(torch.nn.Module):
         that raised midway, say): what it began to push is dropped (parts not sent yet are never
         sent). The gradients stay views into the flat buffer, zeroed, whatever `set_to_none`.
         Not needed in a plain loop: step() starts each step's gradients at zero."""
-        if self._backward is not None:
-            self._backward.drop_unfinished()
+        dropped = self._backward is not None and self._backward.drop_unfinished()
         self._wait_push()
         self._grads.zero_()
         for p, (offset, k) in zip(self._params, self._views):
             p.grad = self._grads[offset:offset + k].view_as(p)
+        if dropped and self._pending_pull is None:
+            # Parts of it may have reached shards: the next step computes on their weights now.
+            self._pending_pull = self.client.pull_async(self._weights)
 
     def _wait_push(self):
         """Waits for the push step() left in flight, then zeroes the gradients it read."""
@@ -290,11 +292,22 @@ class _BackwardPush:
         self._push = None  # the held push of this step's gradient, once a hook started it
         self._waiting = None  # by shard: parameters still to come
         self._seen = None  # by parameter: its gradient came in this step
-        self.hooks = [_after_accumulate(p, self._hook_for(i))
-                      for i, p in enumerate(params) if p.requires_grad]
+        self.hooks = []
+        for i, p in enumerate(params):
+            if p.requires_grad:
+                self.hooks.append(p.register_hook(self._check_hook(i)))
+                self.hooks.append(_after_accumulate(p, lambda i=i: self._accumulated(i)))
 
-    def _hook_for(self, index):
-        return lambda: self._accumulated(index)
+    def _check_hook(self, index):
+        """Runs before parameter `index`'s gradient is accumulated: refuses a second backward
+        that would write into the gradient this step is pushing."""
+        def check(_):
+            if self._push is not None and self._seen[index]:
+                raise RuntimeError(
+                    "paramserver: backward ran twice in one step while its gradient was being "
+                    "pushed; run the passes that only accumulate inside `with model.no_sync():` "
+                    "(or call model.zero_grad() to start the step again)")
+        return check
 
     def _accumulated(self, index):
         """Parameter `index` has its gradient for this step."""
@@ -305,11 +318,6 @@ class _BackwardPush:
             self._push = model.client.push_async(model._grads, held=True)
             self._waiting = list(self._needed)
             self._seen = bytearray(len(self._shards_of))
-        if self._seen[index]:
-            raise RuntimeError(
-                "paramserver: backward ran twice in one step while its gradient was being "
-                "pushed; run the passes that only accumulate inside `with model.no_sync():` "
-                "(or call model.zero_grad() to start the step again)")
         self._seen[index] = 1
         p, (offset, k) = model._params[index], model._views[index]
         view = model._grads[offset:offset + k]
@@ -330,10 +338,11 @@ class _BackwardPush:
 
     def drop_unfinished(self):
         """Drops the push of a backward that no step() followed: its parts not sent yet are
-        never sent."""
+        never sent. Returns whether there was one."""
         push, self._push = self._push, None
         if push is not None:
             push.abandon()
+        return push is not None
 
 
 def _after_accumulate(param, fn):

@@ -171,11 +171,13 @@ def test_no_sync_accumulates_and_a_second_backward_without_it_is_refused(start_s
         assert np.allclose(paramserver.torch.weights_of(module), initial - 2, atol=1e-6)
         with pytest.raises(RuntimeError, match="no_sync"):
             model(x).sum().backward()
-        model.zero_grad()  # starts the step again
+        # The refused pass wrote nothing: the step's push (sent as its backward ended) carried
+        # 1 everywhere. zero_grad() starts the step again on the weights that push made.
+        model.zero_grad()
         model(x).sum().backward()
         model.step()
         model(x)
-        assert np.allclose(paramserver.torch.weights_of(module), initial - 3, atol=1e-6)
+        assert np.allclose(paramserver.torch.weights_of(module), initial - 4, atol=1e-6)
         assert model.steps == 2
 
 
