@@ -179,18 +179,22 @@ class DistributedModel(torch.nn.Module):
             pull.wait()
         self._compute_start = time.monotonic()
 
+    def _collect_gradient(self, index):
+        """Brings parameter `index`'s gradient, if autograd put it elsewhere (after
+        zero_grad(set_to_none=True), say), back into the flat buffer, and points .grad at it."""
+        p, (offset, k) = self._params[index], self._views[index]
+        view = self._grads[offset:offset + k]
+        if p.grad is None:
+            view.zero_()
+        elif p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad.reshape(-1))
+        else:
+            return
+        p.grad = view.view_as(p)
+
     def _collect_gradients(self):
-        """Brings gradients that autograd put elsewhere (after zero_grad(set_to_none=True), say)
-        back into the flat buffer, and points .grad at it again."""
-        for p, (offset, k) in zip(self._params, self._views):
-            view = self._grads[offset:offset + k]
-            if p.grad is None:
-                view.zero_()
-            elif p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad.reshape(-1))
-            else:
-                continue
-            p.grad = view.view_as(p)
+        for index in range(len(self._params)):
+            self._collect_gradient(index)
 
     def step(self, loss=None):
         """Ends this training step (after backward): see the module's docstring. `loss` (a
@@ -319,11 +323,7 @@ class _BackwardPush:
             self._waiting = list(self._needed)
             self._seen = bytearray(len(self._shards_of))
         self._seen[index] = 1
-        p, (offset, k) = model._params[index], model._views[index]
-        view = model._grads[offset:offset + k]
-        if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
-            view.copy_(p.grad.reshape(-1))  # a new tensor, after zero_grad(set_to_none=True)
-            p.grad = view.view_as(p)
+        model._collect_gradient(index)
         for s in self._shards_of[index]:
             self._waiting[s] -= 1
             if self._waiting[s] == 0:
