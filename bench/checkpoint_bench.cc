@@ -48,11 +48,11 @@ int Main(int argc, char** argv) {
     std::cerr << "cannot set up the shard\n";
     return 1;
   }
-  ShardCheckpoint c;
+  ShardState c;
   absl::Time start = absl::Now();
   if (!(*shard)->Checkpoint(&c).ok()) return 1;
   const double first_s = absl::ToDoubleSeconds(absl::Now() - start);  // into fresh memory
-  const size_t bytes = (c.values.size() + c.optimizer_state.size() * n) * sizeof(float);
+  const size_t bytes = c.header.tensors_size() * n * sizeof(float);
   std::vector<char> from(bytes, 1), to(bytes);
   double memcpy_s = MedianSeconds(repeats, [&] { std::memcpy(to.data(), from.data(), bytes); });
   double copy_s = MedianSeconds(repeats, [&] {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <google/protobuf/util/json_util.h>
+
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/numbers.h"
@@ -18,6 +20,91 @@ namespace {
 constexpr char kFormat[] = "ps.shard.v1";
 
 std::string Prefix(int shard_index) { return absl::StrCat("shard-", shard_index, "-"); }
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+
+// Field `f` of `m` (its element `i` if repeated) as JSON, integers as numbers (protobuf's own
+// JSON printer writes 64-bit ones as strings).
+nlohmann::json FieldValue(const Message& m, const FieldDescriptor* f, int i);
+
+nlohmann::json MessageToJson(const Message& m) {
+  nlohmann::json out = nlohmann::json::object();
+  const google::protobuf::Descriptor* d = m.GetDescriptor();
+  for (int k = 0; k < d->field_count(); ++k) {
+    const FieldDescriptor* f = d->field(k);
+    if (!f->is_repeated()) {
+      out[f->name()] = FieldValue(m, f, -1);
+      continue;
+    }
+    nlohmann::json list = nlohmann::json::array();
+    for (int i = 0; i < m.GetReflection()->FieldSize(m, f); ++i) list.push_back(FieldValue(m, f, i));
+    out[f->name()] = std::move(list);
+  }
+  return out;
+}
+
+nlohmann::json FieldValue(const Message& m, const FieldDescriptor* f, int i) {
+  const google::protobuf::Reflection* r = m.GetReflection();
+  const bool rep = f->is_repeated();
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32:
+      return rep ? r->GetRepeatedInt32(m, f, i) : r->GetInt32(m, f);
+    case FieldDescriptor::CPPTYPE_INT64:
+      return rep ? r->GetRepeatedInt64(m, f, i) : r->GetInt64(m, f);
+    case FieldDescriptor::CPPTYPE_UINT32:
+      return rep ? r->GetRepeatedUInt32(m, f, i) : r->GetUInt32(m, f);
+    case FieldDescriptor::CPPTYPE_UINT64:
+      return rep ? r->GetRepeatedUInt64(m, f, i) : r->GetUInt64(m, f);
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      return rep ? r->GetRepeatedDouble(m, f, i) : r->GetDouble(m, f);
+    case FieldDescriptor::CPPTYPE_FLOAT:
+      return rep ? r->GetRepeatedFloat(m, f, i) : r->GetFloat(m, f);
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return rep ? r->GetRepeatedBool(m, f, i) : r->GetBool(m, f);
+    case FieldDescriptor::CPPTYPE_ENUM:
+      return (rep ? r->GetRepeatedEnum(m, f, i) : r->GetEnum(m, f))->name();
+    case FieldDescriptor::CPPTYPE_STRING:
+      return rep ? r->GetRepeatedString(m, f, i) : r->GetString(m, f);
+    case FieldDescriptor::CPPTYPE_MESSAGE:
+      return MessageToJson(rep ? r->GetRepeatedMessage(m, f, i) : r->GetMessage(m, f));
+  }
+  return nullptr;
+}
+
+// The state's header but its tensor list (the file's tensors are that) as metadata.
+std::map<std::string, std::string> ToMetadata(const v1::ShardState& h) {
+  std::map<std::string, std::string> metadata;
+  const nlohmann::json fields = MessageToJson(h);
+  for (const auto& [name, value] : fields.items()) {
+    if (name == "tensors") continue;
+    metadata[name] = value.is_string() ? value.get<std::string>() : value.dump();
+  }
+  return metadata;
+}
+
+// The header from the metadata ToMetadata wrote (keys that are no field of it are ignored).
+absl::Status FromMetadata(const std::map<std::string, std::string>& metadata, v1::ShardState* h) {
+  nlohmann::json fields = nlohmann::json::object();
+  const google::protobuf::Descriptor* d = h->GetDescriptor();
+  for (const auto& [name, text] : metadata) {
+    const FieldDescriptor* f = d->FindFieldByName(name);
+    if (f == nullptr || name == "tensors") continue;
+    if (f->is_repeated() || f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE ||
+        f->cpp_type() == FieldDescriptor::CPPTYPE_BOOL) {
+      fields[name] = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (fields[name].is_discarded()) return absl::DataLossError("bad " + name + " metadata");
+    } else {
+      fields[name] = text;  // numbers too: protobuf's JSON takes them quoted
+    }
+  }
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;
+  if (auto s = google::protobuf::util::JsonStringToMessage(fields.dump(), h, options); !s.ok()) {
+    return absl::DataLossError("bad metadata: " + s.ToString());
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -41,35 +128,17 @@ absl::StatusOr<std::vector<std::string>> CheckpointStore::Files() const {
   return files;
 }
 
-absl::StatusOr<std::string> CheckpointStore::Write(const ShardCheckpoint& c) {
+absl::StatusOr<std::string> CheckpointStore::Write(const ShardState& state) {
+  const v1::ShardState& h = state.header;
   std::vector<TensorView> tensors;
-  const int64_t n = static_cast<int64_t>(c.values.size());
-  tensors.push_back({"values", {n}, c.values});
-  for (const auto& [slot, state] : c.optimizer_state) {
-    tensors.push_back({"optimizer." + slot, {n}, state});
+  for (int i = 0; i < h.tensors_size(); ++i) {
+    const std::vector<float>& values = state.tensors[i];
+    tensors.push_back({h.tensors(i), {static_cast<int64_t>(values.size())}, values});
   }
-  if (!c.round_sum.empty()) tensors.push_back({"round.sum", {n}, c.round_sum});
-  nlohmann::json workers = nlohmann::json::array();
-  for (const ShardCheckpoint::Worker& w : c.workers) {
-    workers.push_back({{"id", w.id},
-                       {"last_sequence", w.last_sequence},
-                       {"clock", w.clock},
-                       {"pushes_applied", w.pushes_applied},
-                       {"joined_at_version", w.joined_at_version},
-                       {"incarnation", w.incarnation}});
-  }
-  std::map<std::string, std::string> metadata = {
-      {"format", kFormat},
-      {"model", c.model},
-      {"shard_index", absl::StrCat(c.shard_index)},
-      {"num_shards", absl::StrCat(c.num_shards)},
-      {"optimizer", c.optimizer},
-      {"consistency", c.consistency},
-      {"version", absl::StrCat(c.version)},
-      {"workers", workers.dump()},
-      {"round_contributors", nlohmann::json(c.round_contributors).dump()}};
+  std::map<std::string, std::string> metadata = ToMetadata(h);
+  metadata["format"] = kFormat;
   std::string path =
-      absl::StrFormat("%s/%s%012d.safetensors", dir_, Prefix(c.shard_index), c.version);
+      absl::StrFormat("%s/%s%012d.safetensors", dir_, Prefix(h.shard_index()), h.version());
   if (absl::Status s = WriteSafetensors(path, tensors, std::move(metadata)); !s.ok()) return s;
   absl::StatusOr<std::vector<std::string>> files = Files();
   if (!files.ok()) return files.status();
@@ -77,65 +146,32 @@ absl::StatusOr<std::string> CheckpointStore::Write(const ShardCheckpoint& c) {
   return path;
 }
 
-absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path) {
+absl::StatusOr<ShardState> ReadShardState(const std::string& path) {
   absl::StatusOr<Safetensors> file = ReadSafetensors(path);
   if (!file.ok()) return file.status();
-  auto bad = [&](const std::string& why) { return absl::DataLossError(path + ": " + why); };
+  auto bad = [&](absl::string_view why) { return absl::DataLossError(absl::StrCat(path, ": ", why)); };
   std::map<std::string, std::string>& m = file->metadata;
   if (m["format"] != kFormat) return bad("not a shard checkpoint (format " + m["format"] + ")");
-  ShardCheckpoint c;
-  c.model = m["model"];
-  c.optimizer = m["optimizer"];
-  c.consistency = m["consistency"];
-  if (!absl::SimpleAtoi(m["shard_index"], &c.shard_index) ||
-      !absl::SimpleAtoi(m["num_shards"], &c.num_shards) ||
-      !absl::SimpleAtoi(m["version"], &c.version)) {
-    return bad("shard_index, num_shards or version is not a number");
-  }
-  nlohmann::json workers = nlohmann::json::parse(m["workers"], nullptr, false);
-  nlohmann::json contributors = nlohmann::json::parse(m["round_contributors"], nullptr, false);
-  if (!workers.is_array() || !contributors.is_array()) return bad("bad workers metadata");
-  auto integer = [](const nlohmann::json& o, const char* key) {
-    return o.is_object() && o.contains(key) && o[key].is_number_integer();
-  };
-  for (const nlohmann::json& w : workers) {
-    if (!integer(w, "id") || !integer(w, "last_sequence") || !integer(w, "clock") ||
-        !integer(w, "pushes_applied") || !integer(w, "joined_at_version") ||
-        !integer(w, "incarnation")) {
-      return bad("bad worker entry " + w.dump());
-    }
-    c.workers.push_back({w["id"].get<int>(), w["last_sequence"].get<int64_t>(),
-                         w["clock"].get<int64_t>(), w["pushes_applied"].get<int64_t>(),
-                         w["joined_at_version"].get<int64_t>(), w["incarnation"].get<int64_t>()});
-  }
-  for (const nlohmann::json& id : contributors) {
-    if (!id.is_number_integer()) return bad("bad round contributor");
-    c.round_contributors.push_back(id.get<int>());
-  }
+  ShardState state;
+  if (absl::Status s = FromMetadata(m, &state.header); !s.ok()) return bad(s.message());
   for (auto& [name, tensor] : file->tensors) {
-    if (name == "values") {
-      c.values = std::move(tensor.data);
-    } else if (name == "round.sum") {
-      c.round_sum = std::move(tensor.data);
-    } else if (name.rfind("optimizer.", 0) == 0) {
-      c.optimizer_state.emplace_back(name.substr(10), std::move(tensor.data));
-    }
+    state.AddTensor(name) = std::move(tensor.data);
   }
-  return c;
+  return state;
 }
 
-absl::StatusOr<std::optional<ShardCheckpoint>> CheckpointStore::LoadNewest(std::string* skipped) {
+absl::StatusOr<std::optional<ShardState>> CheckpointStore::LoadNewest(std::string* skipped) {
   absl::StatusOr<std::vector<std::string>> files = Files();
   if (!files.ok()) return files.status();
   for (auto it = files->rbegin(); it != files->rend(); ++it) {
-    absl::StatusOr<ShardCheckpoint> c = ReadShardCheckpoint(*it);
-    if (c.ok()) return std::optional<ShardCheckpoint>(*std::move(c));
+    absl::StatusOr<ShardState> c = ReadShardState(*it);
+    if (c.ok()) return std::optional<ShardState>(*std::move(c));
     PS_LOG(WARNING) << "skipping a checkpoint that does not read back: " << c.status().message();
     if (skipped != nullptr) {
       absl::StrAppend(skipped, skipped->empty() ? "" : "; ", c.status().message());
     }
   }
-  return std::optional<ShardCheckpoint>();
+  return std::optional<ShardState>();
 }
 
 }  // namespace ps

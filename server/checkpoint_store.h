@@ -1,10 +1,12 @@
 // A shard's checkpoints in a directory, as safetensors files (common/safetensors.h) named
-// shard-<index>-<version, 12 digits>.safetensors. Tensors: "values" and "optimizer.<slot>"
-// (one value per element of the shard's range), "round.sum" when a sync round is open. Metadata
-// (strings): "format" = "ps.shard.v1", "model", "shard_index", "num_shards", "optimizer",
-// "consistency", "version", "workers" (JSON: [{"id", "last_sequence", "clock",
-// "pushes_applied", "joined_at_version", "incarnation"}]), "round_contributors" (JSON list),
-// "file_crc32" (the whole file's checksum: common/safetensors.h).
+// shard-<index>-<version, 12 digits>.safetensors, each one ShardState (server/shard_state.h).
+// Tensors: the state's ("values", "optimizer.<slot>", "round.sum" while a round is open), one
+// value per element of the shard's range. Metadata (strings): "format" = "ps.shard.v1", then every
+// field of the state's header (proto/shard_state.proto) but its tensor list, by field name:
+// scalars as text ("version" = "1400"), the others as JSON ("workers" = [{"id", "last_sequence",
+// "clock", "pushes_applied", "joined_at_version", "incarnation"}], "round_contributors" = [0, 2]);
+// and "file_crc32" (the whole file's checksum: common/safetensors.h). A field added to the schema
+// is written and read without a change here.
 // A file changed anywhere after it was written (a tensor, or metadata such as "version" or a
 // worker's "last_sequence") is refused like a torn one, and so are files of versions before the
 // whole-file checksum (their "crc32" covered the tensors only).
@@ -15,7 +17,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "server/parameter_shard.h"
+#include "server/shard_state.h"
 
 namespace ps {
 
@@ -25,13 +27,14 @@ class CheckpointStore {
   // missing).
   CheckpointStore(std::string dir, int shard_index, int keep);
 
-  // Writes `checkpoint` atomically, then deletes the oldest beyond `keep`. Returns the path.
-  absl::StatusOr<std::string> Write(const ShardCheckpoint& checkpoint);
+  // Writes `state` (which holds a model) atomically, then deletes the oldest beyond `keep`.
+  // Returns the path.
+  absl::StatusOr<std::string> Write(const ShardState& state);
   // The newest checkpoint that reads back whole, skipping (and logging) torn, corrupt or edited
-  // ones (see ReadShardCheckpoint); nullopt if there is none. `skipped` (if not null) gets why
+  // ones (see ReadShardState); nullopt if there is none. `skipped` (if not null) gets why
   // each newer file was skipped, naming it, "; "-joined. Fails only if the directory cannot be
   // read.
-  absl::StatusOr<std::optional<ShardCheckpoint>> LoadNewest(std::string* skipped = nullptr);
+  absl::StatusOr<std::optional<ShardState>> LoadNewest(std::string* skipped = nullptr);
 
  private:
   // This shard's checkpoint files, oldest first.
@@ -44,6 +47,6 @@ class CheckpointStore {
 
 // A checkpoint file as the shard wrote it (exposed for tests and tools); DATA_LOSS naming the
 // file if it is torn, corrupt or was changed since (the message says "checksum").
-absl::StatusOr<ShardCheckpoint> ReadShardCheckpoint(const std::string& path);
+absl::StatusOr<ShardState> ReadShardState(const std::string& path);
 
 }  // namespace ps

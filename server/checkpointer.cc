@@ -36,7 +36,7 @@ void Checkpointer::OnUpdate(int64_t version) {
 absl::StatusOr<Checkpointer::Resumed> Checkpointer::Start(ParameterShard* shard) {
   shard_ = shard;
   const int64_t reached = progress_->previous();
-  absl::StatusOr<std::optional<ShardCheckpoint>> newest = store_.LoadNewest();
+  absl::StatusOr<std::optional<ShardState>> newest = store_.LoadNewest();
   if (!newest.ok()) return newest.status();
   Resumed resumed;
   if (!newest->has_value()) {
@@ -51,7 +51,7 @@ absl::StatusOr<Checkpointer::Resumed> Checkpointer::Start(ParameterShard* shard)
       return absl::FailedPreconditionError(
           absl::StrCat("cannot resume from ", options_.dir, ": ", s.message()));
     }
-    resumed.version = (*newest)->version;
+    resumed.version = (*newest)->header.version();
     if (reached >= resumed.version) {
       resumed.updates_lost = reached - resumed.version;
       PS_LOG(INFO) << "resumed from the checkpoint at version " << resumed.version << " in "
@@ -123,13 +123,13 @@ absl::StatusOr<Checkpointer::Written> Checkpointer::Write() {
     health_.last_error = std::string(path.status().message());
     return path.status();
   }
-  PS_LOG(INFO) << "checkpoint at version " << buffer_.version << " written to " << *path << " in "
+  PS_LOG(INFO) << "checkpoint at version " << buffer_.header.version() << " written to " << *path << " in "
                << absl::Now() - start << " (" << copy << " of it copying under the lock)";
   absl::MutexLock lock(&mu_);
-  written_ = buffer_.version;
-  health_.last_written_version = buffer_.version;
+  written_ = buffer_.header.version();
+  health_.last_written_version = buffer_.header.version();
   health_.last_written_time = absl::Now();
-  return Written{buffer_.version, *path};
+  return Written{buffer_.header.version(), *path};
 }
 
 void Checkpointer::Stop() {

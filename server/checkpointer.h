@@ -91,7 +91,7 @@ class Checkpointer {
   ParameterShard* shard_ = nullptr;
   absl::Mutex write_mu_;  // held while a checkpoint is written (the writer thread, WriteNow)
   // Reused: after the first, a checkpoint copies into mapped memory.
-  ShardCheckpoint buffer_ ABSL_GUARDED_BY(write_mu_);
+  ShardState buffer_ ABSL_GUARDED_BY(write_mu_);
   mutable absl::Mutex mu_;
   int64_t latest_ ABSL_GUARDED_BY(mu_) = 0;    // the shard's version, from OnUpdate
   int64_t written_ ABSL_GUARDED_BY(mu_) = -1;  // of the last checkpoint written or resumed from

@@ -30,19 +30,6 @@ int64_t FirstNonFinite(absl::Span<const float> v) {
   return -1;
 }
 
-// values += change, all or nothing: INVALID_ARGUMENT, and nothing changed, if a sum would not be
-// finite.
-absl::Status AddInPlace(absl::Span<float> values, absl::Span<const float> change) {
-  for (size_t i = 0; i < values.size(); ++i) {
-    if (!std::isfinite(values[i] + change[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("adding the change would make value ", i, " of the shard non-finite"));
-    }
-  }
-  for (size_t i = 0; i < values.size(); ++i) values[i] += change[i];
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(const ShardConfig& c) {
@@ -107,24 +94,19 @@ ParameterShard::ParameterShard(const ShardConfig& config, ModelIdentity model,
       range_(PartRange(model_.total_params, config.shard_index, config.num_shards)),
       schedule_(std::move(schedule)),
       policy_(std::move(policy)),
+      values_(range_, config.optimizer, policy_->spec().local_models(), config.apply_threads),
       members_(config.lease),
       norm_guard_(config.max_norm_ratio),
-      apply_threads_(config.apply_threads) {
-  deadline_thread_ = std::thread([this] { ExpireWaitersLoop(); });
-}
+      pulls_waiting_([this] { AnswerExpired(); }) {}
 
 ParameterShard::~ParameterShard() {
   Shutdown();
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  deadline_thread_.join();
+  pulls_waiting_.Stop();
 }
 
 // Pull answers gathered under the lock and delivered once it is released: declare one before the
 // MutexLock, so that it is destroyed after it. An admitted pull's values are copied here, under
-// data_mu_ alone, and so is DC-ASGD's copy of an answered whole-shard pull.
+// the values' own lock, and so is DC-ASGD's copy of an answered whole-shard pull.
 class ParameterShard::Completions {
  public:
   explicit Completions(ParameterShard* shard) : shard_(shard) {}
@@ -133,7 +115,7 @@ class ParameterShard::Completions {
   ~Completions() {
     for (Answer& a : answers_) {
       if (a.status.ok()) {
-        Snapshot snapshot = shard_->CopyValues(a.offset, a.length, a.copy_out, a.keep_copy);
+        Snapshot snapshot = shard_->values_.Copy(a.offset, a.length, a.copy_out, a.keep_copy);
         if (a.keep_copy) shard_->KeepPulledCopy(a.worker_id, snapshot);
         a.done(std::move(snapshot));
       } else {
@@ -157,30 +139,11 @@ class ParameterShard::Completions {
     int64_t offset = 0, length = 0;
     int worker_id = -1;
     bool keep_copy = false;
-    std::function<void(absl::Span<const float>)> copy_out;
+    ShardValues::CopyOut copy_out;
   };
   ParameterShard* shard_;
   std::vector<Answer> answers_;
 };
-
-ParameterShard::Snapshot ParameterShard::CopyValues(
-    int64_t offset, int64_t length, const std::function<void(absl::Span<const float>)>& copy_out,
-    bool keep_copy) {
-  const bool direct = copy_out != nullptr && !keep_copy;
-  Snapshot snapshot{0, offset, direct ? BufferPool::Lease() : snapshot_buffers_.Acquire(length)};
-  {
-    absl::ReaderMutexLock lock(&data_mu_);
-    snapshot.version = data_version_;
-    absl::Span<const float> values(weights_.data() + (offset - range_.begin), length);
-    if (direct) {
-      copy_out(values);
-    } else {
-      std::copy_n(values.begin(), length, snapshot.values.span().begin());
-    }
-  }
-  if (copy_out != nullptr && !direct) copy_out(snapshot.values.span());
-  return snapshot;
-}
 
 absl::Status ParameterShard::CheckModel(const ModelIdentity& m) const {
   if (m.num_shards != config_.num_shards) {
@@ -258,24 +221,14 @@ absl::StatusOr<bool> ParameterShard::Commit(InitializeSlot slot) {
     return absl::InvalidArgumentError(
         absl::StrCat("initial value at offset ", range_.begin + bad, " is not finite"));
   }
-  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
-      MakeOptimizer(config_.optimizer, range_.size());
-  if (!optimizer.ok()) return optimizer.status();
-
   Completions answers(this);
   absl::MutexLock lock(&mu_);
   if (initialized_) return false;  // restored meanwhile (a backup)
-  {
-    absl::MutexLock data(&data_mu_);
-    weights_ = std::move(slot.values_);
-    optimizer_ = *std::move(optimizer);
-    data_version_ = version_;
-  }
-  initialized_ = true;
-  {
-    // weights_ cannot change while mu_ is held; shared, so pulls' copies are not held up meanwhile.
-    absl::ReaderMutexLock data(&data_mu_);
-    Changed({.kind = ShardChange::Kind::kInitialize, .values = weights_});
+  const float unbounded = std::numeric_limits<float>::infinity();
+  if (absl::Status s = Apply({.kind = ShardChange::Kind::kInitialize, .values = slot.values_},
+                             unbounded);
+      !s.ok()) {
+    return s;
   }
   AnswerWaiters(&answers);
   return true;
@@ -361,7 +314,7 @@ absl::Status ParameterShard::Leave(int worker_id, int64_t incarnation) {
 
 std::vector<int> ParameterShard::ExpireLeases(absl::Time now) {
   push_buffers_.Trim(kBuffersUnused);
-  snapshot_buffers_.Trim(kBuffersUnused);
+  values_.Trim(kBuffersUnused);
   Completions answers(this);
   absl::MutexLock lock(&mu_);
   std::vector<int> expired = members_.Expire(now);
@@ -479,70 +432,147 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   // The header was checked under an earlier lock; since then the version can have moved forward
   // and a newer process of this worker can have registered.
   if (status.ok()) status = CheckIncarnation(h.worker_id, h.incarnation);
-  Membership::Worker* worker = status.ok() ? members_.Find(h.worker_id) : nullptr;
-  if (status.ok() && h.sequence <= worker->last_sequence) {
+  if (status.ok() && h.sequence <= members_.Find(h.worker_id)->last_sequence) {
     ++pushes_duplicate_;
     return PushOutcome{version_, 0, /*duplicate=*/true, false};
   }
-  absl::StatusOr<ConsistencyPolicy::Take> take = ConsistencyPolicy::Take::kApply;
-  if (status.ok()) {
-    take = policy_->OnPush(State(), *worker, {h.worker_id, h.sequence, h.base_version});
-    status = take.status();
+  absl::StatusOr<ShardChange> change = status.ok() ? Decide(h, gradient, norm) : status;
+  if (change.ok()) {
+    // A compensated gradient (DC-ASGD) has no known bound.
+    const bool scanned = change->values.data() == gradient.data();
+    status = Apply(*change, scanned ? scan.max_abs : std::numeric_limits<float>::infinity());
+    if (!status.ok()) ++updates_nonfinite_;
+  } else {
+    status = change.status();
   }
   if (!status.ok()) {
     ++pushes_rejected_;
     return status;
   }
-  int64_t staleness = version_ - h.base_version;
-  absl::StatusOr<PushOutcome> outcome;
-  ShardChange change{.kind = ShardChange::Kind::kTaken,
-                     .worker_id = h.worker_id,
-                     .sequence = h.sequence,
-                     .staleness = staleness,
-                     .values = {}};
+  // Taken (applied, added to the round, or dropped by policy).
+  pushes_clipped_ += clipped;
+  const bool dropped = change->kind == ShardChange::Kind::kTaken;
+  if (!dropped) norm_guard_.Accept(norm);
+  if (change->kind == ShardChange::Kind::kJoinRound) MaybeCloseRound();
+  AnswerWaiters(&answers);
+  return PushOutcome{version_, change->staleness, false, dropped};
+}
+
+absl::StatusOr<ShardChange> ParameterShard::Decide(const PushHeaderInfo& h,
+                                                   absl::Span<const float> gradient, double norm) {
+  using Kind = ShardChange::Kind;
+  using Drop = ShardChange::Drop;
+  const Membership::Worker& worker = *members_.Find(h.worker_id);
+  absl::StatusOr<ConsistencyPolicy::Take> take =
+      policy_->OnPush(State(), worker, {h.worker_id, h.sequence, h.base_version});
+  if (!take.ok()) return take.status();
+  // Taken in any case: the sequence is used up and the worker made progress.
+  ShardChange c{.kind = Kind::kTaken,
+                .worker_id = h.worker_id,
+                .sequence = h.sequence,
+                .clock = worker.clock + 1,
+                .staleness = version_ - h.base_version};
   if (*take == ConsistencyPolicy::Take::kDropLate) {
-    ++pushes_dropped_late_;
-    outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
+    c.drop = Drop::kLate;
   } else if (*take == ConsistencyPolicy::Take::kJoinRound) {
-    outcome = AddToRound(*worker, h, gradient);
-  } else if (config_.max_staleness >= 0 && staleness > config_.max_staleness) {
-    ++pushes_dropped_stale_;
-    outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
+    c.kind = Kind::kJoinRound;
+    c.staleness = 0;  // a round gathers the gradients of its own version only
+    c.values = gradient;
+  } else if (config_.max_staleness >= 0 && c.staleness > config_.max_staleness) {
+    c.drop = Drop::kStale;
   } else if (absl::Status absurd = norm_guard_.Check(norm); !absurd.ok()) {
     // Dropped like a stale push (the worker carries on), not refused: its other shards may
     // have applied their parts, and one absurd slice is no reason to end a worker.
-    if (pushes_dropped_norm_++ % 100 == 0) {
+    c.drop = Drop::kNorm;
+    if (pushes_dropped_norm_ % 100 == 0) {
       PS_LOG(WARNING) << "worker " << h.worker_id << ": " << absurd.message() << " ("
-                      << pushes_dropped_norm_ << " dropped so; logged every 100th)";
+                      << pushes_dropped_norm_ + 1 << " dropped so; logged every 100th)";
     }
-    outcome = PushOutcome{version_, staleness, false, /*dropped=*/true};
   } else {
-    outcome = ApplyNow(*worker, h, staleness, gradient, scan.max_abs, &change);
-    change.kind = ShardChange::Kind::kUpdate;
+    c.kind = Kind::kUpdate;
+    c.learning_rate = LearningRate();
+    if (config_.staleness_aware_lr) {
+      c.learning_rate /= static_cast<float>(std::max<int64_t>(1, c.staleness));
+    }
+    c.values = Compensate(h.worker_id, h.base_version, gradient);
   }
-  if (!outcome.ok()) {
-    ++pushes_rejected_;
-    ++updates_nonfinite_;
-    return outcome.status();
-  }
-  // Taken (applied, added to the round, or dropped by policy): the sequence is used up and the
-  // worker made progress.
-  pushes_clipped_ += clipped;
-  if (!outcome->dropped) norm_guard_.Accept(norm);
-  absl::Time now = MonotonicNow();
-  worker = &members_.Touch(h.worker_id, now, version_);
-  worker->last_sequence = h.sequence;
-  worker->last_progress = now;
-  change.clock = ++worker->clock;
-  if (outcome->dropped || change.kind == ShardChange::Kind::kUpdate) Changed(change);
-  AnswerWaiters(&answers);
-  return outcome;
+  return c;
 }
 
-void ParameterShard::Changed(ShardChange change) {
-  change.index = ++changes_;
-  change.version = version_;
-  if (config_.on_change) config_.on_change(change);
+absl::Span<const float> ParameterShard::Compensate(int worker_id, int64_t base_version,
+                                                   absl::Span<const float> gradient) {
+  if (config_.dc_lambda <= 0) return gradient;
+  // The copy of the weights this gradient was computed from, if the shard kept it.
+  auto w = pulled_weights_.find(worker_id);
+  if (w == pulled_weights_.end()) return gradient;
+  auto v = w->second.find(base_version);
+  if (v == w->second.end()) return gradient;
+  const std::vector<float>& pulled = v->second;
+  // DC-ASGD (Zheng et al. 2017): g + lambda * g * g * (w_now - w_at_pull) approximates the
+  // gradient at the current weights from the stale one.
+  scratch_.resize(gradient.size());
+  values_.Read([&](absl::Span<const float> weights) {
+    for (size_t i = 0; i < gradient.size(); ++i) {
+      const float g = gradient[i];
+      scratch_[i] = g + config_.dc_lambda * g * g * (weights[i] - pulled[i]);
+    }
+  });
+  return scratch_;
+}
+
+absl::Status ParameterShard::Apply(ShardChange c, float max_abs) {
+  using Kind = ShardChange::Kind;
+  switch (c.kind) {
+    case Kind::kInitialize:
+      values_.Reset(c.values, version_);
+      initialized_ = true;
+      break;
+    case Kind::kUpdate:
+      if (absl::Status s = values_.Update(c.values, c.learning_rate, version_, max_abs); !s.ok()) {
+        return s;
+      }
+      ++version_;
+      // A round's update counts one applied push per contributor.
+      for (size_t n = c.worker_id >= 0 ? 1 : round_.contributors.size(); n > 0; --n) {
+        staleness_.Add(c.staleness);
+      }
+      break;
+    case Kind::kJoinRound: {
+      std::vector<float>& sum = round_.sum;
+      if (sum.empty()) sum.assign(range_.size(), 0.0f);
+      bool finite = true;
+      for (size_t i = 0; i < c.values.size(); ++i) finite &= std::isfinite(sum[i] + c.values[i]);
+      if (!finite) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "adding worker ", c.worker_id, "'s gradient would make the round's sum non-finite"));
+      }
+      for (size_t i = 0; i < c.values.size(); ++i) sum[i] += c.values[i];
+      round_.contributors.insert(c.worker_id);
+      break;
+    }
+    case Kind::kTaken:
+      ++(c.drop == ShardChange::Drop::kLate   ? pushes_dropped_late_
+         : c.drop == ShardChange::Drop::kNorm ? pushes_dropped_norm_
+                                              : pushes_dropped_stale_);
+      break;
+  }
+  if (c.worker_id >= 0 && c.kind != Kind::kInitialize) {
+    const absl::Time now = MonotonicNow();
+    Membership::Worker& w = members_.Touch(c.worker_id, now, version_);
+    w.last_sequence = c.sequence;
+    w.clock = c.clock;
+    w.last_progress = now;
+    if (c.kind == Kind::kUpdate || c.kind == Kind::kJoinRound) {
+      ++w.pushes_applied;
+      w.staleness.Add(c.staleness);
+    }
+  }
+  if (c.kind != Kind::kJoinRound) {
+    c.index = ++changes_;
+    c.version = version_;
+    if (config_.on_change) config_.on_change(c);
+  }
+  return absl::OkStatus();
 }
 
 float ParameterShard::LearningRate() const {
@@ -551,78 +581,15 @@ float ParameterShard::LearningRate() const {
   return lr;
 }
 
-absl::StatusOr<PushOutcome> ParameterShard::ApplyNow(Membership::Worker& worker,
-                                                     const PushHeaderInfo& h, int64_t staleness,
-                                                     absl::Span<const float> gradient,
-                                                     float max_abs, ShardChange* change) {
-  float lr = LearningRate();
-  if (config_.staleness_aware_lr) lr /= static_cast<float>(std::max<int64_t>(1, staleness));
-  // The copy of the weights this gradient was computed from, if the shard kept it.
-  const std::vector<float>* pulled = nullptr;
-  if (auto w = pulled_weights_.find(h.worker_id); w != pulled_weights_.end()) {
-    if (auto v = w->second.find(h.base_version); v != w->second.end()) pulled = &v->second;
-  }
-  if (config_.dc_lambda > 0 && pulled != nullptr) {
-    // DC-ASGD (Zheng et al. 2017): g + lambda * g * g * (w_now - w_at_pull) approximates the
-    // gradient at the current weights from the stale one.
-    scratch_.resize(gradient.size());
-    absl::ReaderMutexLock data(&data_mu_);
-    for (size_t i = 0; i < gradient.size(); ++i) {
-      float g = gradient[i];
-      scratch_[i] = g + config_.dc_lambda * g * g * (weights_[i] - (*pulled)[i]);
-    }
-    gradient = scratch_;
-    max_abs = std::numeric_limits<float>::infinity();  // unknown
-  }
-  if (absl::Status s = ApplyToValues(gradient, lr, max_abs); !s.ok()) return s;
-  change->values = gradient;
-  change->learning_rate = lr;
-  staleness_.Add(staleness);
-  worker.staleness.Add(staleness);
-  ++worker.pushes_applied;
-  return PushOutcome{version_, staleness, false, false};
-}
-
-absl::Status ParameterShard::ApplyToValues(absl::Span<const float> gradient, float lr,
-                                           float max_abs) {
-  absl::MutexLock data(&data_mu_);
-  absl::Status s = policy_->spec().local_models()
-                       ? AddInPlace(absl::MakeSpan(weights_), gradient)
-                       : optimizer_->Apply(absl::MakeSpan(weights_), gradient, lr, version_,
-                                           &apply_threads_, max_abs);
-  if (s.ok()) data_version_ = ++version_;
-  return s;
-}
-
-absl::StatusOr<PushOutcome> ParameterShard::AddToRound(Membership::Worker& worker,
-                                                       const PushHeaderInfo& h,
-                                                       absl::Span<const float> gradient) {
-  std::vector<float>& sum = round_.sum;
-  if (sum.empty()) sum.assign(range_.size(), 0.0f);
-  bool finite = true;
-  for (size_t i = 0; i < gradient.size(); ++i) finite &= std::isfinite(sum[i] + gradient[i]);
-  if (!finite) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "adding worker ", h.worker_id, "'s gradient would make the round's sum non-finite"));
-  }
-  for (size_t i = 0; i < gradient.size(); ++i) sum[i] += gradient[i];
-  round_.contributors.insert(h.worker_id);
-  worker.staleness.Add(0);
-  ++worker.pushes_applied;
-  MaybeCloseRound();
-  return PushOutcome{version_, 0, false, false};
-}
-
 void ParameterShard::MaybeCloseRound() {
   if (!policy_->RoundComplete(State())) return;
   float scale = 1.0f / static_cast<float>(round_.contributors.size());
   for (float& g : round_.sum) g *= scale;
-  const float lr = LearningRate();
-  if (absl::Status s = ApplyToValues(round_.sum, lr, std::numeric_limits<float>::infinity());
-      s.ok()) {
-    Changed({.kind = ShardChange::Kind::kUpdate, .learning_rate = lr, .values = round_.sum});
-    for (size_t i = 0; i < round_.contributors.size(); ++i) staleness_.Add(0);
-  } else {
+  if (absl::Status s = Apply({.kind = ShardChange::Kind::kUpdate,
+                              .learning_rate = LearningRate(),
+                              .values = round_.sum},
+                             std::numeric_limits<float>::infinity());
+      !s.ok()) {
     // The average would poison the weights: the round is discarded (its workers are released
     // and push again for the same version) and the weights stay as they were.
     ++updates_nonfinite_;
@@ -668,10 +635,7 @@ int64_t ParameterShard::StartRead(ReadRequest r, ReadDone done) {
     return 0;
   }
   if (TryAnswer(r, absl::Now(), done, &answers)) return 0;
-  int64_t ticket = next_ticket_++;
-  waiters_.emplace(ticket, Waiter{std::move(r), std::move(done)});
-  waiters_changed_ = true;  // the deadline thread may need to wake earlier
-  return ticket;
+  return pulls_waiting_.Add({std::move(r), std::move(done)});
 }
 
 bool ParameterShard::TryAnswer(const ReadRequest& r, absl::Time now, const ReadDone& done,
@@ -702,11 +666,16 @@ bool ParameterShard::TryAnswer(const ReadRequest& r, absl::Time now, const ReadD
 }
 
 void ParameterShard::AnswerWaiters(Completions* out) {
-  absl::Time now = absl::Now();
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    it = TryAnswer(it->second.request, now, it->second.done, out) ? waiters_.erase(it)
-                                                                  : std::next(it);
-  }
+  const absl::Time now = absl::Now();
+  pulls_waiting_.AnswerEach([&](PullQueue::Waiter& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return TryAnswer(w.request, now, w.done, out);
+  });
+}
+
+void ParameterShard::AnswerExpired() {
+  Completions answers(this);
+  absl::MutexLock lock(&mu_);
+  AnswerWaiters(&answers);  // those past their deadline get ABORTED
 }
 
 void ParameterShard::KeepPulledCopy(int worker_id, const Snapshot& snapshot) {
@@ -720,26 +689,8 @@ void ParameterShard::KeepPulledCopy(int worker_id, const Snapshot& snapshot) {
 }
 
 void ParameterShard::CancelRead(int64_t ticket) {
-  Completions answers(this);
-  absl::MutexLock lock(&mu_);
-  auto it = waiters_.find(ticket);
-  if (it == waiters_.end()) return;
-  answers.Fail(std::move(it->second.done), absl::CancelledError("the pull was cancelled"));
-  waiters_.erase(it);
-}
-
-void ParameterShard::ExpireWaitersLoop() {
-  for (;;) {
-    Completions answers(this);
-    absl::MutexLock lock(&mu_);
-    absl::Time earliest = absl::InfiniteFuture();
-    for (const auto& [ticket, w] : waiters_) earliest = std::min(earliest, w.request.deadline);
-    waiters_changed_ = false;
-    auto wake = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || waiters_changed_; };
-    mu_.AwaitWithDeadline(absl::Condition(&wake), earliest);
-    if (stopping_) return;
-    AnswerWaiters(&answers);  // those past their deadline get ABORTED
-  }
+  std::optional<PullQueue::Waiter> waiter = pulls_waiting_.Remove(ticket);
+  if (waiter) waiter->done(absl::CancelledError("the pull was cancelled"));
 }
 
 absl::StatusOr<ParameterShard::Snapshot> ParameterShard::Read(const ModelIdentity& model,
@@ -784,7 +735,7 @@ ShardStats ParameterShard::Stats(int first_worker, int max_workers) const {
   s.updates_nonfinite = updates_nonfinite_;
   s.pushes_clipped = pushes_clipped_;
   s.pulls = pulls_;
-  s.pulls_waiting = static_cast<int>(waiters_.size());
+  s.pulls_waiting = pulls_waiting_.size();
   s.registered_workers = static_cast<int>(members_.workers().size());
   s.active_workers = members_.ActiveCount();
   s.learning_rate = LearningRate();
@@ -808,111 +759,98 @@ ShardStats ParameterShard::Stats(int first_worker, int max_workers) const {
   return s;
 }
 
-absl::Status ParameterShard::Checkpoint(ShardCheckpoint* out) const {
+absl::Status ParameterShard::Checkpoint(ShardState* out) const {
   absl::ReaderMutexLock lock(&mu_);
+  v1::ShardState& h = out->header;
+  h.Clear();
+  h.set_model(model_.fingerprint);
+  h.set_shard_index(config_.shard_index);
+  h.set_num_shards(config_.num_shards);
+  h.set_optimizer(config_.optimizer.name);
+  h.set_consistency(policy_->Name());
+  h.set_version(version_);
+  h.set_changes(changes_);
   if (!initialized_) return absl::FailedPreconditionError("shard is not initialised yet");
-  ShardCheckpoint& c = *out;
-  c.model = model_.fingerprint;
-  c.shard_index = config_.shard_index;
-  c.num_shards = config_.num_shards;
-  c.optimizer = config_.optimizer.name;
-  c.consistency = policy_->Name();
-  c.version = version_;
-  c.changes = changes_;
-  absl::ReaderMutexLock data(&data_mu_);
-  c.values = weights_;  // copy-assignment keeps the destination's storage when it fits
-  std::vector<std::pair<std::string, absl::Span<const float>>> slots = optimizer_->State();
-  c.optimizer_state.resize(slots.size());
-  for (size_t i = 0; i < slots.size(); ++i) {
-    c.optimizer_state[i].first = slots[i].first;
-    c.optimizer_state[i].second.assign(slots[i].second.begin(), slots[i].second.end());
-  }
-  c.workers.clear();
   for (const auto& [id, w] : members_.workers()) {
-    c.workers.push_back(
-        {id, w.last_sequence, w.clock, w.pushes_applied, w.joined_at_version, w.incarnation});
+    v1::WorkerState* saved = h.add_workers();
+    saved->set_id(id);
+    saved->set_last_sequence(w.last_sequence);
+    saved->set_clock(w.clock);
+    saved->set_pushes_applied(w.pushes_applied);
+    saved->set_joined_at_version(w.joined_at_version);
+    saved->set_incarnation(w.incarnation);
   }
-  c.round_sum.clear();
-  c.round_contributors.clear();
+  values_.Export(out);
   if (round_.open()) {
-    c.round_sum = round_.sum;
-    c.round_contributors.assign(round_.contributors.begin(), round_.contributors.end());
+    out->AddTensor(kRoundSumTensor) = round_.sum;
+    for (int id : round_.contributors) h.add_round_contributors(id);
   }
   return absl::OkStatus();
 }
 
-absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
+absl::Status ParameterShard::Restore(const ShardState& state) {
+  const v1::ShardState& h = state.header;
   auto differs = [&](const std::string& what, const auto& theirs, const auto& ours) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the checkpoint is for ", what, " ", theirs, ", this shard has ", ours));
+        absl::StrCat("the state is of ", what, " ", theirs, ", this shard has ", ours));
   };
-  if (c.model != model_.fingerprint) return differs("model", c.model, model_.fingerprint);
-  if (c.shard_index != config_.shard_index || c.num_shards != config_.num_shards) {
-    return differs("shard", absl::StrCat(c.shard_index, "/", c.num_shards),
+  if (h.model() != model_.fingerprint) return differs("model", h.model(), model_.fingerprint);
+  if (h.shard_index() != config_.shard_index || h.num_shards() != config_.num_shards) {
+    return differs("shard", absl::StrCat(h.shard_index(), "/", h.num_shards()),
                    absl::StrCat(config_.shard_index, "/", config_.num_shards));
   }
-  if (c.optimizer != config_.optimizer.name) {
-    return differs("optimizer", c.optimizer, config_.optimizer.name);
+  if (h.optimizer() != config_.optimizer.name) {
+    return differs("optimizer", h.optimizer(), config_.optimizer.name);
   }
   // What a pushed vector and an open round's sum are (gradients or changes of the model) must
   // agree; the other settings of a model (S, T, H) may change across a restart.
-  if (absl::StatusOr<ConsistencySpec> theirs = ParseConsistencySpec(c.consistency);
-      theirs.ok() && (theirs->local_models() != policy_->spec().local_models() ||
-                      theirs->rounds() != policy_->spec().rounds())) {
-    return differs("consistency", c.consistency, policy_->Name());
+  absl::StatusOr<ConsistencySpec> theirs = ParseConsistencySpec(h.consistency());
+  if (!theirs.ok() || theirs->local_models() != policy_->spec().local_models() ||
+      theirs->rounds() != policy_->spec().rounds()) {
+    return differs("consistency", h.consistency(), policy_->Name());
   }
-  if (c.version < 0 || static_cast<int64_t>(c.values.size()) != range_.size() ||
-      (!c.round_sum.empty() && static_cast<int64_t>(c.round_sum.size()) != range_.size())) {
-    return absl::InvalidArgumentError("the checkpoint's sizes do not match the shard's range");
+  if (h.version() < 0) return absl::InvalidArgumentError("the state's version is negative");
+  if (!state.has_model()) return absl::InvalidArgumentError("the state holds no model");
+  if (absl::Status s = CheckStateShape(state, range_.size()); !s.ok()) return s;
+  for (const std::string& name : h.tensors()) {
+    if (name != kValuesTensor && name != kRoundSumTensor &&
+        name.rfind(kOptimizerTensorPrefix, 0) != 0) {
+      return absl::InvalidArgumentError("the state has a tensor this shard does not know: " + name);
+    }
   }
-  for (int id : c.round_contributors) {
+  if (h.round_contributors_size() > 0 && state.Find(kRoundSumTensor) == nullptr) {
+    return absl::InvalidArgumentError("the state has an open round without its sum");
+  }
+  for (int id : h.round_contributors()) {
     if (absl::Status s = CheckWorkerId(id); !s.ok()) return s;
   }
-  absl::StatusOr<std::unique_ptr<Optimizer>> optimizer =
-      MakeOptimizer(config_.optimizer, range_.size());
-  if (!optimizer.ok()) return optimizer.status();
-  std::vector<std::pair<std::string, absl::Span<float>>> slots = (*optimizer)->MutableState();
-  if (slots.size() != c.optimizer_state.size()) {
-    return absl::InvalidArgumentError("the checkpoint's optimizer state has other slots");
-  }
-  for (auto& [name, state] : slots) {
-    auto saved = std::find_if(c.optimizer_state.begin(), c.optimizer_state.end(),
-                              [&name = name](const auto& slot) { return slot.first == name; });
-    if (saved == c.optimizer_state.end() || saved->second.size() != state.size()) {
-      return absl::InvalidArgumentError("the checkpoint has no optimizer slot " + name +
-                                        " of the shard's size");
-    }
-    std::copy(saved->second.begin(), saved->second.end(), state.begin());
-  }
-  for (const ShardCheckpoint::Worker& w : c.workers) {
-    if (absl::Status s = CheckWorkerId(w.id); !s.ok()) return s;
+  for (const v1::WorkerState& w : h.workers()) {
+    if (absl::Status s = CheckWorkerId(w.id()); !s.ok()) return s;
   }
   Completions answers(this);
   absl::MutexLock lock(&mu_);
-  {
-    absl::MutexLock data(&data_mu_);
-    weights_ = c.values;
-    optimizer_ = *std::move(optimizer);
-    data_version_ = c.version;
-  }
-  version_ = c.version;
-  changes_ = c.changes;
+  if (absl::Status s = values_.Import(state, h.version()); !s.ok()) return s;
+  version_ = h.version();
+  changes_ = h.changes();
   restored_ = true;
   members_ = Membership(config_.lease);
   pulled_weights_.clear();
-  absl::Time now = MonotonicNow();
-  for (const ShardCheckpoint::Worker& w : c.workers) {
-    Membership::Worker& m = members_.Touch(w.id, now, version_);
-    m.last_sequence = w.last_sequence;
-    m.clock = w.clock;
-    m.pushes_applied = w.pushes_applied;
-    m.joined_at_version = w.joined_at_version;
-    m.incarnation = w.incarnation;
-    last_incarnation_ = std::max(last_incarnation_, w.incarnation);
+  const absl::Time now = MonotonicNow();
+  for (const v1::WorkerState& w : h.workers()) {
+    Membership::Worker& m = members_.Touch(w.id(), now, version_);
+    m.last_sequence = w.last_sequence();
+    m.clock = w.clock();
+    m.pushes_applied = w.pushes_applied();
+    m.joined_at_version = w.joined_at_version();
+    m.incarnation = w.incarnation();
+    last_incarnation_ = std::max(last_incarnation_, w.incarnation());
   }
-  round_.sum = c.round_sum;
-  round_.contributors = std::set<int>(c.round_contributors.begin(), c.round_contributors.end());
-  round_.restored = round_.contributors;
+  round_ = Round();
+  if (h.round_contributors_size() > 0) {
+    round_.sum = *state.Find(kRoundSumTensor);
+    round_.contributors = std::set<int>(h.round_contributors().begin(), h.round_contributors().end());
+    round_.restored = round_.contributors;
+  }
   initialized_ = true;
   AnswerWaiters(&answers);
   return absl::OkStatus();
@@ -920,13 +858,6 @@ absl::Status ParameterShard::Restore(const ShardCheckpoint& c) {
 
 absl::Status ParameterShard::ApplyChange(const ShardChange& c) {
   using Kind = ShardChange::Kind;
-  std::unique_ptr<Optimizer> fresh;
-  if (c.kind == Kind::kInitialize) {
-    absl::StatusOr<std::unique_ptr<Optimizer>> made =
-        MakeOptimizer(config_.optimizer, range_.size());
-    if (!made.ok()) return made.status();
-    fresh = *std::move(made);
-  }
   // Bounds the update's gradient (see Optimizer::Apply); scanned before the lock is taken.
   const float max_abs = c.kind == Kind::kUpdate ? ScanGradient(c.values).max_abs
                                                 : std::numeric_limits<float>::infinity();
@@ -942,35 +873,19 @@ absl::Status ParameterShard::ApplyChange(const ShardChange& c) {
   const bool sized = static_cast<int64_t>(c.values.size()) == range_.size();
   if (c.kind == Kind::kInitialize) {
     if (initialized_ || !sized) return mismatch("an initialisation of an initialised shard");
-    absl::MutexLock data(&data_mu_);
-    weights_.assign(c.values.begin(), c.values.end());
-    optimizer_ = std::move(fresh);
-    data_version_ = version_;
-    initialized_ = true;
+  } else if (c.kind == Kind::kJoinRound) {
+    return mismatch("a round's contribution (rounds are not replicated)");
   } else if (!initialized_) {
     return mismatch("the shard is not initialised");
   } else if (c.kind == Kind::kUpdate) {
     if (!sized || c.version != version_ + 1) return mismatch("not the next update");
-    if (absl::Status s = ApplyToValues(c.values, c.learning_rate, max_abs); !s.ok()) {
-      return mismatch(s.message());
-    }
-    staleness_.Add(c.staleness);
   } else if (c.version != version_) {
     return mismatch("a push taken at another version");
   }
   if (c.worker_id >= 0 && c.kind != Kind::kInitialize) {
     if (absl::Status s = CheckWorkerId(c.worker_id); !s.ok()) return mismatch(s.message());
-    Membership::Worker& w = members_.Touch(c.worker_id, MonotonicNow(), version_);
-    w.last_sequence = c.sequence;
-    w.clock = c.clock;
-    if (c.kind == Kind::kUpdate) {
-      ++w.pushes_applied;
-      w.staleness.Add(c.staleness);
-    } else {
-      ++pushes_dropped_stale_;
-    }
   }
-  Changed(c);
+  if (absl::Status s = Apply(c, max_abs); !s.ok()) return mismatch(s.message());
   AnswerWaiters(&answers);
   return absl::OkStatus();
 }

@@ -1,11 +1,16 @@
-// One parameter-server shard: the values of one contiguous range of the model's flat parameter
-// vector, the optimizer state for it, the version counter, the workers taking part (membership,
-// push sequences, SSP clocks) and staleness histograms, and a consistency policy
-// (server/consistency.h) that decides how a push is taken and when a pull may proceed. Knows
-// nothing of gRPC.
+// One parameter-server shard: one contiguous range of the model's flat parameter vector. It
+// composes the parts that hold its state, each in its own file:
+//   ShardValues (shard_values.h)   the values and the optimizer's state;
+//   Membership (membership.h)      the workers taking part: leases, push sequences, SSP clocks;
+//   Round (consistency.h)          sync/local: the round being gathered;
+//   PullQueue (pull_queue.h)       pulls waiting to be admitted, until their deadlines;
+// and decides, with its consistency policy (consistency.h), how each push is taken. Every change
+// of that state, a primary's push or initialisation or a backup repeating its primary's change,
+// goes through one Apply(ShardChange); Checkpoint and Restore read and seed it as one ShardState
+// (shard_state.h). Knows nothing of gRPC.
 // Thread-safe: all methods may be called concurrently. A pull is admitted under the shard's lock
-// (briefly, but after any push being committed) and copies the values under a shared lock of
-// their own (data_mu_): copies run side by side and never see a push half applied.
+// (briefly, but after any push being committed) and copies the values under their own lock
+// (ShardValues): copies run side by side and never see a push half applied.
 #pragma once
 
 #include <cstdint>
@@ -33,20 +38,30 @@
 #include "server/membership.h"
 #include "server/norm_guard.h"
 #include "server/optimizer.h"
+#include "server/pull_queue.h"
+#include "server/shard_state.h"
+#include "server/shard_values.h"
 
 namespace ps {
 
-// One change of a shard's state, in the order the shard made it: a primary streams these to its
-// backup, whose ApplyChange repeats each one and reaches the same state bit for bit (the update
-// is replayed with the gradient as applied and the rate used, not recomputed).
+// One change of a shard's state, in the order the shard made it: the one way its state changes
+// (ParameterShard::Apply). A primary decides it (policy, clipping, staleness, compensation) and
+// streams it to its backup, whose ApplyChange repeats it and reaches the same state bit for bit
+// (the update is replayed with the gradient as applied and the rate used, not recomputed).
 struct ShardChange {
   enum class Kind {
     kInitialize,  // values: the initial values
     kUpdate,      // values: the gradient as applied (clipped, averaged, compensated)
     kTaken,       // a push taken without an update (dropped by policy): bookkeeping only
+    // values: a worker's gradient added to the open round (sync, local). Not counted, passed to
+    // on_change or replicated: the round's update is, when it closes.
+    kJoinRound,
   };
+  // kTaken: why the push was dropped.
+  enum class Drop { kNone, kLate, kStale, kNorm };
   int64_t index = 0;  // the shard's change count after this change: 1, 2, 3, ...
   Kind kind = Kind::kUpdate;
+  Drop drop = Drop::kNone;
   int64_t version = 0;  // the shard's version after it
   int worker_id = -1;   // whose push (kUpdate, kTaken); -1: none (a sync round)
   int64_t sequence = 0;
@@ -157,32 +172,6 @@ struct ShardStats {
   // starts, -1 after the last.
   std::vector<WorkerSnapshot> workers;
   int next_worker = -1;
-};
-
-// Everything a shard needs to resume where it was: values, optimizer state, version (which is
-// also the learning-rate schedule's and Adam's step), each worker's exactly-once and SSP
-// bookkeeping, and an open sync round. Statistics (histograms, counters) start afresh.
-struct ShardCheckpoint {
-  std::string model;  // the model spec
-  int shard_index = 0;
-  int num_shards = 0;
-  std::string optimizer;
-  std::string consistency;
-  int64_t version = 0;
-  std::vector<float> values;
-  std::vector<std::pair<std::string, std::vector<float>>> optimizer_state;  // by slot
-  struct Worker {
-    int id = 0;
-    int64_t last_sequence = -1;
-    int64_t clock = 0;
-    int64_t pushes_applied = 0;
-    int64_t joined_at_version = 0;  // SSP drops its gradients from before then
-    int64_t incarnation = 0;
-  };
-  std::vector<Worker> workers;
-  std::vector<float> round_sum;  // sync: the open round's sum; empty when none is open
-  std::vector<int> round_contributors;
-  int64_t changes = 0;  // the shard's change count (ShardChange::index); not kept in files
 };
 
 class ParameterShard {
@@ -303,38 +292,20 @@ class ParameterShard {
   // BeginPush and Commit with `gradient` (tests and in-process callers).
   absl::StatusOr<PushOutcome> Push(const PushHeaderInfo& header, absl::Span<const float> gradient);
 
-  // A copy of some of the shard's values and the version they reflect.
-  struct Snapshot {
-    int64_t version = 0;
-    int64_t offset = 0;  // global offset of values[0]
-    BufferPool::Lease values;
-  };
-  // A pull: [offset, offset + length) (offset 0 and length 0: the whole shard) for a client of
-  // `model`. It waits until the shard is initialised and the consistency model admits
+  using Snapshot = ShardValues::Snapshot;
+  using ReadRequest = ps::ReadRequest;
+  using ReadDone = ps::ReadDone;
+  // A pull (ReadRequest). It waits until the shard is initialised and the consistency model admits
   // `worker_id` (observers, id < 0, never wait for it), or `deadline` passes: then ABORTED if
   // the consistency model holds it back (waiting longer is normal: a barrier, the SSP bound), or
   // UNAVAILABLE if the shard is still not initialised. A prefetching
   // worker pulls step s+1's weights before its push of step s (`after_sequence`; -1: none) has
   // landed: SSP admits it as if that push were done; rounds hold it until that push is in and its
   // round has closed.
-  struct ReadRequest {
-    ModelIdentity model;
-    int worker_id = -1;
-    int64_t offset = 0;
-    int64_t length = 0;
-    int64_t after_sequence = -1;
-    absl::Time deadline;
-    // Optional: where the values go instead of a snapshot (a pull answered through shared
-    // memory). Called once the pull is admitted, with the values, before `done`; under the
-    // shard's data lock (held shared), so it must only copy them. The Snapshot given to `done`
-    // then holds no values (or a copy the shard kept for itself).
-    std::function<void(absl::Span<const float> values)> copy_out;
-  };
-  using ReadDone = std::function<void(absl::StatusOr<Snapshot>)>;
   // Starts a pull without holding a thread while it waits. `done` is called exactly once, without
   // the shard's lock held, and must not block: from this call when the request is bad or can be
   // answered at once; later from the thread whose push, lease expiry, initialisation or shutdown
-  // admits (or ends) it, from the shard's deadline thread (ABORTED), or from CancelRead
+  // admits (or ends) it, from the PullQueue's deadline thread (ABORTED), or from CancelRead
   // (CANCELLED). Returns a ticket for CancelRead.
   int64_t StartRead(ReadRequest request, ReadDone done);
   // Ends a pull that is still waiting with CANCELLED; a no-op once it was answered.
@@ -352,13 +323,15 @@ class ParameterShard {
 
   // Fills `out` with the shard's state now, copied under its lock (pushes wait for a copy of the
   // shard, no more). Reuses out's buffers: pass the same one each time and, after the first, the
-  // copy goes into memory already mapped. FAILED_PRECONDITION before initialisation.
-  absl::Status Checkpoint(ShardCheckpoint* out) const;
-  // Resumes from `checkpoint`, which must be of this shard (model, index, count, optimizer and
-  // sizes; INVALID_ARGUMENT naming what differs). Workers come back active with a fresh lease: a
-  // shard restarted within the lease loses none of them. Replaces whatever state the shard had
-  // (a backup joining its primary again starts over from the primary's).
-  absl::Status Restore(const ShardCheckpoint& checkpoint);
+  // copy goes into memory already mapped. Before initialisation: FAILED_PRECONDITION, and `out`
+  // holds the header alone (no model: out->has_model() is false).
+  absl::Status Checkpoint(ShardState* out) const;
+  // Resumes from `state`, which must be of this shard (model, index, count, optimizer, a
+  // consistency model whose pushes mean the same, sizes, known tensors; INVALID_ARGUMENT naming
+  // what differs) and hold a model. Workers come back active with a fresh lease: a shard restarted
+  // within the lease loses none of them. Replaces whatever state the shard had (a backup joining
+  // its primary again starts over from the primary's). Changes nothing when it fails.
+  absl::Status Restore(const ShardState& state);
   // A backup: repeats `change`, made by its primary, which must be the next one (its index one
   // past the shard's change count; FAILED_PRECONDITION otherwise, and on a change that does not
   // fit the shard's state). Calls on_change like the primary did.
@@ -376,10 +349,6 @@ class ParameterShard {
 
  private:
   class Completions;
-  struct Waiter {
-    ReadRequest request;
-    ReadDone done;
-  };
 
   ParameterShard(const ShardConfig& config, ModelIdentity model, LearningRateSchedule schedule,
                  std::unique_ptr<const ConsistencyPolicy> policy);
@@ -401,21 +370,21 @@ class ParameterShard {
   // Scales `gradient` down to clip_norm in place if its L2 norm (`norm`) is above it; returns
   // whether it did.
   bool Clip(absl::Span<float> gradient, double norm) const;
-  // Applies a push at once; fills change's values and learning rate. `max_abs` bounds the
-  // gradient's magnitudes (see Optimizer::Apply).
-  absl::StatusOr<PushOutcome> ApplyNow(Membership::Worker& worker, const PushHeaderInfo& h,
-                                       int64_t staleness, absl::Span<const float> gradient,
-                                       float max_abs, ShardChange* change)
+  // Decides how the push of `h` (whose gradient is `gradient`, with `norm`) is taken: the change
+  // to apply, or an error that rejects it.
+  absl::StatusOr<ShardChange> Decide(const PushHeaderInfo& h, absl::Span<const float> gradient,
+                                     double norm) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DC-ASGD: the gradient compensated for the weights' moves since worker's pull of
+  // base_version, in scratch_; `gradient` itself if the shard kept no copy of those weights.
+  absl::Span<const float> Compensate(int worker_id, int64_t base_version,
+                                     absl::Span<const float> gradient)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Applies `gradient` to the values with the optimizer (or, when the consistency model's
-  // workers push changes, adds it to them as it is) and publishes the new version to pulls.
-  absl::Status ApplyToValues(absl::Span<const float> gradient, float lr, float max_abs)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Counts `change` (sets its index and version) and passes it to on_change.
-  void Changed(ShardChange change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<PushOutcome> AddToRound(Membership::Worker& worker, const PushHeaderInfo& h,
-                                         absl::Span<const float> gradient)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The one way the shard's state changes: applies `change` (the values, the version, the
+  // worker's bookkeeping, the round, the counters), then counts it (its index and version) and
+  // passes it to on_change, but for kJoinRound. `max_abs` bounds an update's gradient (see
+  // Optimizer::Apply). All or nothing: an error (a value that would become non-finite) changes
+  // nothing.
+  absl::Status Apply(ShardChange change, float max_abs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rounds: applies the round's average once the consistency model has all it waits for.
   void MaybeCloseRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets what the shard kept for a worker that left the active set (DC-ASGD copies).
@@ -425,18 +394,12 @@ class ParameterShard {
   // and returns true.
   bool TryAnswer(const ReadRequest& request, absl::Time now, const ReadDone& done, Completions* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Answers every waiting pull that can be answered now. Called after each change of state.
+  // Answers every waiting pull that can be answered now. Called after each change of state, and
+  // by the PullQueue when a deadline passed.
   void AnswerWaiters(Completions* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The deadline thread: answers waiting pulls whose deadline passed (ABORTED, UNAVAILABLE).
-  void ExpireWaitersLoop();
+  void AnswerExpired() ABSL_LOCKS_EXCLUDED(mu_);
   // DC-ASGD: keeps a copy of what an active worker pulled (copied outside the lock).
   void KeepPulledCopy(int worker_id, const Snapshot& snapshot) ABSL_LOCKS_EXCLUDED(mu_);
-
-  // A snapshot of [offset, offset + length), copied under data_mu_ (shared); with `copy_out`
-  // (ReadRequest) the values go there instead, unless the shard keeps a copy (`keep_copy`).
-  Snapshot CopyValues(int64_t offset, int64_t length,
-                      const std::function<void(absl::Span<const float>)>& copy_out, bool keep_copy)
-      ABSL_LOCKS_EXCLUDED(data_mu_);
 
   const ShardConfig config_;
   const ModelIdentity model_;
@@ -444,27 +407,23 @@ class ParameterShard {
   const LearningRateSchedule schedule_;
   const std::unique_ptr<const ConsistencyPolicy> policy_;
 
-  // Lock order: mu_, then data_mu_. mu_ guards the bookkeeping; data_mu_ the values and the
-  // optimizer state, which change only with mu_ held too (so holding mu_ suffices to read them).
+  // Lock order: mu_, then the values' and the pull queue's own. mu_ guards the bookkeeping and
+  // serialises every change of the values.
   mutable absl::Mutex mu_;
-  mutable absl::Mutex data_mu_ ABSL_ACQUIRED_AFTER(mu_);
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool initializing_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<float> weights_ ABSL_GUARDED_BY(data_mu_);
-  std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(data_mu_);
-  int64_t data_version_ ABSL_GUARDED_BY(data_mu_) = 0;  // the version weights_ reflect
+  ShardValues values_;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // ShardChange::index of the last change
   Membership members_ ABSL_GUARDED_BY(mu_);
+  Round round_ ABSL_GUARDED_BY(mu_);  // sync, local: the open round
   NormGuard norm_guard_ ABSL_GUARDED_BY(mu_);
   StalenessHistogram staleness_ ABSL_GUARDED_BY(mu_);
-  Round round_ ABSL_GUARDED_BY(mu_);  // sync, local: the open round
   // DC-ASGD: each active worker's copies of the weights at its last two whole-shard pulls (a
   // prefetching worker computes on the older one), by version: at most 2 * num_workers copies.
   std::map<int, std::map<int64_t, std::vector<float>>> pulled_weights_ ABSL_GUARDED_BY(mu_);
   std::vector<float> scratch_ ABSL_GUARDED_BY(mu_);  // DC-ASGD's compensated gradient
-  mutable ApplyThreads apply_threads_;
   int64_t pushes_rejected_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_duplicate_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_dropped_late_ ABSL_GUARDED_BY(mu_) = 0;
@@ -473,18 +432,11 @@ class ParameterShard {
   int64_t updates_nonfinite_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pushes_clipped_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pulls_ ABSL_GUARDED_BY(mu_) = 0;
-  // Pulls waiting to be admitted, by ticket; the deadline thread wakes for the earliest.
-  std::map<int64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
-  int64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t last_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   bool restored_ ABSL_GUARDED_BY(mu_) = false;     // Restore() succeeded
   std::set<int> registered_ ABSL_GUARDED_BY(mu_);  // worker ids registered with this object
-  bool waiters_changed_ ABSL_GUARDED_BY(mu_) = false;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // At most two idle snapshot buffers are kept between pulls.
-  BufferPool snapshot_buffers_{2};
   BufferPool push_buffers_{2};  // gradients being received; two idle ones kept
-  std::thread deadline_thread_;
+  PullQueue pulls_waiting_;     // last: its thread calls back into the shard
 };
 
 }  // namespace ps

@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/tensor_codec.h"
 #include "server/shard_service.h"
+#include "server/state_transfer.h"
 
 namespace ps {
 namespace {
@@ -28,7 +29,6 @@ constexpr absl::Duration kHeartbeat = absl::Milliseconds(100);  // primary to ba
 constexpr absl::Duration kTick = absl::Milliseconds(100);       // the role thread's pace
 constexpr absl::Duration kProbeTimeout = absl::Milliseconds(500);
 
-using Stream = grpc::ClientReaderWriter<v1::BackupMessage, v1::ReplicationMessage>;
 
 // Writes `epoch` to `path` durably: a temporary file, fsync, rename.
 absl::Status WriteEpoch(const std::string& path, int64_t epoch) {
@@ -51,35 +51,42 @@ bool ParseRaw(const grpc::ByteBuffer& bytes, google::protobuf::MessageLite* mess
   return message->ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
 }
 
-bool Write(Replica::BackupStream* stream, const v1::ReplicationMessage& m) {
-  grpc::Slice slice(m.SerializeAsString());
-  return stream->Write(grpc::ByteBuffer(&slice, 1));
-}
-
-// Writes `values` as data messages that reference them; `owner` keeps them alive while gRPC
-// holds them.
-bool WriteValues(Replica::BackupStream* stream, int64_t epoch, absl::Span<const float> values,
-                 const std::shared_ptr<const void>& owner) {
-  bool ok = true;
-  v1::ReplicationMessage m;
-  m.set_epoch(epoch);
-  const std::string head = m.SerializeAsString();
-  ForEachChunk(values, kChunkFloats, [&](int64_t, std::string_view bytes) {
-    if (!ok) return;
-    ok = stream->Write(
-        EncodeWithTensor(head, v1::ReplicationMessage::kDataFieldNumber, bytes, owner));
-  });
-  return ok;
-}
-
 v1::ChangeHeader::Kind ToProto(ShardChange::Kind kind) {
   switch (kind) {
     case ShardChange::Kind::kInitialize:
       return v1::ChangeHeader::INITIALIZE;
     case ShardChange::Kind::kTaken:
       return v1::ChangeHeader::TAKEN;
-    default:
+    case ShardChange::Kind::kUpdate:
       return v1::ChangeHeader::UPDATE;
+    default:  // a round's contribution is not a change the shard passes on
+      return v1::ChangeHeader::KIND_UNSPECIFIED;
+  }
+}
+
+v1::ChangeHeader::Drop ToProto(ShardChange::Drop drop) {
+  switch (drop) {
+    case ShardChange::Drop::kLate:
+      return v1::ChangeHeader::LATE;
+    case ShardChange::Drop::kStale:
+      return v1::ChangeHeader::STALE;
+    case ShardChange::Drop::kNorm:
+      return v1::ChangeHeader::NORM;
+    default:
+      return v1::ChangeHeader::DROP_UNSPECIFIED;
+  }
+}
+
+ShardChange::Drop FromProto(v1::ChangeHeader::Drop drop) {
+  switch (drop) {
+    case v1::ChangeHeader::LATE:
+      return ShardChange::Drop::kLate;
+    case v1::ChangeHeader::STALE:
+      return ShardChange::Drop::kStale;
+    case v1::ChangeHeader::NORM:
+      return ShardChange::Drop::kNorm;
+    default:
+      return ShardChange::Drop::kNone;
   }
 }
 
@@ -384,7 +391,7 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
   join.set_epoch(epoch());
   v1::ReplicationMessage m;
   absl::Status status;
-  absl::StatusOr<std::optional<ShardCheckpoint>> state =
+  absl::StatusOr<std::optional<ShardState>> state =
       absl::UnavailableError("the primary refused the join");
   if (stream->Write(join) && stream->Read(&m)) state = ReceiveState(m, stream.get());
   status = state.status();
@@ -414,7 +421,7 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
   }
   std::vector<float> values;
   v1::BackupMessage ack;
-  ack.set_applied(m.state().index());
+  ack.set_applied(m.state().changes());
   while (status.ok() && stream->Write(ack) && stream->Read(&m)) {
     {
       absl::MutexLock lock(&mu_);
@@ -432,11 +439,12 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
       }
       if (status.ok()) {
         values.resize(h.length());
-        status = ReadValues(stream.get(), joined_epoch, absl::MakeSpan(values));
+        status = ReadValues(Next(stream.get()), joined_epoch, absl::MakeSpan(values));
       }
       if (status.ok()) {
-        status = shard_->ApplyChange({h.index(), *kind, h.version(), h.worker_id(), h.sequence(),
-                                      h.clock(), h.staleness(), h.learning_rate(), values});
+        status = shard_->ApplyChange({h.index(), *kind, FromProto(h.drop()), h.version(),
+                                      h.worker_id(), h.sequence(), h.clock(), h.staleness(),
+                                      h.learning_rate(), values});
       }
       ack.set_applied(h.index());
     }
@@ -446,65 +454,38 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
   return status.ok() ? absl::UnavailableError("the stream ended") : status;
 }
 
-absl::Status Replica::ReadValues(Stream* stream, int64_t epoch, absl::Span<float> dst) {
-  ChunkAssembler assembler(dst);
-  v1::ReplicationMessage m;
-  while (assembler.received() < static_cast<int64_t>(dst.size())) {
-    if (!stream->Read(&m)) return absl::UnavailableError("the primary's stream ended");
-    if (m.epoch() != epoch || m.has_state() || m.has_change() || m.data().empty()) {
-      return absl::DataLossError("the primary's stream broke off a tensor");
-    }
-    {
-      absl::MutexLock lock(&mu_);
-      last_heard_ = absl::Now();
-    }
-    if (absl::Status s = assembler.Append(m.data()); !s.ok()) return s;
-  }
-  return assembler.Finish();
+std::function<bool(v1::ReplicationMessage*)> Replica::Next(Stream* stream) {
+  return [this, stream](v1::ReplicationMessage* m) {
+    if (!stream->Read(m)) return false;
+    absl::MutexLock lock(&mu_);
+    last_heard_ = absl::Now();
+    return true;
+  };
 }
 
-absl::StatusOr<std::optional<ShardCheckpoint>> Replica::ReceiveState(
-    const v1::ReplicationMessage& first, Stream* stream) {
-  if (!first.has_state()) return absl::DataLossError("the primary sent no state first");
+absl::StatusOr<std::optional<ShardState>> Replica::ReceiveState(const v1::ReplicationMessage& first,
+                                                                Stream* stream) {
   if (first.epoch() < epoch()) {
     return absl::FailedPreconditionError(absl::StrCat("the primary is at epoch ", first.epoch(),
                                                       ", older than this replica's ", epoch()));
   }
-  const v1::StateHeader& h = first.state();
-  if (!h.initialized()) {
+  // A backup takes over with its own settings: they must be its primary's, or a failover would
+  // change the job's rules (Restore checks the rest of the state: model, optimizer, sizes).
+  if (first.has_state() && first.state().consistency() != shard_->consistency().Name()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the primary runs --consistency=", first.state().consistency(), ", this backup ",
+        shard_->consistency().Name(), ": give both replicas of a shard the same settings"));
+  }
+  absl::StatusOr<ShardState> state = ReadState(first, shard_->range().size(), Next(stream));
+  if (!state.ok()) return state.status();
+  if (!state->has_model()) {
     if (shard_->initialized()) {
       return absl::FailedPreconditionError(
           "the primary holds no model while this replica holds one: not replacing it");
     }
     return std::nullopt;
   }
-  if (h.length() != shard_->range().size()) {
-    return absl::FailedPreconditionError("the primary's shard has another size");
-  }
-  ShardCheckpoint c;
-  c.model = shard_->model().fingerprint;
-  c.shard_index = shard_->index();
-  c.num_shards = shard_->model().num_shards;
-  c.optimizer = h.optimizer();
-  c.version = h.version();
-  c.changes = h.index();
-  c.values.resize(h.length());
-  if (absl::Status s = ReadValues(stream, first.epoch(), absl::MakeSpan(c.values)); !s.ok()) {
-    return s;
-  }
-  for (const std::string& slot : h.slots()) {
-    c.optimizer_state.emplace_back(slot, std::vector<float>(h.length()));
-    if (absl::Status s =
-            ReadValues(stream, first.epoch(), absl::MakeSpan(c.optimizer_state.back().second));
-        !s.ok()) {
-      return s;
-    }
-  }
-  for (const v1::WorkerState& w : h.workers()) {
-    c.workers.push_back({w.id(), w.last_sequence(), w.clock(), w.pushes_applied(),
-                         w.joined_at_version(), w.incarnation()});
-  }
-  return c;
+  return std::optional<ShardState>(*std::move(state));
 }
 
 grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* stream) {
@@ -553,34 +534,13 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     context->TryCancel();
     acks.join();
   };
-  auto owned_state = std::make_shared<ShardCheckpoint>();
-  ShardCheckpoint& state = *owned_state;
-  v1::ReplicationMessage m;
-  m.set_epoch(epoch);
-  v1::StateHeader* h = m.mutable_state();
-  if (shard_->Checkpoint(&state).ok()) {
-    h->set_initialized(true);
-    h->set_index(state.changes);
-    h->set_version(state.version);
-    h->set_length(static_cast<int64_t>(state.values.size()));
-    h->set_optimizer(state.optimizer);
-    for (const auto& [slot, values] : state.optimizer_state) h->add_slots(slot);
-    for (const ShardCheckpoint::Worker& w : state.workers) {
-      v1::WorkerState* out = h->add_workers();
-      out->set_id(w.id);
-      out->set_last_sequence(w.last_sequence);
-      out->set_clock(w.clock);
-      out->set_pushes_applied(w.pushes_applied);
-      out->set_joined_at_version(w.joined_at_version);
-      out->set_incarnation(w.incarnation);
-    }
-  }
-  int64_t sent = h->index();
+  auto owned_state = std::make_shared<ShardState>();
+  // Without a model yet, the header alone: the backup then waits for the initialisation change.
+  shard_->Checkpoint(owned_state.get()).IgnoreError();
+  int64_t sent = owned_state->header.changes();
   log_.Start(attachment, sent);
-  bool ok = Write(stream, m) && WriteValues(stream, epoch, state.values, owned_state);
-  for (const auto& [slot, values] : state.optimizer_state) {
-    ok = ok && WriteValues(stream, epoch, values, owned_state);
-  }
+  auto write = [stream](grpc::ByteBuffer bytes) { return stream->Write(bytes); };
+  bool ok = WriteState(*owned_state, epoch, owned_state, write);
   owned_state.reset();  // freed once gRPC is done with it
   if (ok) PS_LOG(INFO) << "a backup joined at change " << sent << ": streaming changes";
   while (ok) {
@@ -590,13 +550,14 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     v1::ReplicationMessage out;
     out.set_epoch(epoch);
     if (!next->has_value()) {  // idle: a heartbeat
-      ok = Write(stream, out);
+      ok = WriteMessage(out, write);
       continue;
     }
     const ShardChange& c = (**next)->change;
     v1::ChangeHeader* header = out.mutable_change();
     header->set_index(c.index);
     header->set_kind(ToProto(c.kind));
+    header->set_drop(ToProto(c.drop));
     header->set_version(c.version);
     header->set_worker_id(c.worker_id);
     header->set_sequence(c.sequence);
@@ -604,7 +565,7 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     header->set_staleness(c.staleness);
     header->set_learning_rate(c.learning_rate);
     header->set_length(static_cast<int64_t>(c.values.size()));
-    ok = Write(stream, out) && WriteValues(stream, epoch, c.values, **next);
+    ok = WriteMessage(out, write) && WriteValues(c.values, epoch, **next, write);
     sent = c.index;
   }
   PS_LOG(WARNING) << "the backup at " << context->peer() << " went away"

@@ -24,6 +24,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <functional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -96,14 +97,14 @@ class Replica {
   grpc::Status ProbePeer(bool take_over, v1::ReplicaStatusResponse* status);
   // Joins the primary described by `peer` and applies its stream until it ends.
   absl::Status Follow(const v1::ReplicaStatusResponse& peer);
+  using Stream = grpc::ClientReaderWriter<v1::BackupMessage, v1::ReplicationMessage>;
   // Receives the state transfer that starts a stream (its first message is `first`); nullopt
-  // when the primary holds no model yet.
-  absl::StatusOr<std::optional<ShardCheckpoint>> ReceiveState(
-      const v1::ReplicationMessage& first,
-      grpc::ClientReaderWriter<v1::BackupMessage, v1::ReplicationMessage>* s);
-  // Reads the data messages of one tensor into `dst`; each counts as hearing from the primary.
-  absl::Status ReadValues(grpc::ClientReaderWriter<v1::BackupMessage, v1::ReplicationMessage>* s,
-                          int64_t epoch, absl::Span<float> dst);
+  // when the primary holds no model yet. FAILED_PRECONDITION if the primary runs another
+  // consistency model than this replica.
+  absl::StatusOr<std::optional<ShardState>> ReceiveState(const v1::ReplicationMessage& first,
+                                                         Stream* stream);
+  // Reads the stream's next message; each counts as hearing from the primary.
+  std::function<bool(v1::ReplicationMessage*)> Next(Stream* stream);
   // Moves to `epoch`, after writing it to the epoch file; false (logged) if that failed.
   bool SetEpochLocked(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TakeOverLocked(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -142,11 +142,11 @@ TEST(ShardCheckpointTest, ARestoredShardContinuesBitIdentically) {
     }
   }
   CheckpointStore store(NewRunDir("checkpoint"), 0, 3);
-  ShardCheckpoint saved;
+  ShardState saved;
   ASSERT_TRUE(original->Checkpoint(&saved).ok());
   absl::StatusOr<std::string> path = store.Write(saved);
   ASSERT_TRUE(path.ok()) << path.status();
-  absl::StatusOr<std::optional<ShardCheckpoint>> loaded = store.LoadNewest();
+  absl::StatusOr<std::optional<ShardState>> loaded = store.LoadNewest();
   ASSERT_TRUE(loaded.ok() && loaded->has_value());
   std::unique_ptr<ParameterShard> restored = *ParameterShard::Create(AdamSsp());
   ASSERT_TRUE(restored->Restore(**loaded).ok());
@@ -196,7 +196,7 @@ TEST(ShardCheckpointTest, AResumeSequenceIsTakenOnlyOnceAndOnlyByARestoredShard)
   ASSERT_TRUE(original->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
   ASSERT_EQ(original->Register(0, kModel, 500)->last_sequence, -1);  // never restored
   ASSERT_TRUE(original->Push({0, 0, 0, 0, 6, Inc(*original, 0)}, std::vector<float>(6, 1)).ok());
-  ShardCheckpoint saved;
+  ShardState saved;
   ASSERT_TRUE(original->Checkpoint(&saved).ok());
   std::unique_ptr<ParameterShard> restored = *ParameterShard::Create(AdamSsp());
   ASSERT_TRUE(restored->Restore(saved).ok());
@@ -224,8 +224,8 @@ TEST(CheckpointerTest, WritesTheInitialisedStateAtOnceThenEveryNUpdates) {
   EXPECT_EQ(resumed->version, -1);
   auto newest_version = [&](int64_t want) {
     for (absl::Time end = absl::Now() + absl::Seconds(30); absl::Now() < end;) {
-      absl::StatusOr<std::optional<ShardCheckpoint>> c = CheckpointStore(dir, 0, 3).LoadNewest();
-      if (c.ok() && c->has_value() && (*c)->version == want) return true;
+      absl::StatusOr<std::optional<ShardState>> c = CheckpointStore(dir, 0, 3).LoadNewest();
+      if (c.ok() && c->has_value() && (*c)->header.version() == want) return true;
       absl::SleepFor(absl::Milliseconds(20));
     }
     return false;
@@ -250,9 +250,11 @@ TEST(ShardCheckpointTest, ASyncRoundRestoredOpenClosesAndAWorkerAlreadyInItIsDro
   ASSERT_TRUE(original->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
   for (int w = 0; w < 2; ++w) ASSERT_TRUE(original->Register(w, kModel).ok());
   ASSERT_TRUE(original->Push({0, 0, 0, 0, 6, Inc(*original, 0)}, std::vector<float>(6, 1)).ok());
-  ShardCheckpoint saved;
+  ShardState saved;
   ASSERT_TRUE(original->Checkpoint(&saved).ok());
-  ASSERT_EQ(saved.round_contributors, std::vector<int>{0});
+  ASSERT_EQ(std::vector<int>(saved.header.round_contributors().begin(),
+                             saved.header.round_contributors().end()),
+            std::vector<int>{0});
   std::unique_ptr<ParameterShard> restored = *ParameterShard::Create(sync);
   ASSERT_TRUE(restored->Restore(saved).ok());
   ASSERT_TRUE(restored->Register(0, kModel, 2).ok());
@@ -277,25 +279,25 @@ TEST(ShardCheckpointTest, ATornNewestCheckpointFallsBackToThePreviousAndOnlyKOfT
   CheckpointStore store(dir, 0, 2);
   std::unique_ptr<ParameterShard> shard = *ParameterShard::Create(AdamSsp());
   ASSERT_TRUE(shard->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
-  ShardCheckpoint c;
+  ShardState c;
   ASSERT_TRUE(shard->Checkpoint(&c).ok());
   std::vector<std::string> paths;
   for (int64_t v : {10, 20, 30}) {
-    c.version = v;
+    c.header.set_version(v);
     paths.push_back(*store.Write(c));
   }
   EXPECT_FALSE(std::filesystem::exists(paths[0])) << "only the newest 2 are kept";
   std::filesystem::resize_file(paths[2], std::filesystem::file_size(paths[2]) - 3);
-  absl::StatusOr<std::optional<ShardCheckpoint>> newest = store.LoadNewest();
+  absl::StatusOr<std::optional<ShardState>> newest = store.LoadNewest();
   ASSERT_TRUE(newest.ok() && newest->has_value());
-  EXPECT_EQ((*newest)->version, 20);
+  EXPECT_EQ((*newest)->header.version(), 20);
 }
 
 // Waits until the newest valid checkpoint of shard 0 in `dir` holds `version`.
 bool WaitForCheckpoint(const std::string& dir, int64_t version) {
   for (absl::Time end = absl::Now() + absl::Minutes(1); absl::Now() < end;) {
-    absl::StatusOr<std::optional<ShardCheckpoint>> c = CheckpointStore(dir, 0, 3).LoadNewest();
-    if (c.ok() && c->has_value() && (*c)->version == version) return true;
+    absl::StatusOr<std::optional<ShardState>> c = CheckpointStore(dir, 0, 3).LoadNewest();
+    if (c.ok() && c->has_value() && (*c)->header.version() == version) return true;
     absl::SleepFor(absl::Milliseconds(20));
   }
   return false;
@@ -358,7 +360,7 @@ TEST(CheckpointDaemonTest, ACheckpointChangedInItsHeaderOrItsDataIsRefused) {
   auto file = [&](int version) {
     return absl::StrFormat("%s/shard-0-%012d.safetensors", checkpoints, version);
   };
-  for (int version : {0, 2, 4}) ASSERT_TRUE(ReadShardCheckpoint(file(version)).ok()) << version;
+  for (int version : {0, 2, 4}) ASSERT_TRUE(ReadShardState(file(version)).ok()) << version;
   auto expect_resumed_from = [&](int64_t version, const std::string& refused) {
     ASSERT_TRUE(cluster.RestartShard(0).ok());
     EXPECT_EQ(Stats(address).resumed_version(), version);

@@ -77,11 +77,12 @@ std::vector<float> NewestCheckpointValues(const std::string& dir, int num_shards
       std::string name = entry.path().filename().string();
       if (name.rfind(prefix, 0) == 0 && name > newest) newest = name;
     }
-    absl::StatusOr<ShardCheckpoint> c = ReadShardCheckpoint(dir + "/" + newest);
+    absl::StatusOr<ShardState> c = ReadShardState(dir + "/" + newest);
     EXPECT_TRUE(c.ok()) << c.status();
     if (!c.ok()) return {};
-    values.insert(values.end(), c->values.begin(), c->values.end());
-    versions->push_back(c->version);
+    const std::vector<float>& shard_values = *c->Find(kValuesTensor);
+    values.insert(values.end(), shard_values.begin(), shard_values.end());
+    versions->push_back(c->header.version());
   }
   return values;
 }
@@ -157,14 +158,14 @@ const char kSmallModel[] = "mlp:784-8-10";
 // shards; its values are shard + version / 1000.
 void WriteCheckpoint(const std::string& dir, int shard, int num_shards, int64_t version,
                      const std::string& optimizer = "sgd") {
-  ShardCheckpoint c;
-  c.model = kSmallModel;
-  c.shard_index = shard;
-  c.num_shards = num_shards;
-  c.optimizer = optimizer;
-  c.consistency = "async";
-  c.version = version;
-  c.values.assign(
+  ShardState c;
+  c.header.set_model(kSmallModel);
+  c.header.set_shard_index(shard);
+  c.header.set_num_shards(num_shards);
+  c.header.set_optimizer(optimizer);
+  c.header.set_consistency("async");
+  c.header.set_version(version);
+  c.AddTensor(kValuesTensor).assign(
       PartRange(ParseModelSpec(kSmallModel, num_shards)->total_params, shard, num_shards).size(),
       shard + version / 1000.0f);
   absl::StatusOr<std::string> path = CheckpointStore(dir, shard, 3).Write(c);

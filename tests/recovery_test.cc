@@ -67,10 +67,10 @@ TEST(RecoveryTest, AKilledShardResumesFromItsCheckpointAndTheWorkersCarryOn) {
   const int64_t reached = SettledVersion(cluster.ShardAddress(1));
   cluster.shards()[1].Signal(SIGKILL);
   ASSERT_EQ(*cluster.shards()[1].Wait(absl::Seconds(10)), 128 + SIGKILL);
-  absl::StatusOr<std::optional<ShardCheckpoint>> newest =
+  absl::StatusOr<std::optional<ShardState>> newest =
       CheckpointStore(checkpoints, 1, 3).LoadNewest();
   ASSERT_TRUE(newest.ok() && newest->has_value());
-  const int64_t checkpointed = (*newest)->version;
+  const int64_t checkpointed = (*newest)->header.version();
   EXPECT_LE(checkpointed, reached);
   std::cout << "shard 1 killed at version " << reached << ", newest checkpoint at " << checkpointed
             << std::endl;

@@ -47,27 +47,25 @@ int64_t Incarnation(const ParameterShard& shard, int id) {
 }
 
 void ExpectSameState(const ParameterShard& a, const ParameterShard& b) {
-  ShardCheckpoint x, y;
+  ShardState x, y;
   ASSERT_TRUE(a.Checkpoint(&x).ok());
   ASSERT_TRUE(b.Checkpoint(&y).ok());
-  EXPECT_EQ(x.version, y.version);
-  EXPECT_EQ(x.changes, y.changes);
-  ASSERT_EQ(x.values.size(), y.values.size());
-  EXPECT_EQ(std::memcmp(x.values.data(), y.values.data(), x.values.size() * sizeof(float)), 0);
-  ASSERT_EQ(x.optimizer_state.size(), y.optimizer_state.size());
-  for (size_t i = 0; i < x.optimizer_state.size(); ++i) {
-    const std::vector<float>& p = x.optimizer_state[i].second;
-    const std::vector<float>& q = y.optimizer_state[i].second;
+  EXPECT_EQ(x.header.version(), y.header.version());
+  EXPECT_EQ(x.header.changes(), y.header.changes());
+  ASSERT_EQ(x.header.tensors_size(), y.header.tensors_size());  // values and optimizer slots
+  for (int i = 0; i < x.header.tensors_size(); ++i) {
+    const std::vector<float>& p = x.tensors[i];
+    const std::vector<float>& q = y.tensors[i];
+    ASSERT_EQ(x.header.tensors(i), y.header.tensors(i));
     ASSERT_EQ(p.size(), q.size());
-    EXPECT_EQ(std::memcmp(p.data(), q.data(), p.size() * sizeof(float)), 0)
-        << x.optimizer_state[i].first;
+    EXPECT_EQ(std::memcmp(p.data(), q.data(), p.size() * sizeof(float)), 0) << x.header.tensors(i);
   }
-  ASSERT_EQ(x.workers.size(), y.workers.size());
-  for (size_t i = 0; i < x.workers.size(); ++i) {
-    EXPECT_EQ(x.workers[i].id, y.workers[i].id);
-    EXPECT_EQ(x.workers[i].last_sequence, y.workers[i].last_sequence);
-    EXPECT_EQ(x.workers[i].clock, y.workers[i].clock);
-    EXPECT_EQ(x.workers[i].pushes_applied, y.workers[i].pushes_applied);
+  ASSERT_EQ(x.header.workers_size(), y.header.workers_size());
+  for (int i = 0; i < x.header.workers_size(); ++i) {
+    EXPECT_EQ(x.header.workers(i).id(), y.header.workers(i).id());
+    EXPECT_EQ(x.header.workers(i).last_sequence(), y.header.workers(i).last_sequence());
+    EXPECT_EQ(x.header.workers(i).clock(), y.header.workers(i).clock());
+    EXPECT_EQ(x.header.workers(i).pushes_applied(), y.header.workers(i).pushes_applied());
   }
 }
 
@@ -101,7 +99,7 @@ TEST(ReplicatedShardTest, ABackupRepeatingThePrimarysChangesIsBitIdentical) {
       ASSERT_TRUE(out.ok()) << out.status();
     }
     if (s == 4) {  // a backup joins: the primary's state, then the changes after it
-      ShardCheckpoint state;
+      ShardState state;
       ASSERT_TRUE(primary->Checkpoint(&state).ok());
       ASSERT_TRUE(late->Restore(state).ok());
       late_joined = true;

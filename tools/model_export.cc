@@ -17,13 +17,15 @@ namespace ps {
 namespace {
 
 // What makes checkpoints of one job, for messages: "mlp:784-32-10, 2 shards, adam, async".
-std::string JobText(const ShardCheckpoint& c) {
-  return absl::StrCat(c.model, ", ", c.num_shards, " shards, ", c.optimizer, ", ", c.consistency);
+std::string JobText(const ShardState& s) {
+  const v1::ShardState& c = s.header;
+  return absl::StrCat(c.model(), ", ", c.num_shards(), " shards, ", c.optimizer(), ", ",
+                      c.consistency());
 }
 
-absl::StatusOr<ShardCheckpoint> NewestCheckpoint(const std::string& dir, int shard) {
+absl::StatusOr<ShardState> NewestCheckpoint(const std::string& dir, int shard) {
   std::string skipped;  // the shard resumes from the same file, skipping the same ones
-  absl::StatusOr<std::optional<ShardCheckpoint>> newest =
+  absl::StatusOr<std::optional<ShardState>> newest =
       CheckpointStore(dir, shard, /*keep=*/1).LoadNewest(&skipped);
   if (!newest.ok()) return newest.status();
   if (!newest->has_value()) {
@@ -41,39 +43,41 @@ absl::StatusOr<ModelFile> ModelFromCheckpoints(const std::string& dir,
   if (!std::filesystem::is_directory(dir, error)) {
     return absl::NotFoundError(absl::StrCat("no checkpoint directory ", dir));
   }
-  absl::StatusOr<ShardCheckpoint> first = NewestCheckpoint(dir, 0);
+  absl::StatusOr<ShardState> first = NewestCheckpoint(dir, 0);
   if (!first.ok()) return first.status();
-  const int num_shards = first->num_shards;
+  const int num_shards = first->header.num_shards();
   absl::StatusOr<ModelIdentity> model = ParseModelSpec(expected_model, num_shards);
   if (!model.ok()) return model.status();
-  if (first->model != model->fingerprint) {
+  if (first->header.model() != model->fingerprint) {
     return absl::InvalidArgumentError(absl::StrCat("the checkpoints in ", dir, " are of model ",
-                                                   first->model, ", expected ", model->fingerprint));
+                                                   first->header.model(), ", expected ", model->fingerprint));
   }
   if (num_shards < 1) {
     return absl::DataLossError("shard 0's checkpoint in " + dir + " says the job has no shards");
   }
   ModelFile file{expected_model, {}, std::vector<float>(model->total_params)};
   // Checks that `c` is shard `shard` of shard 0's job and copies its values into place.
-  auto add = [&](const ShardCheckpoint& c, int shard) {
-    if (JobText(c) != JobText(*first) || c.shard_index != shard) {
+  auto add = [&](const ShardState& c, int shard) {
+    if (JobText(c) != JobText(*first) || c.header.shard_index() != shard) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the checkpoints in ", dir, " are of different jobs: shard 0 is of (", JobText(*first),
-          "), the newest of shard ", shard, " is shard ", c.shard_index, " of (", JobText(c), ")"));
+          "), the newest of shard ", shard, " is shard ", c.header.shard_index(), " of (", JobText(c), ")"));
     }
     Range range = PartRange(model->total_params, shard, num_shards);
-    if (static_cast<int64_t>(c.values.size()) != range.size()) {
+    const std::vector<float>* values = c.Find(kValuesTensor);
+    const size_t held = values != nullptr ? values->size() : 0;
+    if (static_cast<int64_t>(held) != range.size()) {
       return absl::DataLossError(absl::StrCat("the checkpoint of shard ", shard, " in ", dir,
-                                              " holds ", c.values.size(), " values, expected ",
+                                              " holds ", held, " values, expected ",
                                               range.size()));
     }
-    std::copy(c.values.begin(), c.values.end(), file.params.begin() + range.begin);
-    file.versions.push_back(c.version);
+    std::copy(values->begin(), values->end(), file.params.begin() + range.begin);
+    file.versions.push_back(c.header.version());
     return absl::OkStatus();
   };
   if (absl::Status s = add(*first, 0); !s.ok()) return s;
   for (int shard = 1; shard < num_shards; ++shard) {
-    absl::StatusOr<ShardCheckpoint> c = NewestCheckpoint(dir, shard);
+    absl::StatusOr<ShardState> c = NewestCheckpoint(dir, shard);
     if (!c.ok()) {
       return absl::Status(c.status().code(), absl::StrCat(c.status().message(), " (the job has ",
                                                           num_shards, " shards)"));

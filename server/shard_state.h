@@ -1,0 +1,49 @@
+// A shard's whole state as one value: the header of the one state schema
+// (proto/shard_state.proto: model, place, optimizer, consistency model, version, workers, open
+// round) and the tensors it names. ParameterShard::Checkpoint fills one and Restore takes one;
+// CheckpointStore writes and reads it as a file; a primary sends one to a joining backup
+// (StateMessages, StateReceiver), so every field of the schema reaches all three.
+// Not thread-safe: a value.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "proto/shard_state.pb.h"
+
+namespace ps {
+
+// Tensor names.
+inline constexpr char kValuesTensor[] = "values";
+inline constexpr char kOptimizerTensorPrefix[] = "optimizer.";  // then the optimizer's slot
+inline constexpr char kRoundSumTensor[] = "round.sum";
+
+struct ShardState {
+  v1::ShardState header;
+  // tensors[i] holds header.tensors(i)'s values. It may hold more entries than the header names
+  // (storage kept from an earlier fill, reused by AddTensor): only the named ones are the state.
+  std::vector<std::vector<float>> tensors;
+
+  // Whether the state holds a model (it names a tensor).
+  bool has_model() const { return header.tensors_size() > 0; }
+  // The tensor named `name`, or null.
+  const std::vector<float>* Find(absl::string_view name) const;
+  // Forgets the tensors' names, keeping their storage for the next fill.
+  void ClearTensors() { header.clear_tensors(); }
+  // Names the next tensor `name` and returns its storage (kept from an earlier fill if any).
+  std::vector<float>& AddTensor(std::string name);
+};
+
+// The most tensors a state may name (values, up to two optimizer slots, a round's sum, and room):
+// a state received names no more, so that a header cannot make a backup allocate without bound.
+inline constexpr int kMaxStateTensors = 8;
+
+// Checks what can be checked of a state without a shard: at most kMaxStateTensors distinct
+// names, each tensor present and of `size` values. INVALID_ARGUMENT naming the problem.
+absl::Status CheckStateShape(const ShardState& state, int64_t size);
+
+}  // namespace ps
