@@ -8,6 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <google/protobuf/util/message_differencer.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/safetensors.h"
@@ -15,6 +17,7 @@
 #include "server/checkpoint_store.h"
 #include "server/checkpointer.h"
 #include "server/parameter_shard.h"
+#include "server/state_transfer.h"
 #include "tests/run_dir.h"
 #include "tools/model_export.h"
 #include "worker/model_file.h"
@@ -129,6 +132,111 @@ int64_t Inc(const ParameterShard& shard, int id) {
 std::vector<float> Weights(ParameterShard& shard) {
   absl::StatusOr<ParameterShard::Snapshot> s = shard.Read(kModel, -1, 0, 0, absl::Now());
   return std::vector<float>(s->values.span().begin(), s->values.span().end());
+}
+
+// Sets every field of `m` (every element twice for a repeated one, nested messages too) to a
+// value of its own, none the default, but the tensor list, which the tensors themselves make.
+void FillEveryField(google::protobuf::Message* m, int* next) {
+  using google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection* r = m->GetReflection();
+  const google::protobuf::Descriptor* d = m->GetDescriptor();
+  for (int k = 0; k < d->field_count(); ++k) {
+    const FieldDescriptor* f = d->field(k);
+    if (f->name() == "tensors") continue;
+    for (int copy = 0; copy < (f->is_repeated() ? 2 : 1); ++copy) {
+      const int v = ++*next;
+      const bool rep = f->is_repeated();
+      switch (f->cpp_type()) {
+        case FieldDescriptor::CPPTYPE_INT32:
+          rep ? r->AddInt32(m, f, v) : r->SetInt32(m, f, v);
+          break;
+        case FieldDescriptor::CPPTYPE_INT64:  // beyond 2^53: exact, not a JSON double
+          rep ? r->AddInt64(m, f, (int64_t{1} << 60) + v) : r->SetInt64(m, f, (int64_t{1} << 60) + v);
+          break;
+        case FieldDescriptor::CPPTYPE_UINT32:
+          rep ? r->AddUInt32(m, f, v) : r->SetUInt32(m, f, v);
+          break;
+        case FieldDescriptor::CPPTYPE_UINT64:
+          rep ? r->AddUInt64(m, f, v) : r->SetUInt64(m, f, v);
+          break;
+        case FieldDescriptor::CPPTYPE_DOUBLE:
+          rep ? r->AddDouble(m, f, v + 0.25) : r->SetDouble(m, f, v + 0.25);
+          break;
+        case FieldDescriptor::CPPTYPE_FLOAT:
+          rep ? r->AddFloat(m, f, v + 0.25f) : r->SetFloat(m, f, v + 0.25f);
+          break;
+        case FieldDescriptor::CPPTYPE_BOOL:
+          rep ? r->AddBool(m, f, true) : r->SetBool(m, f, true);
+          break;
+        case FieldDescriptor::CPPTYPE_ENUM: {
+          const auto* last = f->enum_type()->value(f->enum_type()->value_count() - 1);
+          rep ? r->AddEnum(m, f, last) : r->SetEnum(m, f, last);
+          break;
+        }
+        case FieldDescriptor::CPPTYPE_STRING:
+          rep ? r->AddString(m, f, absl::StrCat("text ", v)) : r->SetString(m, f, absl::StrCat("text ", v));
+          break;
+        case FieldDescriptor::CPPTYPE_MESSAGE:
+          FillEveryField(rep ? r->AddMessage(m, f) : r->MutableMessage(m, f), next);
+          break;
+      }
+    }
+  }
+}
+
+// The one state schema reaches checkpoints and the backup's state transfer alike: every field of
+// proto/shard_state.proto, set by reflection (so a field added to it is covered without a change
+// here), comes back from a checkpoint file and from the replication stream's encoding as it was.
+TEST(ShardStateTest, EveryFieldOfTheSchemaRoundTripsThroughACheckpointAndTheStateTransfer) {
+  ShardState state;
+  int next = 0;
+  FillEveryField(&state.header, &next);
+  const int64_t n = 300'000;  // more than one chunk of the stream
+  for (const char* name : {kValuesTensor, "optimizer.momentum", kRoundSumTensor}) {
+    std::vector<float>& values = state.AddTensor(name);
+    for (int64_t i = 0; i < n; ++i) values.push_back(static_cast<float>(i) * 0.5f + name[0]);
+  }
+  auto expect_same = [&](const ShardState& got, const std::string& path) {
+    v1::ShardState want_header = state.header, got_header = got.header;
+    want_header.clear_tensors();  // the file lists its tensors in its own order
+    got_header.clear_tensors();
+    std::string diff;
+    google::protobuf::util::MessageDifferencer differ;
+    differ.ReportDifferencesToString(&diff);
+    EXPECT_TRUE(differ.Compare(want_header, got_header)) << path << ": " << diff;
+    ASSERT_EQ(got.header.tensors_size(), 3) << path;
+    for (const std::string& name : state.header.tensors()) {
+      ASSERT_NE(got.Find(name), nullptr) << path << ": " << name;
+      EXPECT_EQ(*got.Find(name), *state.Find(name)) << path << ": " << name;
+    }
+  };
+
+  CheckpointStore store(NewRunDir("checkpoint"), state.header.shard_index(), 1);
+  absl::StatusOr<std::string> path = store.Write(state);
+  ASSERT_TRUE(path.ok()) << path.status();
+  absl::StatusOr<ShardState> read = ReadShardState(*path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  expect_same(*read, "checkpoint");
+
+  std::vector<grpc::ByteBuffer> wire;
+  auto keep = std::make_shared<int>(0);
+  ASSERT_TRUE(WriteState(state, 7, keep, [&](grpc::ByteBuffer b) {
+    wire.push_back(std::move(b));
+    return true;
+  }));
+  size_t at = 0;
+  auto next_message = [&](v1::ReplicationMessage* m) {
+    if (at == wire.size()) return false;
+    grpc::Slice flat;
+    EXPECT_TRUE(wire[at++].DumpToSingleSlice(&flat).ok());
+    return m->ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
+  };
+  v1::ReplicationMessage first;
+  ASSERT_TRUE(next_message(&first));
+  absl::StatusOr<ShardState> received = ReadState(first, n, next_message);
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(at, wire.size());
+  expect_same(*received, "state transfer");
 }
 
 TEST(ShardCheckpointTest, ARestoredShardContinuesBitIdentically) {

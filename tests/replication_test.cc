@@ -230,6 +230,36 @@ TEST(ReplicationTest, PsctlStatusShowsEachReplicaWithItsRoleAndOneThatIsDown) {
   EXPECT_EQ(down_table.find("): shard 0 ("), std::string::npos) << down_table;
 }
 
+// A backup takes over with its own settings, so it must run its primary's consistency model: the
+// state it receives names the primary's (shard_state.proto), and a backup of another one refuses
+// to follow, saying why, rather than joining and changing the job's rules at a failover.
+TEST(ReplicationTest, ABackupOfAnotherConsistencyModelIsRefused) {
+  const std::string dir = NewRunDir("replication");
+  const int p0 = *FreePort(), p1 = *FreePort();
+  auto start = [&](int replica, int port, int peer, const std::string& consistency) {
+    return Subprocess::Start(
+        {ExecutableDir() + "/ps", "--model=" + std::string(kMlp), "--num_workers=1",
+         "--host=127.0.0.1", absl::StrCat("--port=", port),
+         absl::StrCat("--peer=127.0.0.1:", peer), absl::StrCat("--replica=", replica),
+         "--consistency=" + consistency},
+        absl::StrCat(dir, "/ps-", replica, ".log"));
+  };
+  absl::StatusOr<Subprocess> primary = start(0, p0, p1, "async");
+  ASSERT_TRUE(primary.ok()) << primary.status();
+  absl::StatusOr<Subprocess> backup = start(1, p1, p0, "ssp:2");
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  const std::string address = absl::StrCat("127.0.0.1:", p1);
+  const std::string says = "the primary runs --consistency=async, this backup ssp:2";
+  bool refused = false;
+  for (absl::Time end = absl::Now() + absl::Seconds(60); absl::Now() < end && !refused;) {
+    refused = ReadFile(dir + "/ps-1.log").find(says) != std::string::npos;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_TRUE(refused) << ReadFile(dir + "/ps-1.log");
+  EXPECT_EQ(Stats(address).replica_role(), "joining");
+  EXPECT_EQ(Stats(absl::StrCat("127.0.0.1:", p0)).replica_role(), "primary");
+}
+
 // The acceptance test of replication: two replicated shards, two workers. The primary of shard 1
 // is killed (SIGKILL) mid-run; its backup takes over, the workers carry on, and the killed one,
 // started again, joins the new primary as its backup (state transfer mid-run). Then that primary
