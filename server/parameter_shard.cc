@@ -511,7 +511,7 @@ absl::Span<const float> ParameterShard::Compensate(int worker_id, int64_t base_v
   // DC-ASGD (Zheng et al. 2017): g + lambda * g * g * (w_now - w_at_pull) approximates the
   // gradient at the current weights from the stale one.
   scratch_.resize(gradient.size());
-  values_.Read([&](absl::Span<const float> weights) {
+  values_.Read([&](absl::Span<const float> weights) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (size_t i = 0; i < gradient.size(); ++i) {
       const float g = gradient[i];
       scratch_[i] = g + config_.dc_lambda * g * g * (weights[i] - pulled[i]);
