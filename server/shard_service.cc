@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/chunking.h"
+#include "common/grpc_method.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/shared_memory.h"
@@ -306,18 +307,19 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
       watchdog_(limits.stream_idle, limits.stream_total),
       segments_(limits.shm_clients, shard->range().size() * static_cast<int64_t>(sizeof(float))) {
   // Initialize and Push read raw bytes, so that tensors go from gRPC's slices straight into the
-  // shard's buffers: their generated synchronous handlers (methods 1 and 2 of the service, as
-  // ps.proto lists them) are replaced by handlers of ByteBuffer messages. The replacement API
-  // (meant for streamed methods) also marks them bidirectional, which changes nothing for a
-  // synchronous server: neither kind reads a request before the handler runs.
-  ReadRawBytes(1, &ShardService::Initialize);
-  ReadRawBytes(2, &ShardService::Push);
+  // shard's buffers: their generated synchronous handlers are replaced by handlers of ByteBuffer
+  // messages. The replacement API (meant for streamed methods) also marks them bidirectional,
+  // which changes nothing for a synchronous server: neither kind reads a request before the
+  // handler runs.
+  ReadRawBytes("Initialize", &ShardService::Initialize);
+  ReadRawBytes("Push", &ShardService::Push);
 }
 
 template <typename Response>
-void ShardService::ReadRawBytes(int method, RawStream<Response> handle) {
+void ShardService::ReadRawBytes(absl::string_view method, RawStream<Response> handle) {
   MarkMethodStreamed(
-      method, new grpc::internal::ClientStreamingHandler<ShardService, grpc::ByteBuffer, Response>(
+      MethodIndex<v1::ParameterServer>(method),
+      new grpc::internal::ClientStreamingHandler<ShardService, grpc::ByteBuffer, Response>(
                   [handle](ShardService* s, grpc::ServerContext* context,
                            grpc::ServerReader<grpc::ByteBuffer>* reader,
                            Response* response) { return (s->*handle)(context, reader, response); },

@@ -121,10 +121,10 @@ class ShardService final : public ShardServiceBase {
                                                    grpc::ServerReader<grpc::ByteBuffer>*,
                                                    Response*);
 
-  // Replaces the generated synchronous handler of method number `method` (in ps.proto's order)
-  // with one that reads raw bytes and calls `handle`.
+  // Replaces the generated synchronous handler of `method` ("Push") with one that reads raw
+  // bytes and calls `handle`.
   template <typename Response>
-  void ReadRawBytes(int method, RawStream<Response> handle);
+  void ReadRawBytes(absl::string_view method, RawStream<Response> handle);
 
   // OK if the caller's token allows `call` (then `caller`, if given, says which worker it may act
   // as); UNAUTHENTICATED or PERMISSION_DENIED otherwise.
