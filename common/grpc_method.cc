@@ -12,7 +12,7 @@
 namespace ps {
 
 const google::protobuf::MethodDescriptor& FindGrpcMethod(absl::string_view service,
-                                                          absl::string_view method) {
+                                                         absl::string_view method) {
   const google::protobuf::ServiceDescriptor* s =
       google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(std::string(service));
   const google::protobuf::MethodDescriptor* m =

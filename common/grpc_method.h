@@ -15,7 +15,7 @@ namespace ps {
 // descriptors do not hold is a programming error (a method renamed in the .proto but not here):
 // logs both names and aborts, which the first test that builds the service or client catches.
 const google::protobuf::MethodDescriptor& FindGrpcMethod(absl::string_view service,
-                                                          absl::string_view method);
+                                                         absl::string_view method);
 
 // The path gRPC calls `method` of the service named `service` by. The string lives as long as the
 // process (grpc::internal::RpcMethod keeps the pointer it is given).

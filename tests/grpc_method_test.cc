@@ -72,8 +72,8 @@ struct TestServer {
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     for (grpc::Service* s : services) builder.RegisterService(s);
     server = builder.BuildAndStart();
-    channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                  grpc::InsecureChannelCredentials());
+    channel =
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
   }
   ~TestServer() { server->Shutdown(); }
   std::unique_ptr<grpc::Server> server;
@@ -93,9 +93,9 @@ TEST(GrpcMethodTest, PathsAreTheGeneratedServicesPaths) {
   GeneratedParameterServer parameter_server;
   GeneratedReplication replication;
   TestServer server({&parameter_server, &replication});
-  for (const char* path : {MethodPath<v1::ParameterServer>("Initialize"),
-                           MethodPath<v1::ParameterServer>("Push"),
-                           MethodPath<v1::Replication>("Replicate")}) {
+  for (const char* path :
+       {MethodPath<v1::ParameterServer>("Initialize"), MethodPath<v1::ParameterServer>("Push"),
+        MethodPath<v1::Replication>("Replicate")}) {
     // A raw-bytes client stream, as ShardedClient sends Push and Initialize.
     grpc::internal::RpcMethod method(path, grpc::internal::RpcMethod::CLIENT_STREAMING,
                                      server.channel);
@@ -103,12 +103,12 @@ TEST(GrpcMethodTest, PathsAreTheGeneratedServicesPaths) {
     context.set_deadline(InTenSeconds());
     grpc::ByteBuffer response;
     std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
-        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
-            server.channel.get(), method, &context, &response));
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(server.channel.get(), method,
+                                                                      &context, &response));
     writer->WritesDone();
     grpc::Status status = writer->Finish();
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED) << path << ": "
-                                                              << status.error_message();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED)
+        << path << ": " << status.error_message();
     EXPECT_EQ(absl::StrCat("/", status.error_message()),
               std::string(path).substr(std::string(path).rfind('/')))
         << path;
