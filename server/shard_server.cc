@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
 #include <algorithm>
@@ -127,7 +128,10 @@ absl::Status ShardServer::Start() {
   grpc::ServerBuilder builder;
   ConfigureTransport(c.limits, &builder);
   const std::string address = absl::StrCat(c.host, ":", c.port);
-  builder.AddListeningPort(address, c.security.credentials, &port_);
+  builder.AddListeningPort(address,
+                           c.security.credentials != nullptr ? c.security.credentials
+                                                             : grpc::InsecureServerCredentials(),
+                           &port_);
   builder.RegisterService(service_.get());
   if (replication_service_ != nullptr) builder.RegisterService(replication_service_.get());
   server_ = builder.BuildAndStart();

@@ -40,7 +40,7 @@ namespace ps {
 struct ShardServerConfig {
   ShardConfig shard;  // its on_change is replaced: the server feeds its checkpointer and replica
   ServiceLimits limits;
-  ServerSecurity security;
+  ServerSecurity security;  // by default plaintext (null credentials) and no tokens
   std::optional<Replica::Options> replica;           // replication (ps --peer); none: alone
   std::optional<Checkpointer::Options> checkpoints;  // ps --checkpoint_dir; none: no checkpoints
   std::string host = "127.0.0.1";
