@@ -58,22 +58,32 @@ void MetricsEndpoint::Add(std::shared_ptr<prometheus::Collectable> collectable) 
   collectables_.push_back(std::move(collectable));
 }
 
-absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetricsFromFlags() {
-  const int port = absl::GetFlag(FLAGS_metrics_port);
-  if (port < 0) return nullptr;
-  if (port > 65535) return absl::InvalidArgumentError("--metrics_port must be at most 65535");
-  const std::string host = absl::GetFlag(FLAGS_metrics_host);
-  if (absl::Status s = CheckListenHost("--metrics_host", host, ServerSecurity{},
-                                       absl::GetFlag(FLAGS_metrics_insecure));
+MetricsOptions MetricsOptionsFromFlags() {
+  return {absl::GetFlag(FLAGS_metrics_port), absl::GetFlag(FLAGS_metrics_host),
+          absl::GetFlag(FLAGS_metrics_insecure)};
+}
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetrics(const MetricsOptions& options) {
+  if (options.port < 0) return nullptr;
+  if (options.port > 65535) {
+    return absl::InvalidArgumentError("--metrics_port must be at most 65535");
+  }
+  if (absl::Status s =
+          CheckListenHost("--metrics_host", options.host, ServerSecurity{}, options.insecure);
       !s.ok()) {
     return s;
   }
-  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint = MetricsEndpoint::Start(host, port);
+  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
+      MetricsEndpoint::Start(options.host, options.port);
   if (endpoint.ok()) {
-    PS_LOG(INFO) << "Prometheus metrics on http://" << host << ":" << (*endpoint)->port()
+    PS_LOG(INFO) << "Prometheus metrics on http://" << options.host << ":" << (*endpoint)->port()
                  << "/metrics";
   }
   return endpoint;
+}
+
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetricsFromFlags() {
+  return StartMetrics(MetricsOptionsFromFlags());
 }
 
 std::vector<double> LatencyBuckets() {

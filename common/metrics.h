@@ -35,9 +35,21 @@ class MetricsEndpoint {
   int port_ = 0;
 };
 
-// The endpoint --metrics_port and --metrics_host ask for, logged; null when --metrics_port < 0. A
-// host beyond loopback needs --metrics_insecure (plaintext HTTP to anyone who asks; kept apart from
-// a daemon's --insecure, which lowers its service's own guard).
+// Where a daemon serves its metrics: --metrics_port, --metrics_host and --metrics_insecure.
+struct MetricsOptions {
+  int port = -1;  // -1: no endpoint; 0: any free port
+  std::string host = "127.0.0.1";
+  // Allow a host beyond loopback (plaintext HTTP to anyone who asks; kept apart from a daemon's
+  // --insecure, which lowers its service's own guard).
+  bool insecure = false;
+};
+MetricsOptions MetricsOptionsFromFlags();
+
+// The endpoint `options` ask for, its port logged; null when options.port < 0. Fails with a
+// one-line reason naming the flags for a port beyond 65535, a host beyond loopback without
+// `insecure`, or a port that cannot be served.
+absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetrics(const MetricsOptions& options);
+// StartMetrics(MetricsOptionsFromFlags()).
 absl::StatusOr<std::unique_ptr<MetricsEndpoint>> StartMetricsFromFlags();
 
 // Buckets for durations of calls and steps: 100 us to 30 s, about 2.5x apart.

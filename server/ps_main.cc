@@ -1,37 +1,19 @@
 // ps: a parameter-server shard daemon. Serves one contiguous range of the model's flat parameter
 // vector over gRPC (ps.v1.ParameterServer plus grpc.health.v1.Health) until SIGTERM/SIGINT.
-#include <google/protobuf/util/json_util.h>
-#include <grpcpp/health_check_service_interface.h>
-#include <grpcpp/resource_quota.h>
-#include <grpcpp/security/server_credentials.h>
-#include <grpcpp/server.h>
-#include <grpcpp/server_builder.h>
-
-#include <cstdio>
-#include <fstream>
-#include <limits>
+#include <memory>
 #include <optional>
+#include <string>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "common/channel_options.h"
 #include "common/cluster_spec.h"
 #include "common/consistency_spec.h"
-#include "common/listen.h"
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/reflection.h"
 #include "common/security.h"
 #include "common/shutdown.h"
-#include "server/checkpointer.h"
-#include "server/parameter_shard.h"
-#include "server/replica.h"
-#include "server/shard_service.h"
+#include "server/shard_server.h"
 
 ABSL_FLAG(
     std::string, host, "127.0.0.1",
@@ -159,38 +141,6 @@ namespace {
 
 int Fail(const std::string& reason) { return FailMain("ps", reason); }
 
-// Writes `text` to `path` atomically, so a reader never sees a partial file.
-bool WriteFileAtomically(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out.flush()) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
-
-void WriteOutputs(const ShardStats& stats, const ShardProcess& process, const Replica* replica,
-                  const Checkpointer* checkpointer) {
-  if (std::string path = absl::GetFlag(FLAGS_staleness_csv); !path.empty()) {
-    std::string text = "staleness,count\n";
-    for (size_t k = 0; k < stats.staleness_counts.size(); ++k) {
-      absl::StrAppend(&text, k, ",", stats.staleness_counts[k], "\n");
-    }
-    if (!WriteFileAtomically(path, text)) PS_LOG(WARNING) << "cannot write " << path;
-  }
-  if (std::string path = absl::GetFlag(FLAGS_stats_json); !path.empty()) {
-    std::string json;
-    google::protobuf::util::JsonPrintOptions options;
-    options.add_whitespace = true;
-    options.always_print_primitive_fields = true;
-    v1::StatsResponse proto = StatsToProto(stats, process, replica);
-    if (checkpointer != nullptr) CheckpointHealthToProto(checkpointer->health(), &proto);
-    (void)google::protobuf::util::MessageToJsonString(proto, &json, options);
-    if (!WriteFileAtomically(path, json)) PS_LOG(WARNING) << "cannot write " << path;
-  }
-}
-
 absl::StatusOr<ShardConfig> ConfigFromFlags() {
   ShardConfig c;
   c.shard_index = absl::GetFlag(FLAGS_shard_index);
@@ -281,21 +231,35 @@ ServiceLimits LimitsFromFlags(int num_workers) {
   return l;
 }
 
-// Transport limits gRPC enforces itself: streams per connection, threads of the synchronous
-// methods (Push, Initialize: one each while in progress, beside a few pollers), and keepalive
-// pings that close connections whose peer vanished.
-void ConfigureTransport(const ServiceLimits& limits, grpc::ServerBuilder* builder) {
-  grpc::ResourceQuota quota("ps");
-  quota.SetMaxThreads(2 * limits.max_streams + 8);
-  builder->SetResourceQuota(quota);
-  builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
-                              std::max(limits.max_streams, limits.max_pulls) + 8);
-  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
-  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
-  builder->AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  AllowClientKeepalive(builder);
-  ListenExclusively(builder);
-  builder->AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 10 * 60'000);
+// The whole server's configuration from the flags; fails naming the flag at fault.
+absl::StatusOr<ShardServerConfig> ServerConfigFromFlags() {
+  ShardServerConfig c;
+  absl::StatusOr<ShardConfig> shard = ConfigFromFlags();
+  if (!shard.ok()) return shard.status();
+  c.shard = *std::move(shard);
+  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
+      {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)},
+      absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_read_token_file),
+      absl::GetFlag(FLAGS_replication_token_file), absl::GetFlag(FLAGS_worker_identity));
+  if (!security.ok()) return security.status();
+  c.security = *std::move(security);
+  absl::StatusOr<std::optional<Replica::Options>> replica = ReplicaFromFlags(c.shard, c.security);
+  if (!replica.ok()) return replica.status();
+  c.replica = *std::move(replica);
+  c.limits = LimitsFromFlags(c.shard.num_workers);
+  c.host = absl::GetFlag(FLAGS_host);
+  c.port = absl::GetFlag(FLAGS_port);
+  c.insecure = absl::GetFlag(FLAGS_insecure);
+  if (std::string dir = absl::GetFlag(FLAGS_checkpoint_dir); !dir.empty()) {
+    c.checkpoints = Checkpointer::Options{std::move(dir), absl::GetFlag(FLAGS_checkpoint_keep),
+                                          absl::Seconds(absl::GetFlag(FLAGS_checkpoint_seconds)),
+                                          absl::GetFlag(FLAGS_checkpoint_updates)};
+  }
+  c.metrics = MetricsOptionsFromFlags();
+  c.port_file = absl::GetFlag(FLAGS_port_file);
+  c.staleness_csv = absl::GetFlag(FLAGS_staleness_csv);
+  c.stats_json = absl::GetFlag(FLAGS_stats_json);
+  return c;
 }
 
 int Main(int argc, char** argv) {
@@ -308,173 +272,20 @@ int Main(int argc, char** argv) {
   if (!parsed->positional.empty()) {
     return Fail("unexpected argument '" + parsed->positional[0] + "' (flags are --name=value)");
   }
-  absl::StatusOr<ShardConfig> config = ConfigFromFlags();
+  absl::StatusOr<ShardServerConfig> config = ServerConfigFromFlags();
   if (!config.ok()) return Fail(std::string(config.status().message()));
-  std::unique_ptr<Checkpointer> checkpointer;  // opened below, once every flag checked out
-  absl::StatusOr<ServerSecurity> security = LoadServerSecurity(
-      {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)},
-      absl::GetFlag(FLAGS_token_file), absl::GetFlag(FLAGS_read_token_file),
-      absl::GetFlag(FLAGS_replication_token_file), absl::GetFlag(FLAGS_worker_identity));
-  if (!security.ok()) return Fail(std::string(security.status().message()));
-  absl::StatusOr<std::optional<Replica::Options>> replica_options =
-      ReplicaFromFlags(*config, *security);
-  if (!replica_options.ok()) return Fail(std::string(replica_options.status().message()));
-  // Set once the replica exists; changes made before (a checkpoint's restore) need no copy.
-  Replica* replica = nullptr;
-  config->on_change = [&checkpointer, &replica](const ShardChange& change) {
-    if (checkpointer != nullptr) checkpointer->OnUpdate(change.version);
-    if (replica != nullptr) replica->OnChange(change);
-  };
-  absl::StatusOr<std::unique_ptr<ParameterShard>> shard = ParameterShard::Create(*config);
-  if (!shard.ok()) return Fail(std::string(shard.status().message()));
-  SetLogTag(absl::StrCat("ps[", config->shard_index, "]"));
+  SetLogTag(absl::StrCat("ps[", config->shard.shard_index, "]"));
   if (!parsed->spec_summary.empty()) {
     PS_LOG(INFO) << "from the cluster spec: " << parsed->spec_summary;
   }
-  const std::string host = absl::GetFlag(FLAGS_host);
-  if (absl::Status s = CheckListenHost("--host", host, *security, absl::GetFlag(FLAGS_insecure));
-      !s.ok()) {
-    return Fail(std::string(s.message()));
-  }
-  if (absl::GetFlag(FLAGS_stream_idle_seconds) <= 0 ||
-      absl::GetFlag(FLAGS_stream_max_seconds) <= 0) {
-    return Fail("--stream_idle_seconds and --stream_max_seconds must be > 0");
-  }
-  const ServiceLimits limits = LimitsFromFlags(config->num_workers);
-  if (limits.shm_clients < 0) return Fail("--shm_clients must be >= 0 (0: no shared memory)");
-  if (limits.max_calls_per_worker < 0) return Fail("--max_calls_per_worker must be >= 0 (0: no cap)");
+  absl::StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Create(*std::move(config));
+  if (!server.ok()) return Fail(std::string(server.status().message()));
   if (absl::GetFlag(FLAGS_dry_run)) return 0;
-  if (const std::string dir = absl::GetFlag(FLAGS_checkpoint_dir); !dir.empty()) {
-    absl::StatusOr<std::unique_ptr<Checkpointer>> opened =
-        Checkpointer::Open({dir, absl::GetFlag(FLAGS_checkpoint_keep),
-                            absl::Seconds(absl::GetFlag(FLAGS_checkpoint_seconds)),
-                            absl::GetFlag(FLAGS_checkpoint_updates)},
-                           config->shard_index);
-    if (!opened.ok()) return Fail(std::string(opened.status().message()));
-    checkpointer = *std::move(opened);
-  }
   InstallShutdownHandler();
-
-  // Random, not the start time: a shard's two replicas start in the same microsecond often enough
-  // on a busy machine, and clients must tell them apart.
-  absl::BitGen random;
-  ShardProcess process{absl::Uniform<int64_t>(random, 1, std::numeric_limits<int64_t>::max())};
-  // Stops the checkpoint writer on every way out, before the shard it reads is destroyed.
-  absl::Cleanup stop_checkpoints = [&checkpointer] {
-    if (checkpointer != nullptr) checkpointer->Stop();
-  };
-  if (checkpointer != nullptr) {
-    absl::StatusOr<Checkpointer::Resumed> resumed = checkpointer->Start(shard->get());
-    if (!resumed.ok()) return Fail(std::string(resumed.status().message()));
-    process.resumed_version = resumed->version;
-    process.updates_lost = resumed->updates_lost;
-  }
-  std::unique_ptr<Replica> replication;
-  if (replica_options->has_value()) {
-    replication = std::make_unique<Replica>(shard->get(), process.incarnation, **replica_options);
-    replica = replication.get();
-  }
-  // Ends the replication streams on every way out, before the shard is destroyed.
-  absl::Cleanup stop_replication = [&replication] {
-    if (replication != nullptr) replication->Stop();
-  };
-  absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetricsFromFlags();
-  if (!metrics.ok()) return Fail(std::string(metrics.status().message()));
-  ServiceMetrics service_metrics;
-  if (*metrics != nullptr) {
-    service_metrics = AddShardMetrics(metrics->get(), shard->get(), checkpointer.get());
-  }
-  ShardService service(shard->get(), process, limits, security->tokens, replica, service_metrics,
-                       checkpointer.get());
-  std::optional<ReplicationService> replication_service;
-  if (replica != nullptr) replication_service.emplace(replica, security->tokens);
-  grpc::EnableDefaultHealthCheckService(true);  // open to all callers, for probes
-  grpc::ServerBuilder builder;
-  ConfigureTransport(limits, &builder);
-  int port = 0;
-  std::string address = absl::StrCat(host, ":", absl::GetFlag(FLAGS_port));
-  builder.AddListeningPort(address, security->credentials, &port);
-  builder.RegisterService(&service);
-  if (replication_service) builder.RegisterService(&*replication_service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    return Fail(absl::StrCat("cannot listen on ", address, ": ",
-                             CannotListenReason(host, absl::GetFlag(FLAGS_port))));
-  }
-  // Health says SERVING only while the shard can serve: once initialised, until shutdown.
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  health->SetServingStatus(false);
-  const Range& range = (*shard)->range();
-  PS_LOG(INFO) << "shard " << config->shard_index << "/" << config->num_shards << " of "
-               << (*shard)->model().fingerprint << " (" << (*shard)->model().total_params << " parameters; owns ["
-               << range.begin << ", " << range.end << ")) for " << config->num_workers
-               << " workers, serving on port " << port << ": " << (*shard)->consistency().Name()
-               << ", " << config->optimizer.name << ", lr " << config->learning_rate.base << " ("
-               << config->learning_rate.schedule << "); " << security->Describe();
-  if (replica != nullptr) {
-    PS_LOG(INFO) << "replica " << (*replica_options)->replica << " of shard " << config->shard_index
-                 << "; its peer is " << (*replica_options)->peer;
-    if (absl::Status s = replica->Start(); !s.ok()) return Fail(std::string(s.message()));
-  }
-  std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty() && !WriteFileAtomically(port_file, absl::StrCat(port, "\n"))) {
-    return Fail("cannot write --port_file " + port_file);
-  }
-
-  // Leases are checked and idle shared memory given back every second; a status line is logged
-  // every 30.
-  absl::Time next_status = absl::Now() + absl::Seconds(30);
-  bool serving = false;
-  std::string fenced;  // why this replica must stop, if it must
-  // Checked every 100 ms until the shard serves (for health), then every second.
-  while (!WaitForShutdown(serving ? absl::Seconds(1) : absl::Milliseconds(100))) {
-    if (replica != nullptr && replica->role() == Replica::Role::kFenced) {
-      fenced = replica->fenced_reason();
-      break;
-    }
-    const bool primary = replica == nullptr || replica->role() == Replica::Role::kPrimary;
-    const bool can_serve = (*shard)->initialized() && primary;
-    if (serving != can_serve) {
-      serving = can_serve;
-      health->SetServingStatus(serving);
-      PS_LOG(INFO) << (serving ? "serving clients" : "not serving clients");
-    }
-    // A backup hears no heartbeats: leases are the primary's business.
-    std::vector<int> expired =
-        primary ? (*shard)->ExpireLeases(MonotonicNow()) : std::vector<int>();
-    if (!expired.empty()) {
-      PS_LOG(WARNING) << "worker(s) " << absl::StrJoin(expired, ",")
-                      << " left the active set (lease expired, or no push while others waited): "
-                         "no longer waited for";
-    }
-    service.TrimSharedMemory(absl::Now());
-    if (absl::Now() >= next_status) {
-      ShardStats s = (*shard)->Stats();
-      PS_LOG(INFO) << "version " << s.version << ", " << s.active_workers << "/"
-                   << s.registered_workers << " workers active, " << s.pushes_rejected
-                   << " pushes rejected";
-      next_status += absl::Seconds(30);
-    }
-  }
-  health->SetServingStatus(false);
-  std::move(stop_replication).Invoke();
-  (*shard)->Shutdown();
-  // Calls in progress get a second to finish (a stalled client's stream is cancelled then), so
-  // that the shard stops within 2 s of SIGTERM, its last checkpoint included.
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  std::move(stop_checkpoints).Invoke();  // a last checkpoint
-  // A shard that cannot save its state must not exit as if it had: whoever restarts it would
-  // lose what it holds without a word.
-  const absl::Status last_checkpoint =
-      checkpointer != nullptr ? checkpointer->final_status() : absl::OkStatus();
-  ShardStats s = (*shard)->AllStats();
-  WriteOutputs(s, process, replica, checkpointer.get());
-  PS_LOG(INFO) << "stopped at version " << s.version << ": " << s.pushes_applied << " applied, "
-               << s.pushes_dropped_late + s.pushes_dropped_stale + s.pushes_dropped_norm
-               << " dropped, " << s.pushes_duplicate << " duplicate, " << s.pushes_rejected
-               << " rejected, " << s.pulls << " pulls";
-  if (!fenced.empty()) return Fail(fenced);
-  return last_checkpoint.ok() ? 0 : Fail(std::string(last_checkpoint.message()));
+  if (absl::Status s = (*server)->Start(); !s.ok()) return Fail(std::string(s.message()));
+  (*server)->Wait(WaitForShutdown);
+  absl::Status stopped = (*server)->Stop();
+  return stopped.ok() ? 0 : Fail(std::string(stopped.message()));
 }
 
 }  // namespace

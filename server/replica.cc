@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/chunking.h"
+#include "common/grpc_method.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/tensor_codec.h"
@@ -595,11 +596,13 @@ grpc::ServerUnaryReactor* ReplicationService::Status(grpc::CallbackServerContext
 ReplicationService::ReplicationService(Replica* replica, TokenAuthenticator tokens)
     : replica_(replica), tokens_(std::move(tokens)) {
   MarkMethodStreamed(
-      1, new grpc::internal::BidiStreamingHandler<ReplicationService, v1::BackupMessage,
-                                                  grpc::ByteBuffer>(
-             [](ReplicationService* s, grpc::ServerContext* context,
-                Replica::BackupStream* stream) { return s->Replicate(context, stream); },
-             this));
+      MethodIndex<v1::Replication>("Replicate"),
+      new grpc::internal::BidiStreamingHandler<ReplicationService, v1::BackupMessage,
+                                               grpc::ByteBuffer>(
+          [](ReplicationService* s, grpc::ServerContext* context, Replica::BackupStream* stream) {
+            return s->Replicate(context, stream);
+          },
+          this));
 }
 
 grpc::Status ReplicationService::Replicate(grpc::ServerContext* context,

@@ -150,7 +150,7 @@ class ReplicationService final
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
                                    const grpc::ByteBuffer* request,
                                    grpc::ByteBuffer* response) override;
-  // Replaces the generated handler (method 1 in ps.proto's order), writing raw bytes.
+  // Replaces the generated handler of Replicate, writing raw bytes.
   grpc::Status Replicate(grpc::ServerContext* context, Replica::BackupStream* stream);
 
  private:

@@ -8,9 +8,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/chunking.h"
+#include "common/grpc_method.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/shared_memory.h"
+#include "server/payload.h"
 
 namespace ps {
 namespace {
@@ -55,77 +57,6 @@ grpc::ByteBuffer Serialize(const Message& message) {
   return grpc::ByteBuffer(&slice, 1);
 }
 
-// A unary call on raw bytes: checks that the caller may at least `access` (before parsing, so a
-// stranger's bytes are never looked at; the API itself is public, and reflection describes it),
-// parses the request, runs
-// handler(request, &response) (a grpc::Status), serialises the response and finishes.
-template <typename Request, typename Response, typename Authorize, typename Handler>
-grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const grpc::ByteBuffer* in,
-                                grpc::ByteBuffer* out, const char* method, Authorize authorize,
-                                Handler handler) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  Request request;
-  Response response;
-  grpc::Status status = authorize();
-  if (status.ok()) status = Parse(*in, method, &request);
-  if (status.ok()) status = handler(request, &response);
-  if (status.ok()) *out = Serialize(response);
-  reactor->Finish(status);
-  return reactor;
-}
-
-// The first message of a chunked tensor stream (Initialize, Push), split: its fields but the
-// data parsed as `Chunk`, and the data still in gRPC's slices. INVALID_ARGUMENT naming `method`
-// for an empty stream, bytes that do not parse, or no header.
-template <typename Chunk>
-absl::Status ReadFirstChunk(grpc::ServerReader<grpc::ByteBuffer>* reader, const char* method,
-                            Chunk* chunk, std::optional<TensorMessage>* data) {
-  grpc::ByteBuffer bytes;
-  if (!reader->Read(&bytes)) {
-    return absl::InvalidArgumentError(absl::StrCat("empty ", method, " stream"));
-  }
-  absl::StatusOr<TensorMessage> m = TensorMessage::Decode(bytes, Chunk::kDataFieldNumber);
-  if (!m.ok() || !chunk->ParseFromString(m->head())) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot parse ", method, " chunk"));
-  }
-  if (!chunk->has_header()) {
-    return absl::InvalidArgumentError(absl::StrCat("the first ", method, " chunk has no header"));
-  }
-  data->emplace(*std::move(m));
-  return absl::OkStatus();
-}
-
-// Reads a chunked stream, whose first message's data is `first`, into `dst` as values of `type`,
-// straight from gRPC's slices. Only the first chunk may carry a header, and every later one must
-// carry data: a stream has at most dst.size() + 1 chunks.
-template <typename Chunk>
-absl::Status ReadPayload(grpc::ServerReader<grpc::ByteBuffer>* reader, TensorMessage first,
-                         absl::Span<float> dst, StreamWatchdog::Guard& guard,
-                         WireType type = WireType::kFloat32) {
-  ChunkAssembler assembler(dst, type);
-  std::optional<TensorMessage> m(std::move(first));
-  grpc::ByteBuffer bytes;
-  for (bool is_first = true;; is_first = false) {
-    guard.Progress();
-    if (!is_first) {
-      Chunk chunk;
-      if (!chunk.ParseFromString(m->head()))
-        return absl::InvalidArgumentError("cannot parse a chunk");
-      if (chunk.has_header()) {
-        return absl::InvalidArgumentError("a header appeared after the first chunk");
-      }
-      if (m->tensor_bytes() == 0)
-        return absl::InvalidArgumentError("an empty chunk after the first");
-    }
-    if (absl::Status s = m->AppendTensorTo(&assembler); !s.ok()) return s;
-    if (!reader->Read(&bytes)) break;
-    absl::StatusOr<TensorMessage> next = TensorMessage::Decode(bytes, Chunk::kDataFieldNumber);
-    if (!next.ok()) return next.status();
-    m.emplace(*std::move(next));
-  }
-  return assembler.Finish();
-}
-
 // Observers (negative ids) only read. A worker id touches the membership (Register joins it, a
 // Pull refreshes the worker's lease), so it needs write access.
 Access AccessFor(int worker_id) { return worker_id < 0 ? Access::kRead : Access::kWrite; }
@@ -135,19 +66,28 @@ Access AccessFor(int worker_id) { return worker_id < 0 ? Access::kRead : Access:
 // writes its snapshot chunk by chunk. Deletes itself when gRPC is done with it.
 class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
+  // `admission`: the pull's token and place (ShardService::Pull); the rest is admitted here, the
+  // request's wire type checked between the caller's identity and the replica's role.
   PullWriter(ShardService* service, grpc::CallbackServerContext* context,
-             const grpc::ByteBuffer& request, CallLimit::Slot slot)
-      : service_(service), context_(context), slot_(std::move(slot)) {
+             const grpc::ByteBuffer& request, Admission admission)
+      : service_(service), context_(context), admission_(std::move(admission)) {
     v1::PullRequest r;
     grpc::Status checked = Parse(request, "Pull", &r);
-    if (checked.ok()) checked = service_->AuthorizeAs(*context, r.worker_id(), "Pull");
+    if (checked.ok()) {
+      checked = service_->Admit(context, CallNeeds("Pull", Access::kRead).ActsAs(r.worker_id()),
+                                &admission_);
+    }
     if (checked.ok() && r.dtype() != v1::DTYPE_UNSPECIFIED) {
       absl::StatusOr<WireType> type = WireTypeOfDType(r.dtype());
       checked = ToGrpcStatus(type.status());
       if (type.ok()) type_ = *type;
     }
-    if (checked.ok()) checked = service_->CheckServing();
-    if (checked.ok()) checked = service_->CheckShardIncarnation(r.shard_incarnation());
+    if (checked.ok()) {
+      checked = service_->Admit(
+          context,
+          CallNeeds("Pull", Access::kRead).Serving().ShardIncarnation(r.shard_incarnation()),
+          &admission_);
+    }
     if (checked.ok() && r.shm_segment() != 0) {
       // Looked up now to refuse at once, and again when the values are written: a pull waiting
       // at a barrier holds no segment.
@@ -171,7 +111,8 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
                                      r.offset(),
                                      r.length(),
                                      r.has_after_sequence() ? r.after_sequence() : -1,
-                                     deadline};
+                                     deadline,
+                                     /*copy_out=*/nullptr};
     if (shm_segment_ != 0) {  // the values go straight into the segment
       read.copy_out = [this](absl::Span<const float> values) {
         shared_status_ = WriteShared(values);
@@ -238,19 +179,15 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   // Writes `values` into the segment's pull region, if it waits for this request (called by the
   // shard under its data lock: ReadRequest::copy_out).
   grpc::Status WriteShared(absl::Span<const float> values) {
-    absl::StatusOr<std::shared_ptr<const SharedSegment>> segment =
-        service_->segments_.Find(shm_segment_, worker_id_);
-    if (!segment.ok()) return SharedMemoryLostStatus(std::string(segment.status().message()));
-    SharedRegion region = (*segment)->pull();
-    if (static_cast<int64_t>(values.size()) * WireBytes(type_) > region.capacity()) {
-      return grpc::Status(grpc::StatusCode::INTERNAL, "a pull larger than its shared region");
+    absl::StatusOr<int64_t> saturated =
+        WriteSharedPull(service_->segments_, shm_segment_, worker_id_, shm_ticket_, values, type_);
+    if (!saturated.ok()) {
+      if (saturated.status().code() == absl::StatusCode::kInternal) {
+        return ToGrpcStatus(saturated.status());
+      }
+      return SharedMemoryLostStatus(std::string(saturated.status().message()));
     }
-    if (!region.Move(SharedRegion::kReady, SharedRegion::kBusy, shm_ticket_)) {
-      return SharedMemoryLostStatus(
-          "the shared pull region is not waiting for this request (another took its turn)");
-    }
-    NoteSaturated(EncodeValues(values, type_, region.data()));
-    region.Move(SharedRegion::kBusy, SharedRegion::kFilled, shm_ticket_);
+    NoteSaturated(*saturated);
     service_->shm_pulls_.fetch_add(1, std::memory_order_relaxed);
     return grpc::Status::OK;
   }
@@ -276,7 +213,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   ShardService* service_;
   grpc::CallbackServerContext* context_;
   const absl::Time start_ = absl::Now();
-  CallLimit::Slot slot_;
+  Admission admission_;
   int64_t ticket_ = 0;
   // Shared with the slices that reference it on the wire (common/tensor_codec.h).
   std::shared_ptr<ParameterShard::Snapshot> snapshot_;
@@ -306,27 +243,28 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
       watchdog_(limits.stream_idle, limits.stream_total),
       segments_(limits.shm_clients, shard->range().size() * static_cast<int64_t>(sizeof(float))) {
   // Initialize and Push read raw bytes, so that tensors go from gRPC's slices straight into the
-  // shard's buffers: their generated synchronous handlers (methods 1 and 2 of the service, as
-  // ps.proto lists them) are replaced by handlers of ByteBuffer messages. The replacement API
-  // (meant for streamed methods) also marks them bidirectional, which changes nothing for a
-  // synchronous server: neither kind reads a request before the handler runs.
-  ReadRawBytes(1, &ShardService::Initialize);
-  ReadRawBytes(2, &ShardService::Push);
+  // shard's buffers: their generated synchronous handlers are replaced by handlers of ByteBuffer
+  // messages. The replacement API (meant for streamed methods) also marks them bidirectional,
+  // which changes nothing for a synchronous server: neither kind reads a request before the
+  // handler runs.
+  ReadRawBytes("Initialize", &ShardService::Initialize);
+  ReadRawBytes("Push", &ShardService::Push);
 }
 
 template <typename Response>
-void ShardService::ReadRawBytes(int method, RawStream<Response> handle) {
+void ShardService::ReadRawBytes(absl::string_view method, RawStream<Response> handle) {
   MarkMethodStreamed(
-      method, new grpc::internal::ClientStreamingHandler<ShardService, grpc::ByteBuffer, Response>(
-                  [handle](ShardService* s, grpc::ServerContext* context,
-                           grpc::ServerReader<grpc::ByteBuffer>* reader,
-                           Response* response) { return (s->*handle)(context, reader, response); },
-                  this));
+      MethodIndex<v1::ParameterServer>(method),
+      new grpc::internal::ClientStreamingHandler<ShardService, grpc::ByteBuffer, Response>(
+          [handle](ShardService* s, grpc::ServerContext* context,
+                   grpc::ServerReader<grpc::ByteBuffer>* reader,
+                   Response* response) { return (s->*handle)(context, reader, response); },
+          this));
 }
 
-// An explicit check in each handler, not a grpc::AuthMetadataProcessor: gRPC 1.51 aborts when one
-// is set on InsecureServerCredentials (so a token without TLS would be impossible), and it would
-// guard the health service too, which stays open for probes.
+// An explicit check in each handler (Admit), not a grpc::AuthMetadataProcessor: gRPC 1.51 aborts
+// when one is set on InsecureServerCredentials (so a token without TLS would be impossible), and
+// it would guard the health service too, which stays open for probes.
 grpc::Status AuthorizeCall(const TokenAuthenticator& tokens, const grpc::ServerContextBase& context,
                            Access access, absl::string_view call, Caller* caller) {
   const auto& metadata = context.client_metadata();
@@ -338,28 +276,55 @@ grpc::Status AuthorizeCall(const TokenAuthenticator& tokens, const grpc::ServerC
   return ToGrpcStatus(who.status());
 }
 
-grpc::Status ShardService::Authorize(const grpc::ServerContextBase& context, Access needed,
-                                     absl::string_view call, Caller* caller) const {
-  return AuthorizeCall(tokens_, context, needed, call, caller);
+grpc::Status ShardService::Admit(grpc::ServerContextBase* context, const CallNeeds& needs,
+                                 Admission* admission) {
+  const Access access =
+      needs.acts_as && needs.access == Access::kRead ? AccessFor(*needs.acts_as) : needs.access;
+  // A token that allows writing allows reading: checked once unless the call needs more.
+  const bool covered = admission->authorized_ == access ||
+                       (admission->authorized_ == Access::kWrite && access == Access::kRead);
+  if (!covered) {
+    grpc::Status s = AuthorizeCall(tokens_, *context, access, needs.call, &admission->caller_);
+    if (!s.ok()) return s;
+    admission->authorized_ = access;
+  }
+  if (needs.acts_as) {
+    absl::Status s = CheckActsAs(admission->caller_, *needs.acts_as, needs.call);
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
+  if (needs.serving && replica_ != nullptr) {
+    absl::Status s = replica_->CheckServing(/*may_take_over=*/true);
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
+  if (needs.limit != nullptr) {
+    absl::StatusOr<CallLimit::Slot> slot = needs.limit->TryAcquire(admission->caller_.worker);
+    if (!slot.ok()) return ToGrpcStatus(slot.status());
+    admission->slot_.emplace(*std::move(slot));
+  }
+  if (const std::optional<int64_t>& claimed = needs.shard_incarnation;
+      claimed && *claimed != 0 && *claimed != process_.incarnation) {
+    return ShardRestartedStatus(absl::StrCat(
+        "shard ", shard_->index(), " restarted since this client registered (now incarnation ",
+        process_.incarnation, ", registered with ", *claimed, "): register again"));
+  }
+  if (needs.watched) admission->guard_.emplace(watchdog_.Watch(context));
+  return grpc::Status::OK;
 }
 
-grpc::Status ShardService::AuthorizeAs(const grpc::ServerContextBase& context, int worker_id,
-                                       absl::string_view call) const {
-  Caller caller;
-  grpc::Status s = Authorize(context, AccessFor(worker_id), call, &caller);
-  return s.ok() ? ToGrpcStatus(CheckActsAs(caller, worker_id, call)) : s;
-}
-
-grpc::Status ShardService::CheckShardIncarnation(int64_t claimed) const {
-  if (claimed == 0 || claimed == process_.incarnation) return grpc::Status::OK;
-  return ShardRestartedStatus(absl::StrCat(
-      "shard ", shard_->index(), " restarted since this client registered (now ", "incarnation ",
-      process_.incarnation, ", registered with ", claimed, "): register again"));
-}
-
-grpc::Status ShardService::CheckServing() const {
-  if (replica_ == nullptr) return grpc::Status::OK;
-  return ToGrpcStatus(replica_->CheckServing(/*may_take_over=*/true));
+template <typename Request, typename Response, typename Handler>
+grpc::ServerUnaryReactor* ShardService::Unary(grpc::CallbackServerContext* context,
+                                              const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
+                                              const CallNeeds& needs, Handler handler) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Admission admission;
+  Request request;
+  Response response;
+  grpc::Status status = Admit(context, needs, &admission);
+  if (status.ok()) status = Parse(*in, needs.call, &request);
+  if (status.ok()) status = handler(request, admission, &response);
+  if (status.ok()) *out = Serialize(response);
+  reactor->Finish(status);
+  return reactor;
 }
 
 grpc::Status ShardService::WaitReplicated(const grpc::ServerContextBase& context) const {
@@ -373,13 +338,14 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
   return Unary<v1::RegisterRequest, v1::RegisterResponse>(
-      context, request, response, "Register",
-      [&] { return Authorize(*context, Access::kRead, "Register"); },
-      [&](const auto& request, auto* response) {
-        if (grpc::Status s = AuthorizeAs(*context, request.worker_id(), "Register"); !s.ok()) {
+      context, request, response, CallNeeds("Register", Access::kRead),
+      [&](const auto& request, Admission& admission, auto* response) {
+        if (grpc::Status s = Admit(
+                context, CallNeeds("Register", Access::kRead).ActsAs(request.worker_id()).Serving(),
+                &admission);
+            !s.ok()) {
           return s;
         }
-        if (grpc::Status s = CheckServing(); !s.ok()) return s;
         if (absl::Status s = shard_->CheckNumWorkers(request.num_workers()); !s.ok()) {
           return ToGrpcStatus(s);
         }
@@ -403,12 +369,13 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
 grpc::Status ShardService::Initialize(grpc::ServerContext* context,
                                       grpc::ServerReader<grpc::ByteBuffer>* reader,
                                       v1::InitializeResponse* response) {
-  Caller caller;
-  if (grpc::Status s = Authorize(*context, Access::kWrite, "Initialize", &caller); !s.ok()) return s;
-  if (grpc::Status s = CheckServing(); !s.ok()) return s;
-  absl::StatusOr<CallLimit::Slot> stream = streams_.TryAcquire(caller.worker);
-  if (!stream.ok()) return ToGrpcStatus(stream.status());
-  StreamWatchdog::Guard guard = watchdog_.Watch(context);
+  Admission admission;
+  if (grpc::Status s = Admit(
+          context, CallNeeds("Initialize", Access::kWrite).Serving().Limit(&streams_).Watched(),
+          &admission);
+      !s.ok()) {
+    return s;
+  }
   v1::InitializeChunk chunk;
   std::optional<TensorMessage> data;
   if (absl::Status s = ReadFirstChunk(reader, "Initialize", &chunk, &data); !s.ok()) {
@@ -422,9 +389,8 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   // Not needed by a shard already initialised (a restarted initialiser): the data is not read.
   if (slot->needed()) {
-    if (absl::Status s =
-            ReadPayload<v1::InitializeChunk>(reader, *std::move(data), slot->values(), guard);
-        !s.ok()) {
+    StreamPayload<v1::InitializeChunk> source(reader, *std::move(data), &admission.guard());
+    if (absl::Status s = source.ReadInto(slot->values(), WireType::kFloat32); !s.ok()) {
       return ToGrpcStatus(s);
     }
   }
@@ -438,12 +404,13 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
                                 grpc::ServerReader<grpc::ByteBuffer>* reader,
                                 v1::PushResponse* response) {
   const absl::Time start = absl::Now();
-  Caller caller;
-  if (grpc::Status s = Authorize(*context, Access::kWrite, "Push", &caller); !s.ok()) return s;
-  if (grpc::Status s = CheckServing(); !s.ok()) return s;
-  absl::StatusOr<CallLimit::Slot> stream = streams_.TryAcquire(caller.worker);
-  if (!stream.ok()) return ToGrpcStatus(stream.status());
-  StreamWatchdog::Guard guard = watchdog_.Watch(context);
+  Admission admission;
+  if (grpc::Status s =
+          Admit(context, CallNeeds("Push", Access::kWrite).Serving().Limit(&streams_).Watched(),
+                &admission);
+      !s.ok()) {
+    return s;
+  }
   v1::PushChunk chunk;
   std::optional<TensorMessage> data;
   if (absl::Status s = ReadFirstChunk(reader, "Push", &chunk, &data); !s.ok()) {
@@ -451,17 +418,23 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
     return ToGrpcStatus(s);
   }
   const v1::PushHeader& h = chunk.header();
-  if (absl::Status s = CheckActsAs(caller, h.worker_id(), "Push"); !s.ok()) {
-    shard_->RecordRejectedPush();
-    return ToGrpcStatus(s);
+  // A push made as another worker counts as rejected; one for an earlier process of this shard
+  // does not (the client registers again and sends it anew).
+  if (grpc::Status s = Admit(context,
+                             CallNeeds("Push", Access::kWrite)
+                                 .ActsAs(h.worker_id())
+                                 .ShardIncarnation(h.shard_incarnation()),
+                             &admission);
+      !s.ok()) {
+    if (!IsShardRestarted(s)) shard_->RecordRejectedPush();
+    return s;
   }
-  if (grpc::Status s = CheckShardIncarnation(h.shard_incarnation()); !s.ok()) return s;
-  // Through shared memory: the region is taken before the push begins, so that a segment gone
-  // (the client then sends the push over gRPC) is not counted as a rejected push.
-  std::optional<SharedPush> shared;
+  // The payload's source, chosen once. A shared region is taken before the push begins, so that
+  // a segment gone (the client then sends the push over gRPC) is not counted as a rejected push.
+  std::unique_ptr<PayloadSource> source;
   if (h.shm_segment() != 0) {
-    absl::StatusOr<SharedPush> taken =
-        TakeSharedPush(reader, *data, h.shm_segment(), h.shm_ticket(), h.worker_id());
+    absl::StatusOr<std::unique_ptr<SharedPayload>> taken = SharedPayload::Take(
+        segments_, reader, *data, h.shm_segment(), h.shm_ticket(), h.worker_id());
     if (!taken.ok()) {
       if (taken.status().code() == absl::StatusCode::kInvalidArgument) {
         shard_->RecordRejectedPush();
@@ -469,24 +442,21 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
       }
       return SharedMemoryLostStatus(std::string(taken.status().message()));
     }
-    shared.emplace(*std::move(taken));
+    source = *std::move(taken);
+  } else {
+    source = std::make_unique<StreamPayload<v1::PushChunk>>(reader, *std::move(data),
+                                                            &admission.guard());
   }
-  // parse -> fill -> commit: the header is checked once, the payload goes into the slot's
+  // begin -> read -> commit: the header is checked once, the payload goes into the slot's
   // buffer, and a slot not committed counts as a rejected push.
   absl::StatusOr<ParameterShard::PushSlot> slot = shard_->BeginPush(
       {h.worker_id(), h.sequence(), h.base_version(), h.offset(), h.length(), h.incarnation()});
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<WireType> type = WireTypeOfDType(h.dtype());
   if (!type.ok()) return ToGrpcStatus(type.status());
-  if (shared) {
-    absl::Status s = shared->CopyTo(slot->gradient(), *type);
-    shared.reset();  // the client may reuse the region now
-    if (!s.ok()) return ToGrpcStatus(s);
-  } else if (absl::Status s = ReadPayload<v1::PushChunk>(reader, *std::move(data), slot->gradient(),
-                                                         guard, *type);
-             !s.ok()) {
-    return ToGrpcStatus(s);
-  }
+  absl::Status read = source->ReadInto(slot->gradient(), *type);
+  source.reset();  // a shared region is given back: the client may reuse it now
+  if (!read.ok()) return ToGrpcStatus(read);
   const int64_t payload = static_cast<int64_t>(slot->gradient().size()) * WireBytes(*type);
   absl::StatusOr<PushOutcome> outcome = shard_->Commit(*std::move(slot));
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
@@ -503,46 +473,13 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   return WaitReplicated(*context);
 }
 
-absl::StatusOr<ShardService::SharedPush> ShardService::TakeSharedPush(
-    grpc::ServerReader<grpc::ByteBuffer>* reader, const TensorMessage& first, int64_t segment,
-    uint64_t ticket, int worker_id) {
-  grpc::ByteBuffer more;
-  if (first.tensor_bytes() != 0 || reader->Read(&more)) {
-    return absl::InvalidArgumentError("a push through shared memory carries no data in its stream");
-  }
-  absl::StatusOr<std::shared_ptr<const SharedSegment>> found = segments_.Find(segment, worker_id);
-  if (!found.ok()) return found.status();
-  if (!(*found)->push().Move(SharedRegion::kReady, SharedRegion::kBusy, ticket)) {
-    return absl::FailedPreconditionError(
-        "the shared push region does not hold this request's gradient (another took its turn)");
-  }
-  return SharedPush(*std::move(found), ticket);
-}
-
-absl::Status ShardService::SharedPush::CopyTo(absl::Span<float> dst, WireType type) {
-  SharedRegion region = segment_->push();
-  const int64_t bytes = static_cast<int64_t>(dst.size()) * WireBytes(type);
-  if (bytes > region.capacity()) return absl::InternalError("a push larger than its shared region");
-  // Copied out before anything looks at it: the client cannot change what is checked.
-  ChunkAssembler assembler(dst, type);
-  absl::Status s = assembler.Append(std::string_view(region.data(), bytes));
-  if (s.ok()) s = assembler.Finish();
-  return s;
-}
-
-ShardService::SharedPush::~SharedPush() {
-  if (segment_ != nullptr) segment_->push().Move(SharedRegion::kBusy, SharedRegion::kIdle, ticket_);
-}
-
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::Pull(grpc::CallbackServerContext* context,
                                                                const grpc::ByteBuffer* request) {
   // The token is checked before a place is taken, so that a worker's own token counts against
   // its cap; the request's worker id is checked against it once parsed (PullWriter).
-  Caller caller;
-  grpc::Status refused = Authorize(*context, Access::kRead, "Pull", &caller);
-  absl::StatusOr<CallLimit::Slot> slot = absl::UnknownError("");
-  if (refused.ok()) slot = pulls_.TryAcquire(caller.worker);
-  if (refused.ok() && !slot.ok()) refused = ToGrpcStatus(slot.status());
+  Admission admission;
+  grpc::Status refused =
+      Admit(context, CallNeeds("Pull", Access::kRead).Limit(&pulls_), &admission);
   if (!refused.ok()) {
     // A reactor that only finishes: the limit holds before any work is done.
     struct Refusal : grpc::ServerWriteReactor<grpc::ByteBuffer> {
@@ -551,21 +488,24 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::Pull(grpc::CallbackSer
     };
     return new Refusal(refused);
   }
-  return new PullWriter(this, context, *request, *std::move(slot));
+  return new PullWriter(this, context, *request, std::move(admission));
 }
 
 grpc::ServerUnaryReactor* ShardService::Heartbeat(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
   return Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
-      context, request, response, "Heartbeat",
-      [&] { return Authorize(*context, Access::kWrite, "Heartbeat"); },
-      [&](const auto& request, auto* response) {
-        if (grpc::Status s = AuthorizeAs(*context, request.worker_id(), "Heartbeat"); !s.ok()) {
+      context, request, response, CallNeeds("Heartbeat", Access::kWrite),
+      [&](const auto& request, Admission& admission, auto* response) {
+        if (grpc::Status s = Admit(context,
+                                   CallNeeds("Heartbeat", Access::kWrite)
+                                       .ActsAs(request.worker_id())
+                                       .Serving()
+                                       .ShardIncarnation(request.shard_incarnation()),
+                                   &admission);
+            !s.ok()) {
           return s;
         }
-        if (grpc::Status s = CheckServing(); !s.ok()) return s;
-        if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
         absl::StatusOr<int> active = shard_->Heartbeat(request.worker_id(), request.incarnation());
         if (!active.ok()) return ToGrpcStatus(active.status());
         response->set_active_workers(*active);
@@ -577,14 +517,17 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* conte
                                               const grpc::ByteBuffer* request,
                                               grpc::ByteBuffer* response) {
   return Unary<v1::LeaveRequest, v1::LeaveResponse>(
-      context, request, response, "Leave",
-      [&] { return Authorize(*context, Access::kWrite, "Leave"); },
-      [&](const auto& request, auto*) {
-        if (grpc::Status s = AuthorizeAs(*context, request.worker_id(), "Leave"); !s.ok()) {
+      context, request, response, CallNeeds("Leave", Access::kWrite),
+      [&](const auto& request, Admission& admission, auto*) {
+        if (grpc::Status s = Admit(context,
+                                   CallNeeds("Leave", Access::kWrite)
+                                       .ActsAs(request.worker_id())
+                                       .Serving()
+                                       .ShardIncarnation(request.shard_incarnation()),
+                                   &admission);
+            !s.ok()) {
           return s;
         }
-        if (grpc::Status s = CheckServing(); !s.ok()) return s;
-        if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
         absl::Status left = shard_->Leave(request.worker_id(), request.incarnation());
         if (left.ok()) segments_.Release(request.worker_id());
         return ToGrpcStatus(left);
@@ -595,9 +538,8 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
   return Unary<v1::StatsRequest, v1::StatsResponse>(
-      context, request, response, "GetStats",
-      [&] { return Authorize(*context, Access::kRead, "GetStats"); },
-      [&](const auto& request, auto* response) {
+      context, request, response, CallNeeds("GetStats", Access::kRead),
+      [&](const auto& request, Admission&, auto* response) {
         int page = request.max_workers();
         if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
         *response = StatsToProto(shard_->Stats(request.first_worker(), page), process_, replica_);
@@ -613,10 +555,15 @@ grpc::ServerUnaryReactor* ShardService::Checkpoint(grpc::CallbackServerContext* 
                                                    const grpc::ByteBuffer* request,
                                                    grpc::ByteBuffer* response) {
   return Unary<v1::CheckpointRequest, v1::CheckpointResponse>(
-      context, request, response, "Checkpoint",
-      [&] { return Authorize(*context, Access::kAdmin, "Checkpoint"); },
-      [&](const auto& request, auto* response) {
-        if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
+      context, request, response, CallNeeds("Checkpoint", Access::kAdmin),
+      [&](const auto& request, Admission& admission, auto* response) {
+        if (grpc::Status s = Admit(context,
+                                   CallNeeds("Checkpoint", Access::kAdmin)
+                                       .ShardIncarnation(request.shard_incarnation()),
+                                   &admission);
+            !s.ok()) {
+          return s;
+        }
         if (checkpointer_ == nullptr) {
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                               "this shard keeps no checkpoints (ps --checkpoint_dir)");
@@ -642,15 +589,18 @@ grpc::ServerUnaryReactor* ShardService::AttachSharedMemory(grpc::CallbackServerC
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
   return Unary<v1::AttachSharedMemoryRequest, v1::AttachSharedMemoryResponse>(
-      context, request, response, "AttachSharedMemory",
-      [&] { return Authorize(*context, Access::kRead, "AttachSharedMemory"); },
-      [&](const auto& request, auto* response) {
+      context, request, response, CallNeeds("AttachSharedMemory", Access::kRead),
+      [&](const auto& request, Admission& admission, auto* response) {
         const int worker = request.worker_id();
-        if (grpc::Status s = AuthorizeAs(*context, worker, "AttachSharedMemory"); !s.ok()) {
+        if (grpc::Status s = Admit(context,
+                                   CallNeeds("AttachSharedMemory", Access::kRead)
+                                       .ActsAs(worker)
+                                       .Serving()
+                                       .ShardIncarnation(request.shard_incarnation()),
+                                   &admission);
+            !s.ok()) {
           return s;
         }
-        if (grpc::Status s = CheckServing(); !s.ok()) return s;
-        if (grpc::Status s = CheckShardIncarnation(request.shard_incarnation()); !s.ok()) return s;
         absl::Status checked = shard_->CheckModel(FromProto(request.model()));
         if (checked.ok() && worker >= 0) checked = shard_->CheckWorkerId(worker);
         if (!checked.ok()) return ToGrpcStatus(checked);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <optional>
 
 #include "common/security.h"
 #include "common/tensor_codec.h"
@@ -121,50 +122,83 @@ class ShardService final : public ShardServiceBase {
                                                    grpc::ServerReader<grpc::ByteBuffer>*,
                                                    Response*);
 
-  // Replaces the generated synchronous handler of method number `method` (in ps.proto's order)
-  // with one that reads raw bytes and calls `handle`.
+  // Replaces the generated synchronous handler of `method` ("Push") with one that reads raw
+  // bytes and calls `handle`.
   template <typename Response>
-  void ReadRawBytes(int method, RawStream<Response> handle);
+  void ReadRawBytes(absl::string_view method, RawStream<Response> handle);
 
-  // OK if the caller's token allows `call` (then `caller`, if given, says which worker it may act
-  // as); UNAUTHENTICATED or PERMISSION_DENIED otherwise.
-  grpc::Status Authorize(const grpc::ServerContextBase& context, Access needed,
-                         absl::string_view call, Caller* caller = nullptr) const;
-  // OK if the caller's token allows `call` made as worker `worker_id` (negative: an observer,
-  // which only reads); with per-worker identity, only that worker's own token does.
-  grpc::Status AuthorizeAs(const grpc::ServerContextBase& context, int worker_id,
-                           absl::string_view call) const;
-  // OK if a request's shard_incarnation is 0 (unchecked) or this process's; otherwise the
-  // client registered with an earlier process of this shard: ShardRestartedStatus.
-  grpc::Status CheckShardIncarnation(int64_t claimed) const;
-  // OK without replication or while this replica serves clients (see Replica::CheckServing).
-  grpc::Status CheckServing() const;
+  // What a call needs to be let in. Admit checks what is asked, in this order:
+  //   1. the caller's token allows `access` (kWrite for a call made as a worker: `acts_as` >= 0),
+  //      once per call and before its request is parsed, so that a stranger's bytes are never
+  //      looked at (the API itself is public, and reflection describes it);
+  //   2. the caller may act as worker `acts_as` (per-worker identity; negative: an observer);
+  //   3. the replica serves clients (`serving`: Replica::CheckServing, may take over);
+  //   4. a place among `limit`'s calls, which the caller's own worker token counts against its
+  //      cap (so the token is checked before the place is taken);
+  //   5. the request's `shard_incarnation` is 0 (unchecked) or this process's;
+  //   6. the call's stream is watched from then on (`watched`: StreamWatchdog).
+  // What is known only once the request is parsed goes to a second Admit of the same call.
+  struct CallNeeds {
+    CallNeeds(const char* call, Access access) : call(call), access(access) {}
+    CallNeeds& ActsAs(int worker_id) {
+      acts_as = worker_id;
+      return *this;
+    }
+    CallNeeds& Serving() {
+      serving = true;
+      return *this;
+    }
+    CallNeeds& Limit(CallLimit* calls) {
+      limit = calls;
+      return *this;
+    }
+    CallNeeds& ShardIncarnation(int64_t claimed) {
+      shard_incarnation = claimed;
+      return *this;
+    }
+    CallNeeds& Watched() {
+      watched = true;
+      return *this;
+    }
+    const char* call;  // names the call in refusals ("Push")
+    Access access;
+    std::optional<int> acts_as;
+    bool serving = false;
+    CallLimit* limit = nullptr;
+    std::optional<int64_t> shard_incarnation;
+    bool watched = false;
+  };
+  // One call let in (so far): whom its token names, and the place and the watchdog guard it holds
+  // until it ends. Not thread-safe (one call's).
+  class Admission {
+   public:
+    Admission() = default;
+    Admission(Admission&&) = default;
+    // REQUIRES: admitted Watched().
+    StreamWatchdog::Guard& guard() { return *guard_; }
+
+   private:
+    friend class ShardService;
+    std::optional<Access> authorized_;  // what the token was found to allow
+    Caller caller_;
+    std::optional<CallLimit::Slot> slot_;
+    std::optional<StreamWatchdog::Guard> guard_;
+  };
+  // OK if `admission`'s call may go on as `needs` says (then `admission` holds what it took);
+  // otherwise the refusal as the client sees it: UNAUTHENTICATED or PERMISSION_DENIED (token,
+  // identity), UNAVAILABLE (this replica does not serve), RESOURCE_EXHAUSTED (no place),
+  // ShardRestartedStatus (the client registered with an earlier process of this shard).
+  grpc::Status Admit(grpc::ServerContextBase* context, const CallNeeds& needs,
+                     Admission* admission);
+  // A unary call on raw bytes: admits `needs` (the token) before parsing, parses the request
+  // (INVALID_ARGUMENT naming the call if it does not), runs handler(request, admission, &response)
+  // (a grpc::Status; it admits what the request claims), serialises the response and finishes.
+  template <typename Request, typename Response, typename Handler>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const grpc::ByteBuffer* in,
+                                  grpc::ByteBuffer* out, const CallNeeds& needs, Handler handler);
   // OK without replication or once the backup has every change so far (Replica::WaitReplicated),
   // waiting until a little before the call's deadline.
   grpc::Status WaitReplicated(const grpc::ServerContextBase& context) const;
-  // A push region taken for one request (moved from ready to busy) until this ends, when it is
-  // given back (idle).
-  class SharedPush {
-   public:
-    SharedPush(std::shared_ptr<const SharedSegment> segment, uint64_t ticket)
-        : segment_(std::move(segment)), ticket_(ticket) {}
-    SharedPush(SharedPush&& o) noexcept : segment_(std::move(o.segment_)), ticket_(o.ticket_) {}
-    SharedPush& operator=(SharedPush&&) = delete;
-    ~SharedPush();
-    // Decodes the region's dst.size() values of `type` into `dst`.
-    absl::Status CopyTo(absl::Span<float> dst, WireType type);
-
-   private:
-    std::shared_ptr<const SharedSegment> segment_;
-    uint64_t ticket_;
-  };
-  // Takes the push region of segment `segment` for a push of worker `worker_id` handed over as
-  // `ticket`; the stream, whose first message was `first`, must carry no data (INVALID_ARGUMENT).
-  // NOT_FOUND or FAILED_PRECONDITION when the segment or the region's turn is not what the
-  // request says.
-  absl::StatusOr<SharedPush> TakeSharedPush(grpc::ServerReader<grpc::ByteBuffer>* reader,
-                                            const TensorMessage& first, int64_t segment,
-                                            uint64_t ticket, int worker_id);
 
   ParameterShard* shard_;
   const ShardProcess process_;

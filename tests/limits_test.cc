@@ -1,5 +1,6 @@
-// Multi-process tests of the shard's resource limits: a real `ps` on 127.0.0.1, driven by raw gRPC
-// clients that hold pulls at a barrier, stall streams, or send bytes that are no request at all.
+// Tests of the shard's resource limits: a real `ps` on 127.0.0.1 (or the same ShardServer in this
+// process), driven by raw gRPC clients that hold pulls at a barrier, stall streams, or send bytes
+// that are no request at all.
 #include <grpcpp/create_channel.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +18,7 @@
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/call_limits.h"
+#include "tests/in_process_shard.h"
 #include "tests/run_dir.h"
 #include "proto/ps.pb.h"
 #include "worker/sharded_client.h"
@@ -269,10 +271,13 @@ TEST_F(LimitsTest, EndlessEmptyChunksAreRefused) {
 TEST(InitialiseLimitsTest, AStalledInitialiserDoesNotLockOutTheRealOne) {
   // Before: an Initialize header alone held the one initialisation slot with no deadline, and
   // the real initialiser was refused for 60 s and gave up.
-  LocalCluster cluster(ExecutableDir(), NewRunDir("limits"));
-  ASSERT_TRUE(cluster.StartShards(1, kModel.fingerprint, 1, {"--stream_idle_seconds=1"}).ok());
+  // The shard runs in this process.
+  ShardServerConfig config = ShardOf(kModel.fingerprint, 1);
+  config.limits.stream_idle = absl::Seconds(1);
+  absl::StatusOr<std::unique_ptr<InProcessShard>> shard = InProcessShard::Start(std::move(config));
+  ASSERT_TRUE(shard.ok()) << shard.status();
   auto stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(cluster.ShardAddress(0), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel((*shard)->address(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
   context.set_deadline(In(absl::Seconds(60)));
   v1::InitializeResponse response;
@@ -288,7 +293,7 @@ TEST(InitialiseLimitsTest, AStalledInitialiserDoesNotLockOutTheRealOne) {
   absl::SleepFor(absl::Milliseconds(200));  // it holds the slot now (or soon: either is fine)
   ClientOptions options;
   options.retry_for = absl::Seconds(30);
-  ShardedClient real({cluster.ShardAddress(0)}, kModel, 0, options);
+  ShardedClient real({(*shard)->address()}, kModel, 0, options);
   ASSERT_TRUE(real.Register().ok());
   std::vector<float> values(1000, 0.5f);
   absl::StatusOr<int> applied = real.Initialize(values);
@@ -304,11 +309,17 @@ TEST(InitialiseLimitsTest, AStalledInitialiserDoesNotLockOutTheRealOne) {
 // workers: FetchStats (psctl status, the tools) joins the pages, every worker once, in order.
 TEST(StatsPagesTest, FetchStatsListsEveryWorkerOfEveryShard) {
   const ModelIdentity model{"flat:1000", 1000, 2};
-  LocalCluster cluster(ExecutableDir(), NewRunDir("pages"));
-  ASSERT_TRUE(cluster.StartShards(2, model.fingerprint, 300, {}).ok());
+  // Both shards run in this process.
+  std::vector<std::unique_ptr<InProcessShard>> shards;
+  for (int shard = 0; shard < 2; ++shard) {
+    absl::StatusOr<std::unique_ptr<InProcessShard>> started =
+        InProcessShard::Start(ShardOf(model.fingerprint, 300, shard, 2));
+    ASSERT_TRUE(started.ok()) << started.status();
+    shards.push_back(*std::move(started));
+  }
   for (int shard = 0; shard < 2; ++shard) {
     auto stub = v1::ParameterServer::NewStub(
-        grpc::CreateChannel(cluster.ShardAddress(shard), grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(shards[shard]->address(), grpc::InsecureChannelCredentials()));
     for (int w = 0; w < 300; ++w) {
       if (shard == 1 && w >= 100 && w < 200) continue;  // shard 1 never heard of 100..199
       grpc::ClientContext context;
@@ -322,7 +333,7 @@ TEST(StatsPagesTest, FetchStatsListsEveryWorkerOfEveryShard) {
       ASSERT_TRUE(stub->Register(&context, request, &response).ok());
     }
   }
-  ShardedClient observer({cluster.ShardAddress(0), cluster.ShardAddress(1)}, model, -1);
+  ShardedClient observer({shards[0]->address(), shards[1]->address()}, model, -1);
   absl::StatusOr<std::vector<v1::StatsResponse>> stats = observer.Stats();
   ASSERT_TRUE(stats.ok()) << stats.status();
   for (int shard = 0; shard < 2; ++shard) {

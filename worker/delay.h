@@ -15,6 +15,8 @@ class Delay {
  public:
   // Fails naming the spec if it is malformed or has negative times.
   static absl::StatusOr<Delay> Parse(const std::string& spec, uint64_t seed);
+  // No delay.
+  Delay() : Delay(Kind::kNone, 0, 0, 0) {}
 
   bool enabled() const { return kind_ != Kind::kNone; }
   // The next delay drawn from the distribution.

@@ -22,6 +22,7 @@
 #include "common/cluster.h"
 #include "common/connection_probe.h"
 #include "common/consistency_spec.h"
+#include "common/grpc_method.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/partition.h"
@@ -432,13 +433,13 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
     for (const std::string& address : ShardReplicas(addresses[i])) {
       std::shared_ptr<grpc::Channel> channel =
           grpc::CreateCustomChannel(address, credentials, ShardChannelArguments());
-      auto method = [&](const char* name) {
+      auto method = [&](absl::string_view name) {
         return std::make_unique<grpc::internal::RpcMethod>(
-            name, grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+            MethodPath<v1::ParameterServer>(name), grpc::internal::RpcMethod::CLIENT_STREAMING,
+            channel);
       };
       replicas.push_back({address, channel, v1::ParameterServer::NewStub(channel),
-                          method("/ps.v1.ParameterServer/Initialize"),
-                          method("/ps.v1.ParameterServer/Push"),
+                          method("Initialize"), method("Push"),
                           std::make_unique<Replica::Contact>()});
     }
     ranges_.push_back(
