@@ -18,8 +18,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "bench/median_seconds.h"
-#include "server/apply_threads.h"
-#include "server/optimizer.h"
+#include "server/state/apply_threads.h"
+#include "server/state/optimizer.h"
 
 ABSL_FLAG(int64_t, params, 10'000'000, "Parameters in the shard.");
 ABSL_FLAG(std::string, threads, "1,2", "Comma-separated thread counts (ps --apply_threads).");

@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/median_seconds.h"
-#include "server/checkpoint_store.h"
-#include "server/parameter_shard.h"
+#include "server/checkpoints/checkpoint_store.h"
+#include "server/state/parameter_shard.h"
 
 ABSL_FLAG(int64_t, params, 25'000'000, "Parameters in the shard (ResNet-50: ~25M).");
 ABSL_FLAG(std::string, optimizer, "momentum", "sgd | momentum | nesterov | adam | adagrad.");

@@ -16,7 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/proc_status.h"
 #include "deploy/local_cluster.h"
-#include "server/parameter_shard.h"
+#include "server/state/parameter_shard.h"
 #include "worker/sharded_client.h"
 
 ABSL_FLAG(int64_t, params, 100'000'000, "Parameters in the (single) shard.");

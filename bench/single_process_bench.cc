@@ -11,7 +11,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend.h"
-#include "server/optimizer.h"
+#include "server/state/optimizer.h"
 #include "worker/batch_sampler.h"
 #include "worker/idx_dataset.h"
 #include "worker/network.h"

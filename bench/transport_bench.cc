@@ -37,7 +37,7 @@
 #include "deploy/local_cluster.h"
 #include "deploy/subprocess.h"
 #include "nlohmann/json.hpp"
-#include "server/parameter_shard.h"
+#include "server/state/parameter_shard.h"
 #include "worker/sharded_client.h"
 
 ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"1", "16", "64"}),

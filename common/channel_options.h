@@ -2,7 +2,7 @@
 // its gRPC channels: reconnect soon after a shard comes back (gRPC's default waits 1 s, then ever
 // longer, up to 120 s, and meanwhile fails calls with the cached "connection refused"), and notice
 // a peer that stopped answering (SIGSTOP, a hung host) within seconds rather than at the call's
-// deadline. (A backup's channel to its primary keeps its own, slower keepalive: server/replica.cc.)
+// deadline. (A backup's channel to its primary keeps its own, slower keepalive: server/replication/replica.cc.)
 // Risk noted, not seen: on a very slow link a ping queued behind megabytes of a push could miss
 // the 2 s; the call then fails UNAVAILABLE and is retried.
 #pragma once

@@ -30,10 +30,10 @@
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "common/security.h"
-#include "server/checkpointer.h"
-#include "server/parameter_shard.h"
-#include "server/replica.h"
-#include "server/shard_service.h"
+#include "server/checkpoints/checkpointer.h"
+#include "server/state/parameter_shard.h"
+#include "server/replication/replica.h"
+#include "server/rpc/shard_service.h"
 
 namespace ps {
 

@@ -13,7 +13,7 @@
 #include "common/model_spec.h"
 #include "common/partition.h"
 #include "deploy/local_cluster.h"
-#include "server/checkpoint_store.h"
+#include "server/checkpoints/checkpoint_store.h"
 #include "tests/run_dir.h"
 #include "tools/model_export.h"
 #include "worker/model_file.h"

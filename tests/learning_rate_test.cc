@@ -1,4 +1,4 @@
-#include "server/learning_rate.h"
+#include "server/state/learning_rate.h"
 
 #include <gtest/gtest.h>
 

@@ -17,7 +17,7 @@
 #include "deploy/local_cluster.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
-#include "server/call_limits.h"
+#include "server/rpc/call_limits.h"
 #include "tests/in_process_shard.h"
 #include "tests/run_dir.h"
 #include "proto/ps.pb.h"

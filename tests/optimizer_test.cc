@@ -1,4 +1,4 @@
-#include "server/optimizer.h"
+#include "server/state/optimizer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "server/parameter_shard.h"
+#include "server/state/parameter_shard.h"
 
 #include <gtest/gtest.h>
 

@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "deploy/local_cluster.h"
-#include "server/checkpoint_store.h"
+#include "server/checkpoints/checkpoint_store.h"
 #include "tests/run_dir.h"
 
 namespace ps {

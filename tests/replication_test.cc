@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "deploy/local_cluster.h"
-#include "server/parameter_shard.h"
-#include "server/replication_log.h"
+#include "server/state/parameter_shard.h"
+#include "server/replication/replication_log.h"
 #include "tests/run_dir.h"
 #include "worker/sharded_client.h"
 

@@ -17,7 +17,7 @@
 #include "common/grpc_status.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.grpc.pb.h"
-#include "server/shared_segments.h"
+#include "server/rpc/shared_segments.h"
 #include "tests/run_dir.h"
 #include "proto/ps.pb.h"
 #include "worker/sharded_client.h"

@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/model_spec.h"
 #include "common/partition.h"
-#include "server/checkpoint_store.h"
+#include "server/checkpoints/checkpoint_store.h"
 #include "proto/ps.pb.h"
 
 namespace ps {

@@ -1,0 +1,616 @@
+#include "server/replication/replica.h"
+
+#include <fcntl.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/support/method_handler.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <utility>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/chunking.h"
+#include "common/grpc_method.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/tensor_codec.h"
+#include "server/rpc/shard_service.h"
+#include "server/replication/state_transfer.h"
+
+namespace ps {
+namespace {
+
+constexpr absl::Duration kHeartbeat = absl::Milliseconds(100);  // primary to backup, when idle
+constexpr absl::Duration kTick = absl::Milliseconds(100);       // the role thread's pace
+constexpr absl::Duration kProbeTimeout = absl::Milliseconds(500);
+
+
+// Writes `epoch` to `path` durably: a temporary file, fsync, rename.
+absl::Status WriteEpoch(const std::string& path, int64_t epoch) {
+  const std::string tmp = path + ".tmp";
+  const std::string text = absl::StrCat(epoch, "\n");
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  bool ok = fd >= 0 && write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
+            fsync(fd) == 0;
+  if (fd >= 0) ok = close(fd) == 0 && ok;
+  ok = ok && std::rename(tmp.c_str(), path.c_str()) == 0;
+  if (!ok)
+    return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
+  return absl::OkStatus();
+}
+
+// Parses raw request bytes into `message`; false if they are not one.
+bool ParseRaw(const grpc::ByteBuffer& bytes, google::protobuf::MessageLite* message) {
+  grpc::Slice flat;
+  if (!bytes.TrySingleSlice(&flat).ok() && !bytes.DumpToSingleSlice(&flat).ok()) return false;
+  return message->ParseFromArray(flat.begin(), static_cast<int>(flat.size()));
+}
+
+v1::ChangeHeader::Kind ToProto(ShardChange::Kind kind) {
+  switch (kind) {
+    case ShardChange::Kind::kInitialize:
+      return v1::ChangeHeader::INITIALIZE;
+    case ShardChange::Kind::kTaken:
+      return v1::ChangeHeader::TAKEN;
+    case ShardChange::Kind::kUpdate:
+      return v1::ChangeHeader::UPDATE;
+    default:  // a round's contribution is not a change the shard passes on
+      return v1::ChangeHeader::KIND_UNSPECIFIED;
+  }
+}
+
+v1::ChangeHeader::Drop ToProto(ShardChange::Drop drop) {
+  switch (drop) {
+    case ShardChange::Drop::kLate:
+      return v1::ChangeHeader::LATE;
+    case ShardChange::Drop::kStale:
+      return v1::ChangeHeader::STALE;
+    case ShardChange::Drop::kNorm:
+      return v1::ChangeHeader::NORM;
+    default:
+      return v1::ChangeHeader::DROP_UNSPECIFIED;
+  }
+}
+
+ShardChange::Drop FromProto(v1::ChangeHeader::Drop drop) {
+  switch (drop) {
+    case v1::ChangeHeader::LATE:
+      return ShardChange::Drop::kLate;
+    case v1::ChangeHeader::STALE:
+      return ShardChange::Drop::kStale;
+    case v1::ChangeHeader::NORM:
+      return ShardChange::Drop::kNorm;
+    default:
+      return ShardChange::Drop::kNone;
+  }
+}
+
+absl::StatusOr<ShardChange::Kind> FromProto(v1::ChangeHeader::Kind kind) {
+  switch (kind) {
+    case v1::ChangeHeader::INITIALIZE:
+      return ShardChange::Kind::kInitialize;
+    case v1::ChangeHeader::UPDATE:
+      return ShardChange::Kind::kUpdate;
+    case v1::ChangeHeader::TAKEN:
+      return ShardChange::Kind::kTaken;
+    default:
+      return absl::DataLossError("a change of unknown kind");
+  }
+}
+
+}  // namespace
+
+const char* Replica::RoleName(Role role) {
+  switch (role) {
+    case Role::kBackup:
+      return "backup";
+    case Role::kPrimary:
+      return "primary";
+    case Role::kFenced:
+      return "fenced";
+    default:
+      return "joining";
+  }
+}
+
+Replica::Replica(ParameterShard* shard, int64_t shard_incarnation, Options options)
+    : shard_(shard), shard_incarnation_(shard_incarnation), options_(std::move(options)) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = options_.security.credentials;
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+  peer_ = v1::Replication::NewStub(grpc::CreateCustomChannel(options_.peer, credentials, args));
+}
+
+Replica::~Replica() { Stop(); }
+
+absl::Status Replica::Start() {
+  if (!options_.epoch_file.empty()) {
+    std::ifstream in(options_.epoch_file);
+    int64_t epoch = 0;
+    if (in && !(in >> epoch)) {
+      return absl::InvalidArgumentError(options_.epoch_file + " holds no epoch");
+    }
+    absl::MutexLock lock(&mu_);
+    epoch_ = epoch;
+    veteran_ = epoch > 0;
+    if (veteran_) {
+      PS_LOG(INFO) << "this replica took part in the job up to epoch " << epoch << " ("
+                   << options_.epoch_file << "): it joins its peer, and starts no primary itself";
+    }
+  }
+  thread_ = std::thread([this] { Run(); });
+  return absl::OkStatus();
+}
+
+bool Replica::SetEpochLocked(int64_t epoch) {
+  if (!options_.epoch_file.empty()) {
+    if (absl::Status s = WriteEpoch(options_.epoch_file, epoch); !s.ok()) {
+      PS_LOG(ERROR) << "not moving to epoch " << epoch << ": " << s.message();
+      return false;
+    }
+  }
+  epoch_ = epoch;
+  veteran_ = true;
+  return true;
+}
+
+void Replica::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (follow_context_ != nullptr) follow_context_->TryCancel();
+  }
+  log_.Close();
+  if (thread_.joinable()) thread_.join();
+}
+
+Replica::Role Replica::role() const {
+  absl::MutexLock lock(&mu_);
+  return role_;
+}
+
+int64_t Replica::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+bool Replica::veteran() const {
+  absl::MutexLock lock(&mu_);
+  return veteran_;
+}
+
+std::string Replica::fenced_reason() const {
+  absl::MutexLock lock(&mu_);
+  return fenced_reason_;
+}
+
+absl::Duration Replica::SilenceLocked() const { return absl::Now() - last_heard_; }
+
+bool Replica::TakeOverLocked(absl::string_view why) {
+  if (role_ != Role::kBackup || !caught_up_ || transferring_ ||
+      SilenceLocked() < options_.failover || !SetEpochLocked(epoch_ + 1)) {
+    return false;
+  }
+  role_ = Role::kPrimary;
+  alone_ = true;
+  if (follow_context_ != nullptr) follow_context_->TryCancel();
+  PS_LOG(WARNING) << "took over as the primary of shard " << shard_->index() << " at epoch "
+                  << epoch_ << " (" << why << "; the primary at " << options_.peer
+                  << " was last heard from " << absl::FormatDuration(SilenceLocked())
+                  << " ago), at version " << shard_->version()
+                  << "; serving alone until a backup joins";
+  return true;
+}
+
+void Replica::FenceLocked(std::string reason) {
+  if (role_ == Role::kFenced) return;
+  role_ = Role::kFenced;
+  fenced_reason_ = std::move(reason);
+  log_.Close();
+  PS_LOG(ERROR) << fenced_reason_;
+}
+
+absl::Status Replica::CheckServing(bool may_take_over) {
+  absl::MutexLock lock(&mu_);
+  if (role_ == Role::kBackup && may_take_over) TakeOverLocked("a client found the primary gone");
+  switch (role_) {
+    case Role::kPrimary:
+      if (alone_ || log_.attached()) return absl::OkStatus();
+      return absl::UnavailableError(
+          absl::StrCat("shard ", shard_->index(), ": this primary (epoch ", epoch_,
+                       ") has no backup following it and acknowledges nothing until one joins"));
+    case Role::kBackup:
+      return absl::UnavailableError(absl::StrCat(
+          "shard ", shard_->index(), ": this replica is the backup (its primary at ", options_.peer,
+          " was heard from ", absl::FormatDuration(SilenceLocked()), " ago)"));
+    case Role::kFenced:
+      return absl::UnavailableError(fenced_reason_);
+    default:
+      return absl::UnavailableError(absl::StrCat(
+          "shard ", shard_->index(), ": this replica is joining its primary at ", options_.peer));
+  }
+}
+
+absl::Status Replica::WaitReplicated(absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (role_ == Role::kPrimary && alone_) return absl::OkStatus();
+    if (role_ != Role::kPrimary) {
+      return absl::UnavailableError(absl::StrCat("shard ", shard_->index(), ": this replica is ",
+                                                 RoleName(role_), " now; not acknowledged"));
+    }
+  }
+  return log_.WaitReplicated(deadline);
+}
+
+v1::ReplicaStatusResponse Replica::Status(bool take_over) {
+  absl::MutexLock lock(&mu_);
+  if (take_over) TakeOverLocked("its peer asked, finding no primary");
+  v1::ReplicaStatusResponse r;
+  r.set_shard_index(shard_->index());
+  r.set_role(RoleName(role_));
+  r.set_epoch(epoch_);
+  r.set_shard_incarnation(shard_incarnation_);
+  if (role_ == Role::kBackup) {
+    r.set_seconds_since_primary(absl::ToDoubleSeconds(SilenceLocked()));
+  }
+  r.set_backup_attached(role_ == Role::kPrimary && log_.attached());
+  r.set_caught_up(caught_up_ || role_ == Role::kPrimary);
+  return r;
+}
+
+grpc::Status Replica::ProbePeer(bool take_over, v1::ReplicaStatusResponse* status) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kProbeTimeout));
+  if (!options_.security.token.empty()) {
+    context.AddMetadata(kAuthorizationMetadata, BearerValue(options_.security.token));
+  }
+  v1::ReplicaStatusRequest request;
+  request.set_take_over(take_over);
+  return peer_->Status(&context, request, status);
+}
+
+void Replica::Run() {
+  // Roles take a few ticks to settle at start: nothing is worth a warning before 5 s.
+  absl::Time next_complaint = absl::Now() + absl::Seconds(5);
+  auto complain = [&](const std::string& what) {  // at most every 10 s
+    if (absl::Now() < next_complaint) return;
+    PS_LOG(WARNING) << what;
+    next_complaint = absl::Now() + absl::Seconds(10);
+  };
+  for (;;) {
+    Role role;
+    int64_t epoch;
+    bool lone_primary;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), kTick)) return;
+      role = role_;
+      epoch = epoch_;
+      lone_primary = role_ == Role::kPrimary && !alone_ && !log_.attached();
+      if (role_ == Role::kBackup && !follow_context_) TakeOverLocked("the primary is gone");
+      if (role_ != role) continue;
+    }
+    if (role == Role::kFenced || (role == Role::kPrimary && !lone_primary)) continue;
+    v1::ReplicaStatusResponse peer;
+    const grpc::Status probed = ProbePeer(false, &peer);
+    const bool reached = probed.ok();
+    if (probed.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+        probed.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      complain(absl::StrCat("shard ", shard_->index(), ": the replica at ", options_.peer,
+                            " refuses this one's replication credential (", probed.error_message(),
+                            "); both replicas need the same --replication_token_file"));
+    }
+    if (role == Role::kPrimary) {  // without a backup: was it replaced?
+      if (reached && peer.role() == "primary" && peer.epoch() > epoch) {
+        absl::MutexLock lock(&mu_);
+        FenceLocked(absl::StrCat("shard ", shard_->index(), ": the replica at ", options_.peer,
+                                 " took over as primary at epoch ", peer.epoch(),
+                                 " (this process had epoch ", epoch,
+                                 "); this one is fenced and acknowledges nothing"));
+      } else {
+        complain(absl::StrCat("shard ", shard_->index(), ": waiting for a backup to join from ",
+                              options_.peer, "; no push is acknowledged meanwhile"));
+      }
+      continue;
+    }
+    // Joining, or a backup whose stream ended.
+    if (reached && peer.role() == "primary") {
+      // At our epoch, only the primary we followed: another process there lacks our state. At an
+      // older one, the join (carrying our epoch) fences it.
+      bool joinable;
+      {
+        absl::MutexLock lock(&mu_);
+        joinable = peer.epoch() != epoch_ || !caught_up_ || peer.shard_incarnation() == followed_;
+      }
+      if (!joinable) {
+        complain(absl::StrCat("shard ", shard_->index(), ": not joining the primary at ",
+                              options_.peer, " (epoch ", peer.epoch(),
+                              "): it is not the one this backup followed, whose state it holds"));
+        continue;
+      }
+      if (absl::Status s = Follow(peer); !s.ok() && this->role() != Role::kPrimary) {
+        complain(absl::StrCat("shard ", shard_->index(), ": following the primary at ",
+                              options_.peer, " ended: ", s.message()));
+      }
+      continue;
+    }
+    if (role == Role::kBackup) continue;  // takes over once the silence is long enough
+    if (reached && peer.role() == "backup" && peer.caught_up()) {
+      // Its primary is gone, or soon will be: have it take over, then join it.
+      ProbePeer(true, &peer).IgnoreError();
+    } else if (options_.replica == 0 && !veteran() && (!reached || peer.role() == "joining")) {
+      absl::MutexLock lock(&mu_);
+      if (SetEpochLocked(epoch_ + 1)) {
+        role_ = Role::kPrimary;
+        PS_LOG(INFO) << "no primary to join at " << options_.peer << ": serving as the primary of "
+                     << "shard " << shard_->index() << " at epoch " << epoch_
+                     << "; pushes are acknowledged once a backup follows";
+      }
+    } else {
+      complain(absl::StrCat("shard ", shard_->index(), ": waiting for a primary at ", options_.peer,
+                            veteran() ? " (this replica took part before, so it starts none "
+                                        "itself; if the whole shard starts over, remove its "
+                                        "--epoch_file)"
+                                      : ""));
+    }
+  }
+}
+
+absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
+  grpc::ClientContext context;
+  if (!options_.security.token.empty()) {
+    context.AddMetadata(kAuthorizationMetadata, BearerValue(options_.security.token));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::CancelledError("stopping");
+    follow_context_ = &context;
+    transferring_ = true;
+    if (peer.shard_incarnation() != followed_) caught_up_ = false;
+  }
+  absl::Cleanup forget = [&] {
+    absl::MutexLock lock(&mu_);
+    follow_context_ = nullptr;
+    transferring_ = false;
+  };
+  std::unique_ptr<Stream> stream = peer_->Replicate(&context);
+  v1::BackupMessage join;
+  const ModelIdentity& model = shard_->model();
+  join.mutable_model()->set_fingerprint(model.fingerprint);
+  join.mutable_model()->set_total_params(model.total_params);
+  join.mutable_model()->set_num_shards(model.num_shards);
+  join.set_shard_index(shard_->index());
+  join.set_epoch(epoch());
+  v1::ReplicationMessage m;
+  absl::Status status;
+  absl::StatusOr<std::optional<ShardState>> state =
+      absl::UnavailableError("the primary refused the join");
+  if (stream->Write(join) && stream->Read(&m)) state = ReceiveState(m, stream.get());
+  status = state.status();
+  const int64_t joined_epoch = m.epoch();
+  if (status.ok()) {
+    // The new state and role together, and only if this replica did not take over (or stop)
+    // meanwhile: what it acknowledged as primary must not be overwritten.
+    absl::MutexLock lock(&mu_);
+    transferring_ = false;
+    if (stopping_ || role_ == Role::kPrimary || role_ == Role::kFenced) {
+      status = absl::CancelledError("no longer following");
+    } else if (!SetEpochLocked(joined_epoch)) {
+      status = absl::UnavailableError("cannot keep the epoch");
+    } else if (state->has_value()) {
+      status = shard_->Restore(**state);  // lock order: ours, then the shard's
+    }
+    if (status.ok()) {
+      role_ = Role::kBackup;
+      caught_up_ = true;
+      followed_ = peer.shard_incarnation();
+      last_heard_ = absl::Now();
+    }
+  }
+  if (status.ok()) {
+    PS_LOG(INFO) << "following the primary at " << options_.peer << " (epoch " << joined_epoch
+                 << ") from version " << shard_->version();
+  }
+  std::vector<float> values;
+  v1::BackupMessage ack;
+  ack.set_applied(m.state().changes());
+  while (status.ok() && stream->Write(ack) && stream->Read(&m)) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (role_ != Role::kBackup) break;  // took over: the old primary gets no more acks
+      last_heard_ = absl::Now();
+    }
+    if (m.epoch() != joined_epoch) {
+      status = absl::DataLossError("the primary's epoch changed within its stream");
+    } else if (m.has_change()) {
+      const v1::ChangeHeader& h = m.change();
+      absl::StatusOr<ShardChange::Kind> kind = FromProto(h.kind());
+      status = kind.status();
+      if (status.ok() && (h.length() < 0 || h.length() > shard_->range().size())) {
+        status = absl::DataLossError("a change longer than the shard");
+      }
+      if (status.ok()) {
+        values.resize(h.length());
+        status = ReadValues(Next(stream.get()), joined_epoch, absl::MakeSpan(values));
+      }
+      if (status.ok()) {
+        status = shard_->ApplyChange({h.index(), *kind, FromProto(h.drop()), h.version(),
+                                      h.worker_id(), h.sequence(), h.clock(), h.staleness(),
+                                      h.learning_rate(), values});
+      }
+      ack.set_applied(h.index());
+    }
+  }
+  context.TryCancel();
+  stream->Finish().IgnoreError();
+  return status.ok() ? absl::UnavailableError("the stream ended") : status;
+}
+
+std::function<bool(v1::ReplicationMessage*)> Replica::Next(Stream* stream) {
+  return [this, stream](v1::ReplicationMessage* m) {
+    if (!stream->Read(m)) return false;
+    absl::MutexLock lock(&mu_);
+    last_heard_ = absl::Now();
+    return true;
+  };
+}
+
+absl::StatusOr<std::optional<ShardState>> Replica::ReceiveState(const v1::ReplicationMessage& first,
+                                                                Stream* stream) {
+  if (first.epoch() < epoch()) {
+    return absl::FailedPreconditionError(absl::StrCat("the primary is at epoch ", first.epoch(),
+                                                      ", older than this replica's ", epoch()));
+  }
+  // A backup takes over with its own settings: they must be its primary's, or a failover would
+  // change the job's rules (Restore checks the rest of the state: model, optimizer, sizes).
+  if (first.has_state() && first.state().consistency() != shard_->consistency().Name()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the primary runs --consistency=", first.state().consistency(), ", this backup ",
+        shard_->consistency().Name(), ": give both replicas of a shard the same settings"));
+  }
+  absl::StatusOr<ShardState> state = ReadState(first, shard_->range().size(), Next(stream));
+  if (!state.ok()) return state.status();
+  if (!state->has_model()) {
+    if (shard_->initialized()) {
+      return absl::FailedPreconditionError(
+          "the primary holds no model while this replica holds one: not replacing it");
+    }
+    return std::nullopt;
+  }
+  return std::optional<ShardState>(*std::move(state));
+}
+
+grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* stream) {
+  v1::BackupMessage join;
+  if (!stream->Read(&join)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no join message");
+  }
+  const ModelIdentity& model = shard_->model();
+  if (join.model().fingerprint() != model.fingerprint ||
+      join.model().total_params() != model.total_params ||
+      join.model().num_shards() != model.num_shards || join.shard_index() != shard_->index()) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("a backup of shard ", join.shard_index(), " of ", join.model().fingerprint(),
+                     " cannot follow shard ", shard_->index(), " of ", model.fingerprint));
+  }
+  int64_t epoch;
+  {
+    absl::MutexLock lock(&mu_);
+    if (join.epoch() > epoch_) {
+      FenceLocked(absl::StrCat("shard ", shard_->index(), ": a backup knows epoch ", join.epoch(),
+                               ", newer than this primary's ", epoch_,
+                               "; this one is fenced and acknowledges nothing"));
+    }
+    if (role_ != Role::kPrimary) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("this replica is ", RoleName(role_), ", not the primary"));
+    }
+    epoch = epoch_;
+  }
+  const int64_t attachment = log_.Attach();
+  if (attachment == 0) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "shutting down");
+  {
+    absl::MutexLock lock(&mu_);
+    alone_ = false;  // from now on every change waits for this backup
+  }
+  PS_LOG(INFO) << "a backup is joining from " << context->peer() << ": sending the state";
+  // The acknowledgements, read beside the changes written below.
+  std::thread acks([&] {
+    v1::BackupMessage ack;
+    while (stream->Read(&ack)) log_.Acknowledge(attachment, ack.applied());
+    log_.Detach(attachment);
+  });
+  absl::Cleanup stop_acks = [&] {
+    log_.Detach(attachment);
+    context->TryCancel();
+    acks.join();
+  };
+  auto owned_state = std::make_shared<ShardState>();
+  // Without a model yet, the header alone: the backup then waits for the initialisation change.
+  shard_->Checkpoint(owned_state.get()).IgnoreError();
+  int64_t sent = owned_state->header.changes();
+  log_.Start(attachment, sent);
+  auto write = [stream](grpc::ByteBuffer bytes) { return stream->Write(bytes); };
+  bool ok = WriteState(*owned_state, epoch, owned_state, write);
+  owned_state.reset();  // freed once gRPC is done with it
+  if (ok) PS_LOG(INFO) << "a backup joined at change " << sent << ": streaming changes";
+  while (ok) {
+    absl::StatusOr<std::optional<std::shared_ptr<const ReplicationLog::Entry>>> next =
+        log_.Next(attachment, sent, kHeartbeat);
+    if (!next.ok()) break;
+    v1::ReplicationMessage out;
+    out.set_epoch(epoch);
+    if (!next->has_value()) {  // idle: a heartbeat
+      ok = WriteMessage(out, write);
+      continue;
+    }
+    const ShardChange& c = (**next)->change;
+    v1::ChangeHeader* header = out.mutable_change();
+    header->set_index(c.index);
+    header->set_kind(ToProto(c.kind));
+    header->set_drop(ToProto(c.drop));
+    header->set_version(c.version);
+    header->set_worker_id(c.worker_id);
+    header->set_sequence(c.sequence);
+    header->set_clock(c.clock);
+    header->set_staleness(c.staleness);
+    header->set_learning_rate(c.learning_rate);
+    header->set_length(static_cast<int64_t>(c.values.size()));
+    ok = WriteMessage(out, write) && WriteValues(c.values, epoch, **next, write);
+    sent = c.index;
+  }
+  PS_LOG(WARNING) << "the backup at " << context->peer() << " went away"
+                  << "; no push is acknowledged until a backup joins";
+  return grpc::Status::OK;
+}
+
+grpc::ServerUnaryReactor* ReplicationService::Status(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  // The caller first: a stranger's bytes are never parsed.
+  grpc::Status status = AuthorizeCall(tokens_, *context, Access::kReplicate, "Replication/Status");
+  v1::ReplicaStatusRequest parsed;
+  if (status.ok() && !ParseRaw(*request, &parsed)) {
+    status =
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "cannot parse Replication/Status request");
+  }
+  if (status.ok()) {
+    grpc::Slice slice(replica_->Status(parsed.take_over()).SerializeAsString());
+    *response = grpc::ByteBuffer(&slice, 1);
+  }
+  reactor->Finish(status);
+  return reactor;
+}
+
+ReplicationService::ReplicationService(Replica* replica, TokenAuthenticator tokens)
+    : replica_(replica), tokens_(std::move(tokens)) {
+  MarkMethodStreamed(
+      MethodIndex<v1::Replication>("Replicate"),
+      new grpc::internal::BidiStreamingHandler<ReplicationService, v1::BackupMessage,
+                                               grpc::ByteBuffer>(
+          [](ReplicationService* s, grpc::ServerContext* context, Replica::BackupStream* stream) {
+            return s->Replicate(context, stream);
+          },
+          this));
+}
+
+grpc::Status ReplicationService::Replicate(grpc::ServerContext* context,
+                                           Replica::BackupStream* stream) {
+  if (grpc::Status s = AuthorizeCall(tokens_, *context, Access::kReplicate, "Replicate"); !s.ok()) {
+    return s;
+  }
+  return replica_->ServeBackup(context, stream);
+}
+
+}  // namespace ps

@@ -1,0 +1,161 @@
+// One of the two processes serving a shard index when replication is on (ps --peer): the primary,
+// which serves clients and streams every change of its shard to the backup, acknowledging a push
+// only once the backup applied it; or the backup, which repeats those changes (so both states are
+// bit-identical) and takes over when its primary has been silent for the failover time.
+//
+// Roles and epochs. A process starts *joining*: if its peer is a primary it joins it (state
+// transfer, then the live stream) and becomes its *backup*; replica 0 becomes the *primary*
+// (epoch 1) when its peer has no model to give. A backup that takes over raises the epoch and
+// serves alone until a new backup joins it. A primary never serves alone otherwise: without a
+// backup it acknowledges nothing (clients then turn to its peer), so a primary that was only cut
+// off, or stopped and continued, cannot acknowledge pushes beside the one that replaced it; once
+// it sees its peer at a higher epoch it is *fenced* for good (ps exits, and comes back as a
+// backup). A backup joins only the primary it followed or one at a higher epoch; with an epoch file
+// the highest epoch a replica took part in outlives it, so a replica restarted empty neither joins
+// an older primary (whose state misses pushes acknowledged since; it fences it instead) nor starts
+// one by itself.
+//
+// Thread-safe. Owns a thread that settles the role and follows the primary.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <functional>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/security.h"
+#include "proto/ps.grpc.pb.h"
+#include "server/state/parameter_shard.h"
+#include "server/replication/replication_log.h"
+
+namespace ps {
+
+class Replica {
+ public:
+  enum class Role { kJoining, kBackup, kPrimary, kFenced };
+  static const char* RoleName(Role role);
+
+  struct Options {
+    std::string peer;  // the other replica's address
+    int replica = 0;   // 0 or 1; 0 starts as the primary when its peer has no model to give
+    // A backup takes over once its primary has been silent this long (it sends every 100 ms).
+    absl::Duration failover = absl::Seconds(1);
+    // To reach the peer: TLS, and security.token the replication token (never the job's write
+    // token: the peer accepts only its replication credential on ps.v1.Replication).
+    ClientSecurity security;
+    // Where the highest epoch this replica took part in is kept (fsynced before it acts at a new
+    // one); "": not kept, and a replica restarted after a takeover cannot tell a stale primary.
+    std::string epoch_file;
+  };
+
+  // `shard` must outlive this object; `shard_incarnation` is this process's (ShardProcess).
+  Replica(ParameterShard* shard, int64_t shard_incarnation, Options options);
+  ~Replica();
+  Replica(const Replica&) = delete;
+  Replica& operator=(const Replica&) = delete;
+
+  // Reads the epoch file (if any), then starts settling the role. Fails if the file cannot be
+  // read. Stop ends every stream and the thread; idempotent.
+  absl::Status Start();
+  void Stop();
+
+  // For ShardConfig::on_change.
+  void OnChange(const ShardChange& change) { log_.Append(change); }
+
+  // Before a client call: OK if this process serves clients now; UNAVAILABLE (saying why) if it
+  // does not, so that clients turn to the peer. A backup whose primary has been silent for the
+  // failover time takes over first if `may_take_over`.
+  absl::Status CheckServing(bool may_take_over);
+  // After a push or initialisation was taken: OK once every change made so far is on the backup
+  // (at once for a primary serving alone after a takeover); UNAVAILABLE at `deadline`, or when the
+  // backup goes away.
+  absl::Status WaitReplicated(absl::Time deadline);
+
+  // The Replication service's calls (see ps.proto). The primary writes ReplicationMessages as raw
+  // bytes, so that values go out without a copy (common/tensor_codec.h).
+  using BackupStream = grpc::ServerReaderWriter<grpc::ByteBuffer, v1::BackupMessage>;
+  grpc::Status ServeBackup(grpc::ServerContext* context, BackupStream* stream);
+  v1::ReplicaStatusResponse Status(bool take_over);
+
+  Role role() const;
+  int64_t epoch() const;
+  // Why this process was fenced; "" if it was not.
+  std::string fenced_reason() const;
+
+ private:
+  // The role thread: joins, follows, takes over, checks a lone primary for its replacement.
+  void Run();
+  // Asks the peer for its status (one attempt, short deadline).
+  grpc::Status ProbePeer(bool take_over, v1::ReplicaStatusResponse* status);
+  // Joins the primary described by `peer` and applies its stream until it ends.
+  absl::Status Follow(const v1::ReplicaStatusResponse& peer);
+  using Stream = grpc::ClientReaderWriter<v1::BackupMessage, v1::ReplicationMessage>;
+  // Receives the state transfer that starts a stream (its first message is `first`); nullopt
+  // when the primary holds no model yet. FAILED_PRECONDITION if the primary runs another
+  // consistency model than this replica.
+  absl::StatusOr<std::optional<ShardState>> ReceiveState(const v1::ReplicationMessage& first,
+                                                         Stream* stream);
+  // Reads the stream's next message; each counts as hearing from the primary.
+  std::function<bool(v1::ReplicationMessage*)> Next(Stream* stream);
+  // Moves to `epoch`, after writing it to the epoch file; false (logged) if that failed.
+  bool SetEpochLocked(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool TakeOverLocked(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FenceLocked(std::string reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Duration SilenceLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool veteran() const;
+
+  ParameterShard* const shard_;
+  const int64_t shard_incarnation_;
+  const Options options_;
+  std::unique_ptr<v1::Replication::Stub> peer_;
+  ReplicationLog log_;
+
+  mutable absl::Mutex mu_;
+  Role role_ ABSL_GUARDED_BY(mu_) = Role::kJoining;
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // A primary that took over serves alone until a backup joins it.
+  bool alone_ ABSL_GUARDED_BY(mu_) = false;
+  // A backup: holds the state of the primary it followed (incarnation `followed_`), with every
+  // change that primary acknowledged, and may take over.
+  bool caught_up_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t followed_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time last_heard_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  grpc::ClientContext* follow_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // A state transfer is being received: no takeover meanwhile (its end replaces the state).
+  bool transferring_ ABSL_GUARDED_BY(mu_) = false;
+  // Took part in the job before (an epoch from the epoch file): never starts a primary itself.
+  bool veteran_ ABSL_GUARDED_BY(mu_) = false;
+  std::string fenced_reason_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+// The Replication service over a Replica: checks that the caller holds the replication token
+// (Access::kReplicate: a backup receives the model, makes the primary acknowledge pushes, and
+// claims epochs that fence a primary or make a backup take over, so only the replica peer may
+// call), then hands the call over. Status reads raw bytes, so that the token is checked before
+// anything is parsed and a request that does not parse gets INVALID_ARGUMENT naming the method.
+class ReplicationService final
+    : public v1::Replication::WithRawCallbackMethod_Status<v1::Replication::Service> {
+ public:
+  ReplicationService(Replica* replica, TokenAuthenticator tokens);
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  // Replaces the generated handler of Replicate, writing raw bytes.
+  grpc::Status Replicate(grpc::ServerContext* context, Replica::BackupStream* stream);
+
+ private:
+  Replica* replica_;
+  const TokenAuthenticator tokens_;
+};
+
+}  // namespace ps

@@ -1,0 +1,679 @@
+#include "server/rpc/shard_service.h"
+
+#include <grpcpp/support/byte_buffer.h>
+#include <grpcpp/support/method_handler.h>
+#include <unistd.h>
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/chunking.h"
+#include "common/grpc_method.h"
+#include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/shared_memory.h"
+#include "server/rpc/payload.h"
+
+namespace ps {
+namespace {
+
+static_assert(static_cast<int>(WireType::kFloat32) == v1::FLOAT32 &&
+                  static_cast<int>(WireType::kBFloat16) == v1::BFLOAT16 &&
+                  static_cast<int>(WireType::kFloat16) == v1::FLOAT16,
+              "WireType numbers are ps.v1.DType's");
+
+ModelIdentity FromProto(const v1::ModelIdentity& m) {
+  return ModelIdentity{m.fingerprint(), m.total_params(), m.num_shards()};
+}
+
+grpc::Status InvalidArgument(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
+}
+
+absl::Status CheckDType(v1::DType dtype) {
+  if (dtype != v1::FLOAT32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported dtype ", v1::DType_Name(dtype), ": this server takes FLOAT32"));
+  }
+  return absl::OkStatus();
+}
+
+// Parses a raw request; INVALID_ARGUMENT naming the method if the bytes are not one.
+template <typename Message>
+grpc::Status Parse(const grpc::ByteBuffer& bytes, const char* method, Message* message) {
+  grpc::Slice flat;
+  if (!bytes.TrySingleSlice(&flat).ok() && !bytes.DumpToSingleSlice(&flat).ok()) {
+    return InvalidArgument(absl::StrCat("cannot parse ", method, " request"));
+  }
+  if (!message->ParseFromArray(flat.begin(), static_cast<int>(flat.size()))) {
+    return InvalidArgument(absl::StrCat("cannot parse ", method, " request"));
+  }
+  return grpc::Status::OK;
+}
+
+template <typename Message>
+grpc::ByteBuffer Serialize(const Message& message) {
+  grpc::Slice slice(message.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+// Observers (negative ids) only read. A worker id touches the membership (Register joins it, a
+// Pull refreshes the worker's lease), so it needs write access.
+Access AccessFor(int worker_id) { return worker_id < 0 ? Access::kRead : Access::kWrite; }
+}  // namespace
+
+// Streams one Pull's answer: waits (without a thread) for the shard to admit the pull, then
+// writes its snapshot chunk by chunk. Deletes itself when gRPC is done with it.
+class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  // `admission`: the pull's token and place (ShardService::Pull); the rest is admitted here, the
+  // request's wire type checked between the caller's identity and the replica's role.
+  PullWriter(ShardService* service, grpc::CallbackServerContext* context,
+             const grpc::ByteBuffer& request, Admission admission)
+      : service_(service), context_(context), admission_(std::move(admission)) {
+    v1::PullRequest r;
+    grpc::Status checked = Parse(request, "Pull", &r);
+    if (checked.ok()) {
+      checked = service_->Admit(context, CallNeeds("Pull", Access::kRead).ActsAs(r.worker_id()),
+                                &admission_);
+    }
+    if (checked.ok() && r.dtype() != v1::DTYPE_UNSPECIFIED) {
+      absl::StatusOr<WireType> type = WireTypeOfDType(r.dtype());
+      checked = ToGrpcStatus(type.status());
+      if (type.ok()) type_ = *type;
+    }
+    if (checked.ok()) {
+      checked = service_->Admit(
+          context,
+          CallNeeds("Pull", Access::kRead).Serving().ShardIncarnation(r.shard_incarnation()),
+          &admission_);
+    }
+    if (checked.ok() && r.shm_segment() != 0) {
+      // Looked up now to refuse at once, and again when the values are written: a pull waiting
+      // at a barrier holds no segment.
+      absl::Status found = service_->segments_.Find(r.shm_segment(), r.worker_id()).status();
+      checked =
+          found.ok() ? grpc::Status::OK : SharedMemoryLostStatus(std::string(found.message()));
+      shm_segment_ = r.shm_segment();
+      shm_ticket_ = r.shm_ticket();
+      worker_id_ = r.worker_id();
+    }
+    if (!checked.ok()) {
+      Finish(checked);
+      return;
+    }
+    // Wait at most a minute, and answer a little before the client's deadline so that it learns
+    // why (ABORTED: held back, pull again) instead of timing out.
+    absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
+                                   absl::FromChrono(context->deadline()) - absl::Milliseconds(250));
+    ParameterShard::ReadRequest read{FromProto(r.model()),
+                                     r.worker_id(),
+                                     r.offset(),
+                                     r.length(),
+                                     r.has_after_sequence() ? r.after_sequence() : -1,
+                                     deadline,
+                                     /*copy_out=*/nullptr};
+    if (shm_segment_ != 0) {  // the values go straight into the segment
+      read.copy_out = [this](absl::Span<const float> values) {
+        shared_status_ = WriteShared(values);
+        shared_values_ = static_cast<int64_t>(values.size());
+      };
+    }
+    ticket_ = service_->shard_->StartRead(
+        std::move(read),
+        [this](absl::StatusOr<ParameterShard::Snapshot> s) { OnAnswer(std::move(s)); });
+  }
+
+ private:
+  void OnAnswer(absl::StatusOr<ParameterShard::Snapshot> answer) {
+    if (!answer.ok()) {
+      Finish(ToGrpcStatus(answer.status()));
+      return;
+    }
+    snapshot_ = std::make_shared<ParameterShard::Snapshot>(*std::move(answer));
+    guard_.emplace(service_->watchdog_.Watch(context_));  // a reader that stops reading ends
+    WriteNext();
+  }
+  void WriteNext() {
+    absl::Span<const float> values = snapshot_->values.span();
+    const int64_t count = shm_segment_ != 0 ? shared_values_ : values.size();
+    if (next_ < 0 || (next_ > 0 && next_ >= count)) {
+      const ServiceMetrics& m = service_->metrics_;
+      if (m.pull_seconds != nullptr) {
+        m.pull_bytes->Increment(static_cast<double>(count * WireBytes(type_)));
+        m.pull_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start_));
+      }
+      Finish(grpc::Status::OK);
+      return;
+    }
+    int64_t n = std::min<int64_t>(kChunkBytes / WireBytes(type_), values.size() - next_);
+    v1::PullChunk head;  // all but the data
+    head.set_version(snapshot_->version);
+    head.set_offset(snapshot_->offset + next_);
+    head.set_dtype(static_cast<v1::DType>(type_));
+    if (shm_segment_ != 0) {  // the values are in the segment already: say so
+      if (!shared_status_.ok()) {
+        Finish(shared_status_);
+        return;
+      }
+      head.set_shm_values(shared_values_);
+      grpc::Slice slice(head.SerializeAsString());
+      message_ = grpc::ByteBuffer(&slice, 1);
+      next_ = -1;  // done after this message
+      StartWrite(&message_);
+      return;
+    }
+    absl::Span<const float> piece = values.subspan(next_, n);
+    if (type_ == WireType::kFloat32) {  // the snapshot itself goes out
+      message_ = EncodeWithTensor(head.SerializeAsString(), v1::PullChunk::kDataFieldNumber,
+                                  AsBytes(piece), snapshot_);
+    } else {
+      auto encoded = std::make_shared<std::string>();
+      NoteSaturated(EncodeValues(piece, type_, encoded.get()));
+      message_ = EncodeWithTensor(head.SerializeAsString(), v1::PullChunk::kDataFieldNumber,
+                                  *encoded, encoded);
+    }
+    next_ += std::max<int64_t>(n, 1);
+    StartWrite(&message_);
+  }
+  // Writes `values` into the segment's pull region, if it waits for this request (called by the
+  // shard under its data lock: ReadRequest::copy_out).
+  grpc::Status WriteShared(absl::Span<const float> values) {
+    absl::StatusOr<int64_t> saturated =
+        WriteSharedPull(service_->segments_, shm_segment_, worker_id_, shm_ticket_, values, type_);
+    if (!saturated.ok()) {
+      if (saturated.status().code() == absl::StatusCode::kInternal) {
+        return ToGrpcStatus(saturated.status());
+      }
+      return SharedMemoryLostStatus(std::string(saturated.status().message()));
+    }
+    NoteSaturated(*saturated);
+    service_->shm_pulls_.fetch_add(1, std::memory_order_relaxed);
+    return grpc::Status::OK;
+  }
+  void NoteSaturated(int64_t saturated) {
+    if (saturated > 0 && !service_->pull_saturated_.exchange(true)) {
+      PS_LOG(WARNING) << "a pulled weight beyond " << WireTypeName(type_)
+                      << "'s range was sent as its largest (logged once)";
+    }
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client went away during Pull"));
+      return;
+    }
+    guard_->Progress();
+    WriteNext();
+  }
+  // The client went away or the call was cancelled: a pull still waiting ends now (its answer,
+  // CANCELLED, finishes the call); one being written ends with its next write.
+  void OnCancel() override { service_->shard_->CancelRead(ticket_); }
+  void OnDone() override { delete this; }
+
+  ShardService* service_;
+  grpc::CallbackServerContext* context_;
+  const absl::Time start_ = absl::Now();
+  Admission admission_;
+  int64_t ticket_ = 0;
+  // Shared with the slices that reference it on the wire (common/tensor_codec.h).
+  std::shared_ptr<ParameterShard::Snapshot> snapshot_;
+  std::optional<StreamWatchdog::Guard> guard_;
+  int64_t next_ = 0;                    // index of the next value to write; -1: all written
+  WireType type_ = WireType::kFloat32;  // what the values travel as
+  // The segment the values go through (0: none), the request's ticket and its client.
+  int64_t shm_segment_ = 0;
+  uint64_t shm_ticket_ = 0;
+  int worker_id_ = -1;
+  grpc::Status shared_status_;  // of writing the values into it, and how many
+  int64_t shared_values_ = 0;
+  grpc::ByteBuffer message_;
+};
+
+ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
+                           const ServiceLimits& limits, TokenAuthenticator tokens, Replica* replica,
+                           ServiceMetrics metrics, Checkpointer* checkpointer)
+    : shard_(shard),
+      process_(process),
+      tokens_(std::move(tokens)),
+      replica_(replica),
+      metrics_(metrics),
+      checkpointer_(checkpointer),
+      streams_("streams", limits.max_streams, limits.max_calls_per_worker),
+      pulls_("pulls", limits.max_pulls, limits.max_calls_per_worker),
+      watchdog_(limits.stream_idle, limits.stream_total),
+      segments_(limits.shm_clients, shard->range().size() * static_cast<int64_t>(sizeof(float))) {
+  // Initialize and Push read raw bytes, so that tensors go from gRPC's slices straight into the
+  // shard's buffers: their generated synchronous handlers are replaced by handlers of ByteBuffer
+  // messages. The replacement API (meant for streamed methods) also marks them bidirectional,
+  // which changes nothing for a synchronous server: neither kind reads a request before the
+  // handler runs.
+  ReadRawBytes("Initialize", &ShardService::Initialize);
+  ReadRawBytes("Push", &ShardService::Push);
+}
+
+template <typename Response>
+void ShardService::ReadRawBytes(absl::string_view method, RawStream<Response> handle) {
+  MarkMethodStreamed(
+      MethodIndex<v1::ParameterServer>(method),
+      new grpc::internal::ClientStreamingHandler<ShardService, grpc::ByteBuffer, Response>(
+          [handle](ShardService* s, grpc::ServerContext* context,
+                   grpc::ServerReader<grpc::ByteBuffer>* reader,
+                   Response* response) { return (s->*handle)(context, reader, response); },
+          this));
+}
+
+// An explicit check in each handler (Admit), not a grpc::AuthMetadataProcessor: gRPC 1.51 aborts
+// when one is set on InsecureServerCredentials (so a token without TLS would be impossible), and
+// it would guard the health service too, which stays open for probes.
+grpc::Status AuthorizeCall(const TokenAuthenticator& tokens, const grpc::ServerContextBase& context,
+                           Access access, absl::string_view call, Caller* caller) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(kAuthorizationMetadata);
+  absl::string_view value;
+  if (it != metadata.end()) value = absl::string_view(it->second.data(), it->second.size());
+  absl::StatusOr<Caller> who = tokens.Authorize(value, access, call);
+  if (who.ok() && caller != nullptr) *caller = *who;
+  return ToGrpcStatus(who.status());
+}
+
+grpc::Status ShardService::Admit(grpc::ServerContextBase* context, const CallNeeds& needs,
+                                 Admission* admission) {
+  const Access access =
+      needs.acts_as && needs.access == Access::kRead ? AccessFor(*needs.acts_as) : needs.access;
+  // A token that allows writing allows reading: checked once unless the call needs more.
+  const bool covered = admission->authorized_ == access ||
+                       (admission->authorized_ == Access::kWrite && access == Access::kRead);
+  if (!covered) {
+    grpc::Status s = AuthorizeCall(tokens_, *context, access, needs.call, &admission->caller_);
+    if (!s.ok()) return s;
+    admission->authorized_ = access;
+  }
+  if (needs.acts_as) {
+    absl::Status s = CheckActsAs(admission->caller_, *needs.acts_as, needs.call);
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
+  if (needs.serving && replica_ != nullptr) {
+    absl::Status s = replica_->CheckServing(/*may_take_over=*/true);
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
+  if (needs.limit != nullptr) {
+    absl::StatusOr<CallLimit::Slot> slot = needs.limit->TryAcquire(admission->caller_.worker);
+    if (!slot.ok()) return ToGrpcStatus(slot.status());
+    admission->slot_.emplace(*std::move(slot));
+  }
+  if (const std::optional<int64_t>& claimed = needs.shard_incarnation;
+      claimed && *claimed != 0 && *claimed != process_.incarnation) {
+    return ShardRestartedStatus(absl::StrCat(
+        "shard ", shard_->index(), " restarted since this client registered (now incarnation ",
+        process_.incarnation, ", registered with ", *claimed, "): register again"));
+  }
+  if (needs.watched) admission->guard_.emplace(watchdog_.Watch(context));
+  return grpc::Status::OK;
+}
+
+template <typename Request, typename Response, typename Handler>
+grpc::ServerUnaryReactor* ShardService::Unary(grpc::CallbackServerContext* context,
+                                              const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
+                                              const CallNeeds& needs, Handler handler) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Admission admission;
+  Request request;
+  Response response;
+  grpc::Status status = Admit(context, needs, &admission);
+  if (status.ok()) status = Parse(*in, needs.call, &request);
+  if (status.ok()) status = handler(request, admission, &response);
+  if (status.ok()) *out = Serialize(response);
+  reactor->Finish(status);
+  return reactor;
+}
+
+grpc::Status ShardService::WaitReplicated(const grpc::ServerContextBase& context) const {
+  if (replica_ == nullptr) return grpc::Status::OK;
+  absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
+                                 absl::FromChrono(context.deadline()) - absl::Milliseconds(250));
+  return ToGrpcStatus(replica_->WaitReplicated(deadline));
+}
+
+grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* context,
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  return Unary<v1::RegisterRequest, v1::RegisterResponse>(
+      context, request, response, CallNeeds("Register", Access::kRead),
+      [&](const auto& request, Admission& admission, auto* response) {
+        if (grpc::Status s = Admit(
+                context, CallNeeds("Register", Access::kRead).ActsAs(request.worker_id()).Serving(),
+                &admission);
+            !s.ok()) {
+          return s;
+        }
+        if (absl::Status s = shard_->CheckNumWorkers(request.num_workers()); !s.ok()) {
+          return ToGrpcStatus(s);
+        }
+        absl::StatusOr<Registration> r =
+            shard_->Register(request.worker_id(), FromProto(request.model()),
+                             request.has_resume_sequence() ? request.resume_sequence() : -1);
+        if (!r.ok()) return ToGrpcStatus(r.status());
+        response->set_shard_index(r->shard_index);
+        response->set_initialized(r->initialized);
+        response->set_begin(r->range.begin);
+        response->set_end(r->range.end);
+        response->set_version(r->version);
+        response->set_last_sequence(r->last_sequence);
+        response->set_consistency(r->consistency);
+        response->set_incarnation(r->incarnation);
+        response->set_shard_incarnation(process_.incarnation);
+        return grpc::Status::OK;
+      });
+}
+
+grpc::Status ShardService::Initialize(grpc::ServerContext* context,
+                                      grpc::ServerReader<grpc::ByteBuffer>* reader,
+                                      v1::InitializeResponse* response) {
+  Admission admission;
+  if (grpc::Status s = Admit(
+          context, CallNeeds("Initialize", Access::kWrite).Serving().Limit(&streams_).Watched(),
+          &admission);
+      !s.ok()) {
+    return s;
+  }
+  v1::InitializeChunk chunk;
+  std::optional<TensorMessage> data;
+  if (absl::Status s = ReadFirstChunk(reader, "Initialize", &chunk, &data); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  const v1::InitializeHeader& h = chunk.header();
+  ModelIdentity model = FromProto(h.model());
+  if (absl::Status s = CheckDType(h.dtype()); !s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<ParameterShard::InitializeSlot> slot =
+      shard_->BeginInitialize(model, h.offset(), h.length());
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
+  // Not needed by a shard already initialised (a restarted initialiser): the data is not read.
+  if (slot->needed()) {
+    StreamPayload<v1::InitializeChunk> source(reader, *std::move(data), &admission.guard());
+    if (absl::Status s = source.ReadInto(slot->values(), WireType::kFloat32); !s.ok()) {
+      return ToGrpcStatus(s);
+    }
+  }
+  absl::StatusOr<bool> applied = shard_->Commit(*std::move(slot));
+  if (!applied.ok()) return ToGrpcStatus(applied.status());
+  response->set_applied(*applied);
+  return WaitReplicated(*context);
+}
+
+grpc::Status ShardService::Push(grpc::ServerContext* context,
+                                grpc::ServerReader<grpc::ByteBuffer>* reader,
+                                v1::PushResponse* response) {
+  const absl::Time start = absl::Now();
+  Admission admission;
+  if (grpc::Status s =
+          Admit(context, CallNeeds("Push", Access::kWrite).Serving().Limit(&streams_).Watched(),
+                &admission);
+      !s.ok()) {
+    return s;
+  }
+  v1::PushChunk chunk;
+  std::optional<TensorMessage> data;
+  if (absl::Status s = ReadFirstChunk(reader, "Push", &chunk, &data); !s.ok()) {
+    shard_->RecordRejectedPush();
+    return ToGrpcStatus(s);
+  }
+  const v1::PushHeader& h = chunk.header();
+  // A push made as another worker counts as rejected; one for an earlier process of this shard
+  // does not (the client registers again and sends it anew).
+  if (grpc::Status s = Admit(context,
+                             CallNeeds("Push", Access::kWrite)
+                                 .ActsAs(h.worker_id())
+                                 .ShardIncarnation(h.shard_incarnation()),
+                             &admission);
+      !s.ok()) {
+    if (!IsShardRestarted(s)) shard_->RecordRejectedPush();
+    return s;
+  }
+  // The payload's source, chosen once. A shared region is taken before the push begins, so that
+  // a segment gone (the client then sends the push over gRPC) is not counted as a rejected push.
+  std::unique_ptr<PayloadSource> source;
+  if (h.shm_segment() != 0) {
+    absl::StatusOr<std::unique_ptr<SharedPayload>> taken = SharedPayload::Take(
+        segments_, reader, *data, h.shm_segment(), h.shm_ticket(), h.worker_id());
+    if (!taken.ok()) {
+      if (taken.status().code() == absl::StatusCode::kInvalidArgument) {
+        shard_->RecordRejectedPush();
+        return ToGrpcStatus(taken.status());
+      }
+      return SharedMemoryLostStatus(std::string(taken.status().message()));
+    }
+    source = *std::move(taken);
+  } else {
+    source = std::make_unique<StreamPayload<v1::PushChunk>>(reader, *std::move(data),
+                                                            &admission.guard());
+  }
+  // begin -> read -> commit: the header is checked once, the payload goes into the slot's
+  // buffer, and a slot not committed counts as a rejected push.
+  absl::StatusOr<ParameterShard::PushSlot> slot = shard_->BeginPush(
+      {h.worker_id(), h.sequence(), h.base_version(), h.offset(), h.length(), h.incarnation()});
+  if (!slot.ok()) return ToGrpcStatus(slot.status());
+  absl::StatusOr<WireType> type = WireTypeOfDType(h.dtype());
+  if (!type.ok()) return ToGrpcStatus(type.status());
+  absl::Status read = source->ReadInto(slot->gradient(), *type);
+  source.reset();  // a shared region is given back: the client may reuse it now
+  if (!read.ok()) return ToGrpcStatus(read);
+  const int64_t payload = static_cast<int64_t>(slot->gradient().size()) * WireBytes(*type);
+  absl::StatusOr<PushOutcome> outcome = shard_->Commit(*std::move(slot));
+  if (!outcome.ok()) return ToGrpcStatus(outcome.status());
+  if (h.shm_segment() != 0) shm_pushes_.fetch_add(1, std::memory_order_relaxed);
+  if (metrics_.push_seconds != nullptr) {
+    metrics_.push_bytes->Increment(static_cast<double>(payload));
+    metrics_.push_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  response->set_version(outcome->version);
+  response->set_staleness(outcome->staleness);
+  response->set_duplicate(outcome->duplicate);
+  response->set_dropped(outcome->dropped);
+  // A duplicate too: its first delivery may still be on its way to the backup.
+  return WaitReplicated(*context);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::Pull(grpc::CallbackServerContext* context,
+                                                               const grpc::ByteBuffer* request) {
+  // The token is checked before a place is taken, so that a worker's own token counts against
+  // its cap; the request's worker id is checked against it once parsed (PullWriter).
+  Admission admission;
+  grpc::Status refused =
+      Admit(context, CallNeeds("Pull", Access::kRead).Limit(&pulls_), &admission);
+  if (!refused.ok()) {
+    // A reactor that only finishes: the limit holds before any work is done.
+    struct Refusal : grpc::ServerWriteReactor<grpc::ByteBuffer> {
+      explicit Refusal(grpc::Status s) { Finish(s); }
+      void OnDone() override { delete this; }
+    };
+    return new Refusal(refused);
+  }
+  return new PullWriter(this, context, *request, std::move(admission));
+}
+
+grpc::ServerUnaryReactor* ShardService::Heartbeat(grpc::CallbackServerContext* context,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  return Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+      context, request, response, CallNeeds("Heartbeat", Access::kWrite),
+      [&](const auto& request, Admission& admission, auto* response) {
+        if (grpc::Status s = Admit(context,
+                                   CallNeeds("Heartbeat", Access::kWrite)
+                                       .ActsAs(request.worker_id())
+                                       .Serving()
+                                       .ShardIncarnation(request.shard_incarnation()),
+                                   &admission);
+            !s.ok()) {
+          return s;
+        }
+        absl::StatusOr<int> active = shard_->Heartbeat(request.worker_id(), request.incarnation());
+        if (!active.ok()) return ToGrpcStatus(active.status());
+        response->set_active_workers(*active);
+        return grpc::Status::OK;
+      });
+}
+
+grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* context,
+                                              const grpc::ByteBuffer* request,
+                                              grpc::ByteBuffer* response) {
+  return Unary<v1::LeaveRequest, v1::LeaveResponse>(
+      context, request, response, CallNeeds("Leave", Access::kWrite),
+      [&](const auto& request, Admission& admission, auto*) {
+        if (grpc::Status s = Admit(context,
+                                   CallNeeds("Leave", Access::kWrite)
+                                       .ActsAs(request.worker_id())
+                                       .Serving()
+                                       .ShardIncarnation(request.shard_incarnation()),
+                                   &admission);
+            !s.ok()) {
+          return s;
+        }
+        absl::Status left = shard_->Leave(request.worker_id(), request.incarnation());
+        if (left.ok()) segments_.Release(request.worker_id());
+        return ToGrpcStatus(left);
+      });
+}
+
+grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* context,
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
+  return Unary<v1::StatsRequest, v1::StatsResponse>(
+      context, request, response, CallNeeds("GetStats", Access::kRead),
+      [&](const auto& request, Admission&, auto* response) {
+        int page = request.max_workers();
+        if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
+        *response = StatsToProto(shard_->Stats(request.first_worker(), page), process_, replica_);
+        response->set_shm_pushes(shm_pushes_.load(std::memory_order_relaxed));
+        response->set_shm_pulls(shm_pulls_.load(std::memory_order_relaxed));
+        response->set_shm_segments(segments_.size());
+        if (checkpointer_ != nullptr) CheckpointHealthToProto(checkpointer_->health(), response);
+        return grpc::Status::OK;
+      });
+}
+
+grpc::ServerUnaryReactor* ShardService::Checkpoint(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
+  return Unary<v1::CheckpointRequest, v1::CheckpointResponse>(
+      context, request, response, CallNeeds("Checkpoint", Access::kAdmin),
+      [&](const auto& request, Admission& admission, auto* response) {
+        if (grpc::Status s = Admit(context,
+                                   CallNeeds("Checkpoint", Access::kAdmin)
+                                       .ShardIncarnation(request.shard_incarnation()),
+                                   &admission);
+            !s.ok()) {
+          return s;
+        }
+        if (checkpointer_ == nullptr) {
+          return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                              "this shard keeps no checkpoints (ps --checkpoint_dir)");
+        }
+        if (replica_ != nullptr && replica_->role() != Replica::Role::kPrimary) {
+          return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                              "this replica is not its shard's primary: ask the primary");
+        }
+        absl::StatusOr<Checkpointer::Written> written = checkpointer_->WriteNow();
+        if (!written.ok() && written.status().code() != absl::StatusCode::kFailedPrecondition) {
+          // Not "unavailable" (a client would retry it): the disk said no.
+          return grpc::Status(grpc::StatusCode::INTERNAL,
+                              absl::StrCat("checkpoint failed: ", written.status().message()));
+        }
+        if (!written.ok()) return ToGrpcStatus(written.status());
+        response->set_version(written->version);
+        response->set_path(written->path);
+        return grpc::Status::OK;
+      });
+}
+
+grpc::ServerUnaryReactor* ShardService::AttachSharedMemory(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  return Unary<v1::AttachSharedMemoryRequest, v1::AttachSharedMemoryResponse>(
+      context, request, response, CallNeeds("AttachSharedMemory", Access::kRead),
+      [&](const auto& request, Admission& admission, auto* response) {
+        const int worker = request.worker_id();
+        if (grpc::Status s = Admit(context,
+                                   CallNeeds("AttachSharedMemory", Access::kRead)
+                                       .ActsAs(worker)
+                                       .Serving()
+                                       .ShardIncarnation(request.shard_incarnation()),
+                                   &admission);
+            !s.ok()) {
+          return s;
+        }
+        absl::Status checked = shard_->CheckModel(FromProto(request.model()));
+        if (checked.ok() && worker >= 0) checked = shard_->CheckWorkerId(worker);
+        if (!checked.ok()) return ToGrpcStatus(checked);
+        if (ProcessSpaceId().empty() || request.process_space() != ProcessSpaceId()) {
+          return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                              "the client runs on another host or in another PID namespace");
+        }
+        absl::StatusOr<SharedSegments::Attached> attached = segments_.Attach(worker);
+        if (!attached.ok()) return ToGrpcStatus(attached.status());
+        response->set_segment(attached->id);
+        response->set_pid(getpid());
+        response->set_fd(attached->segment->fd());
+        response->set_nonce(attached->segment->nonce());
+        response->set_region_bytes(attached->segment->region_bytes());
+        return grpc::Status::OK;
+      });
+}
+
+void CheckpointHealthToProto(const Checkpointer::Health& health, v1::StatsResponse* stats) {
+  stats->set_checkpoint_failures(health.failures);
+  stats->set_checkpoint_last_error(health.last_error);
+  stats->set_checkpoint_last_written_version(health.last_written_version);
+  if (health.last_written_time != absl::InfinitePast()) {
+    stats->set_checkpoint_last_written_time(
+        absl::ToDoubleSeconds(health.last_written_time - absl::UnixEpoch()));
+  }
+}
+
+v1::StatsResponse StatsToProto(const ShardStats& s, const ShardProcess& process,
+                               const Replica* replica) {
+  v1::StatsResponse r;
+  if (replica != nullptr) {
+    r.set_replica_role(Replica::RoleName(replica->role()));
+    r.set_replica_epoch(replica->epoch());
+  }
+  r.set_shard_incarnation(process.incarnation);
+  r.set_resumed_version(process.resumed_version);
+  r.set_updates_lost(process.updates_lost);
+  r.set_shard_index(s.shard_index);
+  r.set_num_shards(s.num_shards);
+  r.set_initialized(s.initialized);
+  r.set_begin(s.range.begin);
+  r.set_end(s.range.end);
+  r.set_version(s.version);
+  r.set_pushes_applied(s.pushes_applied);
+  r.set_pushes_rejected(s.pushes_rejected);
+  r.set_pushes_duplicate(s.pushes_duplicate);
+  r.set_pushes_dropped_late(s.pushes_dropped_late);
+  r.set_pushes_dropped_stale(s.pushes_dropped_stale);
+  r.set_pushes_dropped_norm(s.pushes_dropped_norm);
+  r.set_pulls(s.pulls);
+  r.set_pulls_waiting(s.pulls_waiting);
+  r.set_registered_workers(s.registered_workers);
+  r.set_active_workers(s.active_workers);
+  r.set_learning_rate(s.learning_rate);
+  r.set_updates_nonfinite(s.updates_nonfinite);
+  r.set_pushes_clipped(s.pushes_clipped);
+  r.set_next_worker(s.next_worker);
+  r.set_model_fingerprint(s.model_fingerprint);
+  r.set_optimizer(s.optimizer);
+  r.set_consistency(s.consistency);
+  for (int64_t c : s.staleness_counts) r.add_staleness_counts(c);
+  for (const WorkerSnapshot& w : s.workers) {
+    v1::WorkerStats* out = r.add_workers();
+    out->set_worker_id(w.worker_id);
+    out->set_active(w.active);
+    out->set_clock(w.clock);
+    out->set_pushes_applied(w.pushes_applied);
+    out->set_seconds_since_seen(w.seconds_since_seen);
+    out->set_incarnation(w.incarnation);
+    for (int64_t c : w.staleness_counts) out->add_staleness_counts(c);
+  }
+  return r;
+}
+
+}  // namespace ps

@@ -1,0 +1,216 @@
+// The gRPC face of a ParameterShard: checks each caller's token, parses and validates requests,
+// streams tensors in chunks, and translates results to gRPC statuses. Thread-safe (gRPC calls it
+// from many threads).
+//
+// Register, Heartbeat, Leave, GetStats and Pull use gRPC's callback API on raw bytes: a pull held
+// back (sync barrier, SSP bound, waiting for the initialiser) holds no thread, and a request that
+// does not parse gets INVALID_ARGUMENT rather than gRPC's bare INTERNAL. Push and Initialize are
+// synchronous client streams, each under a CallLimit and the StreamWatchdog.
+#pragma once
+
+#include <atomic>
+#include <optional>
+
+#include "common/security.h"
+#include "common/tensor_codec.h"
+#include "proto/ps.grpc.pb.h"
+#include "server/rpc/call_limits.h"
+#include "server/checkpoints/checkpointer.h"
+#include "server/state/parameter_shard.h"
+#include "server/replication/replica.h"
+#include "server/rpc/shard_metrics.h"
+#include "server/rpc/shared_segments.h"
+
+namespace ps {
+
+// What the service tells clients about the shard process it runs in.
+struct ShardProcess {
+  // New at every start (see RegisterResponse.shard_incarnation); requests naming another are
+  // refused so that clients register again.
+  int64_t incarnation = 0;
+  int64_t resumed_version = -1;  // the checkpoint's version resumed from at start; -1: none
+  int64_t updates_lost = -1;  // applied after that checkpoint by the previous process; -1: unknown
+};
+
+// OK if the token the call carries allows `access` (then `caller`, if given, says which worker it
+// may act as); UNAUTHENTICATED or PERMISSION_DENIED (naming `call`) otherwise.
+grpc::Status AuthorizeCall(const TokenAuthenticator& tokens, const grpc::ServerContextBase& context,
+                           Access access, absl::string_view call, Caller* caller = nullptr);
+
+// The shard's statistics as the wire (and the --stats_json file) carries them.
+// `replica`: its role and epoch, with replication on (else null).
+v1::StatsResponse StatsToProto(const ShardStats& stats, const ShardProcess& process,
+                               const Replica* replica);
+// The checkpoints' failures and newest write (ps --checkpoint_dir) into `stats`.
+void CheckpointHealthToProto(const Checkpointer::Health& health, v1::StatsResponse* stats);
+
+// Limits on what clients may hold at once. With S the shard's size in bytes, a shard holds at
+// most (max_streams + max_pulls) * S in request buffers and snapshots, plus 4 * S idle buffers
+// kept for reuse (freed after ParameterShard::kBuffersUnused unused), plus shm_clients * 2 * S of
+// shared memory, beside its values and optimizer state.
+struct ServiceLimits {
+  int max_streams = 16;                             // Push and Initialize calls in progress
+  int max_pulls = 256;                              // Pull calls in progress, held ones included
+  // Of those, the most that one worker's own token may hold of each kind (per-worker identity:
+  // one worker cannot take every place); 0: no such cap.
+  int max_calls_per_worker = 4;
+  absl::Duration stream_idle = absl::Seconds(30);   // a stream moving no message this long ends
+  absl::Duration stream_total = absl::Minutes(10);  // and none lasts longer than this
+  // Clients on this host that may move tensors through shared memory at once (0: none); each
+  // costs up to 2 x S of shared memory once used (server/rpc/shared_segments.h).
+  int shm_clients = 16;
+};
+
+using ShardServiceBase = v1::ParameterServer::WithRawCallbackMethod_Register<
+    v1::ParameterServer::WithRawCallbackMethod_Pull<
+        v1::ParameterServer::WithRawCallbackMethod_Heartbeat<
+            v1::ParameterServer::WithRawCallbackMethod_Leave<
+                v1::ParameterServer::WithRawCallbackMethod_GetStats<
+                    v1::ParameterServer::WithRawCallbackMethod_AttachSharedMemory<
+                        v1::ParameterServer::WithRawCallbackMethod_Checkpoint<
+                            v1::ParameterServer::Service>>>>>>>;
+
+class ShardService final : public ShardServiceBase {
+ public:
+  // Every call is first checked against `tokens` (by default none: everyone may do everything).
+  // With a `replica` (replication on), calls are served only while it serves them, and a push or
+  // initialisation is answered once the backup has it.
+  // `metrics` (ps --metrics_port): push/pull latencies and bytes; by default none.
+  // `checkpointer` (ps --checkpoint_dir): what Checkpoint writes with; by default none.
+  ShardService(ParameterShard* shard, const ShardProcess& process, const ServiceLimits& limits,
+               TokenAuthenticator tokens = {}, Replica* replica = nullptr,
+               ServiceMetrics metrics = {}, Checkpointer* checkpointer = nullptr);
+
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  // Synchronous client streams on raw bytes (registered by the constructor).
+  grpc::Status Initialize(grpc::ServerContext* context,
+                          grpc::ServerReader<grpc::ByteBuffer>* reader,
+                          v1::InitializeResponse* response);
+  grpc::Status Push(grpc::ServerContext* context, grpc::ServerReader<grpc::ByteBuffer>* reader,
+                    v1::PushResponse* response);
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Pull(grpc::CallbackServerContext* context,
+                                                   const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* context,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* AttachSharedMemory(grpc::CallbackServerContext* context,
+                                               const grpc::ByteBuffer* request,
+                                               grpc::ByteBuffer* response) override;
+  // Writes the checkpoint on gRPC's callback thread: an operator's call, rare and bounded by
+  // one shard-sized file.
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+
+  // Gives back the shared memory of co-located clients idle for kSharedMemoryUnused (call it
+  // every second or so): a shard at rest holds its values and optimizer state, no more.
+  void TrimSharedMemory(absl::Time now) { segments_.Trim(now, kSharedMemoryUnused); }
+  static constexpr absl::Duration kSharedMemoryUnused = absl::Seconds(5);
+
+ private:
+  class PullWriter;
+  template <typename Response>
+  using RawStream = grpc::Status (ShardService::*)(grpc::ServerContext*,
+                                                   grpc::ServerReader<grpc::ByteBuffer>*,
+                                                   Response*);
+
+  // Replaces the generated synchronous handler of `method` ("Push") with one that reads raw
+  // bytes and calls `handle`.
+  template <typename Response>
+  void ReadRawBytes(absl::string_view method, RawStream<Response> handle);
+
+  // What a call needs to be let in. Admit checks what is asked, in this order:
+  //   1. the caller's token allows `access` (kWrite for a call made as a worker: `acts_as` >= 0),
+  //      once per call and before its request is parsed, so that a stranger's bytes are never
+  //      looked at (the API itself is public, and reflection describes it);
+  //   2. the caller may act as worker `acts_as` (per-worker identity; negative: an observer);
+  //   3. the replica serves clients (`serving`: Replica::CheckServing, may take over);
+  //   4. a place among `limit`'s calls, which the caller's own worker token counts against its
+  //      cap (so the token is checked before the place is taken);
+  //   5. the request's `shard_incarnation` is 0 (unchecked) or this process's;
+  //   6. the call's stream is watched from then on (`watched`: StreamWatchdog).
+  // What is known only once the request is parsed goes to a second Admit of the same call.
+  struct CallNeeds {
+    CallNeeds(const char* call, Access access) : call(call), access(access) {}
+    CallNeeds& ActsAs(int worker_id) {
+      acts_as = worker_id;
+      return *this;
+    }
+    CallNeeds& Serving() {
+      serving = true;
+      return *this;
+    }
+    CallNeeds& Limit(CallLimit* calls) {
+      limit = calls;
+      return *this;
+    }
+    CallNeeds& ShardIncarnation(int64_t claimed) {
+      shard_incarnation = claimed;
+      return *this;
+    }
+    CallNeeds& Watched() {
+      watched = true;
+      return *this;
+    }
+    const char* call;  // names the call in refusals ("Push")
+    Access access;
+    std::optional<int> acts_as;
+    bool serving = false;
+    CallLimit* limit = nullptr;
+    std::optional<int64_t> shard_incarnation;
+    bool watched = false;
+  };
+  // One call let in (so far): whom its token names, and the place and the watchdog guard it holds
+  // until it ends. Not thread-safe (one call's).
+  class Admission {
+   public:
+    Admission() = default;
+    Admission(Admission&&) = default;
+    // REQUIRES: admitted Watched().
+    StreamWatchdog::Guard& guard() { return *guard_; }
+
+   private:
+    friend class ShardService;
+    std::optional<Access> authorized_;  // what the token was found to allow
+    Caller caller_;
+    std::optional<CallLimit::Slot> slot_;
+    std::optional<StreamWatchdog::Guard> guard_;
+  };
+  // OK if `admission`'s call may go on as `needs` says (then `admission` holds what it took);
+  // otherwise the refusal as the client sees it: UNAUTHENTICATED or PERMISSION_DENIED (token,
+  // identity), UNAVAILABLE (this replica does not serve), RESOURCE_EXHAUSTED (no place),
+  // ShardRestartedStatus (the client registered with an earlier process of this shard).
+  grpc::Status Admit(grpc::ServerContextBase* context, const CallNeeds& needs,
+                     Admission* admission);
+  // A unary call on raw bytes: admits `needs` (the token) before parsing, parses the request
+  // (INVALID_ARGUMENT naming the call if it does not), runs handler(request, admission, &response)
+  // (a grpc::Status; it admits what the request claims), serialises the response and finishes.
+  template <typename Request, typename Response, typename Handler>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const grpc::ByteBuffer* in,
+                                  grpc::ByteBuffer* out, const CallNeeds& needs, Handler handler);
+  // OK without replication or once the backup has every change so far (Replica::WaitReplicated),
+  // waiting until a little before the call's deadline.
+  grpc::Status WaitReplicated(const grpc::ServerContextBase& context) const;
+
+  ParameterShard* shard_;
+  const ShardProcess process_;
+  const TokenAuthenticator tokens_;
+  Replica* const replica_;
+  const ServiceMetrics metrics_;
+  Checkpointer* const checkpointer_;
+  CallLimit streams_, pulls_;
+  StreamWatchdog watchdog_;
+  SharedSegments segments_;
+  std::atomic<int64_t> shm_pushes_{0}, shm_pulls_{0};
+  std::atomic<bool> pull_saturated_{false};  // a 16-bit pull had to saturate a weight (logged)
+};
+
+}  // namespace ps
