@@ -20,8 +20,8 @@
 #include "common/channel_options.h"
 #include "common/listen.h"
 #include "common/log.h"
-#include "server/state/membership.h"
 #include "server/rpc/shard_metrics.h"
+#include "server/state/membership.h"
 
 namespace ps {
 namespace {

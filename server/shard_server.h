@@ -31,17 +31,17 @@
 #include "common/metrics.h"
 #include "common/security.h"
 #include "server/checkpoints/checkpointer.h"
-#include "server/state/parameter_shard.h"
 #include "server/replication/replica.h"
 #include "server/rpc/shard_service.h"
+#include "server/state/parameter_shard.h"
 
 namespace ps {
 
 struct ShardServerConfig {
   ShardConfig shard;  // its on_change is replaced: the server feeds its checkpointer and replica
   ServiceLimits limits;
-  ServerSecurity security;  // by default plaintext (null credentials) and no tokens
-  std::optional<Replica::Options> replica;           // replication (ps --peer); none: alone
+  ServerSecurity security;                  // by default plaintext (null credentials) and no tokens
+  std::optional<Replica::Options> replica;  // replication (ps --peer); none: alone
   std::optional<Checkpointer::Options> checkpoints;  // ps --checkpoint_dir; none: no checkpoints
   std::string host = "127.0.0.1";
   int port = 0;  // 0: a free one (port())

@@ -1,5 +1,6 @@
 // Checkpoints: the safetensors file format, a shard's state round trip, corruption fallback, and a
 // real ps stopped and restarted from its checkpoint directory.
+#include <google/protobuf/util/message_differencer.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -8,16 +9,14 @@
 #include <filesystem>
 #include <fstream>
 
-#include <google/protobuf/util/message_differencer.h>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/safetensors.h"
 #include "deploy/local_cluster.h"
 #include "server/checkpoints/checkpoint_store.h"
 #include "server/checkpoints/checkpointer.h"
-#include "server/state/parameter_shard.h"
 #include "server/replication/state_transfer.h"
+#include "server/state/parameter_shard.h"
 #include "tests/run_dir.h"
 #include "tools/model_export.h"
 #include "worker/model_file.h"
@@ -151,7 +150,8 @@ void FillEveryField(google::protobuf::Message* m, int* next) {
           rep ? r->AddInt32(m, f, v) : r->SetInt32(m, f, v);
           break;
         case FieldDescriptor::CPPTYPE_INT64:  // beyond 2^53: exact, not a JSON double
-          rep ? r->AddInt64(m, f, (int64_t{1} << 60) + v) : r->SetInt64(m, f, (int64_t{1} << 60) + v);
+          rep ? r->AddInt64(m, f, (int64_t{1} << 60) + v)
+              : r->SetInt64(m, f, (int64_t{1} << 60) + v);
           break;
         case FieldDescriptor::CPPTYPE_UINT32:
           rep ? r->AddUInt32(m, f, v) : r->SetUInt32(m, f, v);
@@ -174,7 +174,8 @@ void FillEveryField(google::protobuf::Message* m, int* next) {
           break;
         }
         case FieldDescriptor::CPPTYPE_STRING:
-          rep ? r->AddString(m, f, absl::StrCat("text ", v)) : r->SetString(m, f, absl::StrCat("text ", v));
+          rep ? r->AddString(m, f, absl::StrCat("text ", v))
+              : r->SetString(m, f, absl::StrCat("text ", v));
           break;
         case FieldDescriptor::CPPTYPE_MESSAGE:
           FillEveryField(rep ? r->AddMessage(m, f) : r->MutableMessage(m, f), next);

@@ -165,9 +165,10 @@ void WriteCheckpoint(const std::string& dir, int shard, int num_shards, int64_t 
   c.header.set_optimizer(optimizer);
   c.header.set_consistency("async");
   c.header.set_version(version);
-  c.AddTensor(kValuesTensor).assign(
-      PartRange(ParseModelSpec(kSmallModel, num_shards)->total_params, shard, num_shards).size(),
-      shard + version / 1000.0f);
+  c.AddTensor(kValuesTensor)
+      .assign(PartRange(ParseModelSpec(kSmallModel, num_shards)->total_params, shard, num_shards)
+                  .size(),
+              shard + version / 1000.0f);
   absl::StatusOr<std::string> path = CheckpointStore(dir, shard, 3).Write(c);
   ASSERT_TRUE(path.ok()) << path.status();
 }

@@ -17,10 +17,10 @@
 #include "deploy/local_cluster.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
+#include "proto/ps.pb.h"
 #include "server/rpc/call_limits.h"
 #include "tests/in_process_shard.h"
 #include "tests/run_dir.h"
-#include "proto/ps.pb.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -455,8 +455,7 @@ TEST(WorkerQuotaTest, OneWorkerHoldingCallsOpenCannotStopTheOthers) {
     pushes.push_back(std::make_unique<HeldPush>(stub.get(), WorkerToken(job_token, 1)));
   }
   for (int i = 0; i < 30; ++i) {
-    pulls.push_back(
-        std::make_unique<PullReader>(stub.get(), held_pull, WorkerToken(job_token, 1)));
+    pulls.push_back(std::make_unique<PullReader>(stub.get(), held_pull, WorkerToken(job_token, 1)));
   }
   // All but 4 of each are refused at once, saying why.
   EXPECT_EQ(WaitUntilEnded(pushes, 6, absl::Seconds(20)), 6);

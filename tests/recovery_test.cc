@@ -184,7 +184,8 @@ TEST(RecoveryTest, AShardBackFromAnOutageIsUsedAgainWithinASecond) {
   const double resumed = Column(LastLine(csv), 1) - back;
   std::cout << "the worker's first step after the shard came back ended " << resumed
             << " s after it" << std::endl;
-  // Reconnection (attempts <= 0.5 s apart) and re-registration, and one step; generous for a loaded machine.
+  // Reconnection (attempts <= 0.5 s apart) and re-registration, and one step; generous for a loaded
+  // machine.
   EXPECT_LT(resumed, 3);
   EXPECT_EQ(cluster.Stop(), "");
 }

@@ -12,8 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "deploy/local_cluster.h"
-#include "server/state/parameter_shard.h"
 #include "server/replication/replication_log.h"
+#include "server/state/parameter_shard.h"
 #include "tests/run_dir.h"
 #include "worker/sharded_client.h"
 
@@ -239,9 +239,8 @@ TEST(ReplicationTest, ABackupOfAnotherConsistencyModelIsRefused) {
   auto start = [&](int replica, int port, int peer, const std::string& consistency) {
     return Subprocess::Start(
         {ExecutableDir() + "/ps", "--model=" + std::string(kMlp), "--num_workers=1",
-         "--host=127.0.0.1", absl::StrCat("--port=", port),
-         absl::StrCat("--peer=127.0.0.1:", peer), absl::StrCat("--replica=", replica),
-         "--consistency=" + consistency},
+         "--host=127.0.0.1", absl::StrCat("--port=", port), absl::StrCat("--peer=127.0.0.1:", peer),
+         absl::StrCat("--replica=", replica), "--consistency=" + consistency},
         absl::StrCat(dir, "/ps-", replica, ".log"));
   };
   absl::StatusOr<Subprocess> primary = start(0, p0, p1, "async");

@@ -17,9 +17,9 @@
 #include "common/grpc_status.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.grpc.pb.h"
+#include "proto/ps.pb.h"
 #include "server/rpc/shared_segments.h"
 #include "tests/run_dir.h"
-#include "proto/ps.pb.h"
 #include "worker/sharded_client.h"
 
 namespace ps {

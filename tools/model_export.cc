@@ -10,8 +10,8 @@
 #include "absl/time/clock.h"
 #include "common/model_spec.h"
 #include "common/partition.h"
-#include "server/checkpoints/checkpoint_store.h"
 #include "proto/ps.pb.h"
+#include "server/checkpoints/checkpoint_store.h"
 
 namespace ps {
 namespace {
@@ -50,7 +50,8 @@ absl::StatusOr<ModelFile> ModelFromCheckpoints(const std::string& dir,
   if (!model.ok()) return model.status();
   if (first->header.model() != model->fingerprint) {
     return absl::InvalidArgumentError(absl::StrCat("the checkpoints in ", dir, " are of model ",
-                                                   first->header.model(), ", expected ", model->fingerprint));
+                                                   first->header.model(), ", expected ",
+                                                   model->fingerprint));
   }
   if (num_shards < 1) {
     return absl::DataLossError("shard 0's checkpoint in " + dir + " says the job has no shards");
@@ -59,17 +60,17 @@ absl::StatusOr<ModelFile> ModelFromCheckpoints(const std::string& dir,
   // Checks that `c` is shard `shard` of shard 0's job and copies its values into place.
   auto add = [&](const ShardState& c, int shard) {
     if (JobText(c) != JobText(*first) || c.header.shard_index() != shard) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the checkpoints in ", dir, " are of different jobs: shard 0 is of (", JobText(*first),
-          "), the newest of shard ", shard, " is shard ", c.header.shard_index(), " of (", JobText(c), ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the checkpoints in ", dir, " are of different jobs: shard 0 is of (",
+                       JobText(*first), "), the newest of shard ", shard, " is shard ",
+                       c.header.shard_index(), " of (", JobText(c), ")"));
     }
     Range range = PartRange(model->total_params, shard, num_shards);
     const std::vector<float>* values = c.Find(kValuesTensor);
     const size_t held = values != nullptr ? values->size() : 0;
     if (static_cast<int64_t>(held) != range.size()) {
       return absl::DataLossError(absl::StrCat("the checkpoint of shard ", shard, " in ", dir,
-                                              " holds ", held, " values, expected ",
-                                              range.size()));
+                                              " holds ", held, " values, expected ", range.size()));
     }
     std::copy(values->begin(), values->end(), file.params.begin() + range.begin);
     file.versions.push_back(c.header.version());
@@ -115,8 +116,8 @@ absl::StatusOr<std::string> WriteExport(const std::string& out, const ModelFile&
   if (absl::Status s = WriteModelFile(out, file); !s.ok()) return s;
   absl::StatusOr<ModelIdentity> model = ParseModelSpec(file.model, 1);  // parsed fine just now
   return absl::StrFormat("wrote %s (%d parameters, versions [%s]) to %s in %.3f s",
-                         model.ok() ? model->fingerprint : file.model,
-                         file.params.size(), absl::StrJoin(file.versions, ","), out,
+                         model.ok() ? model->fingerprint : file.model, file.params.size(),
+                         absl::StrJoin(file.versions, ","), out,
                          absl::ToDoubleSeconds(absl::Now() - start));
 }
 

@@ -17,8 +17,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/checkpoints/checkpoint_store.h"
-#include "server/state/parameter_shard.h"
 #include "server/checkpoints/progress_file.h"
+#include "server/state/parameter_shard.h"
 
 namespace ps {
 

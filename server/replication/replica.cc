@@ -20,8 +20,8 @@
 #include "common/grpc_status.h"
 #include "common/log.h"
 #include "common/tensor_codec.h"
-#include "server/rpc/shard_service.h"
 #include "server/replication/state_transfer.h"
+#include "server/rpc/shard_service.h"
 
 namespace ps {
 namespace {
@@ -29,7 +29,6 @@ namespace {
 constexpr absl::Duration kHeartbeat = absl::Milliseconds(100);  // primary to backup, when idle
 constexpr absl::Duration kTick = absl::Milliseconds(100);       // the role thread's pace
 constexpr absl::Duration kProbeTimeout = absl::Milliseconds(500);
-
 
 // Writes `epoch` to `path` durably: a temporary file, fsync, rename.
 absl::Status WriteEpoch(const std::string& path, int64_t epoch) {

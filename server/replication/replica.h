@@ -21,10 +21,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
-#include <functional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -33,8 +33,8 @@
 #include "absl/time/time.h"
 #include "common/security.h"
 #include "proto/ps.grpc.pb.h"
-#include "server/state/parameter_shard.h"
 #include "server/replication/replication_log.h"
+#include "server/state/parameter_shard.h"
 
 namespace ps {
 

@@ -28,18 +28,18 @@ CallLimit::Slot::~Slot() {
 absl::StatusOr<CallLimit::Slot> CallLimit::TryAcquire(int worker) {
   absl::MutexLock lock(&mu_);
   if (in_use_ >= max_calls_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "this shard already serves ", max_calls_, " ", what_, " at once; try again later"));
+    return absl::ResourceExhaustedError(absl::StrCat("this shard already serves ", max_calls_, " ",
+                                                     what_, " at once; try again later"));
   }
   const bool counted = worker != Caller::kAnyWorker;
   if (counted && max_per_worker_ > 0) {
     auto it = by_worker_.find(worker);
     if (it != by_worker_.end() && it->second >= max_per_worker_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          worker >= 0 ? absl::StrCat("worker ", worker, " already has ")
-                      : std::string("the job's observers and operator already have "),
-          max_per_worker_, " ", what_,
-          " at this shard, the most at once (ps --max_calls_per_worker)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(worker >= 0 ? absl::StrCat("worker ", worker, " already has ")
+                                   : std::string("the job's observers and operator already have "),
+                       max_per_worker_, " ", what_,
+                       " at this shard, the most at once (ps --max_calls_per_worker)"));
     }
   }
   ++in_use_;

@@ -429,23 +429,9 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
     if (!IsShardRestarted(s)) shard_->RecordRejectedPush();
     return s;
   }
-  // The payload's source, chosen once. A shared region is taken before the push begins, so that
-  // a segment gone (the client then sends the push over gRPC) is not counted as a rejected push.
   std::unique_ptr<PayloadSource> source;
-  if (h.shm_segment() != 0) {
-    absl::StatusOr<std::unique_ptr<SharedPayload>> taken = SharedPayload::Take(
-        segments_, reader, *data, h.shm_segment(), h.shm_ticket(), h.worker_id());
-    if (!taken.ok()) {
-      if (taken.status().code() == absl::StatusCode::kInvalidArgument) {
-        shard_->RecordRejectedPush();
-        return ToGrpcStatus(taken.status());
-      }
-      return SharedMemoryLostStatus(std::string(taken.status().message()));
-    }
-    source = *std::move(taken);
-  } else {
-    source = std::make_unique<StreamPayload<v1::PushChunk>>(reader, *std::move(data),
-                                                            &admission.guard());
+  if (grpc::Status s = OpenPushPayload(reader, h, std::move(data), &admission, &source); !s.ok()) {
+    return s;
   }
   // begin -> read -> commit: the header is checked once, the payload goes into the slot's
   // buffer, and a slot not committed counts as a rejected push.
@@ -460,17 +446,43 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   const int64_t payload = static_cast<int64_t>(slot->gradient().size()) * WireBytes(*type);
   absl::StatusOr<PushOutcome> outcome = shard_->Commit(*std::move(slot));
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
-  if (h.shm_segment() != 0) shm_pushes_.fetch_add(1, std::memory_order_relaxed);
-  if (metrics_.push_seconds != nullptr) {
-    metrics_.push_bytes->Increment(static_cast<double>(payload));
-    metrics_.push_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
-  }
+  RecordPush(h, payload, start);
   response->set_version(outcome->version);
   response->set_staleness(outcome->staleness);
   response->set_duplicate(outcome->duplicate);
   response->set_dropped(outcome->dropped);
   // A duplicate too: its first delivery may still be on its way to the backup.
   return WaitReplicated(*context);
+}
+
+grpc::Status ShardService::OpenPushPayload(grpc::ServerReader<grpc::ByteBuffer>* reader,
+                                           const v1::PushHeader& h,
+                                           std::optional<TensorMessage> data, Admission* admission,
+                                           std::unique_ptr<PayloadSource>* source) {
+  if (h.shm_segment() == 0) {
+    *source = std::make_unique<StreamPayload<v1::PushChunk>>(reader, *std::move(data),
+                                                             &admission->guard());
+    return grpc::Status::OK;
+  }
+  absl::StatusOr<std::unique_ptr<SharedPayload>> taken =
+      SharedPayload::Take(segments_, reader, *data, h.shm_segment(), h.shm_ticket(), h.worker_id());
+  if (taken.ok()) {
+    *source = *std::move(taken);
+    return grpc::Status::OK;
+  }
+  if (taken.status().code() == absl::StatusCode::kInvalidArgument) {
+    shard_->RecordRejectedPush();
+    return ToGrpcStatus(taken.status());
+  }
+  return SharedMemoryLostStatus(std::string(taken.status().message()));
+}
+
+void ShardService::RecordPush(const v1::PushHeader& h, int64_t payload, absl::Time start) {
+  if (h.shm_segment() != 0) shm_pushes_.fetch_add(1, std::memory_order_relaxed);
+  if (metrics_.push_seconds != nullptr) {
+    metrics_.push_bytes->Increment(static_cast<double>(payload));
+    metrics_.push_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* ShardService::Pull(grpc::CallbackServerContext* context,

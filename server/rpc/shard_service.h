@@ -14,12 +14,13 @@
 #include "common/security.h"
 #include "common/tensor_codec.h"
 #include "proto/ps.grpc.pb.h"
-#include "server/rpc/call_limits.h"
 #include "server/checkpoints/checkpointer.h"
-#include "server/state/parameter_shard.h"
 #include "server/replication/replica.h"
+#include "server/rpc/call_limits.h"
+#include "server/rpc/payload.h"
 #include "server/rpc/shard_metrics.h"
 #include "server/rpc/shared_segments.h"
+#include "server/state/parameter_shard.h"
 
 namespace ps {
 
@@ -49,8 +50,8 @@ void CheckpointHealthToProto(const Checkpointer::Health& health, v1::StatsRespon
 // kept for reuse (freed after ParameterShard::kBuffersUnused unused), plus shm_clients * 2 * S of
 // shared memory, beside its values and optimizer state.
 struct ServiceLimits {
-  int max_streams = 16;                             // Push and Initialize calls in progress
-  int max_pulls = 256;                              // Pull calls in progress, held ones included
+  int max_streams = 16;  // Push and Initialize calls in progress
+  int max_pulls = 256;   // Pull calls in progress, held ones included
   // Of those, the most that one worker's own token may hold of each kind (per-worker identity:
   // one worker cannot take every place); 0: no such cap.
   int max_calls_per_worker = 4;
@@ -190,6 +191,16 @@ class ShardService final : public ShardServiceBase {
   // ShardRestartedStatus (the client registered with an earlier process of this shard).
   grpc::Status Admit(grpc::ServerContextBase* context, const CallNeeds& needs,
                      Admission* admission);
+  // The payload of the push whose header is `h` and whose first message's data is `data`, from
+  // the source chosen once: the shared push region `h` names (taken now, so that a segment gone,
+  // after which the client sends the push over gRPC, is not counted as a rejected push) or the
+  // stream's chunks, into `source`; otherwise the refusal as the client sees it (a segment lost:
+  // SharedMemoryLostStatus, its detail included).
+  grpc::Status OpenPushPayload(grpc::ServerReader<grpc::ByteBuffer>* reader,
+                               const v1::PushHeader& h, std::optional<TensorMessage> data,
+                               Admission* admission, std::unique_ptr<PayloadSource>* source);
+  // Counts a push taken (shared memory, metrics: its `payload` bytes since `start`).
+  void RecordPush(const v1::PushHeader& h, int64_t payload, absl::Time start);
   // A unary call on raw bytes: admits `needs` (the token) before parsing, parses the request
   // (INVALID_ARGUMENT naming the call if it does not), runs handler(request, admission, &response)
   // (a grpc::Status; it admits what the request claims), serialises the response and finishes.
