@@ -78,13 +78,8 @@ ShardServer::ShardServer(ShardServerConfig config) : config_(std::move(config)) 
 
 absl::StatusOr<std::unique_ptr<ShardServer>> ShardServer::Create(ShardServerConfig config) {
   std::unique_ptr<ShardServer> server(new ShardServer(std::move(config)));
-  ShardConfig shard = server->config_.shard;
-  ShardServer* s = server.get();
-  shard.on_change = [s](const ShardChange& change) {
-    if (s->checkpointer_ != nullptr) s->checkpointer_->OnUpdate(change.version);
-    if (s->replica_ != nullptr) s->replica_->OnChange(change);
-  };
-  absl::StatusOr<std::unique_ptr<ParameterShard>> created = ParameterShard::Create(shard);
+  absl::StatusOr<std::unique_ptr<ParameterShard>> created =
+      ParameterShard::Create(server->config_.shard);
   if (!created.ok()) return created.status();
   server->shard_ = *std::move(created);
   const ShardServerConfig& c = server->config_;
@@ -112,6 +107,13 @@ absl::Status ShardServer::Start() {
   if (c.replica.has_value()) {
     replica_ = std::make_unique<Replica>(shard_.get(), process_.incarnation, *c.replica);
   }
+  // Every change from here on reaches the parts that keep it (a checkpoint's restore above
+  // needed no copy); both outlive the shard's use of them (Stop ends the shard first).
+  shard_->SetChangeListener(
+      [checkpointer = checkpointer_.get(), replica = replica_.get()](const ShardChange& change) {
+        if (checkpointer != nullptr) checkpointer->OnUpdate(change.version);
+        if (replica != nullptr) replica->OnChange(change);
+      });
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetrics(c.metrics);
   if (!metrics.ok()) return metrics.status();
   metrics_ = *std::move(metrics);

@@ -38,7 +38,7 @@
 namespace ps {
 
 struct ShardServerConfig {
-  ShardConfig shard;  // its on_change is replaced: the server feeds its checkpointer and replica
+  ShardConfig shard;
   ServiceLimits limits;
   ServerSecurity security;                  // by default plaintext (null credentials) and no tokens
   std::optional<Replica::Options> replica;  // replication (ps --peer); none: alone
@@ -86,10 +86,8 @@ class ShardServer {
 
   const ShardServerConfig config_;
   ShardProcess process_;
-  // Declared in the order they depend on each other, so destroyed the other way round. The shard's
-  // on_change reads checkpointer_ and replica_: both are set by Start before anything that
-  // changes the shard runs on another thread (a checkpoint's restore, made before replica_ is
-  // set, needs no copy to the backup).
+  // Declared in the order they depend on each other, so destroyed the other way round. Start sets
+  // the shard's change listener (the checkpointer and the replica) once both exist.
   std::unique_ptr<ParameterShard> shard_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<Replica> replica_;

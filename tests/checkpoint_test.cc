@@ -324,10 +324,9 @@ TEST(CheckpointerTest, WritesTheInitialisedStateAtOnceThenEveryNUpdates) {
       Checkpointer::Open({dir, 3, absl::ZeroDuration(), 2}, 0);
   ASSERT_TRUE(checkpointer.ok()) << checkpointer.status();
   ShardConfig config = AdamSsp();
-  config.on_change = [c = checkpointer->get()](const ShardChange& change) {
-    c->OnUpdate(change.version);
-  };
   std::unique_ptr<ParameterShard> shard = *ParameterShard::Create(config);
+  shard->SetChangeListener(
+      [c = checkpointer->get()](const ShardChange& change) { c->OnUpdate(change.version); });
   absl::StatusOr<Checkpointer::Resumed> resumed = (*checkpointer)->Start(shard.get());
   ASSERT_TRUE(resumed.ok());
   EXPECT_EQ(resumed->version, -1);

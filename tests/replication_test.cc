@@ -75,17 +75,16 @@ TEST(ReplicatedShardTest, ABackupRepeatingThePrimarysChangesIsBitIdentical) {
   std::unique_ptr<ParameterShard> backup = *ParameterShard::Create(Config());
   std::unique_ptr<ParameterShard> late = *ParameterShard::Create(Config());
   bool late_joined = false;
-  ShardConfig primary_config = Config();
   int updates = 0, taken = 0;
-  primary_config.on_change = [&](const ShardChange& c) {
+  std::unique_ptr<ParameterShard> primary = *ParameterShard::Create(Config());
+  primary->SetChangeListener([&](const ShardChange& c) {
     updates += c.kind == ShardChange::Kind::kUpdate;
     taken += c.kind == ShardChange::Kind::kTaken;
     EXPECT_TRUE(backup->ApplyChange(c).ok());
     if (late_joined) {
       EXPECT_TRUE(late->ApplyChange(c).ok());
     }
-  };
-  std::unique_ptr<ParameterShard> primary = *ParameterShard::Create(primary_config);
+  });
   ASSERT_TRUE(primary->Initialize(kFlat, 0, {1, -2, 3, -4, 5, -6, 7, -8}).ok());
   for (int w = 0; w < 3; ++w) ASSERT_TRUE(primary->Register(w, kFlat).ok());
   for (int64_t s = 0; s < 10; ++s) {

@@ -4,7 +4,7 @@
 // shard that started empty is initialised, then every `every` and/or as soon as `updates`
 // updates were applied since the last one, and a last one at Stop(). A checkpoint copies the
 // shard under its lock and writes outside it.
-// Thread-safe; OnUpdate is meant for ShardConfig::on_change (with the change's version).
+// Thread-safe; OnUpdate is meant for the shard's change listener (with the change's version).
 #pragma once
 
 #include <cstdint>

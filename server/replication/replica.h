@@ -67,7 +67,7 @@ class Replica {
   absl::Status Start();
   void Stop();
 
-  // For ShardConfig::on_change.
+  // For the shard's change listener.
   void OnChange(const ShardChange& change) { log_.Append(change); }
 
   // Before a client call: OK if this process serves clients now; UNAVAILABLE (saying why) if it

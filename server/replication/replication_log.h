@@ -30,7 +30,7 @@ class ReplicationLog {
     BufferPool::Lease values;
   };
 
-  // For ShardConfig::on_change (under the shard's lock): copies `change` while a backup is
+  // For the shard's change listener (under the shard's lock): copies `change` while a backup is
   // attached. Without one, only counts it.
   void Append(const ShardChange& change);
 

@@ -180,6 +180,11 @@ absl::Status ParameterShard::CheckNumWorkers(int claimed) const {
       "it)"));
 }
 
+void ParameterShard::SetChangeListener(ChangeListener listener) {
+  absl::MutexLock lock(&mu_);
+  on_change_ = std::move(listener);
+}
+
 bool ParameterShard::initialized() const {
   absl::ReaderMutexLock lock(&mu_);
   return initialized_;
@@ -570,7 +575,7 @@ absl::Status ParameterShard::Apply(ShardChange c, float max_abs) {
   if (c.kind != Kind::kJoinRound) {
     c.index = ++changes_;
     c.version = version_;
-    if (config_.on_change) config_.on_change(c);
+    if (on_change_) on_change_(c);
   }
   return absl::OkStatus();
 }

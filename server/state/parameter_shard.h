@@ -54,7 +54,7 @@ struct ShardChange {
     kUpdate,      // values: the gradient as applied (clipped, averaged, compensated)
     kTaken,       // a push taken without an update (dropped by policy): bookkeeping only
     // values: a worker's gradient added to the open round (sync, local). Not counted, passed to
-    // on_change or replicated: the round's update is, when it closes.
+    // the change listener or replicated: the round's update is, when it closes.
     kJoinRound,
   };
   // kTaken: why the push was dropped.
@@ -99,10 +99,6 @@ struct ShardConfig {
   double max_norm_ratio = 0;
   // Threads that apply one push together, each to its part of the range (ApplyThreads).
   int apply_threads = 1;
-  // Called with each change (initialisation, every update, every push taken without one), under
-  // the shard's lock: must be cheap (a copy of the values at most) and must not call the shard.
-  // Not called for a sync round's contributions before it closes. Unset: nothing.
-  std::function<void(const ShardChange&)> on_change;
 };
 
 // The header of a push, checked before its payload is accepted. A push covers the shard's whole
@@ -198,6 +194,14 @@ class ParameterShard {
   int index() const { return config_.shard_index; }
   const Range& range() const { return range_; }
   const ConsistencyPolicy& consistency() const { return *policy_; }
+
+  // Called with each change (initialisation, every update, every push taken without one), under
+  // the shard's lock: must be cheap (a copy of the values at most) and must not call the shard.
+  // Not called for a sync round's contributions before it closes.
+  using ChangeListener = std::function<void(const ShardChange&)>;
+  // Calls `listener` with each change from now on (replacing any earlier one; null: none). The
+  // owner sets it once the parts that listen (a checkpointer, a replica) exist.
+  void SetChangeListener(ChangeListener listener);
 
   // Whether Initialize already succeeded (a restarted initialiser then need not send anything).
   bool initialized() const;
@@ -334,7 +338,7 @@ class ParameterShard {
   absl::Status Restore(const ShardState& state);
   // A backup: repeats `change`, made by its primary, which must be the next one (its index one
   // past the shard's change count; FAILED_PRECONDITION otherwise, and on a change that does not
-  // fit the shard's state). Calls on_change like the primary did.
+  // fit the shard's state). Calls the change listener like the primary did.
   absl::Status ApplyChange(const ShardChange& change);
   // OK if a client of `model` belongs here; FAILED_PRECONDITION naming what differs.
   absl::Status CheckModel(const ModelIdentity& model) const;
@@ -381,8 +385,8 @@ class ParameterShard {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The one way the shard's state changes: applies `change` (the values, the version, the
   // worker's bookkeeping, the round, the counters), then counts it (its index and version) and
-  // passes it to on_change, but for kJoinRound. `max_abs` bounds an update's gradient (see
-  // Optimizer::Apply). All or nothing: an error (a value that would become non-finite) changes
+  // passes it to the change listener, but for kJoinRound. `max_abs` bounds an update's gradient
+  // (see Optimizer::Apply). All or nothing: an error (a value that would become non-finite) changes
   // nothing.
   absl::Status Apply(ShardChange change, float max_abs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rounds: applies the round's average once the consistency model has all it waits for.
@@ -413,6 +417,7 @@ class ParameterShard {
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool initializing_ ABSL_GUARDED_BY(mu_) = false;
+  ChangeListener on_change_ ABSL_GUARDED_BY(mu_);
   ShardValues values_;
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // ShardChange::index of the last change
