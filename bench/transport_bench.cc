@@ -28,8 +28,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "bench/iperf3.h"
 #include "bench/median_seconds.h"
 #include "bench/raw_bytes.grpc.pb.h"
@@ -48,11 +50,45 @@ ABSL_FLAG(std::string, serve_raw, "", "Internal: serve RawBytes and write the po
 ABSL_FLAG(
     int, tcp_seconds, 3,
     "Seconds of single-stream loopback TCP measured by iperf3 (Debian's) as a ceiling; 0: none.");
+ABSL_FLAG(int, raw_chunk_kib, 1024,
+          "Message size of the raw streams (the ceiling columns), in KiB: a bulk data plane "
+          "candidate (ps.v1 streams 1024).");
+ABSL_FLAG(std::string, raw_args, "",
+          "gRPC channel arguments for both ends of the raw streams, name=int,... (e.g. "
+          "grpc.http2.write_buffer_size=16777216,grpc.http2.lookahead_bytes=67108864): the "
+          "other bulk data plane candidate.");
 ABSL_FLAG(int, stripes, 2,
           "Raw streams run at once, each on its own connection, for the striped ceiling columns.");
 
 namespace ps {
 namespace {
+
+int64_t RawChunkBytes() { return int64_t{absl::GetFlag(FLAGS_raw_chunk_kib)} * 1024; }
+
+// --raw_args as (name, value) pairs; exits on a malformed one.
+std::vector<std::pair<std::string, int>> RawChannelArgs() {
+  std::vector<std::pair<std::string, int>> args;
+  for (absl::string_view arg :
+       absl::StrSplit(absl::GetFlag(FLAGS_raw_args), ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(arg, absl::MaxSplits('=', 1));
+    int value = 0;
+    if (!absl::SimpleAtoi(kv.second, &value)) {
+      std::cerr << "--raw_args: " << arg << " is not name=int\n";
+      std::exit(1);
+    }
+    args.emplace_back(kv.first, value);
+  }
+  return args;
+}
+
+// The raw streams' channel arguments: --raw_args, and messages of any size.
+grpc::ChannelArguments RawChannelArguments() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  for (const auto& [name, value] : RawChannelArgs()) args.SetInt(name, value);
+  return args;
+}
 
 // Receives and discards uploads; serves downloads from one preallocated buffer.
 class RawBytesService final : public bench::RawBytes::Service {
@@ -67,10 +103,10 @@ class RawBytesService final : public bench::RawBytes::Service {
   }
   grpc::Status Download(grpc::ServerContext*, const bench::DownloadRequest* request,
                         grpc::ServerWriter<bench::Blob>* writer) override {
-    static const std::string chunk(kChunkBytes, 'x');
+    static const std::string chunk(RawChunkBytes(), 'x');
     bench::Blob blob;
-    for (int64_t sent = 0; sent < request->bytes(); sent += kChunkBytes) {
-      blob.set_data(chunk.data(), std::min<int64_t>(kChunkBytes, request->bytes() - sent));
+    for (int64_t sent = 0; sent < request->bytes(); sent += RawChunkBytes()) {
+      blob.set_data(chunk.data(), std::min<int64_t>(RawChunkBytes(), request->bytes() - sent));
       if (!writer->Write(blob)) break;
     }
     return grpc::Status::OK;
@@ -82,6 +118,9 @@ int ServeRaw(const std::string& port_file) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(-1);
+  builder.SetMaxSendMessageSize(-1);
+  for (const auto& [name, value] : RawChannelArgs()) builder.AddChannelArgument(name, value);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   std::ofstream(port_file + ".tmp") << port << "\n";
@@ -90,14 +129,14 @@ int ServeRaw(const std::string& port_file) {
   return 0;
 }
 
-// One raw client stream carrying data[0, bytes) in kChunkBytes messages.
+// One raw client stream carrying data[0, bytes) in --raw_chunk_kib messages.
 void RawUpload(bench::RawBytes::Stub* stub, const char* data, int64_t bytes) {
   grpc::ClientContext context;
   bench::Ack ack;
   auto writer = stub->Upload(&context, &ack);
   bench::Blob blob;
-  for (int64_t sent = 0; sent < bytes; sent += kChunkBytes) {
-    blob.set_data(data + sent, std::min<int64_t>(kChunkBytes, bytes - sent));
+  for (int64_t sent = 0; sent < bytes; sent += RawChunkBytes()) {
+    blob.set_data(data + sent, std::min<int64_t>(RawChunkBytes(), bytes - sent));
     writer->Write(blob);
   }
   writer->WritesDone();
@@ -138,19 +177,23 @@ int Main(int argc, char** argv) {
 
   // The ceiling: a RawBytes server in its own process, like the shard.
   std::string raw_port_file = run_dir + "/raw.port";
-  absl::StatusOr<Subprocess> raw = Subprocess::Start(
-      {ExecutableDir() + "/transport_bench", "--serve_raw=" + raw_port_file}, run_dir + "/raw.log");
+  absl::StatusOr<Subprocess> raw =
+      Subprocess::Start({ExecutableDir() + "/transport_bench", "--serve_raw=" + raw_port_file,
+                         absl::StrCat("--raw_chunk_kib=", absl::GetFlag(FLAGS_raw_chunk_kib)),
+                         "--raw_args=" + absl::GetFlag(FLAGS_raw_args)},
+                        run_dir + "/raw.log");
   if (!raw.ok()) return 1;
   LocalCluster cluster(ExecutableDir(), run_dir);
   int raw_port = 0;
   while (!(std::ifstream(raw_port_file) >> raw_port)) absl::SleepFor(absl::Milliseconds(20));
-  auto raw_stub = bench::RawBytes::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", raw_port),
-                                                               grpc::InsecureChannelCredentials()));
+  auto raw_stub = bench::RawBytes::NewStub(
+      grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", raw_port),
+                                grpc::InsecureChannelCredentials(), RawChannelArguments()));
   // Striped: one connection per stripe (channels with equal arguments would share one).
   const int stripes = std::max(1, absl::GetFlag(FLAGS_stripes));
   std::vector<std::unique_ptr<bench::RawBytes::Stub>> stripe_stubs;
   for (int k = 0; k < stripes; ++k) {
-    grpc::ChannelArguments args;
+    grpc::ChannelArguments args = RawChannelArguments();
     args.SetInt("ps.bench.stripe", k);
     stripe_stubs.push_back(bench::RawBytes::NewStub(grpc::CreateCustomChannel(
         absl::StrCat("127.0.0.1:", raw_port), grpc::InsecureChannelCredentials(), args)));

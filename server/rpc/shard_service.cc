@@ -311,17 +311,21 @@ grpc::Status ShardService::Admit(grpc::ServerContextBase* context, const CallNee
   return grpc::Status::OK;
 }
 
-template <typename Request, typename Response, typename Handler>
+template <typename Request, typename Response, typename Claims, typename Handler>
 grpc::ServerUnaryReactor* ShardService::Unary(grpc::CallbackServerContext* context,
                                               const grpc::ByteBuffer* in, grpc::ByteBuffer* out,
-                                              const CallNeeds& needs, Handler handler) {
+                                              const CallNeeds& needs, Claims claims,
+                                              Handler handler) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Admission admission;
   Request request;
   Response response;
   grpc::Status status = Admit(context, needs, &admission);
   if (status.ok()) status = Parse(*in, needs.call, &request);
-  if (status.ok()) status = handler(request, admission, &response);
+  if (status.ok()) {
+    status = Admit(context, claims(request, CallNeeds(needs.call, needs.access)), &admission);
+  }
+  if (status.ok()) status = handler(request, &response);
   if (status.ok()) *out = Serialize(response);
   reactor->Finish(status);
   return reactor;
@@ -339,13 +343,8 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
                                                  grpc::ByteBuffer* response) {
   return Unary<v1::RegisterRequest, v1::RegisterResponse>(
       context, request, response, CallNeeds("Register", Access::kRead),
-      [&](const auto& request, Admission& admission, auto* response) {
-        if (grpc::Status s = Admit(
-                context, CallNeeds("Register", Access::kRead).ActsAs(request.worker_id()).Serving(),
-                &admission);
-            !s.ok()) {
-          return s;
-        }
+      [](const auto& r, CallNeeds needs) { return needs.ActsAs(r.worker_id()).Serving(); },
+      [&](const auto& request, auto* response) {
         if (absl::Status s = shard_->CheckNumWorkers(request.num_workers()); !s.ok()) {
           return ToGrpcStatus(s);
         }
@@ -508,16 +507,10 @@ grpc::ServerUnaryReactor* ShardService::Heartbeat(grpc::CallbackServerContext* c
                                                   grpc::ByteBuffer* response) {
   return Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
       context, request, response, CallNeeds("Heartbeat", Access::kWrite),
-      [&](const auto& request, Admission& admission, auto* response) {
-        if (grpc::Status s = Admit(context,
-                                   CallNeeds("Heartbeat", Access::kWrite)
-                                       .ActsAs(request.worker_id())
-                                       .Serving()
-                                       .ShardIncarnation(request.shard_incarnation()),
-                                   &admission);
-            !s.ok()) {
-          return s;
-        }
+      [](const auto& r, CallNeeds needs) {
+        return needs.ActsAs(r.worker_id()).Serving().ShardIncarnation(r.shard_incarnation());
+      },
+      [&](const auto& request, auto* response) {
         absl::StatusOr<int> active = shard_->Heartbeat(request.worker_id(), request.incarnation());
         if (!active.ok()) return ToGrpcStatus(active.status());
         response->set_active_workers(*active);
@@ -530,16 +523,10 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* conte
                                               grpc::ByteBuffer* response) {
   return Unary<v1::LeaveRequest, v1::LeaveResponse>(
       context, request, response, CallNeeds("Leave", Access::kWrite),
-      [&](const auto& request, Admission& admission, auto*) {
-        if (grpc::Status s = Admit(context,
-                                   CallNeeds("Leave", Access::kWrite)
-                                       .ActsAs(request.worker_id())
-                                       .Serving()
-                                       .ShardIncarnation(request.shard_incarnation()),
-                                   &admission);
-            !s.ok()) {
-          return s;
-        }
+      [](const auto& r, CallNeeds needs) {
+        return needs.ActsAs(r.worker_id()).Serving().ShardIncarnation(r.shard_incarnation());
+      },
+      [&](const auto& request, auto*) {
         absl::Status left = shard_->Leave(request.worker_id(), request.incarnation());
         if (left.ok()) segments_.Release(request.worker_id());
         return ToGrpcStatus(left);
@@ -551,7 +538,8 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
                                                  grpc::ByteBuffer* response) {
   return Unary<v1::StatsRequest, v1::StatsResponse>(
       context, request, response, CallNeeds("GetStats", Access::kRead),
-      [&](const auto& request, Admission&, auto* response) {
+      [](const auto&, CallNeeds needs) { return needs; },
+      [&](const auto& request, auto* response) {
         int page = request.max_workers();
         if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
         *response = StatsToProto(shard_->Stats(request.first_worker(), page), process_, replica_);
@@ -568,14 +556,8 @@ grpc::ServerUnaryReactor* ShardService::Checkpoint(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* response) {
   return Unary<v1::CheckpointRequest, v1::CheckpointResponse>(
       context, request, response, CallNeeds("Checkpoint", Access::kAdmin),
-      [&](const auto& request, Admission& admission, auto* response) {
-        if (grpc::Status s = Admit(context,
-                                   CallNeeds("Checkpoint", Access::kAdmin)
-                                       .ShardIncarnation(request.shard_incarnation()),
-                                   &admission);
-            !s.ok()) {
-          return s;
-        }
+      [](const auto& r, CallNeeds needs) { return needs.ShardIncarnation(r.shard_incarnation()); },
+      [&](const auto&, auto* response) {
         if (checkpointer_ == nullptr) {
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                               "this shard keeps no checkpoints (ps --checkpoint_dir)");
@@ -602,17 +584,11 @@ grpc::ServerUnaryReactor* ShardService::AttachSharedMemory(grpc::CallbackServerC
                                                            grpc::ByteBuffer* response) {
   return Unary<v1::AttachSharedMemoryRequest, v1::AttachSharedMemoryResponse>(
       context, request, response, CallNeeds("AttachSharedMemory", Access::kRead),
-      [&](const auto& request, Admission& admission, auto* response) {
+      [](const auto& r, CallNeeds needs) {
+        return needs.ActsAs(r.worker_id()).Serving().ShardIncarnation(r.shard_incarnation());
+      },
+      [&](const auto& request, auto* response) {
         const int worker = request.worker_id();
-        if (grpc::Status s = Admit(context,
-                                   CallNeeds("AttachSharedMemory", Access::kRead)
-                                       .ActsAs(worker)
-                                       .Serving()
-                                       .ShardIncarnation(request.shard_incarnation()),
-                                   &admission);
-            !s.ok()) {
-          return s;
-        }
         absl::Status checked = shard_->CheckModel(FromProto(request.model()));
         if (checked.ok() && worker >= 0) checked = shard_->CheckWorkerId(worker);
         if (!checked.ok()) return ToGrpcStatus(checked);

@@ -202,11 +202,13 @@ class ShardService final : public ShardServiceBase {
   // Counts a push taken (shared memory, metrics: its `payload` bytes since `start`).
   void RecordPush(const v1::PushHeader& h, int64_t payload, absl::Time start);
   // A unary call on raw bytes: admits `needs` (the token) before parsing, parses the request
-  // (INVALID_ARGUMENT naming the call if it does not), runs handler(request, admission, &response)
-  // (a grpc::Status; it admits what the request claims), serialises the response and finishes.
-  template <typename Request, typename Response, typename Handler>
+  // (INVALID_ARGUMENT naming the call if it does not), admits what the request claims
+  // (claims(request, needs of the same call and access): a CallNeeds), runs
+  // handler(request, &response) (a grpc::Status), serialises the response and finishes.
+  template <typename Request, typename Response, typename Claims, typename Handler>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const grpc::ByteBuffer* in,
-                                  grpc::ByteBuffer* out, const CallNeeds& needs, Handler handler);
+                                  grpc::ByteBuffer* out, const CallNeeds& needs, Claims claims,
+                                  Handler handler);
   // OK without replication or once the backup has every change so far (Replica::WaitReplicated),
   // waiting until a little before the call's deadline.
   grpc::Status WaitReplicated(const grpc::ServerContextBase& context) const;

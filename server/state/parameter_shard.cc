@@ -139,7 +139,7 @@ class ParameterShard::Completions {
     int64_t offset = 0, length = 0;
     int worker_id = -1;
     bool keep_copy = false;
-    ShardValues::CopyOut copy_out;
+    ShardValues::CopyOut copy_out = nullptr;
   };
   ParameterShard* shard_;
   std::vector<Answer> answers_;

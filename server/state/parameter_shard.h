@@ -68,7 +68,7 @@ struct ShardChange {
   int64_t clock = 0;  // the worker's SSP clock after it
   int64_t staleness = 0;
   float learning_rate = 0;
-  absl::Span<const float> values;  // valid during the call it is passed to
+  absl::Span<const float> values = {};  // valid during the call it is passed to
 };
 
 struct ShardConfig {

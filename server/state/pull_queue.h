@@ -35,7 +35,7 @@ struct ReadRequest {
   absl::Time deadline;
   // Optional: where the values go instead of a snapshot (ShardValues::CopyOut). The Snapshot
   // given to `done` then holds no values (or a copy the shard kept for itself).
-  ShardValues::CopyOut copy_out;
+  ShardValues::CopyOut copy_out = nullptr;
 };
 using ReadDone = std::function<void(absl::StatusOr<ShardValues::Snapshot>)>;
 
