@@ -9,7 +9,9 @@
 // connections at once. And the co-located data plane: the same pushes and pulls through shared
 // memory (common/shared_memory.h), against memcpy and against the same push and pull made on a
 // ParameterShard in this process (the shard's own work with no transport at all: one copy, the
-// scan and the SGD apply for a push; one copy for a pull). All columns but "shm" are over gRPC.
+// scan and the SGD apply for a push; one copy for a pull). And the bulk data plane
+// (server/rpc/data_plane.h): pushes and pulls whose tensors go on a TCP connection of their own
+// beside the gRPC calls ("plane"), against the TCP ceiling. The other columns are gRPC streams.
 //
 //   build/bin/transport_bench --sizes_mib=1,16,64 --repeats=7
 #include <grpcpp/create_channel.h>
@@ -222,7 +224,7 @@ int Main(int argc, char** argv) {
       "size", "push GB/s", "raw up", "ratio", "pull GB/s", "raw down", "ratio", "memcpy",
       "replicated", "ratio", "push " + name + " x", "pull " + name + " x",
       absl::StrCat("up x", stripes), absl::StrCat("down x", stripes), "push/TCP", "pull/TCP",
-      "shm push", "/memcpy", "shm pull", "/memcpy", "in-proc push", "shm/it", "in-proc pull",
+      "plane push", "/TCP", "plane pull", "/TCP", "shm push", "/memcpy", "shm pull", "/memcpy", "in-proc push", "shm/it", "in-proc pull",
       "shm/it");
   for (const std::string& size_text : absl::GetFlag(FLAGS_sizes_mib)) {
     int64_t bytes = std::stoll(size_text) << 20;
@@ -245,6 +247,7 @@ int Main(int argc, char** argv) {
     }
     ClientOptions over_grpc;
     over_grpc.shared_memory = false;
+    over_grpc.data_plane = false;
     ShardedClient client({cluster.ShardAddress(0)}, model, 0, over_grpc);
     std::vector<float> params(n, 0.5f), grad(n, 0.001f);
     if (!client.Register().ok() || !client.Initialize(params).ok()) return 1;
@@ -259,6 +262,17 @@ int Main(int argc, char** argv) {
     replicated.Stop();
     double pull = MedianSeconds(repeats, [&] {
       if (!client.Pull(absl::MakeSpan(params)).ok()) std::abort();
+    });
+    // Over the data plane (this client registers as worker 0 again, taking over).
+    ClientOptions over_plane = over_grpc;
+    over_plane.data_plane = true;
+    ShardedClient plane_client({cluster.ShardAddress(0)}, model, 0, over_plane);
+    if (!plane_client.Register().ok()) return 1;
+    double plane_push = MedianSeconds(repeats, [&] {
+      if (!plane_client.Push(grad).ok()) std::abort();
+    });
+    double plane_pull = MedianSeconds(repeats, [&] {
+      if (!plane_client.Pull(absl::MakeSpan(params)).ok()) std::abort();
     });
     ClientOptions half_options = over_grpc;
     half_options.push_type = half_options.pull_type = *half;
@@ -316,12 +330,13 @@ int Main(int argc, char** argv) {
     auto gbs = [&](double s) { return bytes / s / 1e9; };
     std::cout << absl::StrFormat(
         "%5d MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f | %-12.2f %-6.2f | "
-        "%-14.2f %-14.2f | %-10.2f %-10.2f | %-9s %-9s | %-9.2f %-8.2f %-9.2f %-8.2f | %-11.2f "
-        "%-6.2f %-11.2f %-6.2f\n",
+        "%-14.2f %-14.2f | %-10.2f %-10.2f | %-9s %-9s | %-10.2f %-8s %-10.2f %-8s | %-9.2f %-8.2f "
+        "%-9.2f %-8.2f | %-11.2f %-6.2f %-11.2f %-6.2f\n",
         bytes >> 20, gbs(push), gbs(raw_up), raw_up / push, gbs(pull), gbs(raw_down),
         raw_down / pull, gbs(memcpy_s), gbs(replicated_push), push / replicated_push,
         push / half_push, pull / half_pull, gbs(striped_up), gbs(striped_down), of_tcp(gbs(push)),
-        of_tcp(gbs(pull)), gbs(shm_push), memcpy_s / shm_push, gbs(shm_pull), memcpy_s / shm_pull,
+        of_tcp(gbs(pull)), gbs(plane_push), of_tcp(gbs(plane_push)), gbs(plane_pull),
+        of_tcp(gbs(plane_pull)), gbs(shm_push), memcpy_s / shm_push, gbs(shm_pull), memcpy_s / shm_pull,
         gbs(local_push), local_push / shm_push, gbs(local_pull), local_pull / shm_pull);
   }
   return 0;

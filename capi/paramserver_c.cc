@@ -65,7 +65,7 @@ const std::set<std::string>& KnownSettings() {
   static const auto* const kKnown = new std::set<std::string>{
       "ps",         "cluster",      "model",         "hidden",        "rank",
       "num_workers", "tls_ca",      "tls_cert",      "tls_key",       "token_file",
-      "push_dtype", "pull_dtype",   "shared_memory", "rpc_timeout_seconds", "retry_seconds",
+      "push_dtype", "pull_dtype",   "shared_memory", "data_plane", "rpc_timeout_seconds", "retry_seconds",
       "heartbeat_seconds"};
   return *kKnown;
 }
@@ -182,11 +182,14 @@ absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json)
     }
     (std::string(name) == "push_dtype" ? options.push_type : options.pull_type) = *type;
   }
-  const std::string shared = Text(*settings, "shared_memory");
-  if (!shared.empty() && shared != "true" && shared != "false") {
-    return absl::InvalidArgumentError("setting \"shared_memory\" must be true or false");
+  for (auto [name, option] : {std::pair{"shared_memory", &options.shared_memory},
+                               std::pair{"data_plane", &options.data_plane}}) {
+    const std::string value = Text(*settings, name);
+    if (!value.empty() && value != "true" && value != "false") {
+      return absl::InvalidArgumentError(absl::StrCat("setting \"", name, "\" must be true or false"));
+    }
+    *option = value != "false";
   }
-  options.shared_memory = shared != "false";
   absl::StatusOr<ps::ClientSecurity> security = ps::LoadClientSecurity(
       {Text(*settings, "tls_cert"), Text(*settings, "tls_key"), Text(*settings, "tls_ca")},
       Text(*settings, "token_file"));

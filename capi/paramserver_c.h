@@ -48,6 +48,7 @@ PS_EXPORT const char* ps_last_error(void);
  *   "tls_ca", "tls_cert", "tls_key", "token_file"   credentials (token: else $PS_TOKEN)
  *   "push_dtype", "pull_dtype"    "fp32" (default), "bf16", "fp16"
  *   "shared_memory": true         tensors through shared memory with shards on this host
+ *   "data_plane": true            tensors over the data plane with shards on other hosts
  *   "rpc_timeout_seconds": 10, "retry_seconds": 60, "heartbeat_seconds": 1
  * Connects lazily: nothing is called before ps_client_register. */
 PS_EXPORT int ps_client_create(const char* settings_json, ps_client** out);

@@ -34,4 +34,15 @@ std::vector<std::string> ShardReplicas(const std::string& entry) {
   return absl::StrSplit(entry, '/');
 }
 
+bool SplitHostPort(const std::string& address, std::string* host, std::string* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return false;
+  *host = address.substr(0, colon);
+  *port = address.substr(colon + 1);
+  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return true;
+}
+
 }  // namespace ps

@@ -18,4 +18,8 @@ absl::StatusOr<std::vector<std::string>> ParseShardAddresses(const std::string& 
 // The replicas of one entry of that list: "a" -> {a}, "a/b" -> {a, b}.
 std::vector<std::string> ShardReplicas(const std::string& entry);
 
+// The host and port of "host:port" or "[v6 address]:port" (brackets dropped); false without a
+// colon.
+bool SplitHostPort(const std::string& address, std::string* host, std::string* port);
+
 }  // namespace ps

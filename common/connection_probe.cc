@@ -16,21 +16,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cluster.h"
 
 namespace ps {
 namespace {
-
-// host and port of "host:port" / "[v6]:port".
-bool SplitAddress(const std::string& address, std::string* host, std::string* port) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return false;
-  *host = address.substr(0, colon);
-  *port = address.substr(colon + 1);
-  if (host->size() > 2 && host->front() == '[' && host->back() == ']') {
-    *host = host->substr(1, host->size() - 2);
-  }
-  return true;
-}
 
 // A TCP connection to host:port within `timeout`: the socket (blocking, with send and receive
 // timeouts), or -1 with the reason in *why.
@@ -209,7 +198,7 @@ Attempt ProbeOnce(const std::string& host, const std::string& port,
 ProbeFinding ProbeShard(const std::string& address, const ClientSecurity& security,
                         absl::Duration timeout) {
   std::string host, port;
-  if (!SplitAddress(address, &host, &port)) return {};
+  if (!SplitHostPort(address, &host, &port)) return {};
   Attempt attempt = ProbeOnce(host, port, security, timeout);
   if (attempt.kind == Attempt::kClosedAfterHandshake) {
     // A shard that was stopping would not do it twice, a second apart.

@@ -16,6 +16,7 @@ absl::Status FromGrpcStatus(const grpc::Status& s) {
 namespace {
 constexpr char kShardRestarted[] = "ps.v1.shard-restarted";
 constexpr char kSharedMemoryLost[] = "ps.v1.shared-memory-lost";
+constexpr char kDataPlaneLost[] = "ps.v1.data-plane-lost";
 
 bool IsPrecondition(const grpc::Status& s, const char* detail) {
   return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION && s.error_details() == detail;
@@ -33,5 +34,11 @@ grpc::Status SharedMemoryLostStatus(const std::string& message) {
 }
 
 bool IsSharedMemoryLost(const grpc::Status& s) { return IsPrecondition(s, kSharedMemoryLost); }
+
+grpc::Status DataPlaneLostStatus(const std::string& message) {
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, message, kDataPlaneLost);
+}
+
+bool IsDataPlaneLost(const grpc::Status& s) { return IsPrecondition(s, kDataPlaneLost); }
 
 }  // namespace ps

@@ -1,6 +1,6 @@
 // Conversions between absl::Status (used inside the code) and grpc::Status (at the RPC edge), and
 // the statuses clients must recognise beyond their code: "this shard restarted since you
-// registered" and "send that tensor over gRPC".
+// registered" and "send that tensor over gRPC" (shared memory, the data plane).
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -24,5 +24,11 @@ bool IsShardRestarted(const grpc::Status& s);
 // (common/shared_memory.h).
 grpc::Status SharedMemoryLostStatus(const std::string& message);
 bool IsSharedMemoryLost(const grpc::Status& s);
+
+// FAILED_PRECONDITION carrying "ps.v1.data-plane-lost": the data-plane connection a request named
+// is not (or no longer) usable; the caller should send the tensor over gRPC instead
+// (server/rpc/data_plane.h).
+grpc::Status DataPlaneLostStatus(const std::string& message);
+bool IsDataPlaneLost(const grpc::Status& s);
 
 }  // namespace ps

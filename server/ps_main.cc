@@ -78,6 +78,11 @@ ABSL_FLAG(int, max_pulls, 0,
 ABSL_FLAG(int, shm_clients, 16,
           "Clients on this host that may move tensors through shared memory at once (each up to "
           "2 x the shard's bytes); 0: off, every tensor goes over gRPC.");
+ABSL_FLAG(int, data_plane_port, 0,
+          "Port of the bulk data plane, where remote clients' tensors travel beside their gRPC "
+          "calls (on --host); 0 picks a free one (clients learn it over gRPC), -1 turns it off. "
+          "Off with TLS.");
+ABSL_FLAG(int, data_plane_clients, 64, "Clients that may hold a data-plane connection at once.");
 ABSL_FLAG(double, stream_idle_seconds, 30,
           "A Push, Initialize or Pull stream that moves no message this long is cancelled.");
 ABSL_FLAG(double, stream_max_seconds, 600, "No Push or Initialize stream lasts longer than this.");
@@ -226,6 +231,7 @@ ServiceLimits LimitsFromFlags(int num_workers) {
   if (l.max_pulls <= 0) l.max_pulls = 4 * num_workers + 16;
   l.max_calls_per_worker = absl::GetFlag(FLAGS_max_calls_per_worker);
   l.shm_clients = absl::GetFlag(FLAGS_shm_clients);
+  l.data_plane_clients = absl::GetFlag(FLAGS_data_plane_clients);
   l.stream_idle = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_seconds));
   l.stream_total = absl::Seconds(absl::GetFlag(FLAGS_stream_max_seconds));
   return l;
@@ -249,6 +255,7 @@ absl::StatusOr<ShardServerConfig> ServerConfigFromFlags() {
   c.limits = LimitsFromFlags(c.shard.num_workers);
   c.host = absl::GetFlag(FLAGS_host);
   c.port = absl::GetFlag(FLAGS_port);
+  c.data_plane_port = absl::GetFlag(FLAGS_data_plane_port);
   c.insecure = absl::GetFlag(FLAGS_insecure);
   if (std::string dir = absl::GetFlag(FLAGS_checkpoint_dir); !dir.empty()) {
     c.checkpoints = Checkpointer::Options{std::move(dir), absl::GetFlag(FLAGS_checkpoint_keep),

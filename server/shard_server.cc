@@ -64,6 +64,10 @@ absl::Status CheckLimits(const ServiceLimits& limits) {
   if (limits.max_calls_per_worker < 0) {
     return absl::InvalidArgumentError("--max_calls_per_worker must be >= 0 (0: no cap)");
   }
+  if (limits.data_plane_clients < 1) {
+    return absl::InvalidArgumentError(
+        "--data_plane_clients must be >= 1 (--data_plane_port=-1 turns the data plane off)");
+  }
   return absl::OkStatus();
 }
 
@@ -121,8 +125,10 @@ absl::Status ShardServer::Start() {
   if (metrics_ != nullptr) {
     service_metrics = AddShardMetrics(metrics_.get(), shard_.get(), checkpointer_.get());
   }
+  if (absl::Status s = StartDataPlane(); !s.ok()) return s;
   service_ = std::make_unique<ShardService>(shard_.get(), process_, c.limits, c.security.tokens,
-                                            replica_.get(), service_metrics, checkpointer_.get());
+                                            replica_.get(), service_metrics, checkpointer_.get(),
+                                            data_plane_.get());
   if (replica_ != nullptr) {
     replication_service_ = std::make_unique<ReplicationService>(replica_.get(), c.security.tokens);
   }
@@ -160,6 +166,28 @@ absl::Status ShardServer::Start() {
   if (!c.port_file.empty() && !WriteFileAtomically(c.port_file, absl::StrCat(port_, "\n"))) {
     return absl::UnavailableError("cannot write --port_file " + c.port_file);
   }
+  return absl::OkStatus();
+}
+
+absl::Status ShardServer::StartDataPlane() {
+  const ShardServerConfig& c = config_;
+  if (c.data_plane_port < 0) return absl::OkStatus();
+  if (c.security.tls) {
+    PS_LOG(INFO) << "no data plane: the job uses TLS, which it does not speak; tensors go over gRPC";
+    return absl::OkStatus();
+  }
+  DataPlane::Options o;
+  o.host = c.host;
+  o.port = c.data_plane_port;
+  o.max_connections = c.limits.data_plane_clients;
+  o.max_frame_bytes = static_cast<uint64_t>(shard_->range().size()) * sizeof(float);
+  absl::StatusOr<std::unique_ptr<DataPlane>> plane = DataPlane::Start(o);
+  if (!plane.ok()) {
+    return absl::UnavailableError(absl::StrCat("data plane (--data_plane_port): ",
+                                               plane.status().message()));
+  }
+  data_plane_ = *std::move(plane);
+  PS_LOG(INFO) << "data plane on port " << data_plane_->port() << " (tensors of remote clients)";
   return absl::OkStatus();
 }
 
@@ -204,6 +232,7 @@ void ShardServer::ShutDown() {
   if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(false);
   if (replica_ != nullptr) replica_->Stop();
   if (shard_ != nullptr) shard_->Shutdown();  // null when Create failed
+  if (data_plane_ != nullptr) data_plane_->Stop();  // calls waiting on it end
   // Calls in progress get a second to finish (a stalled client's stream is cancelled then), so
   // that the shard stops within 2 s of SIGTERM, its last checkpoint included.
   if (server_ != nullptr) {

@@ -5,8 +5,8 @@
 //
 //   Create  checks the configuration and builds the shard: binds no port, writes no file
 //           (ps --dry_run stops here).
-//   Start   resumes from the newest checkpoint, starts the metrics endpoint, listens, starts
-//           replication and writes the port file.
+//   Start   resumes from the newest checkpoint, starts the metrics endpoint and the data plane,
+//           listens, starts replication and writes the port file.
 //   Wait    serves, doing the housekeeping (health SERVING while the shard can serve, lease
 //           expiry, idle shared memory given back, a status line every 30 s), until told to stop
 //           or until this replica is fenced.
@@ -45,6 +45,9 @@ struct ShardServerConfig {
   std::optional<Checkpointer::Options> checkpoints;  // ps --checkpoint_dir; none: no checkpoints
   std::string host = "127.0.0.1";
   int port = 0;  // 0: a free one (port())
+  // The bulk data plane's port on `host` (server/rpc/data_plane.h; 0: a free one, -1: none). Not
+  // with TLS: the plane speaks plain TCP, so TLS jobs move tensors over gRPC.
+  int data_plane_port = 0;
   // Allow a non-loopback host without a token or mutual TLS (CheckListenHost).
   bool insecure = false;
   MetricsOptions metrics;  // by default no endpoint
@@ -83,6 +86,8 @@ class ShardServer {
   // Stops serving and saving in dependency order; idempotent. Stop and the destructor.
   void ShutDown();
   void WriteOutputs(const ShardStats& stats) const;
+  // Starts the data plane unless it is off (or the job uses TLS).
+  absl::Status StartDataPlane();
 
   const ShardServerConfig config_;
   ShardProcess process_;
@@ -92,6 +97,7 @@ class ShardServer {
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<Replica> replica_;
   std::unique_ptr<MetricsEndpoint> metrics_;
+  std::unique_ptr<DataPlane> data_plane_;
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<ReplicationService> replication_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -37,7 +37,10 @@ ABSL_FLAG(std::string, pull_dtype, "fp32",
 
 ABSL_FLAG(bool, shared_memory, true,
           "Move tensors through shared memory with shards on this host (the same kernel, user "
-          "and PID namespace); false: always over gRPC.");
+          "and PID namespace); false: over the data plane or gRPC.");
+ABSL_FLAG(bool, data_plane, true,
+          "Move tensors of the other shards over their data plane (a TCP connection of this "
+          "client's beside its gRPC calls, at the link's rate); false: over gRPC's streams.");
 
 namespace ps {
 
@@ -93,6 +96,7 @@ absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards, Cl
                         : kind == ClientKind::kDaemon ? absl::Seconds(60)
                                                       : absl::Seconds(5);
   c.options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
+  c.options.data_plane = absl::GetFlag(FLAGS_data_plane);
   absl::StatusOr<ClientSecurity> security = ClientSecurityFromFlags();
   if (!security.ok()) return security.status();
   c.options.security = *std::move(security);

@@ -1,6 +1,6 @@
 // The flags every client of the shards shares (worker, evaluator, export_model), defined once:
 // where the shards are and how to reach them (--ps, --tls_ca, --tls_cert, --tls_key, --token_file
-// or PS_TOKEN, --pull_dtype, --retry_seconds, --shared_memory), the model (--hidden) and the
+// or PS_TOKEN, --pull_dtype, --retry_seconds, --shared_memory, --data_plane), the model (--hidden) and the
 // client's own health service (--health_host, --health_port, --insecure). The daemons' start-up:
 // client_start.h.
 #pragma once
@@ -23,7 +23,7 @@ struct ClientConnection {
   std::vector<std::string> addresses;  // --ps, in shard order; empty when not needed
   std::string model;  // canonical spec (common/model_spec.h) of --model, else the --hidden MLP
   ModelIdentity identity;  // of `model`, with num_shards the number of addresses
-  ClientOptions options;  // credentials, --pull_dtype, --retry_seconds, --shared_memory
+  ClientOptions options;  // credentials, --pull_dtype, --retry_seconds, --shared_memory, --data_plane
 };
 // A daemon waits for shards that are down (a minute by default: they may be restarting); a
 // one-shot tool reports them within seconds.

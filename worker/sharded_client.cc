@@ -21,6 +21,7 @@
 #include "common/chunking.h"
 #include "common/cluster.h"
 #include "common/connection_probe.h"
+#include "common/data_frames.h"
 #include "common/consistency_spec.h"
 #include "common/grpc_method.h"
 #include "common/grpc_status.h"
@@ -30,6 +31,7 @@
 #include "common/shutdown.h"
 #include "common/tensor_codec.h"
 #include "proto/ps.grpc.pb.h"
+#include "worker/data_connection.h"
 
 namespace ps {
 namespace {
@@ -258,6 +260,8 @@ class ShardedClient::Impl {
   // Whether this client cancelled the calls of `generation` (CancelPending, Close). A CANCELLED
   // it did not cause came from the shard: one shutting down cancels the calls it did not finish.
   bool CancelledHere(int64_t generation);
+  // The generation calls started now belong to (CancelPending starts the next).
+  int64_t Generation();
   v1::ModelIdentity ModelProto() const;
 
   // The replica of `shard` calls go to now, its stub and its address.
@@ -286,7 +290,9 @@ class ShardedClient::Impl {
     int64_t last_sequence = -1;      // this worker's last push the shard applied
     bool initialized = false;        // the shard held the model (at a registration or pull)
     std::string consistency;
-    std::shared_ptr<SharedPath> shared;  // null: tensors go over gRPC
+    // How tensors travel: through shared memory, else over the data plane, else over gRPC.
+    std::shared_ptr<SharedPath> shared;
+    std::shared_ptr<DataConnection> data;
   };
   Session SessionOf(int shard) const;
   // One Register call to `shard`; records the session. `resume_sequence` >= 0 when registering
@@ -296,8 +302,13 @@ class ShardedClient::Impl {
   // the session whose shard_incarnation was `stale`.
   grpc::Status Reregister(int shard, int64_t stale, int64_t generation);
   // A segment of shared memory with the process of `shard` registered as `shard_incarnation`,
-  // if ClientOptions::shared_memory and it is on this host; null (saying why) otherwise.
-  std::shared_ptr<SharedPath> AttachTo(int shard, int64_t shard_incarnation);
+  // if ClientOptions::shared_memory and it is on this host; else why not.
+  absl::StatusOr<std::shared_ptr<SharedPath>> AttachTo(int shard, int64_t shard_incarnation);
+  // A data-plane connection with that process, if ClientOptions::data_plane and it has one; else
+  // why not.
+  absl::StatusOr<std::shared_ptr<DataConnection>> ConnectTo(int shard, int64_t shard_incarnation);
+  // Stops using `data` with `shard` (it failed: `why`); later calls go over gRPC.
+  void DropData(int shard, const std::shared_ptr<DataConnection>& data, absl::string_view why);
   // Stops using `shared` with `shard` (it failed: `why`); later calls go over gRPC.
   void DropShared(int shard, const std::shared_ptr<SharedPath>& shared, absl::string_view why);
   // Register, Initialize and Stats of the class.
@@ -511,6 +522,11 @@ void ShardedClient::Impl::Untrack(grpc::ClientContext* context) {
   in_flight_.erase(context);
 }
 
+int64_t ShardedClient::Impl::Generation() {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
 bool ShardedClient::Impl::CancelledHere(int64_t generation) {
   absl::MutexLock lock(&mu_);
   return generation != generation_ || closed_;
@@ -584,7 +600,7 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
   // A shard that keeps saying it restarted after we registered again is not one we can use.
   // With two replicas, a failure is tried at the other at once, then again after the backoff.
   bool switched_at_once = false;
-  for (int reregistered = 0, shared_lost = 0;;) {
+  for (int reregistered = 0, path_lost = 0;;) {
     const int64_t shard_incarnation = SessionOf(shard).shard_incarnation;
     const int replica = CurrentReplica(shard);
     grpc::Status s = Attempt(shard, fn, generation, timeout);
@@ -595,8 +611,9 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
       s = Reregister(shard, shard_incarnation, generation);
       if (s.ok()) continue;
     }
-    // The call's shared memory failed (and was dropped): the tensor goes over gRPC at once.
-    if (IsSharedMemoryLost(s) && shared_lost++ < 2) continue;
+    // The call's shared memory or data plane failed (and was dropped): the tensor goes over gRPC
+    // at once.
+    if ((IsSharedMemoryLost(s) || IsDataPlaneLost(s)) && path_lost++ < 2) continue;
     const Replica& called = replicas_[shard][replica];
     if (s.ok()) {
       called.contact->reached.store(true, std::memory_order_relaxed);
@@ -710,7 +727,17 @@ grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* c
                         absl::StrCat("this address serves shard ", response.shard_index(),
                                      ", listed as shard ", shard, " in --ps"));
   }
-  std::shared_ptr<SharedPath> shared = AttachTo(shard, response.shard_incarnation());
+  // Shared memory with a shard on this host, else the data plane, else gRPC.
+  absl::StatusOr<std::shared_ptr<SharedPath>> shared =
+      AttachTo(shard, response.shard_incarnation());
+  absl::StatusOr<std::shared_ptr<DataConnection>> data =
+      shared.ok() ? nullptr : ConnectTo(shard, response.shard_incarnation());
+  PS_LOG(INFO) << "shard " << shard << " (" << Address(shard) << "): tensors "
+               << (shared.ok()  ? "through shared memory"
+                   : data.ok() ? "over the data plane"
+                               : absl::StrCat("over gRPC (no shared memory: ",
+                                              shared.status().message(), "; no data plane: ",
+                                              data.status().message(), ")"));
   absl::MutexLock lock(&sessions_mu_);
   Session& session = sessions_[shard];
   if (session.initialized && !response.initialized()) {
@@ -724,47 +751,73 @@ grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* c
   session = Session{response.incarnation(),   response.shard_incarnation(),
                     response.version(),       response.version(),
                     response.last_sequence(), response.initialized() || session.initialized,
-                    response.consistency(),   std::move(shared)};
+                    response.consistency(),   shared.ok() ? *shared : nullptr,
+                    data.ok() ? *data : nullptr};
   return grpc::Status::OK;
 }
 
-std::shared_ptr<ShardedClient::Impl::SharedPath> ShardedClient::Impl::AttachTo(
+absl::StatusOr<std::shared_ptr<ShardedClient::Impl::SharedPath>> ShardedClient::Impl::AttachTo(
     int shard, int64_t shard_incarnation) {
-  if (!options_.shared_memory || ProcessSpaceId().empty()) return nullptr;
+  if (!options_.shared_memory) return absl::FailedPreconditionError("off");
+  if (ProcessSpaceId().empty()) return absl::FailedPreconditionError("no process space id");
   v1::AttachSharedMemoryRequest request;
   request.set_worker_id(worker_id_);
   *request.mutable_model() = ModelProto();
   request.set_process_space(ProcessSpaceId());
   request.set_shard_incarnation(shard_incarnation);
   v1::AttachSharedMemoryResponse response;
-  int64_t generation;
-  {
-    absl::MutexLock lock(&mu_);
-    generation = generation_;
-  }
-  // One attempt, cancelled with the others (CancelPending); a failure only means gRPC.
+  // One attempt, cancelled with the others (CancelPending); a failure only means another path.
   absl::Status why = FromGrpcStatus(Attempt(
       shard,
       [&](int i, grpc::ClientContext* context) {
         return Stub(i)->AttachSharedMemory(context, request, &response);
       },
-      generation, options_.rpc_timeout));
-  std::shared_ptr<SharedPath> path;
-  if (why.ok() && response.region_bytes() < ranges_[shard].size() * WireBytes(WireType::kFloat32)) {
-    why = absl::FailedPreconditionError("its segment is smaller than its range");
-  } else if (why.ok()) {
-    absl::StatusOr<SharedSegment> segment = SharedSegment::Open(
-        response.pid(), response.fd(), response.nonce(), response.region_bytes());
-    if (segment.ok()) {
-      path = std::make_shared<SharedPath>(response.segment(), *std::move(segment));
-    } else {
-      why = segment.status();
-    }
+      Generation(), options_.rpc_timeout));
+  if (!why.ok()) return why;
+  if (response.region_bytes() < ranges_[shard].size() * WireBytes(WireType::kFloat32)) {
+    return absl::FailedPreconditionError("its segment is smaller than its range");
   }
-  PS_LOG(INFO) << "shard " << shard << " (" << Address(shard) << "): tensors "
-               << (path != nullptr ? "through shared memory"
-                                   : absl::StrCat("over gRPC (", why.message(), ")"));
-  return path;
+  absl::StatusOr<SharedSegment> segment = SharedSegment::Open(
+      response.pid(), response.fd(), response.nonce(), response.region_bytes());
+  if (!segment.ok()) return segment.status();
+  return std::make_shared<SharedPath>(response.segment(), *std::move(segment));
+}
+
+absl::StatusOr<std::shared_ptr<DataConnection>> ShardedClient::Impl::ConnectTo(
+    int shard, int64_t shard_incarnation) {
+  if (!options_.data_plane) return absl::FailedPreconditionError("off");
+  v1::AttachDataPlaneRequest request;
+  request.set_worker_id(worker_id_);
+  *request.mutable_model() = ModelProto();
+  request.set_shard_incarnation(shard_incarnation);
+  v1::AttachDataPlaneResponse response;
+  absl::Status why = FromGrpcStatus(Attempt(
+      shard,
+      [&](int i, grpc::ClientContext* context) {
+        return Stub(i)->AttachDataPlane(context, request, &response);
+      },
+      Generation(), options_.rpc_timeout));
+  if (!why.ok()) return why;
+  std::string host, port;
+  SplitHostPort(Address(shard), &host, &port);
+  absl::StatusOr<std::unique_ptr<DataConnection>> connection = DataConnection::Open(
+      host, response.port(), response.connection(), response.secret(),
+      static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
+      absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
+  if (!connection.ok()) return connection.status();
+  return std::shared_ptr<DataConnection>(*std::move(connection));
+}
+
+void ShardedClient::Impl::DropData(int shard, const std::shared_ptr<DataConnection>& data,
+                                   absl::string_view why) {
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    if (sessions_[shard].data != data) return;  // dropped or replaced already
+    sessions_[shard].data = nullptr;
+  }
+  PS_LOG(WARNING) << "shard " << shard << " (" << Address(shard)
+                  << "): the data plane stopped working (" << why
+                  << "); its tensors go over gRPC until this client registers there again";
 }
 
 void ShardedClient::Impl::DropShared(int shard, const std::shared_ptr<SharedPath>& shared,
@@ -912,6 +965,18 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
     request.set_shm_segment(shared->id);
     request.set_shm_ticket(ticket);
   }
+  // Else over the data plane, if there is a connection: the values go straight into `params`.
+  const std::shared_ptr<DataConnection>& data = session.data;
+  uint64_t transfer = 0;
+  if (!turn.owns_lock() && data != nullptr) {
+    transfer = data->NextTransfer();
+    if (data->Expect(transfer, params.subspan(r.begin, r.size()), options_.pull_type).ok()) {
+      request.set_data_connection(data->id());
+      request.set_data_transfer(transfer);
+    } else {
+      transfer = 0;
+    }
+  }
   auto reader = Stub(shard)->Pull(context, request);
   ChunkAssembler assembler(params.subspan(r.begin, r.size()), options_.pull_type);
   v1::PullChunk chunk;
@@ -929,12 +994,28 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
       if (!first || !chunk.data().empty() || chunk.shm_values() != r.size()) {
         bad = absl::DataLossError("a pull through shared memory is one chunk naming the values");
       }
+    } else if (transfer != 0) {
+      if (!first || !chunk.data().empty() || chunk.data_values() != r.size()) {
+        bad = absl::DataLossError("a pull over the data plane is one chunk naming the values");
+      }
     } else {
       bad = assembler.Append(chunk.data());
     }
   }
   grpc::Status status = reader->Finish();
   if (IsSharedMemoryLost(status)) DropShared(shard, shared, status.error_message());
+  if (transfer != 0) {
+    // The values were written before the answer: they are here or on their way. A call that
+    // failed forgets its transfer at once.
+    const bool answered = status.ok() && bad.ok();
+    absl::Status arrived = data->Await(
+        transfer, answered ? absl::FromChrono(context->deadline()) : absl::InfinitePast());
+    if (IsDataPlaneLost(status)) DropData(shard, data, status.error_message());
+    if (answered && !arrived.ok()) {
+      DropData(shard, data, arrived.message());
+      return DataPlaneLostStatus(std::string(arrived.message()));
+    }
+  }
   if (status.ok() && bad.ok() && ticket != 0) {
     SharedRegion region = shared->segment.pull();
     if (!region.Move(SharedRegion::kFilled, SharedRegion::kBusy, ticket)) {
@@ -944,7 +1025,7 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
     bad = assembler.Append(std::string_view(region.data(), r.size() * assembler.element_bytes()));
     region.Move(SharedRegion::kBusy, SharedRegion::kIdle, ticket);
   }
-  if (status.ok() && bad.ok()) bad = assembler.Finish();
+  if (status.ok() && bad.ok() && transfer == 0) bad = assembler.Finish();
   if (!status.ok() || !bad.ok()) return status.ok() ? ToGrpcStatus(bad) : status;
   versions->shard_incarnation[shard] = request.shard_incarnation();
   absl::MutexLock lock(&sessions_mu_);
@@ -1027,19 +1108,44 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
     header.set_shm_segment(shared->id);
     header.set_shm_ticket(ticket);
   }
+  // Else over the data plane, if there is a connection: the gradient goes from `part` once the
+  // shard says it waits for it.
+  const std::shared_ptr<DataConnection>& data = turn.owns_lock() ? nullptr : session.data;
+  uint64_t transfer = 0;
+  if (data != nullptr) {
+    transfer = data->NextTransfer();
+    header.set_data_connection(data->id());
+    header.set_data_transfer(transfer);
+  }
   const Replica& replica = CurrentReplicaOf(shard);
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
       grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
           replica.channel.get(), *replica.push, context, response));
-  if (turn.owns_lock()) {
+  if (turn.owns_lock() || transfer != 0) {
     grpc::Slice slice(first.SerializeAsString());
     writer->Write(grpc::ByteBuffer(&slice, 1));
   } else {
     *saturated = WriteTensorChunks(writer.get(), first, part, options_.push_type);
   }
+  absl::Status sent;
+  if (transfer != 0) {
+    writer->WaitForInitialMetadata();  // also when the call ended: then without the key
+    if (context->GetServerInitialMetadata().count(kDataPlaneReady) > 0) {
+      absl::StatusOr<int64_t> pushed = data->Push(transfer, part, options_.push_type,
+                                                  absl::FromChrono(context->deadline()));
+      if (pushed.ok()) *saturated = *pushed;
+      sent = pushed.status();
+      if (!sent.ok()) context->TryCancel();
+    }
+  }
   writer->WritesDone();
   grpc::Status status = writer->Finish();
+  if (!sent.ok()) {
+    DropData(shard, data, sent.message());
+    return DataPlaneLostStatus(std::string(sent.message()));
+  }
   if (IsSharedMemoryLost(status)) DropShared(shard, shared, status.error_message());
+  if (IsDataPlaneLost(status)) DropData(shard, data, status.error_message());
   return status;
 }
 

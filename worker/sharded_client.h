@@ -27,9 +27,12 @@
 // as with a restarted shard.
 //
 // With a shard on the same host (ClientOptions::shared_memory), tensors go through a segment of
-// shared memory that client and shard both map, negotiated at registration; the calls still go
-// over gRPC (deadlines, token, retries as above). A shard elsewhere, one that shares no memory,
-// or a segment that stopped working: tensors go over gRPC, as they always can.
+// shared memory that client and shard both map, negotiated at registration; with one elsewhere
+// (ClientOptions::data_plane), over a TCP connection of the client's own to the shard's data
+// plane, opened with a ticket from the shard at registration. The calls still go over gRPC
+// (deadlines, token, retries as above). A shard that offers neither, or a path that stopped
+// working: tensors go over gRPC's streams, as they always can (a failed call is repeated there at
+// once; the data plane is tried again at the next registration).
 //
 // The client keeps a worker's bookkeeping: the sequence number each push carries (from Register
 // on, one more per push) and the versions of the weights its last pull saw (a push's base: what
@@ -78,6 +81,8 @@ struct ClientOptions {
   WireType pull_type = WireType::kFloat32;
   // Move tensors through shared memory with shards on this host (common/shared_memory.h).
   bool shared_memory = true;
+  // Move the others over the shards' data plane (server/rpc/data_plane.h), not gRPC's streams.
+  bool data_plane = true;
   // The job's number of workers as this client was told (worker --num_workers), which a shard
   // checks at registration against its own; 0: not checked (observers, tools).
   int num_workers = 0;

@@ -1,8 +1,10 @@
 // Where a call's tensor travels, chosen once per call. A Push or Initialize reads its payload from
 // a PayloadSource: the rest of its gRPC client stream (StreamPayload: chunks of raw bytes, decoded
-// straight from gRPC's slices) or the push region of the client's shared-memory segment
-// (SharedPayload, common/shared_memory.h). A Pull's values go out as gRPC chunks (the service's
-// PullWriter) or into the segment's pull region (WriteSharedPull).
+// straight from gRPC's slices), the push region of the client's shared-memory segment
+// (SharedPayload, common/shared_memory.h) or the client's data-plane connection
+// (DataPlanePayload, server/rpc/data_plane.h). A Pull's values go out as gRPC chunks (the
+// service's PullWriter), into the segment's pull region (WriteSharedPull) or on the data plane
+// (DataPlane::Send).
 //
 // Each source serves one call and is not thread-safe; WriteSharedPull is.
 #pragma once
@@ -24,6 +26,7 @@
 #include "common/tensor_codec.h"
 #include "common/wire_type.h"
 #include "server/rpc/call_limits.h"
+#include "server/rpc/data_plane.h"
 #include "server/rpc/shared_segments.h"
 
 namespace ps {
@@ -126,6 +129,39 @@ class SharedPayload final : public PayloadSource {
       : segment_(std::move(segment)), ticket_(ticket) {}
   const std::shared_ptr<const SharedSegment> segment_;
   const uint64_t ticket_;
+};
+
+// The payload of a push on the client's data-plane connection: the stream carries only the header;
+// once the call waits for the payload it says so in its initial metadata (kDataPlaneReady,
+// common/data_frames.h), the
+// client sends the frame, and it is read straight into the call's buffer.
+class DataPlanePayload final : public PayloadSource {
+ public:
+  // INVALID_ARGUMENT if the stream's first message (`first`) carried data.
+  static absl::StatusOr<std::unique_ptr<DataPlanePayload>> Open(
+      DataPlane* plane, grpc::ServerContext* context, grpc::ServerReader<grpc::ByteBuffer>* reader,
+      const TensorMessage& first, uint64_t connection, uint64_t transfer, int worker_id,
+      absl::Time deadline);
+  // DataPlane::Receive's errors; INVALID_ARGUMENT if the stream carries data after its header.
+  absl::Status ReadInto(absl::Span<float> dst, WireType type) override;
+
+ private:
+  DataPlanePayload(DataPlane* plane, grpc::ServerContext* context,
+                   grpc::ServerReader<grpc::ByteBuffer>* reader, uint64_t connection,
+                   uint64_t transfer, int worker_id, absl::Time deadline)
+      : plane_(plane),
+        context_(context),
+        reader_(reader),
+        connection_(connection),
+        transfer_(transfer),
+        worker_id_(worker_id),
+        deadline_(deadline) {}
+  DataPlane* const plane_;
+  grpc::ServerContext* const context_;
+  grpc::ServerReader<grpc::ByteBuffer>* const reader_;
+  const uint64_t connection_, transfer_;
+  const int worker_id_;
+  const absl::Time deadline_;
 };
 
 // Writes `values` as `type` into the pull region of segment `segment` of `segments`, if it waits

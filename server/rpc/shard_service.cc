@@ -97,6 +97,13 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
       shm_segment_ = r.shm_segment();
       shm_ticket_ = r.shm_ticket();
       worker_id_ = r.worker_id();
+    } else if (checked.ok() && r.data_connection() != 0) {
+      if (service_->data_plane_ == nullptr) {
+        checked = DataPlaneLostStatus("this shard has no data plane");
+      }
+      data_connection_ = r.data_connection();
+      data_transfer_ = r.data_transfer();
+      worker_id_ = r.worker_id();
     }
     if (!checked.ok()) {
       Finish(checked);
@@ -132,7 +139,35 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     }
     snapshot_ = std::make_shared<ParameterShard::Snapshot>(*std::move(answer));
     guard_.emplace(service_->watchdog_.Watch(context_));  // a reader that stops reading ends
-    WriteNext();
+    if (data_connection_ != 0) {
+      SendOnDataPlane();
+    } else {
+      WriteNext();
+    }
+  }
+  // Sends the snapshot on the data plane, then (on the plane's thread) the one chunk that says so.
+  void SendOnDataPlane() {
+    absl::Span<const float> values = snapshot_->values.span();
+    absl::Status queued = service_->data_plane_->Send(
+        data_connection_, worker_id_, data_transfer_, snapshot_, values, type_,
+        [this, n = static_cast<int64_t>(values.size())](absl::StatusOr<int64_t> sent) {
+          if (!sent.ok()) {
+            Finish(DataPlaneLostStatus(std::string(sent.status().message())));
+            return;
+          }
+          NoteSaturated(*sent);
+          service_->data_plane_pulls_.fetch_add(1, std::memory_order_relaxed);
+          v1::PullChunk head;
+          head.set_version(snapshot_->version);
+          head.set_offset(snapshot_->offset);
+          head.set_dtype(static_cast<v1::DType>(type_));
+          head.set_data_values(n);
+          grpc::Slice slice(head.SerializeAsString());
+          message_ = grpc::ByteBuffer(&slice, 1);
+          next_ = -1;  // done after this message
+          StartWrite(&message_);
+        });
+    if (!queued.ok()) Finish(DataPlaneLostStatus(std::string(queued.message())));
   }
   void WriteNext() {
     absl::Span<const float> values = snapshot_->values.span();
@@ -223,6 +258,8 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   // The segment the values go through (0: none), the request's ticket and its client.
   int64_t shm_segment_ = 0;
   uint64_t shm_ticket_ = 0;
+  // The data-plane connection and transfer the values go on (0: none).
+  uint64_t data_connection_ = 0, data_transfer_ = 0;
   int worker_id_ = -1;
   grpc::Status shared_status_;  // of writing the values into it, and how many
   int64_t shared_values_ = 0;
@@ -231,7 +268,8 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
 
 ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
                            const ServiceLimits& limits, TokenAuthenticator tokens, Replica* replica,
-                           ServiceMetrics metrics, Checkpointer* checkpointer)
+                           ServiceMetrics metrics, Checkpointer* checkpointer,
+                           DataPlane* data_plane)
     : shard_(shard),
       process_(process),
       tokens_(std::move(tokens)),
@@ -241,7 +279,8 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
       streams_("streams", limits.max_streams, limits.max_calls_per_worker),
       pulls_("pulls", limits.max_pulls, limits.max_calls_per_worker),
       watchdog_(limits.stream_idle, limits.stream_total),
-      segments_(limits.shm_clients, shard->range().size() * static_cast<int64_t>(sizeof(float))) {
+      segments_(limits.shm_clients, shard->range().size() * static_cast<int64_t>(sizeof(float))),
+      data_plane_(data_plane) {
   // Initialize and Push read raw bytes, so that tensors go from gRPC's slices straight into the
   // shard's buffers: their generated synchronous handlers are replaced by handlers of ByteBuffer
   // messages. The replacement API (meant for streamed methods) also marks them bidirectional,
@@ -429,7 +468,8 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
     return s;
   }
   std::unique_ptr<PayloadSource> source;
-  if (grpc::Status s = OpenPushPayload(reader, h, std::move(data), &admission, &source); !s.ok()) {
+  if (grpc::Status s = OpenPushPayload(context, reader, h, std::move(data), &admission, &source);
+      !s.ok()) {
     return s;
   }
   // begin -> read -> commit: the header is checked once, the payload goes into the slot's
@@ -441,7 +481,11 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   if (!type.ok()) return ToGrpcStatus(type.status());
   absl::Status read = source->ReadInto(slot->gradient(), *type);
   source.reset();  // a shared region is given back: the client may reuse it now
-  if (!read.ok()) return ToGrpcStatus(read);
+  if (!read.ok()) {
+    // A data-plane payload that did not come is the plane's failure: the client sends over gRPC.
+    const bool lost = h.data_connection() != 0 && read.code() != absl::StatusCode::kInvalidArgument;
+    return lost ? DataPlaneLostStatus(std::string(read.message())) : ToGrpcStatus(read);
+  }
   const int64_t payload = static_cast<int64_t>(slot->gradient().size()) * WireBytes(*type);
   absl::StatusOr<PushOutcome> outcome = shard_->Commit(*std::move(slot));
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
@@ -454,10 +498,25 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   return WaitReplicated(*context);
 }
 
-grpc::Status ShardService::OpenPushPayload(grpc::ServerReader<grpc::ByteBuffer>* reader,
+grpc::Status ShardService::OpenPushPayload(grpc::ServerContext* context,
+                                           grpc::ServerReader<grpc::ByteBuffer>* reader,
                                            const v1::PushHeader& h,
                                            std::optional<TensorMessage> data, Admission* admission,
                                            std::unique_ptr<PayloadSource>* source) {
+  if (h.data_connection() != 0) {
+    if (data_plane_ == nullptr) return DataPlaneLostStatus("this shard has no data plane");
+    const absl::Time deadline = std::min(
+        absl::Now() + absl::Minutes(1), absl::FromChrono(context->deadline()) - absl::Milliseconds(250));
+    absl::StatusOr<std::unique_ptr<DataPlanePayload>> opened =
+        DataPlanePayload::Open(data_plane_, context, reader, *data, h.data_connection(),
+                               h.data_transfer(), h.worker_id(), deadline);
+    if (!opened.ok()) {
+      shard_->RecordRejectedPush();
+      return ToGrpcStatus(opened.status());
+    }
+    *source = *std::move(opened);
+    return grpc::Status::OK;
+  }
   if (h.shm_segment() == 0) {
     *source = std::make_unique<StreamPayload<v1::PushChunk>>(reader, *std::move(data),
                                                              &admission->guard());
@@ -478,6 +537,7 @@ grpc::Status ShardService::OpenPushPayload(grpc::ServerReader<grpc::ByteBuffer>*
 
 void ShardService::RecordPush(const v1::PushHeader& h, int64_t payload, absl::Time start) {
   if (h.shm_segment() != 0) shm_pushes_.fetch_add(1, std::memory_order_relaxed);
+  if (h.data_connection() != 0) data_plane_pushes_.fetch_add(1, std::memory_order_relaxed);
   if (metrics_.push_seconds != nullptr) {
     metrics_.push_bytes->Increment(static_cast<double>(payload));
     metrics_.push_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
@@ -529,6 +589,7 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* conte
       [&](const auto& request, auto*) {
         absl::Status left = shard_->Leave(request.worker_id(), request.incarnation());
         if (left.ok()) segments_.Release(request.worker_id());
+        if (left.ok() && data_plane_ != nullptr) data_plane_->Release(request.worker_id());
         return ToGrpcStatus(left);
       });
 }
@@ -544,6 +605,9 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
         if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
         *response = StatsToProto(shard_->Stats(request.first_worker(), page), process_, replica_);
         response->set_shm_pushes(shm_pushes_.load(std::memory_order_relaxed));
+        response->set_data_plane_pushes(data_plane_pushes_.load(std::memory_order_relaxed));
+        response->set_data_plane_pulls(data_plane_pulls_.load(std::memory_order_relaxed));
+        if (data_plane_ != nullptr) response->set_data_plane_connections(data_plane_->connections());
         response->set_shm_pulls(shm_pulls_.load(std::memory_order_relaxed));
         response->set_shm_segments(segments_.size());
         if (checkpointer_ != nullptr) CheckpointHealthToProto(checkpointer_->health(), response);
@@ -603,6 +667,32 @@ grpc::ServerUnaryReactor* ShardService::AttachSharedMemory(grpc::CallbackServerC
         response->set_fd(attached->segment->fd());
         response->set_nonce(attached->segment->nonce());
         response->set_region_bytes(attached->segment->region_bytes());
+        return grpc::Status::OK;
+      });
+}
+
+grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* request,
+                                                        grpc::ByteBuffer* response) {
+  return Unary<v1::AttachDataPlaneRequest, v1::AttachDataPlaneResponse>(
+      context, request, response, CallNeeds("AttachDataPlane", Access::kRead),
+      [](const auto& r, CallNeeds needs) {
+        return needs.ActsAs(r.worker_id()).Serving().ShardIncarnation(r.shard_incarnation());
+      },
+      [&](const auto& request, auto* response) {
+        const int worker = request.worker_id();
+        absl::Status checked = shard_->CheckModel(FromProto(request.model()));
+        if (checked.ok() && worker >= 0) checked = shard_->CheckWorkerId(worker);
+        if (!checked.ok()) return ToGrpcStatus(checked);
+        if (data_plane_ == nullptr) {
+          return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                              "this shard has no data plane (ps --data_plane_port=-1, or TLS)");
+        }
+        absl::StatusOr<DataPlane::Ticket> ticket = data_plane_->Issue(worker);
+        if (!ticket.ok()) return ToGrpcStatus(ticket.status());
+        response->set_port(data_plane_->port());
+        response->set_connection(ticket->connection);
+        response->set_secret(ticket->secret);
         return grpc::Status::OK;
       });
 }

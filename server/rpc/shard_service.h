@@ -60,6 +60,9 @@ struct ServiceLimits {
   // Clients on this host that may move tensors through shared memory at once (0: none); each
   // costs up to 2 x S of shared memory once used (server/rpc/shared_segments.h).
   int shm_clients = 16;
+  // Clients that may hold a data-plane connection at once (server/rpc/data_plane.h); each costs
+  // two threads, no buffer.
+  int data_plane_clients = 64;
 };
 
 using ShardServiceBase = v1::ParameterServer::WithRawCallbackMethod_Register<
@@ -68,8 +71,9 @@ using ShardServiceBase = v1::ParameterServer::WithRawCallbackMethod_Register<
             v1::ParameterServer::WithRawCallbackMethod_Leave<
                 v1::ParameterServer::WithRawCallbackMethod_GetStats<
                     v1::ParameterServer::WithRawCallbackMethod_AttachSharedMemory<
-                        v1::ParameterServer::WithRawCallbackMethod_Checkpoint<
-                            v1::ParameterServer::Service>>>>>>>;
+                        v1::ParameterServer::WithRawCallbackMethod_AttachDataPlane<
+                            v1::ParameterServer::WithRawCallbackMethod_Checkpoint<
+                                v1::ParameterServer::Service>>>>>>>>;
 
 class ShardService final : public ShardServiceBase {
  public:
@@ -78,9 +82,11 @@ class ShardService final : public ShardServiceBase {
   // initialisation is answered once the backup has it.
   // `metrics` (ps --metrics_port): push/pull latencies and bytes; by default none.
   // `checkpointer` (ps --checkpoint_dir): what Checkpoint writes with; by default none.
+  // `data_plane`: tensors of clients that attach to it travel there; by default none.
   ShardService(ParameterShard* shard, const ShardProcess& process, const ServiceLimits& limits,
                TokenAuthenticator tokens = {}, Replica* replica = nullptr,
-               ServiceMetrics metrics = {}, Checkpointer* checkpointer = nullptr);
+               ServiceMetrics metrics = {}, Checkpointer* checkpointer = nullptr,
+               DataPlane* data_plane = nullptr);
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -105,6 +111,9 @@ class ShardService final : public ShardServiceBase {
   grpc::ServerUnaryReactor* AttachSharedMemory(grpc::CallbackServerContext* context,
                                                const grpc::ByteBuffer* request,
                                                grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* AttachDataPlane(grpc::CallbackServerContext* context,
+                                            const grpc::ByteBuffer* request,
+                                            grpc::ByteBuffer* response) override;
   // Writes the checkpoint on gRPC's callback thread: an operator's call, rare and bounded by
   // one shard-sized file.
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
@@ -193,10 +202,11 @@ class ShardService final : public ShardServiceBase {
                      Admission* admission);
   // The payload of the push whose header is `h` and whose first message's data is `data`, from
   // the source chosen once: the shared push region `h` names (taken now, so that a segment gone,
-  // after which the client sends the push over gRPC, is not counted as a rejected push) or the
-  // stream's chunks, into `source`; otherwise the refusal as the client sees it (a segment lost:
-  // SharedMemoryLostStatus, its detail included).
-  grpc::Status OpenPushPayload(grpc::ServerReader<grpc::ByteBuffer>* reader,
+  // after which the client sends the push over gRPC, is not counted as a rejected push), the
+  // data-plane connection it names, or the stream's chunks, into `source`; otherwise the refusal
+  // as the client sees it (a segment lost: SharedMemoryLostStatus, its detail included).
+  grpc::Status OpenPushPayload(grpc::ServerContext* context,
+                               grpc::ServerReader<grpc::ByteBuffer>* reader,
                                const v1::PushHeader& h, std::optional<TensorMessage> data,
                                Admission* admission, std::unique_ptr<PayloadSource>* source);
   // Counts a push taken (shared memory, metrics: its `payload` bytes since `start`).
@@ -222,7 +232,8 @@ class ShardService final : public ShardServiceBase {
   CallLimit streams_, pulls_;
   StreamWatchdog watchdog_;
   SharedSegments segments_;
-  std::atomic<int64_t> shm_pushes_{0}, shm_pulls_{0};
+  DataPlane* const data_plane_;
+  std::atomic<int64_t> shm_pushes_{0}, shm_pulls_{0}, data_plane_pushes_{0}, data_plane_pulls_{0};
   std::atomic<bool> pull_saturated_{false};  // a 16-bit pull had to saturate a weight (logged)
 };
 

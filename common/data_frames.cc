@@ -1,0 +1,120 @@
+#include "common/data_frames.h"
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/chunking.h"
+
+namespace ps {
+namespace {
+
+constexpr uint32_t kMagic = 0x31445350;  // "PSD1" as little-endian bytes
+constexpr size_t kHeaderBytes = 24;
+
+void Put(char* at, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) at[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+uint64_t Get(const char* at, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(at[i])) << (8 * i);
+  return v;
+}
+
+void EncodeHeader(FrameHeader h, char* out) {
+  Put(out, kMagic, 4);
+  Put(out + 4, static_cast<uint32_t>(h.kind), 4);
+  Put(out + 8, h.transfer, 8);
+  Put(out + 16, h.bytes, 8);
+}
+
+}  // namespace
+
+std::string RandomSecret() {
+  std::random_device random;  // the system's source (getrandom)
+  std::string secret(kSecretBytes, '\0');
+  for (size_t i = 0; i < kSecretBytes; i += 4) Put(&secret[i], random(), 4);
+  return secret;
+}
+
+uint64_t RandomId() {
+  std::random_device random;
+  uint64_t id = 0;
+  while (id == 0) id = (static_cast<uint64_t>(random()) << 32) | random();
+  return id;
+}
+
+absl::Status SendFrame(Socket& socket, FrameHeader header, std::string_view payload,
+                       absl::Time deadline) {
+  char head[kHeaderBytes];
+  header.bytes = payload.size();
+  EncodeHeader(header, head);
+  iovec pieces[2] = {{head, kHeaderBytes}, {const_cast<char*>(payload.data()), payload.size()}};
+  return socket.Send(absl::MakeConstSpan(pieces, payload.empty() ? 1 : 2), deadline);
+}
+
+absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline) {
+  char head[kHeaderBytes];
+  if (absl::Status s = socket.Receive(head, kHeaderBytes, deadline); !s.ok()) return s;
+  const uint32_t kind = static_cast<uint32_t>(Get(head + 4, 4));
+  if (Get(head, 4) != kMagic || kind < 1 || kind > 5) {
+    return absl::DataLossError("not a data-plane frame (a peer of another kind or version)");
+  }
+  return FrameHeader{static_cast<FrameKind>(kind), Get(head + 8, 8), Get(head + 16, 8)};
+}
+
+absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t transfer,
+                                   absl::Span<const float> values, WireType type,
+                                   absl::Time deadline) {
+  char head[kHeaderBytes];
+  EncodeHeader({kind, transfer, static_cast<uint64_t>(values.size()) * WireBytes(type)}, head);
+  if (type == WireType::kFloat32) {
+    std::string_view bytes = AsBytes(values);
+    iovec pieces[2] = {{head, kHeaderBytes}, {const_cast<char*>(bytes.data()), bytes.size()}};
+    absl::Status s = socket.Send(absl::MakeConstSpan(pieces, 2), deadline);
+    if (!s.ok()) return s;
+    return 0;
+  }
+  if (absl::Status s = socket.Send(head, kHeaderBytes, deadline); !s.ok()) return s;
+  int64_t saturated = 0;
+  std::string piece;
+  for (size_t i = 0; i < values.size(); i += kChunkFloats) {
+    saturated += EncodeValues(values.subspan(i, kChunkFloats), type, &piece);
+    if (absl::Status s = socket.Send(piece.data(), piece.size(), deadline); !s.ok()) return s;
+  }
+  return saturated;
+}
+
+absl::Status ReceiveValues(Socket& socket, uint64_t bytes, absl::Span<float> dst, WireType type,
+                           absl::Time deadline) {
+  const uint64_t expected = static_cast<uint64_t>(dst.size()) * WireBytes(type);
+  if (bytes != expected) {
+    absl::Status dropped = Discard(socket, bytes, deadline);
+    if (!dropped.ok()) return dropped;
+    return absl::InvalidArgumentError(absl::StrCat("a data-plane tensor of ", bytes,
+                                                   " bytes where the call declared ", expected));
+  }
+  if (type == WireType::kFloat32) return socket.Receive(dst.data(), bytes, deadline);
+  ChunkAssembler assembler(dst, type);
+  std::vector<char> piece(kChunkBytes);
+  for (uint64_t left = bytes; left > 0;) {
+    const size_t n = std::min<uint64_t>(left, piece.size());
+    if (absl::Status s = socket.Receive(piece.data(), n, deadline); !s.ok()) return s;
+    if (absl::Status s = assembler.Append(std::string_view(piece.data(), n)); !s.ok()) return s;
+    left -= n;
+  }
+  return assembler.Finish();
+}
+
+absl::Status Discard(Socket& socket, uint64_t bytes, absl::Time deadline) {
+  std::vector<char> sink(std::min<uint64_t>(bytes, kChunkBytes));
+  for (uint64_t left = bytes; left > 0;) {
+    const size_t n = std::min<uint64_t>(left, sink.size());
+    if (absl::Status s = socket.Receive(sink.data(), n, deadline); !s.ok()) return s;
+    left -= n;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ps

@@ -1,0 +1,69 @@
+// The bulk data plane's wire format: what a client and a shard send each other on the TCP
+// connection that carries tensor bytes beside their gRPC calls (server/rpc/data_plane.h,
+// worker/data_connection.h). gRPC keeps everything else: a call names the tensor's transfer, and
+// the call, not the connection, is authorised, checked, applied once and answered.
+//
+// Every frame is a 24-byte header, little-endian: magic "PSD1", kind, transfer, bytes; then
+// `bytes` bytes of payload.
+//   Hello    client -> shard, first: transfer = the connection id, payload = the 16-byte secret,
+//            both from AttachDataPlane (one use each).
+//   Welcome  shard -> client: the connection is the client's; no payload.
+//   Refused  shard -> client, then the shard closes: payload = why, in words (< 1 KiB).
+//   Push     client -> shard: the tensor of the Push call naming `transfer`.
+//   Pull     shard -> client: the tensor of the Pull call naming `transfer`.
+// A tensor's payload is its values as the call's wire type (common/wire_type.h), in order.
+// Anything else (a bad magic, an unknown kind, a payload larger than allowed) ends the
+// connection.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/socket.h"
+#include "common/wire_type.h"
+
+namespace ps {
+
+enum class FrameKind : uint32_t { kHello = 1, kWelcome = 2, kRefused = 3, kPush = 4, kPull = 5 };
+
+struct FrameHeader {
+  FrameKind kind;
+  uint64_t transfer = 0;
+  uint64_t bytes = 0;
+};
+
+// The initial-metadata key by which a Push call says it now waits for its payload on the data
+// plane: the client sends the frame then, not before (so that no frame waits for its call).
+inline constexpr char kDataPlaneReady[] = "ps-data-plane-ready";
+
+inline constexpr size_t kSecretBytes = 16;
+inline constexpr uint64_t kMaxRefusalBytes = 1024;
+
+// A random secret, and a random nonzero id (from the system's random source).
+std::string RandomSecret();
+uint64_t RandomId();
+
+// Sends a header and `payload`.
+absl::Status SendFrame(Socket& socket, FrameHeader header, std::string_view payload,
+                       absl::Time deadline);
+// Receives a header. DATA_LOSS for one that is not a data-plane frame; fails as Socket does.
+absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline);
+
+// Sends `values` as `type` in one frame of `kind`; returns how many values were saturated to the
+// type's range. 32-bit values go straight from `values`; others are encoded a piece at a time.
+absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t transfer,
+                                   absl::Span<const float> values, WireType type,
+                                   absl::Time deadline);
+// Receives a frame's payload of `bytes` bytes into `dst` as `type` values (32-bit ones straight
+// into `dst`). The payload is read whole even when it does not fit `dst` (INVALID_ARGUMENT
+// then, naming both sizes), so that the connection stays usable; other failures are the socket's.
+absl::Status ReceiveValues(Socket& socket, uint64_t bytes, absl::Span<float> dst, WireType type,
+                           absl::Time deadline);
+// Reads and drops `bytes` bytes of payload.
+absl::Status Discard(Socket& socket, uint64_t bytes, absl::Time deadline);
+
+}  // namespace ps

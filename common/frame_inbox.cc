@@ -1,0 +1,100 @@
+#include "common/frame_inbox.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+
+absl::Status FrameInbox::ReadLoop() {
+  absl::Status status;
+  while (status.ok()) {
+    status = socket_->AwaitReadable(absl::InfiniteFuture());  // a connection may rest
+    absl::StatusOr<FrameHeader> h =
+        status.ok() ? ReceiveHeader(*socket_, absl::InfiniteFuture()) : status;
+    if (!h.ok()) {
+      status = h.status();
+      break;
+    }
+    if (h->kind != kind_ || h->bytes > max_bytes_) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("a frame of kind ", static_cast<int>(h->kind), " and ", h->bytes,
+                       " bytes where one of kind ", static_cast<int>(kind_), " and at most ",
+                       max_bytes_, " was due"));
+      break;
+    }
+    Expected* taken = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = expected_.find(h->transfer);
+      if (it != expected_.end() && it->second.state == State::kWaiting) {
+        taken = &it->second;  // stays put: its call waits until it is done
+        taken->state = State::kFilling;
+      }
+    }
+    if (taken == nullptr) {
+      status = Discard(*socket_, h->bytes, absl::InfiniteFuture());
+      continue;
+    }
+    absl::Status read =
+        ReceiveValues(*socket_, h->bytes, taken->dst, taken->type, absl::InfiniteFuture());
+    // A frame of the wrong size fails its call only: it was read whole. Anything else ends the
+    // connection, before its call learns of it (so that it finds the connection ended).
+    if (read.code() != absl::StatusCode::kInvalidArgument) status = read;
+    absl::MutexLock lock(&mu_);
+    if (!status.ok()) ended_ = true;
+    taken->state = State::kDone;
+    taken->status = read;
+  }
+  End();
+  return status;
+}
+
+absl::Status FrameInbox::Expect(uint64_t transfer, absl::Span<float> dst, WireType type) {
+  absl::MutexLock lock(&mu_);
+  if (ended_) return absl::FailedPreconditionError("the data plane connection ended");
+  if (!expected_.emplace(transfer, Expected{dst, type, State::kWaiting, absl::OkStatus()}).second) {
+    return absl::InvalidArgumentError("a transfer id already in use on this connection");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FrameInbox::Await(uint64_t transfer, absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    Expected& e = expected_.at(transfer);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return e.state == State::kDone || (ended_ && e.state == State::kWaiting);
+    };
+    if (mu_.AwaitWithDeadline(absl::Condition(&done), deadline) || e.state == State::kWaiting) {
+      absl::Status status =
+          e.state == State::kDone
+              ? e.status
+              : ended_ ? absl::UnavailableError(
+                             "the data plane connection ended before the tensor came")
+                       : absl::DeadlineExceededError(
+                             "the tensor did not come on the data plane in time");
+      expected_.erase(transfer);
+      return status;
+    }
+  }
+  // Given up mid-tensor: the connection ends, so that ReadLoop stops writing into its place.
+  End();
+  absl::MutexLock lock(&mu_);
+  Expected& e = expected_.at(transfer);
+  auto filled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return e.state == State::kDone; };
+  mu_.Await(absl::Condition(&filled));
+  expected_.erase(transfer);
+  return absl::DeadlineExceededError("the tensor was still coming at the call's deadline");
+}
+
+void FrameInbox::End() {
+  socket_->Shutdown();
+  absl::MutexLock lock(&mu_);
+  ended_ = true;
+}
+
+bool FrameInbox::ended() const {
+  absl::MutexLock lock(&mu_);
+  return ended_;
+}
+
+}  // namespace ps

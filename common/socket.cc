@@ -1,0 +1,240 @@
+#include "common/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace ps {
+namespace {
+
+std::string Errno(int e) { return std::strerror(e); }
+
+absl::Status SetUp(int fd) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0) {
+    return absl::InternalError(absl::StrCat("fcntl: ", Errno(errno)));
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return absl::OkStatus();
+}
+
+// The addresses of host:port, for a listener (`passive`) or a connection.
+absl::StatusOr<std::unique_ptr<addrinfo, void (*)(addrinfo*)>> Resolve(const std::string& host,
+                                                                       int port, bool passive) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  if (passive) hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (int e = getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+      e != 0) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", host, ": ", gai_strerror(e)));
+  }
+  return std::unique_ptr<addrinfo, void (*)(addrinfo*)>(found, freeaddrinfo);
+}
+
+int Millis(absl::Duration d) {
+  return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 0, 1 << 30)) + 1;
+}
+
+}  // namespace
+
+Socket::Socket(int fd, absl::Duration stall) : fd_(fd), stall_(stall) {}
+
+Socket::Socket(Socket&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1)), stall_(o.stall_), shut_down_(std::move(o.shut_down_)) {
+  o.shut_down_ = std::make_unique<std::atomic<bool>>(false);
+}
+
+Socket& Socket::operator=(Socket&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = std::exchange(o.fd_, -1);
+    stall_ = o.stall_;
+    std::swap(shut_down_, o.shut_down_);
+  }
+  return *this;
+}
+
+Socket::~Socket() {
+  if (fd_ >= 0) close(fd_);
+}
+
+absl::StatusOr<Socket> Socket::Connect(const std::string& host, int port, absl::Time deadline,
+                                       absl::Duration stall) {
+  auto addresses = Resolve(host, port, /*passive=*/false);
+  if (!addresses.ok()) return addresses.status();
+  std::string why = "no address";
+  for (addrinfo* a = addresses->get(); a != nullptr; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) {
+      why = Errno(errno);
+      continue;
+    }
+    Socket s(fd, stall);
+    if (absl::Status set = SetUp(fd); !set.ok()) return set;
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0 && errno != EINPROGRESS) {
+      why = Errno(errno);
+      continue;
+    }
+    if (absl::Status ready = s.Await(POLLOUT, deadline, stall, "connecting"); !ready.ok()) {
+      why = std::string(ready.message());
+      continue;
+    }
+    int error = 0;
+    socklen_t len = sizeof(error);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
+    if (error != 0) {
+      why = Errno(error);
+      continue;
+    }
+    return s;
+  }
+  return absl::UnavailableError(absl::StrCat("cannot connect to ", host, ":", port, ": ", why));
+}
+
+absl::Status Socket::AwaitReadable(absl::Time deadline) {
+  return Await(POLLIN, deadline, absl::InfiniteDuration(), "waiting for a message");
+}
+
+absl::Status Socket::Await(short events, absl::Time deadline, absl::Duration stall,
+                           const char* what) {
+  const absl::Time stalled = absl::Now() + stall;
+  for (;;) {
+    if (shut_down_->load()) return absl::UnavailableError("the connection was shut down");
+    const absl::Time now = absl::Now();
+    const absl::Time end = std::min(deadline, stalled);
+    if (now >= end) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, ": ", end == stalled ? "the peer made no progress for " : "deadline passed after ",
+          absl::FormatDuration(end == stalled ? stall : absl::ZeroDuration())));
+    }
+    pollfd p{fd_, events, 0};
+    int n = poll(&p, 1, Millis(end - now));
+    if (n < 0 && errno != EINTR) return absl::UnavailableError(absl::StrCat("poll: ", Errno(errno)));
+    if (n > 0) return absl::OkStatus();  // ready, or an error the next call reports
+  }
+}
+
+absl::Status Socket::Send(absl::Span<const iovec> pieces, absl::Time deadline) {
+  std::vector<iovec> left(pieces.begin(), pieces.end());
+  size_t first = 0;
+  while (first < left.size()) {
+    msghdr m{};
+    m.msg_iov = left.data() + first;
+    m.msg_iovlen = std::min<size_t>(left.size() - first, IOV_MAX);
+    ssize_t n = sendmsg(fd_, &m, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return absl::UnavailableError(absl::StrCat("sending: ", Errno(errno)));
+      }
+      if (absl::Status s = Await(POLLOUT, deadline, stall_, "sending"); !s.ok()) return s;
+      continue;
+    }
+    for (size_t done = static_cast<size_t>(n); first < left.size() && done > 0;) {
+      size_t step = std::min(done, left[first].iov_len);
+      left[first].iov_base = static_cast<char*>(left[first].iov_base) + step;
+      left[first].iov_len -= step;
+      done -= step;
+      if (left[first].iov_len == 0) ++first;
+    }
+    while (first < left.size() && left[first].iov_len == 0) ++first;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Socket::Send(const void* data, size_t size, absl::Time deadline) {
+  iovec piece{const_cast<void*>(data), size};
+  return Send(absl::MakeConstSpan(&piece, 1), deadline);
+}
+
+absl::Status Socket::Receive(void* data, size_t size, absl::Time deadline) {
+  char* at = static_cast<char*>(data);
+  while (size > 0) {
+    ssize_t n = recv(fd_, at, size, 0);
+    if (n == 0) return absl::UnavailableError("the peer closed the connection");
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return absl::UnavailableError(absl::StrCat("receiving: ", Errno(errno)));
+      }
+      if (absl::Status s = Await(POLLIN, deadline, stall_, "receiving"); !s.ok()) return s;
+      continue;
+    }
+    at += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+void Socket::Shutdown() {
+  shut_down_->store(true);
+  if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+}
+
+absl::StatusOr<std::unique_ptr<Listener>> Listener::Listen(const std::string& host, int port) {
+  auto addresses = Resolve(host, port, /*passive=*/true);
+  if (!addresses.ok()) return addresses.status();
+  const addrinfo* a = addresses->get();
+  int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+  if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", Errno(errno)));
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+    int e = errno;
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", host, ":", port, ": ", Errno(e)));
+  }
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  const int bound_port = bound.ss_family == AF_INET6
+                             ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                             : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  return std::unique_ptr<Listener>(new Listener(fd, bound_port));
+}
+
+Listener::~Listener() { close(fd_); }
+
+absl::StatusOr<Socket> Listener::Accept(absl::Time deadline, absl::Duration stall) {
+  for (;;) {
+    if (shut_down_.load()) return absl::CancelledError("the listener was shut down");
+    int fd = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      if (absl::Status s = SetUp(fd); !s.ok()) {
+        close(fd);
+        return s;
+      }
+      return Socket(fd, stall);
+    }
+    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR && errno != ECONNABORTED) {
+      return absl::UnavailableError(absl::StrCat("accept: ", Errno(errno)));
+    }
+    const absl::Time now = absl::Now();
+    if (now >= deadline) return absl::DeadlineExceededError("no connection");
+    // In slices, so that Shutdown is noticed soon.
+    pollfd p{fd_, POLLIN, 0};
+    poll(&p, 1, Millis(std::min(deadline - now, absl::Milliseconds(100))));
+  }
+}
+
+void Listener::Shutdown() { shut_down_.store(true); }
+
+}  // namespace ps

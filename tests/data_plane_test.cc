@@ -1,0 +1,439 @@
+// The bulk data plane (server/rpc/data_plane.h, worker/data_connection.h): on its own in this
+// process, then real `ps` processes on 127.0.0.1 whose remote-style clients (no shared memory)
+// move tensors over it. Who may connect, what a cut or a stalled peer does (the call fails,
+// nothing is applied, the shard goes on), and that the client falls back to gRPC by itself.
+#include "server/rpc/data_plane.h"
+
+#include <grpcpp/create_channel.h>
+#include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+
+#include "common/data_frames.h"
+#include "common/grpc_status.h"
+#include "deploy/local_cluster.h"
+#include "proto/ps.grpc.pb.h"
+#include "tests/run_dir.h"
+#include "worker/data_connection.h"
+#include "worker/sharded_client.h"
+
+namespace ps {
+namespace {
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
+
+std::unique_ptr<DataPlane> StartPlane(absl::Duration hello = absl::Seconds(5),
+                                      absl::Duration stall = absl::Seconds(10)) {
+  DataPlane::Options o;
+  o.max_frame_bytes = 64 << 20;
+  o.hello = hello;
+  o.stall = stall;
+  absl::StatusOr<std::unique_ptr<DataPlane>> plane = DataPlane::Start(o);
+  EXPECT_TRUE(plane.ok()) << plane.status();
+  return plane.ok() ? *std::move(plane) : nullptr;
+}
+
+// The plane's open connections once they are `n`, or after 10 s: an ended connection is let go
+// of by its reading thread a moment after its call learned of it.
+int ConnectionsSoon(const DataPlane& plane, int n) {
+  for (absl::Time end = Soon(); plane.connections() != n && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return plane.connections();
+}
+
+// A raw connection that says hello with (id, secret) and returns the shard's answer.
+absl::StatusOr<FrameHeader> Hello(Socket& socket, uint64_t id, const std::string& secret) {
+  if (absl::Status s = SendFrame(socket, {FrameKind::kHello, id}, secret, Soon()); !s.ok()) {
+    return s;
+  }
+  return ReceiveHeader(socket, Soon());
+}
+
+Socket Connect(const DataPlane& plane) {
+  absl::StatusOr<Socket> s = Socket::Connect("127.0.0.1", plane.port(), Soon(), absl::Seconds(5));
+  EXPECT_TRUE(s.ok()) << s.status();
+  return s.ok() ? *std::move(s) : Socket();
+}
+
+TEST(DataPlaneTest, AConnectionNeedsATicketOfThisShardOnce) {
+  std::unique_ptr<DataPlane> plane = StartPlane();
+  ASSERT_NE(plane, nullptr);
+  // No ticket at all (made up), and a ticket with a wrong secret: refused, saying why.
+  absl::StatusOr<DataPlane::Ticket> ticket = plane->Issue(3);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  for (auto [id, secret] : {std::pair<uint64_t, std::string>{RandomId(), RandomSecret()},
+                            {ticket->connection, RandomSecret()}}) {
+    Socket s = Connect(*plane);
+    absl::StatusOr<FrameHeader> answer = Hello(s, id, secret);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    EXPECT_EQ(answer->kind, FrameKind::kRefused);
+    std::string why(answer->bytes, '\0');
+    ASSERT_TRUE(s.Receive(why.data(), why.size(), Soon()).ok());
+    EXPECT_NE(why.find("ticket"), std::string::npos) << why;
+  }
+  // A wrong secret used the ticket up? No: a ticket is used by the hello that presents it whole.
+  Socket good = Connect(*plane);
+  absl::StatusOr<FrameHeader> welcome = Hello(good, ticket->connection, ticket->secret);
+  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  EXPECT_EQ(welcome->kind, FrameKind::kWelcome);
+  // Once: the same ticket again is refused.
+  Socket again = Connect(*plane);
+  absl::StatusOr<FrameHeader> refused = Hello(again, ticket->connection, ticket->secret);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->kind, FrameKind::kRefused);
+  EXPECT_EQ(plane->connections(), 1);
+}
+
+TEST(DataPlaneTest, APeerThatSaysNoHelloOrSpeaksAnotherProtocolIsCutOff) {
+  std::unique_ptr<DataPlane> plane = StartPlane(/*hello=*/absl::Milliseconds(300));
+  ASSERT_NE(plane, nullptr);
+  Socket silent = Connect(*plane);
+  char byte;
+  // The shard closes it once the hello is overdue: the read ends (it does not wait forever).
+  EXPECT_EQ(silent.Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+  Socket http = Connect(*plane);
+  const std::string get = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_TRUE(http.Send(get.data(), get.size(), Soon()).ok());
+  EXPECT_EQ(http.Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
+}
+
+// A connection made with a fresh ticket of `owner`'s.
+Socket Open(DataPlane& plane, int owner, uint64_t* id) {
+  absl::StatusOr<DataPlane::Ticket> ticket = plane.Issue(owner);
+  EXPECT_TRUE(ticket.ok()) << ticket.status();
+  Socket s = Connect(plane);
+  absl::StatusOr<FrameHeader> welcome = Hello(s, ticket->connection, ticket->secret);
+  EXPECT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
+  *id = ticket->connection;
+  return s;
+}
+
+TEST(DataPlaneTest, APushedTensorGoesIntoItsCallOnlyAndAStrayOneIsDropped) {
+  std::unique_ptr<DataPlane> plane = StartPlane();
+  ASSERT_NE(plane, nullptr);
+  uint64_t id = 0;
+  Socket s = Open(*plane, 0, &id);
+  std::vector<float> sent(300000), got(300000, -1.0f);
+  for (size_t i = 0; i < sent.size(); ++i) sent[i] = 0.5f * i;
+  // A frame no call waits for (transfer 7) is read and dropped; the connection goes on.
+  ASSERT_TRUE(SendValues(s, FrameKind::kPush, 7, sent, WireType::kFloat32, Soon()).ok());
+  absl::Status received = plane->Receive(id, 0, 8, absl::MakeSpan(got), WireType::kFloat32, Soon(),
+                                         [&] {
+                                           ASSERT_TRUE(SendValues(s, FrameKind::kPush, 8, sent,
+                                                                  WireType::kFloat32, Soon())
+                                                           .ok());
+                                         });
+  ASSERT_TRUE(received.ok()) << received;
+  EXPECT_EQ(got, sent);
+  // Another worker's call may not take it, a tensor of another size fails its call only, and a
+  // 16-bit one is decoded.
+  EXPECT_EQ(plane->Receive(id, 1, 9, absl::MakeSpan(got), WireType::kFloat32, Soon(), [] {})
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::vector<float> small(10);
+  EXPECT_EQ(plane
+                ->Receive(id, 0, 10, absl::MakeSpan(small), WireType::kFloat32, Soon(),
+                          [&] {
+                            SendValues(s, FrameKind::kPush, 10, sent, WireType::kFloat32, Soon())
+                                .IgnoreError();
+                          })
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  std::vector<float> half(sent.size());
+  ASSERT_TRUE(plane
+                  ->Receive(id, 0, 11, absl::MakeSpan(half), WireType::kBFloat16, Soon(),
+                            [&] {
+                              SendValues(s, FrameKind::kPush, 11, sent, WireType::kBFloat16,
+                                         Soon())
+                                  .IgnoreError();
+                            })
+                  .ok());
+  EXPECT_EQ(half[2], 1.0f);
+  EXPECT_EQ(plane->connections(), 1);
+}
+
+// A frame's header saying `bytes` follow, sent alone (as a peer that stops midway would).
+void SendHeader(Socket& s, FrameKind kind, uint64_t transfer, uint64_t bytes) {
+  char head[24];
+  const uint64_t words[3] = {0x31445350u | (static_cast<uint64_t>(kind) << 32), transfer, bytes};
+  for (int w = 0; w < 3; ++w) {
+    for (int i = 0; i < 8; ++i) head[8 * w + i] = static_cast<char>((words[w] >> (8 * i)) & 0xff);
+  }
+  ASSERT_TRUE(s.Send(head, sizeof(head), Soon()).ok());
+}
+
+TEST(DataPlaneTest, ACutMidTensorFailsTheCallAndTheConnectionOnly) {
+  std::unique_ptr<DataPlane> plane = StartPlane();
+  ASSERT_NE(plane, nullptr);
+  uint64_t id = 0;
+  Socket s = Open(*plane, 0, &id);
+  std::vector<float> dst(1 << 18, -1.0f);
+  const std::vector<float> half(dst.size() / 2, 2.0f);
+  absl::Status received =
+      plane->Receive(id, 0, 1, absl::MakeSpan(dst), WireType::kFloat32, Soon(), [&] {
+        SendHeader(s, FrameKind::kPush, 1, dst.size() * sizeof(float));
+        ASSERT_TRUE(s.Send(half.data(), half.size() * sizeof(float), Soon()).ok());
+        s.Shutdown();
+      });
+  EXPECT_EQ(received.code(), absl::StatusCode::kUnavailable) << received;
+  // The connection is gone; the plane takes others.
+  EXPECT_EQ(plane->Receive(id, 0, 2, absl::MakeSpan(dst), WireType::kFloat32, Soon(), [] {})
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  uint64_t other = 0;
+  Socket t = Open(*plane, 1, &other);
+  EXPECT_EQ(ConnectionsSoon(*plane, 1), 1);
+}
+
+TEST(DataPlaneTest, ACallThatGivesUpMidTensorEndsTheConnectionAndIsNotWrittenAfter) {
+  std::unique_ptr<DataPlane> plane = StartPlane();
+  ASSERT_NE(plane, nullptr);
+  uint64_t id = 0;
+  Socket s = Open(*plane, 0, &id);
+  std::vector<float> dst(1 << 18, -1.0f);
+  const std::vector<float> half(dst.size() / 2, 2.0f);
+  absl::Status received = plane->Receive(
+      id, 0, 1, absl::MakeSpan(dst), WireType::kFloat32, absl::Now() + absl::Milliseconds(500),
+      [&] {
+        SendHeader(s, FrameKind::kPush, 1, dst.size() * sizeof(float));
+        ASSERT_TRUE(s.Send(half.data(), half.size() * sizeof(float), Soon()).ok());
+      });  // ... and the rest never comes
+  EXPECT_EQ(received.code(), absl::StatusCode::kDeadlineExceeded) << received;
+  // The rest arrives late: nothing is written into the call's buffer any more.
+  std::vector<float> before = dst;
+  s.Send(half.data(), half.size() * sizeof(float), absl::Now() + absl::Seconds(1)).IgnoreError();
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(dst, before);
+  EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
+}
+
+TEST(DataPlaneTest, AClientThatStopsReadingEndsItsConnectionWithinTheStall) {
+  std::unique_ptr<DataPlane> plane = StartPlane(absl::Seconds(5), /*stall=*/absl::Milliseconds(300));
+  ASSERT_NE(plane, nullptr);
+  uint64_t id = 0;
+  Socket s = Open(*plane, 0, &id);  // never read from
+  auto values = std::make_shared<std::vector<float>>(16 << 20, 1.0f);  // 64 MiB
+  absl::Notification done;
+  absl::StatusOr<int64_t> outcome;
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(plane
+                  ->Send(id, 0, 1, values, *values, WireType::kFloat32,
+                         [&](absl::StatusOr<int64_t> sent) {
+                           outcome = sent;
+                           done.Notify();
+                         })
+                  .ok());
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable) << outcome.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
+}
+
+// --- Real shards ---
+
+constexpr int kParams = 300000;  // more than one gRPC chunk
+const ModelIdentity kModel{"flat:300000", kParams, 1};
+
+std::chrono::system_clock::time_point In(absl::Duration d) {
+  return absl::ToChronoTime(absl::Now() + d);
+}
+
+// One shard of kModel (SGD, lr 0.5) for two workers with a token, initialised to 0.25 * (i % 100).
+class DataPlaneShardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::filesystem::create_directories(dir_);
+    std::ofstream(dir_ + "/token") << token_;
+    ClusterSecurity security;
+    security.token_file = dir_ + "/token";
+    cluster_ = std::make_unique<LocalCluster>(ExecutableDir(), dir_ + "/run", security);
+    ASSERT_TRUE(cluster_->StartShards(1, kModel.fingerprint, 2, {"--optimizer=sgd", "--lr=0.5"})
+                    .ok());
+    worker0_ = Client(0);
+    ASSERT_TRUE(worker0_->Register().ok());
+    for (int i = 0; i < kParams; ++i) initial_[i] = 0.25f * (i % 100);
+    ASSERT_EQ(*worker0_->Initialize(initial_), 1);
+  }
+  std::unique_ptr<ShardedClient> Client(int worker, bool data_plane = true,
+                                        const std::string& token = "sesame") {
+    ClientOptions options;
+    options.shared_memory = false;  // as a client on another host
+    options.data_plane = data_plane;
+    options.security.token = token;
+    options.retry_for = absl::Seconds(20);
+    return std::make_unique<ShardedClient>(std::vector<std::string>{cluster_->ShardAddress(0)},
+                                           kModel, worker, options);
+  }
+  v1::StatsResponse ShardStats() {
+    std::unique_ptr<ShardedClient> observer = Client(-1, false);
+    absl::StatusOr<std::vector<v1::StatsResponse>> stats = observer->Stats();
+    EXPECT_TRUE(stats.ok()) << stats.status();
+    return stats.ok() ? (*stats)[0] : v1::StatsResponse();
+  }
+  // A raw AttachDataPlane as `worker` with `token` ("": none).
+  grpc::Status Attach(int worker, const std::string& token, v1::AttachDataPlaneResponse* response,
+                      const std::string& address = "") {
+    auto stub = v1::ParameterServer::NewStub(grpc::CreateChannel(
+        address.empty() ? cluster_->ShardAddress(0) : address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
+    v1::AttachDataPlaneRequest request;
+    request.set_worker_id(worker);
+    request.mutable_model()->set_fingerprint(kModel.fingerprint);
+    request.mutable_model()->set_total_params(kModel.total_params);
+    request.mutable_model()->set_num_shards(kModel.num_shards);
+    return stub->AttachDataPlane(&context, request, response);
+  }
+
+  const std::string token_ = "sesame";
+  const std::string dir_ = NewRunDir("data-plane");
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<ShardedClient> worker0_;
+  std::vector<float> initial_ = std::vector<float>(kParams);
+};
+
+TEST_F(DataPlaneShardTest, RemoteClientsMoveTensorsOverItWithTheSameResults) {
+  std::vector<float> gradient(kParams), got(kParams);
+  for (int i = 0; i < kParams; ++i) gradient[i] = 0.001f * (i % 7);
+  // Worker 0 over the data plane, worker 1 over gRPC's streams, in turn: the same SGD steps.
+  std::unique_ptr<ShardedClient> worker1 = Client(1, /*data_plane=*/false);
+  ASSERT_TRUE(worker1->Register().ok());
+  std::vector<float> expected = initial_;
+  for (int step = 0; step < 4; ++step) {
+    ShardedClient& client = step % 2 == 0 ? *worker0_ : *worker1;
+    absl::StatusOr<ShardedClient::Versions> seen = client.Pull(absl::MakeSpan(got));
+    ASSERT_TRUE(seen.ok()) << seen.status();
+    ASSERT_EQ(got, expected) << "step " << step;
+    ASSERT_TRUE(client.Push(gradient).ok());
+    for (int i = 0; i < kParams; ++i) expected[i] -= 0.5f * gradient[i];
+  }
+  ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, expected);
+  v1::StatsResponse stats = ShardStats();
+  EXPECT_EQ(stats.data_plane_pushes(), 2);
+  EXPECT_EQ(stats.data_plane_pulls(), 3);
+  EXPECT_EQ(stats.pushes_applied(), 4);
+  EXPECT_EQ(stats.data_plane_connections(), 1);  // worker 1 asked for none
+}
+
+TEST_F(DataPlaneShardTest, ATicketNeedsTheJobsTokenAndOpensThisShardOnly) {
+  v1::AttachDataPlaneResponse ticket;
+  EXPECT_EQ(Attach(0, "", &ticket).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(Attach(0, "guess", &ticket).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // A client of another job: a ticket from that job's shard opens nothing here.
+  LocalCluster other(ExecutableDir(), dir_ + "/other");
+  ASSERT_TRUE(other.StartShards(1, kModel.fingerprint, 2, {}).ok());
+  ASSERT_TRUE(Attach(0, "", &ticket, other.ShardAddress(0)).ok());
+  v1::AttachDataPlaneResponse ours;
+  ASSERT_TRUE(Attach(0, token_, &ours).ok());
+  absl::StatusOr<std::unique_ptr<DataConnection>> stranger = DataConnection::Open(
+      "127.0.0.1", ours.port(), ticket.connection(), ticket.secret(), kParams * 4, Soon(),
+      absl::Seconds(5));
+  ASSERT_FALSE(stranger.ok());
+  EXPECT_NE(stranger.status().message().find("refused"), std::string::npos) << stranger.status();
+  // With this shard's own ticket: open.
+  absl::StatusOr<std::unique_ptr<DataConnection>> opened = DataConnection::Open(
+      "127.0.0.1", ours.port(), ours.connection(), ours.secret(), kParams * 4, Soon(),
+      absl::Seconds(5));
+  EXPECT_TRUE(opened.ok()) << opened.status();
+}
+
+TEST_F(DataPlaneShardTest, APushCutMidTensorAppliesNothingAndTheClientFallsBackToGrpc) {
+  // A raw connection of worker 0's, and a raw push naming it whose tensor stops halfway.
+  v1::AttachDataPlaneResponse ticket;
+  ASSERT_TRUE(Attach(0, token_, &ticket).ok());
+  absl::StatusOr<Socket> raw = Socket::Connect("127.0.0.1", ticket.port(), Soon(), absl::Seconds(5));
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  absl::StatusOr<FrameHeader> welcome = Hello(*raw, ticket.connection(), ticket.secret());
+  ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(cluster_->ShardAddress(0), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(10)));
+  context.AddMetadata("authorization", "Bearer " + token_);
+  v1::PushResponse response;
+  auto writer = stub->Push(&context, &response);
+  v1::PushChunk chunk;
+  v1::PushHeader* h = chunk.mutable_header();
+  h->set_worker_id(0);
+  h->set_incarnation(worker0_->incarnation(0));
+  h->set_sequence(100);
+  h->set_offset(0);
+  h->set_length(kParams);
+  h->set_dtype(v1::FLOAT32);
+  h->set_data_connection(ticket.connection());
+  h->set_data_transfer(1);
+  ASSERT_TRUE(writer->Write(chunk));
+  writer->WaitForInitialMetadata();
+  ASSERT_EQ(context.GetServerInitialMetadata().count(kDataPlaneReady), 1u);
+  const std::vector<float> gradient(kParams, 1.0f);
+  SendHeader(*raw, FrameKind::kPush, 1, kParams * sizeof(float));
+  ASSERT_TRUE(raw->Send(gradient.data(), kParams / 2 * sizeof(float), Soon()).ok());
+  raw->Shutdown();
+  writer->WritesDone();
+  grpc::Status cut = writer->Finish();
+  EXPECT_TRUE(IsDataPlaneLost(cut)) << cut.error_code() << ": " << cut.error_message();
+  v1::StatsResponse stats = ShardStats();
+  EXPECT_EQ(stats.pushes_applied(), 0);
+  EXPECT_EQ(stats.version(), 0);
+
+  // A client whose connection is cut (here: its socket shut down from this process) finds out on
+  // its next push, which goes over gRPC at once and is applied once. (Worker 0's own connection
+  // was replaced by the raw one above: worker 1's.)
+  std::unique_ptr<ShardedClient> worker1 = Client(1);
+  ASSERT_TRUE(worker1->Register().ok());
+  std::vector<float> weights(kParams);
+  ASSERT_TRUE(worker1->Pull(absl::MakeSpan(weights)).ok());
+  ASSERT_EQ(ShardStats().data_plane_pulls(), 1);
+  for (int fd = 3; fd < 1024; ++fd) {
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &len) != 0) continue;
+    if (peer.ss_family == AF_INET &&
+        ntohs(reinterpret_cast<sockaddr_in*>(&peer)->sin_port) == ticket.port()) {
+      shutdown(fd, SHUT_RDWR);
+    }
+  }
+  absl::StatusOr<ShardedClient::PushSummary> pushed = worker1->Push(gradient);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(pushed->duplicates, 0);
+  ASSERT_TRUE(worker1->Pull(absl::MakeSpan(weights)).ok());
+  EXPECT_EQ(weights[1], initial_[1] - 0.5f);
+  stats = ShardStats();
+  EXPECT_EQ(stats.pushes_applied(), 1);
+  EXPECT_EQ(stats.version(), 1);
+  EXPECT_EQ(stats.data_plane_pushes(), 0);  // it went over gRPC
+  EXPECT_EQ(stats.data_plane_pulls(), 1);   // and so did the pull after it
+}
+
+TEST_F(DataPlaneShardTest, AShardWithoutADataPlaneIsUsedOverGrpc) {
+  LocalCluster plain(ExecutableDir(), dir_ + "/plain");
+  ASSERT_TRUE(plain.StartShards(1, kModel.fingerprint, 1, {"--data_plane_port=-1"}).ok());
+  ClientOptions options;
+  options.shared_memory = false;
+  ShardedClient client({plain.ShardAddress(0)}, kModel, 0, options);
+  ASSERT_TRUE(client.Register().ok());
+  ASSERT_TRUE(client.Initialize(initial_).ok());
+  std::vector<float> got(kParams);
+  ASSERT_TRUE(client.Pull(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, initial_);
+  ASSERT_TRUE(client.Push(std::vector<float>(kParams, 0.5f)).ok());
+  v1::StatsResponse stats = Stats(plain.ShardAddress(0));
+  EXPECT_EQ(stats.pushes_applied(), 1);
+  EXPECT_EQ(stats.data_plane_pushes(), 0);
+  EXPECT_EQ(stats.data_plane_connections(), 0);
+}
+
+}  // namespace
+}  // namespace ps

@@ -1,0 +1,74 @@
+// A client's end of the bulk data plane with one shard process (server/rpc/data_plane.h,
+// common/data_frames.h): pushed tensors go out on it as frames straight from the caller's
+// buffer, and pulled ones come in straight into it, while the calls that name them go over gRPC.
+//
+// Thread-safe. Pushes are sent one at a time (a second waits for the first); pulls are read by a
+// thread of its own, each into the place its call expects. Once anything fails on the connection
+// it ends for good (ended()), and its owner opens another or uses gRPC.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/frame_inbox.h"
+#include "common/socket.h"
+#include "common/wire_type.h"
+
+namespace ps {
+
+class DataConnection {
+ public:
+  // Connects to host:port and presents the ticket (connection id, secret) a shard's
+  // AttachDataPlane handed out, before `deadline`; a peer that moves no byte for `stall` fails
+  // the connection later. UNAVAILABLE naming the address and why (the shard's refusal in its
+  // words); pulled frames larger than `max_bytes` end it.
+  static absl::StatusOr<std::unique_ptr<DataConnection>> Open(const std::string& host, int port,
+                                                              uint64_t connection,
+                                                              const std::string& secret,
+                                                              uint64_t max_bytes,
+                                                              absl::Time deadline,
+                                                              absl::Duration stall);
+  // Ends the connection and joins its reader.
+  ~DataConnection();
+
+  // The id calls name it by.
+  uint64_t id() const { return id_; }
+  // A transfer id not used before on this connection.
+  uint64_t NextTransfer() { return next_transfer_.fetch_add(1); }
+
+  // Sends `values` as `type` as transfer `transfer` (a push's tensor), before `deadline`; returns
+  // how many were saturated to the type's range. A failure ends the connection.
+  absl::StatusOr<int64_t> Push(uint64_t transfer, absl::Span<const float> values, WireType type,
+                               absl::Time deadline);
+  // The values of pulled transfer `transfer` go into `dst` as `type` values (FrameInbox::Expect);
+  // Await waits for them and forgets the transfer (FrameInbox::Await).
+  absl::Status Expect(uint64_t transfer, absl::Span<float> dst, WireType type) {
+    return inbox_.Expect(transfer, dst, type);
+  }
+  absl::Status Await(uint64_t transfer, absl::Time deadline) {
+    return inbox_.Await(transfer, deadline);
+  }
+
+  // Whether the connection ended (it failed or the shard closed it).
+  bool ended() const { return inbox_.ended(); }
+
+ private:
+  DataConnection(Socket socket, uint64_t id, uint64_t max_bytes);
+
+  Socket socket_;
+  const uint64_t id_;
+  FrameInbox inbox_;
+  std::mutex send_mu_;  // one push on the wire at a time
+  std::atomic<uint64_t> next_transfer_{1};
+  std::thread reader_;
+};
+
+}  // namespace ps
