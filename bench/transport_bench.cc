@@ -220,12 +220,13 @@ int Main(int argc, char** argv) {
   auto of_tcp = [&](double gbs) { return tcp.ok() ? absl::StrFormat("%.2f", gbs / *tcp) : "-"; };
   std::cout << absl::StrFormat(
       "%-8s | %-10s %-10s %-6s | %-10s %-10s %-6s | %-10s | %-12s %-6s | %-14s %-14s | %-10s "
-      "%-10s | %-9s %-9s | %-9s %-8s %-9s %-8s | %-11s %-6s %-11s %-6s\n",
+      "%-10s | %-9s %-9s | %-10s %-8s %-10s %-8s | %-9s %-8s %-9s %-8s | %-11s %-6s %-11s "
+      "%-6s\n",
       "size", "push GB/s", "raw up", "ratio", "pull GB/s", "raw down", "ratio", "memcpy",
       "replicated", "ratio", "push " + name + " x", "pull " + name + " x",
       absl::StrCat("up x", stripes), absl::StrCat("down x", stripes), "push/TCP", "pull/TCP",
-      "plane push", "/TCP", "plane pull", "/TCP", "shm push", "/memcpy", "shm pull", "/memcpy", "in-proc push", "shm/it", "in-proc pull",
-      "shm/it");
+      "plane push", "/TCP", "plane pull", "/TCP", "shm push", "/memcpy", "shm pull", "/memcpy",
+      "in-proc push", "shm/it", "in-proc pull", "shm/it");
   for (const std::string& size_text : absl::GetFlag(FLAGS_sizes_mib)) {
     int64_t bytes = std::stoll(size_text) << 20;
     int64_t n = bytes / sizeof(float);
