@@ -190,7 +190,9 @@ def test_a_cluster_spec_names_the_shards_model_and_credentials(start_shards, tmp
         Client(cluster=str(tmp_path / "missing.json"))
 
 
-@pytest.mark.parametrize("settings", [{"shared_memory": False}, {"shared_memory": True},
+@pytest.mark.parametrize("settings", [{"shared_memory": False},
+                                      {"shared_memory": False, "data_plane": False},
+                                      {"shared_memory": True},
                                       {"push_dtype": "bf16", "pull_dtype": "fp16"}])
 def test_every_transport_and_wire_type_moves_the_same_values(start_shards, settings):
     shards = start_shards(2, f"flat:{N}", flags=SGD)
