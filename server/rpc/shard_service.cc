@@ -643,19 +643,26 @@ grpc::ServerUnaryReactor* ShardService::Checkpoint(grpc::CallbackServerContext* 
       });
 }
 
+template <typename Request>
+ShardService::CallNeeds ShardService::AttachClaims(const Request& r, CallNeeds needs) {
+  return needs.ActsAs(r.worker_id()).Serving().ShardIncarnation(r.shard_incarnation());
+}
+
+absl::Status ShardService::CheckAttacher(int worker, const v1::ModelIdentity& model) const {
+  absl::Status checked = shard_->CheckModel(FromProto(model));
+  if (checked.ok() && worker >= 0) checked = shard_->CheckWorkerId(worker);
+  return checked;
+}
+
 grpc::ServerUnaryReactor* ShardService::AttachSharedMemory(grpc::CallbackServerContext* context,
                                                            const grpc::ByteBuffer* request,
                                                            grpc::ByteBuffer* response) {
   return Unary<v1::AttachSharedMemoryRequest, v1::AttachSharedMemoryResponse>(
       context, request, response, CallNeeds("AttachSharedMemory", Access::kRead),
-      [](const auto& r, CallNeeds needs) {
-        return needs.ActsAs(r.worker_id()).Serving().ShardIncarnation(r.shard_incarnation());
-      },
+      AttachClaims<v1::AttachSharedMemoryRequest>,
       [&](const auto& request, auto* response) {
         const int worker = request.worker_id();
-        absl::Status checked = shard_->CheckModel(FromProto(request.model()));
-        if (checked.ok() && worker >= 0) checked = shard_->CheckWorkerId(worker);
-        if (!checked.ok()) return ToGrpcStatus(checked);
+        if (absl::Status s = CheckAttacher(worker, request.model()); !s.ok()) return ToGrpcStatus(s);
         if (ProcessSpaceId().empty() || request.process_space() != ProcessSpaceId()) {
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                               "the client runs on another host or in another PID namespace");
@@ -676,14 +683,10 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
                                                         grpc::ByteBuffer* response) {
   return Unary<v1::AttachDataPlaneRequest, v1::AttachDataPlaneResponse>(
       context, request, response, CallNeeds("AttachDataPlane", Access::kRead),
-      [](const auto& r, CallNeeds needs) {
-        return needs.ActsAs(r.worker_id()).Serving().ShardIncarnation(r.shard_incarnation());
-      },
+      AttachClaims<v1::AttachDataPlaneRequest>,
       [&](const auto& request, auto* response) {
         const int worker = request.worker_id();
-        absl::Status checked = shard_->CheckModel(FromProto(request.model()));
-        if (checked.ok() && worker >= 0) checked = shard_->CheckWorkerId(worker);
-        if (!checked.ok()) return ToGrpcStatus(checked);
+        if (absl::Status s = CheckAttacher(worker, request.model()); !s.ok()) return ToGrpcStatus(s);
         if (data_plane_ == nullptr) {
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                               "this shard has no data plane (ps --data_plane_port=-1, or TLS)");

@@ -209,6 +209,13 @@ class ShardService final : public ShardServiceBase {
                                grpc::ServerReader<grpc::ByteBuffer>* reader,
                                const v1::PushHeader& h, std::optional<TensorMessage> data,
                                Admission* admission, std::unique_ptr<PayloadSource>* source);
+  // What a request for a tensor path (AttachSharedMemory, AttachDataPlane) claims: to be the
+  // worker it names, of this shard process.
+  template <typename Request>
+  static CallNeeds AttachClaims(const Request& r, CallNeeds needs);
+  // OK if a client of `model` acting as `worker` may have a tensor path of its own (shared
+  // memory, the data plane): the model is this shard's, and a worker id is one of the job's.
+  absl::Status CheckAttacher(int worker, const v1::ModelIdentity& model) const;
   // Counts a push taken (shared memory, metrics: its `payload` bytes since `start`).
   void RecordPush(const v1::PushHeader& h, int64_t payload, absl::Time start);
   // A unary call on raw bytes: admits `needs` (the token) before parsing, parses the request
