@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -30,6 +32,7 @@
 #include "common/shutdown.h"
 #include "common/tensor_codec.h"
 #include "proto/ps.grpc.pb.h"
+#include "worker/push_compressor.h"
 
 namespace ps {
 namespace {
@@ -66,6 +69,22 @@ int64_t WriteTensorChunks(grpc::ClientWriter<grpc::ByteBuffer>* writer, const Ch
                                         *encoded, encoded));
   });
   return saturated;
+}
+
+// Streams a compressed tensor as `Chunk` messages of whole units (a block, a pair), the first also
+// carrying `first`'s header; the slices reference `tensor`, which they keep alive.
+template <typename Chunk>
+void WriteCompressedChunks(grpc::ClientWriter<grpc::ByteBuffer>* writer, const Chunk& first,
+                           const std::shared_ptr<const CompressedTensor>& tensor) {
+  std::string head = first.SerializeAsString();
+  bool ok = true;
+  ForEachUnitChunk(tensor->bytes, CompressedUnitBytes(tensor->compressor),
+                   [&](std::string_view piece) {
+                     if (!ok) return;
+                     ok = writer->Write(
+                         EncodeWithTensor(std::exchange(head, {}), Chunk::kDataFieldNumber, piece,
+                                          tensor));
+                   });
 }
 
 // How long a call waits for a region of shared memory that a call this client abandoned still
@@ -338,10 +357,11 @@ class ShardedClient::Impl {
   // One attempt at pulling shard `shard`'s range into `params`, recording what it served.
   grpc::Status PullFrom(int shard, grpc::ClientContext* context, absl::Span<float> params,
                         int64_t after_sequence, Versions* versions);
-  // One attempt at pushing shard `shard`'s part of `gradient`; returns the values saturated.
+  // One attempt at pushing shard `shard`'s part of `gradient`, or `compressed` (that part
+  // compressed) when not null; returns the values saturated.
   grpc::Status PushTo(int shard, grpc::ClientContext* context, absl::Span<const float> gradient,
-                      int64_t sequence, const Versions& base, v1::PushResponse* response,
-                      int64_t* saturated);
+                      const std::shared_ptr<const CompressedTensor>& compressed, int64_t sequence,
+                      const Versions& base, v1::PushResponse* response, int64_t* saturated);
 
   struct Replica {
     std::string address;
@@ -368,6 +388,7 @@ class ShardedClient::Impl {
   int worker_id_;
   ClientOptions options_;
   std::vector<Range> ranges_;  // shard i's range of the flat vector
+  std::unique_ptr<PushCompressor> compressor_;  // null: pushes are not compressed
   std::string consistency_;
 
   // One per shard: held while registering again, so that two threads noticing one restart do
@@ -445,6 +466,12 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
     ranges_.push_back(
         PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses.size())));
     register_mu_.push_back(std::make_unique<absl::Mutex>());
+  }
+  if (options_.compression.compressor != Compressor::kNone) {
+    std::vector<int64_t> sizes;
+    for (const Range& r : ranges_) sizes.push_back(r.size());
+    compressor_ = std::make_unique<PushCompressor>(options_.compression, options_.error_feedback,
+                                                   std::move(sizes));
   }
   absl::MutexLock lock(&steps_->mu);
   steps_->last_pull.version.assign(addresses.size(), 0);
@@ -987,9 +1014,10 @@ ShardedClient::Versions ShardedClient::last_pull() const {
 }
 
 grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context,
-                                         absl::Span<const float> gradient, int64_t sequence,
-                                         const Versions& base, v1::PushResponse* response,
-                                         int64_t* saturated) {
+                                         absl::Span<const float> gradient,
+                                         const std::shared_ptr<const CompressedTensor>& compressed,
+                                         int64_t sequence, const Versions& base,
+                                         v1::PushResponse* response, int64_t* saturated) {
   const Range& r = ranges_[shard];
   const Session session = SessionOf(shard);
   int64_t base_version = base.version[shard];
@@ -1009,12 +1037,19 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
   header.set_offset(r.begin);
   header.set_length(r.size());
   header.set_dtype(static_cast<v1::DType>(options_.push_type));
+  if (compressed != nullptr) {
+    header.set_dtype(static_cast<v1::DType>(compressed->compressor));
+    header.set_topk_pairs(compressed->pairs);
+  }
   const absl::Span<const float> part = gradient.subspan(r.begin, r.size());
-  // Through shared memory if there is a segment and no other push of this client uses it: the
-  // gradient goes into its push region before the call starts.
+  // Through shared memory if there is a segment, no other push of this client uses it and the
+  // payload fits (a compressed one may not): it goes into its push region before the call starts.
   const std::shared_ptr<SharedPath>& shared = session.shared;
   std::unique_lock<std::mutex> turn;
-  if (shared != nullptr) turn = std::unique_lock<std::mutex>(shared->push_mu, std::try_to_lock);
+  if (shared != nullptr && (compressed == nullptr || static_cast<int64_t>(compressed->bytes.size()) <=
+                                                         shared->segment.push().capacity())) {
+    turn = std::unique_lock<std::mutex>(shared->push_mu, std::try_to_lock);
+  }
   if (turn.owns_lock()) {
     SharedRegion region = shared->segment.push();
     const uint64_t ticket = shared->next_ticket++;
@@ -1022,7 +1057,11 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
       DropShared(shard, shared, "its push region stayed busy");
       return SharedMemoryLostStatus("shared push region busy");
     }
-    *saturated = EncodeValues(part, options_.push_type, region.data());
+    if (compressed != nullptr) {
+      std::memcpy(region.data(), compressed->bytes.data(), compressed->bytes.size());
+    } else {
+      *saturated = EncodeValues(part, options_.push_type, region.data());
+    }
     region.Move(SharedRegion::kBusy, SharedRegion::kReady, ticket);
     header.set_shm_segment(shared->id);
     header.set_shm_ticket(ticket);
@@ -1034,6 +1073,8 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
   if (turn.owns_lock()) {
     grpc::Slice slice(first.SerializeAsString());
     writer->Write(grpc::ByteBuffer(&slice, 1));
+  } else if (compressed != nullptr) {
+    WriteCompressedChunks(writer.get(), first, compressed);
   } else {
     *saturated = WriteTensorChunks(writer.get(), first, part, options_.push_type);
   }
@@ -1051,9 +1092,11 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
     std::vector<v1::PushResponse> responses;
     std::vector<int64_t> saturated;
     Versions base;
+    std::vector<std::shared_ptr<const CompressedTensor>> compressed;  // by shard, once sent
   };
-  auto answers = std::make_shared<Answers>(Answers{std::vector<v1::PushResponse>(num_shards()),
-                                                   std::vector<int64_t>(num_shards(), 0), {}});
+  auto answers = std::make_shared<Answers>(
+      Answers{std::vector<v1::PushResponse>(num_shards()), std::vector<int64_t>(num_shards(), 0),
+              {}, std::vector<std::shared_ptr<const CompressedTensor>>(num_shards())});
   {
     absl::MutexLock lock(&steps->mu);
     if (sequence == kNextSequence) sequence = steps->next;
@@ -1065,7 +1108,17 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
   }
   std::shared_ptr<Call> call = impl->Start(
       [impl, gradient, sequence, answers](int shard, grpc::ClientContext* context) {
-        return impl->PushTo(shard, context, gradient, sequence, answers->base,
+        // Compressed once, at the part's first attempt (its range is final then, also when
+        // held): a retry resends the same bytes, and the residual moves once.
+        std::shared_ptr<const CompressedTensor>& compressed = answers->compressed[shard];
+        if (impl->compressor_ != nullptr && compressed == nullptr) {
+          const Range& r = impl->ranges_[shard];
+          absl::StatusOr<std::shared_ptr<const CompressedTensor>> c =
+              impl->compressor_->Compress(shard, gradient.subspan(r.begin, r.size()));
+          if (!c.ok()) return ToGrpcStatus(c.status());
+          compressed = *std::move(c);
+        }
+        return impl->PushTo(shard, context, gradient, compressed, sequence, answers->base,
                             &answers->responses[shard], &answers->saturated[shard]);
       },
       /*retry=*/true, impl->options_.rpc_timeout,

@@ -24,11 +24,15 @@ SharedPayload::~SharedPayload() {
   segment_->push().Move(SharedRegion::kBusy, SharedRegion::kIdle, ticket_);
 }
 
-absl::Status SharedPayload::ReadInto(absl::Span<float> dst, WireType type) {
+absl::Status SharedPayload::ReadInto(absl::Span<float> dst, const PayloadFormat& format) {
   SharedRegion region = segment_->push();
-  const int64_t bytes = static_cast<int64_t>(dst.size()) * WireBytes(type);
-  if (bytes > region.capacity()) return absl::InternalError("a push larger than its shared region");
-  ChunkAssembler assembler(dst, type);
+  const int64_t bytes = PayloadBytes(format, static_cast<int64_t>(dst.size()));
+  if (bytes > region.capacity()) {
+    return absl::InvalidArgumentError(absl::StrCat("a push of ", bytes,
+                                                   " bytes is larger than its shared region (",
+                                                   region.capacity(), " bytes)"));
+  }
+  ChunkAssembler assembler(dst, format);
   absl::Status s = assembler.Append(std::string_view(region.data(), bytes));
   if (s.ok()) s = assembler.Finish();
   return s;

@@ -19,8 +19,11 @@ namespace {
 
 static_assert(static_cast<int>(WireType::kFloat32) == v1::FLOAT32 &&
                   static_cast<int>(WireType::kBFloat16) == v1::BFLOAT16 &&
-                  static_cast<int>(WireType::kFloat16) == v1::FLOAT16,
-              "WireType numbers are ps.v1.DType's");
+                  static_cast<int>(WireType::kFloat16) == v1::FLOAT16 &&
+                  static_cast<int>(Compressor::kOneBit) == v1::ONEBIT &&
+                  static_cast<int>(Compressor::kTopK) == v1::TOPK &&
+                  static_cast<int>(Compressor::kInt8) == v1::INT8,
+              "WireType and Compressor numbers are ps.v1.DType's");
 
 ModelIdentity FromProto(const v1::ModelIdentity& m) {
   return ModelIdentity{m.fingerprint(), m.total_params(), m.num_shards()};
@@ -389,7 +392,7 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
   // Not needed by a shard already initialised (a restarted initialiser): the data is not read.
   if (slot->needed()) {
     StreamPayload<v1::InitializeChunk> source(reader, *std::move(data), &admission.guard());
-    if (absl::Status s = source.ReadInto(slot->values(), WireType::kFloat32); !s.ok()) {
+    if (absl::Status s = source.ReadInto(slot->values(), PayloadFormat{}); !s.ok()) {
       return ToGrpcStatus(s);
     }
   }
@@ -437,12 +440,13 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   absl::StatusOr<ParameterShard::PushSlot> slot = shard_->BeginPush(
       {h.worker_id(), h.sequence(), h.base_version(), h.offset(), h.length(), h.incarnation()});
   if (!slot.ok()) return ToGrpcStatus(slot.status());
-  absl::StatusOr<WireType> type = WireTypeOfDType(h.dtype());
-  if (!type.ok()) return ToGrpcStatus(type.status());
-  absl::Status read = source->ReadInto(slot->gradient(), *type);
+  absl::StatusOr<PayloadFormat> format = PushPayloadFormat(h.dtype(), h.topk_pairs(), h.length());
+  if (!format.ok()) return ToGrpcStatus(format.status());
+  absl::Status read = source->ReadInto(slot->gradient(), *format);
   source.reset();  // a shared region is given back: the client may reuse it now
   if (!read.ok()) return ToGrpcStatus(read);
-  const int64_t payload = static_cast<int64_t>(slot->gradient().size()) * WireBytes(*type);
+  const int64_t payload =
+      PayloadBytes(*format, static_cast<int64_t>(slot->gradient().size()));
   absl::StatusOr<PushOutcome> outcome = shard_->Commit(*std::move(slot));
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
   RecordPush(h, payload, start);
