@@ -1,6 +1,7 @@
 #include "common/compression.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -46,38 +47,85 @@ float ReadFloat(const char* p) {
 // gives a non-finite scale.
 float Scale(Compressor c, const float* v, int64_t m) {
   if (c == Compressor::kOneBit) {
-    double sum = 0;  // in double: 256 values near float's largest would overflow a float sum
-    for (int64_t i = 0; i < m; ++i) sum += std::fabs(v[i]);
+    // In double (256 values near float's largest would overflow a float sum), in 8 lanes so
+    // that the additions need not wait for each other.
+    double lanes[8] = {};
+    int64_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+      for (int l = 0; l < 8; ++l) lanes[l] += std::fabs(v[i + l]);
+    }
+    for (; i < m; ++i) lanes[0] += std::fabs(v[i]);
+    double sum = 0;
+    for (double l : lanes) sum += l;
     return static_cast<float>(sum / static_cast<double>(m));
   }
   float max = 0;
+  bool nan = false;
   for (int64_t i = 0; i < m; ++i) {
     const float a = std::fabs(v[i]);
-    if (!(a <= max)) max = a;  // NaN wins
+    max = a > max ? a : max;
+    nan |= a != a;
   }
-  return max / 127.0f;
+  return nan ? std::numeric_limits<float>::quiet_NaN() : max / 127.0f;
 }
 
-// One block: its scale, then its data; `v` keeps what the block lost.
+// Rounds to nearest, ties to even, for |x| <= 127 (float's addition rounds so at 2^23 + 2^22):
+// unlike std::nearbyint, a loop of it vectorises without SSE4.1.
+float RoundToInt(float x) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  return (x + kMagic) - kMagic;
+}
+
+// One block: its scale, then its data; `v` keeps what the block lost. Written for GCC to
+// vectorise (no branches on values).
 void CompressBlock(Compressor c, float* v, int64_t m, char* out) {
-  const float scale = Scale(c, v, m);
+  float scale = Scale(c, v, m);
+  // An int8 block of values below ~1e-36 goes as zeros (they stay in `v`): 1 / scale would
+  // overflow, and with denormals flushed (common/denormals.h) scale would read as 0.
+  if (c == Compressor::kInt8 && scale < std::numeric_limits<float>::min()) scale = 0;
   std::memcpy(out, &scale, sizeof(scale));
   char* data = out + kScaleBytes;
   std::memset(data, 0, BlockDataBytes(c, m));
   if (!std::isfinite(scale)) return;  // sent as it is: the shard refuses it
   if (c == Compressor::kOneBit) {
-    for (int64_t i = 0; i < m; ++i) {
-      const bool positive = !(v[i] < 0);
-      data[i / 8] = static_cast<char>(data[i / 8] | (positive << (i % 8)));
-      v[i] -= positive ? scale : -scale;
+    for (int64_t j = 0; j < (m + 7) / 8; ++j) {
+      const int64_t count = std::min<int64_t>(8, m - 8 * j);
+      unsigned byte = 0;
+      for (int64_t b = 0; b < count; ++b) {
+        byte |= static_cast<unsigned>(!std::signbit(v[8 * j + b])) << b;
+      }
+      data[j] = static_cast<char>(byte);
     }
+    for (int64_t i = 0; i < m; ++i) v[i] -= std::copysign(scale, v[i]);
     return;
   }
   if (scale == 0) return;  // every value 0: q = 0 loses nothing
+  const float inverse = 1.0f / scale;
   for (int64_t i = 0; i < m; ++i) {
-    const float q = std::clamp(std::nearbyint(v[i] / scale), -127.0f, 127.0f);
-    data[i] = static_cast<char>(static_cast<int8_t>(q));
+    const float q = std::clamp(RoundToInt(v[i] * inverse), -127.0f, 127.0f);
+    data[i] = static_cast<char>(static_cast<int>(q));
     v[i] -= q * scale;
+  }
+}
+
+// The 8 values of a byte of onebit signs, as +-1.
+const std::array<std::array<float, 8>, 256>& SignsOfByte() {
+  static const auto* const table = [] {
+    auto* t = new std::array<std::array<float, 8>, 256>;
+    for (int byte = 0; byte < 256; ++byte) {
+      for (int b = 0; b < 8; ++b) (*t)[byte][b] = (byte >> b) & 1 ? 1.0f : -1.0f;
+    }
+    return t;
+  }();
+  return *table;
+}
+
+void DecodeOneBitBlock(const char* data, float scale, int64_t m, float* out) {
+  const auto& signs = SignsOfByte();
+  for (int64_t j = 0; j < (m + 7) / 8; ++j) {
+    const std::array<float, 8>& s = signs[static_cast<uint8_t>(data[j])];
+    const int64_t count = std::min<int64_t>(8, m - 8 * j);
+    for (int64_t b = 0; b < count; ++b) out[8 * j + b] = s[b] * scale;
   }
 }
 
@@ -90,14 +138,14 @@ void CompressTopK(double fraction, absl::Span<float> v, CompressedTensor* out) {
   if (k == 0) return;
   // The k-th largest magnitude (NaN taken as the largest, so that it is sent and refused).
   auto magnitude = [](float x) {
-    return std::isnan(x) ? std::numeric_limits<float>::infinity() : std::fabs(x);
+    return x != x ? std::numeric_limits<float>::infinity() : std::fabs(x);
   };
   std::vector<float> m(n);
   for (int64_t i = 0; i < n; ++i) m[i] = magnitude(v[i]);
   std::nth_element(m.begin(), m.begin() + (n - k), m.end());
   const float threshold = m[n - k];
   int64_t ties = k;  // values at the threshold to take, the lowest indices first
-  for (int64_t i = 0; i < n; ++i) ties -= magnitude(v[i]) > threshold;
+  for (int64_t i = n - k; i < n; ++i) ties -= m[i] > threshold;  // the k largest are there
   char* p = out->bytes.data();
   for (int64_t i = 0; i < n; ++i) {
     const float a = magnitude(v[i]);
@@ -201,7 +249,7 @@ absl::Status CompressedDecoder::AppendBlocks(std::string_view bytes) {
     const char* data = bytes.data() + at + kScaleBytes;
     float* out = dst_.data() + received_ + b;
     if (compressor_ == Compressor::kOneBit) {
-      for (int64_t i = 0; i < m; ++i) out[i] = (data[i / 8] >> (i % 8)) & 1 ? scale : -scale;
+      DecodeOneBitBlock(data, scale, m, out);
     } else {
       for (int64_t i = 0; i < m; ++i) out[i] = static_cast<int8_t>(data[i]) * scale;
     }

@@ -13,7 +13,7 @@
 // Wire formats (ps.v1.DType ONEBIT, TOPK, INT8; little-endian) of n values:
 //   ONEBIT  blocks of kCompressionBlock values, the last with m <= 256: a float32 scale (finite,
 //           >= 0), then ceil(m/8) bytes of signs, value i's in bit i%8 of byte i/8 (set: +scale,
-//           clear: -scale; spare bits of the last byte are ignored).
+//           clear: -scale, the sign of -0 included; spare bits of the last byte are ignored).
 //   INT8    blocks likewise: a float32 scale (finite, >= 0), then m int8 q, value = q * scale.
 //   TOPK    P pairs (P in PushHeader.topk_pairs): a uint32 index in [0, n), strictly increasing
 //           (so never repeated), then a float32 value.

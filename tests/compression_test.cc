@@ -150,6 +150,23 @@ TEST(CompressionTest, TopKBreaksTiesByIndex) {
   EXPECT_EQ(v, (std::vector<float>{1, 0, 0, 0.5f, 0, 2}));
 }
 
+// A block of values too small for a scale (1 / scale would overflow) goes as zeros and stays in
+// the residual; a non-finite value makes its block's scale non-finite, which a shard refuses.
+TEST(CompressionTest, Int8SendsTinyBlocksAsZerosAndNonFiniteOnesAsRefusable) {
+  std::vector<float> v = {1e-39f, -2e-39f, 0, 3e-40f};
+  const std::vector<float> in = v;
+  CompressedTensor out;
+  Compress(kInt8, absl::MakeSpan(v), &out);
+  EXPECT_EQ(*Decode(out, 4), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(v, in);
+  for (const Compression& c : {kInt8, kOneBit}) {
+    std::vector<float> bad = {1, std::numeric_limits<float>::quiet_NaN(), 2, 3};
+    Compress(c, absl::MakeSpan(bad), &out);
+    EXPECT_NE(Decode(out, 4).status().message().find("has scale nan"), std::string::npos)
+        << CompressionName(c);
+  }
+}
+
 // A payload of `values` compressed by `c`, as the shard would get it, with bytes changed.
 struct Refusal {
   std::string what;
