@@ -66,7 +66,7 @@ const std::set<std::string>& KnownSettings() {
       "ps",         "cluster",      "model",         "hidden",        "rank",
       "num_workers", "tls_ca",      "tls_cert",      "tls_key",       "token_file",
       "push_dtype", "pull_dtype",   "shared_memory", "rpc_timeout_seconds", "retry_seconds",
-      "heartbeat_seconds"};
+      "heartbeat_seconds", "compress", "error_feedback"};
   return *kKnown;
 }
 
@@ -182,11 +182,21 @@ absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json)
     }
     (std::string(name) == "push_dtype" ? options.push_type : options.pull_type) = *type;
   }
-  const std::string shared = Text(*settings, "shared_memory");
-  if (!shared.empty() && shared != "true" && shared != "false") {
-    return absl::InvalidArgumentError("setting \"shared_memory\" must be true or false");
+  if (const std::string compress = Text(*settings, "compress"); !compress.empty()) {
+    absl::StatusOr<ps::Compression> compression = ps::ParseCompression(compress);
+    if (!compression.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("compress: ", compression.status().message()));
+    }
+    options.compression = *compression;
   }
-  options.shared_memory = shared != "false";
+  for (const char* name : {"shared_memory", "error_feedback"}) {
+    const std::string value = Text(*settings, name);
+    if (!value.empty() && value != "true" && value != "false") {
+      return absl::InvalidArgumentError(absl::StrCat("setting \"", name, "\" must be true or false"));
+    }
+  }
+  options.shared_memory = Text(*settings, "shared_memory") != "false";
+  options.error_feedback = Text(*settings, "error_feedback") != "false";
   absl::StatusOr<ps::ClientSecurity> security = ps::LoadClientSecurity(
       {Text(*settings, "tls_cert"), Text(*settings, "tls_key"), Text(*settings, "tls_ca")},
       Text(*settings, "token_file"));
