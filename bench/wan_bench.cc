@@ -1,13 +1,19 @@
 // Training across hosts over wide-area links: S shards and W workers on emulated hosts
 // (tests/netns/virtual_hosts.h: network namespaces, --rate_gbit links, a one-way --latencies_ms
-// delay each), async against sync at each latency. Per run: time to --target test accuracy (the
+// delay each), async against sync at each latency, and each way of sending tensors of
+// --push_dtypes (fp32 against compressed pushes, worker --compress). Per run: time to --target test accuracy (the
 // evaluator, on a host of its own, scores every second), steps/s and each step's pull / compute /
 // push, updates/s and mean staleness per shard, and the bytes each shard's link carried per second
 // against the ceiling measured on the same links in the same run (iperf3 from a worker's host to
 // a shard's). Every figure also goes to --json, which bench/scaling_model.py reads to set its
 // predictions beside them. Needs root (namespaces), iptables and netdelay (latency).
 //
+// With several --push_dtypes, a second table gives each one's time to the first one's final
+// accuracy minus --behind (the same seeds, steps and links) and its speed-up against the first.
+//
 //   sudo build/bin/wan_bench --latencies_ms=0,2,20 --modes=async,sync --json=wan.json
+//   sudo build/bin/wan_bench --latencies_ms=0 --modes=async --rate_gbit=0.1
+//       --hidden=1024,512 --push_dtypes=fp32,onebit,topk:0.01,int8,topk:0.01/bf16
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +32,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/iperf3.h"
+#include "common/compression.h"
+#include "common/wire_type.h"
 #include "deploy/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "tests/netns/virtual_hosts.h"
@@ -34,6 +42,16 @@ ABSL_FLAG(std::vector<std::string>, latencies_ms, std::vector<std::string>({"0",
           "One-way delays of every link to run at, in ms.");
 ABSL_FLAG(std::vector<std::string>, modes, std::vector<std::string>({"async", "sync"}),
           "Consistency models to run at each latency.");
+ABSL_FLAG(std::vector<std::string>, push_dtypes, std::vector<std::string>({"fp32"}),
+          "How tensors travel, one run each: PUSH[/PULL], PUSH a worker --push_dtype (fp32, bf16, "
+          "fp16) or --compress (onebit, topk:F, int8), PULL its --pull_dtype (default fp32).");
+ABSL_FLAG(bool, error_feedback, true, "The workers' --error_feedback with a compressor.");
+ABSL_FLAG(double, behind, 0.01,
+          "With several --push_dtypes: report each one's time to the first one's final accuracy "
+          "minus this.");
+ABSL_FLAG(double, eval_interval_seconds, 1,
+          "Seconds between the evaluator's pulls (each moves the whole model over the shards' "
+          "links: keep it long on slow ones).");
 ABSL_FLAG(double, jitter, 0, "Jitter as a fraction of the delay (0.5: 2 ms +- 1 ms).");
 ABSL_FLAG(double, loss, 0, "Fraction of packets each host drops on receipt.");
 ABSL_FLAG(double, rate_gbit, 1, "Every host's link, Gbit/s.");
@@ -53,7 +71,24 @@ namespace {
 struct Run {
   double latency_ms;
   std::string mode;
+  std::string push;  // an entry of --push_dtypes
 };
+
+// The worker section's keys for an entry of --push_dtypes ("topk:0.01/bf16"): "compress" or
+// "push_dtype", and "pull_dtype".
+absl::StatusOr<std::string> WireSettings(const std::string& entry) {
+  std::vector<std::string> parts = absl::StrSplit(entry, '/');
+  if (parts.size() > 2) return absl::InvalidArgumentError("more than one '/' in " + entry);
+  std::string settings =
+      absl::StrCat(R"("pull_dtype": ")", parts.size() == 2 ? parts[1] : "fp32", R"(")");
+  if (ParseWireType(parts[0]).ok()) {
+    return absl::StrCat(settings, R"(, "push_dtype": ")", parts[0], R"(")");
+  }
+  absl::StatusOr<Compression> compression = ParseCompression(parts[0]);
+  if (!compression.ok()) return compression.status();
+  return absl::StrCat(settings, R"(, "compress": ")", parts[0], R"(", "error_feedback": )",
+                      absl::GetFlag(FLAGS_error_feedback) ? "true" : "false");
+}
 
 // A CSV's rows (header dropped), each split into numbers.
 std::vector<std::vector<double>> ReadCsv(const std::string& path) {
@@ -126,15 +161,17 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
     absl::StrAppend(&shards, s ? ", " : "", "\"", hosts.Address(s), ":50051\"");
   std::ofstream(dir + "/token") << "wan-bench-token-0123456789abcdef\n";
   const std::string spec = dir + "/cluster.json";
+  absl::StatusOr<std::string> wire = WireSettings(run.push);
+  if (!wire.ok()) return absl::FailedPreconditionError(wire.status().message());
   std::ofstream(spec) << absl::StrFormat(
       R"({"hidden": "%s", "workers": %d, "shards": [%s],
   "ps": {"optimizer": "momentum", "lr": %g, "consistency": "%s"},
   "worker": {"steps": %d, "batch_size": %d, "device": "cpu", "shared_memory": false,
-             "retry_seconds": 120, "rpc_timeout_seconds": 60},
-  "evaluator": {"interval_seconds": 1, "shared_memory": false},
+             "retry_seconds": 120, "rpc_timeout_seconds": 60, %s},
+  "evaluator": {"interval_seconds": %g, "shared_memory": false},
   "security": {"token_file": "%s/token"}})",
       hidden, W, shards, absl::GetFlag(FLAGS_lr), run.mode, steps, absl::GetFlag(FLAGS_batch_size),
-      dir);
+      *wire, absl::GetFlag(FLAGS_eval_interval_seconds), dir);
   std::vector<Subprocess> daemons;
   auto start = [&](int host, const std::string& program, const std::string& role,
                    const std::string& output_flag) -> absl::Status {
@@ -209,10 +246,12 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   }
   // Evaluator CSV: wall_time,version,test_loss,test_accuracy.
   double to_target = NAN, final_accuracy = NAN;
+  nlohmann::json curve = nlohmann::json::array();  // [seconds since launch, test accuracy]
   for (const std::vector<double>& row : ReadCsv(absl::StrCat(dir, "/evaluator-", S + W, ".csv"))) {
     if (std::isnan(to_target) && row[3] >= absl::GetFlag(FLAGS_target))
       to_target = row[0] - launched;
     final_accuracy = row[3];
+    curve.push_back({row[0] - launched, row[3]});
   }
   const double total_s = last_wall - launched;
   int64_t bytes = 0;
@@ -222,6 +261,7 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
       {"jitter_ms", shape.jitter_ms},
       {"loss", shape.loss},
       {"mode", run.mode},
+      {"push", run.push},
       {"workers", W},
       {"shards", S},
       {"params", NumParams(hidden)},
@@ -238,11 +278,50 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
       {"updates_per_s", versions / S / (last_wall - start_wall)},
       {"staleness_mean", staleness_n > 0 ? staleness_sum / staleness_n : 0},
       {"shard_rx_gbs", bytes / S / (last_wall - start_wall) / 1e9},  // bytes of every step
+      // What the shards received per worker step (a push to every shard, and pull requests).
+      {"push_mb", static_cast<double>(bytes) / (W * steps) / 1e6},
       {"seconds", total_s},
       {"seconds_to_target",
        std::isnan(to_target) ? nlohmann::json(nullptr) : nlohmann::json(to_target)},
       {"target", absl::GetFlag(FLAGS_target)},
-      {"final_accuracy", final_accuracy}};
+      {"final_accuracy", final_accuracy},
+      {"accuracy_curve", curve}};
+}
+
+// The first time `run`'s evaluator saw at least `accuracy`; NaN if it never did.
+double SecondsTo(const nlohmann::json& run, double accuracy) {
+  for (const nlohmann::json& point : run["accuracy_curve"]) {
+    if (point[1].get<double>() >= accuracy) return point[0].get<double>();
+  }
+  return NAN;
+}
+
+// For each latency and mode, every --push_dtypes entry's time to the first entry's final accuracy
+// minus --behind, and its speed-up against the first's time to it.
+void PrintTimesToBaseline(const nlohmann::json& runs) {
+  std::cout << absl::StrFormat("\n%-8s %-6s %-16s | %-8s %-9s | %-12s %-8s\n", "delay", "mode",
+                               "push/pull", "final", "MB/push", "to baseline", "speed-up");
+  const nlohmann::json* baseline = nullptr;
+  double target = NAN, baseline_s = NAN;
+  for (const nlohmann::json& run : runs) {
+    if (baseline == nullptr || (*baseline)["latency_ms"] != run["latency_ms"] ||
+        (*baseline)["mode"] != run["mode"]) {
+      baseline = &run;
+      target = run["final_accuracy"].get<double>() - absl::GetFlag(FLAGS_behind);
+      baseline_s = SecondsTo(run, target);
+      std::cout << absl::StrFormat("(target: %s's final accuracy - %g = %.4f)\n",
+                                   run["push"].get<std::string>(), absl::GetFlag(FLAGS_behind),
+                                   target);
+    }
+    const double seconds = SecondsTo(run, target);
+    std::cout << absl::StrFormat(
+        "%-8s %-6s %-16s | %-8.4f %-9.3f | %-12s %-8s\n",
+        absl::StrCat(run["latency_ms"].get<double>(), " ms"), run["mode"].get<std::string>(),
+        run["push"].get<std::string>(), run["final_accuracy"].get<double>(),
+        run["push_mb"].get<double>(),
+        std::isnan(seconds) ? "not reached" : absl::StrFormat("%.1f s", seconds),
+        std::isnan(seconds) ? "-" : absl::StrFormat("%.2fx", baseline_s / seconds));
+  }
 }
 
 int Main(int argc, char** argv) {
@@ -257,7 +336,11 @@ int Main(int argc, char** argv) {
       std::cerr << "wan_bench: bad --latencies_ms entry " << l << "\n";
       return 1;
     }
-    for (const std::string& mode : absl::GetFlag(FLAGS_modes)) runs.push_back({ms, mode});
+    for (const std::string& mode : absl::GetFlag(FLAGS_modes)) {
+      for (const std::string& push : absl::GetFlag(FLAGS_push_dtypes)) {
+        runs.push_back({ms, mode, push});
+      }
+    }
   }
   const int64_t params = NumParams(absl::GetFlag(FLAGS_hidden));
   std::cout << absl::StrFormat(
@@ -270,20 +353,22 @@ int Main(int argc, char** argv) {
           : "",
       absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_target));
   std::cout << absl::StrFormat(
-      "%-8s %-6s | %-7s %-8s %-7s %-8s %-7s | %-9s %-6s | %-8s %-8s %-5s | %-8s %-6s\n", "delay",
-      "mode", "step ms", "steps/s", "pull", "compute", "push", "updates/s", "stale", "shard rx",
+      "%-8s %-6s %-16s | %-7s %-8s %-7s %-8s %-7s | %-9s %-6s | %-8s %-8s %-5s | %-8s %-6s\n",
+      "delay", "mode", "push/pull", "step ms", "steps/s", "pull", "compute", "push", "updates/s", "stale", "shard rx",
       "iperf3", "ratio", "to target", "final");
   nlohmann::json all = nlohmann::json::array();
   int failures = 0;
   for (const Run& run : runs) {
-    const std::string dir =
-        absl::StrCat(absl::GetFlag(FLAGS_run_dir), "/", run.mode, "-", run.latency_ms, "ms");
+    std::string dir = absl::StrCat(absl::GetFlag(FLAGS_run_dir), "/", run.mode, "-",
+                                   run.latency_ms, "ms-", run.push);
+    std::replace(dir.begin() + absl::GetFlag(FLAGS_run_dir).size(), dir.end(), '/', '-');
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     absl::StatusOr<nlohmann::json> r = RunJob(run, dir);
     if (!r.ok()) {
-      std::cout << absl::StrFormat("%-8s %-6s | failed: %s\n", absl::StrCat(run.latency_ms, " ms"),
-                                   run.mode, r.status().message());
+      std::cout << absl::StrFormat("%-8s %-6s %-16s | failed: %s\n",
+                                   absl::StrCat(run.latency_ms, " ms"), run.mode, run.push,
+                                   r.status().message());
       if (r.status().code() == absl::StatusCode::kFailedPrecondition) return 1;
       ++failures;
       continue;
@@ -292,9 +377,9 @@ int Main(int argc, char** argv) {
     const double to_target =
         j["seconds_to_target"].is_null() ? NAN : j["seconds_to_target"].get<double>();
     std::cout << absl::StrFormat(
-        "%-8s %-6s | %-7.1f %-8.1f %-7.1f %-8.1f %-7.1f | %-9.1f %-6.2f | %-8.3f %-8.3f %-5.2f | "
-        "%-8s %-6.4f\n",
-        absl::StrCat(run.latency_ms, " ms"), run.mode, j["step_ms"].get<double>(),
+        "%-8s %-6s %-16s | %-7.1f %-8.1f %-7.1f %-8.1f %-7.1f | %-9.1f %-6.2f | %-8.3f %-8.3f "
+        "%-5.2f | %-8s %-6.4f\n",
+        absl::StrCat(run.latency_ms, " ms"), run.mode, run.push, j["step_ms"].get<double>(),
         1000 / j["step_ms"].get<double>(), j["pull_ms"].get<double>(),
         j["compute_ms"].get<double>(), j["push_ms"].get<double>(), j["updates_per_s"].get<double>(),
         j["staleness_mean"].get<double>(), j["shard_rx_gbs"].get<double>(),
@@ -304,6 +389,7 @@ int Main(int argc, char** argv) {
     std::cout.flush();
     all.push_back(j);
   }
+  if (absl::GetFlag(FLAGS_push_dtypes).size() > 1) PrintTimesToBaseline(all);
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     std::ofstream(path) << all.dump(2) << "\n";
   }

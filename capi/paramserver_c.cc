@@ -62,11 +62,25 @@ int Ok() {
 using Settings = std::map<std::string, std::string>;
 
 const std::set<std::string>& KnownSettings() {
-  static const auto* const kKnown = new std::set<std::string>{
-      "ps",         "cluster",      "model",         "hidden",        "rank",
-      "num_workers", "tls_ca",      "tls_cert",      "tls_key",       "token_file",
-      "push_dtype", "pull_dtype",   "shared_memory", "data_plane", "rpc_timeout_seconds", "retry_seconds",
-      "heartbeat_seconds"};
+  static const auto* const kKnown = new std::set<std::string>{"ps",
+                                                              "cluster",
+                                                              "model",
+                                                              "hidden",
+                                                              "rank",
+                                                              "num_workers",
+                                                              "tls_ca",
+                                                              "tls_cert",
+                                                              "tls_key",
+                                                              "token_file",
+                                                              "push_dtype",
+                                                              "pull_dtype",
+                                                              "shared_memory",
+                                                              "data_plane",
+                                                              "rpc_timeout_seconds",
+                                                              "retry_seconds",
+                                                              "heartbeat_seconds",
+                                                              "compress",
+                                                              "error_feedback"};
   return *kKnown;
 }
 
@@ -79,8 +93,8 @@ absl::StatusOr<Settings> ParseSettings(const char* text) {
   Settings settings;
   for (const auto& [name, value] : root.items()) {
     if (KnownSettings().count(name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown setting \"", name, "\" (known: ",
-                                                     absl::StrJoin(KnownSettings(), ", "), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown setting \"", name, "\" (known: ", absl::StrJoin(KnownSettings(), ", "), ")"));
     }
     if (value.is_null()) continue;
     if (!value.is_string() && !value.is_number() && !value.is_boolean()) {
@@ -182,11 +196,20 @@ absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json)
     }
     (std::string(name) == "push_dtype" ? options.push_type : options.pull_type) = *type;
   }
+  if (const std::string compress = Text(*settings, "compress"); !compress.empty()) {
+    absl::StatusOr<ps::Compression> compression = ps::ParseCompression(compress);
+    if (!compression.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("compress: ", compression.status().message()));
+    }
+    options.compression = *compression;
+  }
   for (auto [name, option] : {std::pair{"shared_memory", &options.shared_memory},
-                               std::pair{"data_plane", &options.data_plane}}) {
+                              std::pair{"data_plane", &options.data_plane},
+                              std::pair{"error_feedback", &options.error_feedback}}) {
     const std::string value = Text(*settings, name);
     if (!value.empty() && value != "true" && value != "false") {
-      return absl::InvalidArgumentError(absl::StrCat("setting \"", name, "\" must be true or false"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("setting \"", name, "\" must be true or false"));
     }
     *option = value != "false";
   }
@@ -199,8 +222,8 @@ absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json)
     // A worker's own token (ps --worker_identity) names its rank: refuse another's at once.
     if (std::optional<int> owner = ps::WorkerTokenRank(options.security.token);
         owner.has_value() && *owner != *rank) {
-      return absl::InvalidArgumentError(absl::StrCat("the token is worker ", *owner,
-                                                     "'s own, not rank ", *rank, "'s"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("the token is worker ", *owner, "'s own, not rank ", *rank, "'s"));
     }
   }
   auto client = std::make_unique<ps_client>();
@@ -301,8 +324,8 @@ int ps_client_pull(ps_client* client, float* values, int64_t count, int prefetch
 
 int ps_client_shard_range(const ps_client* client, int shard, int64_t* begin, int64_t* end) {
   if (shard < 0 || shard >= client->client->num_shards()) {
-    return Report(absl::OutOfRangeError(absl::StrCat(
-        "no shard ", shard, ": there are ", client->client->num_shards())));
+    return Report(absl::OutOfRangeError(
+        absl::StrCat("no shard ", shard, ": there are ", client->client->num_shards())));
   }
   const ps::Range r = client->client->shard_range(shard);
   *begin = r.begin;
@@ -317,11 +340,10 @@ int ps_client_push(ps_client* client, const float* gradient, int64_t count, int6
     return Report(absl::FailedPreconditionError("an observer (rank -1) cannot push"));
   }
   auto pending = std::make_unique<ps_op>();
-  pending->push = client->client->StartPush(absl::MakeConstSpan(gradient, count),
-                                            sequence < 0 ? ps::ShardedClient::kNextSequence
-                                                         : sequence,
-                                            held != 0 ? ps::ShardedClient::Parts::kHeld
-                                                      : ps::ShardedClient::Parts::kAllNow);
+  pending->push = client->client->StartPush(
+      absl::MakeConstSpan(gradient, count),
+      sequence < 0 ? ps::ShardedClient::kNextSequence : sequence,
+      held != 0 ? ps::ShardedClient::Parts::kHeld : ps::ShardedClient::Parts::kAllNow);
   *op = pending.release();
   return Ok();
 }

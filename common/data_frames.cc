@@ -18,7 +18,8 @@ void Put(char* at, uint64_t v, int n) {
 }
 uint64_t Get(const char* at, int n) {
   uint64_t v = 0;
-  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(at[i])) << (8 * i);
+  for (int i = 0; i < n; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(at[i])) << (8 * i);
   return v;
 }
 

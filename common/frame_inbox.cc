@@ -66,12 +66,10 @@ absl::Status FrameInbox::Await(uint64_t transfer, absl::Time deadline) {
     };
     if (mu_.AwaitWithDeadline(absl::Condition(&done), deadline) || e.state == State::kWaiting) {
       absl::Status status =
-          e.state == State::kDone
-              ? e.status
-              : ended_ ? absl::UnavailableError(
-                             "the data plane connection ended before the tensor came")
-                       : absl::DeadlineExceededError(
-                             "the tensor did not come on the data plane in time");
+          e.state == State::kDone ? e.status
+          : ended_
+              ? absl::UnavailableError("the data plane connection ended before the tensor came")
+              : absl::DeadlineExceededError("the tensor did not come on the data plane in time");
       expected_.erase(transfer);
       return status;
     }

@@ -126,7 +126,8 @@ absl::Status Socket::Await(short events, absl::Time deadline, absl::Duration sta
     }
     pollfd p{fd_, events, 0};
     int n = poll(&p, 1, Millis(end - now));
-    if (n < 0 && errno != EINTR) return absl::UnavailableError(absl::StrCat("poll: ", Errno(errno)));
+    if (n < 0 && errno != EINTR)
+      return absl::UnavailableError(absl::StrCat("poll: ", Errno(errno)));
     if (n > 0) return absl::OkStatus();  // ready, or an error the next call reports
   }
 }

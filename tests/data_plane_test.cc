@@ -4,9 +4,9 @@
 // nothing is applied, the shard goes on), and that the client falls back to gRPC by itself.
 #include "server/rpc/data_plane.h"
 
+#include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
 #include <gtest/gtest.h>
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -16,7 +16,6 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
-
 #include "common/data_frames.h"
 #include "common/grpc_status.h"
 #include "deploy/local_cluster.h"
@@ -127,34 +126,31 @@ TEST(DataPlaneTest, APushedTensorGoesIntoItsCallOnlyAndAStrayOneIsDropped) {
   for (size_t i = 0; i < sent.size(); ++i) sent[i] = 0.5f * i;
   // A frame no call waits for (transfer 7) is read and dropped; the connection goes on.
   ASSERT_TRUE(SendValues(s, FrameKind::kPush, 7, sent, WireType::kFloat32, Soon()).ok());
-  absl::Status received = plane->Receive(id, 0, 8, absl::MakeSpan(got), WireType::kFloat32, Soon(),
-                                         [&] {
-                                           ASSERT_TRUE(SendValues(s, FrameKind::kPush, 8, sent,
-                                                                  WireType::kFloat32, Soon())
-                                                           .ok());
-                                         });
+  absl::Status received =
+      plane->Receive(id, 0, 8, absl::MakeSpan(got), WireType::kFloat32, Soon(), [&] {
+        ASSERT_TRUE(SendValues(s, FrameKind::kPush, 8, sent, WireType::kFloat32, Soon()).ok());
+      });
   ASSERT_TRUE(received.ok()) << received;
   EXPECT_EQ(got, sent);
   // Another worker's call may not take it, a tensor of another size fails its call only, and a
   // 16-bit one is decoded.
-  EXPECT_EQ(plane->Receive(id, 1, 9, absl::MakeSpan(got), WireType::kFloat32, Soon(), [] {})
-                .code(),
+  EXPECT_EQ(plane->Receive(id, 1, 9, absl::MakeSpan(got), WireType::kFloat32, Soon(), [] {}).code(),
             absl::StatusCode::kFailedPrecondition);
   std::vector<float> small(10);
-  EXPECT_EQ(plane
-                ->Receive(id, 0, 10, absl::MakeSpan(small), WireType::kFloat32, Soon(),
-                          [&] {
-                            SendValues(s, FrameKind::kPush, 10, sent, WireType::kFloat32, Soon())
-                                .IgnoreError();
-                          })
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      plane
+          ->Receive(
+              id, 0, 10, absl::MakeSpan(small), WireType::kFloat32, Soon(),
+              [&] {
+                SendValues(s, FrameKind::kPush, 10, sent, WireType::kFloat32, Soon()).IgnoreError();
+              })
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   std::vector<float> half(sent.size());
   ASSERT_TRUE(plane
                   ->Receive(id, 0, 11, absl::MakeSpan(half), WireType::kBFloat16, Soon(),
                             [&] {
-                              SendValues(s, FrameKind::kPush, 11, sent, WireType::kBFloat16,
-                                         Soon())
+                              SendValues(s, FrameKind::kPush, 11, sent, WireType::kBFloat16, Soon())
                                   .IgnoreError();
                             })
                   .ok());
@@ -187,8 +183,7 @@ TEST(DataPlaneTest, ACutMidTensorFailsTheCallAndTheConnectionOnly) {
       });
   EXPECT_EQ(received.code(), absl::StatusCode::kUnavailable) << received;
   // The connection is gone; the plane takes others.
-  EXPECT_EQ(plane->Receive(id, 0, 2, absl::MakeSpan(dst), WireType::kFloat32, Soon(), [] {})
-                .code(),
+  EXPECT_EQ(plane->Receive(id, 0, 2, absl::MakeSpan(dst), WireType::kFloat32, Soon(), [] {}).code(),
             absl::StatusCode::kFailedPrecondition);
   uint64_t other = 0;
   Socket t = Open(*plane, 1, &other);
@@ -202,12 +197,12 @@ TEST(DataPlaneTest, ACallThatGivesUpMidTensorEndsTheConnectionAndIsNotWrittenAft
   Socket s = Open(*plane, 0, &id);
   std::vector<float> dst(1 << 18, -1.0f);
   const std::vector<float> half(dst.size() / 2, 2.0f);
-  absl::Status received = plane->Receive(
-      id, 0, 1, absl::MakeSpan(dst), WireType::kFloat32, absl::Now() + absl::Milliseconds(500),
-      [&] {
-        SendHeader(s, FrameKind::kPush, 1, dst.size() * sizeof(float));
-        ASSERT_TRUE(s.Send(half.data(), half.size() * sizeof(float), Soon()).ok());
-      });  // ... and the rest never comes
+  absl::Status received =
+      plane->Receive(id, 0, 1, absl::MakeSpan(dst), WireType::kFloat32,
+                     absl::Now() + absl::Milliseconds(500), [&] {
+                       SendHeader(s, FrameKind::kPush, 1, dst.size() * sizeof(float));
+                       ASSERT_TRUE(s.Send(half.data(), half.size() * sizeof(float), Soon()).ok());
+                     });  // ... and the rest never comes
   EXPECT_EQ(received.code(), absl::StatusCode::kDeadlineExceeded) << received;
   // The rest arrives late: nothing is written into the call's buffer any more.
   std::vector<float> before = dst;
@@ -218,10 +213,11 @@ TEST(DataPlaneTest, ACallThatGivesUpMidTensorEndsTheConnectionAndIsNotWrittenAft
 }
 
 TEST(DataPlaneTest, AClientThatStopsReadingEndsItsConnectionWithinTheStall) {
-  std::unique_ptr<DataPlane> plane = StartPlane(absl::Seconds(5), /*stall=*/absl::Milliseconds(300));
+  std::unique_ptr<DataPlane> plane =
+      StartPlane(absl::Seconds(5), /*stall=*/absl::Milliseconds(300));
   ASSERT_NE(plane, nullptr);
   uint64_t id = 0;
-  Socket s = Open(*plane, 0, &id);  // never read from
+  Socket s = Open(*plane, 0, &id);                                     // never read from
   auto values = std::make_shared<std::vector<float>>(16 << 20, 1.0f);  // 64 MiB
   absl::Notification done;
   absl::StatusOr<int64_t> outcome;
@@ -257,8 +253,8 @@ class DataPlaneShardTest : public ::testing::Test {
     ClusterSecurity security;
     security.token_file = dir_ + "/token";
     cluster_ = std::make_unique<LocalCluster>(ExecutableDir(), dir_ + "/run", security);
-    ASSERT_TRUE(cluster_->StartShards(1, kModel.fingerprint, 2, {"--optimizer=sgd", "--lr=0.5"})
-                    .ok());
+    ASSERT_TRUE(
+        cluster_->StartShards(1, kModel.fingerprint, 2, {"--optimizer=sgd", "--lr=0.5"}).ok());
     worker0_ = Client(0);
     ASSERT_TRUE(worker0_->Register().ok());
     for (int i = 0; i < kParams; ++i) initial_[i] = 0.25f * (i % 100);
@@ -337,15 +333,15 @@ TEST_F(DataPlaneShardTest, ATicketNeedsTheJobsTokenAndOpensThisShardOnly) {
   ASSERT_TRUE(Attach(0, "", &ticket, other.ShardAddress(0)).ok());
   v1::AttachDataPlaneResponse ours;
   ASSERT_TRUE(Attach(0, token_, &ours).ok());
-  absl::StatusOr<std::unique_ptr<DataConnection>> stranger = DataConnection::Open(
-      "127.0.0.1", ours.port(), ticket.connection(), ticket.secret(), kParams * 4, Soon(),
-      absl::Seconds(5));
+  absl::StatusOr<std::unique_ptr<DataConnection>> stranger =
+      DataConnection::Open("127.0.0.1", ours.port(), ticket.connection(), ticket.secret(),
+                           kParams * 4, Soon(), absl::Seconds(5));
   ASSERT_FALSE(stranger.ok());
   EXPECT_NE(stranger.status().message().find("refused"), std::string::npos) << stranger.status();
   // With this shard's own ticket: open.
-  absl::StatusOr<std::unique_ptr<DataConnection>> opened = DataConnection::Open(
-      "127.0.0.1", ours.port(), ours.connection(), ours.secret(), kParams * 4, Soon(),
-      absl::Seconds(5));
+  absl::StatusOr<std::unique_ptr<DataConnection>> opened =
+      DataConnection::Open("127.0.0.1", ours.port(), ours.connection(), ours.secret(), kParams * 4,
+                           Soon(), absl::Seconds(5));
   EXPECT_TRUE(opened.ok()) << opened.status();
 }
 
@@ -353,7 +349,8 @@ TEST_F(DataPlaneShardTest, APushCutMidTensorAppliesNothingAndTheClientFallsBackT
   // A raw connection of worker 0's, and a raw push naming it whose tensor stops halfway.
   v1::AttachDataPlaneResponse ticket;
   ASSERT_TRUE(Attach(0, token_, &ticket).ok());
-  absl::StatusOr<Socket> raw = Socket::Connect("127.0.0.1", ticket.port(), Soon(), absl::Seconds(5));
+  absl::StatusOr<Socket> raw =
+      Socket::Connect("127.0.0.1", ticket.port(), Soon(), absl::Seconds(5));
   ASSERT_TRUE(raw.ok()) << raw.status();
   absl::StatusOr<FrameHeader> welcome = Hello(*raw, ticket.connection(), ticket.secret());
   ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);

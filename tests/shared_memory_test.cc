@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/chunking.h"
+#include "common/compression.h"
 #include "common/grpc_status.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.grpc.pb.h"
@@ -164,10 +165,12 @@ class SharedMemoryShardTest : public ::testing::Test {
     ASSERT_EQ(*worker0_->Initialize(initial_), 1);
   }
   std::unique_ptr<ShardedClient> Client(int worker, bool shared_memory = true,
-                                        WireType type = WireType::kFloat32) {
+                                        WireType type = WireType::kFloat32,
+                                        Compression compression = {}) {
     ClientOptions options;
     options.shared_memory = shared_memory;
     options.push_type = options.pull_type = type;
+    options.compression = compression;
     return std::make_unique<ShardedClient>(std::vector<std::string>{cluster_.ShardAddress(0)},
                                            kModel, worker, options);
   }
@@ -199,7 +202,7 @@ class SharedMemoryShardTest : public ::testing::Test {
   // A raw push as worker 0 (sequence `sequence`, base version 0) whose gradient is in `segment`'s
   // push region as `ticket`; `data`: bytes also sent in the stream.
   grpc::Status PushThrough(int64_t segment, uint64_t ticket, int64_t sequence,
-                           const std::string& data = "") {
+                           const std::string& data = "", v1::DType dtype = v1::FLOAT32) {
     grpc::ClientContext context;
     context.set_deadline(In(absl::Seconds(10)));
     v1::PushResponse response;
@@ -211,7 +214,7 @@ class SharedMemoryShardTest : public ::testing::Test {
     h->set_sequence(sequence);
     h->set_offset(0);
     h->set_length(kParams);
-    h->set_dtype(v1::FLOAT32);
+    h->set_dtype(dtype);
     h->set_shm_segment(segment);
     h->set_shm_ticket(ticket);
     chunk.set_data(data);
@@ -359,6 +362,70 @@ TEST_F(SharedMemoryShardTest, MisusedSegmentsChangeNothing) {
   std::vector<float> w = Weights();
   EXPECT_EQ(w[10], initial_[10] - 0.5f);
   EXPECT_EQ(ShardStats().shm_pushes(), 1);
+}
+
+// Compressed pushes go through shared memory when they fit the push region (sized for float32)
+// and over gRPC when not, and apply as they would over gRPC; a malformed one changes nothing.
+TEST_F(SharedMemoryShardTest, CompressedPushesGoThroughItWhenTheyFit) {
+  Start();
+  std::vector<float> gradient(kParams);
+  for (int i = 0; i < kParams; ++i) gradient[i] = 0.01f * ((i * 37) % 11) - 0.05f;
+  std::vector<float> expected = initial_;
+  // The shard applies decode(C(g)) (a client's first push: no residual yet), lr 0.5.
+  auto apply = [&](const Compression& c) {
+    std::vector<float> rest = gradient, decoded(kParams);
+    CompressedTensor sent;
+    Compress(c, absl::MakeSpan(rest), &sent);
+    ChunkAssembler assembler(absl::MakeSpan(decoded),
+                             PayloadFormat{WireType::kFloat32, c.compressor, sent.pairs});
+    ASSERT_TRUE(assembler.Append(sent.bytes).ok());
+    for (int i = 0; i < kParams; ++i) expected[i] -= 0.5f * decoded[i];
+  };
+  const Compression onebit{Compressor::kOneBit}, dense_topk{Compressor::kTopK, 0.9};
+  std::vector<float> got(kParams);
+  std::unique_ptr<ShardedClient> shared = Client(1, true, WireType::kFloat32, onebit);
+  std::unique_ptr<ShardedClient> socket = Client(-1, false);  // reads only
+  ASSERT_TRUE(shared->Register().ok());
+  ASSERT_TRUE(shared->Pull(absl::MakeSpan(got)).ok());
+  ASSERT_TRUE(shared->Push(gradient).ok());
+  apply(onebit);
+  ASSERT_TRUE(socket->Pull(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(ShardStats().shm_pushes(), 1);
+  // topk:0.9 takes 8 bytes for each of 900 values: more than the region's 4,000. (Worker 1
+  // again: worker 0's process stays worker0_, which pushes by hand below.)
+  shared.reset();
+  std::unique_ptr<ShardedClient> too_big = Client(1, true, WireType::kFloat32, dense_topk);
+  ASSERT_TRUE(too_big->Register().ok());
+  ASSERT_TRUE(too_big->Pull(absl::MakeSpan(got)).ok());
+  ASSERT_TRUE(too_big->Push(gradient).ok());
+  apply(dense_topk);
+  ASSERT_TRUE(socket->Pull(absl::MakeSpan(got)).ok());
+  EXPECT_EQ(got, expected);
+  v1::StatsResponse stats = ShardStats();
+  EXPECT_EQ(stats.shm_pushes(), 1);
+  EXPECT_EQ(stats.pushes_applied(), 2);
+
+  // A onebit payload whose first scale is NaN, written into the region by hand: refused.
+  v1::AttachSharedMemoryResponse a;
+  ASSERT_TRUE(Attach(0, &a).ok());
+  absl::StatusOr<SharedSegment> segment = Open(a);
+  ASSERT_TRUE(segment.ok()) << segment.status();
+  SharedRegion push = segment->push();
+  std::vector<float> rest = gradient;
+  CompressedTensor bad;
+  Compress(onebit, absl::MakeSpan(rest), &bad);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(bad.bytes.data(), &nan, sizeof(nan));
+  ASSERT_TRUE(push.Claim(Phase::kBusy, 1, Soon()));
+  std::memcpy(push.data(), bad.bytes.data(), bad.bytes.size());
+  ASSERT_TRUE(push.Move(Phase::kBusy, Phase::kReady, 1));
+  grpc::Status refused = PushThrough(a.segment(), 1, 5, "", v1::ONEBIT);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("has scale nan"), std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(Weights(), got);
+  EXPECT_EQ(ShardStats().pushes_applied(), 2);
 }
 
 // A client writing its segment while the shard reads it (NaN and 1.0 in turn, now and then a

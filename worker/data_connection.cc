@@ -24,8 +24,8 @@ absl::StatusOr<std::unique_ptr<DataConnection>> DataConnection::Open(
     return absl::UnavailableError("the shard answered the data-plane hello with another frame");
   }
   if (!answer.ok()) {
-    return absl::UnavailableError(absl::StrCat("data-plane hello to ", host, ":", port, ": ",
-                                               answer.status().message()));
+    return absl::UnavailableError(
+        absl::StrCat("data-plane hello to ", host, ":", port, ": ", answer.status().message()));
   }
   return std::unique_ptr<DataConnection>(
       new DataConnection(*std::move(socket), connection, max_bytes));

@@ -30,12 +30,9 @@ class DataConnection {
   // AttachDataPlane handed out, before `deadline`; a peer that moves no byte for `stall` fails
   // the connection later. UNAVAILABLE naming the address and why (the shard's refusal in its
   // words); pulled frames larger than `max_bytes` end it.
-  static absl::StatusOr<std::unique_ptr<DataConnection>> Open(const std::string& host, int port,
-                                                              uint64_t connection,
-                                                              const std::string& secret,
-                                                              uint64_t max_bytes,
-                                                              absl::Time deadline,
-                                                              absl::Duration stall);
+  static absl::StatusOr<std::unique_ptr<DataConnection>> Open(
+      const std::string& host, int port, uint64_t connection, const std::string& secret,
+      uint64_t max_bytes, absl::Time deadline, absl::Duration stall);
   // Ends the connection and joins its reader.
   ~DataConnection();
 

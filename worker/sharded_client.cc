@@ -8,12 +8,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -21,8 +23,8 @@
 #include "common/chunking.h"
 #include "common/cluster.h"
 #include "common/connection_probe.h"
-#include "common/data_frames.h"
 #include "common/consistency_spec.h"
+#include "common/data_frames.h"
 #include "common/grpc_method.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -32,6 +34,7 @@
 #include "common/tensor_codec.h"
 #include "proto/ps.grpc.pb.h"
 #include "worker/data_connection.h"
+#include "worker/push_compressor.h"
 
 namespace ps {
 namespace {
@@ -68,6 +71,21 @@ int64_t WriteTensorChunks(grpc::ClientWriter<grpc::ByteBuffer>* writer, const Ch
                                         *encoded, encoded));
   });
   return saturated;
+}
+
+// Streams a compressed tensor as `Chunk` messages of whole units (a block, a pair), the first also
+// carrying `first`'s header; the slices reference `tensor`, which they keep alive.
+template <typename Chunk>
+void WriteCompressedChunks(grpc::ClientWriter<grpc::ByteBuffer>* writer, const Chunk& first,
+                           const std::shared_ptr<const CompressedTensor>& tensor) {
+  std::string head = first.SerializeAsString();
+  bool ok = true;
+  ForEachUnitChunk(
+      tensor->bytes, CompressedUnitBytes(tensor->compressor), [&](std::string_view piece) {
+        if (!ok) return;
+        ok = writer->Write(
+            EncodeWithTensor(std::exchange(head, {}), Chunk::kDataFieldNumber, piece, tensor));
+      });
 }
 
 // How long a call waits for a region of shared memory that a call this client abandoned still
@@ -349,10 +367,11 @@ class ShardedClient::Impl {
   // One attempt at pulling shard `shard`'s range into `params`, recording what it served.
   grpc::Status PullFrom(int shard, grpc::ClientContext* context, absl::Span<float> params,
                         int64_t after_sequence, Versions* versions);
-  // One attempt at pushing shard `shard`'s part of `gradient`; returns the values saturated.
+  // One attempt at pushing shard `shard`'s part of `gradient`, or `compressed` (that part
+  // compressed) when not null; returns the values saturated.
   grpc::Status PushTo(int shard, grpc::ClientContext* context, absl::Span<const float> gradient,
-                      int64_t sequence, const Versions& base, v1::PushResponse* response,
-                      int64_t* saturated);
+                      const std::shared_ptr<const CompressedTensor>& compressed, int64_t sequence,
+                      const Versions& base, v1::PushResponse* response, int64_t* saturated);
 
   struct Replica {
     std::string address;
@@ -378,7 +397,8 @@ class ShardedClient::Impl {
   ModelIdentity model_;
   int worker_id_;
   ClientOptions options_;
-  std::vector<Range> ranges_;  // shard i's range of the flat vector
+  std::vector<Range> ranges_;                   // shard i's range of the flat vector
+  std::unique_ptr<PushCompressor> compressor_;  // null: pushes are not compressed
   std::string consistency_;
 
   // One per shard: held while registering again, so that two threads noticing one restart do
@@ -456,6 +476,12 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
     ranges_.push_back(
         PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses.size())));
     register_mu_.push_back(std::make_unique<absl::Mutex>());
+  }
+  if (options_.compression.compressor != Compressor::kNone) {
+    std::vector<int64_t> sizes;
+    for (const Range& r : ranges_) sizes.push_back(r.size());
+    compressor_ = std::make_unique<PushCompressor>(options_.compression, options_.error_feedback,
+                                                   std::move(sizes));
   }
   absl::MutexLock lock(&steps_->mu);
   steps_->last_pull.version.assign(addresses.size(), 0);
@@ -620,18 +646,18 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
       return absl::OkStatus();
     }
     // Could not connect, and never reached: the TLS settings may not fit, which no retry heals.
-    const bool not_connected = (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                                s.error_code() == grpc::StatusCode::UNKNOWN ||
-                                s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
-                               called.channel->GetState(/*try_to_connect=*/false) !=
-                                   GRPC_CHANNEL_READY;
+    const bool not_connected =
+        (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         s.error_code() == grpc::StatusCode::UNKNOWN ||
+         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
+        called.channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
     // A mismatch ends the call at once, naming it.
     if (!probed && not_connected && !called.contact->reached.load(std::memory_order_relaxed)) {
       probed = ProbeOf(called, options_.security);
       if (probed->misconfigured) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "shard ", shard, " (", called.address, "): ", probed->cause, " [gRPC: ",
-            s.error_message(), "]"));
+        return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " (", called.address,
+                                                          "): ", probed->cause,
+                                                          " [gRPC: ", s.error_message(), "]"));
       }
     }
     // A shard's CANCELLED (it is shutting down: a restart, a fenced primary) is as transient as
@@ -678,16 +704,17 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
       // A call that kept failing says for how long, and what the probe found.
       const std::string tried =
           retry && transient && absl::Now() + backoff > give_up
-              ? absl::StrCat(" (still failing after ", absl::FormatDuration(absl::Trunc(
-                                 absl::Now() - start, absl::Milliseconds(100))),
-                             " of retries; the client's limit: --retry_seconds)")
+              ? absl::StrCat(
+                    " (still failing after ",
+                    absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100))),
+                    " of retries; the client's limit: --retry_seconds)")
               : "";
       // What the probe found explains this failure only if it is still one to connect.
       const bool found = probed && !probed->cause.empty() && not_connected;
       return absl::Status(
           FromGrpcStatus(s).code(),
-          absl::StrCat("shard ", shard, " (", called.address, "): ",
-                       found ? probed->cause : s.error_message(), tried,
+          absl::StrCat("shard ", shard, " (", called.address,
+                       "): ", found ? probed->cause : s.error_message(), tried,
                        found ? absl::StrCat(" [gRPC: ", s.error_message(), "]") : ""));
     }
     PS_LOG(WARNING) << "shard " << shard << " (" << replicas_[shard][replica].address
@@ -733,11 +760,11 @@ grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* c
   absl::StatusOr<std::shared_ptr<DataConnection>> data =
       shared.ok() ? nullptr : ConnectTo(shard, response.shard_incarnation());
   PS_LOG(INFO) << "shard " << shard << " (" << Address(shard) << "): tensors "
-               << (shared.ok()  ? "through shared memory"
-                   : data.ok() ? "over the data plane"
-                               : absl::StrCat("over gRPC (no shared memory: ",
-                                              shared.status().message(), "; no data plane: ",
-                                              data.status().message(), ")"));
+               << (shared.ok() ? "through shared memory"
+                   : data.ok()
+                       ? "over the data plane"
+                       : absl::StrCat("over gRPC (no shared memory: ", shared.status().message(),
+                                      "; no data plane: ", data.status().message(), ")"));
   absl::MutexLock lock(&sessions_mu_);
   Session& session = sessions_[shard];
   if (session.initialized && !response.initialized()) {
@@ -748,10 +775,10 @@ grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* c
                      "version ",
                      session.version, "); the job cannot go on without it. ", kLostModelFix));
   }
-  session = Session{response.incarnation(),   response.shard_incarnation(),
-                    response.version(),       response.version(),
-                    response.last_sequence(), response.initialized() || session.initialized,
-                    response.consistency(),   shared.ok() ? *shared : nullptr,
+  session = Session{response.incarnation(),     response.shard_incarnation(),
+                    response.version(),         response.version(),
+                    response.last_sequence(),   response.initialized() || session.initialized,
+                    response.consistency(),     shared.ok() ? *shared : nullptr,
                     data.ok() ? *data : nullptr};
   return grpc::Status::OK;
 }
@@ -777,8 +804,8 @@ absl::StatusOr<std::shared_ptr<ShardedClient::Impl::SharedPath>> ShardedClient::
   if (response.region_bytes() < ranges_[shard].size() * WireBytes(WireType::kFloat32)) {
     return absl::FailedPreconditionError("its segment is smaller than its range");
   }
-  absl::StatusOr<SharedSegment> segment = SharedSegment::Open(
-      response.pid(), response.fd(), response.nonce(), response.region_bytes());
+  absl::StatusOr<SharedSegment> segment =
+      SharedSegment::Open(response.pid(), response.fd(), response.nonce(), response.region_bytes());
   if (!segment.ok()) return segment.status();
   return std::make_shared<SharedPath>(response.segment(), *std::move(segment));
 }
@@ -800,10 +827,10 @@ absl::StatusOr<std::shared_ptr<DataConnection>> ShardedClient::Impl::ConnectTo(
   if (!why.ok()) return why;
   std::string host, port;
   SplitHostPort(Address(shard), &host, &port);
-  absl::StatusOr<std::unique_ptr<DataConnection>> connection = DataConnection::Open(
-      host, response.port(), response.connection(), response.secret(),
-      static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
-      absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
+  absl::StatusOr<std::unique_ptr<DataConnection>> connection =
+      DataConnection::Open(host, response.port(), response.connection(), response.secret(),
+                           static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
+                           absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
   if (!connection.ok()) return connection.status();
   return std::shared_ptr<DataConnection>(*std::move(connection));
 }
@@ -1068,9 +1095,10 @@ ShardedClient::Versions ShardedClient::last_pull() const {
 }
 
 grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context,
-                                         absl::Span<const float> gradient, int64_t sequence,
-                                         const Versions& base, v1::PushResponse* response,
-                                         int64_t* saturated) {
+                                         absl::Span<const float> gradient,
+                                         const std::shared_ptr<const CompressedTensor>& compressed,
+                                         int64_t sequence, const Versions& base,
+                                         v1::PushResponse* response, int64_t* saturated) {
   const Range& r = ranges_[shard];
   const Session session = SessionOf(shard);
   int64_t base_version = base.version[shard];
@@ -1090,12 +1118,20 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
   header.set_offset(r.begin);
   header.set_length(r.size());
   header.set_dtype(static_cast<v1::DType>(options_.push_type));
+  if (compressed != nullptr) {
+    header.set_dtype(static_cast<v1::DType>(compressed->compressor));
+    header.set_topk_pairs(compressed->pairs);
+  }
   const absl::Span<const float> part = gradient.subspan(r.begin, r.size());
-  // Through shared memory if there is a segment and no other push of this client uses it: the
-  // gradient goes into its push region before the call starts.
+  // Through shared memory if there is a segment, no other push of this client uses it and the
+  // payload fits (a compressed one may not): it goes into its push region before the call starts.
   const std::shared_ptr<SharedPath>& shared = session.shared;
   std::unique_lock<std::mutex> turn;
-  if (shared != nullptr) turn = std::unique_lock<std::mutex>(shared->push_mu, std::try_to_lock);
+  if (shared != nullptr &&
+      (compressed == nullptr ||
+       static_cast<int64_t>(compressed->bytes.size()) <= shared->segment.push().capacity())) {
+    turn = std::unique_lock<std::mutex>(shared->push_mu, std::try_to_lock);
+  }
   if (turn.owns_lock()) {
     SharedRegion region = shared->segment.push();
     const uint64_t ticket = shared->next_ticket++;
@@ -1103,14 +1139,19 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
       DropShared(shard, shared, "its push region stayed busy");
       return SharedMemoryLostStatus("shared push region busy");
     }
-    *saturated = EncodeValues(part, options_.push_type, region.data());
+    if (compressed != nullptr) {
+      std::memcpy(region.data(), compressed->bytes.data(), compressed->bytes.size());
+    } else {
+      *saturated = EncodeValues(part, options_.push_type, region.data());
+    }
     region.Move(SharedRegion::kBusy, SharedRegion::kReady, ticket);
     header.set_shm_segment(shared->id);
     header.set_shm_ticket(ticket);
   }
   // Else over the data plane, if there is a connection: the gradient goes from `part` once the
-  // shard says it waits for it.
-  const std::shared_ptr<DataConnection>& data = turn.owns_lock() ? nullptr : session.data;
+  // shard says it waits for it. A compressed one, a fraction of the bytes, goes over gRPC.
+  const std::shared_ptr<DataConnection>& data =
+      turn.owns_lock() || compressed != nullptr ? nullptr : session.data;
   uint64_t transfer = 0;
   if (data != nullptr) {
     transfer = data->NextTransfer();
@@ -1124,6 +1165,8 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
   if (turn.owns_lock() || transfer != 0) {
     grpc::Slice slice(first.SerializeAsString());
     writer->Write(grpc::ByteBuffer(&slice, 1));
+  } else if (compressed != nullptr) {
+    WriteCompressedChunks(writer.get(), first, compressed);
   } else {
     *saturated = WriteTensorChunks(writer.get(), first, part, options_.push_type);
   }
@@ -1131,8 +1174,8 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
   if (transfer != 0) {
     writer->WaitForInitialMetadata();  // also when the call ended: then without the key
     if (context->GetServerInitialMetadata().count(kDataPlaneReady) > 0) {
-      absl::StatusOr<int64_t> pushed = data->Push(transfer, part, options_.push_type,
-                                                  absl::FromChrono(context->deadline()));
+      absl::StatusOr<int64_t> pushed =
+          data->Push(transfer, part, options_.push_type, absl::FromChrono(context->deadline()));
       if (pushed.ok()) *saturated = *pushed;
       sent = pushed.status();
       if (!sent.ok()) context->TryCancel();
@@ -1157,9 +1200,13 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
     std::vector<v1::PushResponse> responses;
     std::vector<int64_t> saturated;
     Versions base;
+    std::vector<std::shared_ptr<const CompressedTensor>> compressed;  // by shard, once sent
   };
-  auto answers = std::make_shared<Answers>(Answers{std::vector<v1::PushResponse>(num_shards()),
-                                                   std::vector<int64_t>(num_shards(), 0), {}});
+  auto answers = std::make_shared<Answers>(
+      Answers{std::vector<v1::PushResponse>(num_shards()),
+              std::vector<int64_t>(num_shards(), 0),
+              {},
+              std::vector<std::shared_ptr<const CompressedTensor>>(num_shards())});
   {
     absl::MutexLock lock(&steps->mu);
     if (sequence == kNextSequence) sequence = steps->next;
@@ -1171,7 +1218,17 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
   }
   std::shared_ptr<Call> call = impl->Start(
       [impl, gradient, sequence, answers](int shard, grpc::ClientContext* context) {
-        return impl->PushTo(shard, context, gradient, sequence, answers->base,
+        // Compressed once, at the part's first attempt (its range is final then, also when
+        // held): a retry resends the same bytes, and the residual moves once.
+        std::shared_ptr<const CompressedTensor>& compressed = answers->compressed[shard];
+        if (impl->compressor_ != nullptr && compressed == nullptr) {
+          const Range& r = impl->ranges_[shard];
+          absl::StatusOr<std::shared_ptr<const CompressedTensor>> c =
+              impl->compressor_->Compress(shard, gradient.subspan(r.begin, r.size()));
+          if (!c.ok()) return ToGrpcStatus(c.status());
+          compressed = *std::move(c);
+        }
+        return impl->PushTo(shard, context, gradient, compressed, sequence, answers->base,
                             &answers->responses[shard], &answers->saturated[shard]);
       },
       /*retry=*/true, impl->options_.rpc_timeout,

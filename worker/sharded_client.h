@@ -60,6 +60,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/compression.h"
 #include "common/model_identity.h"
 #include "common/partition.h"
 #include "common/security.h"
@@ -79,6 +80,11 @@ struct ClientOptions {
   // What gradients and pulled weights travel as (common/wire_type.h).
   WireType push_type = WireType::kFloat32;
   WireType pull_type = WireType::kFloat32;
+  // Compresses gradients instead (common/compression.h; push_type then plays no part), keeping
+  // what compression leaves out for the next push unless error_feedback is false
+  // (worker/push_compressor.h).
+  Compression compression = {};
+  bool error_feedback = true;
   // Move tensors through shared memory with shards on this host (common/shared_memory.h).
   bool shared_memory = true;
   // Move the others over the shards' data plane (server/rpc/data_plane.h), not gRPC's streams.

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/compression.h"
 #include "common/wire_type.h"
 #include "worker/client_start.h"
 #include "worker/delay.h"
@@ -27,6 +28,8 @@ struct TrainingOptions {
   uint64_t seed = 1;  // of the initial weights and of the batch order
   absl::Duration rpc_timeout = absl::Seconds(10);
   WireType push_type = WireType::kFloat32;
+  Compression compression = {};  // of pushes, instead of push_type (ClientOptions)
+  bool error_feedback = true;
   absl::Duration heartbeat = absl::Seconds(1);
   double slowdown = 1;           // straggler injection: compute takes this many times longer
   Delay pull_delay, push_delay;  // before each pull and push

@@ -26,6 +26,15 @@ ABSL_FLAG(double, rpc_timeout_seconds, 10, "Deadline of each RPC attempt.");
 ABSL_FLAG(std::string, push_dtype, "fp32",
           "What gradients travel as: fp32 | bf16 | fp16 (half the bytes; values beyond fp16's "
           "range are sent as +-65504, and counted).");
+ABSL_FLAG(std::string, compress, "none",
+          "Compress pushed gradients instead of --push_dtype (pulls stay as they are): none | "
+          "onebit (a sign bit per value and a scale per 256 values: ~28x fewer bytes) | topk:F "
+          "(the fraction F of values largest in magnitude as (index, value) pairs: 8 bytes "
+          "each, so topk:0.01 sends 50x fewer) | int8 (8 bits per value and a scale per 256: "
+          "~3.9x fewer).");
+ABSL_FLAG(bool, error_feedback, true,
+          "With --compress: keep what compression left out of each push (one float per "
+          "parameter) and add it to the next push, so nothing is lost, only delayed.");
 ABSL_FLAG(double, heartbeat_seconds, 1, "Seconds between heartbeats (keep below the ps lease).");
 ABSL_FLAG(double, slowdown, 1, "Straggler injection: compute takes this many times longer.");
 ABSL_FLAG(std::string, pull_delay, "", "Delay before each pull: fixed:S | uniform:A,B | exp:MEAN.");
@@ -99,6 +108,17 @@ absl::StatusOr<TrainingOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--push_dtype: " + std::string(push_type.status().message()));
   }
   o.push_type = *push_type;
+  absl::StatusOr<Compression> compression = ParseCompression(absl::GetFlag(FLAGS_compress));
+  if (!compression.ok()) {
+    return absl::InvalidArgumentError("--compress: " +
+                                      std::string(compression.status().message()));
+  }
+  if (compression->compressor != Compressor::kNone && o.push_type != WireType::kFloat32) {
+    return absl::InvalidArgumentError(
+        "--compress sends its own format: leave --push_dtype at fp32 with it");
+  }
+  o.compression = *compression;
+  o.error_feedback = absl::GetFlag(FLAGS_error_feedback);
   o.prefetch = absl::GetFlag(FLAGS_prefetch);
   if (const double max_seconds = absl::GetFlag(FLAGS_max_seconds); max_seconds > 0) {
     o.time_limit = absl::Seconds(max_seconds);

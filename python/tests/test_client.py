@@ -186,6 +186,8 @@ def test_a_cluster_spec_names_the_shards_model_and_credentials(start_shards, tmp
         Client(ps="127.0.0.1:1")
     with pytest.raises(paramserver.InvalidArgument, match="push_dtype"):
         Client(ps="127.0.0.1:1", model="flat:4", push_dtype="float8")
+    with pytest.raises(paramserver.InvalidArgument, match="compress: unknown compression"):
+        Client(ps="127.0.0.1:1", model="flat:4", compress="int4")
     with pytest.raises(paramserver.Error, match="cluster spec"):
         Client(cluster=str(tmp_path / "missing.json"))
 
@@ -193,7 +195,8 @@ def test_a_cluster_spec_names_the_shards_model_and_credentials(start_shards, tmp
 @pytest.mark.parametrize("settings", [{"shared_memory": False},
                                       {"shared_memory": False, "data_plane": False},
                                       {"shared_memory": True},
-                                      {"push_dtype": "bf16", "pull_dtype": "fp16"}])
+                                      {"push_dtype": "bf16", "pull_dtype": "fp16"},
+                                      {"compress": "onebit"}, {"compress": "topk:1"}])
 def test_every_transport_and_wire_type_moves_the_same_values(start_shards, settings):
     shards = start_shards(2, f"flat:{N}", flags=SGD)
     with worker(shards, **settings) as client:

@@ -38,7 +38,7 @@ class DataPlane::Connection {
   // Written before the connection is open (under DataPlane::mu_), read-only afterwards.
   uint64_t id = 0;
   int owner = 0;
-  std::thread reader, sender;  // sender: started by the reader once admitted
+  std::thread reader, sender;      // sender: started by the reader once admitted
   std::atomic<bool> ended{false};  // the reader is done: the threads may be joined
 
   absl::Mutex mu;
@@ -108,9 +108,9 @@ absl::StatusOr<DataPlane::Ticket> DataPlane::Issue(int owner) {
   int taken = static_cast<int>(tickets_.size());
   for (const auto& [id, c] : open_) taken += owner < 0 || c->owner != owner;  // its own is replaced
   if (taken >= options_.max_connections) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the data plane has ", options_.max_connections,
-        " connections and tickets already (ps --data_plane_connections)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the data plane has ", options_.max_connections,
+                     " connections and tickets already (ps --data_plane_connections)"));
   }
   Ticket ticket{RandomId(), RandomSecret()};
   tickets_[ticket.connection] = Issued{owner, ticket.secret, now + options_.hello};
@@ -119,8 +119,8 @@ absl::StatusOr<DataPlane::Ticket> DataPlane::Issue(int owner) {
 
 void DataPlane::AcceptLoop() {
   for (;;) {
-    absl::StatusOr<Socket> s = listener_->Accept(absl::Now() + absl::Milliseconds(200),
-                                                 options_.stall);
+    absl::StatusOr<Socket> s =
+        listener_->Accept(absl::Now() + absl::Milliseconds(200), options_.stall);
     Reap(/*all=*/false);
     if (!s.ok()) {
       if (s.status().code() == absl::StatusCode::kCancelled) return;  // shut down
@@ -245,7 +245,7 @@ void DataPlane::SendLoop(Connection& c) {
 }
 
 absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Find(uint64_t connection,
-                                                                        int owner) {
+                                                                       int owner) {
   absl::MutexLock lock(&mu_);
   auto it = open_.find(connection);
   if (it == open_.end()) return Lost("the connection the call names is not open (it ended?)");

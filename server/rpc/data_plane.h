@@ -84,8 +84,8 @@ class DataPlane {
   // FAILED_PRECONDITION at once, `sent` not called, when the connection is not `owner`'s or no
   // longer open.
   absl::Status Send(uint64_t connection, int owner, uint64_t transfer,
-                    std::shared_ptr<const void> keep, absl::Span<const float> values,
-                    WireType type, Sent sent);
+                    std::shared_ptr<const void> keep, absl::Span<const float> values, WireType type,
+                    Sent sent);
 
   // Ends worker `owner`'s connection (it left).
   void Release(int owner);

@@ -26,11 +26,15 @@ SharedPayload::~SharedPayload() {
   segment_->push().Move(SharedRegion::kBusy, SharedRegion::kIdle, ticket_);
 }
 
-absl::Status SharedPayload::ReadInto(absl::Span<float> dst, WireType type) {
+absl::Status SharedPayload::ReadInto(absl::Span<float> dst, const PayloadFormat& format) {
   SharedRegion region = segment_->push();
-  const int64_t bytes = static_cast<int64_t>(dst.size()) * WireBytes(type);
-  if (bytes > region.capacity()) return absl::InternalError("a push larger than its shared region");
-  ChunkAssembler assembler(dst, type);
+  const int64_t bytes = PayloadBytes(format, static_cast<int64_t>(dst.size()));
+  if (bytes > region.capacity()) {
+    return absl::InvalidArgumentError(absl::StrCat("a push of ", bytes,
+                                                   " bytes is larger than its shared region (",
+                                                   region.capacity(), " bytes)"));
+  }
+  ChunkAssembler assembler(dst, format);
   absl::Status s = assembler.Append(std::string_view(region.data(), bytes));
   if (s.ok()) s = assembler.Finish();
   return s;
@@ -47,11 +51,15 @@ absl::StatusOr<std::unique_ptr<DataPlanePayload>> DataPlanePayload::Open(
       new DataPlanePayload(plane, context, reader, connection, transfer, worker_id, deadline));
 }
 
-absl::Status DataPlanePayload::ReadInto(absl::Span<float> dst, WireType type) {
-  absl::Status s = plane_->Receive(connection_, worker_id_, transfer_, dst, type, deadline_, [&] {
-    context_->AddInitialMetadata(kDataPlaneReady, "1");
-    reader_->SendInitialMetadata();
-  });
+absl::Status DataPlanePayload::ReadInto(absl::Span<float> dst, const PayloadFormat& format) {
+  if (format.compressor != Compressor::kNone) {
+    return absl::InvalidArgumentError("a compressed push travels over gRPC, not the data plane");
+  }
+  absl::Status s =
+      plane_->Receive(connection_, worker_id_, transfer_, dst, format.type, deadline_, [&] {
+        context_->AddInitialMetadata(kDataPlaneReady, "1");
+        reader_->SendInitialMetadata();
+      });
   grpc::ByteBuffer more;
   if (s.ok() && reader_->Read(&more)) {
     return absl::InvalidArgumentError("a push over the data plane carries no data in its stream");

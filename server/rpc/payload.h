@@ -34,10 +34,10 @@ namespace ps {
 class PayloadSource {
  public:
   virtual ~PayloadSource() = default;
-  // Decodes the payload, dst.size() values of `type`, into `dst`. INVALID_ARGUMENT (naming the
+  // Decodes the payload, dst.size() values in `format`, into `dst`. INVALID_ARGUMENT (naming the
   // problem) when it is not exactly that many values or is malformed; `dst` may then hold part of
   // it. Call once.
-  virtual absl::Status ReadInto(absl::Span<float> dst, WireType type) = 0;
+  virtual absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format) = 0;
 };
 
 // The first message of a chunked tensor stream (Initialize, Push), split: its fields but the data
@@ -73,8 +73,8 @@ class StreamPayload final : public PayloadSource {
                 StreamWatchdog::Guard* guard)
       : reader_(reader), first_(std::move(first)), guard_(guard) {}
 
-  absl::Status ReadInto(absl::Span<float> dst, WireType type) override {
-    ChunkAssembler assembler(dst, type);
+  absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format) override {
+    ChunkAssembler assembler(dst, format);
     std::optional<TensorMessage> m(std::move(first_));
     grpc::ByteBuffer bytes;
     for (bool is_first = true;; is_first = false) {
@@ -121,8 +121,8 @@ class SharedPayload final : public PayloadSource {
       const TensorMessage& first, int64_t segment, uint64_t ticket, int worker_id);
   ~SharedPayload() override;
 
-  // INTERNAL if the payload is larger than the region.
-  absl::Status ReadInto(absl::Span<float> dst, WireType type) override;
+  // INVALID_ARGUMENT also if the payload is larger than the region (a compressed payload may be).
+  absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format) override;
 
  private:
   SharedPayload(std::shared_ptr<const SharedSegment> segment, uint64_t ticket)
@@ -142,8 +142,9 @@ class DataPlanePayload final : public PayloadSource {
       DataPlane* plane, grpc::ServerContext* context, grpc::ServerReader<grpc::ByteBuffer>* reader,
       const TensorMessage& first, uint64_t connection, uint64_t transfer, int worker_id,
       absl::Time deadline);
-  // DataPlane::Receive's errors; INVALID_ARGUMENT if the stream carries data after its header.
-  absl::Status ReadInto(absl::Span<float> dst, WireType type) override;
+  // DataPlane::Receive's errors; INVALID_ARGUMENT if the stream carries data after its header, or
+  // for a compressed payload (those travel over gRPC).
+  absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format) override;
 
  private:
   DataPlanePayload(DataPlane* plane, grpc::ServerContext* context,

@@ -19,8 +19,11 @@ namespace {
 
 static_assert(static_cast<int>(WireType::kFloat32) == v1::FLOAT32 &&
                   static_cast<int>(WireType::kBFloat16) == v1::BFLOAT16 &&
-                  static_cast<int>(WireType::kFloat16) == v1::FLOAT16,
-              "WireType numbers are ps.v1.DType's");
+                  static_cast<int>(WireType::kFloat16) == v1::FLOAT16 &&
+                  static_cast<int>(Compressor::kOneBit) == v1::ONEBIT &&
+                  static_cast<int>(Compressor::kTopK) == v1::TOPK &&
+                  static_cast<int>(Compressor::kInt8) == v1::INT8,
+              "WireType and Compressor numbers are ps.v1.DType's");
 
 ModelIdentity FromProto(const v1::ModelIdentity& m) {
   return ModelIdentity{m.fingerprint(), m.total_params(), m.num_shards()};
@@ -428,7 +431,7 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
   // Not needed by a shard already initialised (a restarted initialiser): the data is not read.
   if (slot->needed()) {
     StreamPayload<v1::InitializeChunk> source(reader, *std::move(data), &admission.guard());
-    if (absl::Status s = source.ReadInto(slot->values(), WireType::kFloat32); !s.ok()) {
+    if (absl::Status s = source.ReadInto(slot->values(), PayloadFormat{}); !s.ok()) {
       return ToGrpcStatus(s);
     }
   }
@@ -477,16 +480,16 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   absl::StatusOr<ParameterShard::PushSlot> slot = shard_->BeginPush(
       {h.worker_id(), h.sequence(), h.base_version(), h.offset(), h.length(), h.incarnation()});
   if (!slot.ok()) return ToGrpcStatus(slot.status());
-  absl::StatusOr<WireType> type = WireTypeOfDType(h.dtype());
-  if (!type.ok()) return ToGrpcStatus(type.status());
-  absl::Status read = source->ReadInto(slot->gradient(), *type);
+  absl::StatusOr<PayloadFormat> format = PushPayloadFormat(h.dtype(), h.topk_pairs(), h.length());
+  if (!format.ok()) return ToGrpcStatus(format.status());
+  absl::Status read = source->ReadInto(slot->gradient(), *format);
   source.reset();  // a shared region is given back: the client may reuse it now
   if (!read.ok()) {
     // A data-plane payload that did not come is the plane's failure: the client sends over gRPC.
     const bool lost = h.data_connection() != 0 && read.code() != absl::StatusCode::kInvalidArgument;
     return lost ? DataPlaneLostStatus(std::string(read.message())) : ToGrpcStatus(read);
   }
-  const int64_t payload = static_cast<int64_t>(slot->gradient().size()) * WireBytes(*type);
+  const int64_t payload = PayloadBytes(*format, static_cast<int64_t>(slot->gradient().size()));
   absl::StatusOr<PushOutcome> outcome = shard_->Commit(*std::move(slot));
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
   RecordPush(h, payload, start);
@@ -505,8 +508,9 @@ grpc::Status ShardService::OpenPushPayload(grpc::ServerContext* context,
                                            std::unique_ptr<PayloadSource>* source) {
   if (h.data_connection() != 0) {
     if (data_plane_ == nullptr) return DataPlaneLostStatus("this shard has no data plane");
-    const absl::Time deadline = std::min(
-        absl::Now() + absl::Minutes(1), absl::FromChrono(context->deadline()) - absl::Milliseconds(250));
+    const absl::Time deadline =
+        std::min(absl::Now() + absl::Minutes(1),
+                 absl::FromChrono(context->deadline()) - absl::Milliseconds(250));
     absl::StatusOr<std::unique_ptr<DataPlanePayload>> opened =
         DataPlanePayload::Open(data_plane_, context, reader, *data, h.data_connection(),
                                h.data_transfer(), h.worker_id(), deadline);
@@ -607,7 +611,8 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
         response->set_shm_pushes(shm_pushes_.load(std::memory_order_relaxed));
         response->set_data_plane_pushes(data_plane_pushes_.load(std::memory_order_relaxed));
         response->set_data_plane_pulls(data_plane_pulls_.load(std::memory_order_relaxed));
-        if (data_plane_ != nullptr) response->set_data_plane_connections(data_plane_->connections());
+        if (data_plane_ != nullptr)
+          response->set_data_plane_connections(data_plane_->connections());
         response->set_shm_pulls(shm_pulls_.load(std::memory_order_relaxed));
         response->set_shm_segments(segments_.size());
         if (checkpointer_ != nullptr) CheckpointHealthToProto(checkpointer_->health(), response);
@@ -659,10 +664,10 @@ grpc::ServerUnaryReactor* ShardService::AttachSharedMemory(grpc::CallbackServerC
                                                            grpc::ByteBuffer* response) {
   return Unary<v1::AttachSharedMemoryRequest, v1::AttachSharedMemoryResponse>(
       context, request, response, CallNeeds("AttachSharedMemory", Access::kRead),
-      AttachClaims<v1::AttachSharedMemoryRequest>,
-      [&](const auto& request, auto* response) {
+      AttachClaims<v1::AttachSharedMemoryRequest>, [&](const auto& request, auto* response) {
         const int worker = request.worker_id();
-        if (absl::Status s = CheckAttacher(worker, request.model()); !s.ok()) return ToGrpcStatus(s);
+        if (absl::Status s = CheckAttacher(worker, request.model()); !s.ok())
+          return ToGrpcStatus(s);
         if (ProcessSpaceId().empty() || request.process_space() != ProcessSpaceId()) {
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                               "the client runs on another host or in another PID namespace");
@@ -683,10 +688,10 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
                                                         grpc::ByteBuffer* response) {
   return Unary<v1::AttachDataPlaneRequest, v1::AttachDataPlaneResponse>(
       context, request, response, CallNeeds("AttachDataPlane", Access::kRead),
-      AttachClaims<v1::AttachDataPlaneRequest>,
-      [&](const auto& request, auto* response) {
+      AttachClaims<v1::AttachDataPlaneRequest>, [&](const auto& request, auto* response) {
         const int worker = request.worker_id();
-        if (absl::Status s = CheckAttacher(worker, request.model()); !s.ok()) return ToGrpcStatus(s);
+        if (absl::Status s = CheckAttacher(worker, request.model()); !s.ok())
+          return ToGrpcStatus(s);
         if (data_plane_ == nullptr) {
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                               "this shard has no data plane (ps --data_plane_port=-1, or TLS)");

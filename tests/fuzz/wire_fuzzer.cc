@@ -260,7 +260,8 @@ std::pair<int64_t, int64_t> WireFuzzer::OffsetAndLength() {
 v1::DType WireFuzzer::DType() {
   if (rng_.OneIn(2)) return v1::FLOAT32;
   return static_cast<v1::DType>(
-      rng_.Pick<int32_t>({v1::DTYPE_UNSPECIFIED, 2, 3, -1, 1000, kInt32Max, kInt32Min}));
+      rng_.Pick<int32_t>({v1::DTYPE_UNSPECIFIED, 2, 3, v1::ONEBIT, v1::TOPK, v1::INT8, -1, 1000,
+                          kInt32Max, kInt32Min}));
 }
 
 void WireFuzzer::MaybeSetModel(v1::ModelIdentity* m) {
@@ -476,28 +477,24 @@ Stream<v1::PushChunk> WireFuzzer::MakePush() {
 bool WireFuzzer::CouldApply(const std::vector<v1::PushChunk>& chunks) const {
   if (chunks.empty() || !chunks[0].has_header()) return false;
   const v1::PushHeader& h = chunks[0].header();
-  absl::StatusOr<WireType> type = WireTypeOfDType(h.dtype());
-  if (!type.ok() || h.shm_segment() != 0 || h.worker_id() < 0 ||
+  absl::StatusOr<PayloadFormat> format =
+      PushPayloadFormat(h.dtype(), h.topk_pairs(), h.length());
+  if (!format.ok() || h.shm_segment() != 0 || h.worker_id() < 0 ||
       registered_.count(h.worker_id()) == 0 || h.sequence() < 0 || h.base_version() < 0 ||
       h.base_version() > version_ || h.length() <= 0 || h.offset() < range_.begin ||
       h.offset() > range_.end - h.length()) {
     return false;
   }
   // Each failure below holds for every longer prefix too.
-  const int width = WireBytes(*type);
-  const int64_t declared_bytes = h.length() * width;
-  int64_t bytes = 0;
+  std::vector<float> values(h.length());
+  ChunkAssembler assembler(absl::MakeSpan(values), *format);
   for (size_t i = 0; i < chunks.size(); ++i) {
-    const std::string& data = chunks[i].data();
-    if ((i > 0 && chunks[i].has_header()) || data.size() % width != 0) return false;
-    std::vector<float> values(data.size() / width);
-    DecodeValues(data, *type, absl::MakeSpan(values));
-    for (float v : values) {
-      if (!std::isfinite(v)) return false;
+    if ((i > 0 && chunks[i].has_header()) || !assembler.Append(chunks[i].data()).ok()) {
+      return false;
     }
-    bytes += static_cast<int64_t>(data.size());
-    if (bytes == declared_bytes) return true;
-    if (bytes > declared_bytes) return false;
+    if (assembler.Finish().ok()) {
+      return std::all_of(values.begin(), values.end(), [](float v) { return std::isfinite(v); });
+    }
   }
   return false;
 }
