@@ -1,12 +1,15 @@
 // Training across hosts over wide-area links: S shards and W workers on emulated hosts
 // (tests/netns/virtual_hosts.h: network namespaces, --rate_gbit links, a one-way --latencies_ms
 // delay each), async against sync at each latency, and each way of sending tensors of
-// --push_dtypes (fp32 against compressed pushes, worker --compress). Per run: time to --target test accuracy (the
-// evaluator, on a host of its own, scores every second), steps/s and each step's pull / compute /
-// push, updates/s and mean staleness per shard, and the bytes each shard's link carried per second
-// against the ceiling measured on the same links in the same run (iperf3 from a worker's host to
-// a shard's). Every figure also goes to --json, which bench/scaling_model.py reads to set its
-// predictions beside them. Needs root (namespaces), iptables and netdelay (latency).
+// --push_dtypes (fp32 against compressed pushes, worker --compress). Per run: time to --target test
+// accuracy (the evaluator, on a host of its own, scores every second), steps/s and each step's pull
+// / compute / push, updates/s and mean staleness per shard, and the bytes each shard's link carried
+// per second against the ceiling measured on the same links in the same run (iperf3 from a worker's
+// host to a shard's). With several --schedules, each step's communication scheduled each way
+// (worker
+// --overlap, --prefetch), and each one's step time against the first's. Every figure also goes to
+// --json, which bench/scaling_model.py reads to set its predictions beside them. Needs root
+// (namespaces), iptables and netdelay (latency).
 //
 // With several --push_dtypes, a second table gives each one's time to the first one's final
 // accuracy minus --behind (the same seeds, steps and links) and its speed-up against the first.
@@ -45,6 +48,11 @@ ABSL_FLAG(std::vector<std::string>, modes, std::vector<std::string>({"async", "s
 ABSL_FLAG(std::vector<std::string>, push_dtypes, std::vector<std::string>({"fp32"}),
           "How tensors travel, one run each: PUSH[/PULL], PUSH a worker --push_dtype (fp32, bf16, "
           "fp16) or --compress (onebit, topk:F, int8), PULL its --pull_dtype (default fp32).");
+ABSL_FLAG(std::vector<std::string>, schedules, std::vector<std::string>({"serial"}),
+          "How each step's communication is scheduled, one run each: serial (pull, compute, "
+          "push), overlap (worker --overlap: layer by layer during compute), prefetch (worker "
+          "--prefetch: the next step's pull during this one's compute), overlap+prefetch. With "
+          "several, a table gives each one's step time against the first's.");
 ABSL_FLAG(bool, error_feedback, true, "The workers' --error_feedback with a compressor.");
 ABSL_FLAG(double, behind, 0.01,
           "With several --push_dtypes: report each one's time to the first one's final accuracy "
@@ -71,8 +79,19 @@ namespace {
 struct Run {
   double latency_ms;
   std::string mode;
-  std::string push;  // an entry of --push_dtypes
+  std::string schedule;  // an entry of --schedules
+  std::string push;      // an entry of --push_dtypes
 };
+
+// The worker section's keys for an entry of --schedules.
+absl::StatusOr<std::string> ScheduleSettings(const std::string& entry) {
+  if (entry == "serial") return R"("overlap": false, "prefetch": false)";
+  if (entry == "overlap") return R"("overlap": true, "prefetch": false)";
+  if (entry == "prefetch") return R"("overlap": false, "prefetch": true)";
+  if (entry == "overlap+prefetch") return R"("overlap": true, "prefetch": true)";
+  return absl::InvalidArgumentError("--schedules: unknown entry " + entry +
+                                    " (serial, overlap, prefetch, overlap+prefetch)");
+}
 
 // The worker section's keys for an entry of --push_dtypes ("topk:0.01/bf16"): "compress" or
 // "push_dtype", and "pull_dtype".
@@ -163,15 +182,17 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   const std::string spec = dir + "/cluster.json";
   absl::StatusOr<std::string> wire = WireSettings(run.push);
   if (!wire.ok()) return absl::FailedPreconditionError(wire.status().message());
+  absl::StatusOr<std::string> schedule = ScheduleSettings(run.schedule);
+  if (!schedule.ok()) return absl::FailedPreconditionError(schedule.status().message());
   std::ofstream(spec) << absl::StrFormat(
       R"({"hidden": "%s", "workers": %d, "shards": [%s],
   "ps": {"optimizer": "momentum", "lr": %g, "consistency": "%s"},
   "worker": {"steps": %d, "batch_size": %d, "device": "cpu", "shared_memory": false,
-             "retry_seconds": 120, "rpc_timeout_seconds": 60, %s},
+             "retry_seconds": 120, "rpc_timeout_seconds": 60, %s, %s},
   "evaluator": {"interval_seconds": %g, "shared_memory": false},
   "security": {"token_file": "%s/token"}})",
       hidden, W, shards, absl::GetFlag(FLAGS_lr), run.mode, steps, absl::GetFlag(FLAGS_batch_size),
-      *wire, absl::GetFlag(FLAGS_eval_interval_seconds), dir);
+      *wire, *schedule, absl::GetFlag(FLAGS_eval_interval_seconds), dir);
   std::vector<Subprocess> daemons;
   auto start = [&](int host, const std::string& program, const std::string& role,
                    const std::string& output_flag) -> absl::Status {
@@ -261,6 +282,7 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
       {"jitter_ms", shape.jitter_ms},
       {"loss", shape.loss},
       {"mode", run.mode},
+      {"schedule", run.schedule},
       {"push", run.push},
       {"workers", W},
       {"shards", S},
@@ -296,16 +318,27 @@ double SecondsTo(const nlohmann::json& run, double accuracy) {
   return NAN;
 }
 
-// For each latency and mode, every --push_dtypes entry's time to the first entry's final accuracy
-// minus --behind, and its speed-up against the first's time to it.
+// Whether two runs differ only in the keys named.
+bool SameBut(const nlohmann::json& a, const nlohmann::json& b,
+             std::initializer_list<const char*> keys) {
+  nlohmann::json x = a, y = b;
+  for (const char* k : keys) x.erase(k), y.erase(k);
+  for (const char* k : {"latency_ms", "mode", "schedule", "push"}) {
+    if (x.contains(k) && x[k] != y[k]) return false;
+  }
+  return true;
+}
+
+// For each latency, mode and schedule, every --push_dtypes entry's time to the first entry's
+// final accuracy minus --behind, and its speed-up against the first's time to it.
 void PrintTimesToBaseline(const nlohmann::json& runs) {
-  std::cout << absl::StrFormat("\n%-8s %-6s %-16s | %-8s %-9s | %-12s %-8s\n", "delay", "mode",
-                               "push/pull", "final", "MB/push", "to baseline", "speed-up");
+  std::cout << absl::StrFormat("\n%-8s %-6s %-16s %-16s | %-8s %-9s | %-12s %-8s\n", "delay",
+                               "mode", "schedule", "push/pull", "final", "MB/push", "to baseline",
+                               "speed-up");
   const nlohmann::json* baseline = nullptr;
   double target = NAN, baseline_s = NAN;
   for (const nlohmann::json& run : runs) {
-    if (baseline == nullptr || (*baseline)["latency_ms"] != run["latency_ms"] ||
-        (*baseline)["mode"] != run["mode"]) {
+    if (baseline == nullptr || !SameBut(*baseline, run, {"push"})) {
       baseline = &run;
       target = run["final_accuracy"].get<double>() - absl::GetFlag(FLAGS_behind);
       baseline_s = SecondsTo(run, target);
@@ -315,12 +348,34 @@ void PrintTimesToBaseline(const nlohmann::json& runs) {
     }
     const double seconds = SecondsTo(run, target);
     std::cout << absl::StrFormat(
-        "%-8s %-6s %-16s | %-8.4f %-9.3f | %-12s %-8s\n",
+        "%-8s %-6s %-16s %-16s | %-8.4f %-9.3f | %-12s %-8s\n",
         absl::StrCat(run["latency_ms"].get<double>(), " ms"), run["mode"].get<std::string>(),
-        run["push"].get<std::string>(), run["final_accuracy"].get<double>(),
-        run["push_mb"].get<double>(),
+        run["schedule"].get<std::string>(), run["push"].get<std::string>(),
+        run["final_accuracy"].get<double>(), run["push_mb"].get<double>(),
         std::isnan(seconds) ? "not reached" : absl::StrFormat("%.1f s", seconds),
         std::isnan(seconds) ? "-" : absl::StrFormat("%.2fx", baseline_s / seconds));
+  }
+}
+
+// For each latency, mode and push, every --schedules entry's step time against the first's.
+void PrintScheduleRatios(const nlohmann::json& runs) {
+  std::cout << absl::StrFormat("\n%-8s %-6s %-16s %-16s | %-8s %-8s %-8s | %-13s\n", "delay",
+                               "mode", "push/pull", "schedule", "step ms", "pull ms", "push ms",
+                               "step / first");
+  for (const nlohmann::json& run : runs) {
+    const nlohmann::json* first = nullptr;
+    for (const nlohmann::json& r : runs) {
+      if (SameBut(r, run, {"schedule"})) {
+        first = &r;
+        break;
+      }
+    }
+    std::cout << absl::StrFormat("%-8s %-6s %-16s %-16s | %-8.1f %-8.1f %-8.1f | %-13.2f\n",
+                                 absl::StrCat(run["latency_ms"].get<double>(), " ms"),
+                                 run["mode"].get<std::string>(), run["push"].get<std::string>(),
+                                 run["schedule"].get<std::string>(), run["step_ms"].get<double>(),
+                                 run["pull_ms"].get<double>(), run["push_ms"].get<double>(),
+                                 run["step_ms"].get<double>() / (*first)["step_ms"].get<double>());
   }
 }
 
@@ -337,8 +392,10 @@ int Main(int argc, char** argv) {
       return 1;
     }
     for (const std::string& mode : absl::GetFlag(FLAGS_modes)) {
-      for (const std::string& push : absl::GetFlag(FLAGS_push_dtypes)) {
-        runs.push_back({ms, mode, push});
+      for (const std::string& schedule : absl::GetFlag(FLAGS_schedules)) {
+        for (const std::string& push : absl::GetFlag(FLAGS_push_dtypes)) {
+          runs.push_back({ms, mode, schedule, push});
+        }
       }
     }
   }
@@ -353,22 +410,23 @@ int Main(int argc, char** argv) {
           : "",
       absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_steps), absl::GetFlag(FLAGS_target));
   std::cout << absl::StrFormat(
-      "%-8s %-6s %-16s | %-7s %-8s %-7s %-8s %-7s | %-9s %-6s | %-8s %-8s %-5s | %-8s %-6s\n",
-      "delay", "mode", "push/pull", "step ms", "steps/s", "pull", "compute", "push", "updates/s", "stale", "shard rx",
-      "iperf3", "ratio", "to target", "final");
+      "%-8s %-6s %-16s %-16s | %-7s %-8s %-7s %-8s %-7s | %-9s %-6s | %-8s %-8s %-5s | %-8s "
+      "%-6s\n",
+      "delay", "mode", "schedule", "push/pull", "step ms", "steps/s", "pull", "compute", "push",
+      "updates/s", "stale", "shard rx", "iperf3", "ratio", "to target", "final");
   nlohmann::json all = nlohmann::json::array();
   int failures = 0;
   for (const Run& run : runs) {
-    std::string dir = absl::StrCat(absl::GetFlag(FLAGS_run_dir), "/", run.mode, "-",
-                                   run.latency_ms, "ms-", run.push);
+    std::string dir = absl::StrCat(absl::GetFlag(FLAGS_run_dir), "/", run.mode, "-", run.latency_ms,
+                                   "ms-", run.schedule, "-", run.push);
     std::replace(dir.begin() + absl::GetFlag(FLAGS_run_dir).size(), dir.end(), '/', '-');
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     absl::StatusOr<nlohmann::json> r = RunJob(run, dir);
     if (!r.ok()) {
-      std::cout << absl::StrFormat("%-8s %-6s %-16s | failed: %s\n",
-                                   absl::StrCat(run.latency_ms, " ms"), run.mode, run.push,
-                                   r.status().message());
+      std::cout << absl::StrFormat("%-8s %-6s %-16s %-16s | failed: %s\n",
+                                   absl::StrCat(run.latency_ms, " ms"), run.mode, run.schedule,
+                                   run.push, r.status().message());
       if (r.status().code() == absl::StatusCode::kFailedPrecondition) return 1;
       ++failures;
       continue;
@@ -377,10 +435,10 @@ int Main(int argc, char** argv) {
     const double to_target =
         j["seconds_to_target"].is_null() ? NAN : j["seconds_to_target"].get<double>();
     std::cout << absl::StrFormat(
-        "%-8s %-6s %-16s | %-7.1f %-8.1f %-7.1f %-8.1f %-7.1f | %-9.1f %-6.2f | %-8.3f %-8.3f "
-        "%-5.2f | %-8s %-6.4f\n",
-        absl::StrCat(run.latency_ms, " ms"), run.mode, run.push, j["step_ms"].get<double>(),
-        1000 / j["step_ms"].get<double>(), j["pull_ms"].get<double>(),
+        "%-8s %-6s %-16s %-16s | %-7.1f %-8.1f %-7.1f %-8.1f %-7.1f | %-9.1f %-6.2f | %-8.3f "
+        "%-8.3f %-5.2f | %-8s %-6.4f\n",
+        absl::StrCat(run.latency_ms, " ms"), run.mode, run.schedule, run.push,
+        j["step_ms"].get<double>(), 1000 / j["step_ms"].get<double>(), j["pull_ms"].get<double>(),
         j["compute_ms"].get<double>(), j["push_ms"].get<double>(), j["updates_per_s"].get<double>(),
         j["staleness_mean"].get<double>(), j["shard_rx_gbs"].get<double>(),
         j["tcp_gbs"].get<double>(), j["shard_rx_gbs"].get<double>() / j["tcp_gbs"].get<double>(),
@@ -390,6 +448,7 @@ int Main(int argc, char** argv) {
     all.push_back(j);
   }
   if (absl::GetFlag(FLAGS_push_dtypes).size() > 1) PrintTimesToBaseline(all);
+  if (absl::GetFlag(FLAGS_schedules).size() > 1) PrintScheduleRatios(all);
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     std::ofstream(path) << all.dump(2) << "\n";
   }

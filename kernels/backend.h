@@ -169,12 +169,13 @@ class DeviceBuffer {
   void Download(T* host, size_t count) const {
     backend_->CopyToHost(host, data_, count * sizeof(T));
   }
-  // Queued copies: `host` must stay valid and unchanged until the backend's Synchronize().
-  void UploadAsync(const T* host, size_t count) {
-    backend_->CopyToDeviceAsync(data_, host, count * sizeof(T));
+  // Queued copies of `count` elements from the buffer's element `offset` on: `host` must stay
+  // valid and unchanged until the backend's Synchronize().
+  void UploadAsync(const T* host, size_t count, size_t offset = 0) {
+    backend_->CopyToDeviceAsync(data_ + offset, host, count * sizeof(T));
   }
-  void DownloadAsync(T* host, size_t count) const {
-    backend_->CopyToHostAsync(host, data_, count * sizeof(T));
+  void DownloadAsync(T* host, size_t count, size_t offset = 0) const {
+    backend_->CopyToHostAsync(host, data_ + offset, count * sizeof(T));
   }
 
  private:

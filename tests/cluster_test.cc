@@ -131,6 +131,13 @@ TEST(ClusterTest, TwoShardsTwoWorkersTrainOnA16BitWireOverGrpc) {
   TrainTwoShardsTwoWorkers({"--push_dtype=bf16", "--pull_dtype=fp16", "--shared_memory=false"});
 }
 
+// Workers that overlap each step's pull and push with its compute, layer by layer, and prefetch
+// the next step's weights, over the shards' data plane (as remote workers do): every step applied
+// once, and the model trains.
+TEST(ClusterTest, WorkersOverlappingCommunicationWithComputeTrain) {
+  TrainTwoShardsTwoWorkers({"--overlap", "--prefetch", "--shared_memory=false"});
+}
+
 // Weights beyond float16's range are pulled as its largest, not as infinities, and the shard
 // says so once.
 TEST(ClusterTest, Float16PullsSaturateLargeWeightsAndTheShardSaysSo) {

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <numeric>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,7 @@
 #include "tests/run_dir.h"
 #include "worker/idx_dataset.h"
 #include "worker/network.h"
+#include "worker/overlapped_step.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -34,8 +36,10 @@ std::vector<v1::StatsResponse> AllStats(LocalCluster& cluster, int shards) {
 }
 
 // Trains `steps` synchronous steps with one client thread per batch slice and returns the
-// final weights. Thread w at step s uses examples [(s*W + w)*B, (s*W + w + 1)*B).
-std::vector<float> TrainSync(int workers, int batch, int steps, const Examples& data) {
+// final weights. Thread w at step s uses examples [(s*W + w)*B, (s*W + w + 1)*B). With `overlap`,
+// each step's pull and push overlap its compute layer by layer (worker/overlapped_step.h).
+std::vector<float> TrainSync(int workers, int batch, int steps, const Examples& data,
+                             bool overlap = false) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());
   std::vector<int> sizes = {784, 32, 10};
   EXPECT_TRUE(cluster
@@ -56,16 +60,27 @@ std::vector<float> TrainSync(int workers, int batch, int steps, const Examples& 
     threads.emplace_back([&, w] {
       std::unique_ptr<Backend> backend = MakeCpuBackend(1);
       Network mlp(MlpNetwork(sizes), batch, backend.get());
+      mlp.SetTrainingSet(data.features.data(), data.labels.data(), data.count);
       ShardedClient client(addresses, model, w);
       ASSERT_TRUE(client.Register().ok());
       std::vector<float> params(mlp.num_params()), grad(mlp.num_params());
+      std::vector<int32_t> indices(batch);
       for (int s = 0; s < steps; ++s) {
+        int64_t first = (static_cast<int64_t>(s) * workers + w) * batch;
+        std::iota(indices.begin(), indices.end(), static_cast<int32_t>(first));
+        if (overlap) {
+          OverlappedStep step(&client, client.StartPull(absl::MakeSpan(params)), grad);
+          ASSERT_TRUE(mlp.GradientOfExamples(absl::MakeSpan(params), indices.data(), batch,
+                                             absl::MakeSpan(grad), step.Hooks())
+                          .ok());
+          EXPECT_EQ(step.versions().version[0], s);
+          ASSERT_TRUE(step.TakePush().Wait().ok());
+          continue;
+        }
         absl::StatusOr<ShardedClient::Versions> versions = client.Pull(absl::MakeSpan(params));
         ASSERT_TRUE(versions.ok());
         EXPECT_EQ(versions->version[0], s);  // the barrier: every worker computes from version s
-        int64_t first = (static_cast<int64_t>(s) * workers + w) * batch;
-        mlp.Gradient(params, data.features.data() + first * 784, data.labels.data() + first, batch,
-                     absl::MakeSpan(grad));
+        mlp.GradientOfExamples(params, indices.data(), batch, absl::MakeSpan(grad));
         ASSERT_TRUE(client.Push(grad).ok());
       }
     });
@@ -85,13 +100,15 @@ std::vector<float> TrainSync(int workers, int batch, int steps, const Examples& 
   return params;
 }
 
-TEST(SyncIdentityTest, FourWorkersOfBatchBEqualOneWorkerOfBatch4B) {
+// 4 workers of batch B against one of batch 4B; `overlap`: the 4 overlap each step's
+// communication with its compute.
+void ExpectSyncIdentity(bool overlap) {
   const int kBatch = 16, kSteps = 6;
   Range first{0, 4 * kBatch * kSteps};
   absl::StatusOr<Examples> data =
       LoadFashionMnist("/usr/share/datasets/fashion-mnist", "train", &first);
   ASSERT_TRUE(data.ok()) << data.status();
-  std::vector<float> four = TrainSync(4, kBatch, kSteps, *data);
+  std::vector<float> four = TrainSync(4, kBatch, kSteps, *data, overlap);
   std::vector<float> one = TrainSync(1, 4 * kBatch, kSteps, *data);
   double diff = 0, norm = 0, moved = 0;
   std::unique_ptr<Backend> backend = MakeCpuBackend(1);
@@ -105,6 +122,12 @@ TEST(SyncIdentityTest, FourWorkersOfBatchBEqualOneWorkerOfBatch4B) {
   EXPECT_GT(std::sqrt(moved / norm), 1e-3) << "training should have moved the weights";
   EXPECT_LE(std::sqrt(diff / norm), 1e-5);
   std::cout << "relative difference |w4 - w1| / |w1| = " << std::sqrt(diff / norm) << "\n";
+}
+
+TEST(SyncIdentityTest, FourWorkersOfBatchBEqualOneWorkerOfBatch4B) { ExpectSyncIdentity(false); }
+
+TEST(SyncIdentityTest, SoDoFourWorkersOverlappingCommunicationWithCompute) {
+  ExpectSyncIdentity(true);
 }
 
 const char kMlp32[] = "mlp:784-32-10";  // the model StartWorkers' workers train

@@ -273,6 +273,64 @@ TEST_P(NetworkOnBackendTest, GradientOfExamplesGathersTheSameBatch) {
             loss);
 }
 
+// Layer by layer (Network::LayerHooks), a CNN's step asks for its weights as prefixes in layer
+// order and hands its gradient over as suffixes, last layer first, each final when announced; the
+// loss and gradient are exactly the recorded step's. A hook's error ends the step with it.
+TEST_P(NetworkOnBackendTest, AStepLayerByLayerAnnouncesFinalSuffixesAndMatchesTheWholeStep) {
+  const int rows = 3, count = 5;
+  Network cnn(*ParseNetworkSpec("cnn:1x6x6-conv2k3s1p1-pool2-fc4-3"), rows, backend());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> features(count * 36);
+  for (float& x : features) x = normal(rng);
+  std::vector<int32_t> labels = {0, 1, 2, 1, 0}, indices = {4, 1, 2};
+  cnn.SetTrainingSet(features.data(), labels.data(), count);
+  const int64_t n = cnn.num_params();
+  HostBuffer<float> params(backend(), n), whole(backend(), n), layered(backend(), n);
+  std::vector<float> initial = cnn.InitialParams(4);
+  std::copy(initial.begin(), initial.end(), params.data());
+  const float loss = cnn.GradientOfExamples(params.span(), indices.data(), rows, whole.span());
+
+  std::vector<int64_t> ends, begins;
+  std::fill(layered.data(), layered.data() + n, NAN);
+  Network::LayerHooks hooks{.weights_needed =
+                                [&](int64_t end) {
+                                  ends.push_back(end);
+                                  return absl::OkStatus();
+                                },
+                            .gradient_final =
+                                [&](int64_t begin) {
+                                  begins.push_back(begin);
+                                  for (int64_t i = begin; i < n; ++i) {
+                                    EXPECT_EQ(layered.data()[i], whole.data()[i]) << i;
+                                  }
+                                  return absl::OkStatus();
+                                }};
+  absl::StatusOr<float> layered_loss =
+      cnn.GradientOfExamples(params.span(), indices.data(), rows, layered.span(), hooks);
+  ASSERT_TRUE(layered_loss.ok()) << layered_loss.status();
+  EXPECT_EQ(*layered_loss, loss);
+  // Tensors: conv weight, bias; fc4 weight, bias; output weight, bias (pooling has none).
+  const std::vector<TensorSlot>& t = cnn.tensors();
+  ASSERT_EQ(t.size(), 6u);
+  EXPECT_EQ(ends, (std::vector<int64_t>{t[2].offset, t[4].offset, n}));
+  EXPECT_EQ(begins, (std::vector<int64_t>{t[4].offset, t[2].offset, 0}));
+  EXPECT_EQ(std::vector<float>(whole.data(), whole.data() + n),
+            std::vector<float>(layered.data(), layered.data() + n));
+
+  // A hook that fails: the step ends with its error, and the network still works afterwards.
+  hooks.gradient_final = [](int64_t) { return absl::UnavailableError("shard 1 is gone"); };
+  EXPECT_EQ(
+      cnn.GradientOfExamples(params.span(), indices.data(), rows, layered.span(), hooks).status(),
+      absl::UnavailableError("shard 1 is gone"));
+  hooks.weights_needed = [](int64_t) { return absl::CancelledError("stopping"); };
+  EXPECT_EQ(cnn.GradientOfExamples(params.span(), indices.data(), rows, layered.span(), hooks)
+                .status()
+                .code(),
+            absl::StatusCode::kCancelled);
+  EXPECT_EQ(cnn.GradientOfExamples(params.span(), indices.data(), rows, layered.span()), loss);
+}
+
 // The CUDA backend's gradient of the demo's model against the CPU's, on the same random batch:
 // relative L2 error per GEMM math mode, printed (gpu_run.sh records them). FP32 is held to 1e-4;
 // TF32 (10-bit mantissa) and BF16 (8-bit) inputs round, so their bounds are looser.

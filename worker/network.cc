@@ -78,7 +78,13 @@ Backend::ConvShape Network::ConvShapeOf(int l, int rows) const {
           .pad = layer.pad};
 }
 
-void Network::QueueForward(int rows, bool want_grad) {
+std::pair<int64_t, int64_t> Network::ParamsOf(int l) const {
+  const TensorSlot& bias = tensors_[slot_of_[l] + 1];
+  return {tensors_[slot_of_[l]].offset, bias.offset + bias.size};
+}
+
+absl::Status Network::QueueForward(int rows, bool want_grad, const LayerHooks* hooks,
+                                   absl::Span<const float> params) {
   for (int l = 0; l < static_cast<int>(spec_.layers.size()); ++l) {
     const LayerSpec& layer = spec_.layers[l];
     const float* x = Input(l);
@@ -87,6 +93,11 @@ void Network::QueueForward(int rows, bool want_grad) {
       backend_->MaxPool(x, rows, layer.in_height, layer.in_width, layer.in_channels, layer.size, y,
                         argmax_[l].data());
       continue;
+    }
+    if (hooks != nullptr) {
+      const auto [begin, end] = ParamsOf(l);
+      if (absl::Status s = hooks->weights_needed(end); !s.ok()) return s;
+      params_.UploadAsync(params.data() + begin, end - begin, begin);
     }
     const float* w = params_.data() + tensors_[slot_of_[l]].offset;
     const float* b = params_.data() + tensors_[slot_of_[l] + 1].offset;
@@ -105,9 +116,10 @@ void Network::QueueForward(int rows, bool want_grad) {
   }
   backend_->SoftmaxCrossEntropy(activations_.back().data(), labels_.data(), rows, num_classes(),
                                 want_grad ? delta_a_.data() : nullptr, loss_.data());
+  return absl::OkStatus();
 }
 
-void Network::QueueBackward(int rows) {
+absl::Status Network::QueueBackward(int rows, const LayerHooks* hooks, absl::Span<float> grad) {
   // delta holds d(loss)/d(layer l's output, before its ReLU), [rows, out_size].
   float* delta = delta_a_.data();
   float* spare = delta_b_.data();
@@ -141,6 +153,12 @@ void Network::QueueBackward(int rows) {
         backend_->ColumnSum(delta, rows, layer.size, db);
         if (l > 0) backend_->Gemm(false, true, rows, in, layer.size, 1.0f, delta, w, 0.0f, spare);
       }
+      if (hooks != nullptr) {  // the layer's gradient is done: hand it over, then go on
+        const auto [begin, end] = ParamsOf(l);
+        grad_.DownloadAsync(grad.data() + begin, end - begin, begin);
+        backend_->Synchronize();
+        if (absl::Status s = hooks->gradient_final(begin); !s.ok()) return s;
+      }
     }
     if (l > 0) {
       if (spec_.layers[l - 1].relu) {
@@ -149,6 +167,7 @@ void Network::QueueBackward(int rows) {
       std::swap(delta, spare);
     }
   }
+  return absl::OkStatus();
 }
 
 Backend::LossSummary Network::Finish(int64_t first_row) {
@@ -167,7 +186,7 @@ float Network::Gradient(absl::Span<const float> params, const float* inputs, con
                         int rows, absl::Span<float> grad) {
   inputs_.UploadAsync(inputs, static_cast<size_t>(rows) * spec_.input_size());
   labels_.UploadAsync(labels, rows);
-  return GradientOfLoadedBatch(params, rows, grad);
+  return *GradientOfLoadedBatch(params, rows, grad);  // fails only through hooks
 }
 
 void Network::SetTrainingSet(const float* features, const int32_t* labels, int64_t count) {
@@ -177,25 +196,46 @@ void Network::SetTrainingSet(const float* features, const int32_t* labels, int64
   train_labels_.Upload(labels, count);
 }
 
-float Network::GradientOfExamples(absl::Span<const float> params, const int32_t* indices, int rows,
-                                  absl::Span<float> grad) {
+void Network::LoadExamples(const int32_t* indices, int rows) {
   std::copy(indices, indices + rows, index_staging_.data());  // the previous step's copy is done
   batch_index_.UploadAsync(index_staging_.data(), rows);
   backend_->GatherRows(train_features_.data(), batch_index_.data(), rows,
                        spec_.input_size() * sizeof(float), inputs_.data());
   backend_->GatherRows(train_labels_.data(), batch_index_.data(), rows, sizeof(int32_t),
                        labels_.data());
-  return GradientOfLoadedBatch(params, rows, grad);
 }
 
-float Network::GradientOfLoadedBatch(absl::Span<const float> params, int rows,
-                                     absl::Span<float> grad) {
-  params_.UploadAsync(params.data(), num_params_);
-  backend_->RunRecorded(&step_recordings_[rows], [&] {
-    QueueForward(rows, /*want_grad=*/true);
-    QueueBackward(rows);
-  });
-  grad_.DownloadAsync(grad.data(), num_params_);
+float Network::GradientOfExamples(absl::Span<const float> params, const int32_t* indices, int rows,
+                                  absl::Span<float> grad) {
+  LoadExamples(indices, rows);
+  return *GradientOfLoadedBatch(params, rows, grad);  // fails only through hooks
+}
+
+absl::StatusOr<float> Network::GradientOfExamples(absl::Span<const float> params,
+                                                  const int32_t* indices, int rows,
+                                                  absl::Span<float> grad, const LayerHooks& hooks) {
+  LoadExamples(indices, rows);
+  return GradientOfLoadedBatch(params, rows, grad, &hooks);
+}
+
+absl::StatusOr<float> Network::GradientOfLoadedBatch(absl::Span<const float> params, int rows,
+                                                     absl::Span<float> grad,
+                                                     const LayerHooks* hooks) {
+  if (hooks != nullptr) {
+    absl::Status s = QueueForward(rows, /*want_grad=*/true, hooks, params);
+    if (s.ok()) s = QueueBackward(rows, hooks, grad);
+    if (!s.ok()) {
+      backend_->Synchronize();  // nothing queued may outlive the step
+      return s;
+    }
+  } else {
+    params_.UploadAsync(params.data(), num_params_);
+    backend_->RunRecorded(&step_recordings_[rows], [&] {
+      QueueForward(rows, /*want_grad=*/true).IgnoreError();  // no hooks: never fails
+      QueueBackward(rows).IgnoreError();
+    });
+    grad_.DownloadAsync(grad.data(), num_params_);
+  }
   return static_cast<float>(Finish().loss_sum / rows);
 }
 
@@ -210,7 +250,7 @@ Network::Score Network::Evaluate(absl::Span<const float> params, const float* in
     inputs_.UploadAsync(inputs + scored * spec_.input_size(),
                         static_cast<size_t>(n) * spec_.input_size());
     labels_.UploadAsync(labels + scored, n);
-    QueueForward(n, /*want_grad=*/false);
+    QueueForward(n, /*want_grad=*/false).IgnoreError();  // no hooks: never fails
     Backend::LossSummary summary = Finish(scored);
     loss_sum += summary.loss_sum;
     correct_sum += summary.hits;

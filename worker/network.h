@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/network_spec.h"
@@ -56,6 +57,27 @@ class Network {
   float GradientOfExamples(absl::Span<const float> params, const int32_t* indices, int rows,
                            absl::Span<float> grad);
 
+  // What a step computed layer by layer tells its caller, so that communication overlaps it
+  // (worker/overlapped_step.h): the forward pass asks for each layer's weights only as it reaches
+  // that layer, and the backward pass hands each layer's gradient over as soon as it is final,
+  // last layer first. The parameters' layout (tensors()) is in layer order, so both are prefixes
+  // and suffixes of the flat vector.
+  struct LayerHooks {
+    // Before a layer's forward pass: returns once params[0, end) hold the step's weights. An
+    // error ends the step with it.
+    std::function<absl::Status(int64_t end)> weights_needed = nullptr;
+    // After a layer's backward pass: grad[begin, num_params()) is final. An error ends the step.
+    std::function<absl::Status(int64_t begin)> gradient_final = nullptr;
+  };
+  // As GradientOfExamples, computed layer by layer around `hooks` (each layer's weights go to the
+  // backend as they are ready, and its gradient comes back as soon as it is done, one Synchronize
+  // per layer instead of one per step: on CUDA, no recorded graph). The loss and gradient are the
+  // same as GradientOfExamples'. Fails with the first error a hook returned; the backend is idle
+  // again then.
+  absl::StatusOr<float> GradientOfExamples(absl::Span<const float> params, const int32_t* indices,
+                                           int rows, absl::Span<float> grad,
+                                           const LayerHooks& hooks);
+
   // Loss and correct predictions over a dataset, in batches of max_batch. If `stop` is given and
   // returns true before a batch, scoring ends there: `rows` says how many examples were scored.
   struct Score {
@@ -69,11 +91,22 @@ class Network {
  private:
   // Queues the forward pass on `rows` rows already in inputs_ and labels_, its loss summary into
   // loss_ and, if want_grad, d(loss)/d(logits) into the delta buffer QueueBackward starts from.
-  void QueueForward(int rows, bool want_grad);
-  // Queues the backward pass after QueueForward(rows, true): the gradient into grad_.
-  void QueueBackward(int rows);
-  // Gradient of the batch already queued into inputs_ and labels_.
-  float GradientOfLoadedBatch(absl::Span<const float> params, int rows, absl::Span<float> grad);
+  // With `hooks` (LayerHooks), each layer's weights are uploaded from `params` once
+  // weights_needed returned.
+  absl::Status QueueForward(int rows, bool want_grad, const LayerHooks* hooks = nullptr,
+                            absl::Span<const float> params = {});
+  // Queues the backward pass after QueueForward(rows, true): the gradient into grad_. With `hooks`
+  // and `grad`, each layer's gradient is downloaded into `grad` and waited for, then announced.
+  absl::Status QueueBackward(int rows, const LayerHooks* hooks = nullptr,
+                             absl::Span<float> grad = {});
+  // Queues the gather of the training-set rows `indices` into inputs_ and labels_.
+  void LoadExamples(const int32_t* indices, int rows);
+  // Gradient of the batch already queued into inputs_ and labels_; layer by layer with `hooks`.
+  absl::StatusOr<float> GradientOfLoadedBatch(absl::Span<const float> params, int rows,
+                                              absl::Span<float> grad,
+                                              const LayerHooks* hooks = nullptr);
+  // The flat range [begin, end) of layer l's weight and bias. REQUIRES: slot_of_[l] >= 0.
+  std::pair<int64_t, int64_t> ParamsOf(int l) const;
   // Downloads the loss summary, waits for everything queued, and returns the summary; aborts
   // naming the row (first_row + the batch's row) when a label was out of range.
   Backend::LossSummary Finish(int64_t first_row = 0);

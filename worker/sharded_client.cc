@@ -162,6 +162,7 @@ class ShardedClient::Call {
         on_end_(std::move(on_end)),
         held_(shards),
         results_(shards),
+        reported_(shards, 0),
         pending_(shards) {}
   void Hold(int shard, std::function<void()> start) {
     absl::MutexLock lock(&mu_);
@@ -202,6 +203,7 @@ class ShardedClient::Call {
   void Done(int shard, absl::Status status) {
     absl::MutexLock lock(&mu_);
     results_[shard] = std::move(status);
+    reported_[shard] = 1;
     if (pending_ == 1 && on_end_) {
       mu_.Unlock();
       on_end_();
@@ -215,6 +217,16 @@ class ShardedClient::Call {
     return mu_.AwaitWithTimeout(absl::Condition(
                                     +[](int* pending) { return *pending == 0; }, &pending_),
                                 timeout);
+  }
+  // Waits for shard `shard` to report; what it reported.
+  absl::Status WaitFor(int shard) {
+    if (shard < 0 || shard >= shards_) {
+      return absl::InvalidArgumentError(absl::StrCat("no shard ", shard, " in this call"));
+    }
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](char* reported) { return *reported != 0; }, &reported_[shard]));
+    return results_[shard];
   }
   // Waits for every shard; the first failure, by shard.
   absl::Status Wait() {
@@ -233,11 +245,13 @@ class ShardedClient::Call {
   absl::Mutex mu_;
   std::vector<std::function<void()>> held_ ABSL_GUARDED_BY(mu_);  // by shard: null once started
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
+  std::vector<char> reported_ ABSL_GUARDED_BY(mu_);  // by shard: whether results_ holds its report
   int pending_ ABSL_GUARDED_BY(mu_);
 };
 
 absl::Status ShardedClient::Await(Call& call) { return call.Wait(); }
 bool ShardedClient::Ended(Call& call, absl::Duration timeout) { return call.Ended(timeout); }
+absl::Status ShardedClient::AwaitPart(Call& call, int shard) { return call.WaitFor(shard); }
 void ShardedClient::SendPart(Call& call, int shard) { call.Send(shard); }
 void ShardedClient::SendRest(Call& call) { call.SendAll(); }
 void ShardedClient::Abandon(Call& call) {

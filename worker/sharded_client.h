@@ -150,10 +150,17 @@ class ShardedClient {
     void SendAll() {
       if (call_ != nullptr) SendRest(*call_);
     }
-    // Whether the call has ended, waiting up to `timeout` for it (Wait then returns at once).
-    bool Done(absl::Duration timeout) const {
-      return call_ == nullptr || Ended(*call_, timeout);
+    // Waits for shard `shard`'s part of the call and returns how it ended (a pull's part is in the
+    // caller's buffer once this is OK), while the others may go on; Wait still gives the result.
+    // A held part is sent first. FAILED_PRECONDITION after Wait; INVALID_ARGUMENT for a shard
+    // the client does not have.
+    absl::Status WaitPart(int shard) {
+      if (call_ == nullptr) return absl::FailedPreconditionError("no call to wait for");
+      SendPart(*call_, shard);
+      return AwaitPart(*call_, shard);
     }
+    // Whether the call has ended, waiting up to `timeout` for it (Wait then returns at once).
+    bool Done(absl::Duration timeout) const { return call_ == nullptr || Ended(*call_, timeout); }
     absl::StatusOr<T> Wait() {
       if (call_ == nullptr) return absl::FailedPreconditionError("no call to wait for");
       std::shared_ptr<Call> call = std::move(call_);
@@ -228,8 +235,8 @@ class ShardedClient {
   // sequence and base now and sends each part at Pending::Send (see Pending).
   static constexpr int64_t kNextSequence = -1;
   enum class Parts { kAllNow, kHeld };
-  Pending<PushSummary> StartPush(absl::Span<const float> gradient,
-                                 int64_t sequence = kNextSequence, Parts parts = Parts::kAllNow);
+  Pending<PushSummary> StartPush(absl::Span<const float> gradient, int64_t sequence = kNextSequence,
+                                 Parts parts = Parts::kAllNow);
   absl::StatusOr<PushSummary> Push(absl::Span<const float> gradient,
                                    int64_t sequence = kNextSequence) {
     return StartPush(gradient, sequence).Wait();
@@ -265,6 +272,7 @@ class ShardedClient {
  private:
   static absl::Status Await(Call& call);
   static bool Ended(Call& call, absl::Duration timeout);
+  static absl::Status AwaitPart(Call& call, int shard);
   static void SendPart(Call& call, int shard);
   static void SendRest(Call& call);
   static void Abandon(Call& call);

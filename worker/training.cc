@@ -24,6 +24,7 @@
 #include "worker/idx_dataset.h"
 #include "worker/local_model.h"
 #include "worker/network.h"
+#include "worker/overlapped_step.h"
 #include "worker/sharded_client.h"
 #include "worker/worker_session.h"
 
@@ -111,9 +112,9 @@ struct Run {
   bool More(int64_t step) const {
     return (steps == 0 || step < steps) && !ShutdownRequested() && absl::Now() < time_limit;
   }
-  // The straggler injection after a compute that began at `compute_start`; false if stopped.
-  bool SlowDown(absl::Time compute_start) const {
-    return !(slowdown > 1 && WaitForShutdown((slowdown - 1) * (absl::Now() - compute_start)));
+  // The straggler injection after a compute that took `compute`; false if stopped.
+  bool SlowDown(absl::Duration compute) const {
+    return !(slowdown > 1 && WaitForShutdown((slowdown - 1) * compute));
   }
   // Notes what a push's shards said.
   void Pushed(int64_t step, const ShardedClient::PushSummary& push) {
@@ -144,9 +145,10 @@ struct Run {
 };
 
 // async, sync, ssp: each step pulls the weights, computes a minibatch's gradient and pushes it.
-// With `prefetch`, the next step's pull is in flight while this step computes. Returns the step
+// With `prefetch`, the next step's pull is in flight while this step computes; with `overlap`,
+// the step's own pull and push are, layer by layer (worker/overlapped_step.h). Returns the step
 // it stopped at.
-absl::StatusOr<int64_t> TrainOnGradients(Run& run, int64_t step, bool prefetch) {
+absl::StatusOr<int64_t> TrainOnGradients(Run& run, int64_t step, bool prefetch, bool overlap) {
   const int64_t n = run.net.num_params();
   // Two weight buffers: with prefetch, one is filled for the next step while the other is used.
   HostBuffer<float> params_a(run.backend, n), params_b(run.backend, n), grad(run.backend, n);
@@ -160,44 +162,79 @@ absl::StatusOr<int64_t> TrainOnGradients(Run& run, int64_t step, bool prefetch) 
     prefetched = {};
     return status;
   };
+  auto failed = [&](absl::string_view call, const absl::Status& s) {
+    return fail(
+        absl::UnavailableError(absl::StrCat(call, " failed at step ", step, ": ", s.message())));
+  };
+  auto start_prefetch = [&] {
+    if (prefetch && (run.steps == 0 || step + 1 < run.steps)) {
+      prefetched = run.client.StartPull(next_params->span(), /*prefetch=*/true);
+    }
+  };
+  auto push_delay = [&] {
+    return run.push_delay.enabled() && WaitForShutdown(run.push_delay.Next())
+               ? absl::CancelledError("stopping")
+               : absl::OkStatus();
+  };
   std::vector<int32_t> indices;
   for (; run.More(step); ++step) {
     if (run.pull_delay.enabled() && WaitForShutdown(run.pull_delay.Next())) break;
     const absl::Time pull_start = absl::Now();
-    absl::StatusOr<ShardedClient::Versions> versions =
-        prefetched.valid() ? prefetched.Wait() : run.client.Pull(params->span());
-    const absl::Duration pull_time = absl::Now() - pull_start;
-    run.metrics.Observe(StepMetrics::kPull, pull_time);
-    if (!versions.ok()) {
-      if (ShutdownRequested()) break;
-      return fail(absl::UnavailableError(
-          absl::StrCat("pull failed at step ", step, ": ", versions.status().message())));
-    }
-    if (prefetch && (run.steps == 0 || step + 1 < run.steps)) {
-      prefetched = run.client.StartPull(next_params->span(), /*prefetch=*/true);
-    }
+    ShardedClient::Pending<ShardedClient::Versions> pull =
+        prefetched.valid() ? std::move(prefetched) : run.client.StartPull(params->span());
     run.sampler.Indices(step, &indices);
-    const absl::Time compute_start = absl::Now();
-    float loss = run.net.GradientOfExamples(params->span(), indices.data(), run.batch, grad.span());
-    const absl::Duration compute_time = absl::Now() - compute_start;
+    ShardedClient::Versions versions;
+    ShardedClient::Pending<ShardedClient::PushSummary> push;
+    absl::Duration pull_time, compute_time;
+    float loss = 0;
+    if (overlap) {  // the pull's parts feed the forward pass, and backward starts the push's
+      OverlappedStep exchange(&run.client, std::move(pull), grad.span(),
+                              {.pulled = start_prefetch, .before_push = push_delay});
+      absl::StatusOr<float> computed = run.net.GradientOfExamples(
+          params->span(), indices.data(), run.batch, grad.span(), exchange.Hooks());
+      if (!computed.ok()) {
+        if (ShutdownRequested()) break;
+        return failed(exchange.failed_call(), computed.status());
+      }
+      loss = *computed;
+      pull_time = exchange.pull_wait();
+      compute_time = absl::Now() - pull_start - pull_time;
+      versions = exchange.versions();
+      push = exchange.TakePush();
+    } else {
+      absl::StatusOr<ShardedClient::Versions> pulled = pull.Wait();
+      pull_time = absl::Now() - pull_start;
+      if (!pulled.ok()) {
+        if (ShutdownRequested()) break;
+        return failed("pull", pulled.status());
+      }
+      versions = *std::move(pulled);
+      start_prefetch();
+      const absl::Time compute_start = absl::Now();
+      loss = run.net.GradientOfExamples(params->span(), indices.data(), run.batch, grad.span());
+      compute_time = absl::Now() - compute_start;
+    }
+    run.metrics.Observe(StepMetrics::kPull, pull_time);
     run.metrics.Observe(StepMetrics::kCompute, compute_time);
     if (!std::isfinite(loss)) {
       return fail(absl::InternalError(absl::StrCat("training diverged: loss is ", loss, " at step ",
                                                    step, " (lower the learning rate)")));
     }
-    if (!run.SlowDown(compute_start)) break;
-    if (run.push_delay.enabled() && WaitForShutdown(run.push_delay.Next())) break;
+    if (!run.SlowDown(compute_time)) break;
+    if (!push.valid()) {
+      if (!push_delay().ok()) break;
+      push = run.client.StartPush(grad.span());
+    }
     const absl::Time push_start = absl::Now();
-    absl::StatusOr<ShardedClient::PushSummary> push = run.client.Push(grad.span());
-    if (!push.ok()) {
+    absl::StatusOr<ShardedClient::PushSummary> pushed = push.Wait();
+    if (!pushed.ok()) {
       if (ShutdownRequested()) break;
-      return fail(absl::UnavailableError(
-          absl::StrCat("push failed at step ", step, ": ", push.status().message())));
+      return failed("push", pushed.status());
     }
     const absl::Duration push_time = absl::Now() - push_start;
     run.metrics.Observe(StepMetrics::kPush, push_time);
-    run.Pushed(step, *push);
-    run.Record(step, loss, versions->Min(), *push, pull_time, compute_time, push_time);
+    run.Pushed(step, *pushed);
+    run.Record(step, loss, versions.Min(), *pushed, pull_time, compute_time, push_time);
     if (prefetched.valid()) std::swap(params, next_params);
   }
   prefetched = {};  // waits for a pull in flight: it writes into buffers that die with this scope
@@ -277,7 +314,7 @@ absl::StatusOr<int64_t> TrainLocalModel(Run& run, int64_t step, const Consistenc
       return absl::InternalError(absl::StrCat("training diverged: loss is ", loss, " at step ",
                                               step, " (lower --local_lr)"));
     }
-    if (!run.SlowDown(compute_start)) break;
+    if (!run.SlowDown(compute_time)) break;
     if (!easgd && ((step + 1) % spec.period == 0 || step + 1 == run.steps)) {
       model.Change(vec.span());
       if (absl::Status s = push_to_shards(vec.span()); !s.ok()) {
@@ -331,9 +368,11 @@ absl::Status Train(const TrainingOptions& options, ClientStart& start) {
     return absl::FailedPreconditionError("the shards run " +
                                          std::string(consistency.status().message()));
   }
-  if (options.prefetch && consistency->local_models()) {  // a local model pulls every few steps
-    return absl::InvalidArgumentError("--prefetch needs async, ssp:S or sync shards; these run " +
-                                      client.consistency());
+  if ((options.prefetch || options.overlap) && consistency->local_models()) {
+    // A local model pulls every few steps, and pushes no gradient.
+    return absl::InvalidArgumentError(absl::StrCat(options.prefetch ? "--prefetch" : "--overlap",
+                                                   " needs async, ssp:S or sync shards; these run ",
+                                                   client.consistency()));
   }
   // The time limit ends the run even in the middle of a wait on a shard.
   const absl::Time start_time = absl::Now();
@@ -377,9 +416,10 @@ absl::Status Train(const TrainingOptions& options, ClientStart& start) {
           *csv,          pull_delay, push_delay, options.slowdown, batch,
           options.steps, start_time, time_limit, first_step};
   absl::StatusOr<int64_t> stopped =
-      consistency->local_models() ? TrainLocalModel(run, first_step, *consistency, options.local_lr,
-                                                    options.local_momentum, options.local_cosine)
-                                  : TrainOnGradients(run, first_step, options.prefetch);
+      consistency->local_models()
+          ? TrainLocalModel(run, first_step, *consistency, options.local_lr, options.local_momentum,
+                            options.local_cosine)
+          : TrainOnGradients(run, first_step, options.prefetch, options.overlap);
   if (!stopped.ok()) return stopped.status();
   PS_LOG(INFO) << "done at step " << *stopped << " after "
                << absl::ToDoubleSeconds(absl::Now() - start_time) << " s; " << run.duplicate_pushes

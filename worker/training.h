@@ -34,6 +34,7 @@ struct TrainingOptions {
   double slowdown = 1;           // straggler injection: compute takes this many times longer
   Delay pull_delay, push_delay;  // before each pull and push
   bool prefetch = false;         // pull the next step's weights while computing (not easgd, local)
+  bool overlap = false;          // communicate layer by layer during compute (not easgd, local)
   // easgd, local: the worker's own model's SGD: rate, momentum, cosine schedule over `steps`.
   float local_lr = 0.01f;
   float local_momentum = 0.9f;

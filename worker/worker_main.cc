@@ -43,6 +43,12 @@ ABSL_FLAG(bool, prefetch, false,
           "Pull the next step's weights while computing this one (overlaps communication "
           "with compute). async/ssp: the gradient is one step staler; sync: the shard holds "
           "the pull until the round closes (no staleness, one round trip less).");
+ABSL_FLAG(bool, overlap, false,
+          "Overlap each step's communication with its compute, layer by layer: the forward pass "
+          "starts on the first shards' weights while the others arrive, and each shard's part of "
+          "the gradient is pushed as soon as backward has finished it (last layer first). Same "
+          "updates and staleness as without; with --prefetch too, the next step's pull overlaps "
+          "the backward pass and the push.");
 ABSL_FLAG(double, local_lr, 0.01,
           "easgd, local: learning rate of the worker's own model (SGD with --local_momentum).");
 ABSL_FLAG(double, local_momentum, 0.9, "easgd, local: momentum of the worker's own model.");
@@ -110,8 +116,7 @@ absl::StatusOr<TrainingOptions> OptionsFromFlags() {
   o.push_type = *push_type;
   absl::StatusOr<Compression> compression = ParseCompression(absl::GetFlag(FLAGS_compress));
   if (!compression.ok()) {
-    return absl::InvalidArgumentError("--compress: " +
-                                      std::string(compression.status().message()));
+    return absl::InvalidArgumentError("--compress: " + std::string(compression.status().message()));
   }
   if (compression->compressor != Compressor::kNone && o.push_type != WireType::kFloat32) {
     return absl::InvalidArgumentError(
@@ -120,6 +125,7 @@ absl::StatusOr<TrainingOptions> OptionsFromFlags() {
   o.compression = *compression;
   o.error_feedback = absl::GetFlag(FLAGS_error_feedback);
   o.prefetch = absl::GetFlag(FLAGS_prefetch);
+  o.overlap = absl::GetFlag(FLAGS_overlap);
   if (const double max_seconds = absl::GetFlag(FLAGS_max_seconds); max_seconds > 0) {
     o.time_limit = absl::Seconds(max_seconds);
   }

@@ -1,0 +1,73 @@
+// One training step whose communication overlaps its computation, as BytePS and PyTorch DDP
+// overlap theirs: the forward pass starts each layer as soon as the shards holding that layer's
+// weights have answered the step's pull (first layer first, while the later shards' parts are
+// still arriving), and the backward pass sends each shard its part of the gradient as soon as
+// that part's range is final (last layer first), while the earlier layers' gradients are still
+// being computed. The push keeps one sequence and one base (the versions the whole pull saw) over
+// its parts, so a step's staleness is counted exactly as for a step that did not overlap.
+//
+// Use: construct it with the step's pull in flight, pass Hooks() to
+// Network::GradientOfExamples, then TakePush() and wait for it. Not thread-safe: one step, on one
+// thread. Destroyed before TakePush, it waits for the pull and sends no part not sent yet.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "worker/network.h"
+#include "worker/sharded_client.h"
+
+namespace ps {
+
+class OverlappedStep {
+ public:
+  struct Callbacks {
+    // Runs once the whole pull arrived and was waited for, before any part of the push starts (a
+    // worker starts the next step's prefetch there).
+    std::function<void()> pulled;
+    // Runs before the push's first part is sent (a delay injection); an error ends the step.
+    std::function<absl::Status()> before_push;
+  };
+
+  // `pull` fills the weights the step computes on (in flight, or done); the push sends `gradient`,
+  // which must stay valid until the push ended. REQUIRES: `client` outlives this and its pushes
+  // start on this thread only (ShardedClient's rule).
+  OverlappedStep(ShardedClient* client, ShardedClient::Pending<ShardedClient::Versions> pull,
+                 absl::Span<const float> gradient, Callbacks callbacks = {});
+
+  // The Network's hooks for this step. A hook's error is the pull's or the push's (failed_call()
+  // says which), or before_push's.
+  Network::LayerHooks Hooks();
+
+  // "pull" or "push": which call made the step fail (meaningful once a hook failed).
+  const char* failed_call() const { return failed_call_; }
+  // Time the forward pass spent waiting for weights.
+  absl::Duration pull_wait() const { return pull_wait_; }
+  // The versions the step's pull saw. REQUIRES: the forward pass reached its last layer.
+  const ShardedClient::Versions& versions() const { return versions_; }
+
+  // The step's push with every part sent (those the backward pass did not reach, now): wait for
+  // it. REQUIRES: the backward pass ended (the gradient is final), without error.
+  ShardedClient::Pending<ShardedClient::PushSummary> TakePush();
+
+ private:
+  absl::Status WeightsNeeded(int64_t end);
+  absl::Status GradientFinal(int64_t begin);
+
+  ShardedClient* const client_;
+  ShardedClient::Pending<ShardedClient::Versions> pull_;
+  const absl::Span<const float> gradient_;
+  const Callbacks callbacks_;
+  std::vector<Range> ranges_;  // each shard's part of the flat vector
+  int arrived_ = 0;            // shards [0, arrived_) of the pull were waited for
+  bool pulled_ = false;        // the whole pull was waited for
+  ShardedClient::Versions versions_;
+  ShardedClient::Pending<ShardedClient::PushSummary> push_;
+  const char* failed_call_ = "pull";
+  absl::Duration pull_wait_;
+};
+
+}  // namespace ps
