@@ -419,7 +419,7 @@ int Main(int argc, char** argv) {
   for (const Run& run : runs) {
     std::string dir = absl::StrCat(absl::GetFlag(FLAGS_run_dir), "/", run.mode, "-", run.latency_ms,
                                    "ms-", run.schedule, "-", run.push);
-    std::replace(dir.begin() + absl::GetFlag(FLAGS_run_dir).size(), dir.end(), '/', '-');
+    std::replace(dir.begin() + absl::GetFlag(FLAGS_run_dir).size() + 1, dir.end(), '/', '-');
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
     absl::StatusOr<nlohmann::json> r = RunJob(run, dir);
