@@ -53,6 +53,9 @@ ABSL_FLAG(std::vector<std::string>, schedules, std::vector<std::string>({"serial
           "push), overlap (worker --overlap: layer by layer during compute), prefetch (worker "
           "--prefetch: the next step's pull during this one's compute), overlap+prefetch. With "
           "several, a table gives each one's step time against the first's.");
+ABSL_FLAG(int, repeats, 1,
+          "Runs of every configuration, all of them in turn before the next round (so that a "
+          "drift of the machine spreads over them); the schedules' table takes medians.");
 ABSL_FLAG(bool, error_feedback, true, "The workers' --error_feedback with a compressor.");
 ABSL_FLAG(double, behind, 0.01,
           "With several --push_dtypes: report each one's time to the first one's final accuracy "
@@ -81,6 +84,7 @@ struct Run {
   std::string mode;
   std::string schedule;  // an entry of --schedules
   std::string push;      // an entry of --push_dtypes
+  int repeat = 0;        // of --repeats
 };
 
 // The worker section's keys for an entry of --schedules.
@@ -284,6 +288,7 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
       {"mode", run.mode},
       {"schedule", run.schedule},
       {"push", run.push},
+      {"repeat", run.repeat},
       {"workers", W},
       {"shards", S},
       {"params", NumParams(hidden)},
@@ -323,7 +328,7 @@ bool SameBut(const nlohmann::json& a, const nlohmann::json& b,
              std::initializer_list<const char*> keys) {
   nlohmann::json x = a, y = b;
   for (const char* k : keys) x.erase(k), y.erase(k);
-  for (const char* k : {"latency_ms", "mode", "schedule", "push"}) {
+  for (const char* k : {"latency_ms", "mode", "schedule", "push", "repeat"}) {
     if (x.contains(k) && x[k] != y[k]) return false;
   }
   return true;
@@ -357,12 +362,32 @@ void PrintTimesToBaseline(const nlohmann::json& runs) {
   }
 }
 
-// For each latency, mode and push, every --schedules entry's step time against the first's.
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty()      ? NAN
+         : v.size() % 2 ? v[v.size() / 2]
+                        : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// For each latency, mode and push, every --schedules entry's median step time (over --repeats)
+// against the first entry's.
 void PrintScheduleRatios(const nlohmann::json& runs) {
-  std::cout << absl::StrFormat("\n%-8s %-6s %-16s %-16s | %-8s %-8s %-8s | %-13s\n", "delay",
+  std::cout << absl::StrFormat("\n%-8s %-6s %-16s %-16s | %-8s %-8s %-8s | %-13s | %s\n", "delay",
                                "mode", "push/pull", "schedule", "step ms", "pull ms", "push ms",
-                               "step / first");
+                               "step / first", "each run's step ms");
+  auto median_of = [&](const nlohmann::json& like, const char* key, std::string* each) {
+    std::vector<double> v;
+    for (const nlohmann::json& r : runs) {
+      if (SameBut(r, like, {"repeat"})) {
+        v.push_back(r[key].get<double>());
+        if (each != nullptr)
+          absl::StrAppend(each, each->empty() ? "" : ", ", absl::StrFormat("%.4g", v.back()));
+      }
+    }
+    return Median(v);
+  };
   for (const nlohmann::json& run : runs) {
+    if (run["repeat"].get<int>() != 0) continue;
     const nlohmann::json* first = nullptr;
     for (const nlohmann::json& r : runs) {
       if (SameBut(r, run, {"schedule"})) {
@@ -370,12 +395,14 @@ void PrintScheduleRatios(const nlohmann::json& runs) {
         break;
       }
     }
-    std::cout << absl::StrFormat("%-8s %-6s %-16s %-16s | %-8.1f %-8.1f %-8.1f | %-13.2f\n",
-                                 absl::StrCat(run["latency_ms"].get<double>(), " ms"),
-                                 run["mode"].get<std::string>(), run["push"].get<std::string>(),
-                                 run["schedule"].get<std::string>(), run["step_ms"].get<double>(),
-                                 run["pull_ms"].get<double>(), run["push_ms"].get<double>(),
-                                 run["step_ms"].get<double>() / (*first)["step_ms"].get<double>());
+    std::string each;
+    const double step = median_of(run, "step_ms", &each);
+    std::cout << absl::StrFormat(
+        "%-8s %-6s %-16s %-16s | %-8.1f %-8.1f %-8.1f | %-13.2f | %s\n",
+        absl::StrCat(run["latency_ms"].get<double>(), " ms"), run["mode"].get<std::string>(),
+        run["push"].get<std::string>(), run["schedule"].get<std::string>(), step,
+        median_of(run, "pull_ms", nullptr), median_of(run, "push_ms", nullptr),
+        step / median_of(*first, "step_ms", nullptr), each);
   }
 }
 
@@ -399,6 +426,13 @@ int Main(int argc, char** argv) {
       }
     }
   }
+  const size_t configurations = runs.size();
+  for (int r = 1; r < absl::GetFlag(FLAGS_repeats); ++r) {
+    for (size_t i = 0; i < configurations; ++i) {
+      runs.push_back(runs[i]);
+      runs.back().repeat = r;
+    }
+  }
   const int64_t params = NumParams(absl::GetFlag(FLAGS_hidden));
   std::cout << absl::StrFormat(
       "MLP 784-%s-10 (%d parameters, %.2f MB per push), W = %d, S = %d, %g Gbit/s links%s, "
@@ -418,7 +452,7 @@ int Main(int argc, char** argv) {
   int failures = 0;
   for (const Run& run : runs) {
     std::string dir = absl::StrCat(absl::GetFlag(FLAGS_run_dir), "/", run.mode, "-", run.latency_ms,
-                                   "ms-", run.schedule, "-", run.push);
+                                   "ms-", run.schedule, "-", run.push, "-", run.repeat);
     std::replace(dir.begin() + absl::GetFlag(FLAGS_run_dir).size() + 1, dir.end(), '/', '-');
     std::filesystem::remove_all(dir);
     std::filesystem::create_directories(dir);
@@ -448,7 +482,9 @@ int Main(int argc, char** argv) {
     all.push_back(j);
   }
   if (absl::GetFlag(FLAGS_push_dtypes).size() > 1) PrintTimesToBaseline(all);
-  if (absl::GetFlag(FLAGS_schedules).size() > 1) PrintScheduleRatios(all);
+  if (absl::GetFlag(FLAGS_schedules).size() > 1 || absl::GetFlag(FLAGS_repeats) > 1) {
+    PrintScheduleRatios(all);
+  }
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     std::ofstream(path) << all.dump(2) << "\n";
   }
