@@ -41,7 +41,9 @@
 // A push can be sent shard by shard (Parts::kHeld): a worker whose backward pass produces the
 // gradient's last layers first sends each shard's part as soon as its range is final, so that
 // communication overlaps the rest of backward (as DDP and Horovod do); the push keeps one
-// sequence and one base over its parts.
+// sequence and one base over its parts. Likewise a pull's parts can be waited for one by one
+// (Pending::WaitPart), so that a forward pass starts on the first shards' weights
+// (worker/overlapped_step.h does both).
 //
 // Thread-safe, with one rule: pushes take increasing sequences in the order they start, so start
 // them from one thread. Registering again happens on whichever call meets the restart first (once
