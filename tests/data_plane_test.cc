@@ -21,6 +21,7 @@
 #include "deploy/local_cluster.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/run_dir.h"
+#include "tests/steps_in_turn.h"
 #include "worker/data_connection.h"
 #include "worker/sharded_client.h"
 
@@ -300,22 +301,13 @@ class DataPlaneShardTest : public ::testing::Test {
 };
 
 TEST_F(DataPlaneShardTest, RemoteClientsMoveTensorsOverItWithTheSameResults) {
-  std::vector<float> gradient(kParams), got(kParams);
+  std::vector<float> gradient(kParams);
   for (int i = 0; i < kParams; ++i) gradient[i] = 0.001f * (i % 7);
   // Worker 0 over the data plane, worker 1 over gRPC's streams, in turn: the same SGD steps.
   std::unique_ptr<ShardedClient> worker1 = Client(1, /*data_plane=*/false);
   ASSERT_TRUE(worker1->Register().ok());
-  std::vector<float> expected = initial_;
-  for (int step = 0; step < 4; ++step) {
-    ShardedClient& client = step % 2 == 0 ? *worker0_ : *worker1;
-    absl::StatusOr<ShardedClient::Versions> seen = client.Pull(absl::MakeSpan(got));
-    ASSERT_TRUE(seen.ok()) << seen.status();
-    ASSERT_EQ(got, expected) << "step " << step;
-    ASSERT_TRUE(client.Push(gradient).ok());
-    for (int i = 0; i < kParams; ++i) expected[i] -= 0.5f * gradient[i];
-  }
-  ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(got)).ok());
-  EXPECT_EQ(got, expected);
+  ExpectStepsInTurnAgree(*worker0_, *worker1, initial_, gradient, 0.5f);
+  if (HasFatalFailure()) return;
   v1::StatsResponse stats = ShardStats();
   EXPECT_EQ(stats.data_plane_pushes(), 2);
   EXPECT_EQ(stats.data_plane_pulls(), 3);

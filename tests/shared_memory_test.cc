@@ -21,6 +21,7 @@
 #include "proto/ps.pb.h"
 #include "server/rpc/shared_segments.h"
 #include "tests/run_dir.h"
+#include "tests/steps_in_turn.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -231,22 +232,14 @@ class SharedMemoryShardTest : public ::testing::Test {
 
 TEST_F(SharedMemoryShardTest, CoLocatedClientsMoveTensorsThroughItWithTheSameResults) {
   Start();
-  std::vector<float> gradient(kParams), got(kParams);
+  std::vector<float> gradient(kParams);
   for (int i = 0; i < kParams; ++i) gradient[i] = 0.001f * (i % 7);
   // Worker 0 through shared memory, worker 1 over gRPC, in turn: the same SGD steps.
   std::unique_ptr<ShardedClient> worker1 = Client(1, /*shared_memory=*/false);
   ASSERT_TRUE(worker1->Register().ok());
-  std::vector<float> expected = initial_;
-  for (int step = 0; step < 4; ++step) {
-    ShardedClient& client = step % 2 == 0 ? *worker0_ : *worker1;
-    absl::StatusOr<ShardedClient::Versions> seen = client.Pull(absl::MakeSpan(got));
-    ASSERT_TRUE(seen.ok()) << seen.status();
-    ASSERT_EQ(got, expected) << "step " << step;
-    ASSERT_TRUE(client.Push(gradient).ok());
-    for (int i = 0; i < kParams; ++i) expected[i] -= 0.5f * gradient[i];
-  }
-  ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(got)).ok());
-  EXPECT_EQ(got, expected);
+  std::vector<float> trained;
+  ExpectStepsInTurnAgree(*worker0_, *worker1, initial_, gradient, 0.5f, &trained);
+  if (HasFatalFailure()) return;
   v1::StatsResponse stats = ShardStats();
   EXPECT_EQ(stats.shm_pushes(), 2);
   EXPECT_EQ(stats.shm_pulls(), 3);
@@ -261,7 +254,7 @@ TEST_F(SharedMemoryShardTest, CoLocatedClientsMoveTensorsThroughItWithTheSameRes
   ASSERT_TRUE(half_shared->Pull(absl::MakeSpan(through_memory)).ok());
   ASSERT_TRUE(half_grpc->Pull(absl::MakeSpan(through_grpc)).ok());
   EXPECT_EQ(through_memory, through_grpc);
-  EXPECT_NE(through_memory, expected);  // rounded to bf16 indeed
+  EXPECT_NE(through_memory, trained);  // rounded to bf16 indeed
   EXPECT_EQ(ShardStats().shm_pulls(), 4);
   // Leaving frees a worker's segment.
   ASSERT_TRUE(worker0_->Leave(absl::Seconds(10)).ok());
