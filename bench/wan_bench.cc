@@ -1,15 +1,14 @@
 // Training across hosts over wide-area links: S shards and W workers on emulated hosts
 // (tests/netns/virtual_hosts.h: network namespaces, --rate_gbit links, a one-way --latencies_ms
 // delay each), async against sync at each latency, and each way of sending tensors of
-// --push_dtypes (fp32 against compressed pushes, worker --compress). Per run: time to --target test
-// accuracy (the evaluator, on a host of its own, scores every second), steps/s and each step's pull
-// / compute / push, updates/s and mean staleness per shard, and the bytes each shard's link carried
-// per second against the ceiling measured on the same links in the same run (iperf3 from a worker's
-// host to a shard's). With several --schedules, each step's communication scheduled each way
-// (worker
-// --overlap, --prefetch), and each one's step time against the first's. Every figure also goes to
-// --json, which bench/scaling_model.py reads to set its predictions beside them. Needs root
-// (namespaces), iptables and netdelay (latency).
+// --push_dtypes (fp32 against compressed pushes and pulls: worker --compress, --pull_compress).
+// Per run: time to --target test accuracy (the evaluator, on a host of its own, scores every
+// second), steps/s and each step's pull / compute / push, updates/s and mean staleness per shard,
+// and the bytes each shard's link carried per second against the ceiling measured on the same
+// links in the same run (iperf3 from a worker's host to a shard's). With several --schedules,
+// each step's communication scheduled each way (worker --overlap, --prefetch), and each one's step
+// time against the first's. Every figure also goes to --json, which bench/scaling_model.py reads
+// to set its predictions beside them. Needs root (namespaces), iptables and netdelay (latency).
 //
 // With several --push_dtypes, a second table gives each one's time to the first one's final
 // accuracy minus --behind (the same seeds, steps and links) and its speed-up against the first.
@@ -47,7 +46,8 @@ ABSL_FLAG(std::vector<std::string>, modes, std::vector<std::string>({"async", "s
           "Consistency models to run at each latency.");
 ABSL_FLAG(std::vector<std::string>, push_dtypes, std::vector<std::string>({"fp32"}),
           "How tensors travel, one run each: PUSH[/PULL], PUSH a worker --push_dtype (fp32, bf16, "
-          "fp16) or --compress (onebit, topk:F, int8), PULL its --pull_dtype (default fp32).");
+          "fp16) or --compress (onebit, topk:F, int8), PULL its --pull_dtype (default fp32) or "
+          "--pull_compress (a compressor, as PUSH).");
 ABSL_FLAG(std::vector<std::string>, schedules, std::vector<std::string>({"serial"}),
           "How each step's communication is scheduled, one run each: serial (pull, compute, "
           "push), overlap (worker --overlap: layer by layer during compute), prefetch (worker "
@@ -97,13 +97,18 @@ absl::StatusOr<std::string> ScheduleSettings(const std::string& entry) {
                                     " (serial, overlap, prefetch, overlap+prefetch)");
 }
 
-// The worker section's keys for an entry of --push_dtypes ("topk:0.01/bf16"): "compress" or
-// "push_dtype", and "pull_dtype".
+// The worker section's keys for an entry of --push_dtypes ("topk:0.01/bf16", "int8/int8"):
+// "compress" or "push_dtype", and "pull_dtype" or "pull_compress".
 absl::StatusOr<std::string> WireSettings(const std::string& entry) {
   std::vector<std::string> parts = absl::StrSplit(entry, '/');
   if (parts.size() > 2) return absl::InvalidArgumentError("more than one '/' in " + entry);
-  std::string settings =
-      absl::StrCat(R"("pull_dtype": ")", parts.size() == 2 ? parts[1] : "fp32", R"(")");
+  const std::string pull = parts.size() == 2 ? parts[1] : "fp32";
+  std::string settings = absl::StrCat(R"("pull_dtype": ")", pull, R"(")");
+  if (!ParseWireType(pull).ok()) {
+    absl::StatusOr<Compression> compression = ParseCompression(pull);
+    if (!compression.ok()) return compression.status();
+    settings = absl::StrCat(R"("pull_compress": ")", pull, R"(")");
+  }
   if (ParseWireType(parts[0]).ok()) {
     return absl::StrCat(settings, R"(, "push_dtype": ")", parts[0], R"(")");
   }

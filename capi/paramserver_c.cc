@@ -80,7 +80,8 @@ const std::set<std::string>& KnownSettings() {
                                                               "retry_seconds",
                                                               "heartbeat_seconds",
                                                               "compress",
-                                                              "error_feedback"};
+                                                              "error_feedback",
+                                                              "pull_compress"};
   return *kKnown;
 }
 
@@ -196,12 +197,16 @@ absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json)
     }
     (std::string(name) == "push_dtype" ? options.push_type : options.pull_type) = *type;
   }
-  if (const std::string compress = Text(*settings, "compress"); !compress.empty()) {
-    absl::StatusOr<ps::Compression> compression = ps::ParseCompression(compress);
-    if (!compression.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("compress: ", compression.status().message()));
+  for (auto [name, option] : {std::pair{"compress", &options.compression},
+                              std::pair{"pull_compress", &options.pull_compression}}) {
+    if (const std::string compress = Text(*settings, name); !compress.empty()) {
+      absl::StatusOr<ps::Compression> compression = ps::ParseCompression(compress);
+      if (!compression.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(name, ": ", compression.status().message()));
+      }
+      *option = *compression;
     }
-    options.compression = *compression;
   }
   for (auto [name, option] : {std::pair{"shared_memory", &options.shared_memory},
                               std::pair{"data_plane", &options.data_plane},

@@ -49,6 +49,8 @@ PS_EXPORT const char* ps_last_error(void);
  *   "push_dtype", "pull_dtype"    "fp32" (default), "bf16", "fp16"
  *   "compress": "none"            pushes compressed instead: "onebit", "topk:F", "int8"
  *   "error_feedback": true        with "compress": what it leaves out goes with the next push
+ *   "pull_compress": "none"       a worker's pulls compressed too (the change since its last
+ *                                 pull, over gRPC): "onebit", "topk:F", "int8"
  *   "shared_memory": true         tensors through shared memory with shards on this host
  *   "data_plane": true            tensors over the data plane with shards on other hosts
  *   "rpc_timeout_seconds": 10, "retry_seconds": 60, "heartbeat_seconds": 1

@@ -1,4 +1,5 @@
-// Compressed gradients for pushes. A worker may send its gradient as
+// Compressed tensors: gradients of pushes, and the change a compressed pull sends (the shard's
+// side of it: server/rpc/pull_views.h). A worker may send its gradient as
 //   onebit  per block of 256 values, a sign bit each and one scale, the block's mean |value|:
 //           each value becomes +-scale (1-bit SGD, Seide et al. 2014); about 28x fewer bytes;
 //   topk:F  the fraction F of the values largest in magnitude, as (index, value) pairs, every
@@ -8,7 +9,7 @@
 // Each loses part of the gradient; a worker keeps that part and adds it to its next push (error
 // feedback: worker/push_compressor.h). A shard decodes the payload into its float32 gradient
 // buffer (ChunkAssembler, common/chunking.h, which uses CompressedDecoder) and applies it as any
-// other. Pulls are never compressed.
+// other. A pull's change is compressed and decoded the same way, over gRPC only.
 //
 // Wire formats (ps.v1.DType ONEBIT, TOPK, INT8; little-endian) of n values:
 //   ONEBIT  blocks of kCompressionBlock values, the last with m <= 256: a float32 scale (finite,

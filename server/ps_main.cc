@@ -83,6 +83,10 @@ ABSL_FLAG(int, data_plane_port, 0,
           "calls (on --host); 0 picks a free one (clients learn it over gRPC), -1 turns it off. "
           "Off with TLS.");
 ABSL_FLAG(int, data_plane_clients, 64, "Clients that may hold a data-plane connection at once.");
+ABSL_FLAG(int, pull_views, 64,
+          "Workers whose compressed pulls (worker --pull_compress) this shard follows at once, "
+          "each costing a copy of its values; beyond that the least recent one's next pull is "
+          "whole. 0: every pull is whole.");
 ABSL_FLAG(double, stream_idle_seconds, 30,
           "A Push, Initialize or Pull stream that moves no message this long is cancelled.");
 ABSL_FLAG(double, stream_max_seconds, 600, "No Push or Initialize stream lasts longer than this.");
@@ -232,6 +236,7 @@ ServiceLimits LimitsFromFlags(int num_workers) {
   l.max_calls_per_worker = absl::GetFlag(FLAGS_max_calls_per_worker);
   l.shm_clients = absl::GetFlag(FLAGS_shm_clients);
   l.data_plane_clients = absl::GetFlag(FLAGS_data_plane_clients);
+  l.pull_views = absl::GetFlag(FLAGS_pull_views);
   l.stream_idle = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_seconds));
   l.stream_total = absl::Seconds(absl::GetFlag(FLAGS_stream_max_seconds));
   return l;

@@ -64,6 +64,9 @@ absl::Status CheckLimits(const ServiceLimits& limits) {
   if (limits.max_calls_per_worker < 0) {
     return absl::InvalidArgumentError("--max_calls_per_worker must be >= 0 (0: no cap)");
   }
+  if (limits.pull_views < 0) {
+    return absl::InvalidArgumentError("--pull_views must be >= 0 (0: every pull is whole)");
+  }
   if (limits.data_plane_clients < 1) {
     return absl::InvalidArgumentError(
         "--data_plane_clients must be >= 1 (--data_plane_port=-1 turns the data plane off)");

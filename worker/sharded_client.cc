@@ -381,6 +381,11 @@ class ShardedClient::Impl {
   // One attempt at pulling shard `shard`'s range into `params`, recording what it served.
   grpc::Status PullFrom(int shard, grpc::ClientContext* context, absl::Span<float> params,
                         int64_t after_sequence, Versions* versions);
+  // The same, compressed (ClientOptions::pull_compression), for a request PullFrom prepared.
+  grpc::Status PullCompressed(int shard, grpc::ClientContext* context, absl::Span<float> params,
+                              v1::PullRequest& request, Versions* versions);
+  // Records what a pull of shard `shard` made as `request` served, once its values are in.
+  void Pulled(int shard, const v1::PullRequest& request, Versions* versions);
   // One attempt at pushing shard `shard`'s part of `gradient`, or `compressed` (that part
   // compressed) when not null; returns the values saturated.
   grpc::Status PushTo(int shard, grpc::ClientContext* context, absl::Span<const float> gradient,
@@ -413,6 +418,14 @@ class ShardedClient::Impl {
   ClientOptions options_;
   std::vector<Range> ranges_;                   // shard i's range of the flat vector
   std::unique_ptr<PushCompressor> compressor_;  // null: pushes are not compressed
+  // With compressed pulls, by shard: the view of its range this client holds (its id, 0: none,
+  // and values) and room for a change, one pull at a time. Empty: pulls are whole.
+  struct PullView {
+    absl::Mutex mu;
+    uint64_t id ABSL_GUARDED_BY(mu) = 0;
+    std::vector<float> values ABSL_GUARDED_BY(mu), change ABSL_GUARDED_BY(mu);
+  };
+  std::vector<std::unique_ptr<PullView>> views_;
   std::string consistency_;
 
   // One per shard: held while registering again, so that two threads noticing one restart do
@@ -496,6 +509,9 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
     for (const Range& r : ranges_) sizes.push_back(r.size());
     compressor_ = std::make_unique<PushCompressor>(options_.compression, options_.error_feedback,
                                                    std::move(sizes));
+  }
+  if (options_.pull_compression.compressor != Compressor::kNone && worker_id_ >= 0) {
+    for (size_t i = 0; i < ranges_.size(); ++i) views_.push_back(std::make_unique<PullView>());
   }
   absl::MutexLock lock(&steps_->mu);
   steps_->last_pull.version.assign(addresses.size(), 0);
@@ -992,6 +1008,7 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
   request.set_shard_incarnation(session.shard_incarnation);
   request.set_dtype(static_cast<v1::DType>(options_.pull_type));
   *request.mutable_model() = ModelProto();
+  if (!views_.empty()) return PullCompressed(shard, context, params, request, versions);
   // Through shared memory if there is a segment and no other pull of this client uses it.
   const std::shared_ptr<SharedPath>& shared = session.shared;
   std::unique_lock<std::mutex> turn;
@@ -1068,6 +1085,73 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
   }
   if (status.ok() && bad.ok() && transfer == 0) bad = assembler.Finish();
   if (!status.ok() || !bad.ok()) return status.ok() ? ToGrpcStatus(bad) : status;
+  Pulled(shard, request, versions);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardedClient::Impl::PullCompressed(int shard, grpc::ClientContext* context,
+                                                 absl::Span<float> params,
+                                                 v1::PullRequest& request, Versions* versions) {
+  const Range& r = ranges_[shard];
+  PullView& view = *views_[shard];
+  absl::MutexLock view_lock(&view.mu);
+  // Whatever this attempt ends in, the view it names is used up: the shard moves on from it.
+  const uint64_t held = std::exchange(view.id, 0);
+  request.set_compress(static_cast<v1::DType>(options_.pull_compression.compressor));
+  request.set_topk_fraction(options_.pull_compression.topk_fraction);
+  request.set_view(held);
+  view.values.resize(r.size());
+  auto reader = Stub(shard)->Pull(context, request);
+  std::optional<ChunkAssembler> assembler;
+  v1::PullChunk first;
+  v1::PullChunk chunk;
+  absl::Status bad;
+  for (bool is_first = true; reader->Read(&chunk); is_first = false) {
+    if (is_first) {
+      first = chunk;
+      first.clear_data();
+      versions->version[shard] = chunk.version();
+      if (chunk.base_view() == 0) {  // the whole values
+        if (chunk.dtype() != request.dtype()) {
+          bad = absl::DataLossError(absl::StrCat("asked for dtype ", request.dtype(), ", got ",
+                                                 chunk.dtype(), " (an older shard?)"));
+        } else {
+          assembler.emplace(absl::MakeSpan(view.values), options_.pull_type);
+        }
+      } else if (chunk.base_view() != held || chunk.dtype() != request.compress()) {
+        bad = absl::DataLossError("a compressed pull's change is not to the view it named");
+      } else {
+        absl::StatusOr<PayloadFormat> format =
+            PushPayloadFormat(chunk.dtype(), chunk.topk_pairs(), r.size());
+        bad = format.status();
+        view.change.resize(r.size());
+        if (bad.ok()) assembler.emplace(absl::MakeSpan(view.change), *format);
+      }
+    }
+    if (!bad.ok()) continue;  // drain the stream so Finish() returns
+    if (chunk.view() != first.view() || chunk.base_view() != first.base_view() ||
+        chunk.topk_pairs() != first.topk_pairs() || chunk.dtype() != first.dtype() ||
+        (first.base_view() == 0 && chunk.offset() != r.begin + assembler->received())) {
+      bad = absl::DataLossError("a compressed pull's chunks disagree");
+    } else {
+      bad = assembler->Append(chunk.data());
+    }
+  }
+  grpc::Status status = reader->Finish();
+  if (status.ok() && bad.ok()) {
+    bad = assembler.has_value() ? assembler->Finish() : absl::DataLossError("an empty answer");
+  }
+  if (!status.ok() || !bad.ok()) return status.ok() ? ToGrpcStatus(bad) : status;
+  if (first.base_view() != 0) {  // as the shard adds it to its copy of the view, bit for bit
+    for (int64_t i = 0; i < r.size(); ++i) view.values[i] += view.change[i];
+  }
+  std::copy(view.values.begin(), view.values.end(), params.begin() + r.begin);
+  view.id = first.view();
+  Pulled(shard, request, versions);
+  return grpc::Status::OK;
+}
+
+void ShardedClient::Impl::Pulled(int shard, const v1::PullRequest& request, Versions* versions) {
   versions->shard_incarnation[shard] = request.shard_incarnation();
   absl::MutexLock lock(&sessions_mu_);
   Session& now = sessions_[shard];
@@ -1075,7 +1159,6 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
     now.initialized = true;
     now.version = std::max(now.version, versions->version[shard]);
   }
-  return grpc::Status::OK;
 }
 
 ShardedClient::Pending<ShardedClient::Versions> ShardedClient::StartPull(absl::Span<float> params,

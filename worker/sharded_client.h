@@ -34,6 +34,10 @@
 // working: tensors go over gRPC's streams, as they always can (a failed call is repeated there at
 // once; the data plane is tried again at the next registration).
 //
+// With ClientOptions::pull_compression, a worker's pulls bring only the change since its last
+// pull, compressed; the shard keeps the worker's view of its range to compute it, the client its
+// own copy (server/rpc/pull_views.h). Such pulls go over gRPC.
+//
 // The client keeps a worker's bookkeeping: the sequence number each push carries (from Register
 // on, one more per push) and the versions of the weights its last pull saw (a push's base: what
 // staleness is measured from), so callers pass tensors only.
@@ -87,6 +91,12 @@ struct ClientOptions {
   // (worker/push_compressor.h).
   Compression compression = {};
   bool error_feedback = true;
+  // Compresses pulls too (a worker's only; over gRPC): each shard keeps what this client holds of
+  // its range and sends the change since its last pull, compressed, with the part compression
+  // left out carried to later pulls (server/rpc/pull_views.h). The client keeps a copy of the
+  // weights (and a change buffer) for it; a first pull, and any after a failed or restarted one,
+  // come whole as pull_type.
+  Compression pull_compression = {};
   // Move tensors through shared memory with shards on this host (common/shared_memory.h).
   bool shared_memory = true;
   // Move the others over the shards' data plane (server/rpc/data_plane.h), not gRPC's streams.

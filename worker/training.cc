@@ -350,6 +350,7 @@ absl::Status Train(const TrainingOptions& options, ClientStart& start) {
   client_options.push_type = options.push_type;
   client_options.compression = options.compression;
   client_options.error_feedback = options.error_feedback;
+  client_options.pull_compression = options.pull_compression;
   client_options.rpc_timeout = options.rpc_timeout;
   client_options.num_workers = options.num_workers;
   ModelIdentity model{mlp.Fingerprint(), mlp.num_params(),

@@ -30,6 +30,7 @@ struct TrainingOptions {
   WireType push_type = WireType::kFloat32;
   Compression compression = {};  // of pushes, instead of push_type (ClientOptions)
   bool error_feedback = true;
+  Compression pull_compression = {};  // of pulls (ClientOptions)
   absl::Duration heartbeat = absl::Seconds(1);
   double slowdown = 1;           // straggler injection: compute takes this many times longer
   Delay pull_delay, push_delay;  // before each pull and push

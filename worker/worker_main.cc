@@ -27,7 +27,7 @@ ABSL_FLAG(std::string, push_dtype, "fp32",
           "What gradients travel as: fp32 | bf16 | fp16 (half the bytes; values beyond fp16's "
           "range are sent as +-65504, and counted).");
 ABSL_FLAG(std::string, compress, "none",
-          "Compress pushed gradients instead of --push_dtype (pulls stay as they are): none | "
+          "Compress pushed gradients instead of --push_dtype (pulls: --pull_compress): none | "
           "onebit (a sign bit per value and a scale per 256 values: ~28x fewer bytes) | topk:F "
           "(the fraction F of values largest in magnitude as (index, value) pairs: 8 bytes "
           "each, so topk:0.01 sends 50x fewer) | int8 (8 bits per value and a scale per 256: "
@@ -35,6 +35,11 @@ ABSL_FLAG(std::string, compress, "none",
 ABSL_FLAG(bool, error_feedback, true,
           "With --compress: keep what compression left out of each push (one float per "
           "parameter) and add it to the next push, so nothing is lost, only delayed.");
+ABSL_FLAG(std::string, pull_compress, "none",
+          "Compress pulls too, as --compress: each shard sends the change since this worker's "
+          "last pull, compressed, and carries what compression left out to later pulls (it "
+          "keeps a copy of its values per such worker: ps --pull_views). Over gRPC; a first "
+          "pull comes whole as --pull_dtype.");
 ABSL_FLAG(double, heartbeat_seconds, 1, "Seconds between heartbeats (keep below the ps lease).");
 ABSL_FLAG(double, slowdown, 1, "Straggler injection: compute takes this many times longer.");
 ABSL_FLAG(std::string, pull_delay, "", "Delay before each pull: fixed:S | uniform:A,B | exp:MEAN.");
@@ -124,6 +129,13 @@ absl::StatusOr<TrainingOptions> OptionsFromFlags() {
   }
   o.compression = *compression;
   o.error_feedback = absl::GetFlag(FLAGS_error_feedback);
+  absl::StatusOr<Compression> pull_compression =
+      ParseCompression(absl::GetFlag(FLAGS_pull_compress));
+  if (!pull_compression.ok()) {
+    return absl::InvalidArgumentError("--pull_compress: " +
+                                      std::string(pull_compression.status().message()));
+  }
+  o.pull_compression = *pull_compression;
   o.prefetch = absl::GetFlag(FLAGS_prefetch);
   o.overlap = absl::GetFlag(FLAGS_overlap);
   if (const double max_seconds = absl::GetFlag(FLAGS_max_seconds); max_seconds > 0) {

@@ -26,6 +26,7 @@ policy, and how many gradient values exceeded the wire type's range."""
 SETTINGS = {"ps": str, "cluster": str, "model": str, "hidden": str, "rank": int,
             "num_workers": int, "tls_ca": str, "tls_cert": str, "tls_key": str, "token_file": str,
             "push_dtype": str, "pull_dtype": str, "compress": str, "error_feedback": bool,
+            "pull_compress": str,
             "shared_memory": bool, "data_plane": bool,
             "rpc_timeout_seconds": float, "retry_seconds": float, "heartbeat_seconds": float}
 
@@ -171,7 +172,8 @@ class Client:
     (None: an observer, which may pull only); num_workers: checked against the shards';
     tls_ca, tls_cert, tls_key, token_file (else $PS_TOKEN): credentials; push_dtype,
     pull_dtype: "fp32", "bf16" or "fp16" on the wire; compress: pushes as "onebit", "topk:F"
-    or "int8" instead, with error_feedback (default True); shared_memory: use shared
+    or "int8" instead, with error_feedback (default True); pull_compress: a worker's pulls
+    too (the change since its last pull, compressed alike, over gRPC); shared_memory: use shared
     memory with shards on this host (default True); data_plane: move tensors of shards on other
     hosts over their data plane, a TCP connection beside gRPC (default True);
     rpc_timeout_seconds, retry_seconds, heartbeat_seconds.

@@ -188,6 +188,8 @@ def test_a_cluster_spec_names_the_shards_model_and_credentials(start_shards, tmp
         Client(ps="127.0.0.1:1", model="flat:4", push_dtype="float8")
     with pytest.raises(paramserver.InvalidArgument, match="compress: unknown compression"):
         Client(ps="127.0.0.1:1", model="flat:4", compress="int4")
+    with pytest.raises(paramserver.InvalidArgument, match="pull_compress: unknown compression"):
+        Client(ps="127.0.0.1:1", model="flat:4", pull_compress="int4")
     with pytest.raises(paramserver.Error, match="cluster spec"):
         Client(cluster=str(tmp_path / "missing.json"))
 
@@ -206,3 +208,20 @@ def test_every_transport_and_wire_type_moves_the_same_values(start_shards, setti
         out = np.empty(N, np.float32)
         assert client.pull(out) == [1, 1]
         assert np.all(out == 0.75)
+
+
+def test_compressed_pulls_bring_the_change_since_the_last_pull(start_shards):
+    shards = start_shards(2, f"flat:{N}", flags=SGD)
+    with worker(shards, compress="topk:1", pull_compress="int8") as client:
+        client.register()
+        client.initialize(np.linspace(-1, 1, N, dtype=np.float32))
+        out = np.empty(N, np.float32)
+        client.pull(out)
+        assert np.array_equal(out, np.linspace(-1, 1, N, dtype=np.float32)), "the first is whole"
+        gradient = np.linspace(0, 0.5, N, dtype=np.float32)
+        client.push(gradient)
+        assert client.pull(out) == [1, 1]
+        expected = np.linspace(-1, 1, N, dtype=np.float32) - 0.5 * gradient
+        # int8: within half a step of 1/127 of the largest change in a block of 256
+        np.testing.assert_allclose(out, expected, rtol=0, atol=0.25 / 127 / 2 + 1e-6)
+        assert sum(int(s["compressed_pulls"]) for s in client.stats()) == 2

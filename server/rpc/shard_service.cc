@@ -91,6 +91,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
           CallNeeds("Pull", Access::kRead).Serving().ShardIncarnation(r.shard_incarnation()),
           &admission_);
     }
+    if (checked.ok() && r.compress() != v1::DTYPE_UNSPECIFIED) checked = CheckCompressed(r);
     if (checked.ok() && r.shm_segment() != 0) {
       // Looked up now to refuse at once, and again when the values are written: a pull waiting
       // at a barrier holds no segment.
@@ -135,6 +136,31 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   }
 
  private:
+  // OK for a compressed pull the shard can answer (PullRequest.compress), which it then is;
+  // INVALID_ARGUMENT naming the problem otherwise.
+  grpc::Status CheckCompressed(const v1::PullRequest& r) {
+    auto invalid = [](const std::string& why) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "compressed pull: " + why);
+    };
+    const int c = r.compress();
+    if (c != v1::ONEBIT && c != v1::TOPK && c != v1::INT8) {
+      return invalid(absl::StrCat("compress is dtype ", c, ", not ONEBIT, TOPK or INT8"));
+    }
+    if (r.worker_id() < 0) return invalid("an observer pulls whole values (no view is kept)");
+    if (r.shm_segment() != 0 || r.data_connection() != 0) {
+      return invalid("it goes over gRPC, not shared memory or the data plane");
+    }
+    if (c == v1::TOPK && !(r.topk_fraction() > 0 && r.topk_fraction() <= 1)) {
+      return invalid(absl::StrCat("topk_fraction ", r.topk_fraction(), " is not in (0, 1]"));
+    }
+    if (c == v1::TOPK && service_->shard_->range().size() >= (int64_t{1} << 32)) {
+      return invalid("top-k needs a range of fewer than 2^32 values: use more shards");
+    }
+    compression_ = {static_cast<Compressor>(c), c == v1::TOPK ? r.topk_fraction() : 0};
+    held_view_ = r.view();
+    worker_id_ = r.worker_id();
+    return grpc::Status::OK;
+  }
   void OnAnswer(absl::StatusOr<ParameterShard::Snapshot> answer) {
     if (!answer.ok()) {
       Finish(ToGrpcStatus(answer.status()));
@@ -142,6 +168,16 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     }
     snapshot_ = std::make_shared<ParameterShard::Snapshot>(*std::move(answer));
     guard_.emplace(service_->watchdog_.Watch(context_));  // a reader that stops reading ends
+    if (compression_.compressor != Compressor::kNone) {
+      PullViews::Answer a = service_->pull_views_.Encode(
+          worker_id_, held_view_, snapshot_->values.span(), type_, compression_);
+      view_ = a.view;
+      base_view_ = a.base;
+      if (a.base != 0) {
+        change_ = std::make_shared<CompressedTensor>(std::move(a.change));
+        service_->compressed_pulls_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
     if (data_connection_ != 0) {
       SendOnDataPlane();
     } else {
@@ -174,19 +210,36 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   }
   void WriteNext() {
     absl::Span<const float> values = snapshot_->values.span();
-    const int64_t count = shm_segment_ != 0 ? shared_values_ : values.size();
+    const int64_t count = change_ != nullptr ? static_cast<int64_t>(change_->bytes.size())
+                          : shm_segment_ != 0 ? shared_values_
+                                              : values.size();
     if (next_ < 0 || (next_ > 0 && next_ >= count)) {
       const ServiceMetrics& m = service_->metrics_;
       if (m.pull_seconds != nullptr) {
-        m.pull_bytes->Increment(static_cast<double>(count * WireBytes(type_)));
+        m.pull_bytes->Increment(
+            static_cast<double>(change_ != nullptr ? count : count * WireBytes(type_)));
         m.pull_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start_));
       }
       Finish(grpc::Status::OK);
       return;
     }
-    int64_t n = std::min<int64_t>(kChunkBytes / WireBytes(type_), values.size() - next_);
     v1::PullChunk head;  // all but the data
     head.set_version(snapshot_->version);
+    head.set_view(view_);
+    head.set_base_view(base_view_);
+    if (change_ != nullptr) {  // the change, compressed, in pieces of whole units
+      const int64_t unit = CompressedUnitBytes(change_->compressor);
+      const int64_t n = std::max<int64_t>(1, kChunkBytes / unit) * unit;
+      head.set_offset(snapshot_->offset);
+      head.set_dtype(static_cast<v1::DType>(change_->compressor));
+      head.set_topk_pairs(change_->pairs);
+      message_ = EncodeWithTensor(head.SerializeAsString(), v1::PullChunk::kDataFieldNumber,
+                                  std::string_view(change_->bytes).substr(next_, n), change_);
+      next_ += std::max<int64_t>(n, 1);
+      StartWrite(&message_);
+      return;
+    }
+    int64_t n = std::min<int64_t>(kChunkBytes / WireBytes(type_), values.size() - next_);
     head.set_offset(snapshot_->offset + next_);
     head.set_dtype(static_cast<v1::DType>(type_));
     if (shm_segment_ != 0) {  // the values are in the segment already: say so
@@ -264,6 +317,11 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   // The data-plane connection and transfer the values go on (0: none).
   uint64_t data_connection_ = 0, data_transfer_ = 0;
   int worker_id_ = -1;
+  // A compressed pull: how, the view the worker named, and the answer (change_: null when the
+  // whole values go).
+  Compression compression_;
+  uint64_t held_view_ = 0, view_ = 0, base_view_ = 0;
+  std::shared_ptr<const CompressedTensor> change_;
   grpc::Status shared_status_;  // of writing the values into it, and how many
   int64_t shared_values_ = 0;
   grpc::ByteBuffer message_;
@@ -283,7 +341,8 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
       pulls_("pulls", limits.max_pulls, limits.max_calls_per_worker),
       watchdog_(limits.stream_idle, limits.stream_total),
       segments_(limits.shm_clients, shard->range().size() * static_cast<int64_t>(sizeof(float))),
-      data_plane_(data_plane) {
+      data_plane_(data_plane),
+      pull_views_(shard->range().size(), limits.pull_views) {
   // Initialize and Push read raw bytes, so that tensors go from gRPC's slices straight into the
   // shard's buffers: their generated synchronous handlers are replaced by handlers of ByteBuffer
   // messages. The replacement API (meant for streamed methods) also marks them bidirectional,
@@ -593,6 +652,7 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* conte
       [&](const auto& request, auto*) {
         absl::Status left = shard_->Leave(request.worker_id(), request.incarnation());
         if (left.ok()) segments_.Release(request.worker_id());
+        if (left.ok()) pull_views_.Forget(request.worker_id());
         if (left.ok() && data_plane_ != nullptr) data_plane_->Release(request.worker_id());
         return ToGrpcStatus(left);
       });
@@ -611,6 +671,8 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
         response->set_shm_pushes(shm_pushes_.load(std::memory_order_relaxed));
         response->set_data_plane_pushes(data_plane_pushes_.load(std::memory_order_relaxed));
         response->set_data_plane_pulls(data_plane_pulls_.load(std::memory_order_relaxed));
+        response->set_compressed_pulls(compressed_pulls_.load(std::memory_order_relaxed));
+        response->set_pull_views(pull_views_.size());
         if (data_plane_ != nullptr)
           response->set_data_plane_connections(data_plane_->connections());
         response->set_shm_pulls(shm_pulls_.load(std::memory_order_relaxed));

@@ -18,6 +18,7 @@
 #include "server/replication/replica.h"
 #include "server/rpc/call_limits.h"
 #include "server/rpc/payload.h"
+#include "server/rpc/pull_views.h"
 #include "server/rpc/shard_metrics.h"
 #include "server/rpc/shared_segments.h"
 #include "server/state/parameter_shard.h"
@@ -48,7 +49,7 @@ void CheckpointHealthToProto(const Checkpointer::Health& health, v1::StatsRespon
 // Limits on what clients may hold at once. With S the shard's size in bytes, a shard holds at
 // most (max_streams + max_pulls) * S in request buffers and snapshots, plus 4 * S idle buffers
 // kept for reuse (freed after ParameterShard::kBuffersUnused unused), plus shm_clients * 2 * S of
-// shared memory, beside its values and optimizer state.
+// shared memory, plus pull_views * S, beside its values and optimizer state.
 struct ServiceLimits {
   int max_streams = 16;  // Push and Initialize calls in progress
   int max_pulls = 256;   // Pull calls in progress, held ones included
@@ -63,6 +64,9 @@ struct ServiceLimits {
   // Clients that may hold a data-plane connection at once (server/rpc/data_plane.h); each costs
   // two threads, no buffer.
   int data_plane_clients = 64;
+  // Workers whose compressed pulls the shard follows at once (server/rpc/pull_views.h); each
+  // costs S. Beyond that the least recently pulling one gets whole values at its next pull.
+  int pull_views = 64;
 };
 
 using ShardServiceBase = v1::ParameterServer::WithRawCallbackMethod_Register<
@@ -240,7 +244,9 @@ class ShardService final : public ShardServiceBase {
   StreamWatchdog watchdog_;
   SharedSegments segments_;
   DataPlane* const data_plane_;
-  std::atomic<int64_t> shm_pushes_{0}, shm_pulls_{0}, data_plane_pushes_{0}, data_plane_pulls_{0};
+  PullViews pull_views_;
+  std::atomic<int64_t> shm_pushes_{0}, shm_pulls_{0}, data_plane_pushes_{0}, data_plane_pulls_{0},
+      compressed_pulls_{0};
   std::atomic<bool> pull_saturated_{false};  // a 16-bit pull had to saturate a weight (logged)
 };
 
