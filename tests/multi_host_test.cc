@@ -23,10 +23,12 @@ namespace ps {
 namespace {
 
 // Two shards, two workers and the evaluator on five hosts, from one spec with a token (shards
-// listen on their hosts' addresses), the workers' section given `worker_settings` too and their
-// pushes compressed with `compress` ("none": not): the job trains to `bar`, every update crossed
-// the links (compressed, when it was), and every daemon exits 0 on SIGTERM.
-void TrainAcrossHosts(const std::string& worker_settings, const std::string& compress, double bar) {
+// listen on their hosts' addresses), the workers' section given `worker_settings` too, their
+// pushes compressed with `compress` ("none": not) and their pulls with `pull_compress` ("": not):
+// the job trains to `bar`, every update and pull crossed the links (compressed, when it was), and
+// every daemon exits 0 on SIGTERM.
+void TrainAcrossHosts(const std::string& worker_settings, const std::string& compress, double bar,
+                      const std::string& pull_compress = "") {
   const std::string dir = NewRunDir("hosts");
   const LinkShape shape{.rate_gbit = 1, .delay_ms = 2, .jitter_ms = 1, .loss = 0.001};
   absl::StatusOr<std::unique_ptr<VirtualHosts>> made =
@@ -45,7 +47,12 @@ void TrainAcrossHosts(const std::string& worker_settings, const std::string& com
       "ps": {"optimizer": "momentum", "lr": 0.01},
       "worker": {"steps": 700, "device": "cpu", "shared_memory": false, "retry_seconds": 120,
                  "compress": ")",
-                                      compress, R"(")", worker_settings, R"(},
+                                      compress, R"(")", worker_settings,
+                                      pull_compress.empty()
+                                          ? ""
+                                          : absl::StrCat(R"(, "pull_compress": ")", pull_compress,
+                                                         R"(")"),
+                                      R"(},
       "evaluator": {"interval_seconds": 1, "shared_memory": false},
       "security": {"token_file": ")",
                                       dir, R"(/token"}})");
@@ -79,7 +86,8 @@ void TrainAcrossHosts(const std::string& worker_settings, const std::string& com
     EXPECT_GE(fastest, 2.0);
   }
   // Each shard received every push of its half of the model over its link: 1,400 x its part,
-  // as float32 or compressed (then at least 3x fewer bytes than float32's).
+  // as float32 or compressed (then at least 3x fewer bytes than float32's), and sent every pull
+  // (with `pull_compress`, compressed after each worker's first).
   const int64_t params = 784 * 128 + 128 + 128 * 64 + 64 + 64 * 10 + 10, part = params / 2;
   absl::StatusOr<Compression> compression = ParseCompression(compress);
   ASSERT_TRUE(compression.ok()) << compression.status();
@@ -93,6 +101,16 @@ void TrainAcrossHosts(const std::string& worker_settings, const std::string& com
     EXPECT_GE(received, 1400 * push_bytes) << "the pushes did not cross the link";
     if (compression->compressor != Compressor::kNone) {
       EXPECT_LT(received, 1400 * part * 4 / 3) << "the pushes were not compressed";
+    }
+    const int64_t sent = hosts.SentBytes(shard);
+    std::cout << "shard " << shard << " sent " << sent << " bytes\n";
+    if (pull_compress.empty()) {
+      EXPECT_GE(sent, 1400 * part * 4) << "the pulls did not cross the link";
+    } else {
+      absl::StatusOr<Compression> c = ParseCompression(pull_compress);
+      ASSERT_TRUE(c.ok()) << c.status();
+      EXPECT_GE(sent, 1400 * CompressedBytes(c->compressor, part, 0)) << "no pulls crossed";
+      EXPECT_LT(sent, 1400 * part * 4 / 3) << "the pulls were not compressed";
     }
   }
   EXPECT_EQ(evaluator.Stop(absl::Seconds(10)), 0) << ReadFile(dir + "/evaluator-4.log");
@@ -118,7 +136,9 @@ TEST(MultiHostTest, WorkersOverlappingCommunicationWithComputeTrainAcrossHosts) 
 // Each compressor, with error feedback: CompressedTrainingTest's bar.
 TEST(MultiHostTest, OneBitPushesTrainAcrossHosts) { TrainAcrossHosts("", "onebit", 0.72); }
 TEST(MultiHostTest, TopKPushesTrainAcrossHosts) { TrainAcrossHosts("", "topk:0.01", 0.72); }
-TEST(MultiHostTest, Int8PushesTrainAcrossHosts) { TrainAcrossHosts("", "int8", 0.72); }
+TEST(MultiHostTest, Int8PushesAndPullsTrainAcrossHosts) {
+  TrainAcrossHosts("", "int8", 0.72, "int8");
+}
 
 }  // namespace
 }  // namespace ps

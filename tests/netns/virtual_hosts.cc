@@ -120,13 +120,13 @@ std::vector<std::string> VirtualHosts::On(int i, std::vector<std::string> argv) 
   return argv;
 }
 
-int64_t VirtualHosts::ReceivedBytes(int i) const {
+int64_t VirtualHosts::LinkBytes(int i, const char* direction) const {
   absl::StatusOr<std::string> out =
       Shell(absl::StrCat("ip -n ", namespaces_[i + 1], " -s -j link show dev ", interfaces_[i]));
   if (!out.ok()) return -1;
   nlohmann::json j = nlohmann::json::parse(*out, nullptr, false);
   if (j.is_discarded() || j.empty()) return -1;
-  return j[0]["stats64"]["rx"]["bytes"].get<int64_t>();
+  return j[0]["stats64"][direction]["bytes"].get<int64_t>();
 }
 
 absl::Status VirtualHosts::AddNamespace(const std::string& name) {

@@ -44,10 +44,13 @@ class VirtualHosts {
   std::string Address(int i) const;
   // argv run inside host i.
   std::vector<std::string> On(int i, std::vector<std::string> argv) const;
-  // Bytes host i received on its link; -1 when unknown.
-  int64_t ReceivedBytes(int i) const;
+  // Bytes host i received (sent) on its link; -1 when unknown.
+  int64_t ReceivedBytes(int i) const { return LinkBytes(i, "rx"); }
+  int64_t SentBytes(int i) const { return LinkBytes(i, "tx"); }
 
  private:
+  // The bytes counter of host i's link in `direction` ("rx", "tx"); -1 when unknown.
+  int64_t LinkBytes(int i, const char* direction) const;
   VirtualHosts() = default;
   absl::Status AddNamespace(const std::string& name);
   absl::Status AddHost(int i, const std::string& tag, const LinkShape& shape,
