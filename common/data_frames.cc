@@ -88,7 +88,7 @@ absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t tran
 }
 
 absl::Status ReceiveValues(Socket& socket, uint64_t bytes, absl::Span<float> dst, WireType type,
-                           absl::Time deadline) {
+                           absl::Time deadline, ValuesSeen seen) {
   const uint64_t expected = static_cast<uint64_t>(dst.size()) * WireBytes(type);
   if (bytes != expected) {
     absl::Status dropped = Discard(socket, bytes, deadline);
@@ -96,13 +96,26 @@ absl::Status ReceiveValues(Socket& socket, uint64_t bytes, absl::Span<float> dst
     return absl::InvalidArgumentError(absl::StrCat("a data-plane tensor of ", bytes,
                                                    " bytes where the call declared ", expected));
   }
-  if (type == WireType::kFloat32) return socket.Receive(dst.data(), bytes, deadline);
+  if (type == WireType::kFloat32) {  // in runs small enough to be scanned while in the cache
+    constexpr uint64_t kRunValues = kSeenRunBytes / sizeof(float);
+    for (uint64_t i = 0; i < dst.size(); i += kRunValues) {
+      absl::Span<float> run = dst.subspan(i, kRunValues);
+      if (absl::Status s = socket.Receive(run.data(), run.size() * sizeof(float), deadline);
+          !s.ok()) {
+        return s;
+      }
+      seen(run);
+    }
+    return absl::OkStatus();
+  }
   ChunkAssembler assembler(dst, type);
-  std::vector<char> piece(kChunkBytes);
+  std::vector<char> piece(kSeenRunBytes);
   for (uint64_t left = bytes; left > 0;) {
     const size_t n = std::min<uint64_t>(left, piece.size());
     if (absl::Status s = socket.Receive(piece.data(), n, deadline); !s.ok()) return s;
+    const int64_t before = assembler.received();
     if (absl::Status s = assembler.Append(std::string_view(piece.data(), n)); !s.ok()) return s;
+    seen(absl::Span<const float>(dst).subspan(before, assembler.received() - before));
     left -= n;
   }
   return assembler.Finish();

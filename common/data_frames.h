@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -58,11 +59,19 @@ absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline);
 absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t transfer,
                                    absl::Span<const float> values, WireType type,
                                    absl::Time deadline);
+// The bytes of a run ValuesSeen is told of (the last may be shorter): a quarter of a usual L2.
+inline constexpr uint64_t kSeenRunBytes = 256 << 10;
+// Called with each run of a tensor's values as soon as it is in the destination (decoded), in
+// order, each value once: a shard scans a gradient while the rest is on its way.
+using ValuesSeen = absl::FunctionRef<void(absl::Span<const float>)>;
+inline void IgnoreValues(absl::Span<const float>) {}
+
 // Receives a frame's payload of `bytes` bytes into `dst` as `type` values (32-bit ones straight
-// into `dst`). The payload is read whole even when it does not fit `dst` (INVALID_ARGUMENT
-// then, naming both sizes), so that the connection stays usable; other failures are the socket's.
+// into `dst`), telling `seen` of each run of them. The payload is read whole even when it does
+// not fit `dst` (INVALID_ARGUMENT then, naming both sizes, `seen` not called), so that the
+// connection stays usable; other failures are the socket's.
 absl::Status ReceiveValues(Socket& socket, uint64_t bytes, absl::Span<float> dst, WireType type,
-                           absl::Time deadline);
+                           absl::Time deadline, ValuesSeen seen = IgnoreValues);
 // Reads and drops `bytes` bytes of payload.
 absl::Status Discard(Socket& socket, uint64_t bytes, absl::Time deadline);
 

@@ -34,8 +34,8 @@ absl::Status FrameInbox::ReadLoop() {
       status = Discard(*socket_, h->bytes, absl::InfiniteFuture());
       continue;
     }
-    absl::Status read =
-        ReceiveValues(*socket_, h->bytes, taken->dst, taken->type, absl::InfiniteFuture());
+    absl::Status read = ReceiveValues(*socket_, h->bytes, taken->dst, taken->type,
+                                      absl::InfiniteFuture(), taken->seen);
     // A frame of the wrong size fails its call only: it was read whole. Anything else ends the
     // connection, before its call learns of it (so that it finds the connection ended).
     if (read.code() != absl::StatusCode::kInvalidArgument) status = read;
@@ -48,10 +48,12 @@ absl::Status FrameInbox::ReadLoop() {
   return status;
 }
 
-absl::Status FrameInbox::Expect(uint64_t transfer, absl::Span<float> dst, WireType type) {
+absl::Status FrameInbox::Expect(uint64_t transfer, absl::Span<float> dst, WireType type,
+                                ValuesSeen seen) {
   absl::MutexLock lock(&mu_);
   if (ended_) return absl::FailedPreconditionError("the data plane connection ended");
-  if (!expected_.emplace(transfer, Expected{dst, type, State::kWaiting, absl::OkStatus()}).second) {
+  if (!expected_.emplace(transfer, Expected{dst, type, seen, State::kWaiting, absl::OkStatus()})
+           .second) {
     return absl::InvalidArgumentError("a transfer id already in use on this connection");
   }
   return absl::OkStatus();

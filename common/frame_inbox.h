@@ -29,9 +29,11 @@ class FrameInbox {
   // Reads frames until the connection ends, then ends it (End) and returns why.
   absl::Status ReadLoop();
 
-  // Transfer `transfer`'s values go into `dst` as `type` values. FAILED_PRECONDITION once the
+  // Transfer `transfer`'s values go into `dst` as `type` values, `seen` told of each run of them
+  // on ReadLoop's thread (it must stay valid until Await returned). FAILED_PRECONDITION once the
   // connection ended; INVALID_ARGUMENT for a transfer already expected.
-  absl::Status Expect(uint64_t transfer, absl::Span<float> dst, WireType type);
+  absl::Status Expect(uint64_t transfer, absl::Span<float> dst, WireType type,
+                      ValuesSeen seen = IgnoreValues);
   // Waits until transfer `transfer` (expected) is in, then forgets it: its frame's status
   // (INVALID_ARGUMENT for one of another size than expected); UNAVAILABLE when the connection
   // ended before it came; DEADLINE_EXCEEDED at `deadline` (a frame still coming then ends the
@@ -47,6 +49,7 @@ class FrameInbox {
   struct Expected {
     absl::Span<float> dst;
     WireType type;
+    ValuesSeen seen;
     State state = State::kWaiting;
     absl::Status status;
   };

@@ -12,9 +12,11 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/data_frames.h"
 #include "common/grpc_status.h"
@@ -313,6 +315,35 @@ TEST_F(DataPlaneShardTest, RemoteClientsMoveTensorsOverItWithTheSameResults) {
   EXPECT_EQ(stats.data_plane_pulls(), 3);
   EXPECT_EQ(stats.pushes_applied(), 4);
   EXPECT_EQ(stats.data_plane_connections(), 1);  // worker 1 asked for none
+}
+
+// The shard scans a gradient run by run as it comes in (over the plane and over gRPC): a value
+// that is not finite, wherever it is, still refuses the whole push, naming it, with nothing
+// applied; a finite one is applied as before.
+TEST_F(DataPlaneShardTest, ANonFiniteValueAnywhereRefusesThePushOverEitherPath) {
+  std::unique_ptr<ShardedClient> worker1 = Client(1, /*data_plane=*/false);
+  ASSERT_TRUE(worker1->Register().ok());
+  std::vector<float> gradient(kParams, 0.5f);
+  for (ShardedClient* worker : {worker0_.get(), worker1.get()}) {
+    for (int at : {0, 250001, kParams - 1}) {
+      gradient[at] = at == 0 ? std::numeric_limits<float>::infinity()
+                             : std::numeric_limits<float>::quiet_NaN();
+      absl::StatusOr<ShardedClient::PushSummary> refused = worker->Push(gradient);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+      EXPECT_NE(refused.status().message().find(absl::StrCat("offset ", at)), std::string::npos)
+          << refused.status();
+      gradient[at] = 0.5f;
+    }
+  }
+  v1::StatsResponse stats = ShardStats();
+  EXPECT_EQ(stats.version(), 0);
+  EXPECT_EQ(stats.pushes_rejected(), 6);
+  EXPECT_EQ(stats.data_plane_pushes(), 0);
+  ASSERT_TRUE(worker0_->Push(gradient).ok());
+  std::vector<float> weights(kParams);
+  ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(weights)).ok());
+  for (int i = 0; i < kParams; ++i) ASSERT_EQ(weights[i], initial_[i] - 0.25f) << i;
+  EXPECT_EQ(ShardStats().data_plane_pushes(), 1);
 }
 
 TEST_F(DataPlaneShardTest, ATicketNeedsTheJobsTokenAndOpensThisShardOnly) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <thread>
 #include <vector>
@@ -214,6 +215,34 @@ TEST(OptimizerTest, ScanFindsTheFirstNonFiniteValue) {
   EXPECT_EQ(scan.first_nonfinite, -1);
   EXPECT_EQ(scan.max_abs, 4.0f);
   EXPECT_DOUBLE_EQ(scan.sum_of_squares, 299998 * 0.25 + 4 + 16);
+}
+
+// A gradient scanned run by run as it arrives (a payload source telling the shard of each run)
+// sums up exactly as one pass, whatever the runs' lengths, and finds the same first non-finite.
+TEST(OptimizerTest, AScanFedInRunsOfAnyLengthIsOnePassBitForBit) {
+  std::vector<float> g(1000 * 16 + 7);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(i * 0.77f) * (1 + i % 13) * 1e-3f;
+  g[421] = 1e-39f;  // a denormal: read as zero by both (ScopedFlushDenormals)
+  for (bool squares : {false, true}) {
+    const GradientSummary whole = ScanGradient(g, nullptr, squares);
+    for (size_t run : {1, 5, 16, 17, 1000, 65536}) {
+      GradientScan scan(squares);
+      for (size_t i = 0; i < g.size(); i += run) {
+        scan.Add(absl::MakeConstSpan(g).subspan(i, std::min(run, g.size() - i)));
+      }
+      EXPECT_EQ(scan.count(), static_cast<int64_t>(g.size()));
+      const GradientSummary runs = scan.Finish(g);
+      EXPECT_EQ(runs.max_abs, whole.max_abs) << run;
+      EXPECT_EQ(runs.sum_of_squares, whole.sum_of_squares) << run;  // bit for bit
+      EXPECT_EQ(runs.first_nonfinite, -1);
+    }
+  }
+  g[9000] = NAN;
+  GradientScan scan(true);
+  scan.Add(absl::MakeConstSpan(g).subspan(0, 8999));
+  scan.Add(absl::MakeConstSpan(g).subspan(8999));
+  EXPECT_EQ(scan.Finish(g).first_nonfinite, 9000);
+  EXPECT_EQ(ScanGradient(g).first_nonfinite, 9000);
 }
 
 TEST(OptimizerTest, RejectsUnknownNamesAndBadHyperParameters) {

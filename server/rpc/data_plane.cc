@@ -255,11 +255,11 @@ absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Find(uint64_t 
 
 absl::Status DataPlane::Receive(uint64_t connection, int owner, uint64_t transfer,
                                 absl::Span<float> dst, WireType type, absl::Time deadline,
-                                absl::FunctionRef<void()> ready) {
+                                absl::FunctionRef<void()> ready, ValuesSeen seen) {
   absl::StatusOr<std::shared_ptr<Connection>> found = Find(connection, owner);
   if (!found.ok()) return found.status();
   Connection& c = **found;
-  if (absl::Status s = c.inbox.Expect(transfer, dst, type); !s.ok()) {
+  if (absl::Status s = c.inbox.Expect(transfer, dst, type, seen); !s.ok()) {
     return s.code() == absl::StatusCode::kFailedPrecondition ? Lost(s.message()) : s;
   }
   ready();

@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/data_frames.h"
 #include "common/socket.h"
 #include "common/wire_type.h"
 
@@ -68,13 +69,15 @@ class DataPlane {
   absl::StatusOr<Ticket> Issue(int owner);
 
   // The tensor a client sends on connection `connection` as `transfer`, into `dst` as `type`
-  // values: waits for it, once ready() told the client to send it, until `deadline`.
+  // values, `seen` told of each run of them as it comes in: waits for it, once ready() told the
+  // client to send it, until `deadline`.
   // FAILED_PRECONDITION when the connection is not `owner`'s or no longer open (ready() not
   // called), UNAVAILABLE when it ended before the whole tensor came, DEADLINE_EXCEEDED when the
   // tensor did not come in time (the connection is then ended if it was coming), INVALID_ARGUMENT
   // for a tensor of another size. `dst` is not written once this returned.
   absl::Status Receive(uint64_t connection, int owner, uint64_t transfer, absl::Span<float> dst,
-                       WireType type, absl::Time deadline, absl::FunctionRef<void()> ready);
+                       WireType type, absl::Time deadline, absl::FunctionRef<void()> ready,
+                       ValuesSeen seen = IgnoreValues);
 
   // Called once the values of a Send are written (the number saturated to the wire type's range)
   // or could not be (UNAVAILABLE: the connection ended).

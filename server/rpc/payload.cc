@@ -26,7 +26,8 @@ SharedPayload::~SharedPayload() {
   segment_->push().Move(SharedRegion::kBusy, SharedRegion::kIdle, ticket_);
 }
 
-absl::Status SharedPayload::ReadInto(absl::Span<float> dst, const PayloadFormat& format) {
+absl::Status SharedPayload::ReadInto(absl::Span<float> dst, const PayloadFormat& format,
+                                     ValuesSeen) {
   SharedRegion region = segment_->push();
   const int64_t bytes = PayloadBytes(format, static_cast<int64_t>(dst.size()));
   if (bytes > region.capacity()) {
@@ -34,6 +35,9 @@ absl::Status SharedPayload::ReadInto(absl::Span<float> dst, const PayloadFormat&
                                                    " bytes is larger than its shared region (",
                                                    region.capacity(), " bytes)"));
   }
+  // One copy, told of nothing: copied in cache-sized runs (to scan each while in the cache) a
+  // large push went 25% slower (bench/RESULTS.md "Scanning a push as it arrives"): one large
+  // copy streams past the cache, and the shard then scans the buffer itself.
   ChunkAssembler assembler(dst, format);
   absl::Status s = assembler.Append(std::string_view(region.data(), bytes));
   if (s.ok()) s = assembler.Finish();
@@ -51,7 +55,8 @@ absl::StatusOr<std::unique_ptr<DataPlanePayload>> DataPlanePayload::Open(
       new DataPlanePayload(plane, context, reader, connection, transfer, worker_id, deadline));
 }
 
-absl::Status DataPlanePayload::ReadInto(absl::Span<float> dst, const PayloadFormat& format) {
+absl::Status DataPlanePayload::ReadInto(absl::Span<float> dst, const PayloadFormat& format,
+                                        ValuesSeen seen) {
   if (format.compressor != Compressor::kNone) {
     return absl::InvalidArgumentError("a compressed push travels over gRPC, not the data plane");
   }
@@ -59,7 +64,7 @@ absl::Status DataPlanePayload::ReadInto(absl::Span<float> dst, const PayloadForm
       plane_->Receive(connection_, worker_id_, transfer_, dst, format.type, deadline_, [&] {
         context_->AddInitialMetadata(kDataPlaneReady, "1");
         reader_->SendInitialMetadata();
-      });
+      }, seen);
   grpc::ByteBuffer more;
   if (s.ok() && reader_->Read(&more)) {
     return absl::InvalidArgumentError("a push over the data plane carries no data in its stream");

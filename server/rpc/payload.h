@@ -34,10 +34,12 @@ namespace ps {
 class PayloadSource {
  public:
   virtual ~PayloadSource() = default;
-  // Decodes the payload, dst.size() values in `format`, into `dst`. INVALID_ARGUMENT (naming the
-  // problem) when it is not exactly that many values or is malformed; `dst` may then hold part of
-  // it. Call once.
-  virtual absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format) = 0;
+  // Decodes the payload, dst.size() values in `format`, into `dst`, telling `seen` of each run of
+  // values as soon as it is in, in order, each value once, or of none (a compressed payload's,
+  // shared memory's). INVALID_ARGUMENT (naming the problem) when it is not exactly that many
+  // values or is malformed; `dst` may then hold part of it. Call once.
+  virtual absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format,
+                                ValuesSeen seen) = 0;
 };
 
 // The first message of a chunked tensor stream (Initialize, Push), split: its fields but the data
@@ -73,7 +75,8 @@ class StreamPayload final : public PayloadSource {
                 StreamWatchdog::Guard* guard)
       : reader_(reader), first_(std::move(first)), guard_(guard) {}
 
-  absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format) override {
+  absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format,
+                        ValuesSeen seen) override {
     ChunkAssembler assembler(dst, format);
     std::optional<TensorMessage> m(std::move(first_));
     grpc::ByteBuffer bytes;
@@ -91,7 +94,11 @@ class StreamPayload final : public PayloadSource {
           return absl::InvalidArgumentError("an empty chunk after the first");
         }
       }
+      const int64_t before = assembler.received();
       if (absl::Status s = m->AppendTensorTo(&assembler); !s.ok()) return s;
+      if (format.compressor == Compressor::kNone) {
+        seen(absl::Span<const float>(dst).subspan(before, assembler.received() - before));
+      }
       if (!reader_->Read(&bytes)) break;
       absl::StatusOr<TensorMessage> next = TensorMessage::Decode(bytes, Chunk::kDataFieldNumber);
       if (!next.ok()) return next.status();
@@ -122,7 +129,9 @@ class SharedPayload final : public PayloadSource {
   ~SharedPayload() override;
 
   // INVALID_ARGUMENT also if the payload is larger than the region (a compressed payload may be).
-  absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format) override;
+  // Tells `seen` of nothing: the values are copied out in one piece (payload.cc says why).
+  absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format,
+                        ValuesSeen seen) override;
 
  private:
   SharedPayload(std::shared_ptr<const SharedSegment> segment, uint64_t ticket)
@@ -133,8 +142,8 @@ class SharedPayload final : public PayloadSource {
 
 // The payload of a push on the client's data-plane connection: the stream carries only the header;
 // once the call waits for the payload it says so in its initial metadata (kDataPlaneReady,
-// common/data_frames.h), the
-// client sends the frame, and it is read straight into the call's buffer.
+// common/data_frames.h), the client sends the frame, and it is read straight into the call's
+// buffer, in runs that are told of as each comes in.
 class DataPlanePayload final : public PayloadSource {
  public:
   // INVALID_ARGUMENT if the stream's first message (`first`) carried data.
@@ -144,7 +153,8 @@ class DataPlanePayload final : public PayloadSource {
       absl::Time deadline);
   // DataPlane::Receive's errors; INVALID_ARGUMENT if the stream carries data after its header, or
   // for a compressed payload (those travel over gRPC).
-  absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format) override;
+  absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format,
+                        ValuesSeen seen) override;
 
  private:
   DataPlanePayload(DataPlane* plane, grpc::ServerContext* context,

@@ -490,9 +490,8 @@ grpc::Status ShardService::Initialize(grpc::ServerContext* context,
   // Not needed by a shard already initialised (a restarted initialiser): the data is not read.
   if (slot->needed()) {
     StreamPayload<v1::InitializeChunk> source(reader, *std::move(data), &admission.guard());
-    if (absl::Status s = source.ReadInto(slot->values(), PayloadFormat{}); !s.ok()) {
-      return ToGrpcStatus(s);
-    }
+    absl::Status read = source.ReadInto(slot->values(), PayloadFormat{}, IgnoreValues);
+    if (!read.ok()) return ToGrpcStatus(read);
   }
   absl::StatusOr<bool> applied = shard_->Commit(*std::move(slot));
   if (!applied.ok()) return ToGrpcStatus(applied.status());
@@ -541,7 +540,8 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<PayloadFormat> format = PushPayloadFormat(h.dtype(), h.topk_pairs(), h.length());
   if (!format.ok()) return ToGrpcStatus(format.status());
-  absl::Status read = source->ReadInto(slot->gradient(), *format);
+  absl::Status read = source->ReadInto(slot->gradient(), *format,
+                                      [&](absl::Span<const float> run) { slot->Seen(run); });
   source.reset();  // a shared region is given back: the client may reuse it now
   if (!read.ok()) {
     // A data-plane payload that did not come is the plane's failure: the client sends over gRPC.

@@ -231,35 +231,39 @@ class AdaGrad : public Kernel<AdaGrad> {
 
 }  // namespace
 
-GradientSummary ScanGradient(absl::Span<const float> g, ApplyThreads* threads, bool squares) {
-  ScopedFlushDenormals flush;  // here and in Apply (see common/denormals.h)
-  const int parts = threads != nullptr ? threads->Parts(g.size()) : 1;
-  std::vector<GradientSummary> found(parts);
-  auto scan = [&](int part, int64_t begin, int64_t end) {
-    const float* __restrict p = g.data() + begin;
-    const int64_t n = end - begin;
-    GradientSummary& out = found[part];
-    out.max_abs = MaxAbs(p, n);
-    if (!squares) return;
-    constexpr int64_t kLanes = 16;  // as MaxAbs
-    double lane[kLanes] = {};
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes) {
-      for (int64_t k = 0; k < kLanes; ++k) lane[k] += static_cast<double>(p[i + k]) * p[i + k];
-    }
-    for (; i < n; ++i) out.sum_of_squares += static_cast<double>(p[i]) * p[i];
-    for (double s : lane) out.sum_of_squares += s;
+void GradientScan::Add(absl::Span<const float> run) {
+  ScopedFlushDenormals flush;  // as ScanGradient, wherever it runs
+  const float* p = run.data();
+  int64_t n = static_cast<int64_t>(run.size());
+  count_ += n;
+  max_abs_ = std::max(max_abs_, MaxAbs(p, n));
+  if (!squares_) return;
+  auto add_group = [this](const float* g) {
+    for (int k = 0; k < kLanes; ++k) lane_[k] += static_cast<double>(g[k]) * g[k];
   };
-  if (threads != nullptr) {
-    threads->Run(g.size(), scan);
-  } else {
-    scan(0, 0, g.size());
+  if (carried_ > 0) {  // complete the group the last run left open
+    const int64_t take = std::min<int64_t>(n, kLanes - carried_);
+    std::copy(p, p + take, carry_ + carried_);
+    carried_ += static_cast<int>(take);
+    p += take;
+    n -= take;
+    if (carried_ < kLanes) return;
+    add_group(carry_);
+    carried_ = 0;
   }
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) add_group(p + i);
+  std::copy(p + i, p + n, carry_);
+  carried_ = static_cast<int>(n - i);
+}
+
+GradientSummary GradientScan::Finish(absl::Span<const float> g) const {
   GradientSummary summary;
-  for (const GradientSummary& part : found) {
-    summary.max_abs = std::max(summary.max_abs, part.max_abs);
-    summary.sum_of_squares += part.sum_of_squares;
+  summary.max_abs = max_abs_;
+  for (int k = 0; k < carried_; ++k) {
+    summary.sum_of_squares += static_cast<double>(carry_[k]) * carry_[k];
   }
+  for (double s : lane_) summary.sum_of_squares += s;
   if (!std::isfinite(summary.max_abs)) {  // rare (a rejected push): find where
     for (size_t i = 0; i < g.size(); ++i) {
       if (!std::isfinite(g[i])) {
@@ -267,6 +271,31 @@ GradientSummary ScanGradient(absl::Span<const float> g, ApplyThreads* threads, b
         break;
       }
     }
+  }
+  return summary;
+}
+
+GradientSummary ScanGradient(absl::Span<const float> g, ApplyThreads* threads, bool squares) {
+  ScopedFlushDenormals flush;  // here and in Apply (see common/denormals.h)
+  const int parts = threads != nullptr ? threads->Parts(g.size()) : 1;
+  std::vector<GradientSummary> found(parts);
+  auto scan = [&](int part, int64_t begin, int64_t end) {
+    GradientScan s(squares);
+    const absl::Span<const float> values = g.subspan(begin, end - begin);
+    s.Add(values);
+    found[part] = s.Finish(values);
+    if (found[part].first_nonfinite >= 0) found[part].first_nonfinite += begin;
+  };
+  if (threads != nullptr) {
+    threads->Run(g.size(), scan);
+  } else {
+    scan(0, 0, g.size());
+  }
+  GradientSummary summary;
+  for (int part = 0; part < parts; ++part) {
+    summary.max_abs = std::max(summary.max_abs, found[part].max_abs);
+    summary.sum_of_squares += found[part].sum_of_squares;
+    if (summary.first_nonfinite < 0) summary.first_nonfinite = found[part].first_nonfinite;
   }
   return summary;
 }

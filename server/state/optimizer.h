@@ -36,6 +36,29 @@ struct GradientSummary {
 GradientSummary ScanGradient(absl::Span<const float> g, ApplyThreads* threads = nullptr,
                              bool squares = false);
 
+// ScanGradient on one thread over a gradient that arrives in runs of values, fed in order as each
+// comes in (while it is still in the cache, and while the rest is on its way): the same summary,
+// bit for bit, whatever the runs' lengths. Not thread-safe.
+class GradientScan {
+ public:
+  explicit GradientScan(bool squares) : squares_(squares) {}
+  // The next run of the gradient's values.
+  void Add(absl::Span<const float> run);
+  // Values added so far.
+  int64_t count() const { return count_; }
+  // The summary of the values added, which must be all of `g` (first_nonfinite is found there).
+  GradientSummary Finish(absl::Span<const float> g) const;
+
+ private:
+  static constexpr int kLanes = 16;
+  const bool squares_;
+  int64_t count_ = 0;
+  float max_abs_ = 0;
+  double lane_[kLanes] = {};  // squares of the values at index i % kLanes, whole groups only
+  float carry_[kLanes] = {};  // the values of a group not yet whole
+  int carried_ = 0;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;

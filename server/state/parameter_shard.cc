@@ -391,7 +391,7 @@ absl::StatusOr<ParameterShard::PushSlot> ParameterShard::BeginPush(const PushHea
     }
   }
   // The header matched the shard's range exactly, so this is the shard's size, never more.
-  return PushSlot(this, h, push_buffers_.Acquire(h.length));
+  return PushSlot(this, h, push_buffers_.Acquire(h.length), NeedsSquares());
 }
 
 bool ParameterShard::Clip(absl::Span<float> gradient, double norm) const {
@@ -417,10 +417,12 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   const PushHeaderInfo h = slot.header_;
   slot.shard_ = nullptr;  // counted here from now on
   absl::Span<float> gradient = slot.gradient();
-  // Scanned and clipped outside the lock, on this thread: concurrent pushes scan side by side, and
-  // the apply threads (which an apply waits for holding the locks) are not made to wait on scans.
-  const GradientSummary scan =
-      ScanGradient(gradient, nullptr, config_.clip_norm > 0 || config_.max_norm_ratio > 0);
+  // Scanned (unless its source scanned it as it came) and clipped outside the lock, on this
+  // thread: concurrent pushes scan side by side, and the apply threads (which an apply waits for
+  // holding the locks) are not made to wait on scans.
+  const GradientSummary scan = slot.scan_.count() == static_cast<int64_t>(gradient.size())
+                                   ? slot.scan_.Finish(gradient)
+                                   : ScanGradient(gradient, nullptr, NeedsSquares());
   const double norm = std::sqrt(scan.sum_of_squares);  // before clipping
   absl::Status status;
   bool clipped = false;

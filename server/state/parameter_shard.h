@@ -269,18 +269,24 @@ class ParameterShard {
     PushSlot(PushSlot&& o) noexcept
         : shard_(std::exchange(o.shard_, nullptr)),
           header_(o.header_),
-          buffer_(std::move(o.buffer_)) {}
+          buffer_(std::move(o.buffer_)),
+          scan_(o.scan_) {}
     PushSlot& operator=(PushSlot&&) = delete;
     ~PushSlot();
     absl::Span<float> gradient() { return buffer_.span(); }
+    // The next run of gradient()'s values, now in place (a payload source's ValuesSeen): scanned
+    // while in the cache. Once every value was seen, in order and once, Commit scans no more.
+    void Seen(absl::Span<const float> run) { scan_.Add(run); }
 
    private:
     friend class ParameterShard;
-    PushSlot(ParameterShard* shard, const PushHeaderInfo& header, BufferPool::Lease buffer)
-        : shard_(shard), header_(header), buffer_(std::move(buffer)) {}
+    PushSlot(ParameterShard* shard, const PushHeaderInfo& header, BufferPool::Lease buffer,
+             bool squares)
+        : shard_(shard), header_(header), buffer_(std::move(buffer)), scan_(squares) {}
     ParameterShard* shard_;  // null once committed or moved from
     PushHeaderInfo header_;
     BufferPool::Lease buffer_;
+    GradientScan scan_;
   };
   // Checks a push's header before its payload is read (so no buffer is sized by a bad request):
   // worker, incarnation, sequence, base version, and a range that is the shard's whole range.
@@ -374,6 +380,8 @@ class ParameterShard {
   // Scales `gradient` down to clip_norm in place if its L2 norm (`norm`) is above it; returns
   // whether it did.
   bool Clip(absl::Span<float> gradient, double norm) const;
+  // Whether a push's scan needs the gradient's sum of squares (clipping, the norm guard).
+  bool NeedsSquares() const { return config_.clip_norm > 0 || config_.max_norm_ratio > 0; }
   // Decides how the push of `h` (whose gradient is `gradient`, with `norm`) is taken: the change
   // to apply, or an error that rejects it.
   absl::StatusOr<ShardChange> Decide(const PushHeaderInfo& h, absl::Span<const float> gradient,
