@@ -14,6 +14,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -50,6 +51,9 @@ void Stream(std::vector<std::vector<float>>& arrays, const std::vector<float>& g
 }
 
 int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "How fast a shard applies a push, per optimizer and thread count, against a streaming loop.\n"
+      "  apply_bench --params=10000000 --threads=1,2 --repeats=7");
   absl::ParseCommandLine(argc, argv);
   const int64_t n = absl::GetFlag(FLAGS_params);
   const int repeats = absl::GetFlag(FLAGS_repeats);

@@ -28,6 +28,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -214,6 +215,9 @@ Result RunConfig(Backend* backend, const Config& config, uint64_t seed) {
 }
 
 int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "A worker's training step throughput on each backend.\n"
+      "  compute_bench");
   absl::ParseCommandLine(argc, argv);
   std::vector<Config> configs;
   for (const std::string& text : absl::GetFlag(FLAGS_configs)) {

@@ -12,6 +12,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/proc_status.h"
@@ -35,6 +36,9 @@ Resident ReadResident(pid_t pid) {
 }
 
 int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "What a shard process holds beside its values and optimizer state, phase by phase.\n"
+      "  memory_bench");
   absl::ParseCommandLine(argc, argv);
   const int64_t n = absl::GetFlag(FLAGS_params);
   const std::string optimizer = absl::GetFlag(FLAGS_optimizer);

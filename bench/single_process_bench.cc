@@ -9,6 +9,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/str_format.h"
 #include "kernels/backend.h"
 #include "server/state/optimizer.h"
@@ -31,6 +32,9 @@ namespace ps {
 namespace {
 
 int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "README command (1)'s model trained in one process, the distributed demo's yardstick.\n"
+      "  single_process_bench");
   absl::ParseCommandLine(argc, argv);
   const int batch = absl::GetFlag(FLAGS_batch_size);
   absl::StatusOr<Examples> train = LoadFashionMnist(absl::GetFlag(FLAGS_data_dir), "train");

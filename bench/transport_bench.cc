@@ -30,6 +30,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -171,6 +172,9 @@ void Striped(int64_t bytes, int stripes, Fn fn) {
 }
 
 int Main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Push and pull throughput of a ps shard over loopback, against TCP, raw gRPC and memcpy.\n"
+      "  transport_bench --sizes_mib=1,38 --repeats=7");
   absl::ParseCommandLine(argc, argv);
   if (!absl::GetFlag(FLAGS_serve_raw).empty()) return ServeRaw(absl::GetFlag(FLAGS_serve_raw));
   const int repeats = absl::GetFlag(FLAGS_repeats);
