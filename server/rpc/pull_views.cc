@@ -42,11 +42,12 @@ PullViews::Answer PullViews::Encode(int worker, uint64_t held, absl::Span<const 
   uint64_t next = RandomId();
   while (next == 0 || next == view->id) next = RandomId();
   if (held != 0 && held == view->id) {
-    std::vector<float> change(size_);
+    BufferPool::Lease buffer = changes_.Acquire(size_);
+    const absl::Span<float> change = buffer.span();
     for (int64_t i = 0; i < size_; ++i) change[i] = values[i] - view->values[i];
-    Compress(compression, absl::MakeSpan(change), &answer.change);
+    Compress(compression, change, &answer.change);
     // The worker adds what it decodes from these bytes; so does its view here, bit for bit.
-    CompressedDecoder decoder(compression.compressor, answer.change.pairs, absl::MakeSpan(change));
+    CompressedDecoder decoder(compression.compressor, answer.change.pairs, change);
     decoder.Append(answer.change.bytes).IgnoreError();  // encoded just now: well formed
     for (int64_t i = 0; i < size_; ++i) view->values[i] += change[i];
     answer.base = held;

@@ -9,7 +9,8 @@
 // naming another id (the worker missed an answer, a concurrent pull moved the view on, or this
 // process never had its view: it restarted, or took over as primary) gets the whole values
 // instead, which start a new view. At most `max_views` views are kept (each a copy of the range):
-// beyond that the least recently used one is dropped, and its worker's next pull is whole.
+// beyond that the least recently used one is dropped, and its worker's next pull is whole. A
+// change is computed in a reused buffer (two range-sized ones kept idle at most), not a fresh one.
 //
 // Thread-safe: the pulls of different workers encode side by side, one worker's in turn.
 #pragma once
@@ -22,6 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/buffer_pool.h"
 #include "common/compression.h"
 #include "common/wire_type.h"
 
@@ -65,6 +67,7 @@ class PullViews {
   };
   std::map<int, Kept> views_ ABSL_GUARDED_BY(mu_);  // by worker
   int64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
+  BufferPool changes_{2};
 };
 
 }  // namespace ps

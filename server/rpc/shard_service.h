@@ -49,7 +49,7 @@ void CheckpointHealthToProto(const Checkpointer::Health& health, v1::StatsRespon
 // Limits on what clients may hold at once. With S the shard's size in bytes, a shard holds at
 // most (max_streams + max_pulls) * S in request buffers and snapshots, plus 4 * S idle buffers
 // kept for reuse (freed after ParameterShard::kBuffersUnused unused), plus shm_clients * 2 * S of
-// shared memory, plus pull_views * S, beside its values and optimizer state.
+// shared memory, plus (pull_views + 2) * S, beside its values and optimizer state.
 struct ServiceLimits {
   int max_streams = 16;  // Push and Initialize calls in progress
   int max_pulls = 256;   // Pull calls in progress, held ones included
