@@ -60,6 +60,8 @@ ABSL_FLAG(std::string, raw_args, "",
           "gRPC channel arguments for both ends of the raw streams, name=int,... (e.g. "
           "grpc.http2.write_buffer_size=16777216,grpc.http2.lookahead_bytes=67108864): the "
           "other bulk data plane candidate.");
+ABSL_FLAG(std::vector<std::string>, ps_flags, {},
+          "More flags for every shard started, comma-separated (e.g. --apply_threads=8).");
 ABSL_FLAG(int, stripes, 2,
           "Raw streams run at once, each on its own connection, for the striped ceiling columns.");
 
@@ -235,17 +237,19 @@ int Main(int argc, char** argv) {
     int64_t bytes = std::stoll(size_text) << 20;
     int64_t n = bytes / sizeof(float);
     ModelIdentity model{absl::StrCat("flat:", n), n, 1};
+    std::vector<std::string> shard_flags = {"--optimizer=sgd", "--lr=0.001"};
+    for (const std::string& flag : absl::GetFlag(FLAGS_ps_flags)) shard_flags.push_back(flag);
     // A new model size needs a new shard.
     cluster.Stop();
     LocalCluster replicated(ExecutableDir(), run_dir + "/replicated");
     if (absl::Status s = replicated.StartShards(1, model.fingerprint, 1,
-                                                {"--optimizer=sgd", "--lr=0.001"}, /*replicas=*/2);
+                                                shard_flags, /*replicas=*/2);
         !s.ok()) {
       std::cerr << s << "\n";
       return 1;
     }
     if (absl::Status s =
-            cluster.StartShards(1, model.fingerprint, 1, {"--optimizer=sgd", "--lr=0.001"});
+            cluster.StartShards(1, model.fingerprint, 1, shard_flags);
         !s.ok()) {
       std::cerr << s << "\n";
       return 1;

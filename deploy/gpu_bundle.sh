@@ -10,6 +10,8 @@
 #                   lib/  every shared library they load, except glibc's own (libc, libm,
 #                         libpthread, libdl, librt, the loader) and the CUDA toolkit's (cuBLAS):
 #                         gRPC, protobuf, Abseil, OpenBLAS + libgfortran/libquadmath, libstdc++...
+#                   tools/ iperf3, ip and tc (Debian's: the TCP ceiling of transport_bench, the
+#                         network namespaces and shaped links of wan_bench), their libraries in lib/
 #                   python/paramserver/  the Python package with libparamserver_c.so (its libraries
 #                         in lib/ too), for deploy/python_bundle_check.sh
 #                   torch_mlp_bench.py
@@ -65,6 +67,15 @@ for f in build/bin/*; do
   binaries+=("$f")
 done
 
+# Tools the GPU image may lack: gpu_run.sh links those it lacks into /usr/bin (its own win).
+mkdir -p "$stage/tools"
+tools=()
+for t in iperf3 ip tc; do
+  path=$(command -v "$t") || die "$t is missing here (apt-get install iperf3 iproute2)"
+  cp "$path" "$stage/tools/"
+  tools+=("$path")
+done
+
 # Libraries: what ldd resolves, copied under the name the binaries ask for (the soname), with
 # symlinks such as Debian's /etc/alternatives for OpenBLAS resolved (cp -L).
 is_base() {  # glibc's own libraries and the CUDA toolkit: the GPU machine has its own
@@ -79,7 +90,7 @@ cp build/python/paramserver/*.py "$capi" "$stage/python/paramserver/"
 strip --strip-unneeded "$stage/python/paramserver/libparamserver_c.so"
 
 declare -A copied=()
-for f in "${binaries[@]}" "$capi"; do
+for f in "${binaries[@]}" "${tools[@]}" "$capi"; do
   while read -r name arrow path _; do
     [ "$arrow" = "=>" ] || continue  # the loader and the vDSO have no "=>"
     [ "$path" = "not" ] && die "$f: $name is not found by ldd"
@@ -95,12 +106,12 @@ rm -rf .gpu-bundle
 mkdir -p .gpu-bundle/data
 cp "$data_src"/*.gz .gpu-bundle/data/
 echo "gpu_bundle: compressing $(du -sh "$stage" | cut -f1) of binaries and libraries (xz)"
-tar -C "$stage" -cf - bin lib python torch_mlp_bench.py | xz -T0 -6 > .gpu-bundle/bundle.tar.xz
+tar -C "$stage" -cf - bin lib tools python torch_mlp_bench.py | xz -T0 -6 > .gpu-bundle/bundle.tar.xz
 
 # Self-check on the unpacked copy: every library the binaries load, other than glibc's and the
 # CUDA toolkit's, must come from the bundle; and the binaries must run from it.
 tar -C "$check" -xJf .gpu-bundle/bundle.tar.xz
-for f in "$check"/bin/* "$check/python/paramserver/libparamserver_c.so"; do
+for f in "$check"/bin/* "$check"/tools/* "$check/python/paramserver/libparamserver_c.so"; do
   while read -r name arrow path _; do
     [ "$arrow" = "=>" ] || continue
     [ "$path" = "not" ] && die "bundle check: $(basename "$f"): $name not found"

@@ -4,22 +4,32 @@
 #
 #   device run: command "bash deploy/gpu_run.sh", carry [".gpu-bundle"], timeout_s 600
 #
-# Steps (about 8 minutes in all; E2E_SECONDS=60 shortens the training runs):
+# STEPS (comma-separated) picks steps 2-8 by name; the default, tests,compute,torch,e2e,python,
+# takes about 8 minutes (E2E_SECONDS=60 shortens the training runs);
+# STEPS=tests,transport,wan about 5.
 #   1. check glibc (the bundle's libstdc++ is Debian 12's: glibc >= 2.36), unpack the bundle into
 #      $BUNDLE_DIR (default /tmp/ps-gpu-bundle; outside the checkout, so a local run never makes
 #      .gpu-bundle/ too big to travel), find cuBLAS, print nvidia-smi
-#   2. GPU tests: cuda_backend_test and network_test (gtest binaries: no ctest there); a skipped
+#   2. tests: cuda_backend_test and network_test (gtest binaries: no ctest there); a skipped
 #      test counts as a failure, since it means the GPU was not usable
-#   3. compute_bench on cuda with PS_CUDA_MATH=fp32 (CUDA graphs on and off), tf32, bf16, and on
+#   3. compute: compute_bench on cuda with PS_CUDA_MATH=fp32 (CUDA graphs on and off), tf32, bf16, and on
 #      cpu with all threads (again with OPENBLAS_CORETYPE where AVX2/AVX-512 allow), over
 #      $CONFIGS: the crossover table; and on cpu with 1 thread over the two default configs
-#   4. torch_mlp_bench.py on cuda (fp32, tf32, bf16) and on cpu (all threads), same configs
-#   5. launch --shards=2 --workers=4 to test accuracy $TARGET (at most E2E_SECONDS) on
+#   4. torch: torch_mlp_bench.py on cuda (fp32, tf32, bf16) and on cpu (all threads), same configs
+#   5. e2e: launch --shards=2 --workers=4 to test accuracy $TARGET (at most E2E_SECONDS) on
 #      --device=cuda, with --prefetch, under CUDA MPS where nvidia-cuda-mps-control exists, and on
 #      --device=cpu without and with --prefetch, on the bundle's Fashion-MNIST (--data_dir); all
 #      of it E2E_REPEATS times (default 1), as far as the 10 minutes allow
-#   6. the Python client and PyTorch adapter in the machine's own python3 and PyTorch
+#   6. python: the Python client and PyTorch adapter in the machine's own python3 and PyTorch
 #      (deploy/python_bundle_check.sh: Python workers and evaluator under launch, 300 steps)
+#   7. transport: transport_bench at 1 and 38 MiB over loopback (push and pull over gRPC, the
+#      data plane and shared memory against iperf3's single stream), $TRANSPORT_RUNS times (2)
+#      each of $TRANSPORT_VARIANTS (transport_bench flags, one word each, taken in turn; default
+#      the shard applying on 1 thread and on 8), then apply_bench at 10M parameters: the 16 cores
+#      keep client, receive and apply off each other's cores
+#   8. wan: wan_bench, 4 workers x 2 shards on network namespaces at $WAN_RATE_GBIT Gbit/s (10), a
+#      20M-parameter MLP, each step schedule (serial, overlap, prefetch, both); skipped when
+#      network namespaces cannot be made there
 # Independent steps go on after a failure; the script then exits 1 naming every failed step.
 #
 # Output, in ${OUT:-/tmp/gpu-out} (the device tool returns at most 8 files, 2 folders deep, so the
@@ -35,12 +45,18 @@ BUNDLE_DIR=${BUNDLE_DIR:-/tmp/ps-gpu-bundle}
 E2E_SECONDS=${E2E_SECONDS:-90}
 TARGET=${TARGET:-0.88}
 CONFIGS=${CONFIGS:-784-256-128-10:64,784-256-128-10:256,784-256-128-10:1024,784-1024-1024-10:256,784-1024-1024-10:1024,784-4096-4096-10:256,784-4096-4096-10:1024}
+STEPS=${STEPS:-tests,compute,torch,e2e,python}
+TRANSPORT_RUNS=${TRANSPORT_RUNS:-2}
+TRANSPORT_VARIANTS=${TRANSPORT_VARIANTS:---ps_flags=--apply_threads=1 --ps_flags=--apply_threads=8}
+WAN_RATE_GBIT=${WAN_RATE_GBIT:-10}
+WAN_STEPS=${WAN_STEPS:-30}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/gpu-run.XXXXXX)
-mkdir -p "$WORK/logs"
+mkdir -p "$WORK/logs" "$WORK/wan"
 
 die() { echo "gpu_run: FATAL: $*"; exit 1; }
 failed=()
+want() { [[ ",$STEPS," == *",$1,"* ]]; }
 fail() { echo "gpu_run: FAILED: $*"; failed+=("$1"); }
 
 # run_step NAME SECONDS CMD...: runs CMD with a time limit, its output in $WORK/logs/NAME.log and on
@@ -126,38 +142,77 @@ main() {
   echo "cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)," \
     "$(grep -m1 -o -w -E 'avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
 
+  # iperf3, ip and tc from the bundle where the machine has none (linked into /usr/bin: the
+  # benchmarks run /usr/bin/iperf3; they load their libraries from the bundle, under "${ours[@]}").
+  local tool
+  for tool in "$BUNDLE_DIR"/tools/*; do
+    command -v "$(basename "$tool")" > /dev/null || ln -s "$tool" "/usr/bin/$(basename "$tool")" \
+      || die "cannot link $tool into /usr/bin"
+  done
+
   # 2. GPU tests.
   local t
-  for t in cuda_backend_test network_test; do
+  want tests && for t in cuda_backend_test network_test; do
     if QUIET=1 run_step "$t" 180 "${ours[@]}" "$bin/$t" --gtest_color=no; then
       grep -q '\[  SKIPPED \]' "$WORK/logs/$t.log" \
         && fail "$t" "some tests were SKIPPED on a GPU machine (the GPU was not usable by them)"
     fi
   done
 
-  # 3. compute_bench. The CPU runs get a shorter budget: the big model is ~1 s/step per core.
   local csv=$OUT/results.csv math
-  for math in fp32 tf32 bf16; do
-    run_step "compute_bench-cuda-$math" 120 "${ours[@]}" "PS_CUDA_MATH=$math" \
-      "$bin/compute_bench" --device=cuda --iters=100 --warmup=5 --configs="$CONFIGS" --csv="$csv"
-  done
-  run_step "compute_bench-cuda-fp32-nographs" 120 "${ours[@]}" PS_CUDA_GRAPHS=0 \
-    "$bin/compute_bench" --device=cuda --iters=100 --warmup=5 --configs="$CONFIGS" \
-    --csv="$OUT/nographs.csv"
-  run_step "compute_bench-cpu-1thr" 120 "${ours[@]}" "$bin/compute_bench" --device=cpu \
-    --threads=1 --iters=20 --budget_seconds=4 --csv="$csv"
-  run_step "compute_bench-cpu-$(nproc)thr" 150 "${ours[@]}" "$bin/compute_bench" --device=cpu \
-    --threads="$(nproc)" --iters=20 --warmup=1 --budget_seconds=2 --configs="$CONFIGS" \
-    --csv="$csv"
-  # OpenBLAS 0.3.21 may not know this processor and fall back to SSE3 kernels: measure the CPU
-  # again with the kernels its instruction set allows.
   local coretype=""
   if grep -qw avx512f /proc/cpuinfo; then
     coretype=SkylakeX
   elif grep -qw avx2 /proc/cpuinfo; then
     coretype=Haswell
   fi
-  if [ -n "$coretype" ]; then
+
+  # 7. Transport over loopback, where client and shard have cores of their own.
+  local run variant
+  if want transport; then
+    for run in $(seq 1 "$TRANSPORT_RUNS"); do
+      for variant in $TRANSPORT_VARIANTS; do
+        run_step "transport-$run-${variant##*-}" 150 "${ours[@]}" "$bin/transport_bench" \
+          --sizes_mib=1,38 --repeats=11 --tcp_seconds=2 "$variant"
+      done
+    done
+    run_step apply_bench 120 "${ours[@]}" "$bin/apply_bench" --params=10000000 \
+      --threads=1,2,4,8 --optimizers=sgd,momentum --repeats=7
+  fi
+
+  # 8. Step schedules across network namespaces (root; the kernel must allow them).
+  if want wan; then
+    if "${ours[@]}" ip netns add ps-gpu-probe 2> "$WORK/logs/netns-probe.log" \
+        && "${ours[@]}" ip netns del ps-gpu-probe 2>> "$WORK/logs/netns-probe.log"; then
+      # The workers read Fashion-MNIST from where Debian's package puts it.
+      mkdir -p /usr/share/datasets/fashion-mnist \
+        && cp -n .gpu-bundle/data/*.gz /usr/share/datasets/fashion-mnist/
+      run_step wan 300 "${ours[@]}" ${coretype:+"OPENBLAS_CORETYPE=$coretype"} "$bin/wan_bench" \
+        --latencies_ms=0 --modes=async --workers=4 --shards=2 --rate_gbit="$WAN_RATE_GBIT" \
+        --hidden=2560,2048,2048,2048,2048 --steps="$WAN_STEPS" --eval_interval_seconds=60 \
+        --target=0.5 --lr=0.002 --schedules=serial,overlap,prefetch,overlap+prefetch \
+        --run_dir="$WORK/wan" --json="$OUT/wan.json"
+    else
+      fail wan "no network namespaces here: $(head -c 300 "$WORK/logs/netns-probe.log")"
+    fi
+  fi
+
+  # 3. compute_bench. The CPU runs get a shorter budget: the big model is ~1 s/step per core.
+  want compute && for math in fp32 tf32 bf16; do
+    run_step "compute_bench-cuda-$math" 120 "${ours[@]}" "PS_CUDA_MATH=$math" \
+      "$bin/compute_bench" --device=cuda --iters=100 --warmup=5 --configs="$CONFIGS" --csv="$csv"
+  done
+  want compute && run_step "compute_bench-cuda-fp32-nographs" 120 "${ours[@]}" PS_CUDA_GRAPHS=0 \
+    "$bin/compute_bench" --device=cuda --iters=100 --warmup=5 --configs="$CONFIGS" \
+    --csv="$OUT/nographs.csv"
+  want compute && run_step "compute_bench-cpu-1thr" 120 "${ours[@]}" "$bin/compute_bench" --device=cpu \
+    --threads=1 --iters=20 --budget_seconds=4 --csv="$csv"
+  want compute && run_step "compute_bench-cpu-$(nproc)thr" 150 "${ours[@]}" "$bin/compute_bench" --device=cpu \
+    --threads="$(nproc)" --iters=20 --warmup=1 --budget_seconds=2 --configs="$CONFIGS" \
+    --csv="$csv"
+  # OpenBLAS 0.3.21 may not know this processor and fall back to SSE3 kernels: measure the CPU
+  # again with the kernels its instruction set allows.
+  if want compute && [ -n "$coretype" ]; then
     run_step "compute_bench-cpu-$(nproc)thr-$coretype" 150 "${ours[@]}" \
       "OPENBLAS_CORETYPE=$coretype" "$bin/compute_bench" --device=cpu --threads="$(nproc)" \
       --iters=20 --warmup=1 --budget_seconds=2 --configs="$CONFIGS" --csv="$OUT/coretype.csv"
@@ -166,18 +221,18 @@ main() {
   # 4. PyTorch, same models, batches and work per step.
   local torch_bench=$BUNDLE_DIR/torch_mlp_bench.py variant
   export PYTHONUNBUFFERED=1
-  for variant in "fp32:" "tf32:--tf32" "bf16:--bf16"; do
+  want torch && for variant in "fp32:" "tf32:--tf32" "bf16:--bf16"; do
     # shellcheck disable=SC2086
     run_step "torch-cuda-${variant%%:*}" 150 python3 "$torch_bench" --device=cuda --iters=100 \
       --warmup=5 --configs="$CONFIGS" --csv="$csv" ${variant#*:}
   done
-  run_step "torch-cpu-$(nproc)thr" 150 python3 "$torch_bench" --device=cpu --threads="$(nproc)" \
+  want torch && run_step "torch-cpu-$(nproc)thr" 150 python3 "$torch_bench" --device=cpu --threads="$(nproc)" \
     --iters=20 --warmup=1 --budget_seconds=2 --configs="$CONFIGS" --csv="$csv"
 
   # 5. End to end, on the bundle's data, to the target accuracy.
-  local data_flag=("--data_dir=$PWD/.gpu-bundle/data") run
+  local data_flag=("--data_dir=$PWD/.gpu-bundle/data")
   local runs=() repeat
-  for repeat in $(seq 1 "${E2E_REPEATS:-1}"); do
+  want e2e && for repeat in $(seq 1 "${E2E_REPEATS:-1}"); do
     runs+=("cuda:$repeat" "cuda-prefetch:$repeat" "cuda-mps:$repeat" "cpu:$repeat"
       "cpu-prefetch:$repeat")
   done
@@ -221,7 +276,9 @@ main() {
     > "$WORK/logs/gpu-state-after.csv" 2>&1
 
   # 6. The Python client beside the machine's PyTorch.
-  if ((SECONDS + 200 > 590)); then
+  if ! want python; then
+    :
+  elif ((SECONDS + 200 > 590)); then
     fail "python" "skipped: ${SECONDS}s spent, too little time left"
   else
     run_step python 190 bash deploy/python_bundle_check.sh "$BUNDLE_DIR" \
@@ -230,7 +287,7 @@ main() {
 
   # Summary last: the device tool's reply carries the end of the output.
   (cd "$WORK" && shopt -s nullglob && tar -czf "$OUT/artifacts.tar.gz" \
-    --exclude='run-*/checkpoints' logs run-*) \
+    --exclude='run-*/checkpoints' --exclude='wan/*/checkpoints' logs run-* wan) \
     || fail "artifacts" "cannot write $OUT/artifacts.tar.gz"
   echo
   echo "=== summary (${SECONDS}s)"
@@ -245,10 +302,17 @@ main() {
     echo "CUDA graphs off (PS_CUDA_GRAPHS=0):"
     column -s, -t < "$OUT/nographs.csv" 2>/dev/null || cat "$OUT/nographs.csv"
   fi
-  grep -h "relative L2 error" "$WORK/logs/network_test.log"
-  grep -h "CPU backend:" "$WORK/logs/compute_bench-cpu-1thr.log" | head -n 1
-  grep -h "^python \|accuracy:" "$WORK/logs/python.log" 2>/dev/null
   local log
+  grep -h "relative L2 error" "$WORK/logs/network_test.log" 2>/dev/null
+  grep -h "CPU backend:" "$WORK/logs/compute_bench-cpu-1thr.log" 2>/dev/null | head -n 1
+  grep -h "^python \|accuracy:" "$WORK/logs/python.log" 2>/dev/null
+  for log in "$WORK"/logs/transport-*.log; do
+    [ -f "$log" ] || continue
+    echo "$(basename "$log" .log):"
+    grep -h -A3 "^single-stream" "$log"
+  done
+  [ -f "$WORK/logs/apply_bench.log" ] && tail -n 12 "$WORK/logs/apply_bench.log"
+  [ -f "$WORK/logs/wan.log" ] && tail -n 25 "$WORK/logs/wan.log"
   for log in "$WORK"/logs/e2e-*.log; do
     [ -f "$log" ] || continue
     echo "$(basename "$log" .log): $(grep -h '^finished:' "$log" || echo 'no result')"
