@@ -58,9 +58,10 @@ ABSL_FLAG(
     "Drop a push (counted: pushes_dropped_norm; logged) whose L2 norm is more than this many "
     "times the median of the last 64 pushes applied (judged from the 16th on): a guard "
     "against absurd, finite gradients. async, ssp and easgd (not sync/local rounds). 0: off.");
-ABSL_FLAG(int32_t, apply_threads, 1,
+ABSL_FLAG(int32_t, apply_threads, 0,
           "Threads that apply one push together, each to a part of the shard (1..64); parts are "
-          "at least 64k parameters, so small shards use fewer.");
+          "at least 64k parameters, so small shards use fewer. 0: half the CPUs this process may "
+          "use, 1 to 8 (set it lower where several shards share a host's cores).");
 ABSL_FLAG(double, progress_timeout_seconds, 60,
           "sync/ssp/local: a worker the others wait for that has not pushed for this long leaves "
           "the active set until it pushes again (under local:H, keep it above H steps' time); "
@@ -180,6 +181,7 @@ absl::StatusOr<ShardConfig> ConfigFromFlags() {
   c.clip_norm = static_cast<float>(absl::GetFlag(FLAGS_clip_norm));
   c.max_norm_ratio = absl::GetFlag(FLAGS_max_norm_ratio);
   c.apply_threads = absl::GetFlag(FLAGS_apply_threads);
+  if (c.apply_threads == 0) c.apply_threads = ApplyThreads::Auto();
   c.progress_timeout = absl::Seconds(absl::GetFlag(FLAGS_progress_timeout_seconds));
   return c;
 }

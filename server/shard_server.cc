@@ -159,7 +159,8 @@ absl::Status ShardServer::Start() {
                << " parameters; owns [" << range.begin << ", " << range.end << ")) for "
                << c.shard.num_workers << " workers, serving on port " << port_ << ": "
                << shard_->consistency().Name() << ", " << c.shard.optimizer.name << ", lr "
-               << c.shard.learning_rate.base << " (" << c.shard.learning_rate.schedule << "); "
+               << c.shard.learning_rate.base << " (" << c.shard.learning_rate.schedule << "), "
+               << "applied on " << c.shard.apply_threads << " thread(s); "
                << c.security.Describe();
   if (replica_ != nullptr) {
     PS_LOG(INFO) << "replica " << c.replica->replica << " of shard " << c.shard.shard_index

@@ -835,7 +835,7 @@ TEST(DaemonTest, BadFlagsExitNonZeroWithAOneLineReason) {
       {{"ps", "--model=flat:2", "--num_shards=3", "--shard_index=0", "--num_workers=1"},
        "fewer parameters (2) than shards"},
       {{"ps", "--model=flat:4", "--num_workers=1", "--clip_norm=-1"}, "--clip_norm must be"},
-      {{"ps", "--model=flat:4", "--num_workers=1", "--apply_threads=0"}, "--apply_threads must be"},
+      {{"ps", "--model=flat:4", "--num_workers=1", "--apply_threads=65"}, "--apply_threads must be"},
       {{"ps", "--no_such_flag=1"}, "no_such_flag"},
       {{"ps", "--model=flat:4", "--num_workers=1", "--consistency=sync", "--peer=127.0.0.1:1"},
        "rounds (sync) are not replicated"},

@@ -1,6 +1,7 @@
 #include "server/state/optimizer.h"
 
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
@@ -172,6 +173,30 @@ TEST(ApplyThreadsTest, CallersFromSeveralThreadsTakeTurns) {
   a.join();
   b.join();
   for (const std::vector<int>& s : sums) EXPECT_EQ(std::count(s.begin(), s.end(), 50), n);
+}
+
+// The default: half the CPUs of the caller's affinity mask, 1 to 8.
+TEST(ApplyThreadsTest, AutoIsHalfTheCpusThisThreadMayUseFromOneToEight) {
+  cpu_set_t all;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(all), &all), 0);
+  EXPECT_EQ(ApplyThreads::Auto(), std::clamp(CPU_COUNT(&all) / 2, 1, 8));
+  // Narrowed to its first k allowed CPUs (a thread of its own, so the test's mask stays).
+  std::vector<int> allowed;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &all)) allowed.push_back(cpu);
+  }
+  for (size_t k : {size_t{1}, size_t{2}, size_t{4}, size_t{20}}) {
+    if (k > allowed.size()) break;
+    int got = -1;
+    std::thread narrowed([&] {
+      cpu_set_t some;
+      CPU_ZERO(&some);
+      for (size_t i = 0; i < k; ++i) CPU_SET(allowed[i], &some);
+      if (sched_setaffinity(0, sizeof(some), &some) == 0) got = ApplyThreads::Auto();
+    });
+    narrowed.join();
+    EXPECT_EQ(got, std::clamp(static_cast<int>(k) / 2, 1, 8)) << k << " CPUs";
+  }
 }
 
 // The bound counts intermediate results too: with epsilon > 1, lr * g (AdaGrad) and lr * m (Adam)

@@ -1,5 +1,7 @@
 #include "server/state/apply_threads.h"
 
+#include <sched.h>
+
 #include <algorithm>
 
 #include "common/denormals.h"
@@ -17,6 +19,13 @@ ApplyThreads::~ApplyThreads() {
     stopping_ = true;
   }
   for (std::thread& t : threads_) t.join();
+}
+
+int ApplyThreads::Auto() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
+  return std::clamp(cpus / 2, 1, 8);
 }
 
 int ApplyThreads::Parts(int64_t n) const {

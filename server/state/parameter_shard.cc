@@ -78,8 +78,8 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(const Sha
     return absl::InvalidArgumentError("--max_norm_ratio must be 0 (off) or a number >= 1");
   }
   if (c.apply_threads < 1 || c.apply_threads > ApplyThreads::kMaxThreads) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--apply_threads must be in [1, ", ApplyThreads::kMaxThreads, "]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--apply_threads must be in [1, ", ApplyThreads::kMaxThreads, "] (0: automatic)"));
   }
   return std::unique_ptr<ParameterShard>(
       new ParameterShard(c, *std::move(model), *std::move(schedule),
