@@ -70,6 +70,7 @@ ABSL_FLAG(int, workers, 2, "Workers W, each on its own host.");
 ABSL_FLAG(int, shards, 2, "Shards S, each on its own host.");
 ABSL_FLAG(std::string, hidden, "128,64", "The MLP's hidden layers.");
 ABSL_FLAG(int, batch_size, 64, "Each worker's minibatch.");
+ABSL_FLAG(std::string, device, "cpu", "Where the workers compute (worker --device: cpu, cuda).");
 ABSL_FLAG(double, lr, 0.01, "Learning rate (momentum 0.9).");
 ABSL_FLAG(int64_t, steps, 800, "Steps per worker.");
 ABSL_FLAG(double, target, 0.80, "Test accuracy whose first time is reported.");
@@ -196,12 +197,12 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   std::ofstream(spec) << absl::StrFormat(
       R"({"hidden": "%s", "workers": %d, "shards": [%s],
   "ps": {"optimizer": "momentum", "lr": %g, "consistency": "%s"},
-  "worker": {"steps": %d, "batch_size": %d, "device": "cpu", "shared_memory": false,
+  "worker": {"steps": %d, "batch_size": %d, "device": "%s", "shared_memory": false,
              "retry_seconds": 120, "rpc_timeout_seconds": 60, %s, %s},
   "evaluator": {"interval_seconds": %g, "shared_memory": false},
   "security": {"token_file": "%s/token"}})",
       hidden, W, shards, absl::GetFlag(FLAGS_lr), run.mode, steps, absl::GetFlag(FLAGS_batch_size),
-      *wire, *schedule, absl::GetFlag(FLAGS_eval_interval_seconds), dir);
+      absl::GetFlag(FLAGS_device), *wire, *schedule, absl::GetFlag(FLAGS_eval_interval_seconds), dir);
   std::vector<Subprocess> daemons;
   auto start = [&](int host, const std::string& program, const std::string& role,
                    const std::string& output_flag) -> absl::Status {
@@ -249,7 +250,10 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   double last_wall = 0, start_wall = INFINITY;
   for (int w = 0; w < W; ++w) {
     std::vector<std::vector<double>> rows = ReadCsv(absl::StrCat(dir, "/worker-", S + w, ".csv"));
-    if (rows.size() < 20) return absl::InternalError(absl::StrCat("worker ", w, " wrote no steps"));
+    if (rows.size() < 20) {
+      return absl::InternalError(absl::StrCat("worker ", w, " wrote ", rows.size(),
+                                              " steps; at least 20 are needed (--steps)"));
+    }
     const size_t skip = rows.size() / 10;
     start_wall = std::min(start_wall, rows[0][1]);
     last_wall = std::max(last_wall, rows.back()[1]);

@@ -28,8 +28,8 @@
 #      the shard applying on 1 thread and on 8), then apply_bench at 10M parameters: the 16 cores
 #      keep client, receive and apply off each other's cores
 #   8. wan: wan_bench, 4 workers x 2 shards on network namespaces at $WAN_RATE_GBIT Gbit/s (10), a
-#      20M-parameter MLP, each step schedule (serial, overlap, prefetch, both); skipped when
-#      network namespaces cannot be made there
+#      20M-parameter MLP, each step schedule (serial, overlap, prefetch, both), workers on
+#      $WAN_DEVICE (cpu), $WAN_REPEATS time(s); skipped when network namespaces cannot be made
 # Independent steps go on after a failure; the script then exits 1 naming every failed step.
 #
 # Output, in ${OUT:-/tmp/gpu-out} (the device tool returns at most 8 files, 2 folders deep, so the
@@ -50,6 +50,8 @@ TRANSPORT_RUNS=${TRANSPORT_RUNS:-2}
 TRANSPORT_VARIANTS=${TRANSPORT_VARIANTS:---ps_flags=--apply_threads=1 --ps_flags=--apply_threads=8}
 WAN_RATE_GBIT=${WAN_RATE_GBIT:-10}
 WAN_STEPS=${WAN_STEPS:-30}
+WAN_DEVICE=${WAN_DEVICE:-cpu}
+WAN_REPEATS=${WAN_REPEATS:-1}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/gpu-run.XXXXXX)
 mkdir -p "$WORK/logs" "$WORK/wan"
@@ -187,10 +189,11 @@ main() {
       # The workers read Fashion-MNIST from where Debian's package puts it.
       mkdir -p /usr/share/datasets/fashion-mnist \
         && cp -n .gpu-bundle/data/*.gz /usr/share/datasets/fashion-mnist/
-      run_step wan 300 "${ours[@]}" ${coretype:+"OPENBLAS_CORETYPE=$coretype"} "$bin/wan_bench" \
+      run_step wan 400 "${ours[@]}" ${coretype:+"OPENBLAS_CORETYPE=$coretype"} "$bin/wan_bench" \
         --latencies_ms=0 --modes=async --workers=4 --shards=2 --rate_gbit="$WAN_RATE_GBIT" \
         --hidden=2560,2048,2048,2048,2048 --steps="$WAN_STEPS" --eval_interval_seconds=60 \
         --target=0.5 --lr=0.002 --schedules=serial,overlap,prefetch,overlap+prefetch \
+        --device="$WAN_DEVICE" --repeats="$WAN_REPEATS" \
         --run_dir="$WORK/wan" --json="$OUT/wan.json"
     else
       fail wan "no network namespaces here: $(head -c 300 "$WORK/logs/netns-probe.log")"
