@@ -67,10 +67,10 @@ absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline) {
 
 absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t transfer,
                                    absl::Span<const float> values, WireType type,
-                                   absl::Time deadline) {
+                                   absl::Time deadline, const FillProgress* filling) {
   char head[kHeaderBytes];
   EncodeHeader({kind, transfer, static_cast<uint64_t>(values.size()) * WireBytes(type)}, head);
-  if (type == WireType::kFloat32) {
+  if (type == WireType::kFloat32 && filling == nullptr) {
     std::string_view bytes = AsBytes(values);
     iovec pieces[2] = {{head, kHeaderBytes}, {const_cast<char*>(bytes.data()), bytes.size()}};
     absl::Status s = socket.Send(absl::MakeConstSpan(pieces, 2), deadline);
@@ -80,9 +80,27 @@ absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t tran
   if (absl::Status s = socket.Send(head, kHeaderBytes, deadline); !s.ok()) return s;
   int64_t saturated = 0;
   std::string piece;
-  for (size_t i = 0; i < values.size(); i += kChunkFloats) {
-    saturated += EncodeValues(values.subspan(i, kChunkFloats), type, &piece);
-    if (absl::Status s = socket.Send(piece.data(), piece.size(), deadline); !s.ok()) return s;
+  for (size_t sent = 0; sent < values.size();) {
+    size_t ready = values.size();
+    if (filling != nullptr) {  // a piece of kChunkFloats more at least, or the rest
+      ready = std::min<size_t>(
+          ready, filling->WaitFor(sent + kChunkFloats, absl::Now() + kMaxFillWait));
+      if (ready <= sent) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "the values to send stopped coming after ", sent, " of ", values.size()));
+      }
+    }
+    absl::Span<const float> part = values.subspan(sent, ready - sent);
+    if (type == WireType::kFloat32) {
+      std::string_view bytes = AsBytes(part);
+      if (absl::Status s = socket.Send(bytes.data(), bytes.size(), deadline); !s.ok()) return s;
+    } else {
+      for (size_t i = 0; i < part.size(); i += kChunkFloats) {
+        saturated += EncodeValues(part.subspan(i, kChunkFloats), type, &piece);
+        if (absl::Status s = socket.Send(piece.data(), piece.size(), deadline); !s.ok()) return s;
+      }
+    }
+    sent = ready;
   }
   return saturated;
 }

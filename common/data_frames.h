@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/fill_progress.h"
 #include "common/socket.h"
 #include "common/wire_type.h"
 
@@ -56,9 +57,13 @@ absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline);
 
 // Sends `values` as `type` in one frame of `kind`; returns how many values were saturated to the
 // type's range. 32-bit values go straight from `values`; others are encoded a piece at a time.
+// With `filling` (of values.size()), `values` are still being filled: each piece is sent once it
+// is in place (DEADLINE_EXCEEDED if no more comes within kMaxFillWait).
 absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t transfer,
                                    absl::Span<const float> values, WireType type,
-                                   absl::Time deadline);
+                                   absl::Time deadline, const FillProgress* filling = nullptr);
+// How long SendValues waits for the next piece of values being filled (a copy in memory).
+inline constexpr absl::Duration kMaxFillWait = absl::Seconds(10);
 // The bytes of a run ValuesSeen is told of (the last may be shorter): a quarter of a usual L2.
 inline constexpr uint64_t kSeenRunBytes = 256 << 10;
 // Called with each run of a tensor's values as soon as it is in the destination (decoded), in

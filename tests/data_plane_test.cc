@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <fstream>
@@ -18,7 +19,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/chunking.h"
 #include "common/data_frames.h"
+#include "common/fill_progress.h"
 #include "common/grpc_status.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.grpc.pb.h"
@@ -236,6 +239,70 @@ TEST(DataPlaneTest, AClientThatStopsReadingEndsItsConnectionWithinTheStall) {
   EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable) << outcome.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
   EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
+}
+
+// A pull's values go out while the shard still copies them (FillProgress): the client gets the
+// frame whole, the same as one sent after the copy, as float32 and as bf16, wherever the copy's
+// pieces end.
+TEST(DataPlaneTest, ValuesSentWhileTheyAreFilledArriveAsIfSentWhole) {
+  std::unique_ptr<DataPlane> plane = StartPlane();
+  ASSERT_NE(plane, nullptr);
+  uint64_t id = 0;
+  Socket s = Open(*plane, 0, &id);
+  std::vector<float> source(3 * kChunkFloats + 12345);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = 0.001f * static_cast<float>(i % 7919) - 3;
+  uint64_t transfer = 0;
+  // Sends the source (with `filled`, copied in by another thread in uneven pieces as it goes),
+  // returns what came.
+  auto send = [&](WireType type, bool filled) {
+    auto buffer = std::make_shared<std::vector<float>>(source.size(), std::nanf(""));
+    if (!filled) *buffer = source;
+    auto filling = std::make_shared<FillProgress>(static_cast<int64_t>(source.size()));
+    absl::Notification done;
+    absl::StatusOr<int64_t> outcome;
+    EXPECT_TRUE(plane
+                    ->Send(id, 0, ++transfer, filling, *buffer, type,
+                           [&](absl::StatusOr<int64_t> sent) {
+                             outcome = sent;
+                             done.Notify();
+                           },
+                           filled ? filling.get() : nullptr)
+                    .ok());
+    std::vector<float> got(source.size(), -1.0f);
+    absl::StatusOr<FrameHeader> head = ReceiveHeader(s, Soon());
+    // Filled only once the frame has begun: the sender waits for each piece.
+    std::thread filler([&] {
+      for (size_t i = 0; filled && i < source.size();) {
+        const size_t n = std::min<size_t>(source.size() - i, 100003 + i % 7);
+        std::copy_n(source.begin() + i, n, buffer->begin() + i);
+        filling->Add(static_cast<int64_t>(n));
+        i += n;
+      }
+    });
+    EXPECT_TRUE(head.ok()) << head.status();
+    if (head.ok()) {
+      EXPECT_EQ(head->kind, FrameKind::kPull);
+      EXPECT_EQ(head->transfer, transfer);
+      absl::Status received = ReceiveValues(s, head->bytes, absl::MakeSpan(got), type, Soon());
+      EXPECT_TRUE(received.ok()) << received;
+    }
+    filler.join();
+    EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    EXPECT_TRUE(outcome.ok()) << outcome.status();
+    return got;
+  };
+  EXPECT_EQ(send(WireType::kFloat32, true), source);
+  EXPECT_EQ(send(WireType::kBFloat16, true), send(WireType::kBFloat16, false));
+}
+
+TEST(FillProgressTest, AWaitEndsWhenEnoughIsInPlaceOrAtItsDeadline) {
+  FillProgress p(10);
+  EXPECT_EQ(p.WaitFor(1, absl::Now() + absl::Milliseconds(20)), 0);  // nothing yet: the deadline
+  p.Add(4);
+  EXPECT_EQ(p.WaitFor(3, absl::InfiniteFuture()), 4);
+  std::thread rest([&] { p.Add(100); });  // at most the total counts
+  EXPECT_EQ(p.WaitFor(20, absl::InfiniteFuture()), 10);  // more than the total: all of it
+  rest.join();
 }
 
 // --- Real shards ---

@@ -31,6 +31,7 @@ class DataPlane::Connection {
     absl::Span<const float> values;
     WireType type = WireType::kFloat32;
     Sent sent;
+    const FillProgress* filling = nullptr;  // kept alive by `keep`
   };
 
   Socket socket;
@@ -234,7 +235,7 @@ void DataPlane::SendLoop(Connection& c) {
       return;
     }
     absl::StatusOr<int64_t> sent = SendValues(c.socket, FrameKind::kPull, out.transfer, out.values,
-                                              out.type, absl::InfiniteFuture());
+                                              out.type, absl::InfiniteFuture(), out.filling);
     if (!sent.ok()) {
       c.Close();
       sent = absl::UnavailableError(
@@ -268,14 +269,14 @@ absl::Status DataPlane::Receive(uint64_t connection, int owner, uint64_t transfe
 
 absl::Status DataPlane::Send(uint64_t connection, int owner, uint64_t transfer,
                              std::shared_ptr<const void> keep, absl::Span<const float> values,
-                             WireType type, Sent sent) {
+                             WireType type, Sent sent, const FillProgress* filling) {
   absl::StatusOr<std::shared_ptr<Connection>> found = Find(connection, owner);
   if (!found.ok()) return found.status();
   Connection& c = **found;
   absl::MutexLock lock(&c.mu);
   if (c.closed) return Lost("the connection ended");
   if (c.outgoing.size() >= kMaxOutgoing) return Lost("too many answers queued on the connection");
-  c.outgoing.push_back({transfer, std::move(keep), values, type, std::move(sent)});
+  c.outgoing.push_back({transfer, std::move(keep), values, type, std::move(sent), filling});
   return absl::OkStatus();
 }
 

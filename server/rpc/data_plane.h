@@ -83,12 +83,14 @@ class DataPlane {
   // or could not be (UNAVAILABLE: the connection ended).
   using Sent = absl::AnyInvocable<void(absl::StatusOr<int64_t>)>;
   // Sends `values` as `type` on connection `connection` as transfer `transfer`, on the
-  // connection's own thread, and then calls `sent` there. `keep` keeps `values` alive until then.
+  // connection's own thread, and then calls `sent` there. With `filling`, `values` are still
+  // being filled: each piece goes once it is in place (SendValues). `keep` keeps `values` and
+  // `filling` alive until then.
   // FAILED_PRECONDITION at once, `sent` not called, when the connection is not `owner`'s or no
   // longer open.
   absl::Status Send(uint64_t connection, int owner, uint64_t transfer,
                     std::shared_ptr<const void> keep, absl::Span<const float> values, WireType type,
-                    Sent sent);
+                    Sent sent, const FillProgress* filling = nullptr);
 
   // Ends worker `owner`'s connection (it left).
   void Release(int owner);

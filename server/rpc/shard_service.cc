@@ -129,6 +129,8 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
         shared_status_ = WriteShared(values);
         shared_values_ = static_cast<int64_t>(values.size());
       };
+    } else if (data_connection_ != 0) {  // sent as they are copied
+      read.filling = [this](absl::Span<const float> buffer) { return StartPlaneSend(buffer); };
     }
     ticket_ = service_->shard_->StartRead(
         std::move(read),
@@ -178,35 +180,66 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
         service_->compressed_pulls_.fetch_add(1, std::memory_order_relaxed);
       }
     }
-    if (data_connection_ != 0) {
-      SendOnDataPlane();
-    } else {
+    if (data_connection_ == 0) {
       WriteNext();
+      return;
     }
+    if (filling_ == nullptr && plane_lost_.ok()) {  // not sent while copied: send it now
+      if (FillProgress* progress = StartPlaneSend(snapshot_->values.span())) {
+        progress->Add(progress->total());
+      }
+    }
+    PlaneEvent();
   }
-  // Sends the snapshot on the data plane, then (on the plane's thread) the one chunk that says so.
-  void SendOnDataPlane() {
-    absl::Span<const float> values = snapshot_->values.span();
+  // Queues the snapshot's buffer on the data plane as the shard starts copying into it (under
+  // the values' lock: it only queues), so that each piece goes out once copied. Returns what the
+  // copy tells of its progress; null if the connection is gone (plane_lost_ says why).
+  FillProgress* StartPlaneSend(absl::Span<const float> buffer) {
+    filling_ = std::make_shared<FillProgress>(static_cast<int64_t>(buffer.size()));
     absl::Status queued = service_->data_plane_->Send(
-        data_connection_, worker_id_, data_transfer_, snapshot_, values, type_,
-        [this, n = static_cast<int64_t>(values.size())](absl::StatusOr<int64_t> sent) {
-          if (!sent.ok()) {
-            Finish(DataPlaneLostStatus(std::string(sent.status().message())));
-            return;
+        data_connection_, worker_id_, data_transfer_, filling_, buffer, type_,
+        [this](absl::StatusOr<int64_t> sent) {
+          {
+            absl::MutexLock lock(&plane_mu_);
+            plane_sent_ = std::move(sent);
           }
-          NoteSaturated(*sent);
-          service_->data_plane_pulls_.fetch_add(1, std::memory_order_relaxed);
-          v1::PullChunk head;
-          head.set_version(snapshot_->version);
-          head.set_offset(snapshot_->offset);
-          head.set_dtype(static_cast<v1::DType>(type_));
-          head.set_data_values(n);
-          grpc::Slice slice(head.SerializeAsString());
-          message_ = grpc::ByteBuffer(&slice, 1);
-          next_ = -1;  // done after this message
-          StartWrite(&message_);
-        });
-    if (!queued.ok()) Finish(DataPlaneLostStatus(std::string(queued.message())));
+          PlaneEvent();
+        },
+        filling_.get());
+    if (!queued.ok()) {
+      plane_lost_ = DataPlaneLostStatus(std::string(queued.message()));
+      return nullptr;
+    }
+    return filling_.get();
+  }
+  // Called once the shard answered and once the plane sent the values (in either order, from
+  // either thread): the second call writes the one chunk that says so, or finishes with why not.
+  void PlaneEvent() {
+    absl::StatusOr<int64_t> sent;
+    {
+      absl::MutexLock lock(&plane_mu_);
+      if (++plane_events_ < (plane_lost_.ok() ? 2 : 1)) return;
+      sent = plane_sent_;
+    }
+    if (!plane_lost_.ok()) {
+      Finish(plane_lost_);
+      return;
+    }
+    if (!sent.ok()) {
+      Finish(DataPlaneLostStatus(std::string(sent.status().message())));
+      return;
+    }
+    NoteSaturated(*sent);
+    service_->data_plane_pulls_.fetch_add(1, std::memory_order_relaxed);
+    v1::PullChunk head;
+    head.set_version(snapshot_->version);
+    head.set_offset(snapshot_->offset);
+    head.set_dtype(static_cast<v1::DType>(type_));
+    head.set_data_values(static_cast<int64_t>(snapshot_->values.span().size()));
+    grpc::Slice slice(head.SerializeAsString());
+    message_ = grpc::ByteBuffer(&slice, 1);
+    next_ = -1;  // done after this message
+    StartWrite(&message_);
   }
   void WriteNext() {
     absl::Span<const float> values = snapshot_->values.span();
@@ -314,8 +347,15 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   // The segment the values go through (0: none), the request's ticket and its client.
   int64_t shm_segment_ = 0;
   uint64_t shm_ticket_ = 0;
-  // The data-plane connection and transfer the values go on (0: none).
+  // The data-plane connection and transfer the values go on (0: none); the progress of the copy
+  // being sent (null until it starts), or why it could not be queued.
   uint64_t data_connection_ = 0, data_transfer_ = 0;
+  std::shared_ptr<FillProgress> filling_;
+  grpc::Status plane_lost_;
+  // The answer and the plane's send, which come in either order: the second finishes the call.
+  absl::Mutex plane_mu_;
+  int plane_events_ ABSL_GUARDED_BY(plane_mu_) = 0;
+  absl::StatusOr<int64_t> plane_sent_ ABSL_GUARDED_BY(plane_mu_) = absl::UnknownError("unsent");
   int worker_id_ = -1;
   // A compressed pull: how, the view the worker named, and the answer (change_: null when the
   // whole values go).

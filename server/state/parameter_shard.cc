@@ -115,7 +115,8 @@ class ParameterShard::Completions {
   ~Completions() {
     for (Answer& a : answers_) {
       if (a.status.ok()) {
-        Snapshot snapshot = shard_->values_.Copy(a.offset, a.length, a.copy_out, a.keep_copy);
+        Snapshot snapshot =
+            shard_->values_.Copy(a.offset, a.length, a.copy_out, a.keep_copy, a.filling);
         if (a.keep_copy) shard_->KeepPulledCopy(a.worker_id, snapshot);
         a.done(std::move(snapshot));
       } else {
@@ -129,7 +130,7 @@ class ParameterShard::Completions {
   // An admitted pull of [offset, offset + length).
   void Read(ReadDone done, const ReadRequest& r, bool keep_copy) {
     answers_.push_back({std::move(done), absl::OkStatus(), r.offset, r.length, r.worker_id,
-                        keep_copy, r.copy_out});
+                        keep_copy, r.copy_out, r.filling});
   }
 
  private:
@@ -140,6 +141,7 @@ class ParameterShard::Completions {
     int worker_id = -1;
     bool keep_copy = false;
     ShardValues::CopyOut copy_out = nullptr;
+    ShardValues::Filling filling = nullptr;
   };
   ParameterShard* shard_;
   std::vector<Answer> answers_;

@@ -36,6 +36,8 @@ struct ReadRequest {
   // Optional: where the values go instead of a snapshot (ShardValues::CopyOut). The Snapshot
   // given to `done` then holds no values (or a copy the shard kept for itself).
   ShardValues::CopyOut copy_out = nullptr;
+  // Optional: the snapshot is announced before it is filled (ShardValues::Filling).
+  ShardValues::Filling filling = nullptr;
 };
 using ReadDone = std::function<void(absl::StatusOr<ShardValues::Snapshot>)>;
 

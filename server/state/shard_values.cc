@@ -89,7 +89,7 @@ void ShardValues::Read(absl::FunctionRef<void(absl::Span<const float>)> fn) cons
 }
 
 ShardValues::Snapshot ShardValues::Copy(int64_t offset, int64_t length, const CopyOut& copy_out,
-                                        bool keep_copy) {
+                                        bool keep_copy, const Filling& filling) {
   const bool direct = copy_out != nullptr && !keep_copy;
   Snapshot snapshot{0, offset, direct ? BufferPool::Lease() : snapshot_buffers_.Acquire(length)};
   {
@@ -98,6 +98,15 @@ ShardValues::Snapshot ShardValues::Copy(int64_t offset, int64_t length, const Co
     absl::Span<const float> values(weights_.data() + (offset - range_.begin), length);
     if (direct) {
       copy_out(values);
+    } else if (FillProgress* progress = filling != nullptr && copy_out == nullptr
+                                            ? filling(snapshot.values.span())
+                                            : nullptr) {
+      constexpr int64_t kPiece = int64_t{1} << 18;  // 1 MiB of float32: sent while the next copies
+      for (int64_t i = 0; i < length; i += kPiece) {
+        const int64_t n = std::min(kPiece, length - i);
+        std::copy_n(values.begin() + i, n, snapshot.values.span().begin() + i);
+        progress->Add(n);
+      }
     } else {
       std::copy_n(values.begin(), length, snapshot.values.span().begin());
     }

@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/buffer_pool.h"
+#include "common/fill_progress.h"
 #include "common/partition.h"
 #include "server/state/apply_threads.h"
 #include "server/state/optimizer.h"
@@ -34,6 +35,11 @@ class ShardValues {
   // Where a copy goes instead of a snapshot (a pull answered through shared memory): called with
   // the values under the lock (held shared), so it must only copy them.
   using CopyOut = std::function<void(absl::Span<const float> values)>;
+  // A snapshot sent while it is copied (a pull over the data plane): called with the snapshot's
+  // buffer before it is filled, under the lock (held shared), so it must only queue work; returns
+  // what to tell of each piece copied (kept alive by the caller until the buffer is sent; null:
+  // copy it whole).
+  using Filling = std::function<FillProgress*(absl::Span<const float> buffer)>;
 
   // Values of `range` updated by `optimizer` (validated: MakeOptimizer accepts it), or, when
   // `add_changes`, changed by adding what is pushed as it is (easgd, local: workers push changes
@@ -58,8 +64,10 @@ class ShardValues {
   // Calls fn(values) under the lock held shared (DC-ASGD reads the weights).
   void Read(absl::FunctionRef<void(absl::Span<const float>)> fn) const;
   // A snapshot of [offset, offset + length) (inside the range); with `copy_out` the values go
-  // there instead, unless `keep_copy` asks for the snapshot too.
-  Snapshot Copy(int64_t offset, int64_t length, const CopyOut& copy_out, bool keep_copy);
+  // there instead, unless `keep_copy` asks for the snapshot too. With `filling` (and no
+  // `copy_out`), the snapshot is announced before it is filled, and filled in pieces.
+  Snapshot Copy(int64_t offset, int64_t length, const CopyOut& copy_out, bool keep_copy,
+                const Filling& filling = nullptr);
   // Frees idle snapshot buffers unused for `unused`.
   void Trim(absl::Duration unused) { snapshot_buffers_.Trim(unused); }
 

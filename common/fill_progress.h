@@ -1,0 +1,30 @@
+// How much of a buffer one thread has filled so far, for another thread that sends the buffer as
+// it fills (a shard copies a pull's values into a snapshot while its data-plane connection sends
+// the part already copied). Thread-safe.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace ps {
+
+class FillProgress {
+ public:
+  // A buffer of `total` values, none of them in place yet.
+  explicit FillProgress(int64_t total) : total_(total) {}
+  int64_t total() const { return total_; }
+  // `n` more values are in place (in order, from the start); at most total() in all.
+  void Add(int64_t n);
+  // Waits until at least min(n, total()) values are in place, or `deadline`; returns how many are.
+  int64_t WaitFor(int64_t n, absl::Time deadline) const;
+
+ private:
+  const int64_t total_;
+  mutable absl::Mutex mu_;
+  int64_t filled_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ps
