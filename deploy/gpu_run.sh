@@ -187,8 +187,10 @@ main() {
     if "${ours[@]}" ip netns add ps-gpu-probe 2> "$WORK/logs/netns-probe.log" \
         && "${ours[@]}" ip netns del ps-gpu-probe 2>> "$WORK/logs/netns-probe.log"; then
       # The workers read Fashion-MNIST from where Debian's package puts it.
-      mkdir -p /usr/share/datasets/fashion-mnist \
-        && cp -n .gpu-bundle/data/*.gz /usr/share/datasets/fashion-mnist/
+      mkdir -p /usr/share/datasets/fashion-mnist
+      for f in .gpu-bundle/data/*.gz; do
+        [ -e "/usr/share/datasets/fashion-mnist/${f##*/}" ] || cp "$f" /usr/share/datasets/fashion-mnist/
+      done
       run_step wan 400 "${ours[@]}" ${coretype:+"OPENBLAS_CORETYPE=$coretype"} "$bin/wan_bench" \
         --latencies_ms=0 --modes=async --workers=4 --shards=2 --rate_gbit="$WAN_RATE_GBIT" \
         --hidden=2560,2048,2048,2048,2048 --steps="$WAN_STEPS" --eval_interval_seconds=60 \
