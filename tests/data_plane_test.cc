@@ -299,9 +299,9 @@ TEST(FillProgressTest, AWaitEndsWhenEnoughIsInPlaceOrAtItsDeadline) {
   FillProgress p(10);
   EXPECT_EQ(p.WaitFor(1, absl::Now() + absl::Milliseconds(20)), 0);  // nothing yet: the deadline
   p.Add(4);
-  EXPECT_EQ(p.WaitFor(3, absl::InfiniteFuture()), 4);
+  EXPECT_EQ(p.WaitFor(3, Soon()), 4);
   std::thread rest([&] { p.Add(100); });  // at most the total counts
-  EXPECT_EQ(p.WaitFor(20, absl::InfiniteFuture()), 10);  // more than the total: all of it
+  EXPECT_EQ(p.WaitFor(20, Soon()), 10);  // more than the total: all of it
   rest.join();
 }
 

@@ -206,6 +206,14 @@ void DataPlane::Serve(std::shared_ptr<Connection> c) {
                  << c->owner << " ended (" << status.message() << ")";
   }
   c->Close();
+  if (!c->sender.joinable()) {  // registered but never welcomed: fail what was queued meanwhile
+    std::deque<Connection::Outgoing> failed;
+    {
+      absl::MutexLock lock(&c->mu);
+      failed.swap(c->outgoing);
+    }
+    for (auto& f : failed) f.sent(absl::UnavailableError("the data plane connection ended"));
+  }
   {
     absl::MutexLock lock(&mu_);
     if (auto it = open_.find(c->id); it != open_.end() && it->second == c) open_.erase(it);

@@ -84,8 +84,9 @@ class DataPlane {
   using Sent = absl::AnyInvocable<void(absl::StatusOr<int64_t>)>;
   // Sends `values` as `type` on connection `connection` as transfer `transfer`, on the
   // connection's own thread, and then calls `sent` there. With `filling`, `values` are still
-  // being filled: each piece goes once it is in place (SendValues). `keep` keeps `values` and
-  // `filling` alive until then.
+  // being filled: each piece goes once it is in place (SendValues). `values` and `filling` must
+  // stay alive until `sent` is called: `keep` is held until then for that (or the caller keeps
+  // them itself).
   // FAILED_PRECONDITION at once, `sent` not called, when the connection is not `owner`'s or no
   // longer open.
   absl::Status Send(uint64_t connection, int owner, uint64_t transfer,

@@ -193,7 +193,10 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   }
   // Queues the snapshot's buffer on the data plane as the shard starts copying into it (under
   // the values' lock: it only queues), so that each piece goes out once copied. Returns what the
-  // copy tells of its progress; null if the connection is gone (plane_lost_ says why).
+  // copy tells of its progress; null if the connection is gone (plane_lost_ says why). The buffer
+  // is snapshot_'s, which this call holds until Finish: nothing may finish it before the plane
+  // calls back (PlaneEvent). Runs on the thread that then calls OnAnswer, as filling_ and
+  // plane_lost_ are written here and read there.
   FillProgress* StartPlaneSend(absl::Span<const float> buffer) {
     filling_ = std::make_shared<FillProgress>(static_cast<int64_t>(buffer.size()));
     absl::Status queued = service_->data_plane_->Send(
@@ -218,7 +221,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
     absl::StatusOr<int64_t> sent;
     {
       absl::MutexLock lock(&plane_mu_);
-      if (++plane_events_ < (plane_lost_.ok() ? 2 : 1)) return;
+      if (++plane_events_ != (plane_lost_.ok() ? 2 : 1)) return;
       sent = plane_sent_;
     }
     if (!plane_lost_.ok()) {
