@@ -82,9 +82,9 @@ absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t tran
   std::string piece;
   for (size_t sent = 0; sent < values.size();) {
     size_t ready = values.size();
-    if (filling != nullptr) {  // a piece of kChunkFloats more at least, or the rest
+    if (filling != nullptr) {  // a piece more at least, or the rest
       ready = std::min<size_t>(
-          ready, filling->WaitFor(sent + kChunkFloats, absl::Now() + kMaxFillWait));
+          ready, filling->WaitFor(sent + kFillPiece, absl::Now() + kMaxFillWait));
       if (ready <= sent) {
         return absl::DeadlineExceededError(absl::StrCat(
             "the values to send stopped coming after ", sent, " of ", values.size()));

@@ -11,6 +11,10 @@
 
 namespace ps {
 
+// Values a filler copies at a time, and a sender waits for at a time (1 MiB of float32): the
+// send of one piece overlaps the copy of the next.
+inline constexpr int64_t kFillPiece = int64_t{1} << 18;
+
 class FillProgress {
  public:
   // A buffer of `total` values, none of them in place yet.

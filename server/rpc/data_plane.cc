@@ -31,7 +31,7 @@ class DataPlane::Connection {
     absl::Span<const float> values;
     WireType type = WireType::kFloat32;
     Sent sent;
-    const FillProgress* filling = nullptr;  // kept alive by `keep`
+    const FillProgress* filling = nullptr;  // alive until `sent` (DataPlane::Send)
   };
 
   Socket socket;

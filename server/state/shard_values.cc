@@ -101,9 +101,8 @@ ShardValues::Snapshot ShardValues::Copy(int64_t offset, int64_t length, const Co
     } else if (FillProgress* progress = filling != nullptr && copy_out == nullptr
                                             ? filling(snapshot.values.span())
                                             : nullptr) {
-      constexpr int64_t kPiece = int64_t{1} << 18;  // 1 MiB of float32: sent while the next copies
-      for (int64_t i = 0; i < length; i += kPiece) {
-        const int64_t n = std::min(kPiece, length - i);
+      for (int64_t i = 0; i < length; i += kFillPiece) {
+        const int64_t n = std::min(kFillPiece, length - i);
         std::copy_n(values.begin() + i, n, snapshot.values.span().begin() + i);
         progress->Add(n);
       }
