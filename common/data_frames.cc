@@ -1,5 +1,6 @@
 #include "common/data_frames.h"
 
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -46,6 +47,29 @@ uint64_t RandomId() {
   return id;
 }
 
+std::string HelloPayload(const std::string& secret, int lane) {
+  std::string payload = secret;
+  payload.resize(kHelloBytes);
+  Put(&payload[kSecretBytes], static_cast<uint32_t>(lane), 4);
+  return payload;
+}
+
+int HelloLane(const std::string& payload, std::string* secret) {
+  *secret = payload.substr(0, kSecretBytes);
+  return static_cast<int>(Get(payload.data() + kSecretBytes, 4) & 0x7fffffff);
+}
+
+int StripeCount(size_t values, WireType type, int lanes) {
+  const uint64_t bytes = static_cast<uint64_t>(values) * WireBytes(type);
+  return static_cast<int>(std::clamp<uint64_t>(bytes / kMinStripeBytes, 1, std::max(lanes, 1)));
+}
+
+Stripe StripeOf(size_t values, int parts, int part) {
+  const size_t base = values / parts, extra = values % parts;
+  const size_t p = static_cast<size_t>(part);
+  return {p * base + std::min(p, extra), base + (p < extra ? 1 : 0)};
+}
+
 absl::Status SendFrame(Socket& socket, FrameHeader header, std::string_view payload,
                        absl::Time deadline) {
   char head[kHeaderBytes];
@@ -67,7 +91,8 @@ absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline) {
 
 absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t transfer,
                                    absl::Span<const float> values, WireType type,
-                                   absl::Time deadline, const FillProgress* filling) {
+                                   absl::Time deadline, const FillProgress* filling,
+                                   int64_t filled_from) {
   char head[kHeaderBytes];
   EncodeHeader({kind, transfer, static_cast<uint64_t>(values.size()) * WireBytes(type)}, head);
   if (type == WireType::kFloat32 && filling == nullptr) {
@@ -83,11 +108,12 @@ absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t tran
   for (size_t sent = 0; sent < values.size();) {
     size_t ready = values.size();
     if (filling != nullptr) {  // a piece more at least, or the rest
-      ready = std::min<size_t>(
-          ready, filling->WaitFor(sent + kFillPiece, absl::Now() + kMaxFillWait));
+      const int64_t in_place =
+          filling->WaitFor(filled_from + sent + kFillPiece, absl::Now() + kMaxFillWait);
+      ready = std::min<size_t>(ready, std::max<int64_t>(in_place - filled_from, 0));
       if (ready <= sent) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "the values to send stopped coming after ", sent, " of ", values.size()));
+        return absl::DeadlineExceededError(
+            absl::StrCat("the values to send stopped coming after ", sent, " of ", values.size()));
       }
     }
     absl::Span<const float> part = values.subspan(sent, ready - sent);

@@ -3,10 +3,16 @@
 // worker/data_connection.h). gRPC keeps everything else: a call names the tensor's transfer, and
 // the call, not the connection, is authorised, checked, applied once and answered.
 //
+// A client's connection with a shard is one or more TCP connections, its lanes (as many as
+// AttachDataPlane says): a large tensor goes as one frame per lane, each a contiguous part of it
+// (Stripe), so that several threads on each end move its bytes at once; a small one goes whole on
+// the first lane.
+//
 // Every frame is a 24-byte header, little-endian: magic "PSD1", kind, transfer, bytes; then
 // `bytes` bytes of payload.
-//   Hello    client -> shard, first: transfer = the connection id, payload = the 16-byte secret,
-//            both from AttachDataPlane (one use each).
+//   Hello    client -> shard, first on each lane: transfer = the connection id, payload = the
+//            16-byte secret (both from AttachDataPlane, one use each lane) and the lane's index
+//            (4 bytes).
 //   Welcome  shard -> client: the connection is the client's; no payload.
 //   Refused  shard -> client, then the shard closes: payload = why, in words (< 1 KiB).
 //   Push     client -> shard: the tensor of the Push call naming `transfer`.
@@ -43,7 +49,23 @@ struct FrameHeader {
 inline constexpr char kDataPlaneReady[] = "ps-data-plane-ready";
 
 inline constexpr size_t kSecretBytes = 16;
+inline constexpr uint64_t kHelloBytes = kSecretBytes + 4;
 inline constexpr uint64_t kMaxRefusalBytes = 1024;
+
+// A hello's payload, and the lane it names (with the secret in `secret`).
+std::string HelloPayload(const std::string& secret, int lane);
+int HelloLane(const std::string& payload, std::string* secret);
+
+// The lanes a tensor of `values` values as `type` goes over, of a connection's `lanes`: one per
+// kMinStripeBytes of it at most, at least one.
+inline constexpr uint64_t kMinStripeBytes = 4 << 20;
+int StripeCount(size_t values, WireType type, int lanes);
+// Part `part` of `parts` of a tensor of `values` values: contiguous, in order, sizes within one.
+struct Stripe {
+  size_t offset = 0;
+  size_t size = 0;
+};
+Stripe StripeOf(size_t values, int parts, int part);
 
 // A random secret, and a random nonzero id (from the system's random source).
 std::string RandomSecret();
@@ -57,11 +79,13 @@ absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline);
 
 // Sends `values` as `type` in one frame of `kind`; returns how many values were saturated to the
 // type's range. 32-bit values go straight from `values`; others are encoded a piece at a time.
-// With `filling` (of values.size()), `values` are still being filled: each piece is sent once it
-// is in place (DEADLINE_EXCEEDED if no more comes within kMaxFillWait).
+// With `filling`, `values` (the ones from `filled_from` on of the buffer it tells of) are still
+// being filled: each piece is sent once it is in place (DEADLINE_EXCEEDED if no more comes within
+// kMaxFillWait).
 absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t transfer,
                                    absl::Span<const float> values, WireType type,
-                                   absl::Time deadline, const FillProgress* filling = nullptr);
+                                   absl::Time deadline, const FillProgress* filling = nullptr,
+                                   int64_t filled_from = 0);
 // How long SendValues waits for the next piece of values being filled (a copy in memory).
 inline constexpr absl::Duration kMaxFillWait = absl::Seconds(10);
 // The bytes of a run ValuesSeen is told of (the last may be shorter): a quarter of a usual L2.

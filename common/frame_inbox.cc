@@ -35,7 +35,10 @@ absl::Status FrameInbox::ReadLoop() {
       continue;
     }
     absl::Status read = ReceiveValues(*socket_, h->bytes, taken->dst, taken->type,
-                                      absl::InfiniteFuture(), taken->seen);
+                                      absl::InfiniteFuture(), [&](absl::Span<const float> run) {
+                                        absl::MutexLock lock(&mu_);
+                                        taken->in += run.size();
+                                      });
     // A frame of the wrong size fails its call only: it was read whole. Anything else ends the
     // connection, before its call learns of it (so that it finds the connection ended).
     if (read.code() != absl::StatusCode::kInvalidArgument) status = read;
@@ -48,35 +51,46 @@ absl::Status FrameInbox::ReadLoop() {
   return status;
 }
 
-absl::Status FrameInbox::Expect(uint64_t transfer, absl::Span<float> dst, WireType type,
-                                ValuesSeen seen) {
+absl::Status FrameInbox::Expect(uint64_t transfer, absl::Span<float> dst, WireType type) {
   absl::MutexLock lock(&mu_);
   if (ended_) return absl::FailedPreconditionError("the data plane connection ended");
-  if (!expected_.emplace(transfer, Expected{dst, type, seen, State::kWaiting, absl::OkStatus()})
+  if (!expected_.emplace(transfer, Expected{dst, type, State::kWaiting, 0, absl::OkStatus()})
            .second) {
     return absl::InvalidArgumentError("a transfer id already in use on this connection");
   }
   return absl::OkStatus();
 }
 
-absl::Status FrameInbox::Await(uint64_t transfer, absl::Time deadline) {
-  {
-    absl::MutexLock lock(&mu_);
-    Expected& e = expected_.at(transfer);
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return e.state == State::kDone || (ended_ && e.state == State::kWaiting);
-    };
-    if (mu_.AwaitWithDeadline(absl::Condition(&done), deadline) || e.state == State::kWaiting) {
-      absl::Status status =
-          e.state == State::kDone ? e.status
-          : ended_
-              ? absl::UnavailableError("the data plane connection ended before the tensor came")
-              : absl::DeadlineExceededError("the tensor did not come on the data plane in time");
-      expected_.erase(transfer);
-      return status;
+absl::Status FrameInbox::Await(uint64_t transfer, absl::Time deadline, ValuesSeen seen) {
+  size_t told = 0;  // values `seen` was told of
+  for (;;) {
+    absl::Span<const float> run;  // in place, and written no more
+    {
+      absl::MutexLock lock(&mu_);
+      Expected& e = expected_.at(transfer);
+      auto news = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return e.in > told || e.state == State::kDone || (ended_ && e.state == State::kWaiting);
+      };
+      const bool woke = mu_.AwaitWithDeadline(absl::Condition(&news), deadline);
+      const bool failed = e.state == State::kDone && !e.status.ok();
+      if (woke && e.in > told && !failed) {
+        run = absl::Span<const float>(e.dst).subspan(told, e.in - told);
+      } else if (woke || e.state == State::kWaiting) {
+        absl::Status status =
+            e.state == State::kDone ? e.status
+            : ended_
+                ? absl::UnavailableError("the data plane connection ended before the tensor came")
+                : absl::DeadlineExceededError("the tensor did not come on the data plane in time");
+        expected_.erase(transfer);
+        return status;
+      } else {
+        break;  // given up mid-tensor
+      }
     }
+    seen(run);
+    told += run.size();
   }
-  // Given up mid-tensor: the connection ends, so that ReadLoop stops writing into its place.
+  // The connection ends, so that ReadLoop stops writing into the tensor's place.
   End();
   absl::MutexLock lock(&mu_);
   Expected& e = expected_.at(transfer);
@@ -95,6 +109,36 @@ void FrameInbox::End() {
 bool FrameInbox::ended() const {
   absl::MutexLock lock(&mu_);
   return ended_;
+}
+
+absl::Status ExpectStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer,
+                           absl::Span<float> dst, WireType type) {
+  const int parts = StripeCount(dst.size(), type, static_cast<int>(lanes.size()));
+  for (int i = 0; i < parts; ++i) {
+    const Stripe part = StripeOf(dst.size(), parts, i);
+    if (absl::Status s = lanes[i]->Expect(transfer, dst.subspan(part.offset, part.size), type);
+        !s.ok()) {
+      for (int j = 0; j < i; ++j) lanes[j]->Await(transfer, absl::InfinitePast()).IgnoreError();
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AwaitStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer, size_t values,
+                          WireType type, absl::Time deadline, ValuesSeen seen) {
+  const int parts = StripeCount(values, type, static_cast<int>(lanes.size()));
+  absl::Status first;
+  for (int i = 0; i < parts; ++i) {
+    absl::Status s = lanes[i]->Await(transfer, deadline, first.ok() ? seen : IgnoreValues);
+    if (!s.ok() && first.ok()) {
+      first = s;
+      if (s.code() != absl::StatusCode::kInvalidArgument) {
+        for (FrameInbox* lane : lanes) lane->End();
+      }
+    }
+  }
+  return first;
 }
 
 }  // namespace ps

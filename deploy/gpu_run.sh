@@ -25,8 +25,8 @@
 #   7. transport: transport_bench at 1 and 38 MiB over loopback (push and pull over gRPC, the
 #      data plane and shared memory against iperf3's single stream), $TRANSPORT_RUNS times (2)
 #      each of $TRANSPORT_VARIANTS (transport_bench flags, one word each, taken in turn; default
-#      the shard applying on 1 thread and on 8), then apply_bench at 10M parameters: the 16 cores
-#      keep client, receive and apply off each other's cores
+#      the data plane with 1, 2 and 4 lanes), then apply_bench at 10M parameters: the 16 cores
+#      keep client, receive and apply off each other's cores; iperf3 over 1, 2 and 4 streams first
 #   8. wan: wan_bench, 4 workers x 2 shards on network namespaces at $WAN_RATE_GBIT Gbit/s (10), a
 #      20M-parameter MLP, each step schedule (serial, overlap, prefetch, both), workers on
 #      $WAN_DEVICE (cpu), $WAN_REPEATS time(s); skipped when network namespaces cannot be made
@@ -47,7 +47,7 @@ TARGET=${TARGET:-0.88}
 CONFIGS=${CONFIGS:-784-256-128-10:64,784-256-128-10:256,784-256-128-10:1024,784-1024-1024-10:256,784-1024-1024-10:1024,784-4096-4096-10:256,784-4096-4096-10:1024}
 STEPS=${STEPS:-tests,compute,torch,e2e,python}
 TRANSPORT_RUNS=${TRANSPORT_RUNS:-2}
-TRANSPORT_VARIANTS=${TRANSPORT_VARIANTS:---ps_flags=--apply_threads=1 --ps_flags=--apply_threads=8}
+TRANSPORT_VARIANTS=${TRANSPORT_VARIANTS:---ps_flags=--data_plane_lanes=1 --ps_flags=--data_plane_lanes=2 --ps_flags=--data_plane_lanes=4}
 WAN_RATE_GBIT=${WAN_RATE_GBIT:-10}
 WAN_STEPS=${WAN_STEPS:-30}
 WAN_DEVICE=${WAN_DEVICE:-cpu}
@@ -172,6 +172,11 @@ main() {
   # 7. Transport over loopback, where client and shard have cores of their own.
   local run variant
   if want transport; then
+    # The ceiling striping is up against: loopback TCP over 1, 2 and 4 streams at once.
+    for streams in 1 2 4; do
+      run_step "iperf3-P$streams" 30 "${ours[@]}" bash -c "iperf3 -s -1 -p 5399 > /dev/null &
+        sleep 0.5; iperf3 -c 127.0.0.1 -p 5399 -t 2 -P $streams -f g | tail -n 4"
+    done
     for run in $(seq 1 "$TRANSPORT_RUNS"); do
       for variant in $TRANSPORT_VARIANTS; do
         run_step "transport-$run-${variant##*-}" 150 "${ours[@]}" "$bin/transport_bench" \
@@ -311,6 +316,9 @@ main() {
   grep -h "relative L2 error" "$WORK/logs/network_test.log" 2>/dev/null
   grep -h "CPU backend:" "$WORK/logs/compute_bench-cpu-1thr.log" 2>/dev/null | head -n 1
   grep -h "^python \|accuracy:" "$WORK/logs/python.log" 2>/dev/null
+  for log in "$WORK"/logs/iperf3-P*.log; do
+    [ -f "$log" ] && echo "$(basename "$log" .log): $(grep receiver "$log" | tail -n 1)"
+  done
   for log in "$WORK"/logs/transport-*.log; do
     [ -f "$log" ] || continue
     echo "$(basename "$log" .log):"

@@ -13,6 +13,7 @@
 #include "common/reflection.h"
 #include "common/security.h"
 #include "common/shutdown.h"
+#include "server/rpc/data_plane.h"
 #include "server/shard_server.h"
 
 ABSL_FLAG(
@@ -84,6 +85,10 @@ ABSL_FLAG(int, data_plane_port, 0,
           "calls (on --host); 0 picks a free one (clients learn it over gRPC), -1 turns it off. "
           "Off with TLS.");
 ABSL_FLAG(int, data_plane_clients, 64, "Clients that may hold a data-plane connection at once.");
+ABSL_FLAG(int, data_plane_lanes, 0,
+          "TCP connections each data-plane client opens, a tensor of 8 MiB or more striped over "
+          "them so that several threads move its bytes on each end (1..8). 0: one per 8 CPUs "
+          "this process may use, 1 to 4.");
 ABSL_FLAG(int, pull_views, 64,
           "Workers whose compressed pulls (worker --pull_compress) this shard follows at once, "
           "each costing a copy of its values; beyond that the least recent one's next pull is "
@@ -263,6 +268,8 @@ absl::StatusOr<ShardServerConfig> ServerConfigFromFlags() {
   c.host = absl::GetFlag(FLAGS_host);
   c.port = absl::GetFlag(FLAGS_port);
   c.data_plane_port = absl::GetFlag(FLAGS_data_plane_port);
+  c.data_plane_lanes = absl::GetFlag(FLAGS_data_plane_lanes);
+  if (c.data_plane_lanes == 0) c.data_plane_lanes = DataPlane::AutoLanes();
   c.insecure = absl::GetFlag(FLAGS_insecure);
   if (std::string dir = absl::GetFlag(FLAGS_checkpoint_dir); !dir.empty()) {
     c.checkpoints = Checkpointer::Options{std::move(dir), absl::GetFlag(FLAGS_checkpoint_keep),

@@ -176,6 +176,10 @@ absl::Status ShardServer::Start() {
 absl::Status ShardServer::StartDataPlane() {
   const ShardServerConfig& c = config_;
   if (c.data_plane_port < 0) return absl::OkStatus();
+  if (c.data_plane_lanes < 1 || c.data_plane_lanes > DataPlane::kMaxLanes) {
+    return absl::InvalidArgumentError(absl::StrCat("--data_plane_lanes must be in [1, ",
+                                                   DataPlane::kMaxLanes, "] (0: automatic)"));
+  }
   if (c.security.tls) {
     PS_LOG(INFO) << "no data plane: the job uses TLS, which it does not speak; tensors go over gRPC";
     return absl::OkStatus();
@@ -184,6 +188,7 @@ absl::Status ShardServer::StartDataPlane() {
   o.host = c.host;
   o.port = c.data_plane_port;
   o.max_connections = c.limits.data_plane_clients;
+  o.lanes = c.data_plane_lanes;
   o.max_frame_bytes = static_cast<uint64_t>(shard_->range().size()) * sizeof(float);
   absl::StatusOr<std::unique_ptr<DataPlane>> plane = DataPlane::Start(o);
   if (!plane.ok()) {
@@ -191,7 +196,8 @@ absl::Status ShardServer::StartDataPlane() {
                                                plane.status().message()));
   }
   data_plane_ = *std::move(plane);
-  PS_LOG(INFO) << "data plane on port " << data_plane_->port() << " (tensors of remote clients)";
+  PS_LOG(INFO) << "data plane on port " << data_plane_->port() << " (tensors of remote clients, "
+               << o.lanes << (o.lanes == 1 ? " lane" : " lanes") << " each)";
   return absl::OkStatus();
 }
 

@@ -48,6 +48,8 @@ struct ShardServerConfig {
   // The bulk data plane's port on `host` (server/rpc/data_plane.h; 0: a free one, -1: none). Not
   // with TLS: the plane speaks plain TCP, so TLS jobs move tensors over gRPC.
   int data_plane_port = 0;
+  // TCP connections per client on the data plane, a large tensor striped over them (1..8).
+  int data_plane_lanes = 1;
   // Allow a non-loopback host without a token or mutual TLS (CheckListenHost).
   bool insecure = false;
   MetricsOptions metrics;  // by default no endpoint

@@ -13,8 +13,8 @@
 
 #include <cmath>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -36,11 +36,12 @@ namespace {
 absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 
 std::unique_ptr<DataPlane> StartPlane(absl::Duration hello = absl::Seconds(5),
-                                      absl::Duration stall = absl::Seconds(10)) {
+                                      absl::Duration stall = absl::Seconds(10), int lanes = 1) {
   DataPlane::Options o;
   o.max_frame_bytes = 64 << 20;
   o.hello = hello;
   o.stall = stall;
+  o.lanes = lanes;
   absl::StatusOr<std::unique_ptr<DataPlane>> plane = DataPlane::Start(o);
   EXPECT_TRUE(plane.ok()) << plane.status();
   return plane.ok() ? *std::move(plane) : nullptr;
@@ -55,9 +56,13 @@ int ConnectionsSoon(const DataPlane& plane, int n) {
   return plane.connections();
 }
 
-// A raw connection that says hello with (id, secret) and returns the shard's answer.
-absl::StatusOr<FrameHeader> Hello(Socket& socket, uint64_t id, const std::string& secret) {
-  if (absl::Status s = SendFrame(socket, {FrameKind::kHello, id}, secret, Soon()); !s.ok()) {
+// A raw connection that says hello with (id, secret) as lane `lane` and returns the shard's
+// answer.
+absl::StatusOr<FrameHeader> Hello(Socket& socket, uint64_t id, const std::string& secret,
+                                  int lane = 0) {
+  if (absl::Status s =
+          SendFrame(socket, {FrameKind::kHello, id}, HelloPayload(secret, lane), Soon());
+      !s.ok()) {
     return s;
   }
   return ReceiveHeader(socket, Soon());
@@ -130,14 +135,26 @@ TEST(DataPlaneTest, APushedTensorGoesIntoItsCallOnlyAndAStrayOneIsDropped) {
   Socket s = Open(*plane, 0, &id);
   std::vector<float> sent(300000), got(300000, -1.0f);
   for (size_t i = 0; i < sent.size(); ++i) sent[i] = 0.5f * i;
-  // A frame no call waits for (transfer 7) is read and dropped; the connection goes on.
+  // A frame no call waits for (transfer 7) is read and dropped; the connection goes on. The
+  // call is told of each value once, in order, in runs, on its own thread.
   ASSERT_TRUE(SendValues(s, FrameKind::kPush, 7, sent, WireType::kFloat32, Soon()).ok());
-  absl::Status received =
-      plane->Receive(id, 0, 8, absl::MakeSpan(got), WireType::kFloat32, Soon(), [&] {
+  std::vector<float> seen;
+  int runs = 0, elsewhere = 0;
+  absl::Status received = plane->Receive(
+      id, 0, 8, absl::MakeSpan(got), WireType::kFloat32, Soon(),
+      [&] {
         ASSERT_TRUE(SendValues(s, FrameKind::kPush, 8, sent, WireType::kFloat32, Soon()).ok());
+      },
+      [&, caller = std::this_thread::get_id()](absl::Span<const float> run) {
+        seen.insert(seen.end(), run.begin(), run.end());
+        ++runs;
+        elsewhere += std::this_thread::get_id() != caller;
       });
   ASSERT_TRUE(received.ok()) << received;
   EXPECT_EQ(got, sent);
+  EXPECT_EQ(seen, sent);
+  EXPECT_GE(runs, 1);
+  EXPECT_EQ(elsewhere, 0);
   // Another worker's call may not take it, a tensor of another size fails its call only, and a
   // 16-bit one is decoded.
   EXPECT_EQ(plane->Receive(id, 1, 9, absl::MakeSpan(got), WireType::kFloat32, Soon(), [] {}).code(),
@@ -162,6 +179,124 @@ TEST(DataPlaneTest, APushedTensorGoesIntoItsCallOnlyAndAStrayOneIsDropped) {
                   .ok());
   EXPECT_EQ(half[2], 1.0f);
   EXPECT_EQ(plane->connections(), 1);
+}
+
+TEST(DataPlaneTest, ATensorIsStripedInContiguousPartsOneALaneWhenLargeEnough) {
+  const size_t big = 3 * kMinStripeBytes / sizeof(float) + 5;
+  EXPECT_EQ(StripeCount(1000, WireType::kFloat32, 4), 1);
+  EXPECT_EQ(StripeCount(big, WireType::kFloat32, 1), 1);
+  EXPECT_EQ(StripeCount(big, WireType::kFloat32, 2), 2);
+  EXPECT_EQ(StripeCount(big, WireType::kFloat32, 8), 3);
+  EXPECT_EQ(StripeCount(big, WireType::kBFloat16, 8), 1);  // half the bytes
+  for (int parts : {1, 2, 3, 7}) {
+    size_t next = 0;
+    for (int i = 0; i < parts; ++i) {
+      const Stripe part = StripeOf(big, parts, i);
+      EXPECT_EQ(part.offset, next);
+      EXPECT_LE(part.size - big / parts, 1u);
+      next += part.size;
+    }
+    EXPECT_EQ(next, big);
+  }
+}
+
+// A ticket of a plane with `lanes` lanes: each lane says hello once, the connection is open once
+// all have, and a tensor of three stripes' worth goes as one part a lane, both ways.
+TEST(DataPlaneTest, AConnectionOfSeveralLanesOpensWhenAllSaidHelloAndStripesLargeTensors) {
+  std::unique_ptr<DataPlane> plane = StartPlane(absl::Seconds(5), absl::Seconds(10), 3);
+  ASSERT_NE(plane, nullptr);
+  absl::StatusOr<DataPlane::Ticket> ticket = plane->Issue(0);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  EXPECT_EQ(ticket->lanes, 3);
+  std::vector<Socket> lanes;
+  for (int lane : {2, 0}) {
+    lanes.push_back(Connect(*plane));
+    absl::StatusOr<FrameHeader> welcome =
+        Hello(lanes.back(), ticket->connection, ticket->secret, lane);
+    ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome) << lane;
+  }
+  std::swap(lanes[0], lanes[1]);
+  for (int lane : {3, 0}) {  // not the ticket's, and one that said hello already
+    Socket s = Connect(*plane);
+    absl::StatusOr<FrameHeader> answer = Hello(s, ticket->connection, ticket->secret, lane);
+    ASSERT_TRUE(answer.ok()) << answer.status();
+    EXPECT_EQ(answer->kind, FrameKind::kRefused) << lane;
+  }
+  EXPECT_EQ(plane->connections(), 0);
+  std::vector<float> dst(10);
+  EXPECT_EQ(plane
+                ->Receive(ticket->connection, 0, 1, absl::MakeSpan(dst), WireType::kFloat32, Soon(),
+                          [] {})
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  lanes.insert(lanes.begin() + 1, Connect(*plane));
+  absl::StatusOr<FrameHeader> last = Hello(lanes[1], ticket->connection, ticket->secret, 1);
+  ASSERT_TRUE(last.ok() && last->kind == FrameKind::kWelcome);
+  EXPECT_EQ(plane->connections(), 1);
+
+  const size_t n = 3 * kMinStripeBytes / sizeof(float) + 5;
+  std::vector<float> sent(n), got(n, -1.0f), seen;
+  for (size_t i = 0; i < n; ++i) sent[i] = static_cast<float>(i % 1000) - 500.0f;
+  absl::Status received = plane->Receive(
+      ticket->connection, 0, 2, absl::MakeSpan(got), WireType::kFloat32, Soon(),
+      [&] {
+        for (int i = 2; i >= 0; --i) {  // the last part first: seen in order all the same
+          const Stripe part = StripeOf(n, 3, i);
+          ASSERT_TRUE(SendValues(lanes[i], FrameKind::kPush, 2,
+                                 absl::MakeConstSpan(sent).subspan(part.offset, part.size),
+                                 WireType::kFloat32, Soon())
+                          .ok());
+        }
+      },
+      [&](absl::Span<const float> run) { seen.insert(seen.end(), run.begin(), run.end()); });
+  ASSERT_TRUE(received.ok()) << received;
+  EXPECT_EQ(got, sent);
+  EXPECT_EQ(seen, sent);
+
+  // A pull's values, one part a lane, and `sent` called once, after all of them.
+  absl::Notification done;
+  absl::StatusOr<int64_t> result;
+  ASSERT_TRUE(plane
+                  ->Send(ticket->connection, 0, 3, nullptr, sent, WireType::kFloat32,
+                         [&](absl::StatusOr<int64_t> r) {
+                           result = r;
+                           done.Notify();
+                         })
+                  .ok());
+  std::vector<float> pulled(n, -1.0f);
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<FrameHeader> head = ReceiveHeader(lanes[i], Soon());
+    ASSERT_TRUE(head.ok()) << head.status();
+    EXPECT_EQ(head->transfer, 3u);
+    const Stripe part = StripeOf(n, 3, i);
+    ASSERT_TRUE(ReceiveValues(lanes[i], head->bytes,
+                              absl::MakeSpan(pulled).subspan(part.offset, part.size),
+                              WireType::kFloat32, Soon())
+                    .ok());
+  }
+  EXPECT_EQ(pulled, sent);
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_TRUE(result.ok()) << result.status();
+
+  // One lane ending ends them all.
+  lanes[2].Shutdown();
+  char byte;
+  EXPECT_EQ(lanes[0].Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
+}
+
+TEST(DataPlaneTest, ALaneThatNeverSaysHelloClosesTheOthersOnceTheHelloIsOverdue) {
+  std::unique_ptr<DataPlane> plane =
+      StartPlane(/*hello=*/absl::Milliseconds(300), absl::Seconds(10), 2);
+  ASSERT_NE(plane, nullptr);
+  absl::StatusOr<DataPlane::Ticket> ticket = plane->Issue(0);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  Socket first = Connect(*plane);
+  absl::StatusOr<FrameHeader> welcome = Hello(first, ticket->connection, ticket->secret, 0);
+  ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
+  char byte;
+  EXPECT_EQ(first.Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(plane->connections(), 0);
 }
 
 // A frame's header saying `bytes` follow, sent alone (as a peer that stops midway would).
@@ -261,12 +396,13 @@ TEST(DataPlaneTest, ValuesSentWhileTheyAreFilledArriveAsIfSentWhole) {
     absl::Notification done;
     absl::StatusOr<int64_t> outcome;
     EXPECT_TRUE(plane
-                    ->Send(id, 0, ++transfer, filling, *buffer, type,
-                           [&](absl::StatusOr<int64_t> sent) {
-                             outcome = sent;
-                             done.Notify();
-                           },
-                           filled ? filling.get() : nullptr)
+                    ->Send(
+                        id, 0, ++transfer, filling, *buffer, type,
+                        [&](absl::StatusOr<int64_t> sent) {
+                          outcome = sent;
+                          done.Notify();
+                        },
+                        filled ? filling.get() : nullptr)
                     .ok());
     std::vector<float> got(source.size(), -1.0f);
     absl::StatusOr<FrameHeader> head = ReceiveHeader(s, Soon());
@@ -301,7 +437,7 @@ TEST(FillProgressTest, AWaitEndsWhenEnoughIsInPlaceOrAtItsDeadline) {
   p.Add(4);
   EXPECT_EQ(p.WaitFor(3, Soon()), 4);
   std::thread rest([&] { p.Add(100); });  // at most the total counts
-  EXPECT_EQ(p.WaitFor(20, Soon()), 10);  // more than the total: all of it
+  EXPECT_EQ(p.WaitFor(20, Soon()), 10);   // more than the total: all of it
   rest.join();
 }
 
@@ -423,15 +559,15 @@ TEST_F(DataPlaneShardTest, ATicketNeedsTheJobsTokenAndOpensThisShardOnly) {
   ASSERT_TRUE(Attach(0, "", &ticket, other.ShardAddress(0)).ok());
   v1::AttachDataPlaneResponse ours;
   ASSERT_TRUE(Attach(0, token_, &ours).ok());
-  absl::StatusOr<std::unique_ptr<DataConnection>> stranger =
-      DataConnection::Open("127.0.0.1", ours.port(), ticket.connection(), ticket.secret(),
-                           kParams * 4, Soon(), absl::Seconds(5));
+  absl::StatusOr<std::unique_ptr<DataConnection>> stranger = DataConnection::Open(
+      {"127.0.0.1", ours.port(), ticket.connection(), ticket.secret(), ticket.lanes()}, kParams * 4,
+      Soon(), absl::Seconds(5));
   ASSERT_FALSE(stranger.ok());
   EXPECT_NE(stranger.status().message().find("refused"), std::string::npos) << stranger.status();
   // With this shard's own ticket: open.
-  absl::StatusOr<std::unique_ptr<DataConnection>> opened =
-      DataConnection::Open("127.0.0.1", ours.port(), ours.connection(), ours.secret(), kParams * 4,
-                           Soon(), absl::Seconds(5));
+  absl::StatusOr<std::unique_ptr<DataConnection>> opened = DataConnection::Open(
+      {"127.0.0.1", ours.port(), ours.connection(), ours.secret(), ours.lanes()}, kParams * 4,
+      Soon(), absl::Seconds(5));
   EXPECT_TRUE(opened.ok()) << opened.status();
 }
 
@@ -502,6 +638,39 @@ TEST_F(DataPlaneShardTest, APushCutMidTensorAppliesNothingAndTheClientFallsBackT
   EXPECT_EQ(stats.version(), 1);
   EXPECT_EQ(stats.data_plane_pushes(), 0);  // it went over gRPC
   EXPECT_EQ(stats.data_plane_pulls(), 1);   // and so did the pull after it
+}
+
+// A shard whose clients open three lanes: its 13 MB tensors go in three parts, with the same
+// results as over gRPC.
+TEST_F(DataPlaneShardTest, TensorsStripedOverSeveralLanesGiveTheSameResults) {
+  constexpr int kBig = 3300000;
+  const ModelIdentity big{"flat:3300000", kBig, 1};
+  ASSERT_EQ(StripeCount(kBig, WireType::kFloat32, 3), 3);
+  LocalCluster striped(ExecutableDir(), dir_ + "/striped");
+  ASSERT_TRUE(striped
+                  .StartShards(1, big.fingerprint, 2,
+                               {"--optimizer=sgd", "--lr=0.5", "--data_plane_lanes=3"})
+                  .ok());
+  ClientOptions options;
+  options.shared_memory = false;
+  options.retry_for = absl::Seconds(20);
+  ShardedClient over_plane({striped.ShardAddress(0)}, big, 0, options);
+  options.data_plane = false;
+  ShardedClient over_grpc({striped.ShardAddress(0)}, big, 1, options);
+  ASSERT_TRUE(over_plane.Register().ok());
+  ASSERT_TRUE(over_grpc.Register().ok());
+  std::vector<float> initial(kBig), gradient(kBig);
+  for (int i = 0; i < kBig; ++i) {
+    initial[i] = 0.25f * (i % 100);
+    gradient[i] = 0.001f * (i % 7);
+  }
+  ASSERT_TRUE(over_plane.Initialize(initial).ok());
+  ExpectStepsInTurnAgree(over_plane, over_grpc, initial, gradient, 0.5f);
+  if (HasFatalFailure()) return;
+  v1::StatsResponse stats = Stats(striped.ShardAddress(0));
+  EXPECT_EQ(stats.data_plane_pushes(), 2);
+  EXPECT_EQ(stats.data_plane_pulls(), 3);
+  EXPECT_EQ(stats.data_plane_connections(), 1);
 }
 
 TEST_F(DataPlaneShardTest, AShardWithoutADataPlaneIsUsedOverGrpc) {

@@ -6,48 +6,106 @@
 #include "common/data_frames.h"
 
 namespace ps {
+namespace {
 
-absl::StatusOr<std::unique_ptr<DataConnection>> DataConnection::Open(
-    const std::string& host, int port, uint64_t connection, const std::string& secret,
-    uint64_t max_bytes, absl::Time deadline, absl::Duration stall) {
-  absl::StatusOr<Socket> socket = Socket::Connect(host, port, deadline, stall);
-  if (!socket.ok()) return socket.status();
-  absl::Status s = SendFrame(*socket, {FrameKind::kHello, connection}, secret, deadline);
-  absl::StatusOr<FrameHeader> answer = s.ok() ? ReceiveHeader(*socket, deadline) : s;
-  if (answer.ok() && answer->kind == FrameKind::kRefused && answer->bytes <= kMaxRefusalBytes) {
+// The shard's answer to a lane's hello: OK for Welcome, else UNAVAILABLE saying why.
+absl::Status Welcomed(Socket& socket, const std::string& where, absl::Time deadline) {
+  absl::StatusOr<FrameHeader> answer = ReceiveHeader(socket, deadline);
+  if (!answer.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("data-plane hello to ", where, ": ", answer.status().message()));
+  }
+  if (answer->kind == FrameKind::kRefused && answer->bytes <= kMaxRefusalBytes) {
     std::string why(answer->bytes, '\0');
-    s = socket->Receive(why.data(), why.size(), deadline);
+    absl::Status s = socket.Receive(why.data(), why.size(), deadline);
     return absl::UnavailableError(absl::StrCat("the shard refused the data-plane connection: ",
                                                s.ok() ? why : std::string(s.message())));
   }
-  if (answer.ok() && (answer->kind != FrameKind::kWelcome || answer->bytes != 0)) {
+  if (answer->kind != FrameKind::kWelcome || answer->bytes != 0) {
     return absl::UnavailableError("the shard answered the data-plane hello with another frame");
   }
-  if (!answer.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("data-plane hello to ", host, ":", port, ": ", answer.status().message()));
-  }
-  return std::unique_ptr<DataConnection>(
-      new DataConnection(*std::move(socket), connection, max_bytes));
+  return absl::OkStatus();
 }
 
-DataConnection::DataConnection(Socket socket, uint64_t id, uint64_t max_bytes)
-    : socket_(std::move(socket)), id_(id), inbox_(&socket_, FrameKind::kPull, max_bytes) {
-  reader_ = std::thread([this] { inbox_.ReadLoop().IgnoreError(); });
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DataConnection>> DataConnection::Open(const Ticket& ticket,
+                                                                     uint64_t max_bytes,
+                                                                     absl::Time deadline,
+                                                                     absl::Duration stall) {
+  if (ticket.lanes < 1 || ticket.lanes > 64) {
+    return absl::UnavailableError(
+        absl::StrCat("the shard's data-plane ticket has ", ticket.lanes, " lanes"));
+  }
+  const std::string where = absl::StrCat(ticket.host, ":", ticket.port);
+  std::vector<Socket> sockets;
+  for (int lane = 0; lane < ticket.lanes; ++lane) {  // every hello first, then the answers
+    absl::StatusOr<Socket> socket = Socket::Connect(ticket.host, ticket.port, deadline, stall);
+    if (!socket.ok()) return socket.status();
+    if (absl::Status s = SendFrame(*socket, {FrameKind::kHello, ticket.connection},
+                                   HelloPayload(ticket.secret, lane), deadline);
+        !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("data-plane hello to ", where, ": ", s.message()));
+    }
+    sockets.push_back(*std::move(socket));
+  }
+  for (Socket& socket : sockets) {
+    if (absl::Status s = Welcomed(socket, where, deadline); !s.ok()) return s;
+  }
+  return std::unique_ptr<DataConnection>(
+      new DataConnection(std::move(sockets), ticket.connection, max_bytes));
+}
+
+DataConnection::DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes)
+    : id_(id) {
+  for (Socket& socket : sockets) {
+    lanes_.push_back(std::make_unique<Lane>(std::move(socket), max_bytes));
+    inboxes_.push_back(&lanes_.back()->inbox);
+  }
+  for (auto& lane : lanes_) {
+    lane->reader = std::thread([l = lane.get()] { l->inbox.ReadLoop().IgnoreError(); });
+  }
 }
 
 DataConnection::~DataConnection() {
-  inbox_.End();
-  reader_.join();
+  End();
+  for (auto& lane : lanes_) lane->reader.join();
+}
+
+void DataConnection::End() {
+  for (auto& lane : lanes_) lane->inbox.End();
+}
+
+bool DataConnection::ended() const {
+  for (const auto& lane : lanes_) {
+    if (lane->inbox.ended()) return true;
+  }
+  return false;
 }
 
 absl::StatusOr<int64_t> DataConnection::Push(uint64_t transfer, absl::Span<const float> values,
                                              WireType type, absl::Time deadline) {
   std::lock_guard<std::mutex> lock(send_mu_);
-  absl::StatusOr<int64_t> sent =
-      SendValues(socket_, FrameKind::kPush, transfer, values, type, deadline);
-  if (!sent.ok()) inbox_.End();
-  return sent;
+  const int parts = StripeCount(values.size(), type, lanes());
+  std::vector<absl::StatusOr<int64_t>> sent(parts, 0);
+  auto send = [&](int i) {
+    const Stripe part = StripeOf(values.size(), parts, i);
+    sent[i] = SendValues(lanes_[i]->socket, FrameKind::kPush, transfer,
+                         values.subspan(part.offset, part.size), type, deadline);
+  };
+  std::vector<std::thread> helpers;  // the other lanes' parts at once, each on a thread
+  for (int i = 1; i < parts; ++i) helpers.emplace_back(send, i);
+  send(0);
+  for (std::thread& t : helpers) t.join();
+  int64_t saturated = 0;
+  for (const absl::StatusOr<int64_t>& s : sent) {
+    if (!s.ok()) {
+      End();
+      return s.status();
+    }
+    saturated += *s;
+  }
+  return saturated;
 }
 
 }  // namespace ps

@@ -1,9 +1,11 @@
 // A client's end of the bulk data plane with one shard process (server/rpc/data_plane.h,
 // common/data_frames.h): pushed tensors go out on it as frames straight from the caller's
 // buffer, and pulled ones come in straight into it, while the calls that name them go over gRPC.
+// It is one TCP connection or more (lanes, as the shard's ticket says): a tensor of several MiB
+// goes as one part per lane, sent and read on each lane by a thread of its own.
 //
 // Thread-safe. Pushes are sent one at a time (a second waits for the first); pulls are read by a
-// thread of its own, each into the place its call expects. Once anything fails on the connection
+// thread per lane, each into the place its call expects. Once anything fails on the connection
 // it ends for good (ended()), and its owner opens another or uses gRPC.
 #pragma once
 
@@ -13,6 +15,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -26,18 +29,27 @@ namespace ps {
 
 class DataConnection {
  public:
-  // Connects to host:port and presents the ticket (connection id, secret) a shard's
-  // AttachDataPlane handed out, before `deadline`; a peer that moves no byte for `stall` fails
-  // the connection later. UNAVAILABLE naming the address and why (the shard's refusal in its
-  // words); pulled frames larger than `max_bytes` end it.
-  static absl::StatusOr<std::unique_ptr<DataConnection>> Open(
-      const std::string& host, int port, uint64_t connection, const std::string& secret,
-      uint64_t max_bytes, absl::Time deadline, absl::Duration stall);
-  // Ends the connection and joins its reader.
+  // What a shard's AttachDataPlane handed out: where and how to connect.
+  struct Ticket {
+    std::string host;
+    int port = 0;
+    uint64_t connection = 0;
+    std::string secret;
+    int lanes = 1;
+  };
+  // Connects the ticket's lanes and presents it on each, before `deadline`; a peer that moves no
+  // byte for `stall` fails the connection later. UNAVAILABLE naming the address and why (the
+  // shard's refusal in its words); pulled frames larger than `max_bytes` end it.
+  static absl::StatusOr<std::unique_ptr<DataConnection>> Open(const Ticket& ticket,
+                                                              uint64_t max_bytes,
+                                                              absl::Time deadline,
+                                                              absl::Duration stall);
+  // Ends the connection and joins its readers.
   ~DataConnection();
 
   // The id calls name it by.
   uint64_t id() const { return id_; }
+  int lanes() const { return static_cast<int>(lanes_.size()); }
   // A transfer id not used before on this connection.
   uint64_t NextTransfer() { return next_transfer_.fetch_add(1); }
 
@@ -45,27 +57,35 @@ class DataConnection {
   // how many were saturated to the type's range. A failure ends the connection.
   absl::StatusOr<int64_t> Push(uint64_t transfer, absl::Span<const float> values, WireType type,
                                absl::Time deadline);
-  // The values of pulled transfer `transfer` go into `dst` as `type` values (FrameInbox::Expect);
-  // Await waits for them and forgets the transfer (FrameInbox::Await).
+  // The values of pulled transfer `transfer` go into `dst` as `type` values (ExpectStriped);
+  // Await waits for them and forgets the transfer (AwaitStriped: `values` is dst's size).
   absl::Status Expect(uint64_t transfer, absl::Span<float> dst, WireType type) {
-    return inbox_.Expect(transfer, dst, type);
+    return ExpectStriped(inboxes_, transfer, dst, type);
   }
-  absl::Status Await(uint64_t transfer, absl::Time deadline) {
-    return inbox_.Await(transfer, deadline);
+  absl::Status Await(uint64_t transfer, size_t values, WireType type, absl::Time deadline) {
+    return AwaitStriped(inboxes_, transfer, values, type, deadline);
   }
 
   // Whether the connection ended (it failed or the shard closed it).
-  bool ended() const { return inbox_.ended(); }
+  bool ended() const;
 
  private:
-  DataConnection(Socket socket, uint64_t id, uint64_t max_bytes);
+  struct Lane {
+    explicit Lane(Socket s, uint64_t max_bytes)
+        : socket(std::move(s)), inbox(&socket, FrameKind::kPull, max_bytes) {}
+    Socket socket;
+    FrameInbox inbox;
+    std::thread reader;
+  };
+  DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes);
+  // Ends every lane.
+  void End();
 
-  Socket socket_;
   const uint64_t id_;
-  FrameInbox inbox_;
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  std::vector<FrameInbox*> inboxes_;
   std::mutex send_mu_;  // one push on the wire at a time
   std::atomic<uint64_t> next_transfer_{1};
-  std::thread reader_;
 };
 
 }  // namespace ps

@@ -857,10 +857,11 @@ absl::StatusOr<std::shared_ptr<DataConnection>> ShardedClient::Impl::ConnectTo(
   if (!why.ok()) return why;
   std::string host, port;
   SplitHostPort(Address(shard), &host, &port);
-  absl::StatusOr<std::unique_ptr<DataConnection>> connection =
-      DataConnection::Open(host, response.port(), response.connection(), response.secret(),
-                           static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
-                           absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
+  absl::StatusOr<std::unique_ptr<DataConnection>> connection = DataConnection::Open(
+      {host, response.port(), response.connection(), response.secret(),
+       std::max(response.lanes(), 1)},
+      static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
+      absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
   if (!connection.ok()) return connection.status();
   return std::shared_ptr<DataConnection>(*std::move(connection));
 }
@@ -1066,8 +1067,9 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
     // The values were written before the answer: they are here or on their way. A call that
     // failed forgets its transfer at once.
     const bool answered = status.ok() && bad.ok();
-    absl::Status arrived = data->Await(
-        transfer, answered ? absl::FromChrono(context->deadline()) : absl::InfinitePast());
+    absl::Status arrived =
+        data->Await(transfer, r.size(), options_.pull_type,
+                    answered ? absl::FromChrono(context->deadline()) : absl::InfinitePast());
     if (IsDataPlaneLost(status)) DropData(shard, data, status.error_message());
     if (answered && !arrived.ok()) {
       DropData(shard, data, arrived.message());

@@ -1,24 +1,26 @@
 #include "server/rpc/data_plane.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cpus.h"
 #include "common/data_frames.h"
 #include "common/frame_inbox.h"
 #include "common/log.h"
 
 namespace ps {
 
-// One client's connection: the socket, the Push calls waiting for their tensors (its inbox,
-// read by Serve's thread) and the Pull answers waiting to be sent (by SendLoop's thread). Lock
-// order: DataPlane::mu_, then mu.
-class DataPlane::Connection {
+// One TCP connection of a client's connection: the socket, the parts of Push tensors waiting for
+// it (its inbox, read by Serve's thread) and the parts of Pull answers waiting to be sent (by
+// SendLoop's thread). Lock order: DataPlane::mu_, then mu (of lanes in order).
+class DataPlane::Lane {
  public:
-  Connection(Socket s, uint64_t max_frame_bytes)
+  Lane(Socket s, uint64_t max_frame_bytes)
       : socket(std::move(s)), inbox(&socket, FrameKind::kPush, max_frame_bytes) {}
-  // Ends the connection: waits on its socket fail, the threads end, waiting calls wake.
+  // Ends the lane: waits on its socket fail, the threads end, waiting calls wake.
   void Close() {
     inbox.End();
     absl::MutexLock lock(&mu);
@@ -32,19 +34,38 @@ class DataPlane::Connection {
     WireType type = WireType::kFloat32;
     Sent sent;
     const FillProgress* filling = nullptr;  // alive until `sent` (DataPlane::Send)
+    int64_t filled_from = 0;                // where `values` start in what `filling` tells of
   };
+
+  // Queues parts[i] on lanes[i], all of them or none (FAILED_PRECONDITION): a caller whose Send
+  // failed may free what it would have sent. The lanes' locks are held at once, in order.
+  static absl::Status QueueAll(absl::Span<const std::shared_ptr<Lane>> lanes,
+                               std::vector<Outgoing>& parts) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   Socket socket;
   FrameInbox inbox;
-  // Written before the connection is open (under DataPlane::mu_), read-only afterwards.
-  uint64_t id = 0;
-  int owner = 0;
-  std::thread reader, sender;      // sender: started by the reader once admitted
+  std::thread reader, sender;      // sender: started by the reader once its connection is open
   std::atomic<bool> ended{false};  // the reader is done: the threads may be joined
 
   absl::Mutex mu;
   bool closed ABSL_GUARDED_BY(mu) = false;
   std::deque<Outgoing> outgoing ABSL_GUARDED_BY(mu);
+};
+
+// A client's connection: its lanes in order, each in place once it said hello. Written under
+// DataPlane::mu_; `lanes` is read-only once the connection is open (all in place).
+struct DataPlane::Connection {
+  uint64_t id = 0;
+  int owner = 0;
+  std::vector<std::shared_ptr<Lane>> lanes;
+  size_t joined = 0;    // lanes in place
+  bool closed = false;  // its lanes were ended
+
+  std::vector<FrameInbox*> Inboxes() const {
+    std::vector<FrameInbox*> inboxes;
+    for (const auto& lane : lanes) inboxes.push_back(&lane->inbox);
+    return inboxes;
+  }
 };
 
 namespace {
@@ -61,11 +82,15 @@ bool SameSecret(const std::string& a, const std::string& b) {
   return differ == 0;
 }
 
+std::string Who(int owner) { return absl::StrCat(owner >= 0 ? "worker " : "observer ", owner); }
+
 absl::Status Lost(absl::string_view why) {
   return absl::FailedPreconditionError(
       absl::StrCat("data plane: ", why, "; the tensor goes over gRPC"));
 }
 }  // namespace
+
+int DataPlane::AutoLanes() { return std::clamp(UsableCpus() / 8, 1, 4); }
 
 absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Start(Options options) {
   absl::StatusOr<std::unique_ptr<Listener>> listener = Listener::Listen(options.host, options.port);
@@ -83,7 +108,7 @@ void DataPlane::Stop() {
   absl::MutexLock lock(&mu_);
   stopped_ = true;
   tickets_.clear();
-  for (const auto& c : all_) c->Close();
+  for (const auto& lane : all_) lane->Close();
 }
 
 DataPlane::~DataPlane() {
@@ -111,10 +136,14 @@ absl::StatusOr<DataPlane::Ticket> DataPlane::Issue(int owner) {
   if (taken >= options_.max_connections) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the data plane has ", options_.max_connections,
-                     " connections and tickets already (ps --data_plane_connections)"));
+                     " connections and tickets already (ps --data_plane_clients)"));
   }
-  Ticket ticket{RandomId(), RandomSecret()};
-  tickets_[ticket.connection] = Issued{owner, ticket.secret, now + options_.hello};
+  auto connection = std::make_shared<Connection>();
+  connection->id = RandomId();
+  connection->owner = owner;
+  connection->lanes.resize(options_.lanes);
+  Ticket ticket{connection->id, RandomSecret(), options_.lanes};
+  tickets_[ticket.connection] = Issued{connection, ticket.secret, now + options_.hello};
   return ticket;
 }
 
@@ -127,18 +156,17 @@ void DataPlane::AcceptLoop() {
       if (s.status().code() == absl::StatusCode::kCancelled) return;  // shut down
       continue;
     }
-    auto c = std::make_shared<Connection>(*std::move(s), options_.max_frame_bytes);
+    auto lane = std::make_shared<Lane>(*std::move(s), options_.max_frame_bytes);
     absl::MutexLock lock(&mu_);
-    if (stopped_ || static_cast<int>(all_.size()) >= options_.max_connections + kAdmittingSlack) {
-      continue;  // closed at once
-    }
-    all_.push_back(c);
-    c->reader = std::thread([this, c] { Serve(c); });
+    const size_t most = static_cast<size_t>(options_.max_connections) * options_.lanes;
+    if (stopped_ || all_.size() >= most + kAdmittingSlack) continue;  // closed at once
+    all_.push_back(lane);
+    lane->reader = std::thread([this, lane] { Serve(lane); });
   }
 }
 
 void DataPlane::Reap(bool all) {
-  std::vector<std::shared_ptr<Connection>> ended;
+  std::vector<std::shared_ptr<Lane>> ended;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = all_.begin(); it != all_.end();) {
@@ -150,26 +178,30 @@ void DataPlane::Reap(bool all) {
       }
     }
   }
-  for (const auto& c : ended) {
-    c->reader.join();  // the sender is set (or not) before the reader ends
-    if (c->sender.joinable()) c->sender.join();
+  for (const auto& lane : ended) {
+    lane->reader.join();  // the sender is set (or not) before the reader ends
+    if (lane->sender.joinable()) lane->sender.join();
   }
 }
 
-absl::Status DataPlane::Admit(const std::shared_ptr<Connection>& connection) {
-  Connection& c = *connection;
+absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Admit(
+    const std::shared_ptr<Lane>& lane) {
+  Socket& socket = lane->socket;
   const absl::Time deadline = absl::Now() + options_.hello;
-  absl::StatusOr<FrameHeader> hello = ReceiveHeader(c.socket, deadline);
+  absl::StatusOr<FrameHeader> hello = ReceiveHeader(socket, deadline);
   if (!hello.ok()) return hello.status();
   auto refuse = [&](const std::string& why) {
-    SendFrame(c.socket, {FrameKind::kRefused}, why, absl::Now() + absl::Seconds(1)).IgnoreError();
+    SendFrame(socket, {FrameKind::kRefused}, why, absl::Now() + absl::Seconds(1)).IgnoreError();
     return absl::PermissionDeniedError(why);
   };
-  if (hello->kind != FrameKind::kHello || hello->bytes != kSecretBytes) {
-    return refuse("the first frame must be a hello with a ticket");
+  if (hello->kind != FrameKind::kHello || hello->bytes != kHelloBytes) {
+    return refuse(
+        "the first frame must be a hello with a ticket and a lane (a client of another version?)");
   }
-  std::string secret(kSecretBytes, '\0');
-  if (absl::Status s = c.socket.Receive(secret.data(), kSecretBytes, deadline); !s.ok()) return s;
+  std::string payload(kHelloBytes, '\0'), secret;
+  if (absl::Status s = socket.Receive(payload.data(), payload.size(), deadline); !s.ok()) return s;
+  const size_t index = static_cast<size_t>(HelloLane(payload, &secret));
+  std::shared_ptr<Connection> connection;
   {
     absl::MutexLock lock(&mu_);
     auto it = tickets_.find(hello->transfer);
@@ -180,77 +212,136 @@ absl::Status DataPlane::Admit(const std::shared_ptr<Connection>& connection) {
           "unknown, used or expired ticket (ask this shard for one with AttachDataPlane, "
           "authorised with the job's token)");
     }
-    c.id = hello->transfer;
-    c.owner = it->second.owner;
-    tickets_.erase(it);
-    if (c.owner >= 0) {  // a worker's newer connection replaces its older one
-      for (const auto& [id, other] : open_) {
-        if (other->owner == c.owner) other->Close();
-      }
+    connection = it->second.connection;
+    Connection& c = *connection;
+    if (index >= c.lanes.size() || c.lanes[index] != nullptr) {
+      return refuse(absl::StrCat("lane ", index, " is not one of the ticket's ", c.lanes.size(),
+                                 " or has said hello already"));
     }
-    open_[c.id] = connection;
+    c.lanes[index] = lane;
+    if (++c.joined == c.lanes.size()) {
+      tickets_.erase(it);
+      if (c.owner >= 0) {  // a worker's newer connection replaces its older one
+        for (const auto& [id, other] : open_) {
+          if (other->owner == c.owner) CloseLanes(*other, "replaced by a newer one");
+        }
+      }
+      open_[c.id] = connection;
+    }
   }
-  return SendFrame(c.socket, {FrameKind::kWelcome}, "", deadline);
+  if (absl::Status s = SendFrame(socket, {FrameKind::kWelcome}, "", deadline); !s.ok()) {
+    Close(*connection, s);
+    return s;
+  }
+  return connection;
 }
 
-void DataPlane::Serve(std::shared_ptr<Connection> c) {
-  absl::Status status = Admit(c);
+absl::Status DataPlane::AwaitLanes(Connection& c, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto settled = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return c.closed || c.joined == c.lanes.size();
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&settled), deadline);
+  if (c.closed) return absl::UnavailableError("the connection ended while its lanes said hello");
+  if (c.joined == c.lanes.size()) return absl::OkStatus();
+  const std::string why = absl::StrCat("only ", c.joined, " of the connection's ", c.lanes.size(),
+                                       " lanes said hello in time");
+  CloseLanes(c, why);
+  return absl::DeadlineExceededError(why);
+}
+
+void DataPlane::CloseLanes(Connection& c, absl::string_view why) {
+  if (c.closed) return;
+  c.closed = true;
+  for (const auto& lane : c.lanes) {
+    if (lane != nullptr) lane->Close();
+  }
+  if (c.joined == c.lanes.size()) {
+    PS_LOG(INFO) << "data plane: connection of " << Who(c.owner) << " ended (" << why << ")";
+  }
+}
+
+void DataPlane::Close(Connection& c, const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  CloseLanes(c, why.message());
+  if (auto it = open_.find(c.id); it != open_.end() && it->second.get() == &c) open_.erase(it);
+}
+
+void DataPlane::Serve(std::shared_ptr<Lane> lane) {
+  absl::StatusOr<std::shared_ptr<Connection>> admitted = Admit(lane);
+  absl::Status status = admitted.status();
+  if (status.ok()) status = AwaitLanes(**admitted, absl::Now() + options_.hello);
   if (status.ok()) {
-    PS_LOG(INFO) << "data plane: connection of " << (c->owner >= 0 ? "worker " : "observer ")
-                 << c->owner << " open";
-    c->sender = std::thread([this, c] { SendLoop(*c); });
+    const Connection& c = **admitted;
+    if (c.lanes.front() == lane) {
+      PS_LOG(INFO) << "data plane: connection of " << Who(c.owner) << " open (" << c.lanes.size()
+                   << (c.lanes.size() == 1 ? " lane)" : " lanes)");
+    }
+    lane->sender = std::thread([this, lane] { SendLoop(*lane); });
+    status = lane->inbox.ReadLoop();
   }
-  if (status.ok()) status = c->inbox.ReadLoop();
-  if (c->id != 0) {
-    PS_LOG(INFO) << "data plane: connection of " << (c->owner >= 0 ? "worker " : "observer ")
-                 << c->owner << " ended (" << status.message() << ")";
-  }
-  c->Close();
-  if (!c->sender.joinable()) {  // registered but never welcomed: fail what was queued meanwhile
-    std::deque<Connection::Outgoing> failed;
+  if (admitted.ok()) Close(**admitted, status);
+  lane->Close();
+  if (!lane->sender.joinable()) {  // admitted but never open: fail what was queued meanwhile
+    std::deque<Lane::Outgoing> failed;
     {
-      absl::MutexLock lock(&c->mu);
-      failed.swap(c->outgoing);
+      absl::MutexLock lock(&lane->mu);
+      failed.swap(lane->outgoing);
     }
     for (auto& f : failed) f.sent(absl::UnavailableError("the data plane connection ended"));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    if (auto it = open_.find(c->id); it != open_.end() && it->second == c) open_.erase(it);
-  }
-  c->ended.store(true);
+  lane->ended.store(true);
 }
 
-void DataPlane::SendLoop(Connection& c) {
+void DataPlane::SendLoop(Lane& lane) {
   for (;;) {
-    std::deque<Connection::Outgoing> failed;
-    Connection::Outgoing out;
+    std::deque<Lane::Outgoing> failed;
+    Lane::Outgoing out;
     {
-      absl::MutexLock lock(&c.mu);
-      auto ready = [&c]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(c.mu) {
-        return c.closed || !c.outgoing.empty();
+      absl::MutexLock lock(&lane.mu);
+      auto ready = [&lane]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu) {
+        return lane.closed || !lane.outgoing.empty();
       };
-      c.mu.Await(absl::Condition(&ready));
-      if (c.closed) {
-        failed.swap(c.outgoing);
+      lane.mu.Await(absl::Condition(&ready));
+      if (lane.closed) {
+        failed.swap(lane.outgoing);
       } else {
-        out = std::move(c.outgoing.front());
-        c.outgoing.pop_front();
+        out = std::move(lane.outgoing.front());
+        lane.outgoing.pop_front();
       }
     }
     if (!failed.empty() || out.sent == nullptr) {
       for (auto& f : failed) f.sent(absl::UnavailableError("the data plane connection ended"));
       return;
     }
-    absl::StatusOr<int64_t> sent = SendValues(c.socket, FrameKind::kPull, out.transfer, out.values,
-                                              out.type, absl::InfiniteFuture(), out.filling);
+    absl::StatusOr<int64_t> sent =
+        SendValues(lane.socket, FrameKind::kPull, out.transfer, out.values, out.type,
+                   absl::InfiniteFuture(), out.filling, out.filled_from);
     if (!sent.ok()) {
-      c.Close();
+      lane.Close();
       sent = absl::UnavailableError(
           absl::StrCat("the data plane connection ended: ", sent.status().message()));
     }
     out.sent(std::move(sent));
   }
+}
+
+absl::Status DataPlane::Lane::QueueAll(absl::Span<const std::shared_ptr<Lane>> lanes,
+                                       std::vector<Outgoing>& parts) {
+  for (const auto& lane : lanes) lane->mu.Lock();
+  absl::Status status;
+  for (const auto& lane : lanes) {
+    if (lane->closed) {
+      status = Lost("the connection ended");
+    } else if (lane->outgoing.size() >= kMaxOutgoing) {
+      status = Lost("too many answers queued on the connection");
+    }
+  }
+  for (size_t i = 0; status.ok() && i < lanes.size(); ++i) {
+    lanes[i]->outgoing.push_back(std::move(parts[i]));
+  }
+  for (const auto& lane : lanes) lane->mu.Unlock();
+  return status;
 }
 
 absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Find(uint64_t connection,
@@ -267,31 +358,68 @@ absl::Status DataPlane::Receive(uint64_t connection, int owner, uint64_t transfe
                                 absl::FunctionRef<void()> ready, ValuesSeen seen) {
   absl::StatusOr<std::shared_ptr<Connection>> found = Find(connection, owner);
   if (!found.ok()) return found.status();
-  Connection& c = **found;
-  if (absl::Status s = c.inbox.Expect(transfer, dst, type, seen); !s.ok()) {
+  const std::vector<FrameInbox*> lanes = (*found)->Inboxes();
+  if (absl::Status s = ExpectStriped(lanes, transfer, dst, type); !s.ok()) {
     return s.code() == absl::StatusCode::kFailedPrecondition ? Lost(s.message()) : s;
   }
   ready();
-  return c.inbox.Await(transfer, deadline);
+  return AwaitStriped(lanes, transfer, dst.size(), type, deadline, seen);
 }
+
+namespace {
+// The parts of one Send, each on its lane: the caller's `sent` is called once all are, with the
+// values saturated in all or the first failure.
+class PartsSent {
+ public:
+  PartsSent(int parts, DataPlane::Sent sent) : left_(parts), sent_(std::move(sent)) {}
+  void One(absl::StatusOr<int64_t> part) {
+    DataPlane::Sent sent;
+    absl::StatusOr<int64_t> all;
+    {
+      absl::MutexLock lock(&mu_);
+      if (part.ok()) {
+        saturated_ += *part;
+      } else if (failed_.ok()) {
+        failed_ = part.status();
+      }
+      if (--left_ > 0) return;
+      sent = std::move(sent_);
+      all = failed_.ok() ? absl::StatusOr<int64_t>(saturated_) : failed_;
+    }
+    sent(std::move(all));
+  }
+
+ private:
+  absl::Mutex mu_;
+  int left_ ABSL_GUARDED_BY(mu_);
+  int64_t saturated_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+  DataPlane::Sent sent_ ABSL_GUARDED_BY(mu_);
+};
+}  // namespace
 
 absl::Status DataPlane::Send(uint64_t connection, int owner, uint64_t transfer,
                              std::shared_ptr<const void> keep, absl::Span<const float> values,
                              WireType type, Sent sent, const FillProgress* filling) {
   absl::StatusOr<std::shared_ptr<Connection>> found = Find(connection, owner);
   if (!found.ok()) return found.status();
-  Connection& c = **found;
-  absl::MutexLock lock(&c.mu);
-  if (c.closed) return Lost("the connection ended");
-  if (c.outgoing.size() >= kMaxOutgoing) return Lost("too many answers queued on the connection");
-  c.outgoing.push_back({transfer, std::move(keep), values, type, std::move(sent), filling});
-  return absl::OkStatus();
+  const std::vector<std::shared_ptr<Lane>>& lanes = (*found)->lanes;
+  const int parts = StripeCount(values.size(), type, static_cast<int>(lanes.size()));
+  auto all = std::make_shared<PartsSent>(parts, std::move(sent));
+  std::vector<Lane::Outgoing> queued;
+  for (int i = 0; i < parts; ++i) {
+    const Stripe part = StripeOf(values.size(), parts, i);
+    queued.push_back({transfer, keep, values.subspan(part.offset, part.size), type,
+                      [all](absl::StatusOr<int64_t> s) { all->One(std::move(s)); }, filling,
+                      static_cast<int64_t>(part.offset)});
+  }
+  return Lane::QueueAll(absl::MakeConstSpan(lanes).subspan(0, parts), queued);
 }
 
 void DataPlane::Release(int owner) {
   absl::MutexLock lock(&mu_);
   for (const auto& [id, c] : open_) {
-    if (c->owner == owner) c->Close();
+    if (c->owner == owner) CloseLanes(*c, "the worker left");
   }
 }
 

@@ -5,9 +5,10 @@
 // buffer and into the shard's, with no copy in user space for float32.
 //
 // A client asks for a ticket over gRPC (AttachDataPlane, authorised like any call as the worker
-// it names), connects to port() and presents it: a ticket opens one connection, once, within
-// `hello` of being issued, and makes it that worker's (a worker's newer connection replaces its
-// older one). A Push call that names a transfer on a connection takes its tensor from there
+// it names), connects `lanes` times to port() and presents it on each: a ticket opens one
+// connection, once, within `hello` of being issued, and makes it that worker's (a worker's newer
+// connection replaces its older one). A tensor of several MiB is striped over the lanes
+// (common/data_frames.h), each read and sent by threads of its own. A Push call that names a transfer on a connection takes its tensor from there
 // (Receive): once the call has its buffer it tells the client to send (gRPC initial metadata),
 // and the frame is read straight into that buffer; a frame no call waits for is read and dropped.
 // A Pull call that names one has its values sent there (Send) and is answered once they are
@@ -15,9 +16,10 @@
 //
 // Every wait has an end: a hello within `hello`, a frame's bytes moving at least every `stall`.
 // Anything unexpected on a connection (a bad frame, a stalled peer, a call that gave up
-// mid-tensor) ends that connection only; its client sends over gRPC meanwhile. At most
-// `max_connections` connections (two threads each) and unused tickets; no buffer is allocated
-// for a frame: it goes into its call's buffer or is dropped a piece at a time. Thread-safe.
+// mid-tensor) ends that connection only (all its lanes); its client sends over gRPC meanwhile.
+// At most `max_connections` connections (two threads a lane) and unused tickets; no buffer is
+// allocated for a frame: it goes into its call's buffer or is dropped a piece at a time.
+// Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -43,10 +45,16 @@ namespace ps {
 
 class DataPlane {
  public:
+  // Lanes a connection may have at most, and the default: one per 8 CPUs this process may use,
+  // 1 to 4.
+  static constexpr int kMaxLanes = 8;
+  static int AutoLanes();
+
   struct Options {
     std::string host = "127.0.0.1";
     int port = 0;  // 0: a free one
     int max_connections = 64;
+    int lanes = 1;  // TCP connections per client connection
     uint64_t max_frame_bytes = 0;  // the largest tensor (the shard's range as float32)
     absl::Duration hello = absl::Seconds(5);
     absl::Duration stall = absl::Seconds(10);
@@ -63,14 +71,16 @@ class DataPlane {
   struct Ticket {
     uint64_t connection = 0;
     std::string secret;
+    int lanes = 1;
   };
   // A ticket for worker `owner` (negative: an observer). RESOURCE_EXHAUSTED when as many
   // connections and tickets as allowed exist.
   absl::StatusOr<Ticket> Issue(int owner);
 
   // The tensor a client sends on connection `connection` as `transfer`, into `dst` as `type`
-  // values, `seen` told of each run of them as it comes in: waits for it, once ready() told the
-  // client to send it, until `deadline`.
+  // values, `seen` told of each run of them on the calling thread as it comes in (the
+  // connection's own thread only reads): waits for it, once ready() told the client to send it,
+  // until `deadline`.
   // FAILED_PRECONDITION when the connection is not `owner`'s or no longer open (ready() not
   // called), UNAVAILABLE when it ended before the whole tensor came, DEADLINE_EXCEEDED when the
   // tensor did not come in time (the connection is then ended if it was coming), INVALID_ARGUMENT
@@ -83,7 +93,7 @@ class DataPlane {
   // or could not be (UNAVAILABLE: the connection ended).
   using Sent = absl::AnyInvocable<void(absl::StatusOr<int64_t>)>;
   // Sends `values` as `type` on connection `connection` as transfer `transfer`, on the
-  // connection's own thread, and then calls `sent` there. With `filling`, `values` are still
+  // connection's own threads (one a lane), and then calls `sent` on one of them. With `filling`, `values` are still
   // being filled: each piece goes once it is in place (SendValues). `values` and `filling` must
   // stay alive until `sent` is called: `keep` is held until then for that (or the caller keeps
   // them itself).
@@ -99,34 +109,45 @@ class DataPlane {
   int connections() const;
 
  private:
-  class Connection;
+  class Lane;
+  struct Connection;
   DataPlane(Options options, std::unique_ptr<Listener> listener);
-  // Accepts connections (each served by Serve on a thread of its own) and joins those that ended.
+  // Accepts TCP connections (each a lane served by Serve on a thread of its own) and joins those
+  // that ended.
   void AcceptLoop();
-  // A connection's reading thread: its hello (Admit), then its Push frames until it ends.
-  void Serve(std::shared_ptr<Connection> connection);
-  // Reads the hello and answers it: OK (Welcome sent, the connection registered as its ticket's
-  // owner's) or why not (Refused sent).
-  absl::Status Admit(const std::shared_ptr<Connection>& connection);
-  // A connection's sending thread: Pull answers in the order they were queued, until it ends.
-  void SendLoop(Connection& connection);
+  // A lane's reading thread: its hello (Admit), the rest of its connection's lanes, then its Push
+  // frames until the connection ends.
+  void Serve(std::shared_ptr<Lane> lane);
+  // Reads a lane's hello and answers it: its connection (Welcome sent, the lane in its place; the
+  // connection open once all its lanes are) or why not (Refused sent).
+  absl::StatusOr<std::shared_ptr<Connection>> Admit(const std::shared_ptr<Lane>& lane);
+  // Waits until all of `connection`'s lanes said hello, or the ticket expired (the connection is
+  // then closed).
+  absl::Status AwaitLanes(Connection& connection, absl::Time expires);
+  // Ends every lane `connection` has (once; logged, if it was open, with `why`).
+  void CloseLanes(Connection& connection, absl::string_view why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CloseLanes, and forgets the connection.
+  void Close(Connection& connection, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
+  // A lane's sending thread: Pull answers in the order they were queued, until it ends.
+  void SendLoop(Lane& lane);
   // Open connection `connection`, if it is `owner`'s (FAILED_PRECONDITION otherwise).
   absl::StatusOr<std::shared_ptr<Connection>> Find(uint64_t connection, int owner);
-  // Joins the threads of connections that ended (all of them with `all`).
+  // Joins the threads of lanes that ended (all of them with `all`).
   void Reap(bool all);
 
   const Options options_;
   const std::unique_ptr<Listener> listener_;
   mutable absl::Mutex mu_;
   struct Issued {
-    int owner;
+    std::shared_ptr<Connection> connection;  // its lanes, as they say hello
     std::string secret;
     absl::Time expires;
   };
   std::map<uint64_t, Issued> tickets_ ABSL_GUARDED_BY(mu_);
-  // Every connection accepted and not yet reaped (admitted or not, open or ended), and the open
-  // ones by id.
-  std::vector<std::shared_ptr<Connection>> all_ ABSL_GUARDED_BY(mu_);
+  // Every lane accepted and not yet reaped (admitted or not, open or ended), and the open
+  // connections by id.
+  std::vector<std::shared_ptr<Lane>> all_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<Connection>> open_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::thread accepting_;

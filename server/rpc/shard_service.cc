@@ -806,6 +806,7 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
         response->set_port(data_plane_->port());
         response->set_connection(ticket->connection);
         response->set_secret(ticket->secret);
+        response->set_lanes(ticket->lanes);
         return grpc::Status::OK;
       });
 }

@@ -1,9 +1,8 @@
 #include "server/state/apply_threads.h"
 
-#include <sched.h>
-
 #include <algorithm>
 
+#include "common/cpus.h"
 #include "common/denormals.h"
 
 namespace ps {
@@ -21,12 +20,7 @@ ApplyThreads::~ApplyThreads() {
   for (std::thread& t : threads_) t.join();
 }
 
-int ApplyThreads::Auto() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  const int cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-  return std::clamp(cpus / 2, 1, 8);
-}
+int ApplyThreads::Auto() { return std::clamp(UsableCpus() / 2, 1, 8); }
 
 int ApplyThreads::Parts(int64_t n) const {
   return static_cast<int>(std::clamp<int64_t>(n / kMinPart, 1, size()));
