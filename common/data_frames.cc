@@ -65,9 +65,11 @@ int StripeCount(size_t values, WireType type, int lanes) {
 }
 
 Stripe StripeOf(size_t values, int parts, int part) {
-  const size_t base = values / parts, extra = values % parts;
-  const size_t p = static_cast<size_t>(part);
-  return {p * base + std::min(p, extra), base + (p < extra ? 1 : 0)};
+  const size_t units = (values + kStripeAlign - 1) / kStripeAlign;  // the last may be short
+  const size_t base = units / parts, extra = units % parts, p = static_cast<size_t>(part);
+  const size_t begin = std::min(values, (p * base + std::min(p, extra)) * kStripeAlign);
+  const size_t end = std::min(values, begin + (base + (p < extra ? 1 : 0)) * kStripeAlign);
+  return {begin, end - begin};
 }
 
 absl::Status SendFrame(Socket& socket, FrameHeader header, std::string_view payload,

@@ -60,7 +60,10 @@ int HelloLane(const std::string& payload, std::string* secret);
 // kMinStripeBytes of it at most, at least one.
 inline constexpr uint64_t kMinStripeBytes = 4 << 20;
 int StripeCount(size_t values, WireType type, int lanes);
-// Part `part` of `parts` of a tensor of `values` values: contiguous, in order, sizes within one.
+// Part `part` of `parts` of a tensor of `values` values: contiguous, in order, each but the last
+// a multiple of kStripeAlign values (where a shard's GradientScan block starts), sizes within
+// kStripeAlign of each other.
+inline constexpr size_t kStripeAlign = size_t{1} << 16;
 struct Stripe {
   size_t offset = 0;
   size_t size = 0;
@@ -90,8 +93,9 @@ absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t tran
 inline constexpr absl::Duration kMaxFillWait = absl::Seconds(10);
 // The bytes of a run ValuesSeen is told of (the last may be shorter): a quarter of a usual L2.
 inline constexpr uint64_t kSeenRunBytes = 256 << 10;
-// Called with each run of a tensor's values as soon as it is in the destination (decoded), in
-// order, each value once: a shard scans a gradient while the rest is on its way.
+// Called with each run of a tensor's values as soon as it is in the destination (decoded), each
+// value once, in order within each part of a striped tensor (its parts may interleave): a shard
+// scans a gradient while the rest is on its way.
 using ValuesSeen = absl::FunctionRef<void(absl::Span<const float>)>;
 inline void IgnoreValues(absl::Span<const float>) {}
 

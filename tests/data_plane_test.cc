@@ -193,7 +193,8 @@ TEST(DataPlaneTest, ATensorIsStripedInContiguousPartsOneALaneWhenLargeEnough) {
     for (int i = 0; i < parts; ++i) {
       const Stripe part = StripeOf(big, parts, i);
       EXPECT_EQ(part.offset, next);
-      EXPECT_LE(part.size - big / parts, 1u);
+      EXPECT_EQ(part.offset % kStripeAlign, 0u);
+      EXPECT_LE(std::max(part.size, big / parts) - std::min(part.size, big / parts), kStripeAlign);
       next += part.size;
     }
     EXPECT_EQ(next, big);
@@ -235,12 +236,17 @@ TEST(DataPlaneTest, AConnectionOfSeveralLanesOpensWhenAllSaidHelloAndStripesLarg
   EXPECT_EQ(plane->connections(), 1);
 
   const size_t n = 3 * kMinStripeBytes / sizeof(float) + 5;
-  std::vector<float> sent(n), got(n, -1.0f), seen;
+  std::vector<float> sent(n), got(n, -1.0f);
   for (size_t i = 0; i < n; ++i) sent[i] = static_cast<float>(i % 1000) - 500.0f;
+  // The call is told of each value once, as it comes, in order within a part, on its own thread.
+  std::vector<int> told(n, 0);
+  const size_t second = StripeOf(n, 3, 1).offset, third = StripeOf(n, 3, 2).offset;
+  std::vector<size_t> next = {0, second, third};  // where each part's next run should start
+  int out_of_order = 0, elsewhere = 0;
   absl::Status received = plane->Receive(
       ticket->connection, 0, 2, absl::MakeSpan(got), WireType::kFloat32, Soon(),
       [&] {
-        for (int i = 2; i >= 0; --i) {  // the last part first: seen in order all the same
+        for (int i = 2; i >= 0; --i) {  // the last part first
           const Stripe part = StripeOf(n, 3, i);
           ASSERT_TRUE(SendValues(lanes[i], FrameKind::kPush, 2,
                                  absl::MakeConstSpan(sent).subspan(part.offset, part.size),
@@ -248,10 +254,19 @@ TEST(DataPlaneTest, AConnectionOfSeveralLanesOpensWhenAllSaidHelloAndStripesLarg
                           .ok());
         }
       },
-      [&](absl::Span<const float> run) { seen.insert(seen.end(), run.begin(), run.end()); });
+      [&, caller = std::this_thread::get_id()](absl::Span<const float> run) {
+        const size_t at = run.data() - got.data();
+        for (size_t i = at; i < at + run.size(); ++i) ++told[i];
+        size_t& part_next = next[at >= third ? 2 : at >= second ? 1 : 0];
+        out_of_order += at != part_next;
+        part_next = at + run.size();
+        elsewhere += std::this_thread::get_id() != caller;
+      });
   ASSERT_TRUE(received.ok()) << received;
   EXPECT_EQ(got, sent);
-  EXPECT_EQ(seen, sent);
+  EXPECT_EQ(std::count(told.begin(), told.end(), 1), static_cast<int64_t>(n));
+  EXPECT_EQ(out_of_order, 0);
+  EXPECT_EQ(elsewhere, 0);
 
   // A pull's values, one part a lane, and `sent` called once, after all of them.
   absl::Notification done;

@@ -243,30 +243,46 @@ TEST(OptimizerTest, ScanFindsTheFirstNonFiniteValue) {
 }
 
 // A gradient scanned run by run as it arrives (a payload source telling the shard of each run)
-// sums up exactly as one pass, whatever the runs' lengths, and finds the same first non-finite.
-TEST(OptimizerTest, AScanFedInRunsOfAnyLengthIsOnePassBitForBit) {
-  std::vector<float> g(1000 * 16 + 7);
+// sums up exactly as one pass, whatever the runs' lengths, whatever order its blocks come in and
+// on however many threads, and finds the same first non-finite.
+TEST(OptimizerTest, AScanFedInRunsOfAnyLengthAndBlockOrderIsOnePassBitForBit) {
+  std::vector<float> g(3 * GradientScan::kBlock + 1000 * 16 + 7);
   for (size_t i = 0; i < g.size(); ++i) g[i] = std::sin(i * 0.77f) * (1 + i % 13) * 1e-3f;
   g[421] = 1e-39f;  // a denormal: read as zero by both (ScopedFlushDenormals)
+  const auto all = absl::MakeConstSpan(g);
   for (bool squares : {false, true}) {
     const GradientSummary whole = ScanGradient(g, nullptr, squares);
-    for (size_t run : {1, 5, 16, 17, 1000, 65536}) {
-      GradientScan scan(squares);
-      for (size_t i = 0; i < g.size(); i += run) {
-        scan.Add(absl::MakeConstSpan(g).subspan(i, std::min(run, g.size() - i)));
-      }
+    for (size_t run : {1, 5, 16, 17, 1000, 65536, 100000}) {
+      GradientScan scan(all, squares);
+      for (size_t i = 0; i < g.size(); i += run) scan.Add(all.subspan(i, run));
       EXPECT_EQ(scan.count(), static_cast<int64_t>(g.size()));
-      const GradientSummary runs = scan.Finish(g);
+      const GradientSummary runs = scan.Finish();
       EXPECT_EQ(runs.max_abs, whole.max_abs) << run;
       EXPECT_EQ(runs.sum_of_squares, whole.sum_of_squares) << run;  // bit for bit
       EXPECT_EQ(runs.first_nonfinite, -1);
     }
+    // The blocks last first, and two threads at once (each its own blocks, in runs of 1000).
+    GradientScan backwards(all, squares);
+    for (int64_t b = 3; b >= 0; --b)
+      backwards.Add(all.subspan(b * GradientScan::kBlock, GradientScan::kBlock));
+    EXPECT_EQ(backwards.Finish().sum_of_squares, whole.sum_of_squares);
+    GradientScan two(all, squares);
+    auto feed = [&](int64_t from, int64_t to) {
+      for (int64_t i = from; i < to; i += 1000)
+        two.Add(all.subspan(i, std::min<int64_t>(1000, to - i)));
+    };
+    std::thread other(feed, 2 * GradientScan::kBlock, static_cast<int64_t>(g.size()));
+    feed(0, 2 * GradientScan::kBlock);
+    other.join();
+    EXPECT_EQ(two.count(), static_cast<int64_t>(g.size()));
+    EXPECT_EQ(two.Finish().sum_of_squares, whole.sum_of_squares);
+    EXPECT_EQ(two.Finish().max_abs, whole.max_abs);
   }
   g[9000] = NAN;
-  GradientScan scan(true);
-  scan.Add(absl::MakeConstSpan(g).subspan(0, 8999));
-  scan.Add(absl::MakeConstSpan(g).subspan(8999));
-  EXPECT_EQ(scan.Finish(g).first_nonfinite, 9000);
+  GradientScan scan(all, true);
+  scan.Add(all.subspan(8999));
+  scan.Add(all.subspan(0, 8999));
+  EXPECT_EQ(scan.Finish().first_nonfinite, 9000);
   EXPECT_EQ(ScanGradient(g).first_nonfinite, 9000);
 }
 

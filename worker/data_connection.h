@@ -58,12 +58,13 @@ class DataConnection {
   absl::StatusOr<int64_t> Push(uint64_t transfer, absl::Span<const float> values, WireType type,
                                absl::Time deadline);
   // The values of pulled transfer `transfer` go into `dst` as `type` values (ExpectStriped);
-  // Await waits for them and forgets the transfer (AwaitStriped: `values` is dst's size).
+  // Await waits for them (the same `dst` and `type`) and forgets the transfer (AwaitStriped).
   absl::Status Expect(uint64_t transfer, absl::Span<float> dst, WireType type) {
     return ExpectStriped(inboxes_, transfer, dst, type);
   }
-  absl::Status Await(uint64_t transfer, size_t values, WireType type, absl::Time deadline) {
-    return AwaitStriped(inboxes_, transfer, values, type, deadline);
+  absl::Status Await(uint64_t transfer, absl::Span<const float> dst, WireType type,
+                     absl::Time deadline) {
+    return AwaitStriped(inboxes_, transfer, dst, type, deadline);
   }
 
   // Whether the connection ended (it failed or the shard closed it).

@@ -1068,7 +1068,7 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
     // failed forgets its transfer at once.
     const bool answered = status.ok() && bad.ok();
     absl::Status arrived =
-        data->Await(transfer, r.size(), options_.pull_type,
+        data->Await(transfer, params.subspan(r.begin, r.size()), options_.pull_type,
                     answered ? absl::FromChrono(context->deadline()) : absl::InfinitePast());
     if (IsDataPlaneLost(status)) DropData(shard, data, status.error_message());
     if (answered && !arrived.ok()) {

@@ -8,11 +8,11 @@
 // it names), connects `lanes` times to port() and presents it on each: a ticket opens one
 // connection, once, within `hello` of being issued, and makes it that worker's (a worker's newer
 // connection replaces its older one). A tensor of several MiB is striped over the lanes
-// (common/data_frames.h), each read and sent by threads of its own. A Push call that names a transfer on a connection takes its tensor from there
-// (Receive): once the call has its buffer it tells the client to send (gRPC initial metadata),
-// and the frame is read straight into that buffer; a frame no call waits for is read and dropped.
-// A Pull call that names one has its values sent there (Send) and is answered once they are
-// written.
+// (common/data_frames.h), each read and sent by threads of its own. A Push call that names a
+// transfer on a connection takes its tensor from there (Receive): once the call has its buffer it
+// tells the client to send (gRPC initial metadata), and the frame is read straight into that
+// buffer; a frame no call waits for is read and dropped. A Pull call that names one has its values
+// sent there (Send) and is answered once they are written.
 //
 // Every wait has an end: a hello within `hello`, a frame's bytes moving at least every `stall`.
 // Anything unexpected on a connection (a bad frame, a stalled peer, a call that gave up
@@ -54,7 +54,7 @@ class DataPlane {
     std::string host = "127.0.0.1";
     int port = 0;  // 0: a free one
     int max_connections = 64;
-    int lanes = 1;  // TCP connections per client connection
+    int lanes = 1;                 // TCP connections per client connection
     uint64_t max_frame_bytes = 0;  // the largest tensor (the shard's range as float32)
     absl::Duration hello = absl::Seconds(5);
     absl::Duration stall = absl::Seconds(10);
@@ -78,9 +78,9 @@ class DataPlane {
   absl::StatusOr<Ticket> Issue(int owner);
 
   // The tensor a client sends on connection `connection` as `transfer`, into `dst` as `type`
-  // values, `seen` told of each run of them on the calling thread as it comes in (the
-  // connection's own thread only reads): waits for it, once ready() told the client to send it,
-  // until `deadline`.
+  // values, `seen` told of each run of them on the calling thread as it comes in, on whichever
+  // lane (AwaitStriped; the lanes' own threads only read): waits for it, once ready() told the
+  // client to send it, until `deadline`.
   // FAILED_PRECONDITION when the connection is not `owner`'s or no longer open (ready() not
   // called), UNAVAILABLE when it ended before the whole tensor came, DEADLINE_EXCEEDED when the
   // tensor did not come in time (the connection is then ended if it was coming), INVALID_ARGUMENT
@@ -93,12 +93,11 @@ class DataPlane {
   // or could not be (UNAVAILABLE: the connection ended).
   using Sent = absl::AnyInvocable<void(absl::StatusOr<int64_t>)>;
   // Sends `values` as `type` on connection `connection` as transfer `transfer`, on the
-  // connection's own threads (one a lane), and then calls `sent` on one of them. With `filling`, `values` are still
-  // being filled: each piece goes once it is in place (SendValues). `values` and `filling` must
-  // stay alive until `sent` is called: `keep` is held until then for that (or the caller keeps
-  // them itself).
-  // FAILED_PRECONDITION at once, `sent` not called, when the connection is not `owner`'s or no
-  // longer open.
+  // connection's own threads (one a lane), and then calls `sent` on one of them. With `filling`,
+  // `values` are still being filled: each piece goes once it is in place (SendValues). `values` and
+  // `filling` must stay alive until `sent` is called: `keep` is held until then for that (or the
+  // caller keeps them itself). FAILED_PRECONDITION at once, `sent` not called, when the connection
+  // is not `owner`'s or no longer open.
   absl::Status Send(uint64_t connection, int owner, uint64_t transfer,
                     std::shared_ptr<const void> keep, absl::Span<const float> values, WireType type,
                     Sent sent, const FillProgress* filling = nullptr);
@@ -125,8 +124,7 @@ class DataPlane {
   // then closed).
   absl::Status AwaitLanes(Connection& connection, absl::Time expires);
   // Ends every lane `connection` has (once; logged, if it was open, with `why`).
-  void CloseLanes(Connection& connection, absl::string_view why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseLanes(Connection& connection, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CloseLanes, and forgets the connection.
   void Close(Connection& connection, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   // A lane's sending thread: Pull answers in the order they were queued, until it ends.

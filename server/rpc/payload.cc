@@ -3,8 +3,13 @@
 #include <string_view>
 
 #include "common/data_frames.h"
+#include "server/state/optimizer.h"
 
 namespace ps {
+
+// A striped push's parts start where the shard's scan blocks do: each part's runs go to blocks of
+// their own, so that any order of the parts sums up the same (GradientScan).
+static_assert(kStripeAlign % GradientScan::kBlock == 0);
 
 absl::StatusOr<std::unique_ptr<SharedPayload>> SharedPayload::Take(
     SharedSegments& segments, grpc::ServerReader<grpc::ByteBuffer>* reader,
@@ -60,11 +65,13 @@ absl::Status DataPlanePayload::ReadInto(absl::Span<float> dst, const PayloadForm
   if (format.compressor != Compressor::kNone) {
     return absl::InvalidArgumentError("a compressed push travels over gRPC, not the data plane");
   }
-  absl::Status s =
-      plane_->Receive(connection_, worker_id_, transfer_, dst, format.type, deadline_, [&] {
+  absl::Status s = plane_->Receive(
+      connection_, worker_id_, transfer_, dst, format.type, deadline_,
+      [&] {
         context_->AddInitialMetadata(kDataPlaneReady, "1");
         reader_->SendInitialMetadata();
-      }, seen);
+      },
+      seen);
   grpc::ByteBuffer more;
   if (s.ok() && reader_->Read(&more)) {
     return absl::InvalidArgumentError("a push over the data plane carries no data in its stream");

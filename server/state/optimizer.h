@@ -36,27 +36,38 @@ struct GradientSummary {
 GradientSummary ScanGradient(absl::Span<const float> g, ApplyThreads* threads = nullptr,
                              bool squares = false);
 
-// ScanGradient on one thread over a gradient that arrives in runs of values, fed in order as each
-// comes in (while it is still in the cache, and while the rest is on its way): the same summary,
-// bit for bit, whatever the runs' lengths. Not thread-safe.
+// ScanGradient on one thread over a gradient that arrives in runs of values, each told as soon as
+// it is in place (while in the cache, and while the rest is on its way). The sums go by blocks
+// of kBlock values (in 16 lanes each), combined in block order at Finish: the same summary, bit
+// for bit, whatever the runs' lengths and the order the blocks come in (ScanGradient on one
+// thread is one such scan). Runs of different blocks may be added from different threads at
+// once; one block's values come in order, from one thread at a time.
 class GradientScan {
  public:
-  explicit GradientScan(bool squares) : squares_(squares) {}
-  // The next run of the gradient's values.
+  static constexpr int64_t kBlock = int64_t{1} << 16;
+  // A scan of `g`'s values, which must stay in place until Finish.
+  GradientScan(absl::Span<const float> g, bool squares);
+  // A run of g's values (a part of `g`), now in place.
   void Add(absl::Span<const float> run);
-  // Values added so far.
-  int64_t count() const { return count_; }
-  // The summary of the values added, which must be all of `g` (first_nonfinite is found there).
-  GradientSummary Finish(absl::Span<const float> g) const;
+  // Values added so far (not while runs are being added).
+  int64_t count() const;
+  // The summary of the values added, which must be all of g.
+  GradientSummary Finish() const;
 
  private:
   static constexpr int kLanes = 16;
-  const bool squares_;
-  int64_t count_ = 0;
-  float max_abs_ = 0;
-  double lane_[kLanes] = {};  // squares of the values at index i % kLanes, whole groups only
-  float carry_[kLanes] = {};  // the values of a group not yet whole
-  int carried_ = 0;
+  struct Block {
+    int64_t count = 0;
+    float max_abs = 0;
+    double lane[kLanes] = {};  // squares of the values at index i % kLanes, whole groups only
+    float carry[kLanes] = {};  // the values of a group not yet whole
+    int carried = 0;
+  };
+  void AddToBlock(Block& block, const float* p, int64_t n) const;
+
+  absl::Span<const float> g_;
+  bool squares_;
+  std::vector<Block> blocks_;
 };
 
 class Optimizer {

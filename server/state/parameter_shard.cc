@@ -423,7 +423,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   // thread: concurrent pushes scan side by side, and the apply threads (which an apply waits for
   // holding the locks) are not made to wait on scans.
   const GradientSummary scan = slot.scan_.count() == static_cast<int64_t>(gradient.size())
-                                   ? slot.scan_.Finish(gradient)
+                                   ? slot.scan_.Finish()
                                    : ScanGradient(gradient, nullptr, NeedsSquares());
   const double norm = std::sqrt(scan.sum_of_squares);  // before clipping
   absl::Status status;

@@ -274,15 +274,19 @@ class ParameterShard {
     PushSlot& operator=(PushSlot&&) = delete;
     ~PushSlot();
     absl::Span<float> gradient() { return buffer_.span(); }
-    // The next run of gradient()'s values, now in place (a payload source's ValuesSeen): scanned
-    // while in the cache. Once every value was seen, in order and once, Commit scans no more.
+    // A run of gradient()'s values, now in place (a payload source's ValuesSeen): scanned while
+    // in the cache. Once every value was seen once, Commit scans no more. Runs of different
+    // GradientScan blocks may be seen on different threads at once (GradientScan::Add).
     void Seen(absl::Span<const float> run) { scan_.Add(run); }
 
    private:
     friend class ParameterShard;
     PushSlot(ParameterShard* shard, const PushHeaderInfo& header, BufferPool::Lease buffer,
              bool squares)
-        : shard_(shard), header_(header), buffer_(std::move(buffer)), scan_(squares) {}
+        : shard_(shard),
+          header_(header),
+          buffer_(std::move(buffer)),
+          scan_(buffer_.span(), squares) {}
     ParameterShard* shard_;  // null once committed or moved from
     PushHeaderInfo header_;
     BufferPool::Lease buffer_;
