@@ -94,8 +94,8 @@ inline constexpr absl::Duration kMaxFillWait = absl::Seconds(10);
 // The bytes of a run ValuesSeen is told of (the last may be shorter): a quarter of a usual L2.
 inline constexpr uint64_t kSeenRunBytes = 256 << 10;
 // Called with each run of a tensor's values as soon as it is in the destination (decoded), each
-// value once, in order within each part of a striped tensor (its parts may interleave): a shard
-// scans a gradient while the rest is on its way.
+// value once, in order within each part of a striped tensor (its parts on threads of their own,
+// at once): a shard scans a gradient while the rest is on its way.
 using ValuesSeen = absl::FunctionRef<void(absl::Span<const float>)>;
 inline void IgnoreValues(absl::Span<const float>) {}
 

@@ -36,9 +36,9 @@ absl::Status FrameInbox::ReadLoop() {
     }
     absl::Status read = ReceiveValues(*socket_, h->bytes, taken->dst, taken->type,
                                       absl::InfiniteFuture(), [&](absl::Span<const float> run) {
+                                        taken->on_read(run);
                                         absl::MutexLock lock(&mu_);
                                         taken->in += run.size();
-                                        if (taken->arrivals != nullptr) taken->arrivals->Note();
                                       });
     // A frame of the wrong size fails its call only: it was read whole. Anything else ends the
     // connection, before its call learns of it (so that it finds the connection ended).
@@ -47,50 +47,53 @@ absl::Status FrameInbox::ReadLoop() {
     if (!status.ok()) ended_ = true;
     taken->state = State::kDone;
     taken->status = read;
-    if (taken->arrivals != nullptr) taken->arrivals->Note();
   }
   End();
   return status;
 }
 
 absl::Status FrameInbox::Expect(uint64_t transfer, absl::Span<float> dst, WireType type,
-                                Arrivals* arrivals) {
+                                ValuesSeen on_read) {
   absl::MutexLock lock(&mu_);
   if (ended_) return absl::FailedPreconditionError("the data plane connection ended");
   if (!expected_
-           .emplace(transfer, Expected{dst, type, arrivals, State::kWaiting, 0, absl::OkStatus()})
+           .emplace(transfer, Expected{dst, type, on_read, State::kWaiting, 0, absl::OkStatus()})
            .second) {
     return absl::InvalidArgumentError("a transfer id already in use on this connection");
   }
   return absl::OkStatus();
 }
 
-FrameInbox::Progress FrameInbox::Peek(uint64_t transfer) const {
-  absl::MutexLock lock(&mu_);
-  const Expected& e = expected_.at(transfer);
-  const bool lost = ended_ && e.state == State::kWaiting;
-  return {e.in, e.state == State::kDone || lost,
-          lost || (e.state == State::kDone && !e.status.ok())};
-}
-
-absl::Status FrameInbox::Await(uint64_t transfer, absl::Time deadline) {
-  {
-    absl::MutexLock lock(&mu_);
-    Expected& e = expected_.at(transfer);
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return e.state == State::kDone || (ended_ && e.state == State::kWaiting);
-    };
-    if (mu_.AwaitWithDeadline(absl::Condition(&done), deadline) || e.state == State::kWaiting) {
-      absl::Status status =
-          e.state == State::kDone ? e.status
-          : ended_
-              ? absl::UnavailableError("the data plane connection ended before the tensor came")
-              : absl::DeadlineExceededError("the tensor did not come on the data plane in time");
-      expected_.erase(transfer);
-      return status;
+absl::Status FrameInbox::Await(uint64_t transfer, absl::Time deadline, ValuesSeen seen) {
+  size_t told = 0;  // values `seen` was told of
+  for (;;) {
+    absl::Span<const float> run;  // in place, and written no more
+    {
+      absl::MutexLock lock(&mu_);
+      Expected& e = expected_.at(transfer);
+      auto news = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return e.in > told || e.state == State::kDone || (ended_ && e.state == State::kWaiting);
+      };
+      const bool woke = mu_.AwaitWithDeadline(absl::Condition(&news), deadline);
+      const bool failed = e.state == State::kDone && !e.status.ok();
+      if (woke && e.in > told && !failed) {
+        run = absl::Span<const float>(e.dst).subspan(told, e.in - told);
+      } else if (woke || e.state == State::kWaiting) {
+        absl::Status status =
+            e.state == State::kDone ? e.status
+            : ended_
+                ? absl::UnavailableError("the data plane connection ended before the tensor came")
+                : absl::DeadlineExceededError("the tensor did not come on the data plane in time");
+        expected_.erase(transfer);
+        return status;
+      } else {
+        break;  // given up mid-tensor
+      }
     }
+    seen(run);
+    told += run.size();
   }
-  // Given up mid-tensor: the connection ends, so that ReadLoop stops writing into its place.
+  // The connection ends, so that ReadLoop stops writing into the tensor's place.
   End();
   absl::MutexLock lock(&mu_);
   Expected& e = expected_.at(transfer);
@@ -104,25 +107,6 @@ void FrameInbox::End() {
   socket_->Shutdown();
   absl::MutexLock lock(&mu_);
   ended_ = true;
-  for (auto& [transfer, e] : expected_) {
-    if (e.arrivals != nullptr) e.arrivals->Note();
-  }
-}
-
-void Arrivals::Note() {
-  absl::MutexLock lock(&mu_);
-  ++count_;
-}
-
-uint64_t Arrivals::count() const {
-  absl::MutexLock lock(&mu_);
-  return count_;
-}
-
-bool Arrivals::WaitPast(uint64_t seen, absl::Time deadline) const {
-  absl::MutexLock lock(&mu_);
-  auto past = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return count_ > seen; };
-  return mu_.AwaitWithDeadline(absl::Condition(&past), deadline);
 }
 
 bool FrameInbox::ended() const {
@@ -131,12 +115,12 @@ bool FrameInbox::ended() const {
 }
 
 absl::Status ExpectStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer,
-                           absl::Span<float> dst, WireType type, Arrivals* arrivals) {
+                           absl::Span<float> dst, WireType type, ValuesSeen seen) {
   const int parts = StripeCount(dst.size(), type, static_cast<int>(lanes.size()));
   for (int i = 0; i < parts; ++i) {
     const Stripe part = StripeOf(dst.size(), parts, i);
-    if (absl::Status s =
-            lanes[i]->Expect(transfer, dst.subspan(part.offset, part.size), type, arrivals);
+    if (absl::Status s = lanes[i]->Expect(transfer, dst.subspan(part.offset, part.size), type,
+                                          parts > 1 ? seen : IgnoreValues);
         !s.ok()) {
       for (int j = 0; j < i; ++j) lanes[j]->Await(transfer, absl::InfinitePast()).IgnoreError();
       return s;
@@ -145,29 +129,12 @@ absl::Status ExpectStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfe
   return absl::OkStatus();
 }
 
-absl::Status AwaitStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer,
-                          absl::Span<const float> dst, WireType type, absl::Time deadline,
-                          Arrivals* arrivals, ValuesSeen seen) {
-  const int parts = StripeCount(dst.size(), type, static_cast<int>(lanes.size()));
-  // Each part's new values as they come, until all are over, one failed, or the deadline.
-  std::vector<size_t> told(parts, 0);
-  while (arrivals != nullptr) {
-    const uint64_t events = arrivals->count();
-    bool over = true, failed = false;
-    for (int i = 0; i < parts && !failed; ++i) {
-      const FrameInbox::Progress p = lanes[i]->Peek(transfer);
-      failed = p.failed;
-      if (!failed && p.in > told[i]) {
-        seen(dst.subspan(StripeOf(dst.size(), parts, i).offset + told[i], p.in - told[i]));
-        told[i] = p.in;
-      }
-      over = over && p.over;
-    }
-    if (over || failed || !arrivals->WaitPast(events, deadline)) break;
-  }
+absl::Status AwaitStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer, size_t values,
+                          WireType type, absl::Time deadline, ValuesSeen seen) {
+  const int parts = StripeCount(values, type, static_cast<int>(lanes.size()));
   absl::Status first;
   for (int i = 0; i < parts; ++i) {
-    absl::Status s = lanes[i]->Await(transfer, deadline);
+    absl::Status s = lanes[i]->Await(transfer, deadline, parts == 1 ? seen : IgnoreValues);
     if (!s.ok() && first.ok()) {
       first = s;
       if (s.code() != absl::StatusCode::kInvalidArgument) {

@@ -1,11 +1,10 @@
 // The receiving half of a data-plane connection (common/data_frames.h), the same on both ends:
 // calls say where the values of their transfer go (Expect), one thread reads the frames of the
 // connection (ReadLoop) straight into those places, and each call waits for its own (Await). A
-// frame no call expects (its call gave up) is read and dropped a piece at a time. A tensor
-// striped over several connections (lanes) is expected and awaited on all of them at once
-// (ExpectStriped, AwaitStriped); the waiting call can look at each run of it as soon as it is in
-// place, whichever lane it came on (a shard scans a gradient while the rest is on its way; the
-// reading threads only read).
+// frame no call expects (its call gave up) is read and dropped a piece at a time. The call can
+// look at each run of its values as soon as it is in place (a shard scans a gradient while the
+// rest is on its way): on the waiting thread while the reading one reads on, or, for a tensor
+// striped over several connections (lanes), on each lane's reading thread, the parts at once.
 //
 // Thread-safe: ReadLoop runs on one thread; the rest on any.
 #pragma once
@@ -23,20 +22,6 @@
 
 namespace ps {
 
-// Counts events (values of a transfer came in, a transfer ended) for a call waiting on several
-// inboxes at once. Thread-safe.
-class Arrivals {
- public:
-  void Note();
-  uint64_t count() const;
-  // Waits until count() is past `seen`, or `deadline`; returns whether it is.
-  bool WaitPast(uint64_t seen, absl::Time deadline) const;
-
- private:
-  mutable absl::Mutex mu_;
-  uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 class FrameInbox {
  public:
   // Reads frames of `kind` (anything else ends the connection) of at most `max_bytes` from
@@ -47,24 +32,19 @@ class FrameInbox {
   // Reads frames until the connection ends, then ends it (End) and returns why.
   absl::Status ReadLoop();
 
-  // Transfer `transfer`'s values go into `dst` as `type` values, `arrivals` (if any; it must
-  // outlive the transfer) told whenever some come in or the transfer ends. FAILED_PRECONDITION
-  // once the connection ended; INVALID_ARGUMENT for a transfer already expected.
+  // Transfer `transfer`'s values go into `dst` as `type` values, `on_read` told of each run of
+  // them on ReadLoop's thread as it is in place (it must stay valid until Await returned).
+  // FAILED_PRECONDITION once the connection ended; INVALID_ARGUMENT for a transfer already
+  // expected.
   absl::Status Expect(uint64_t transfer, absl::Span<float> dst, WireType type,
-                      Arrivals* arrivals = nullptr);
-  // How far an expected transfer is: values of dst in place (decoded, from its start); whether
-  // it is over (in whole, failed, or never to come), and failed.
-  struct Progress {
-    size_t in = 0;
-    bool over = false;
-    bool failed = false;
-  };
-  Progress Peek(uint64_t transfer) const;
-  // Waits until transfer `transfer` (expected) is in, then forgets it: its frame's status
-  // (INVALID_ARGUMENT for one of another size than expected); UNAVAILABLE when the connection
-  // ended before it came; DEADLINE_EXCEEDED at `deadline` (a frame still coming then ends the
-  // connection, so that nothing writes into its place once this returned).
-  absl::Status Await(uint64_t transfer, absl::Time deadline);
+                      ValuesSeen on_read = IgnoreValues);
+  // Waits until transfer `transfer` (expected) is in, then forgets it, telling `seen` of each run
+  // of its values on this thread, in order, as soon as the run is in place (every value once when
+  // it came whole; a prefix when it did not). Returns its frame's status (INVALID_ARGUMENT for
+  // one of another size than expected); UNAVAILABLE when the connection ended before it came;
+  // DEADLINE_EXCEEDED at `deadline` (a frame still coming then ends the connection, so that
+  // nothing writes into its place once this returned).
+  absl::Status Await(uint64_t transfer, absl::Time deadline, ValuesSeen seen = IgnoreValues);
 
   // Ends the connection: the socket is shut down, ReadLoop returns, waiting calls wake.
   void End();
@@ -75,7 +55,7 @@ class FrameInbox {
   struct Expected {
     absl::Span<float> dst;
     WireType type;
-    Arrivals* arrivals;
+    ValuesSeen on_read;
     State state = State::kWaiting;
     size_t in = 0;  // values of dst in place (decoded), from its start
     absl::Status status;
@@ -91,15 +71,14 @@ class FrameInbox {
 
 // A tensor striped over the lanes of a connection (common/data_frames.h), part i expected on
 // lane i's inbox (on as many lanes as StripeCount says). ExpectStriped expects the parts of
-// `transfer` (it forgets those it expected when one cannot be). AwaitStriped waits for them and
+// `transfer` (it forgets those it expected when one cannot be); AwaitStriped waits for them and
 // returns the first failure (one that is not a part's size ends every lane, so that the other
-// parts' waits end at once); with `arrivals` (the one given to ExpectStriped), it tells `seen` of
-// each run of values on this thread as soon as it is in place, on whichever lane: every value
-// once when all came, in order within a part (ValuesSeen: a run is a part of dst).
+// parts' waits end at once). Both are given the same `seen`, told of each run of values as soon
+// as it is in place: every value once when all came, in order within a part (a run is a part of
+// dst), on the waiting thread when the tensor is one part, else on each part's reading thread.
 absl::Status ExpectStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer,
-                           absl::Span<float> dst, WireType type, Arrivals* arrivals = nullptr);
-absl::Status AwaitStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer,
-                          absl::Span<const float> dst, WireType type, absl::Time deadline,
-                          Arrivals* arrivals = nullptr, ValuesSeen seen = IgnoreValues);
+                           absl::Span<float> dst, WireType type, ValuesSeen seen = IgnoreValues);
+absl::Status AwaitStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer, size_t values,
+                          WireType type, absl::Time deadline, ValuesSeen seen = IgnoreValues);
 
 }  // namespace ps

@@ -238,11 +238,13 @@ TEST(DataPlaneTest, AConnectionOfSeveralLanesOpensWhenAllSaidHelloAndStripesLarg
   const size_t n = 3 * kMinStripeBytes / sizeof(float) + 5;
   std::vector<float> sent(n), got(n, -1.0f);
   for (size_t i = 0; i < n; ++i) sent[i] = static_cast<float>(i % 1000) - 500.0f;
-  // The call is told of each value once, as it comes, in order within a part, on its own thread.
+  // The call is told of each value once, as it comes, in order within a part, on the lanes' own
+  // threads.
+  absl::Mutex mu;
   std::vector<int> told(n, 0);
   const size_t second = StripeOf(n, 3, 1).offset, third = StripeOf(n, 3, 2).offset;
   std::vector<size_t> next = {0, second, third};  // where each part's next run should start
-  int out_of_order = 0, elsewhere = 0;
+  int out_of_order = 0, on_caller = 0;
   absl::Status received = plane->Receive(
       ticket->connection, 0, 2, absl::MakeSpan(got), WireType::kFloat32, Soon(),
       [&] {
@@ -255,18 +257,19 @@ TEST(DataPlaneTest, AConnectionOfSeveralLanesOpensWhenAllSaidHelloAndStripesLarg
         }
       },
       [&, caller = std::this_thread::get_id()](absl::Span<const float> run) {
+        absl::MutexLock lock(&mu);
         const size_t at = run.data() - got.data();
         for (size_t i = at; i < at + run.size(); ++i) ++told[i];
         size_t& part_next = next[at >= third ? 2 : at >= second ? 1 : 0];
         out_of_order += at != part_next;
         part_next = at + run.size();
-        elsewhere += std::this_thread::get_id() != caller;
+        on_caller += std::this_thread::get_id() == caller;
       });
   ASSERT_TRUE(received.ok()) << received;
   EXPECT_EQ(got, sent);
   EXPECT_EQ(std::count(told.begin(), told.end(), 1), static_cast<int64_t>(n));
   EXPECT_EQ(out_of_order, 0);
-  EXPECT_EQ(elsewhere, 0);
+  EXPECT_EQ(on_caller, 0);
 
   // A pull's values, one part a lane, and `sent` called once, after all of them.
   absl::Notification done;

@@ -64,7 +64,7 @@ class DataConnection {
   }
   absl::Status Await(uint64_t transfer, absl::Span<const float> dst, WireType type,
                      absl::Time deadline) {
-    return AwaitStriped(inboxes_, transfer, dst, type, deadline);
+    return AwaitStriped(inboxes_, transfer, dst.size(), type, deadline);
   }
 
   // Whether the connection ended (it failed or the shard closed it).

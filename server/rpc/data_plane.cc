@@ -359,12 +359,11 @@ absl::Status DataPlane::Receive(uint64_t connection, int owner, uint64_t transfe
   absl::StatusOr<std::shared_ptr<Connection>> found = Find(connection, owner);
   if (!found.ok()) return found.status();
   const std::vector<FrameInbox*> lanes = (*found)->Inboxes();
-  Arrivals arrivals;
-  if (absl::Status s = ExpectStriped(lanes, transfer, dst, type, &arrivals); !s.ok()) {
+  if (absl::Status s = ExpectStriped(lanes, transfer, dst, type, seen); !s.ok()) {
     return s.code() == absl::StatusCode::kFailedPrecondition ? Lost(s.message()) : s;
   }
   ready();
-  return AwaitStriped(lanes, transfer, dst, type, deadline, &arrivals, seen);
+  return AwaitStriped(lanes, transfer, dst.size(), type, deadline, seen);
 }
 
 namespace {

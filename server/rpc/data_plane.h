@@ -78,9 +78,9 @@ class DataPlane {
   absl::StatusOr<Ticket> Issue(int owner);
 
   // The tensor a client sends on connection `connection` as `transfer`, into `dst` as `type`
-  // values, `seen` told of each run of them on the calling thread as it comes in, on whichever
-  // lane (AwaitStriped; the lanes' own threads only read): waits for it, once ready() told the
-  // client to send it, until `deadline`.
+  // values, `seen` told of each run of them as it comes in (AwaitStriped: on the calling thread
+  // while the lane's thread reads on; a striped tensor's parts on their lanes' threads, at once):
+  // waits for it, once ready() told the client to send it, until `deadline`.
   // FAILED_PRECONDITION when the connection is not `owner`'s or no longer open (ready() not
   // called), UNAVAILABLE when it ended before the whole tensor came, DEADLINE_EXCEEDED when the
   // tensor did not come in time (the connection is then ended if it was coming), INVALID_ARGUMENT
