@@ -87,7 +87,7 @@ ABSL_FLAG(int, data_plane_port, 0,
 ABSL_FLAG(int, data_plane_clients, 64, "Clients that may hold a data-plane connection at once.");
 ABSL_FLAG(int, data_plane_lanes, 0,
           "TCP connections each data-plane client opens, a tensor of 8 MiB or more striped over "
-          "them so that several threads move its bytes on each end (1..8). 0: one per 8 CPUs "
+          "them so that several threads move its bytes on each end (1..8). 0: one per 4 CPUs "
           "this process may use, 1 to 4.");
 ABSL_FLAG(int, pull_views, 64,
           "Workers whose compressed pulls (worker --pull_compress) this shard follows at once, "

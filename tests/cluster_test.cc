@@ -836,6 +836,8 @@ TEST(DaemonTest, BadFlagsExitNonZeroWithAOneLineReason) {
        "fewer parameters (2) than shards"},
       {{"ps", "--model=flat:4", "--num_workers=1", "--clip_norm=-1"}, "--clip_norm must be"},
       {{"ps", "--model=flat:4", "--num_workers=1", "--apply_threads=65"}, "--apply_threads must be"},
+      {{"ps", "--model=flat:4", "--num_workers=1", "--data_plane_lanes=9"},
+       "--data_plane_lanes must be"},
       {{"ps", "--no_such_flag=1"}, "no_such_flag"},
       {{"ps", "--model=flat:4", "--num_workers=1", "--consistency=sync", "--peer=127.0.0.1:1"},
        "rounds (sync) are not replicated"},

@@ -90,7 +90,7 @@ absl::Status Lost(absl::string_view why) {
 }
 }  // namespace
 
-int DataPlane::AutoLanes() { return std::clamp(UsableCpus() / 8, 1, 4); }
+int DataPlane::AutoLanes() { return std::clamp(UsableCpus() / 4, 1, 4); }
 
 absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Start(Options options) {
   absl::StatusOr<std::unique_ptr<Listener>> listener = Listener::Listen(options.host, options.port);

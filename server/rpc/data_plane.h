@@ -45,8 +45,9 @@ namespace ps {
 
 class DataPlane {
  public:
-  // Lanes a connection may have at most, and the default: one per 8 CPUs this process may use,
-  // 1 to 4.
+  // Lanes a connection may have at most, and the default: one per 4 CPUs this process may use,
+  // 1 to 4 (on the 16-core GPU machine 4 lanes moved a 38 MiB push 1.2-2x as fast as 1, 2 lanes
+  // 1.1-1.6x; bench/RESULTS.md). 1 on a 2-core machine, where more only contend.
   static constexpr int kMaxLanes = 8;
   static int AutoLanes();
 
