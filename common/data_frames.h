@@ -60,10 +60,12 @@ int HelloLane(const std::string& payload, std::string* secret);
 // kMinStripeBytes of it at most, at least one.
 inline constexpr uint64_t kMinStripeBytes = 4 << 20;
 int StripeCount(size_t values, WireType type, int lanes);
-// Part `part` of `parts` of a tensor of `values` values: contiguous, in order, each but the last
-// a multiple of kStripeAlign values (where a shard's GradientScan block starts), sizes within
-// kStripeAlign of each other.
+// Part `part` of `parts` of a tensor of `values` values: contiguous, in order, each starting on
+// a multiple of kStripeAlign values (where a shard's GradientScan block starts), as even as whole
+// units of kStripeAlign allow.
 inline constexpr size_t kStripeAlign = size_t{1} << 16;
+// The most lanes a connection has.
+inline constexpr int kMaxLanes = 8;
 struct Stripe {
   size_t offset = 0;
   size_t size = 0;

@@ -137,7 +137,9 @@ absl::Status AwaitStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer
     absl::Status s = lanes[i]->Await(transfer, deadline, parts == 1 ? seen : IgnoreValues);
     if (!s.ok() && first.ok()) {
       first = s;
-      if (s.code() != absl::StatusCode::kInvalidArgument) {
+      // A lane that ended (cut, or given up mid-part) ends the others, whose parts would not
+      // come; a part forgotten before it came, or of the wrong size, leaves the lanes be.
+      if (lanes[i]->ended()) {
         for (FrameInbox* lane : lanes) lane->End();
       }
     }

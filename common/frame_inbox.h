@@ -72,8 +72,8 @@ class FrameInbox {
 // A tensor striped over the lanes of a connection (common/data_frames.h), part i expected on
 // lane i's inbox (on as many lanes as StripeCount says). ExpectStriped expects the parts of
 // `transfer` (it forgets those it expected when one cannot be); AwaitStriped waits for them and
-// returns the first failure (one that is not a part's size ends every lane, so that the other
-// parts' waits end at once). Both are given the same `seen`, told of each run of values as soon
+// returns the first failure (one that ended its lane ends every lane, so that the other parts'
+// waits end at once; a part forgotten before it came leaves the connection be). Both are given the same `seen`, told of each run of values as soon
 // as it is in place: every value once when all came, in order within a part (a run is a part of
 // dst), on the waiting thread when the tensor is one part, else on each part's reading thread.
 absl::Status ExpectStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer,

@@ -181,6 +181,16 @@ TEST(DataPlaneTest, APushedTensorGoesIntoItsCallOnlyAndAStrayOneIsDropped) {
   EXPECT_EQ(plane->connections(), 1);
 }
 
+// A frame's header saying `bytes` follow, sent alone (as a peer that stops midway would).
+void SendHeader(Socket& s, FrameKind kind, uint64_t transfer, uint64_t bytes) {
+  char head[24];
+  const uint64_t words[3] = {0x31445350u | (static_cast<uint64_t>(kind) << 32), transfer, bytes};
+  for (int w = 0; w < 3; ++w) {
+    for (int i = 0; i < 8; ++i) head[8 * w + i] = static_cast<char>((words[w] >> (8 * i)) & 0xff);
+  }
+  ASSERT_TRUE(s.Send(head, sizeof(head), Soon()).ok());
+}
+
 TEST(DataPlaneTest, ATensorIsStripedInContiguousPartsOneALaneWhenLargeEnough) {
   const size_t big = 3 * kMinStripeBytes / sizeof(float) + 5;
   EXPECT_EQ(StripeCount(1000, WireType::kFloat32, 4), 1);
@@ -296,11 +306,82 @@ TEST(DataPlaneTest, AConnectionOfSeveralLanesOpensWhenAllSaidHelloAndStripesLarg
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_TRUE(result.ok()) << result.status();
 
-  // One lane ending ends them all.
-  lanes[2].Shutdown();
+  // A push given up before any part came leaves the connection be; one cut mid-part on one lane
+  // fails and ends every lane.
+  EXPECT_EQ(plane
+                ->Receive(ticket->connection, 0, 4, absl::MakeSpan(got), WireType::kFloat32,
+                          absl::Now(), [] {})
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(plane->connections(), 1);
+  absl::Status cut = plane->Receive(
+      ticket->connection, 0, 5, absl::MakeSpan(got), WireType::kFloat32, Soon(), [&] {
+        const Stripe part = StripeOf(n, 3, 0);
+        ASSERT_TRUE(SendValues(lanes[0], FrameKind::kPush, 5,
+                               absl::MakeConstSpan(sent).subspan(part.offset, part.size),
+                               WireType::kFloat32, Soon())
+                        .ok());
+        SendHeader(lanes[1], FrameKind::kPush, 5, StripeOf(n, 3, 1).size * sizeof(float));
+        ASSERT_TRUE(lanes[1].Send(sent.data(), 1000 * sizeof(float), Soon()).ok());
+        lanes[1].Shutdown();
+      });
+  EXPECT_EQ(cut.code(), absl::StatusCode::kUnavailable) << cut;
   char byte;
-  EXPECT_EQ(lanes[0].Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(lanes[2].Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
+}
+
+// A client's end of a connection of two lanes: a pull it forgets before it came (as a pull the
+// shard did not answer) leaves the connection open, and its pushes and pulls go on.
+TEST(DataPlaneTest, AClientForgettingATransferThatNeverCameKeepsItsConnection) {
+  std::unique_ptr<DataPlane> plane = StartPlane(absl::Seconds(5), absl::Seconds(10), 2);
+  ASSERT_NE(plane, nullptr);
+  absl::StatusOr<DataPlane::Ticket> ticket = plane->Issue(0);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  absl::StatusOr<std::unique_ptr<DataConnection>> client = DataConnection::Open(
+      {"127.0.0.1", plane->port(), ticket->connection, ticket->secret, ticket->lanes}, 64 << 20,
+      Soon(), absl::Seconds(5));
+  ASSERT_TRUE(client.ok()) << client.status();
+  DataConnection& c = **client;
+  EXPECT_EQ(c.lanes(), 2);
+  const size_t n = 2 * kMinStripeBytes / sizeof(float) + 3;
+  std::vector<float> values(n), got(n, -1.0f);
+  for (size_t i = 0; i < n; ++i) values[i] = 0.25f * (i % 4000);
+  ASSERT_TRUE(c.Expect(1, absl::MakeSpan(got), WireType::kFloat32).ok());
+  EXPECT_EQ(c.Await(1, got, WireType::kFloat32, absl::InfinitePast()).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(c.ended());
+  // A push, striped, then a pull.
+  absl::Status received =
+      plane->Receive(ticket->connection, 0, 2, absl::MakeSpan(got), WireType::kFloat32, Soon(),
+                     [&] { ASSERT_TRUE(c.Push(2, values, WireType::kFloat32, Soon()).ok()); });
+  ASSERT_TRUE(received.ok()) << received;
+  EXPECT_EQ(got, values);
+  std::vector<float> pulled(n, -1.0f);
+  ASSERT_TRUE(c.Expect(3, absl::MakeSpan(pulled), WireType::kFloat32).ok());
+  absl::Notification sent;
+  ASSERT_TRUE(plane
+                  ->Send(ticket->connection, 0, 3, nullptr, values, WireType::kFloat32,
+                         [&](absl::StatusOr<int64_t>) { sent.Notify(); })
+                  .ok());
+  ASSERT_TRUE(c.Await(3, pulled, WireType::kFloat32, Soon()).ok());
+  EXPECT_EQ(pulled, values);
+  EXPECT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_EQ(plane->connections(), 1);
+}
+
+// Stopping a plane whose connection waits for its other lanes ends at once.
+TEST(DataPlaneTest, StoppingEndsAConnectionStillWaitingForItsLanes) {
+  std::unique_ptr<DataPlane> plane = StartPlane(absl::Seconds(30), absl::Seconds(10), 2);
+  ASSERT_NE(plane, nullptr);
+  absl::StatusOr<DataPlane::Ticket> ticket = plane->Issue(0);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  Socket first = Connect(*plane);
+  absl::StatusOr<FrameHeader> welcome = Hello(first, ticket->connection, ticket->secret, 0);
+  ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
+  const absl::Time start = absl::Now();
+  plane.reset();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));  // not the 30 s hello
 }
 
 TEST(DataPlaneTest, ALaneThatNeverSaysHelloClosesTheOthersOnceTheHelloIsOverdue) {
@@ -315,16 +396,6 @@ TEST(DataPlaneTest, ALaneThatNeverSaysHelloClosesTheOthersOnceTheHelloIsOverdue)
   char byte;
   EXPECT_EQ(first.Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(plane->connections(), 0);
-}
-
-// A frame's header saying `bytes` follow, sent alone (as a peer that stops midway would).
-void SendHeader(Socket& s, FrameKind kind, uint64_t transfer, uint64_t bytes) {
-  char head[24];
-  const uint64_t words[3] = {0x31445350u | (static_cast<uint64_t>(kind) << 32), transfer, bytes};
-  for (int w = 0; w < 3; ++w) {
-    for (int i = 0; i < 8; ++i) head[8 * w + i] = static_cast<char>((words[w] >> (8 * i)) & 0xff);
-  }
-  ASSERT_TRUE(s.Send(head, sizeof(head), Soon()).ok());
 }
 
 TEST(DataPlaneTest, ACutMidTensorFailsTheCallAndTheConnectionOnly) {

@@ -1,5 +1,6 @@
 #include "worker/data_connection.h"
 
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,7 +34,7 @@ absl::StatusOr<std::unique_ptr<DataConnection>> DataConnection::Open(const Ticke
                                                                      uint64_t max_bytes,
                                                                      absl::Time deadline,
                                                                      absl::Duration stall) {
-  if (ticket.lanes < 1 || ticket.lanes > 64) {
+  if (ticket.lanes < 1 || ticket.lanes > kMaxLanes) {
     return absl::UnavailableError(
         absl::StrCat("the shard's data-plane ticket has ", ticket.lanes, " lanes"));
   }
@@ -94,7 +95,14 @@ absl::StatusOr<int64_t> DataConnection::Push(uint64_t transfer, absl::Span<const
                          values.subspan(part.offset, part.size), type, deadline);
   };
   std::vector<std::thread> helpers;  // the other lanes' parts at once, each on a thread
-  for (int i = 1; i < parts; ++i) helpers.emplace_back(send, i);
+  helpers.reserve(parts);
+  for (int i = 1; i < parts; ++i) {
+    try {
+      helpers.emplace_back(send, i);
+    } catch (const std::system_error&) {
+      send(i);  // no thread to spare: sent from here, before the rest (each lane reads its own)
+    }
+  }
   send(0);
   for (std::thread& t : helpers) t.join();
   int64_t saturated = 0;

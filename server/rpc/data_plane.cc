@@ -107,6 +107,10 @@ void DataPlane::Stop() {
   listener_->Shutdown();
   absl::MutexLock lock(&mu_);
   stopped_ = true;
+  std::vector<std::shared_ptr<Connection>> connections;  // lanes may wait for the rest
+  for (const auto& [id, issued] : tickets_) connections.push_back(issued.connection);
+  for (const auto& [id, c] : open_) connections.push_back(c);
+  for (const auto& c : connections) CloseLanes(*c, "the shard is stopping");
   tickets_.clear();
   for (const auto& lane : all_) lane->Close();
 }
@@ -202,33 +206,35 @@ absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Admit(
   if (absl::Status s = socket.Receive(payload.data(), payload.size(), deadline); !s.ok()) return s;
   const size_t index = static_cast<size_t>(HelloLane(payload, &secret));
   std::shared_ptr<Connection> connection;
+  std::string refused;
   {
     absl::MutexLock lock(&mu_);
     auto it = tickets_.find(hello->transfer);
     const bool valid = it != tickets_.end() && it->second.expires >= absl::Now() &&
-                       SameSecret(it->second.secret, secret);
-    if (!valid) {
-      return refuse(
+                       SameSecret(it->second.secret, secret) && !it->second.connection->closed;
+    Connection* c = valid ? it->second.connection.get() : nullptr;
+    if (c == nullptr) {
+      refused =
           "unknown, used or expired ticket (ask this shard for one with AttachDataPlane, "
-          "authorised with the job's token)");
-    }
-    connection = it->second.connection;
-    Connection& c = *connection;
-    if (index >= c.lanes.size() || c.lanes[index] != nullptr) {
-      return refuse(absl::StrCat("lane ", index, " is not one of the ticket's ", c.lanes.size(),
-                                 " or has said hello already"));
-    }
-    c.lanes[index] = lane;
-    if (++c.joined == c.lanes.size()) {
-      tickets_.erase(it);
-      if (c.owner >= 0) {  // a worker's newer connection replaces its older one
-        for (const auto& [id, other] : open_) {
-          if (other->owner == c.owner) CloseLanes(*other, "replaced by a newer one");
+          "authorised with the job's token)";
+    } else if (index >= c->lanes.size() || c->lanes[index] != nullptr) {
+      refused = absl::StrCat("lane ", index, " is not one of the ticket's ", c->lanes.size(),
+                             " or has said hello already");
+    } else {
+      connection = it->second.connection;
+      c->lanes[index] = lane;
+      if (++c->joined == c->lanes.size()) {
+        tickets_.erase(it);
+        if (c->owner >= 0) {  // a worker's newer connection replaces its older one
+          for (const auto& [id, other] : open_) {
+            if (other->owner == c->owner) CloseLanes(*other, "replaced by a newer one");
+          }
         }
+        open_[c->id] = connection;
       }
-      open_[c.id] = connection;
     }
   }
+  if (!refused.empty()) return refuse(refused);
   if (absl::Status s = SendFrame(socket, {FrameKind::kWelcome}, "", deadline); !s.ok()) {
     Close(*connection, s);
     return s;
@@ -253,6 +259,9 @@ absl::Status DataPlane::AwaitLanes(Connection& c, absl::Time deadline) {
 void DataPlane::CloseLanes(Connection& c, absl::string_view why) {
   if (c.closed) return;
   c.closed = true;
+  if (auto it = tickets_.find(c.id); it != tickets_.end() && it->second.connection.get() == &c) {
+    tickets_.erase(it);  // no lane joins it now
+  }
   for (const auto& lane : c.lanes) {
     if (lane != nullptr) lane->Close();
   }

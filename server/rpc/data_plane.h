@@ -48,7 +48,7 @@ class DataPlane {
   // Lanes a connection may have at most, and the default: one per 4 CPUs this process may use,
   // 1 to 4 (on the 16-core GPU machine 4 lanes moved a 38 MiB push 1.2-2x as fast as 1, 2 lanes
   // 1.1-1.6x; bench/RESULTS.md). 1 on a 2-core machine, where more only contend.
-  static constexpr int kMaxLanes = 8;
+  static constexpr int kMaxLanes = ps::kMaxLanes;
   static int AutoLanes();
 
   struct Options {
@@ -121,8 +121,8 @@ class DataPlane {
   // Reads a lane's hello and answers it: its connection (Welcome sent, the lane in its place; the
   // connection open once all its lanes are) or why not (Refused sent).
   absl::StatusOr<std::shared_ptr<Connection>> Admit(const std::shared_ptr<Lane>& lane);
-  // Waits until all of `connection`'s lanes said hello, or the ticket expired (the connection is
-  // then closed).
+  // Waits until all of `connection`'s lanes said hello, or `deadline` (`hello` after this lane's
+  // own; the connection is then closed).
   absl::Status AwaitLanes(Connection& connection, absl::Time expires);
   // Ends every lane `connection` has (once; logged, if it was open, with `why`).
   void CloseLanes(Connection& connection, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -270,7 +270,7 @@ class ParameterShard {
         : shard_(std::exchange(o.shard_, nullptr)),
           header_(o.header_),
           buffer_(std::move(o.buffer_)),
-          scan_(o.scan_) {}
+          scan_(std::move(o.scan_)) {}
     PushSlot& operator=(PushSlot&&) = delete;
     ~PushSlot();
     absl::Span<float> gradient() { return buffer_.span(); }
