@@ -191,6 +191,11 @@ absl::Status ShardServer::StartDataPlane() {
   o.lanes = c.data_plane_lanes;
   o.max_frame_bytes = static_cast<uint64_t>(shard_->range().size()) * sizeof(float);
   absl::StatusOr<std::unique_ptr<DataPlane>> plane = DataPlane::Start(o);
+  if (plane.ok() && o.port == 0 && c.port != 0 && (*plane)->port() == c.port) {
+    // The system handed out the port the gRPC server is about to listen on (free until then):
+    // take another while holding this one, then let it go.
+    plane = DataPlane::Start(o);
+  }
   if (!plane.ok()) {
     return absl::UnavailableError(absl::StrCat("data plane (--data_plane_port): ",
                                                plane.status().message()));
