@@ -934,26 +934,34 @@ absl::StatusOr<int64_t> ShardedClient::Impl::Register() {
     return absl::InvalidArgumentError(absl::StrCat("model expects ", model_.num_shards, " shards, ",
                                                    num_shards(), " addresses given"));
   }
-  absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
-    return RegisterWith(shard, context, /*resume_sequence=*/-1);
-  });
-  if (!s.ok()) return s;
+  std::vector<bool> ask(num_shards(), true);
+  for (int pass = 0;; ++pass) {
+    absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
+      return ask[shard] ? RegisterWith(shard, context, /*resume_sequence=*/-1) : grpc::Status::OK;
+    });
+    if (!s.ok()) return s;
+    // Shards without the model beside trained ones: some shard lost its state (a restart without
+    // its checkpoints). Initialising it would silently reset part of the model. Or this client
+    // asked them before the job's first worker initialised them, and the others once it had
+    // trained: those are asked once more (one that lost its model still has none).
+    absl::MutexLock lock(&sessions_mu_);
+    int64_t trained = 0;
+    std::vector<int> empty;
+    for (int i = 0; i < num_shards(); ++i) {
+      if (!sessions_[i].initialized) empty.push_back(i);
+      trained = std::max(trained, sessions_[i].version);
+      ask[i] = !sessions_[i].initialized;
+    }
+    if (empty.empty() || trained == 0) break;
+    if (pass > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("shard(s) ", absl::StrJoin(empty, ","),
+                       " hold no model while the others are trained (up "
+                       "to version ",
+                       trained, "): a shard restarted without its checkpoints. ", kLostModelFix));
+    }
+  }
   absl::MutexLock lock(&sessions_mu_);
-  // Shards without the model beside trained ones: some shard lost its state (a restart without
-  // its checkpoints). Initialising it would silently reset part of the model.
-  int64_t trained = 0;
-  std::vector<int> empty;
-  for (int i = 0; i < num_shards(); ++i) {
-    if (!sessions_[i].initialized) empty.push_back(i);
-    trained = std::max(trained, sessions_[i].version);
-  }
-  if (!empty.empty() && trained > 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("shard(s) ", absl::StrJoin(empty, ","),
-                     " hold no model while the others are trained (up "
-                     "to version ",
-                     trained, "): a shard restarted without its checkpoints. ", kLostModelFix));
-  }
   consistency_ = sessions_[0].consistency;
   std::vector<int64_t> last;
   for (const Session& session : sessions_) last.push_back(session.last_sequence);
