@@ -59,6 +59,49 @@ int HelloLane(const std::string& payload, std::string* secret) {
   return static_cast<int>(Get(payload.data() + kSecretBytes, 4) & 0x7fffffff);
 }
 
+std::string EncodeCall(const PushCallFrame& call) {
+  std::string payload(8, '\0');
+  Put(payload.data(),
+      static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Microseconds(call.timeout))), 8);
+  payload += call.header;
+  return payload;
+}
+
+absl::StatusOr<PushCallFrame> DecodeCall(std::string_view payload) {
+  if (payload.size() < 8 || payload.size() > kMaxCallBytes) {
+    return absl::DataLossError(absl::StrCat("a push call of ", payload.size(), " bytes"));
+  }
+  const uint64_t micros = std::min<uint64_t>(Get(payload.data(), 8), uint64_t{1} << 40);
+  return PushCallFrame{absl::Microseconds(static_cast<int64_t>(micros)),
+                       std::string(payload.substr(8))};
+}
+
+std::string EncodeAnswer(const grpc::Status& status, std::string_view response) {
+  const std::string message = status.error_message().substr(0, kMaxAnswerMessage);
+  const std::string& details = status.error_details();
+  std::string payload(12, '\0');
+  Put(payload.data(), static_cast<uint32_t>(status.error_code()), 4);
+  Put(payload.data() + 4, message.size(), 4);
+  Put(payload.data() + 8, details.size(), 4);
+  payload += message;
+  payload += details;
+  if (status.ok()) payload += response;
+  return payload;
+}
+
+absl::StatusOr<grpc::Status> DecodeAnswer(std::string_view payload, std::string* response) {
+  if (payload.size() < 12) return absl::DataLossError("a data-plane answer too short");
+  const uint64_t code = Get(payload.data(), 4), message = Get(payload.data() + 4, 4),
+                 details = Get(payload.data() + 8, 4);
+  if (code > grpc::StatusCode::UNAUTHENTICATED || message + details > payload.size() - 12) {
+    return absl::DataLossError("a malformed data-plane answer");
+  }
+  *response = std::string(payload.substr(12 + message + details));
+  if (code == grpc::StatusCode::OK) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(code), std::string(payload.substr(12, message)),
+                      std::string(payload.substr(12 + message, details)));
+}
+
 int StripeCount(size_t values, WireType type, int lanes) {
   const uint64_t bytes = static_cast<uint64_t>(values) * WireBytes(type);
   return static_cast<int>(std::clamp<uint64_t>(bytes / kMinStripeBytes, 1, std::max(lanes, 1)));
@@ -85,7 +128,7 @@ absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline) {
   char head[kHeaderBytes];
   if (absl::Status s = socket.Receive(head, kHeaderBytes, deadline); !s.ok()) return s;
   const uint32_t kind = static_cast<uint32_t>(Get(head + 4, 4));
-  if (Get(head, 4) != kMagic || kind < 1 || kind > 5) {
+  if (Get(head, 4) != kMagic || kind < 1 || kind > static_cast<uint32_t>(FrameKind::kAnswer)) {
     return absl::DataLossError("not a data-plane frame (a peer of another kind or version)");
   }
   return FrameHeader{static_cast<FrameKind>(kind), Get(head + 8, 8), Get(head + 16, 8)};

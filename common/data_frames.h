@@ -17,10 +17,20 @@
 //   Refused  shard -> client, then the shard closes: payload = why, in words (< 1 KiB).
 //   Push     client -> shard: the tensor of the Push call naming `transfer`.
 //   Pull     shard -> client: the tensor of the Pull call naming `transfer`.
+//   PushCall client -> shard, on the first lane: a Push made on the connection itself, for a
+//            tensor that goes in one part (a gRPC call's round trips would take as long as its
+//            bytes): payload = the call's timeout (8 bytes, microseconds) and its PushHeader
+//            (proto/ps.proto), serialized. Its tensor follows at once as the Push frame of the
+//            same transfer on the same lane.
+//   Answer   shard -> client, on the first lane: how the PushCall `transfer` names ended: its
+//            status (code 4 bytes; message and details each 4 bytes of length and the bytes)
+//            and, when OK, its PushResponse, serialized.
 // A tensor's payload is its values as the call's wire type (common/wire_type.h), in order.
 // Anything else (a bad magic, an unknown kind, a payload larger than allowed) ends the
 // connection.
 #pragma once
+
+#include <grpcpp/support/status.h>
 
 #include <cstdint>
 #include <string>
@@ -36,7 +46,15 @@
 
 namespace ps {
 
-enum class FrameKind : uint32_t { kHello = 1, kWelcome = 2, kRefused = 3, kPush = 4, kPull = 5 };
+enum class FrameKind : uint32_t {
+  kHello = 1,
+  kWelcome = 2,
+  kRefused = 3,
+  kPush = 4,
+  kPull = 5,
+  kPushCall = 6,
+  kAnswer = 7,
+};
 
 struct FrameHeader {
   FrameKind kind;
@@ -55,6 +73,20 @@ inline constexpr uint64_t kMaxRefusalBytes = 1024;
 // A hello's payload, and the lane it names (with the secret in `secret`).
 std::string HelloPayload(const std::string& secret, int lane);
 int HelloLane(const std::string& payload, std::string* secret);
+
+// A PushCall's payload, and an Answer's (a status's message is cut to kMaxAnswerMessage bytes).
+// DecodeCall and DecodeAnswer: DATA_LOSS for a payload that is not one.
+inline constexpr uint64_t kMaxCallBytes = 4096;
+inline constexpr uint64_t kMaxAnswerBytes = 4096;
+inline constexpr size_t kMaxAnswerMessage = 2048;
+struct PushCallFrame {
+  absl::Duration timeout;
+  std::string header;  // a serialized v1::PushHeader
+};
+std::string EncodeCall(const PushCallFrame& call);
+absl::StatusOr<PushCallFrame> DecodeCall(std::string_view payload);
+std::string EncodeAnswer(const grpc::Status& status, std::string_view response);
+absl::StatusOr<grpc::Status> DecodeAnswer(std::string_view payload, std::string* response);
 
 // The lanes a tensor of `values` values as `type` goes over, of a connection's `lanes`: one per
 // kMinStripeBytes of it at most, at least one.

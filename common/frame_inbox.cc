@@ -14,6 +14,16 @@ absl::Status FrameInbox::ReadLoop() {
       status = h.status();
       break;
     }
+    if (h->kind == FrameKind::kPushCall && on_call_ != nullptr && h->bytes <= kMaxCallBytes) {
+      std::string payload(h->bytes, '\0');
+      status = socket_->Receive(payload.data(), payload.size(), absl::InfiniteFuture());
+      if (status.ok()) status = on_call_(h->transfer, std::move(payload));
+      continue;
+    }
+    if (h->kind == FrameKind::kAnswer && kind_ == FrameKind::kPull && h->bytes <= kMaxAnswerBytes) {
+      status = ReadAnswer(*h);
+      continue;
+    }
     if (h->kind != kind_ || h->bytes > max_bytes_) {
       status = absl::InvalidArgumentError(
           absl::StrCat("a frame of kind ", static_cast<int>(h->kind), " and ", h->bytes,
@@ -25,7 +35,8 @@ absl::Status FrameInbox::ReadLoop() {
     {
       absl::MutexLock lock(&mu_);
       auto it = expected_.find(h->transfer);
-      if (it != expected_.end() && it->second.state == State::kWaiting) {
+      if (it != expected_.end() && it->second.state == State::kWaiting &&
+          it->second.answer == nullptr) {
         taken = &it->second;  // stays put: its call waits until it is done
         taken->state = State::kFilling;
       }
@@ -50,6 +61,49 @@ absl::Status FrameInbox::ReadLoop() {
   }
   End();
   return status;
+}
+
+absl::Status FrameInbox::ReadAnswer(const FrameHeader& h) {
+  std::string answer(h.bytes, '\0');
+  if (absl::Status s = socket_->Receive(answer.data(), answer.size(), absl::InfiniteFuture());
+      !s.ok()) {
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = expected_.find(h.transfer);
+  if (it == expected_.end() || it->second.state != State::kWaiting ||
+      it->second.answer == nullptr) {
+    return absl::OkStatus();  // its call gave up
+  }
+  *it->second.answer = std::move(answer);
+  it->second.state = State::kDone;
+  return absl::OkStatus();
+}
+
+absl::Status FrameInbox::ReadCallValues(uint64_t transfer, absl::Span<float> dst, WireType type,
+                                        ValuesSeen seen) {
+  absl::StatusOr<FrameHeader> h = ReceiveHeader(*socket_, absl::InfiniteFuture());
+  absl::Status status = h.status();
+  if (status.ok() && (h->kind != kind_ || h->transfer != transfer || h->bytes > max_bytes_)) {
+    status =
+        absl::DataLossError(absl::StrCat("a frame of kind ", static_cast<int>(h->kind),
+                                         " where the tensor of push call ", transfer, " was due"));
+  }
+  if (status.ok()) {
+    status = ReceiveValues(*socket_, h->bytes, dst, type, absl::InfiniteFuture(), seen);
+  }
+  if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) End();
+  return status;
+}
+
+absl::Status FrameInbox::ExpectAnswer(uint64_t transfer, std::string* answer) {
+  absl::MutexLock lock(&mu_);
+  if (ended_) return absl::FailedPreconditionError("the data plane connection ended");
+  Expected e{{}, WireType::kFloat32, IgnoreValues, State::kWaiting, 0, absl::OkStatus(), answer};
+  if (!expected_.emplace(transfer, std::move(e)).second) {
+    return absl::InvalidArgumentError("a transfer id already in use on this connection");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status FrameInbox::Expect(uint64_t transfer, absl::Span<float> dst, WireType type,

@@ -5,14 +5,20 @@
 // look at each run of its values as soon as it is in place (a shard scans a gradient while the
 // rest is on its way): on the waiting thread while the reading one reads on, or, for a tensor
 // striped over several connections (lanes), on each lane's reading thread, the parts at once.
+// On a shard's lane, a PushCall frame goes to the lane's call handler (TakeCalls), which runs on
+// the reading thread and reads the call's tensor from there (ReadCallValues); on a client's, an
+// Answer frame goes to the call that expects it (ExpectAnswer).
 //
-// Thread-safe: ReadLoop runs on one thread; the rest on any.
+// Thread-safe: ReadLoop runs on one thread; the rest on any, but for TakeCalls (before ReadLoop)
+// and ReadCallValues (from the call handler).
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -31,6 +37,22 @@ class FrameInbox {
 
   // Reads frames until the connection ends, then ends it (End) and returns why.
   absl::Status ReadLoop();
+
+  // PushCall frames (of at most kMaxCallBytes) go to `on_call` with their transfer and payload,
+  // one at a time on ReadLoop's thread; a status it returns that is not OK ends the connection.
+  // Without it they end it. Call before ReadLoop.
+  using OnCall = absl::AnyInvocable<absl::Status(uint64_t transfer, std::string payload)>;
+  void TakeCalls(OnCall on_call) { on_call_ = std::move(on_call); }
+  // From the call handler: reads the next frame, which must be the tensor of call `transfer`,
+  // into `dst` as `type` values, telling `seen` of each run of them on this thread.
+  // INVALID_ARGUMENT for a tensor of another size (the connection goes on); any other failure
+  // (another frame, a cut) ends the connection.
+  absl::Status ReadCallValues(uint64_t transfer, absl::Span<float> dst, WireType type,
+                              ValuesSeen seen);
+  // The Answer frame to call `transfer` goes into `answer` (which must stay valid until Await
+  // returned); Await waits for it. FAILED_PRECONDITION once the connection ended, INVALID_ARGUMENT
+  // for a transfer already expected.
+  absl::Status ExpectAnswer(uint64_t transfer, std::string* answer);
 
   // Transfer `transfer`'s values go into `dst` as `type` values, `on_read` told of each run of
   // them on ReadLoop's thread as it is in place (it must stay valid until Await returned).
@@ -59,11 +81,16 @@ class FrameInbox {
     State state = State::kWaiting;
     size_t in = 0;  // values of dst in place (decoded), from its start
     absl::Status status;
+    std::string* answer = nullptr;  // an Answer's place, if this expects one
   };
+
+  // Reads an Answer frame's payload (header `h`) into the place its call expects, or drops it.
+  absl::Status ReadAnswer(const FrameHeader& h);
 
   Socket* const socket_;
   const FrameKind kind_;
   const uint64_t max_bytes_;
+  OnCall on_call_;
   mutable absl::Mutex mu_;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   std::map<uint64_t, Expected> expected_ ABSL_GUARDED_BY(mu_);

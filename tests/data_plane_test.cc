@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -368,6 +369,142 @@ TEST(DataPlaneTest, AClientForgettingATransferThatNeverCameKeepsItsConnection) {
   EXPECT_EQ(pulled, values);
   EXPECT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(plane->connections(), 1);
+}
+
+// A push made on the connection itself goes to the handler with its header and deadline, its
+// tensor read by the handler into its own buffer (or dropped when it reads none), and is answered
+// on the connection, between the frames of a large pull sent meanwhile; with no handler it is
+// answered "data plane lost".
+TEST(DataPlaneTest, APushCallGoesToTheHandlerAndIsAnsweredOnTheConnection) {
+  std::unique_ptr<DataPlane> plane = StartPlane();
+  ASSERT_NE(plane, nullptr);
+  std::vector<float> got;
+  std::vector<DataPlane::PushCall> calls;  // without read_values (a reference to a lambda)
+  plane->TakePushes([&](const DataPlane::PushCall& call) {
+    calls.push_back({call.connection, call.transfer, call.owner, call.deadline, call.header,
+                     [](absl::Span<float>, WireType, ValuesSeen) { return absl::OkStatus(); }});
+    DataPlane::PushAnswer answer;
+    if (call.header == "refuse") {
+      answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no, thanks", "detail");
+      return answer;
+    }
+    got.assign(call.header == "short" ? 10 : 1000, 0.0f);
+    const WireType type = call.header == "bf16" ? WireType::kBFloat16 : WireType::kFloat32;
+    size_t seen = 0;
+    absl::Status read = call.read_values(absl::MakeSpan(got), type,
+                                         [&](absl::Span<const float> run) { seen += run.size(); });
+    answer.status = ToGrpcStatus(read);
+    answer.response = absl::StrCat("seen ", seen);
+    return answer;
+  });
+  absl::StatusOr<DataPlane::Ticket> ticket = plane->Issue(3);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  absl::StatusOr<std::unique_ptr<DataConnection>> client = DataConnection::Open(
+      {"127.0.0.1", plane->port(), ticket->connection, ticket->secret, ticket->lanes, true},
+      64 << 20, Soon(), absl::Seconds(5));
+  ASSERT_TRUE(client.ok()) << client.status();
+  DataConnection& c = **client;
+  std::vector<float> values(1000);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * i;
+
+  absl::StatusOr<DataConnection::Answered> answered =
+      c.PushCall(5, "read", values, WireType::kFloat32, Soon());
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_TRUE(answered->status.ok()) << answered->status.error_message();
+  EXPECT_EQ(answered->response, "seen 1000");
+  EXPECT_EQ(got, values);
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].connection, ticket->connection);
+  EXPECT_EQ(calls[0].transfer, 5u);
+  EXPECT_EQ(calls[0].owner, 3);
+  EXPECT_GT(calls[0].deadline, absl::Now() + absl::Seconds(5));
+  EXPECT_LT(calls[0].deadline, Soon() + absl::Seconds(1));
+
+  // Refused without reading its tensor: answered with the status as made (details too), and the
+  // tensor dropped; a tensor of another size fails its call only; a bf16 one is decoded.
+  answered = c.PushCall(6, "refuse", values, WireType::kFloat32, Soon());
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_EQ(answered->status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(answered->status.error_message(), "no, thanks");
+  EXPECT_EQ(answered->status.error_details(), "detail");
+  EXPECT_EQ(answered->response, "");
+  answered = c.PushCall(7, "short", values, WireType::kFloat32, Soon());
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_EQ(answered->status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  answered = c.PushCall(8, "bf16", values, WireType::kBFloat16, Soon());
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_TRUE(answered->status.ok());
+  EXPECT_EQ(got[3], 1.5f);
+
+  // While a 32 MiB pull goes out on the same lane, a push call is answered between its frames.
+  const auto big = std::make_shared<std::vector<float>>(8 << 20);
+  for (size_t i = 0; i < big->size(); ++i) (*big)[i] = static_cast<float>(i % 1000);
+  std::vector<float> pulled(big->size(), -1.0f);
+  ASSERT_TRUE(c.Expect(9, absl::MakeSpan(pulled), WireType::kFloat32).ok());
+  absl::Notification sent;
+  ASSERT_TRUE(plane
+                  ->Send(ticket->connection, 3, 9, big, *big, WireType::kFloat32,
+                         [&](absl::StatusOr<int64_t>) { sent.Notify(); })
+                  .ok());
+  answered = c.PushCall(10, "read", values, WireType::kFloat32, Soon());
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_TRUE(answered->status.ok());
+  ASSERT_TRUE(c.Await(9, pulled, WireType::kFloat32, Soon()).ok());
+  EXPECT_EQ(pulled, *big);
+  EXPECT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(10)));
+
+  // No handler (its shard service is going away): the client is told to use gRPC.
+  plane->TakePushes(nullptr);
+  answered = c.PushCall(11, "read", values, WireType::kFloat32, Soon());
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_TRUE(IsDataPlaneLost(answered->status)) << answered->status.error_message();
+  EXPECT_EQ(calls.size(), 5u);
+  EXPECT_FALSE(c.ended());
+  EXPECT_EQ(plane->connections(), 1);
+}
+
+// What ends a connection that makes push calls: a call frame that is not one, a tensor frame
+// of another transfer after a call, a cut mid-tensor (the handler's read fails; no answer).
+TEST(DataPlaneTest, AMalformedOrCutPushCallEndsItsConnection) {
+  std::unique_ptr<DataPlane> plane = StartPlane();
+  ASSERT_NE(plane, nullptr);
+  std::atomic<int> read_failures{0};
+  plane->TakePushes([&](const DataPlane::PushCall& call) {
+    std::vector<float> dst(1000);
+    absl::Status read = call.read_values(absl::MakeSpan(dst), WireType::kFloat32, IgnoreValues);
+    read_failures += !read.ok();
+    return DataPlane::PushAnswer{ToGrpcStatus(read), ""};
+  });
+  const std::vector<float> values(1000, 1.0f);
+  char byte;
+  {
+    uint64_t id = 0;
+    Socket s = Open(*plane, 0, &id);
+    ASSERT_TRUE(SendFrame(s, {FrameKind::kPushCall, 1}, "short", Soon()).ok());
+    EXPECT_EQ(s.Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+  }
+  {
+    uint64_t id = 0;
+    Socket s = Open(*plane, 0, &id);
+    ASSERT_TRUE(
+        SendFrame(s, {FrameKind::kPushCall, 1}, EncodeCall({absl::Seconds(5), "h"}), Soon()).ok());
+    ASSERT_TRUE(SendValues(s, FrameKind::kPush, 2, values, WireType::kFloat32, Soon()).ok());
+    EXPECT_EQ(s.Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+  }
+  {
+    uint64_t id = 0;
+    Socket s = Open(*plane, 0, &id);
+    ASSERT_TRUE(
+        SendFrame(s, {FrameKind::kPushCall, 1}, EncodeCall({absl::Seconds(5), "h"}), Soon()).ok());
+    SendHeader(s, FrameKind::kPush, 1, values.size() * sizeof(float));
+    ASSERT_TRUE(s.Send(values.data(), values.size() * sizeof(float) / 2, Soon()).ok());
+    s.Shutdown();
+  }
+  EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
+  for (absl::Time end = Soon(); read_failures.load() < 2 && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_EQ(read_failures.load(), 2);  // the wrong frame's and the cut one's
 }
 
 // The first lane of a fresh ticket of worker 0's, welcomed, its other lanes not yet there.
@@ -729,6 +866,126 @@ TEST_F(DataPlaneShardTest, APushCutMidTensorAppliesNothingAndTheClientFallsBackT
   EXPECT_EQ(stats.version(), 1);
   EXPECT_EQ(stats.data_plane_pushes(), 0);  // it went over gRPC
   EXPECT_EQ(stats.data_plane_pulls(), 1);   // and so did the pull after it
+}
+
+// A push made on the connection itself (a tensor in one part) is the connection owner's, names
+// the connection and the call's transfer, and is applied whole or not at all: another worker's,
+// one naming something else, one of an earlier shard process and one cut mid-tensor change
+// nothing; the owner's is applied once.
+TEST_F(DataPlaneShardTest, APushMadeOnTheConnectionIsItsOwnersAndAppliedWholeOrNotAtAll) {
+  v1::AttachDataPlaneResponse ticket;
+  ASSERT_TRUE(Attach(0, token_, &ticket).ok());
+  ASSERT_TRUE(ticket.push_calls());
+  absl::StatusOr<std::unique_ptr<DataConnection>> opened = DataConnection::Open(
+      {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), ticket.lanes(), true},
+      kParams * 4, Soon(), absl::Seconds(5));
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  DataConnection& c = **opened;
+  const std::vector<float> gradient(kParams, 1.0f);
+  auto push = [&](uint64_t transfer, auto change) {
+    v1::PushHeader h;
+    h.set_worker_id(0);
+    h.set_incarnation(worker0_->incarnation(0));
+    h.set_sequence(100);
+    h.set_offset(0);
+    h.set_length(kParams);
+    h.set_dtype(v1::FLOAT32);
+    h.set_data_connection(c.id());
+    h.set_data_transfer(transfer);
+    change(h);
+    absl::StatusOr<DataConnection::Answered> answered =
+        c.PushCall(transfer, h.SerializeAsString(), gradient, WireType::kFloat32, Soon());
+    EXPECT_TRUE(answered.ok()) << answered.status();
+    return answered.ok() ? answered->status : grpc::Status(grpc::StatusCode::UNKNOWN, "none");
+  };
+  EXPECT_EQ(push(1, [](v1::PushHeader& h) { h.set_worker_id(1); }).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(push(2, [](v1::PushHeader& h) { h.set_data_transfer(7); }).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(push(3, [](v1::PushHeader& h) { h.set_dtype(v1::TOPK); }).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(IsShardRestarted(push(4, [](v1::PushHeader& h) { h.set_shard_incarnation(12345); })));
+  v1::StatsResponse stats = ShardStats();
+  EXPECT_EQ(stats.version(), 0);
+  EXPECT_EQ(stats.pushes_applied(), 0);
+  EXPECT_EQ(stats.data_plane_pushes(), 0);
+
+  // Cut mid-tensor on a raw connection of worker 1's: nothing applied.
+  v1::AttachDataPlaneResponse raw_ticket;
+  ASSERT_TRUE(Attach(1, token_, &raw_ticket).ok());
+  absl::StatusOr<Socket> raw =
+      Socket::Connect("127.0.0.1", raw_ticket.port(), Soon(), absl::Seconds(5));
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  absl::StatusOr<FrameHeader> welcome = Hello(*raw, raw_ticket.connection(), raw_ticket.secret());
+  ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
+  std::unique_ptr<ShardedClient> worker1 = Client(1, /*data_plane=*/false);
+  ASSERT_TRUE(worker1->Register().ok());
+  v1::PushHeader h;
+  h.set_worker_id(1);
+  h.set_incarnation(worker1->incarnation(0));
+  h.set_sequence(1);
+  h.set_length(kParams);
+  h.set_dtype(v1::FLOAT32);
+  h.set_data_connection(raw_ticket.connection());
+  h.set_data_transfer(1);
+  ASSERT_TRUE(SendFrame(*raw, {FrameKind::kPushCall, 1},
+                        EncodeCall({absl::Seconds(10), h.SerializeAsString()}), Soon())
+                  .ok());
+  SendHeader(*raw, FrameKind::kPush, 1, kParams * sizeof(float));
+  ASSERT_TRUE(raw->Send(gradient.data(), kParams / 2 * sizeof(float), Soon()).ok());
+  raw->Shutdown();
+  char byte;
+  EXPECT_EQ(raw->Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+  stats = ShardStats();
+  EXPECT_EQ(stats.version(), 0);
+  EXPECT_EQ(stats.pushes_applied(), 0);
+
+  // The owner's push: applied once, the same push again a duplicate.
+  ASSERT_TRUE(push(5, [](v1::PushHeader&) {}).ok());
+  grpc::Status again = push(6, [](v1::PushHeader&) {});
+  ASSERT_TRUE(again.ok()) << again.error_message();
+  std::vector<float> weights(kParams);
+  ASSERT_TRUE(worker1->Pull(absl::MakeSpan(weights)).ok());
+  EXPECT_EQ(weights[3], initial_[3] - 0.5f);
+  stats = ShardStats();
+  EXPECT_EQ(stats.version(), 1);
+  EXPECT_EQ(stats.pushes_applied(), 1);
+  EXPECT_EQ(stats.pushes_duplicate(), 1);
+  EXPECT_EQ(stats.pushes_rejected(), 4);  // another worker's, the two malformed, the cut one
+  EXPECT_EQ(stats.data_plane_pushes(), 2);
+}
+
+// A replicated shard answers a push made on its data plane once its backup has it.
+TEST_F(DataPlaneShardTest, APushOnTheDataPlaneOfAReplicatedShardReachesItsBackup) {
+  LocalCluster replicated(ExecutableDir(), dir_ + "/replicated");
+  ASSERT_TRUE(replicated
+                  .StartShards(1, kModel.fingerprint, 1, {"--optimizer=sgd", "--lr=0.5"},
+                               /*replicas=*/2)
+                  .ok());
+  ClientOptions options;
+  options.shared_memory = false;
+  options.retry_for = absl::Seconds(30);
+  ShardedClient client({replicated.ShardAddress(0)}, kModel, 0, options);
+  ASSERT_TRUE(client.Register().ok());
+  ASSERT_TRUE(client.Initialize(initial_).ok());
+  for (int step = 0; step < 3; ++step) {
+    absl::StatusOr<ShardedClient::PushSummary> pushed =
+        client.Push(std::vector<float>(kParams, 0.5f));
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+  }
+  int64_t plane_pushes = 0, highest = 0;
+  for (int process = 0; process < 2; ++process) {
+    absl::StatusOr<v1::StatsResponse> stats = replicated.ProcessStats(process, absl::Seconds(10));
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    plane_pushes += stats->data_plane_pushes();
+    highest = std::max(highest, stats->version());
+  }
+  EXPECT_EQ(plane_pushes, 3);  // all on the primary's plane
+  EXPECT_EQ(highest, 3);
+  for (int process = 0; process < 2; ++process) {
+    EXPECT_TRUE(WaitForVersion(replicated.ProcessAddress(process), 3, absl::Seconds(10)))
+        << process;
+  }
 }
 
 // A shard whose clients open three lanes: its 13 MB tensors go in three parts, with the same

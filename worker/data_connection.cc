@@ -54,11 +54,12 @@ absl::StatusOr<std::unique_ptr<DataConnection>> DataConnection::Open(const Ticke
     if (absl::Status s = Welcomed(socket, where, deadline); !s.ok()) return s;
   }
   return std::unique_ptr<DataConnection>(
-      new DataConnection(std::move(sockets), ticket.connection, max_bytes));
+      new DataConnection(std::move(sockets), ticket.connection, max_bytes, ticket.push_calls));
 }
 
-DataConnection::DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes)
-    : id_(id) {
+DataConnection::DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes,
+                               bool push_calls)
+    : id_(id), push_calls_(push_calls) {
   for (Socket& socket : sockets) {
     lanes_.push_back(std::make_unique<Lane>(std::move(socket), max_bytes));
     inboxes_.push_back(&lanes_.back()->inbox);
@@ -114,6 +115,43 @@ absl::StatusOr<int64_t> DataConnection::Push(uint64_t transfer, absl::Span<const
     saturated += *s;
   }
   return saturated;
+}
+
+}  // namespace ps
+
+namespace ps {
+
+absl::StatusOr<DataConnection::Answered> DataConnection::PushCall(uint64_t transfer,
+                                                                  const std::string& header,
+                                                                  absl::Span<const float> values,
+                                                                  WireType type,
+                                                                  absl::Time deadline) {
+  Lane& first = *lanes_.front();
+  std::string answer;
+  if (absl::Status s = first.inbox.ExpectAnswer(transfer, &answer); !s.ok()) return s;
+  absl::StatusOr<int64_t> saturated;
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    absl::Status s = SendFrame(first.socket, {FrameKind::kPushCall, transfer},
+                               EncodeCall({deadline - absl::Now(), header}), deadline);
+    saturated =
+        s.ok() ? SendValues(first.socket, FrameKind::kPush, transfer, values, type, deadline) : s;
+  }
+  if (!saturated.ok()) {
+    End();
+    first.inbox.Await(transfer, absl::InfinitePast()).IgnoreError();  // forgets it
+    return saturated.status();
+  }
+  if (absl::Status s = first.inbox.Await(transfer, deadline); !s.ok()) return s;
+  Answered answered;
+  absl::StatusOr<grpc::Status> status = DecodeAnswer(answer, &answered.response);
+  if (!status.ok()) {
+    End();
+    return status.status();
+  }
+  answered.status = *std::move(status);
+  answered.saturated = *saturated;
+  return answered;
 }
 
 }  // namespace ps

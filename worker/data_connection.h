@@ -2,12 +2,15 @@
 // common/data_frames.h): pushed tensors go out on it as frames straight from the caller's
 // buffer, and pulled ones come in straight into it, while the calls that name them go over gRPC.
 // It is one TCP connection or more (lanes, as the shard's ticket says): a tensor of several MiB
-// goes as one part per lane, sent and read on each lane by a thread of its own.
+// goes as one part per lane, sent and read on each lane by a thread of its own. A push of a
+// tensor in one part is made on the connection itself (PushCall), its answer included.
 //
 // Thread-safe. Pushes are sent one at a time (a second waits for the first); pulls are read by a
 // thread per lane, each into the place its call expects. Once anything fails on the connection
 // it ends for good (ended()), and its owner opens another or uses gRPC.
 #pragma once
+
+#include <grpcpp/support/status.h>
 
 #include <atomic>
 #include <cstdint>
@@ -36,6 +39,7 @@ class DataConnection {
     uint64_t connection = 0;
     std::string secret;
     int lanes = 1;
+    bool push_calls = false;  // whether the shard takes PushCall frames
   };
   // Connects the ticket's lanes and presents it on each, before `deadline`; a peer that moves no
   // byte for `stall` fails the connection later. UNAVAILABLE naming the address and why (the
@@ -50,6 +54,7 @@ class DataConnection {
   // The id calls name it by.
   uint64_t id() const { return id_; }
   int lanes() const { return static_cast<int>(lanes_.size()); }
+  bool push_calls() const { return push_calls_; }
   // A transfer id not used before on this connection.
   uint64_t NextTransfer() { return next_transfer_.fetch_add(1); }
 
@@ -57,6 +62,20 @@ class DataConnection {
   // how many were saturated to the type's range. A failure ends the connection.
   absl::StatusOr<int64_t> Push(uint64_t transfer, absl::Span<const float> values, WireType type,
                                absl::Time deadline);
+  // Makes a push on the connection itself (FrameKind::kPushCall): `header` (a serialized
+  // v1::PushHeader naming this connection and `transfer`), then `values` as `type`, on the first
+  // lane, and waits for the shard's answer until `deadline`. The call's status as the shard
+  // answered it, its serialized PushResponse when OK, and how many values were saturated to the
+  // type's range. A failure to send (the connection is then ended), an answer that does not come
+  // by `deadline` or does not parse is this function's error instead.
+  struct Answered {
+    grpc::Status status;
+    std::string response;
+    int64_t saturated = 0;
+  };
+  absl::StatusOr<Answered> PushCall(uint64_t transfer, const std::string& header,
+                                    absl::Span<const float> values, WireType type,
+                                    absl::Time deadline);
   // The values of pulled transfer `transfer` go into `dst` as `type` values (ExpectStriped);
   // Await waits for them (the same `dst` and `type`) and forgets the transfer (AwaitStriped).
   absl::Status Expect(uint64_t transfer, absl::Span<float> dst, WireType type) {
@@ -78,11 +97,12 @@ class DataConnection {
     FrameInbox inbox;
     std::thread reader;
   };
-  DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes);
+  DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes, bool push_calls);
   // Ends every lane.
   void End();
 
   const uint64_t id_;
+  const bool push_calls_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::vector<FrameInbox*> inboxes_;
   std::mutex send_mu_;  // one push on the wire at a time

@@ -857,11 +857,11 @@ absl::StatusOr<std::shared_ptr<DataConnection>> ShardedClient::Impl::ConnectTo(
   if (!why.ok()) return why;
   std::string host, port;
   SplitHostPort(Address(shard), &host, &port);
-  absl::StatusOr<std::unique_ptr<DataConnection>> connection = DataConnection::Open(
-      {host, response.port(), response.connection(), response.secret(),
-       std::max(response.lanes(), 1)},
-      static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
-      absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
+  absl::StatusOr<std::unique_ptr<DataConnection>> connection =
+      DataConnection::Open({host, response.port(), response.connection(), response.secret(),
+                            std::max(response.lanes(), 1), response.push_calls()},
+                           static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
+                           absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
   if (!connection.ok()) return connection.status();
   return std::shared_ptr<DataConnection>(*std::move(connection));
 }
@@ -1264,6 +1264,25 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
     transfer = data->NextTransfer();
     header.set_data_connection(data->id());
     header.set_data_transfer(transfer);
+  }
+  if (data != nullptr && data->push_calls() &&
+      StripeCount(part.size(), options_.push_type, data->lanes()) == 1) {
+    // A tensor in one part: the push is a call on the connection itself, with no gRPC call's
+    // round trips (as long as its bytes' time at a few MiB).
+    absl::StatusOr<DataConnection::Answered> made =
+        data->PushCall(transfer, header.SerializeAsString(), part, options_.push_type,
+                       absl::FromChrono(context->deadline()));
+    if (!made.ok()) {
+      DropData(shard, data, made.status().message());
+      return DataPlaneLostStatus(std::string(made.status().message()));
+    }
+    if (made->status.ok() && !response->ParseFromString(made->response)) {
+      return grpc::Status(grpc::StatusCode::INTERNAL,
+                          "the shard's answer to a push on the data plane does not parse");
+    }
+    if (made->status.ok()) *saturated = made->saturated;
+    if (IsDataPlaneLost(made->status)) DropData(shard, data, made->status.error_message());
+    return made->status;
   }
   const Replica& replica = CurrentReplicaOf(shard);
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/cpus.h"
 #include "common/data_frames.h"
 #include "common/frame_inbox.h"
+#include "common/grpc_status.h"
 #include "common/log.h"
 
 namespace ps {
@@ -46,6 +48,8 @@ class DataPlane::Lane {
   FrameInbox inbox;
   std::thread reader, sender;      // sender: started by the reader once its connection is open
   std::atomic<bool> ended{false};  // the reader is done: the threads may be joined
+  // Held while a frame is sent: by the sender for a Pull's, by the reader for a PushCall's answer.
+  absl::Mutex send_mu;
 
   absl::Mutex mu;
   bool closed ABSL_GUARDED_BY(mu) = false;
@@ -286,6 +290,11 @@ void DataPlane::Serve(std::shared_ptr<Lane> lane) {
       PS_LOG(INFO) << "data plane: connection of " << Who(c.owner) << " open (" << c.lanes.size()
                    << (c.lanes.size() == 1 ? " lane)" : " lanes)");
     }
+    if (c.lanes.front() == lane) {
+      lane->inbox.TakeCalls([this, l = lane.get(), &c](uint64_t transfer, std::string payload) {
+        return OnPushCall(*l, c, transfer, std::move(payload));
+      });
+    }
     lane->sender = std::thread([this, lane] { SendLoop(*lane); });
     status = lane->inbox.ReadLoop();
   }
@@ -305,7 +314,7 @@ void DataPlane::Serve(std::shared_ptr<Lane> lane) {
 void DataPlane::SendLoop(Lane& lane) {
   for (;;) {
     std::deque<Lane::Outgoing> failed;
-    Lane::Outgoing out;
+    std::optional<Lane::Outgoing> out;
     {
       absl::MutexLock lock(&lane.mu);
       auto ready = [&lane]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane.mu) {
@@ -315,23 +324,65 @@ void DataPlane::SendLoop(Lane& lane) {
       if (lane.closed) {
         failed.swap(lane.outgoing);
       } else {
-        out = std::move(lane.outgoing.front());
+        out.emplace(std::move(lane.outgoing.front()));
         lane.outgoing.pop_front();
       }
     }
-    if (!failed.empty() || out.sent == nullptr) {
+    if (!out.has_value()) {
       for (auto& f : failed) f.sent(absl::UnavailableError("the data plane connection ended"));
       return;
     }
-    absl::StatusOr<int64_t> sent =
-        SendValues(lane.socket, FrameKind::kPull, out.transfer, out.values, out.type,
-                   absl::InfiniteFuture(), out.filling, out.filled_from);
+    absl::StatusOr<int64_t> sent;
+    {
+      absl::MutexLock lock(&lane.send_mu);
+      sent = SendValues(lane.socket, FrameKind::kPull, out->transfer, out->values, out->type,
+                        absl::InfiniteFuture(), out->filling, out->filled_from);
+    }
     if (!sent.ok()) {
       lane.Close();
       sent = absl::UnavailableError(
           absl::StrCat("the data plane connection ended: ", sent.status().message()));
     }
-    out.sent(std::move(sent));
+    out->sent(std::move(sent));
+  }
+}
+
+absl::Status DataPlane::OnPushCall(Lane& lane, const Connection& c, uint64_t transfer,
+                                   std::string payload) {
+  absl::StatusOr<PushCallFrame> call = DecodeCall(payload);
+  if (!call.ok()) return call.status();  // a client of another version?
+  std::shared_ptr<const PushHandler> handler;
+  {
+    absl::MutexLock lock(&mu_);
+    handler = push_handler_;
+    if (handler != nullptr) ++pushes_running_;
+  }
+  PushAnswer answer;
+  if (handler == nullptr) {
+    answer.status = DataPlaneLostStatus("this shard takes no pushes on its data plane now");
+  } else {
+    answer = (*handler)(PushCall{c.id, transfer, c.owner, absl::Now() + call->timeout,
+                                 std::move(call->header),
+                                 [&](absl::Span<float> dst, WireType type, ValuesSeen seen) {
+                                   return lane.inbox.ReadCallValues(transfer, dst, type, seen);
+                                 }});
+    absl::MutexLock lock(&mu_);
+    --pushes_running_;
+  }
+  if (lane.inbox.ended()) return absl::UnavailableError("the connection ended during a push");
+  // Sent from here, between the sender's frames: the caller waits for nothing else.
+  absl::MutexLock lock(&lane.send_mu);
+  return SendFrame(lane.socket, {FrameKind::kAnswer, transfer},
+                   EncodeAnswer(answer.status, answer.response), absl::InfiniteFuture());
+}
+
+void DataPlane::TakePushes(PushHandler handler) {
+  absl::MutexLock lock(&mu_);
+  push_handler_ =
+      handler != nullptr ? std::make_shared<const PushHandler>(std::move(handler)) : nullptr;
+  if (push_handler_ == nullptr) {
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pushes_running_ == 0; };
+    mu_.Await(absl::Condition(&idle));
   }
 }
 

@@ -12,7 +12,9 @@
 // transfer on a connection takes its tensor from there (Receive): once the call has its buffer it
 // tells the client to send (gRPC initial metadata), and the frame is read straight into that
 // buffer; a frame no call waits for is read and dropped. A Pull call that names one has its values
-// sent there (Send) and is answered once they are written.
+// sent there (Send) and is answered once they are written. A tensor small enough to go in one
+// part is pushed by a call on the connection itself (FrameKind::kPushCall), which goes to the
+// shard's handler (TakePushes) and is answered on the connection: no gRPC call at all.
 //
 // Every wait has an end: a hello within `hello`, a frame's bytes moving at least every `stall`.
 // Anything unexpected on a connection (a bad frame, a stalled peer, a call that gave up
@@ -22,7 +24,10 @@
 // Thread-safe.
 #pragma once
 
+#include <grpcpp/support/status.h>
+
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -103,6 +108,29 @@ class DataPlane {
                     std::shared_ptr<const void> keep, absl::Span<const float> values, WireType type,
                     Sent sent, const FillProgress* filling = nullptr);
 
+  // A Push made on a connection itself (FrameKind::kPushCall): the connection, the call's
+  // transfer, the connection's owner, when it must be answered by, its header (a serialized
+  // v1::PushHeader, not looked at here) and its tensor, still on the lane: `read_values` reads it
+  // into the call's buffer (FrameInbox::ReadCallValues; at most once: one not read is dropped).
+  struct PushCall {
+    uint64_t connection = 0, transfer = 0;
+    int owner = 0;
+    absl::Time deadline;
+    std::string header;
+    absl::FunctionRef<absl::Status(absl::Span<float>, WireType, ValuesSeen)> read_values;
+  };
+  // How a PushCall ended: its status and, when OK, its serialized PushResponse.
+  struct PushAnswer {
+    grpc::Status status;
+    std::string response;
+  };
+  using PushHandler = std::function<PushAnswer(const PushCall&)>;
+  // From now on a push made on a connection goes to `handler`, on the connection's first lane's
+  // reading thread (one at a time a connection), and is answered on that lane. With nullptr they
+  // are answered "data plane lost" (the client sends them over gRPC), once the handlers running
+  // returned: for an owner going away.
+  void TakePushes(PushHandler handler);
+
   // Ends worker `owner`'s connection (it left).
   void Release(int owner);
   // Connections open now.
@@ -128,8 +156,11 @@ class DataPlane {
   void CloseLanes(Connection& connection, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CloseLanes, and forgets the connection.
   void Close(Connection& connection, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
-  // A lane's sending thread: Pull answers in the order they were queued, until it ends.
+  // A lane's sending thread: Pull tensors in the order they were queued, until it ends.
   void SendLoop(Lane& lane);
+  // A PushCall frame's payload that came on `lane` (the first) of connection `c`: the handler's,
+  // and its answer sent. A status that is not OK ends the connection.
+  absl::Status OnPushCall(Lane& lane, const Connection& c, uint64_t transfer, std::string payload);
   // Open connection `connection`, if it is `owner`'s (FAILED_PRECONDITION otherwise).
   absl::StatusOr<std::shared_ptr<Connection>> Find(uint64_t connection, int owner);
   // Joins the threads of lanes that ended (all of them with `all`).
@@ -149,6 +180,8 @@ class DataPlane {
   std::vector<std::shared_ptr<Lane>> all_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<Connection>> open_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<const PushHandler> push_handler_ ABSL_GUARDED_BY(mu_);
+  int pushes_running_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread accepting_;
 };
 

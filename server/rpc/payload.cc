@@ -79,6 +79,14 @@ absl::Status DataPlanePayload::ReadInto(absl::Span<float> dst, const PayloadForm
   return s;
 }
 
+absl::Status PlaneCallPayload::ReadInto(absl::Span<float> dst, const PayloadFormat& format,
+                                        ValuesSeen seen) {
+  if (format.compressor != Compressor::kNone) {
+    return absl::InvalidArgumentError("a compressed push travels over gRPC, not the data plane");
+  }
+  return read_values_(dst, format.type, seen);
+}
+
 absl::StatusOr<int64_t> WriteSharedPull(SharedSegments& segments, int64_t segment, int worker_id,
                                         uint64_t ticket, absl::Span<const float> values,
                                         WireType type) {

@@ -2,7 +2,8 @@
 // a PayloadSource: the rest of its gRPC client stream (StreamPayload: chunks of raw bytes, decoded
 // straight from gRPC's slices), the push region of the client's shared-memory segment
 // (SharedPayload, common/shared_memory.h) or the client's data-plane connection
-// (DataPlanePayload, server/rpc/data_plane.h). A Pull's values go out as gRPC chunks (the
+// (DataPlanePayload, server/rpc/data_plane.h), or the data-plane call the push itself is
+// (PlaneCallPayload). A Pull's values go out as gRPC chunks (the
 // service's PullWriter), into the segment's pull region (WriteSharedPull) or on the data plane
 // (DataPlane::Send).
 //
@@ -173,6 +174,23 @@ class DataPlanePayload final : public PayloadSource {
   const uint64_t connection_, transfer_;
   const int worker_id_;
   const absl::Time deadline_;
+};
+
+// The tensor of a push made on the data plane itself (DataPlane::PushCall): the frame after the
+// call's, read on the lane's thread straight into the call's buffer, each run told of as it
+// comes in.
+class PlaneCallPayload final : public PayloadSource {
+ public:
+  using ReadValues = absl::FunctionRef<absl::Status(absl::Span<float>, WireType, ValuesSeen)>;
+  // `read_values` must outlive this.
+  explicit PlaneCallPayload(ReadValues read_values) : read_values_(read_values) {}
+  // FrameInbox::ReadCallValues's errors; INVALID_ARGUMENT for a compressed payload (those travel
+  // over gRPC).
+  absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format,
+                        ValuesSeen seen) override;
+
+ private:
+  const ReadValues read_values_;
 };
 
 // Writes `values` as `type` into the pull region of segment `segment` of `segments`, if it waits

@@ -393,6 +393,13 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
   // handler runs.
   ReadRawBytes("Initialize", &ShardService::Initialize);
   ReadRawBytes("Push", &ShardService::Push);
+  if (data_plane_ != nullptr) {
+    data_plane_->TakePushes([this](const DataPlane::PushCall& call) { return PushOnPlane(call); });
+  }
+}
+
+ShardService::~ShardService() {
+  if (data_plane_ != nullptr) data_plane_->TakePushes(nullptr);
 }
 
 template <typename Response>
@@ -445,14 +452,16 @@ grpc::Status ShardService::Admit(grpc::ServerContextBase* context, const CallNee
     if (!slot.ok()) return ToGrpcStatus(slot.status());
     admission->slot_.emplace(*std::move(slot));
   }
-  if (const std::optional<int64_t>& claimed = needs.shard_incarnation;
-      claimed && *claimed != 0 && *claimed != process_.incarnation) {
-    return ShardRestartedStatus(absl::StrCat(
-        "shard ", shard_->index(), " restarted since this client registered (now incarnation ",
-        process_.incarnation, ", registered with ", *claimed, "): register again"));
-  }
+  if (grpc::Status s = CheckShardIncarnation(needs.shard_incarnation); !s.ok()) return s;
   if (needs.watched) admission->guard_.emplace(watchdog_.Watch(context));
   return grpc::Status::OK;
+}
+
+grpc::Status ShardService::CheckShardIncarnation(std::optional<int64_t> claimed) const {
+  if (!claimed || *claimed == 0 || *claimed == process_.incarnation) return grpc::Status::OK;
+  return ShardRestartedStatus(absl::StrCat(
+      "shard ", shard_->index(), " restarted since this client registered (now incarnation ",
+      process_.incarnation, ", registered with ", *claimed, "): register again"));
 }
 
 template <typename Request, typename Response, typename Claims, typename Handler>
@@ -476,10 +485,13 @@ grpc::ServerUnaryReactor* ShardService::Unary(grpc::CallbackServerContext* conte
 }
 
 grpc::Status ShardService::WaitReplicated(const grpc::ServerContextBase& context) const {
+  return WaitReplicated(absl::FromChrono(context.deadline()));
+}
+
+grpc::Status ShardService::WaitReplicated(absl::Time deadline) const {
   if (replica_ == nullptr) return grpc::Status::OK;
-  absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
-                                 absl::FromChrono(context.deadline()) - absl::Milliseconds(250));
-  return ToGrpcStatus(replica_->WaitReplicated(deadline));
+  return ToGrpcStatus(replica_->WaitReplicated(
+      std::min(absl::Now() + absl::Minutes(1), deadline - absl::Milliseconds(250))));
 }
 
 grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* context,
@@ -576,6 +588,13 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
       !s.ok()) {
     return s;
   }
+  if (grpc::Status s = ApplyPush(h, std::move(source), start, response); !s.ok()) return s;
+  // A duplicate too: its first delivery may still be on its way to the backup.
+  return WaitReplicated(*context);
+}
+
+grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<PayloadSource> source,
+                                     absl::Time start, v1::PushResponse* response) {
   // begin -> read -> commit: the header is checked once, the payload goes into the slot's
   // buffer, and a slot not committed counts as a rejected push.
   absl::StatusOr<ParameterShard::PushSlot> slot = shard_->BeginPush(
@@ -599,8 +618,51 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
   response->set_staleness(outcome->staleness);
   response->set_duplicate(outcome->duplicate);
   response->set_dropped(outcome->dropped);
-  // A duplicate too: its first delivery may still be on its way to the backup.
-  return WaitReplicated(*context);
+  return grpc::Status::OK;
+}
+
+DataPlane::PushAnswer ShardService::PushOnPlane(const DataPlane::PushCall& call) {
+  const absl::Time start = absl::Now();
+  DataPlane::PushAnswer answer;
+  v1::PushHeader h;
+  if (!h.ParseFromString(call.header)) {
+    shard_->RecordRejectedPush();
+    answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "cannot parse Push header");
+    return answer;
+  }
+  // Its connection, opened with a ticket AttachDataPlane gave the owner's token, stands for the
+  // token: the push must be made as that worker, name this connection and transfer, and carry its
+  // tensor on it, uncompressed.
+  if (h.worker_id() != call.owner || call.owner < 0) {
+    shard_->RecordRejectedPush();
+    answer.status = grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        absl::StrCat("a push as worker ", h.worker_id(), " on a data-plane connection of ",
+                     call.owner < 0 ? "an observer" : absl::StrCat("worker ", call.owner)));
+    return answer;
+  }
+  if (h.data_connection() != call.connection || h.data_transfer() != call.transfer ||
+      h.shm_segment() != 0 || h.topk_pairs() != 0) {
+    shard_->RecordRejectedPush();
+    answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "a push made on the data plane must name its connection and "
+                                 "transfer, and carry its tensor there uncompressed");
+    return answer;
+  }
+  if (replica_ != nullptr) {
+    if (absl::Status s = replica_->CheckServing(/*may_take_over=*/true); !s.ok()) {
+      answer.status = ToGrpcStatus(s);
+      return answer;
+    }
+  }
+  answer.status = CheckShardIncarnation(h.shard_incarnation());
+  if (!answer.status.ok()) return answer;
+  v1::PushResponse response;
+  answer.status =
+      ApplyPush(h, std::make_unique<PlaneCallPayload>(call.read_values), start, &response);
+  if (answer.status.ok()) answer.status = WaitReplicated(call.deadline);
+  if (answer.status.ok()) answer.response = response.SerializeAsString();
+  return answer;
 }
 
 grpc::Status ShardService::OpenPushPayload(grpc::ServerContext* context,
@@ -807,6 +869,7 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
         response->set_connection(ticket->connection);
         response->set_secret(ticket->secret);
         response->set_lanes(ticket->lanes);
+        response->set_push_calls(true);
         return grpc::Status::OK;
       });
 }

@@ -91,6 +91,8 @@ class ShardService final : public ShardServiceBase {
                TokenAuthenticator tokens = {}, Replica* replica = nullptr,
                ServiceMetrics metrics = {}, Checkpointer* checkpointer = nullptr,
                DataPlane* data_plane = nullptr);
+  // Stops taking pushes made on the data plane (waits for those in progress).
+  ~ShardService() override;
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
                                      const grpc::ByteBuffer* request,
@@ -220,6 +222,17 @@ class ShardService final : public ShardServiceBase {
   // OK if a client of `model` acting as `worker` may have a tensor path of its own (shared
   // memory, the data plane): the model is this shard's, and a worker id is one of the job's.
   absl::Status CheckAttacher(int worker, const v1::ModelIdentity& model) const;
+  // The push whose header is `h` and whose payload comes from `source`, once admitted: its
+  // header checked, the payload read into a push slot and committed (nothing applied if any of it
+  // fails); `start` is when the call began. Its answer into `response`.
+  grpc::Status ApplyPush(const v1::PushHeader& h, std::unique_ptr<PayloadSource> source,
+                         absl::Time start, v1::PushResponse* response);
+  // A push made on a data-plane connection (DataPlane::PushCall): admitted as its connection's
+  // owner (whose token AttachDataPlane checked), then as Push.
+  DataPlane::PushAnswer PushOnPlane(const DataPlane::PushCall& call);
+  // ShardRestartedStatus unless `claimed` (a client's shard incarnation, 0: unchecked) is this
+  // process's.
+  grpc::Status CheckShardIncarnation(std::optional<int64_t> claimed) const;
   // Counts a push taken (shared memory, metrics: its `payload` bytes since `start`).
   void RecordPush(const v1::PushHeader& h, int64_t payload, absl::Time start);
   // A unary call on raw bytes: admits `needs` (the token) before parsing, parses the request
@@ -233,6 +246,7 @@ class ShardService final : public ShardServiceBase {
   // OK without replication or once the backup has every change so far (Replica::WaitReplicated),
   // waiting until a little before the call's deadline.
   grpc::Status WaitReplicated(const grpc::ServerContextBase& context) const;
+  grpc::Status WaitReplicated(absl::Time deadline) const;
 
   ParameterShard* shard_;
   const ShardProcess process_;
