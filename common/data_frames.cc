@@ -59,21 +59,21 @@ int HelloLane(const std::string& payload, std::string* secret) {
   return static_cast<int>(Get(payload.data() + kSecretBytes, 4) & 0x7fffffff);
 }
 
-std::string EncodeCall(const PushCallFrame& call) {
+std::string EncodeCall(const CallFrame& call) {
   std::string payload(8, '\0');
   Put(payload.data(),
       static_cast<uint64_t>(std::max<int64_t>(0, absl::ToInt64Microseconds(call.timeout))), 8);
-  payload += call.header;
+  payload += call.request;
   return payload;
 }
 
-absl::StatusOr<PushCallFrame> DecodeCall(std::string_view payload) {
+absl::StatusOr<CallFrame> DecodeCall(std::string_view payload) {
   if (payload.size() < 8 || payload.size() > kMaxCallBytes) {
-    return absl::DataLossError(absl::StrCat("a push call of ", payload.size(), " bytes"));
+    return absl::DataLossError(absl::StrCat("a call of ", payload.size(), " bytes"));
   }
   const uint64_t micros = std::min<uint64_t>(Get(payload.data(), 8), uint64_t{1} << 40);
-  return PushCallFrame{absl::Microseconds(static_cast<int64_t>(micros)),
-                       std::string(payload.substr(8))};
+  return CallFrame{absl::Microseconds(static_cast<int64_t>(micros)),
+                   std::string(payload.substr(8))};
 }
 
 std::string EncodeAnswer(const grpc::Status& status, std::string_view response) {
@@ -128,7 +128,7 @@ absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline) {
   char head[kHeaderBytes];
   if (absl::Status s = socket.Receive(head, kHeaderBytes, deadline); !s.ok()) return s;
   const uint32_t kind = static_cast<uint32_t>(Get(head + 4, 4));
-  if (Get(head, 4) != kMagic || kind < 1 || kind > static_cast<uint32_t>(FrameKind::kAnswer)) {
+  if (Get(head, 4) != kMagic || kind < 1 || kind > static_cast<uint32_t>(FrameKind::kPullCall)) {
     return absl::DataLossError("not a data-plane frame (a peer of another kind or version)");
   }
   return FrameHeader{static_cast<FrameKind>(kind), Get(head + 8, 8), Get(head + 16, 8)};

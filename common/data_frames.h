@@ -22,9 +22,13 @@
 //            bytes): payload = the call's timeout (8 bytes, microseconds) and its PushHeader
 //            (proto/ps.proto), serialized. Its tensor follows at once as the Push frame of the
 //            same transfer on the same lane.
-//   Answer   shard -> client, on the first lane: how the PushCall `transfer` names ended: its
-//            status (code 4 bytes; message and details each 4 bytes of length and the bytes)
-//            and, when OK, its PushResponse, serialized.
+//   PullCall client -> shard, on the first lane: a Pull made on the connection itself: payload =
+//            its timeout and its PullRequest, serialized. The shard sends the values as the Pull
+//            frame(s) of the same transfer (striped as any pulled tensor), then the Answer.
+//   Answer   shard -> client, on the first lane: how the call `transfer` names ended: its status
+//            (code 4 bytes; message and details each 4 bytes of length and the bytes) and, when
+//            OK, its answer serialized: a PushResponse, or the PullChunk that heads a gRPC
+//            answer (version, offset, dtype, data_values).
 // A tensor's payload is its values as the call's wire type (common/wire_type.h), in order.
 // Anything else (a bad magic, an unknown kind, a payload larger than allowed) ends the
 // connection.
@@ -54,6 +58,7 @@ enum class FrameKind : uint32_t {
   kPull = 5,
   kPushCall = 6,
   kAnswer = 7,
+  kPullCall = 8,
 };
 
 struct FrameHeader {
@@ -74,17 +79,18 @@ inline constexpr uint64_t kMaxRefusalBytes = 1024;
 std::string HelloPayload(const std::string& secret, int lane);
 int HelloLane(const std::string& payload, std::string* secret);
 
-// A PushCall's payload, and an Answer's (a status's message is cut to kMaxAnswerMessage bytes).
+// A PushCall's or PullCall's payload, and an Answer's (a status's message is cut to
+// kMaxAnswerMessage bytes).
 // DecodeCall and DecodeAnswer: DATA_LOSS for a payload that is not one.
 inline constexpr uint64_t kMaxCallBytes = 4096;
 inline constexpr uint64_t kMaxAnswerBytes = 4096;
 inline constexpr size_t kMaxAnswerMessage = 2048;
-struct PushCallFrame {
+struct CallFrame {
   absl::Duration timeout;
-  std::string header;  // a serialized v1::PushHeader
+  std::string request;  // a serialized v1::PushHeader or v1::PullRequest
 };
-std::string EncodeCall(const PushCallFrame& call);
-absl::StatusOr<PushCallFrame> DecodeCall(std::string_view payload);
+std::string EncodeCall(const CallFrame& call);
+absl::StatusOr<CallFrame> DecodeCall(std::string_view payload);
 std::string EncodeAnswer(const grpc::Status& status, std::string_view response);
 absl::StatusOr<grpc::Status> DecodeAnswer(std::string_view payload, std::string* response);
 

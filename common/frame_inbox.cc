@@ -14,10 +14,11 @@ absl::Status FrameInbox::ReadLoop() {
       status = h.status();
       break;
     }
-    if (h->kind == FrameKind::kPushCall && on_call_ != nullptr && h->bytes <= kMaxCallBytes) {
+    if ((h->kind == FrameKind::kPushCall || h->kind == FrameKind::kPullCall) &&
+        on_call_ != nullptr && h->bytes <= kMaxCallBytes) {
       std::string payload(h->bytes, '\0');
       status = socket_->Receive(payload.data(), payload.size(), absl::InfiniteFuture());
-      if (status.ok()) status = on_call_(h->transfer, std::move(payload));
+      if (status.ok()) status = on_call_(h->kind, h->transfer, std::move(payload));
       continue;
     }
     if (h->kind == FrameKind::kAnswer && kind_ == FrameKind::kPull && h->bytes <= kMaxAnswerBytes) {
@@ -70,7 +71,7 @@ absl::Status FrameInbox::ReadAnswer(const FrameHeader& h) {
     return s;
   }
   absl::MutexLock lock(&mu_);
-  auto it = expected_.find(h.transfer);
+  auto it = expected_.find(AnswerKey(h.transfer));
   if (it == expected_.end() || it->second.state != State::kWaiting ||
       it->second.answer == nullptr) {
     return absl::OkStatus();  // its call gave up
@@ -100,8 +101,8 @@ absl::Status FrameInbox::ExpectAnswer(uint64_t transfer, std::string* answer) {
   absl::MutexLock lock(&mu_);
   if (ended_) return absl::FailedPreconditionError("the data plane connection ended");
   Expected e{{}, WireType::kFloat32, IgnoreValues, State::kWaiting, 0, absl::OkStatus(), answer};
-  if (!expected_.emplace(transfer, std::move(e)).second) {
-    return absl::InvalidArgumentError("a transfer id already in use on this connection");
+  if (!expected_.emplace(AnswerKey(transfer), std::move(e)).second) {
+    return absl::InvalidArgumentError("an answer already expected on this connection");
   }
   return absl::OkStatus();
 }

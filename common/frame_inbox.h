@@ -5,9 +5,9 @@
 // look at each run of its values as soon as it is in place (a shard scans a gradient while the
 // rest is on its way): on the waiting thread while the reading one reads on, or, for a tensor
 // striped over several connections (lanes), on each lane's reading thread, the parts at once.
-// On a shard's lane, a PushCall frame goes to the lane's call handler (TakeCalls), which runs on
-// the reading thread and reads the call's tensor from there (ReadCallValues); on a client's, an
-// Answer frame goes to the call that expects it (ExpectAnswer).
+// On a shard's lane, a PushCall or PullCall frame goes to the lane's call handler (TakeCalls),
+// which runs on the reading thread and reads a push's tensor from there (ReadCallValues); on a
+// client's, an Answer frame goes to the call that expects it (ExpectAnswer).
 //
 // Thread-safe: ReadLoop runs on one thread; the rest on any, but for TakeCalls (before ReadLoop)
 // and ReadCallValues (from the call handler).
@@ -38,10 +38,11 @@ class FrameInbox {
   // Reads frames until the connection ends, then ends it (End) and returns why.
   absl::Status ReadLoop();
 
-  // PushCall frames (of at most kMaxCallBytes) go to `on_call` with their transfer and payload,
-  // one at a time on ReadLoop's thread; a status it returns that is not OK ends the connection.
-  // Without it they end it. Call before ReadLoop.
-  using OnCall = absl::AnyInvocable<absl::Status(uint64_t transfer, std::string payload)>;
+  // PushCall and PullCall frames (of at most kMaxCallBytes) go to `on_call` with their kind,
+  // transfer and payload, one at a time on ReadLoop's thread; a status it returns that is not OK
+  // ends the connection. Without it they end it. Call before ReadLoop.
+  using OnCall =
+      absl::AnyInvocable<absl::Status(FrameKind kind, uint64_t transfer, std::string payload)>;
   void TakeCalls(OnCall on_call) { on_call_ = std::move(on_call); }
   // From the call handler: reads the next frame, which must be the tensor of call `transfer`,
   // into `dst` as `type` values, telling `seen` of each run of them on this thread.
@@ -49,10 +50,14 @@ class FrameInbox {
   // (another frame, a cut) ends the connection.
   absl::Status ReadCallValues(uint64_t transfer, absl::Span<float> dst, WireType type,
                               ValuesSeen seen);
-  // The Answer frame to call `transfer` goes into `answer` (which must stay valid until Await
-  // returned); Await waits for it. FAILED_PRECONDITION once the connection ended, INVALID_ARGUMENT
-  // for a transfer already expected.
+  // The Answer frame to call `transfer` goes into `answer` (which must stay valid until
+  // AwaitAnswer returned); AwaitAnswer waits for it as Await does for values, and forgets it.
+  // FAILED_PRECONDITION once the connection ended, INVALID_ARGUMENT for an answer already
+  // expected. A call's answer and its pulled values are expected apart.
   absl::Status ExpectAnswer(uint64_t transfer, std::string* answer);
+  absl::Status AwaitAnswer(uint64_t transfer, absl::Time deadline) {
+    return Await(AnswerKey(transfer), deadline);
+  }
 
   // Transfer `transfer`'s values go into `dst` as `type` values, `on_read` told of each run of
   // them on ReadLoop's thread as it is in place (it must stay valid until Await returned).
@@ -84,6 +89,8 @@ class FrameInbox {
     std::string* answer = nullptr;  // an Answer's place, if this expects one
   };
 
+  // Where an answer is expected: apart from its transfer's values (transfer ids stay below 2^63).
+  static uint64_t AnswerKey(uint64_t transfer) { return transfer | (uint64_t{1} << 63); }
   // Reads an Answer frame's payload (header `h`) into the place its call expects, or drops it.
   absl::Status ReadAnswer(const FrameHeader& h);
 

@@ -379,24 +379,25 @@ TEST(DataPlaneTest, APushCallGoesToTheHandlerAndIsAnsweredOnTheConnection) {
   std::unique_ptr<DataPlane> plane = StartPlane();
   ASSERT_NE(plane, nullptr);
   std::vector<float> got;
-  std::vector<DataPlane::PushCall> calls;  // without read_values (a reference to a lambda)
-  plane->TakePushes([&](const DataPlane::PushCall& call) {
-    calls.push_back({call.connection, call.transfer, call.owner, call.deadline, call.header,
-                     [](absl::Span<float>, WireType, ValuesSeen) { return absl::OkStatus(); }});
-    DataPlane::PushAnswer answer;
-    if (call.header == "refuse") {
+  std::vector<DataPlane::Call> calls;
+  DataPlane::PushHandler push = [&](const DataPlane::Call& call,
+                                    DataPlane::ReadValues read_values) {
+    calls.push_back(call);
+    DataPlane::CallAnswer answer;
+    if (call.request == "refuse") {
       answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "no, thanks", "detail");
       return answer;
     }
-    got.assign(call.header == "short" ? 10 : 1000, 0.0f);
-    const WireType type = call.header == "bf16" ? WireType::kBFloat16 : WireType::kFloat32;
+    got.assign(call.request == "short" ? 10 : 1000, 0.0f);
+    const WireType type = call.request == "bf16" ? WireType::kBFloat16 : WireType::kFloat32;
     size_t seen = 0;
-    absl::Status read = call.read_values(absl::MakeSpan(got), type,
-                                         [&](absl::Span<const float> run) { seen += run.size(); });
+    absl::Status read = read_values(absl::MakeSpan(got), type,
+                                    [&](absl::Span<const float> run) { seen += run.size(); });
     answer.status = ToGrpcStatus(read);
     answer.response = absl::StrCat("seen ", seen);
     return answer;
-  });
+  };
+  plane->TakeCalls({push, nullptr});
   absl::StatusOr<DataPlane::Ticket> ticket = plane->Issue(3);
   ASSERT_TRUE(ticket.ok()) << ticket.status();
   absl::StatusOr<std::unique_ptr<DataConnection>> client = DataConnection::Open(
@@ -454,7 +455,7 @@ TEST(DataPlaneTest, APushCallGoesToTheHandlerAndIsAnsweredOnTheConnection) {
   EXPECT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(10)));
 
   // No handler (its shard service is going away): the client is told to use gRPC.
-  plane->TakePushes(nullptr);
+  plane->TakeCalls({});
   answered = c.PushCall(11, "read", values, WireType::kFloat32, Soon());
   ASSERT_TRUE(answered.ok()) << answered.status();
   EXPECT_TRUE(IsDataPlaneLost(answered->status)) << answered->status.error_message();
@@ -463,18 +464,79 @@ TEST(DataPlaneTest, APushCallGoesToTheHandlerAndIsAnsweredOnTheConnection) {
   EXPECT_EQ(plane->connections(), 1);
 }
 
+// A pull made on the connection itself goes to the handler, which answers later (from another
+// thread): its values, striped over the lanes when large, come before the answer; a refused one
+// sends none, and its place is forgotten.
+TEST(DataPlaneTest, APullCallIsAnsweredAfterItsValues) {
+  std::unique_ptr<DataPlane> plane = StartPlane(absl::Seconds(5), absl::Seconds(10), 2);
+  ASSERT_NE(plane, nullptr);
+  const size_t n = 3 * kMinStripeBytes / sizeof(float);
+  const auto values = std::make_shared<std::vector<float>>(n);
+  for (size_t i = 0; i < n; ++i) (*values)[i] = 0.25f * (i % 4000);
+  std::vector<std::thread> answering;
+  DataPlane::PullHandler pull = [&](const DataPlane::Call& call, DataPlane::Answer answer) {
+    auto done = std::make_shared<DataPlane::Answer>(std::move(answer));
+    if (call.request == "refuse") {
+      answering.emplace_back([done] {
+        (*done)({grpc::Status(grpc::StatusCode::ABORTED, "held back"), ""});
+      });
+      return;
+    }
+    ASSERT_TRUE(plane
+                    ->Send(call.connection, call.owner, call.transfer, values, *values,
+                           WireType::kFloat32,
+                           [done](absl::StatusOr<int64_t> sent) {
+                             (*done)({ToGrpcStatus(sent.status()), "head"});
+                           })
+                    .ok());
+  };
+  plane->TakeCalls({nullptr, pull});
+  absl::StatusOr<DataPlane::Ticket> ticket = plane->Issue(2);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  absl::StatusOr<std::unique_ptr<DataConnection>> client = DataConnection::Open(
+      {"127.0.0.1", plane->port(), ticket->connection, ticket->secret, ticket->lanes, true},
+      64 << 20, Soon(), absl::Seconds(5));
+  ASSERT_TRUE(client.ok()) << client.status();
+  DataConnection& c = **client;
+  std::vector<float> got(n, -1.0f);
+  absl::StatusOr<DataConnection::Answered> answered =
+      c.PullCall(1, "pull", absl::MakeSpan(got), WireType::kFloat32, Soon());
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_TRUE(answered->status.ok()) << answered->status.error_message();
+  EXPECT_EQ(answered->response, "head");
+  EXPECT_EQ(got, *values);
+  std::vector<float> untouched(n, -1.0f);
+  answered = c.PullCall(2, "refuse", absl::MakeSpan(untouched), WireType::kFloat32, Soon());
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_EQ(answered->status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_EQ(untouched, std::vector<float>(n, -1.0f));
+  // A push call where the shard takes only pulls: answered "data plane lost".
+  answered = c.PushCall(3, "push", *values, WireType::kFloat32, Soon());
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_TRUE(IsDataPlaneLost(answered->status));
+  // And the pull again, on the same connection.
+  std::fill(got.begin(), got.end(), -1.0f);
+  answered = c.PullCall(4, "pull", absl::MakeSpan(got), WireType::kFloat32, Soon());
+  ASSERT_TRUE(answered.ok() && answered->status.ok());
+  EXPECT_EQ(got, *values);
+  for (std::thread& t : answering) t.join();
+  EXPECT_FALSE(c.ended());
+}
+
 // What ends a connection that makes push calls: a call frame that is not one, a tensor frame
 // of another transfer after a call, a cut mid-tensor (the handler's read fails; no answer).
 TEST(DataPlaneTest, AMalformedOrCutPushCallEndsItsConnection) {
   std::unique_ptr<DataPlane> plane = StartPlane();
   ASSERT_NE(plane, nullptr);
   std::atomic<int> read_failures{0};
-  plane->TakePushes([&](const DataPlane::PushCall& call) {
-    std::vector<float> dst(1000);
-    absl::Status read = call.read_values(absl::MakeSpan(dst), WireType::kFloat32, IgnoreValues);
-    read_failures += !read.ok();
-    return DataPlane::PushAnswer{ToGrpcStatus(read), ""};
-  });
+  plane->TakeCalls({[&](const DataPlane::Call&, DataPlane::ReadValues read_values) {
+                      std::vector<float> dst(1000);
+                      absl::Status read =
+                          read_values(absl::MakeSpan(dst), WireType::kFloat32, IgnoreValues);
+                      read_failures += !read.ok();
+                      return DataPlane::CallAnswer{ToGrpcStatus(read), ""};
+                    },
+                    nullptr});
   const std::vector<float> values(1000, 1.0f);
   char byte;
   {
@@ -875,7 +937,7 @@ TEST_F(DataPlaneShardTest, APushCutMidTensorAppliesNothingAndTheClientFallsBackT
 TEST_F(DataPlaneShardTest, APushMadeOnTheConnectionIsItsOwnersAndAppliedWholeOrNotAtAll) {
   v1::AttachDataPlaneResponse ticket;
   ASSERT_TRUE(Attach(0, token_, &ticket).ok());
-  ASSERT_TRUE(ticket.push_calls());
+  ASSERT_TRUE(ticket.calls());
   absl::StatusOr<std::unique_ptr<DataConnection>> opened = DataConnection::Open(
       {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), ticket.lanes(), true},
       kParams * 4, Soon(), absl::Seconds(5));
@@ -953,6 +1015,30 @@ TEST_F(DataPlaneShardTest, APushMadeOnTheConnectionIsItsOwnersAndAppliedWholeOrN
   EXPECT_EQ(stats.pushes_duplicate(), 1);
   EXPECT_EQ(stats.pushes_rejected(), 4);  // another worker's, the two malformed, the cut one
   EXPECT_EQ(stats.data_plane_pushes(), 2);
+
+  // Pulls made on the connection: the owner's only, into the caller's buffer.
+  auto pull = [&](uint64_t transfer, int worker, std::vector<float>* into) {
+    v1::PullRequest r;
+    r.set_worker_id(worker);
+    r.set_length(kParams);
+    r.set_dtype(v1::FLOAT32);
+    r.mutable_model()->set_fingerprint(kModel.fingerprint);
+    r.mutable_model()->set_total_params(kModel.total_params);
+    r.mutable_model()->set_num_shards(kModel.num_shards);
+    r.set_data_connection(c.id());
+    r.set_data_transfer(transfer);
+    absl::StatusOr<DataConnection::Answered> answered = c.PullCall(
+        transfer, r.SerializeAsString(), absl::MakeSpan(*into), WireType::kFloat32, Soon());
+    EXPECT_TRUE(answered.ok()) << answered.status();
+    return answered.ok() ? answered->status : grpc::Status(grpc::StatusCode::UNKNOWN, "none");
+  };
+  std::vector<float> pulled(kParams, -1.0f);
+  EXPECT_EQ(pull(7, 1, &pulled).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(pulled, std::vector<float>(kParams, -1.0f));
+  grpc::Status own = pull(8, 0, &pulled);
+  ASSERT_TRUE(own.ok()) << own.error_message();
+  EXPECT_EQ(pulled, weights);
+  EXPECT_EQ(ShardStats().data_plane_pulls(), 1);
 }
 
 // A replicated shard answers a push made on its data plane once its backup has it.

@@ -54,12 +54,12 @@ absl::StatusOr<std::unique_ptr<DataConnection>> DataConnection::Open(const Ticke
     if (absl::Status s = Welcomed(socket, where, deadline); !s.ok()) return s;
   }
   return std::unique_ptr<DataConnection>(
-      new DataConnection(std::move(sockets), ticket.connection, max_bytes, ticket.push_calls));
+      new DataConnection(std::move(sockets), ticket.connection, max_bytes, ticket.calls));
 }
 
 DataConnection::DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes,
-                               bool push_calls)
-    : id_(id), push_calls_(push_calls) {
+                               bool calls)
+    : id_(id), calls_(calls) {
   for (Socket& socket : sockets) {
     lanes_.push_back(std::make_unique<Lane>(std::move(socket), max_bytes));
     inboxes_.push_back(&lanes_.back()->inbox);
@@ -121,36 +121,86 @@ absl::StatusOr<int64_t> DataConnection::Push(uint64_t transfer, absl::Span<const
 
 namespace ps {
 
+absl::StatusOr<int64_t> DataConnection::SendCall(FrameKind kind, uint64_t transfer,
+                                                 const std::string& request,
+                                                 absl::Span<const float> values, WireType type,
+                                                 absl::Time deadline) {
+  Socket& socket = lanes_.front()->socket;
+  absl::StatusOr<int64_t> saturated = 0;
+  {
+    std::lock_guard<std::mutex> lock(send_mu_);
+    absl::Status s = SendFrame(socket, {kind, transfer},
+                               EncodeCall({deadline - absl::Now(), request}), deadline);
+    if (s.ok() && kind == FrameKind::kPushCall) {
+      saturated = SendValues(socket, FrameKind::kPush, transfer, values, type, deadline);
+    } else if (!s.ok()) {
+      saturated = s;
+    }
+  }
+  if (!saturated.ok()) End();
+  return saturated;
+}
+
+absl::StatusOr<grpc::Status> DataConnection::AwaitAnswer(uint64_t transfer,
+                                                         const std::string& answer,
+                                                         std::string* response,
+                                                         absl::Time deadline) {
+  if (absl::Status s = lanes_.front()->inbox.AwaitAnswer(transfer, deadline); !s.ok()) return s;
+  absl::StatusOr<grpc::Status> status = DecodeAnswer(answer, response);
+  if (!status.ok()) End();
+  return status;
+}
+
 absl::StatusOr<DataConnection::Answered> DataConnection::PushCall(uint64_t transfer,
                                                                   const std::string& header,
                                                                   absl::Span<const float> values,
                                                                   WireType type,
                                                                   absl::Time deadline) {
-  Lane& first = *lanes_.front();
+  FrameInbox& first = lanes_.front()->inbox;
   std::string answer;
-  if (absl::Status s = first.inbox.ExpectAnswer(transfer, &answer); !s.ok()) return s;
-  absl::StatusOr<int64_t> saturated;
-  {
-    std::lock_guard<std::mutex> lock(send_mu_);
-    absl::Status s = SendFrame(first.socket, {FrameKind::kPushCall, transfer},
-                               EncodeCall({deadline - absl::Now(), header}), deadline);
-    saturated =
-        s.ok() ? SendValues(first.socket, FrameKind::kPush, transfer, values, type, deadline) : s;
-  }
+  if (absl::Status s = first.ExpectAnswer(transfer, &answer); !s.ok()) return s;
+  absl::StatusOr<int64_t> saturated =
+      SendCall(FrameKind::kPushCall, transfer, header, values, type, deadline);
   if (!saturated.ok()) {
-    End();
-    first.inbox.Await(transfer, absl::InfinitePast()).IgnoreError();  // forgets it
+    first.AwaitAnswer(transfer, absl::InfinitePast()).IgnoreError();  // forgets it
     return saturated.status();
   }
-  if (absl::Status s = first.inbox.Await(transfer, deadline); !s.ok()) return s;
   Answered answered;
-  absl::StatusOr<grpc::Status> status = DecodeAnswer(answer, &answered.response);
-  if (!status.ok()) {
-    End();
-    return status.status();
-  }
+  absl::StatusOr<grpc::Status> status = AwaitAnswer(transfer, answer, &answered.response, deadline);
+  if (!status.ok()) return status.status();
   answered.status = *std::move(status);
   answered.saturated = *saturated;
+  return answered;
+}
+
+absl::StatusOr<DataConnection::Answered> DataConnection::PullCall(uint64_t transfer,
+                                                                  const std::string& request,
+                                                                  absl::Span<float> dst,
+                                                                  WireType type,
+                                                                  absl::Time deadline) {
+  FrameInbox& first = lanes_.front()->inbox;
+  std::string answer;
+  if (absl::Status s = ExpectStriped(inboxes_, transfer, dst, type); !s.ok()) return s;
+  absl::Status expected = first.ExpectAnswer(transfer, &answer);
+  absl::Status sent =
+      expected.ok() ? SendCall(FrameKind::kPullCall, transfer, request, {}, type, deadline).status()
+                    : expected;
+  Answered answered;
+  absl::StatusOr<grpc::Status> status = absl::UnknownError("unanswered");
+  if (sent.ok()) {
+    status = AwaitAnswer(transfer, answer, &answered.response, deadline);
+  } else {
+    if (expected.ok()) first.AwaitAnswer(transfer, absl::InfinitePast()).IgnoreError();
+    status = sent;
+  }
+  // The values came before an OK answer (or are on their way on the other lanes); after any
+  // other, none come: their place is forgotten at once.
+  const bool coming = status.ok() && status->ok();
+  absl::Status arrived =
+      AwaitStriped(inboxes_, transfer, dst.size(), type, coming ? deadline : absl::InfinitePast());
+  if (!status.ok()) return status.status();
+  if (coming && !arrived.ok()) return arrived;
+  answered.status = *std::move(status);
   return answered;
 }
 

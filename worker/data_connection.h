@@ -2,8 +2,9 @@
 // common/data_frames.h): pushed tensors go out on it as frames straight from the caller's
 // buffer, and pulled ones come in straight into it, while the calls that name them go over gRPC.
 // It is one TCP connection or more (lanes, as the shard's ticket says): a tensor of several MiB
-// goes as one part per lane, sent and read on each lane by a thread of its own. A push of a
-// tensor in one part is made on the connection itself (PushCall), its answer included.
+// goes as one part per lane, sent and read on each lane by a thread of its own. With a shard that
+// takes calls on it (calls()), a pull, and a push of a tensor in one part, is made on the
+// connection itself (PushCall, PullCall), its answer included: no gRPC call.
 //
 // Thread-safe. Pushes are sent one at a time (a second waits for the first); pulls are read by a
 // thread per lane, each into the place its call expects. Once anything fails on the connection
@@ -39,7 +40,7 @@ class DataConnection {
     uint64_t connection = 0;
     std::string secret;
     int lanes = 1;
-    bool push_calls = false;  // whether the shard takes PushCall frames
+    bool calls = false;  // whether the shard takes PushCall and PullCall frames
   };
   // Connects the ticket's lanes and presents it on each, before `deadline`; a peer that moves no
   // byte for `stall` fails the connection later. UNAVAILABLE naming the address and why (the
@@ -54,7 +55,7 @@ class DataConnection {
   // The id calls name it by.
   uint64_t id() const { return id_; }
   int lanes() const { return static_cast<int>(lanes_.size()); }
-  bool push_calls() const { return push_calls_; }
+  bool calls() const { return calls_; }
   // A transfer id not used before on this connection.
   uint64_t NextTransfer() { return next_transfer_.fetch_add(1); }
 
@@ -76,6 +77,15 @@ class DataConnection {
   absl::StatusOr<Answered> PushCall(uint64_t transfer, const std::string& header,
                                     absl::Span<const float> values, WireType type,
                                     absl::Time deadline);
+  // Makes a pull on the connection itself (FrameKind::kPullCall): `request` (a serialized
+  // v1::PullRequest naming this connection and `transfer`); its values go into `dst` as `type`
+  // values (striped as any pull's), and the shard's answer, its status and, when OK, the
+  // serialized PullChunk that says what they are, is waited for until `deadline` (the values
+  // too, once it said OK). A failure to send, an answer or values that do not come by `deadline`
+  // or an answer that does not parse is this function's error instead. `dst` is not written once
+  // this returned.
+  absl::StatusOr<Answered> PullCall(uint64_t transfer, const std::string& request,
+                                    absl::Span<float> dst, WireType type, absl::Time deadline);
   // The values of pulled transfer `transfer` go into `dst` as `type` values (ExpectStriped);
   // Await waits for them (the same `dst` and `type`) and forgets the transfer (AwaitStriped).
   absl::Status Expect(uint64_t transfer, absl::Span<float> dst, WireType type) {
@@ -97,12 +107,21 @@ class DataConnection {
     FrameInbox inbox;
     std::thread reader;
   };
-  DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes, bool push_calls);
+  // Sends a call's frame (kind, transfer, `request`) and, for a push, its values (`values` as
+  // `type`, one part) on the first lane; returns how many values were saturated. A failure ends
+  // the connection.
+  absl::StatusOr<int64_t> SendCall(FrameKind kind, uint64_t transfer, const std::string& request,
+                                   absl::Span<const float> values, WireType type,
+                                   absl::Time deadline);
+  // The answer to call `transfer` (expected into `answer`), waited for until `deadline`.
+  absl::StatusOr<grpc::Status> AwaitAnswer(uint64_t transfer, const std::string& answer,
+                                           std::string* response, absl::Time deadline);
+  DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes, bool calls);
   // Ends every lane.
   void End();
 
   const uint64_t id_;
-  const bool push_calls_;
+  const bool calls_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::vector<FrameInbox*> inboxes_;
   std::mutex send_mu_;  // one push on the wire at a time

@@ -381,6 +381,11 @@ class ShardedClient::Impl {
   // One attempt at pulling shard `shard`'s range into `params`, recording what it served.
   grpc::Status PullFrom(int shard, grpc::ClientContext* context, absl::Span<float> params,
                         int64_t after_sequence, Versions* versions);
+  // The same, as a call on the shard's data-plane connection `data` (one that takes calls), for a
+  // request PullFrom prepared.
+  grpc::Status PullCall(int shard, const grpc::ClientContext& context,
+                        const std::shared_ptr<DataConnection>& data, absl::Span<float> params,
+                        v1::PullRequest& request, Versions* versions);
   // The same, compressed (ClientOptions::pull_compression), for a request PullFrom prepared.
   grpc::Status PullCompressed(int shard, grpc::ClientContext* context, absl::Span<float> params,
                               v1::PullRequest& request, Versions* versions);
@@ -859,7 +864,7 @@ absl::StatusOr<std::shared_ptr<DataConnection>> ShardedClient::Impl::ConnectTo(
   SplitHostPort(Address(shard), &host, &port);
   absl::StatusOr<std::unique_ptr<DataConnection>> connection =
       DataConnection::Open({host, response.port(), response.connection(), response.secret(),
-                            std::max(response.lanes(), 1), response.push_calls()},
+                            std::max(response.lanes(), 1), response.calls()},
                            static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
                            absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
   if (!connection.ok()) return connection.status();
@@ -1034,6 +1039,9 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
   }
   // Else over the data plane, if there is a connection: the values go straight into `params`.
   const std::shared_ptr<DataConnection>& data = session.data;
+  if (!turn.owns_lock() && data != nullptr && data->calls()) {
+    return PullCall(shard, *context, data, params, request, versions);
+  }
   uint64_t transfer = 0;
   if (!turn.owns_lock() && data != nullptr) {
     transfer = data->NextTransfer();
@@ -1095,6 +1103,35 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
   }
   if (status.ok() && bad.ok() && transfer == 0) bad = assembler.Finish();
   if (!status.ok() || !bad.ok()) return status.ok() ? ToGrpcStatus(bad) : status;
+  Pulled(shard, request, versions);
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardedClient::Impl::PullCall(int shard, const grpc::ClientContext& context,
+                                           const std::shared_ptr<DataConnection>& data,
+                                           absl::Span<float> params, v1::PullRequest& request,
+                                           Versions* versions) {
+  const Range& r = ranges_[shard];
+  const uint64_t transfer = data->NextTransfer();
+  request.set_data_connection(data->id());
+  request.set_data_transfer(transfer);
+  absl::StatusOr<DataConnection::Answered> made =
+      data->PullCall(transfer, request.SerializeAsString(), params.subspan(r.begin, r.size()),
+                     options_.pull_type, absl::FromChrono(context.deadline()));
+  if (!made.ok()) {
+    DropData(shard, data, made.status().message());
+    return DataPlaneLostStatus(std::string(made.status().message()));
+  }
+  if (IsDataPlaneLost(made->status)) DropData(shard, data, made->status.error_message());
+  if (!made->status.ok()) return made->status;
+  v1::PullChunk head;
+  if (!head.ParseFromString(made->response) || head.dtype() != request.dtype() ||
+      head.offset() != r.begin || head.data_values() != r.size()) {
+    return grpc::Status(
+        grpc::StatusCode::DATA_LOSS,
+        "the shard's answer to a pull on the data plane is not the values asked for");
+  }
+  versions->version[shard] = head.version();
   Pulled(shard, request, versions);
   return grpc::Status::OK;
 }
@@ -1265,7 +1302,7 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
     header.set_data_connection(data->id());
     header.set_data_transfer(transfer);
   }
-  if (data != nullptr && data->push_calls() &&
+  if (data != nullptr && data->calls() &&
       StripeCount(part.size(), options_.push_type, data->lanes()) == 1) {
     // A tensor in one part: the push is a call on the connection itself, with no gRPC call's
     // round trips (as long as its bytes' time at a few MiB).

@@ -48,7 +48,7 @@ class DataPlane::Lane {
   FrameInbox inbox;
   std::thread reader, sender;      // sender: started by the reader once its connection is open
   std::atomic<bool> ended{false};  // the reader is done: the threads may be joined
-  // Held while a frame is sent: by the sender for a Pull's, by the reader for a PushCall's answer.
+  // Held while a frame is sent: by the sender for a Pull's tensor, by others for a call's answer.
   absl::Mutex send_mu;
 
   absl::Mutex mu;
@@ -121,6 +121,7 @@ void DataPlane::Stop() {
 
 DataPlane::~DataPlane() {
   Stop();
+  TakeCalls({});  // every call answered
   accepting_.join();
   Reap(/*all=*/true);
 }
@@ -290,9 +291,10 @@ void DataPlane::Serve(std::shared_ptr<Lane> lane) {
       PS_LOG(INFO) << "data plane: connection of " << Who(c.owner) << " open (" << c.lanes.size()
                    << (c.lanes.size() == 1 ? " lane)" : " lanes)");
     }
-    if (c.lanes.front() == lane) {
-      lane->inbox.TakeCalls([this, l = lane.get(), &c](uint64_t transfer, std::string payload) {
-        return OnPushCall(*l, c, transfer, std::move(payload));
+    if (c.lanes.front() == lane) {  // (a weak reference: the lane holds it)
+      lane->inbox.TakeCalls([this, weak = std::weak_ptr<Lane>(lane), &c](
+                                FrameKind kind, uint64_t transfer, std::string payload) {
+        return OnCall(weak.lock(), c, kind, transfer, std::move(payload));
       });
     }
     lane->sender = std::thread([this, lane] { SendLoop(*lane); });
@@ -347,41 +349,62 @@ void DataPlane::SendLoop(Lane& lane) {
   }
 }
 
-absl::Status DataPlane::OnPushCall(Lane& lane, const Connection& c, uint64_t transfer,
-                                   std::string payload) {
-  absl::StatusOr<PushCallFrame> call = DecodeCall(payload);
-  if (!call.ok()) return call.status();  // a client of another version?
-  std::shared_ptr<const PushHandler> handler;
+absl::Status DataPlane::OnCall(const std::shared_ptr<Lane>& lane, const Connection& c,
+                               FrameKind kind, uint64_t transfer, std::string payload) {
+  absl::StatusOr<CallFrame> frame = DecodeCall(payload);
+  if (!frame.ok()) return frame.status();  // a client of another version?
+  const bool pull = kind == FrameKind::kPullCall;
+  std::shared_ptr<const CallHandlers> handlers;
   {
     absl::MutexLock lock(&mu_);
-    handler = push_handler_;
-    if (handler != nullptr) ++pushes_running_;
+    if (handlers_ != nullptr && (pull ? handlers_->pull != nullptr : handlers_->push != nullptr)) {
+      handlers = handlers_;
+      ++calls_running_;
+    }
   }
-  PushAnswer answer;
-  if (handler == nullptr) {
-    answer.status = DataPlaneLostStatus("this shard takes no pushes on its data plane now");
-  } else {
-    answer = (*handler)(PushCall{c.id, transfer, c.owner, absl::Now() + call->timeout,
-                                 std::move(call->header),
-                                 [&](absl::Span<float> dst, WireType type, ValuesSeen seen) {
-                                   return lane.inbox.ReadCallValues(transfer, dst, type, seen);
-                                 }});
+  if (handlers == nullptr) {
+    return SendAnswer(*lane, transfer,
+                      {DataPlaneLostStatus("this shard takes no calls on its data plane now"), ""});
+  }
+  const Call call{c.id, transfer, c.owner, absl::Now() + frame->timeout, std::move(frame->request)};
+  if (pull) {
+    handlers->pull(call, [this, lane, transfer](CallAnswer answer) {
+      SendAnswer(*lane, transfer, answer).IgnoreError();
+      absl::MutexLock lock(&mu_);
+      --calls_running_;
+    });
+    return absl::OkStatus();
+  }
+  CallAnswer answer =
+      handlers->push(call, [&](absl::Span<float> dst, WireType type, ValuesSeen seen) {
+        return lane->inbox.ReadCallValues(transfer, dst, type, seen);
+      });
+  {
     absl::MutexLock lock(&mu_);
-    --pushes_running_;
+    --calls_running_;
   }
-  if (lane.inbox.ended()) return absl::UnavailableError("the connection ended during a push");
-  // Sent from here, between the sender's frames: the caller waits for nothing else.
-  absl::MutexLock lock(&lane.send_mu);
-  return SendFrame(lane.socket, {FrameKind::kAnswer, transfer},
-                   EncodeAnswer(answer.status, answer.response), absl::InfiniteFuture());
+  if (lane->inbox.ended()) return absl::UnavailableError("the connection ended during a push");
+  return SendAnswer(*lane, transfer, answer);
 }
 
-void DataPlane::TakePushes(PushHandler handler) {
+absl::Status DataPlane::SendAnswer(Lane& lane, uint64_t transfer, const CallAnswer& answer) {
+  // Sent from the caller's thread, between the sender's frames: the call waits for nothing else.
+  absl::Status sent;
+  {
+    absl::MutexLock lock(&lane.send_mu);
+    sent = SendFrame(lane.socket, {FrameKind::kAnswer, transfer},
+                     EncodeAnswer(answer.status, answer.response), absl::InfiniteFuture());
+  }
+  if (!sent.ok()) lane.Close();
+  return sent;
+}
+
+void DataPlane::TakeCalls(CallHandlers handlers) {
   absl::MutexLock lock(&mu_);
-  push_handler_ =
-      handler != nullptr ? std::make_shared<const PushHandler>(std::move(handler)) : nullptr;
-  if (push_handler_ == nullptr) {
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pushes_running_ == 0; };
+  const bool any = handlers.push != nullptr || handlers.pull != nullptr;
+  handlers_ = any ? std::make_shared<const CallHandlers>(std::move(handlers)) : nullptr;
+  if (!any) {
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_running_ == 0; };
     mu_.Await(absl::Condition(&idle));
   }
 }

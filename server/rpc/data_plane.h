@@ -12,9 +12,10 @@
 // transfer on a connection takes its tensor from there (Receive): once the call has its buffer it
 // tells the client to send (gRPC initial metadata), and the frame is read straight into that
 // buffer; a frame no call waits for is read and dropped. A Pull call that names one has its values
-// sent there (Send) and is answered once they are written. A tensor small enough to go in one
-// part is pushed by a call on the connection itself (FrameKind::kPushCall), which goes to the
-// shard's handler (TakePushes) and is answered on the connection: no gRPC call at all.
+// sent there (Send) and is answered once they are written. A client of this version makes its
+// pulls, and its pushes of a tensor in one part, on the connection itself instead (PushCall,
+// PullCall frames): they go to the shard's handlers (TakeCalls) and are answered on the
+// connection, with no gRPC call's round trips.
 //
 // Every wait has an end: a hello within `hello`, a frame's bytes moving at least every `stall`.
 // Anything unexpected on a connection (a bad frame, a stalled peer, a call that gave up
@@ -108,28 +109,40 @@ class DataPlane {
                     std::shared_ptr<const void> keep, absl::Span<const float> values, WireType type,
                     Sent sent, const FillProgress* filling = nullptr);
 
-  // A Push made on a connection itself (FrameKind::kPushCall): the connection, the call's
-  // transfer, the connection's owner, when it must be answered by, its header (a serialized
-  // v1::PushHeader, not looked at here) and its tensor, still on the lane: `read_values` reads it
-  // into the call's buffer (FrameInbox::ReadCallValues; at most once: one not read is dropped).
-  struct PushCall {
+  // A call made on a connection itself (FrameKind::kPushCall, kPullCall): the connection, the
+  // call's transfer, the connection's owner, when it must be answered by, and its request (a
+  // serialized v1::PushHeader or v1::PullRequest, not looked at here).
+  struct Call {
     uint64_t connection = 0, transfer = 0;
     int owner = 0;
     absl::Time deadline;
-    std::string header;
-    absl::FunctionRef<absl::Status(absl::Span<float>, WireType, ValuesSeen)> read_values;
+    std::string request;
   };
-  // How a PushCall ended: its status and, when OK, its serialized PushResponse.
-  struct PushAnswer {
+  // How a call ended: its status and, when OK, its serialized answer (a v1::PushResponse, or the
+  // v1::PullChunk that heads a gRPC Pull's answer).
+  struct CallAnswer {
     grpc::Status status;
     std::string response;
   };
-  using PushHandler = std::function<PushAnswer(const PushCall&)>;
-  // From now on a push made on a connection goes to `handler`, on the connection's first lane's
-  // reading thread (one at a time a connection), and is answered on that lane. With nullptr they
-  // are answered "data plane lost" (the client sends them over gRPC), once the handlers running
-  // returned: for an owner going away.
-  void TakePushes(PushHandler handler);
+  // A push's tensor is still on the lane: `read_values` reads it into the call's buffer
+  // (FrameInbox::ReadCallValues; at most once: one not read is dropped). It is answered with what
+  // the handler returns.
+  using ReadValues = absl::FunctionRef<absl::Status(absl::Span<float>, WireType, ValuesSeen)>;
+  using PushHandler = std::function<CallAnswer(const Call&, ReadValues read_values)>;
+  // A pull is answered by calling `answer` once, from any thread, once its values were sent
+  // (Send, as the call's transfer) or could not be.
+  using Answer = absl::AnyInvocable<void(CallAnswer)>;
+  using PullHandler = std::function<void(const Call&, Answer answer)>;
+  struct CallHandlers {
+    PushHandler push;
+    PullHandler pull;
+  };
+  // From now on calls made on a connection go to `handlers`, on the connection's first lane's
+  // reading thread (one at a time a connection; a pull may be answered later, from any thread),
+  // and are answered on that lane. Without handlers (the default) they are answered "data plane
+  // lost" (the client makes them over gRPC), once every call in progress was answered: for an
+  // owner going away.
+  void TakeCalls(CallHandlers handlers);
 
   // Ends worker `owner`'s connection (it left).
   void Release(int owner);
@@ -158,9 +171,13 @@ class DataPlane {
   void Close(Connection& connection, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   // A lane's sending thread: Pull tensors in the order they were queued, until it ends.
   void SendLoop(Lane& lane);
-  // A PushCall frame's payload that came on `lane` (the first) of connection `c`: the handler's,
-  // and its answer sent. A status that is not OK ends the connection.
-  absl::Status OnPushCall(Lane& lane, const Connection& c, uint64_t transfer, std::string payload);
+  // A call frame's payload that came on `lane` (the first) of connection `c`: to its handler, and
+  // its answer sent (a pull's once the handler gives it). A status that is not OK ends the
+  // connection.
+  absl::Status OnCall(const std::shared_ptr<Lane>& lane, const Connection& c, FrameKind kind,
+                      uint64_t transfer, std::string payload);
+  // Sends a call's answer on `lane` (the lane is closed if it cannot).
+  static absl::Status SendAnswer(Lane& lane, uint64_t transfer, const CallAnswer& answer);
   // Open connection `connection`, if it is `owner`'s (FAILED_PRECONDITION otherwise).
   absl::StatusOr<std::shared_ptr<Connection>> Find(uint64_t connection, int owner);
   // Joins the threads of lanes that ended (all of them with `all`).
@@ -180,8 +197,8 @@ class DataPlane {
   std::vector<std::shared_ptr<Lane>> all_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<Connection>> open_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-  std::shared_ptr<const PushHandler> push_handler_ ABSL_GUARDED_BY(mu_);
-  int pushes_running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<const CallHandlers> handlers_ ABSL_GUARDED_BY(mu_);
+  int calls_running_ ABSL_GUARDED_BY(mu_) = 0;  // given to a handler and not yet answered
   std::thread accepting_;
 };
 

@@ -65,6 +65,91 @@ grpc::ByteBuffer Serialize(const Message& message) {
 Access AccessFor(int worker_id) { return worker_id < 0 ? Access::kRead : Access::kWrite; }
 }  // namespace
 
+// The values of a pull going out on the data plane while the shard copies them (DataPlane::Send
+// with a FillProgress), and the shard's answer: they come in either order, from either thread,
+// and `done` runs once both did, with the values saturated, or why they did not go ("data plane
+// lost": the client pulls over gRPC). The snapshot's buffer must stay alive until then.
+class ShardService::PlaneSend {
+ public:
+  using Done = absl::AnyInvocable<void(grpc::Status lost, int64_t saturated)>;
+  PlaneSend(DataPlane* plane, uint64_t connection, int owner, uint64_t transfer, WireType type)
+      : plane_(plane), connection_(connection), owner_(owner), transfer_(transfer), type_(type) {}
+  // Queues `buffer` as the shard starts copying into it (under the values' lock: it only queues),
+  // so that each piece goes out once copied. Returns what the copy tells of its progress; null if
+  // the connection is gone. Runs on the thread that then calls Answered, as filling_ and lost_ are
+  // written here and read there.
+  FillProgress* Start(absl::Span<const float> buffer) {
+    filling_ = std::make_shared<FillProgress>(static_cast<int64_t>(buffer.size()));
+    absl::Status queued = plane_->Send(
+        connection_, owner_, transfer_, filling_, buffer, type_,
+        [this](absl::StatusOr<int64_t> sent) {
+          {
+            absl::MutexLock lock(&mu_);
+            sent_ = std::move(sent);
+          }
+          Event();
+        },
+        filling_.get());
+    if (!queued.ok()) {
+      lost_ = DataPlaneLostStatus(std::string(queued.message()));
+      return nullptr;
+    }
+    return filling_.get();
+  }
+  // The shard answered with `values`, its snapshot's: sent now unless they went as copied; `done`
+  // runs once they are sent (and may destroy this).
+  void Answered(absl::Span<const float> values, Done done) {
+    done_ = std::move(done);
+    if (filling_ == nullptr && lost_.ok()) {
+      if (FillProgress* progress = Start(values)) progress->Add(progress->total());
+    }
+    Event();
+  }
+
+ private:
+  // Called once the shard answered and once the plane sent the values: the second runs `done`.
+  void Event() {
+    absl::StatusOr<int64_t> sent;
+    {
+      absl::MutexLock lock(&mu_);
+      if (++events_ != (lost_.ok() ? 2 : 1)) return;
+      sent = sent_;
+    }
+    Done done = std::move(done_);
+    if (!lost_.ok()) {
+      done(lost_, 0);
+    } else if (!sent.ok()) {
+      done(DataPlaneLostStatus(std::string(sent.status().message())), 0);
+    } else {
+      done(grpc::Status::OK, *sent);
+    }
+  }
+
+  DataPlane* const plane_;
+  const uint64_t connection_;
+  const int owner_;
+  const uint64_t transfer_;
+  const WireType type_;
+  std::shared_ptr<FillProgress> filling_;  // null until the send starts
+  grpc::Status lost_;                      // why it could not be queued
+  Done done_;
+  absl::Mutex mu_;
+  int events_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::StatusOr<int64_t> sent_ ABSL_GUARDED_BY(mu_) = absl::UnknownError("unsent");
+};
+
+namespace {
+// What heads the answer to a pull whose values went on the data plane.
+v1::PullChunk PlanePullHead(const ParameterShard::Snapshot& snapshot, WireType type) {
+  v1::PullChunk head;
+  head.set_version(snapshot.version);
+  head.set_offset(snapshot.offset);
+  head.set_dtype(static_cast<v1::DType>(type));
+  head.set_data_values(static_cast<int64_t>(snapshot.values.span().size()));
+  return head;
+}
+}  // namespace
+
 // Streams one Pull's answer: waits (without a thread) for the shard to admit the pull, then
 // writes its snapshot chunk by chunk. Deletes itself when gRPC is done with it.
 class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
@@ -105,9 +190,8 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
       if (service_->data_plane_ == nullptr) {
         checked = DataPlaneLostStatus("this shard has no data plane");
       }
-      data_connection_ = r.data_connection();
-      data_transfer_ = r.data_transfer();
-      worker_id_ = r.worker_id();
+      plane_.emplace(service_->data_plane_, r.data_connection(), r.worker_id(), r.data_transfer(),
+                     type_);
     }
     if (!checked.ok()) {
       Finish(checked);
@@ -129,8 +213,8 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
         shared_status_ = WriteShared(values);
         shared_values_ = static_cast<int64_t>(values.size());
       };
-    } else if (data_connection_ != 0) {  // sent as they are copied
-      read.filling = [this](absl::Span<const float> buffer) { return StartPlaneSend(buffer); };
+    } else if (plane_.has_value()) {  // sent as they are copied
+      read.filling = [this](absl::Span<const float> buffer) { return plane_->Start(buffer); };
     }
     ticket_ = service_->shard_->StartRead(
         std::move(read),
@@ -180,69 +264,21 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
         service_->compressed_pulls_.fetch_add(1, std::memory_order_relaxed);
       }
     }
-    if (data_connection_ == 0) {
+    if (!plane_.has_value()) {
       WriteNext();
       return;
     }
-    if (filling_ == nullptr && plane_lost_.ok()) {  // not sent while copied: send it now
-      if (FillProgress* progress = StartPlaneSend(snapshot_->values.span())) {
-        progress->Add(progress->total());
+    plane_->Answered(snapshot_->values.span(), [this](grpc::Status lost, int64_t saturated) {
+      if (!lost.ok()) {
+        Finish(lost);
+        return;
       }
-    }
-    PlaneEvent();
-  }
-  // Queues the snapshot's buffer on the data plane as the shard starts copying into it (under
-  // the values' lock: it only queues), so that each piece goes out once copied. Returns what the
-  // copy tells of its progress; null if the connection is gone (plane_lost_ says why). The buffer
-  // is snapshot_'s, which this call holds until Finish: nothing may finish it before the plane
-  // calls back (PlaneEvent). Runs on the thread that then calls OnAnswer, as filling_ and
-  // plane_lost_ are written here and read there.
-  FillProgress* StartPlaneSend(absl::Span<const float> buffer) {
-    filling_ = std::make_shared<FillProgress>(static_cast<int64_t>(buffer.size()));
-    absl::Status queued = service_->data_plane_->Send(
-        data_connection_, worker_id_, data_transfer_, filling_, buffer, type_,
-        [this](absl::StatusOr<int64_t> sent) {
-          {
-            absl::MutexLock lock(&plane_mu_);
-            plane_sent_ = std::move(sent);
-          }
-          PlaneEvent();
-        },
-        filling_.get());
-    if (!queued.ok()) {
-      plane_lost_ = DataPlaneLostStatus(std::string(queued.message()));
-      return nullptr;
-    }
-    return filling_.get();
-  }
-  // Called once the shard answered and once the plane sent the values (in either order, from
-  // either thread): the second call writes the one chunk that says so, or finishes with why not.
-  void PlaneEvent() {
-    absl::StatusOr<int64_t> sent;
-    {
-      absl::MutexLock lock(&plane_mu_);
-      if (++plane_events_ != (plane_lost_.ok() ? 2 : 1)) return;
-      sent = plane_sent_;
-    }
-    if (!plane_lost_.ok()) {
-      Finish(plane_lost_);
-      return;
-    }
-    if (!sent.ok()) {
-      Finish(DataPlaneLostStatus(std::string(sent.status().message())));
-      return;
-    }
-    NoteSaturated(*sent);
-    service_->data_plane_pulls_.fetch_add(1, std::memory_order_relaxed);
-    v1::PullChunk head;
-    head.set_version(snapshot_->version);
-    head.set_offset(snapshot_->offset);
-    head.set_dtype(static_cast<v1::DType>(type_));
-    head.set_data_values(static_cast<int64_t>(snapshot_->values.span().size()));
-    grpc::Slice slice(head.SerializeAsString());
-    message_ = grpc::ByteBuffer(&slice, 1);
-    next_ = -1;  // done after this message
-    StartWrite(&message_);
+      service_->NoteSaturated(saturated, type_);
+      service_->data_plane_pulls_.fetch_add(1, std::memory_order_relaxed);
+      message_ = Serialize(PlanePullHead(*snapshot_, type_));
+      next_ = -1;  // done after this message
+      StartWrite(&message_);
+    });
   }
   void WriteNext() {
     absl::Span<const float> values = snapshot_->values.span();
@@ -250,12 +286,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
                           : shm_segment_ != 0 ? shared_values_
                                               : values.size();
     if (next_ < 0 || (next_ > 0 && next_ >= count)) {
-      const ServiceMetrics& m = service_->metrics_;
-      if (m.pull_seconds != nullptr) {
-        m.pull_bytes->Increment(
-            static_cast<double>(change_ != nullptr ? count : count * WireBytes(type_)));
-        m.pull_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start_));
-      }
+      service_->RecordPull(change_ != nullptr ? count : count * WireBytes(type_), start_);
       Finish(grpc::Status::OK);
       return;
     }
@@ -296,7 +327,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
                                   AsBytes(piece), snapshot_);
     } else {
       auto encoded = std::make_shared<std::string>();
-      NoteSaturated(EncodeValues(piece, type_, encoded.get()));
+      service_->NoteSaturated(EncodeValues(piece, type_, encoded.get()), type_);
       message_ = EncodeWithTensor(head.SerializeAsString(), v1::PullChunk::kDataFieldNumber,
                                   *encoded, encoded);
     }
@@ -314,15 +345,9 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
       }
       return SharedMemoryLostStatus(std::string(saturated.status().message()));
     }
-    NoteSaturated(*saturated);
+    service_->NoteSaturated(*saturated, type_);
     service_->shm_pulls_.fetch_add(1, std::memory_order_relaxed);
     return grpc::Status::OK;
-  }
-  void NoteSaturated(int64_t saturated) {
-    if (saturated > 0 && !service_->pull_saturated_.exchange(true)) {
-      PS_LOG(WARNING) << "a pulled weight beyond " << WireTypeName(type_)
-                      << "'s range was sent as its largest (logged once)";
-    }
   }
   void OnWriteDone(bool ok) override {
     if (!ok) {
@@ -350,15 +375,8 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   // The segment the values go through (0: none), the request's ticket and its client.
   int64_t shm_segment_ = 0;
   uint64_t shm_ticket_ = 0;
-  // The data-plane connection and transfer the values go on (0: none); the progress of the copy
-  // being sent (null until it starts), or why it could not be queued.
-  uint64_t data_connection_ = 0, data_transfer_ = 0;
-  std::shared_ptr<FillProgress> filling_;
-  grpc::Status plane_lost_;
-  // The answer and the plane's send, which come in either order: the second finishes the call.
-  absl::Mutex plane_mu_;
-  int plane_events_ ABSL_GUARDED_BY(plane_mu_) = 0;
-  absl::StatusOr<int64_t> plane_sent_ ABSL_GUARDED_BY(plane_mu_) = absl::UnknownError("unsent");
+  // The values' send on the data plane, if they go there.
+  std::optional<PlaneSend> plane_;
   int worker_id_ = -1;
   // A compressed pull: how, the view the worker named, and the answer (change_: null when the
   // whole values go).
@@ -394,12 +412,17 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
   ReadRawBytes("Initialize", &ShardService::Initialize);
   ReadRawBytes("Push", &ShardService::Push);
   if (data_plane_ != nullptr) {
-    data_plane_->TakePushes([this](const DataPlane::PushCall& call) { return PushOnPlane(call); });
+    data_plane_->TakeCalls({[this](const DataPlane::Call& call, DataPlane::ReadValues read_values) {
+                              return PushOnPlane(call, read_values);
+                            },
+                            [this](const DataPlane::Call& call, DataPlane::Answer answer) {
+                              PullOnPlane(call, std::move(answer));
+                            }});
   }
 }
 
 ShardService::~ShardService() {
-  if (data_plane_ != nullptr) data_plane_->TakePushes(nullptr);
+  if (data_plane_ != nullptr) data_plane_->TakeCalls({});
 }
 
 template <typename Response>
@@ -621,48 +644,147 @@ grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<Pa
   return grpc::Status::OK;
 }
 
-DataPlane::PushAnswer ShardService::PushOnPlane(const DataPlane::PushCall& call) {
-  const absl::Time start = absl::Now();
-  DataPlane::PushAnswer answer;
-  v1::PushHeader h;
-  if (!h.ParseFromString(call.header)) {
-    shard_->RecordRejectedPush();
-    answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "cannot parse Push header");
-    return answer;
-  }
+grpc::Status ShardService::CheckPlaneCaller(const DataPlane::Call& call, int worker_id,
+                                            uint64_t connection, uint64_t transfer) {
   // Its connection, opened with a ticket AttachDataPlane gave the owner's token, stands for the
-  // token: the push must be made as that worker, name this connection and transfer, and carry its
-  // tensor on it, uncompressed.
-  if (h.worker_id() != call.owner || call.owner < 0) {
-    shard_->RecordRejectedPush();
-    answer.status = grpc::Status(
+  // token: the call must be made as that worker (or observer) and name this connection and
+  // transfer.
+  if (worker_id != call.owner) {
+    return grpc::Status(
         grpc::StatusCode::PERMISSION_DENIED,
-        absl::StrCat("a push as worker ", h.worker_id(), " on a data-plane connection of ",
-                     call.owner < 0 ? "an observer" : absl::StrCat("worker ", call.owner)));
-    return answer;
+        absl::StrCat("a call as worker ", worker_id, " on a data-plane connection of ",
+                     call.owner < 0 ? "observer " : "worker ", call.owner));
   }
-  if (h.data_connection() != call.connection || h.data_transfer() != call.transfer ||
-      h.shm_segment() != 0 || h.topk_pairs() != 0) {
-    shard_->RecordRejectedPush();
-    answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 "a push made on the data plane must name its connection and "
-                                 "transfer, and carry its tensor there uncompressed");
-    return answer;
+  if (connection != call.connection || transfer != call.transfer) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "a call made on the data plane must name its connection and transfer");
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status ShardService::CheckServing(int64_t shard_incarnation) const {
   if (replica_ != nullptr) {
     if (absl::Status s = replica_->CheckServing(/*may_take_over=*/true); !s.ok()) {
-      answer.status = ToGrpcStatus(s);
-      return answer;
+      return ToGrpcStatus(s);
     }
   }
-  answer.status = CheckShardIncarnation(h.shard_incarnation());
+  return CheckShardIncarnation(shard_incarnation);
+}
+
+DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
+                                                DataPlane::ReadValues read_values) {
+  const absl::Time start = absl::Now();
+  DataPlane::CallAnswer answer;
+  v1::PushHeader h;
+  if (!h.ParseFromString(call.request)) {
+    answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "cannot parse Push header");
+  } else if (call.owner < 0) {
+    answer.status = grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "an observer does not push");
+  } else if (h.shm_segment() != 0 || h.topk_pairs() != 0) {
+    answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "a push made on the data plane carries its tensor there, "
+                                 "uncompressed");
+  } else {
+    answer.status = CheckPlaneCaller(call, h.worker_id(), h.data_connection(), h.data_transfer());
+  }
+  if (!answer.status.ok()) {
+    shard_->RecordRejectedPush();
+    return answer;
+  }
+  answer.status = CheckServing(h.shard_incarnation());
   if (!answer.status.ok()) return answer;
   v1::PushResponse response;
-  answer.status =
-      ApplyPush(h, std::make_unique<PlaneCallPayload>(call.read_values), start, &response);
+  answer.status = ApplyPush(h, std::make_unique<PlaneCallPayload>(read_values), start, &response);
   if (answer.status.ok()) answer.status = WaitReplicated(call.deadline);
   if (answer.status.ok()) answer.response = response.SerializeAsString();
   return answer;
+}
+
+// A Pull made on the data plane (DataPlane::Call), once checked: waits (without a thread) for
+// the shard to admit it, sends the values on the plane as they are copied, then answers with what
+// heads a gRPC Pull's answer. Deletes itself once it answered.
+class ShardService::PlanePull {
+ public:
+  PlanePull(ShardService* service, const DataPlane::Call& call, WireType type,
+            DataPlane::Answer answer)
+      : service_(service),
+        type_(type),
+        answer_(std::move(answer)),
+        plane_(service->data_plane_, call.connection, call.owner, call.transfer, type) {}
+
+  void Start(const v1::PullRequest& r, absl::Time deadline) {
+    ParameterShard::ReadRequest read{FromProto(r.model()),
+                                     r.worker_id(),
+                                     r.offset(),
+                                     r.length(),
+                                     r.has_after_sequence() ? r.after_sequence() : -1,
+                                     deadline,
+                                     /*copy_out=*/nullptr};
+    read.filling = [this](absl::Span<const float> buffer) { return plane_.Start(buffer); };
+    service_->shard_->StartRead(
+        std::move(read),
+        [this](absl::StatusOr<ParameterShard::Snapshot> s) { OnAnswer(std::move(s)); });
+  }
+
+ private:
+  void OnAnswer(absl::StatusOr<ParameterShard::Snapshot> answer) {
+    if (!answer.ok()) {
+      Finish({ToGrpcStatus(answer.status()), ""});
+      return;
+    }
+    snapshot_.emplace(*std::move(answer));
+    plane_.Answered(snapshot_->values.span(), [this](grpc::Status lost, int64_t saturated) {
+      if (!lost.ok()) {
+        Finish({lost, ""});
+        return;
+      }
+      service_->NoteSaturated(saturated, type_);
+      service_->data_plane_pulls_.fetch_add(1, std::memory_order_relaxed);
+      service_->RecordPull(static_cast<int64_t>(snapshot_->values.span().size()) * WireBytes(type_),
+                           start_);
+      Finish({grpc::Status::OK, PlanePullHead(*snapshot_, type_).SerializeAsString()});
+    });
+  }
+  void Finish(DataPlane::CallAnswer a) {
+    DataPlane::Answer answer = std::move(answer_);
+    delete this;
+    answer(std::move(a));
+  }
+
+  ShardService* const service_;
+  const WireType type_;
+  const absl::Time start_ = absl::Now();
+  DataPlane::Answer answer_;
+  std::optional<ParameterShard::Snapshot> snapshot_;
+  PlaneSend plane_;
+};
+
+void ShardService::PullOnPlane(const DataPlane::Call& call, DataPlane::Answer answer) {
+  v1::PullRequest r;
+  WireType type = WireType::kFloat32;
+  grpc::Status checked =
+      r.ParseFromString(call.request)
+          ? CheckPlaneCaller(call, r.worker_id(), r.data_connection(), r.data_transfer())
+          : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "cannot parse Pull request");
+  if (checked.ok() && r.dtype() != v1::DTYPE_UNSPECIFIED) {
+    absl::StatusOr<WireType> t = WireTypeOfDType(r.dtype());
+    checked = ToGrpcStatus(t.status());
+    if (t.ok()) type = *t;
+  }
+  if (checked.ok() && (r.compress() != v1::DTYPE_UNSPECIFIED || r.shm_segment() != 0)) {
+    checked = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                           "a pull made on the data plane takes its values there, uncompressed");
+  }
+  if (checked.ok()) checked = CheckServing(r.shard_incarnation());
+  if (!checked.ok()) {
+    answer({checked, ""});
+    return;
+  }
+  // Answered a little before the client's deadline, so that it learns why (ABORTED: held back,
+  // pull again) instead of timing out.
+  const absl::Time deadline =
+      std::min(absl::Now() + absl::Minutes(1), call.deadline - absl::Milliseconds(250));
+  (new PlanePull(this, call, type, std::move(answer)))->Start(r, deadline);
 }
 
 grpc::Status ShardService::OpenPushPayload(grpc::ServerContext* context,
@@ -709,6 +831,20 @@ void ShardService::RecordPush(const v1::PushHeader& h, int64_t payload, absl::Ti
   if (metrics_.push_seconds != nullptr) {
     metrics_.push_bytes->Increment(static_cast<double>(payload));
     metrics_.push_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+}
+
+void ShardService::RecordPull(int64_t payload, absl::Time start) {
+  if (metrics_.pull_seconds != nullptr) {
+    metrics_.pull_bytes->Increment(static_cast<double>(payload));
+    metrics_.pull_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+}
+
+void ShardService::NoteSaturated(int64_t saturated, WireType type) {
+  if (saturated > 0 && !pull_saturated_.exchange(true)) {
+    PS_LOG(WARNING) << "a pulled weight beyond " << WireTypeName(type)
+                    << "'s range was sent as its largest (logged once)";
   }
 }
 
@@ -869,7 +1005,7 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
         response->set_connection(ticket->connection);
         response->set_secret(ticket->secret);
         response->set_lanes(ticket->lanes);
-        response->set_push_calls(true);
+        response->set_calls(true);
         return grpc::Status::OK;
       });
 }

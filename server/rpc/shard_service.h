@@ -91,7 +91,7 @@ class ShardService final : public ShardServiceBase {
                TokenAuthenticator tokens = {}, Replica* replica = nullptr,
                ServiceMetrics metrics = {}, Checkpointer* checkpointer = nullptr,
                DataPlane* data_plane = nullptr);
-  // Stops taking pushes made on the data plane (waits for those in progress).
+  // Stops taking calls made on the data plane (waits until those in progress were answered).
   ~ShardService() override;
 
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* context,
@@ -133,6 +133,8 @@ class ShardService final : public ShardServiceBase {
 
  private:
   class PullWriter;
+  class PlaneSend;
+  class PlanePull;
   template <typename Response>
   using RawStream = grpc::Status (ShardService::*)(grpc::ServerContext*,
                                                    grpc::ServerReader<grpc::ByteBuffer>*,
@@ -227,12 +229,26 @@ class ShardService final : public ShardServiceBase {
   // fails); `start` is when the call began. Its answer into `response`.
   grpc::Status ApplyPush(const v1::PushHeader& h, std::unique_ptr<PayloadSource> source,
                          absl::Time start, v1::PushResponse* response);
-  // A push made on a data-plane connection (DataPlane::PushCall): admitted as its connection's
-  // owner (whose token AttachDataPlane checked), then as Push.
-  DataPlane::PushAnswer PushOnPlane(const DataPlane::PushCall& call);
+  // A push made on a data-plane connection (DataPlane::Call): admitted as its connection's owner
+  // (whose token AttachDataPlane checked), then applied as Push's.
+  DataPlane::CallAnswer PushOnPlane(const DataPlane::Call& call, DataPlane::ReadValues read_values);
+  // A pull made on a data-plane connection: admitted likewise, answered (`answer`) once its
+  // values were sent there, or at once if it is refused.
+  void PullOnPlane(const DataPlane::Call& call, DataPlane::Answer answer);
+  // OK if a call made on the data plane is its connection owner's (PERMISSION_DENIED otherwise)
+  // and names the connection and transfer it came as (INVALID_ARGUMENT otherwise).
+  static grpc::Status CheckPlaneCaller(const DataPlane::Call& call, int worker_id,
+                                       uint64_t connection, uint64_t transfer);
+  // OK if this replica serves clients (Replica::CheckServing, may take over) and the client
+  // registered with this process (CheckShardIncarnation).
+  grpc::Status CheckServing(int64_t shard_incarnation) const;
   // ShardRestartedStatus unless `claimed` (a client's shard incarnation, 0: unchecked) is this
   // process's.
   grpc::Status CheckShardIncarnation(std::optional<int64_t> claimed) const;
+  // Pull metrics: `payload` bytes since `start`.
+  void RecordPull(int64_t payload, absl::Time start);
+  // Logs, once, that a pulled weight was saturated to `type`'s range.
+  void NoteSaturated(int64_t saturated, WireType type);
   // Counts a push taken (shared memory, metrics: its `payload` bytes since `start`).
   void RecordPush(const v1::PushHeader& h, int64_t payload, absl::Time start);
   // A unary call on raw bytes: admits `needs` (the token) before parsing, parses the request
