@@ -1041,6 +1041,78 @@ TEST_F(DataPlaneShardTest, APushMadeOnTheConnectionIsItsOwnersAndAppliedWholeOrN
   EXPECT_EQ(ShardStats().data_plane_pulls(), 1);
 }
 
+// Pulls made on the data plane wait at a sync barrier as gRPC's do, without a thread, as many at
+// once as a worker may have (--max_calls_per_worker): one more is refused at once; the held ones
+// get the round's weights once it is complete.
+TEST_F(DataPlaneShardTest, PullCallsHeldAtASyncBarrierAreBoundedAndAnsweredWhenTheRoundEnds) {
+  LocalCluster sync(ExecutableDir(), dir_ + "/sync");
+  ASSERT_TRUE(sync.StartShards(1, kModel.fingerprint, 2,
+                               {"--consistency=sync", "--optimizer=sgd", "--lr=0.5",
+                                "--max_calls_per_worker=4", "--lease_seconds=600"})
+                  .ok());
+  ClientOptions options;
+  options.shared_memory = false;
+  options.data_plane = false;
+  options.retry_for = absl::Seconds(20);
+  ShardedClient worker0({sync.ShardAddress(0)}, kModel, 0, options);
+  ShardedClient worker1({sync.ShardAddress(0)}, kModel, 1, options);
+  ASSERT_TRUE(worker0.Register().ok());
+  ASSERT_TRUE(worker1.Register().ok());
+  ASSERT_TRUE(worker0.Initialize(initial_).ok());
+  const std::vector<float> gradient(kParams, 1.0f);
+  ASSERT_TRUE(worker0.Push(gradient, 0).ok());  // the round waits for worker 1
+  v1::AttachDataPlaneResponse ticket;
+  ASSERT_TRUE(Attach(0, "", &ticket, sync.ShardAddress(0)).ok());
+  absl::StatusOr<std::unique_ptr<DataConnection>> opened = DataConnection::Open(
+      {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), ticket.lanes(), true},
+      kParams * 4, Soon(), absl::Seconds(5));
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  DataConnection& c = **opened;
+  constexpr int kPulls = 5;
+  std::vector<std::vector<float>> got(kPulls, std::vector<float>(kParams, -1.0f));
+  std::vector<grpc::Status> answers(kPulls);
+  std::atomic<int> refused{0};
+  std::vector<std::thread> pulls;
+  for (int i = 0; i < kPulls; ++i) {
+    pulls.emplace_back([&, i] {
+      v1::PullRequest r;
+      r.set_worker_id(0);
+      r.set_length(kParams);
+      r.mutable_model()->set_fingerprint(kModel.fingerprint);
+      r.mutable_model()->set_total_params(kModel.total_params);
+      r.mutable_model()->set_num_shards(kModel.num_shards);
+      r.set_data_connection(c.id());
+      r.set_data_transfer(i + 1);
+      absl::StatusOr<DataConnection::Answered> answered =
+          c.PullCall(i + 1, r.SerializeAsString(), absl::MakeSpan(got[i]), WireType::kFloat32,
+                     absl::Now() + absl::Seconds(30));
+      answers[i] = answered.ok() ? answered->status
+                                 : grpc::Status(grpc::StatusCode::UNKNOWN,
+                                                std::string(answered.status().message()));
+      refused += answers[i].error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    });
+  }
+  v1::StatsResponse stats;
+  for (absl::Time end = Soon();
+       (refused.load() < 1 || stats.pulls_waiting() < 4) && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(20));
+    stats = Stats(sync.ShardAddress(0));
+  }
+  EXPECT_EQ(refused.load(), 1);
+  EXPECT_EQ(stats.pulls_waiting(), 4);
+  ASSERT_TRUE(worker1.Push(gradient, 0).ok());  // the round is complete: the held pulls answer
+  for (std::thread& t : pulls) t.join();
+  for (int i = 0; i < kPulls; ++i) {
+    if (answers[i].error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      EXPECT_EQ(got[i][0], -1.0f);
+      continue;
+    }
+    ASSERT_TRUE(answers[i].ok()) << i << ": " << answers[i].error_message();
+    EXPECT_EQ(got[i][5], initial_[5] - 0.5f) << i;
+  }
+  EXPECT_EQ(Stats(sync.ShardAddress(0)).data_plane_pulls(), kPulls - 1);
+}
+
 // A replicated shard answers a push made on its data plane once its backup has it.
 TEST_F(DataPlaneShardTest, APushOnTheDataPlaneOfAReplicatedShardReachesItsBackup) {
   LocalCluster replicated(ExecutableDir(), dir_ + "/replicated");

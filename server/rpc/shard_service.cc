@@ -706,9 +706,10 @@ DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
 class ShardService::PlanePull {
  public:
   PlanePull(ShardService* service, const DataPlane::Call& call, WireType type,
-            DataPlane::Answer answer)
+            CallLimit::Slot place, DataPlane::Answer answer)
       : service_(service),
         type_(type),
+        place_(std::move(place)),
         answer_(std::move(answer)),
         plane_(service->data_plane_, call.connection, call.owner, call.transfer, type) {}
 
@@ -754,6 +755,7 @@ class ShardService::PlanePull {
   ShardService* const service_;
   const WireType type_;
   const absl::Time start_ = absl::Now();
+  const CallLimit::Slot place_;  // among the shard's pulls in progress
   DataPlane::Answer answer_;
   std::optional<ParameterShard::Snapshot> snapshot_;
   PlaneSend plane_;
@@ -776,6 +778,11 @@ void ShardService::PullOnPlane(const DataPlane::Call& call, DataPlane::Answer an
                            "a pull made on the data plane takes its values there, uncompressed");
   }
   if (checked.ok()) checked = CheckServing(r.shard_incarnation());
+  // A place among the pulls in progress, as a gRPC Pull takes: a connection's calls are read one
+  // at a time, but a held pull's answer comes later.
+  absl::StatusOr<CallLimit::Slot> place =
+      pulls_.TryAcquire(call.owner >= 0 ? call.owner : Caller::kNoWorker);
+  if (checked.ok()) checked = ToGrpcStatus(place.status());
   if (!checked.ok()) {
     answer({checked, ""});
     return;
@@ -784,7 +791,7 @@ void ShardService::PullOnPlane(const DataPlane::Call& call, DataPlane::Answer an
   // pull again) instead of timing out.
   const absl::Time deadline =
       std::min(absl::Now() + absl::Minutes(1), call.deadline - absl::Milliseconds(250));
-  (new PlanePull(this, call, type, std::move(answer)))->Start(r, deadline);
+  (new PlanePull(this, call, type, *std::move(place), std::move(answer)))->Start(r, deadline);
 }
 
 grpc::Status ShardService::OpenPushPayload(grpc::ServerContext* context,
