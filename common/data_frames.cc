@@ -78,7 +78,9 @@ absl::StatusOr<CallFrame> DecodeCall(std::string_view payload) {
 
 std::string EncodeAnswer(const grpc::Status& status, std::string_view response) {
   const std::string message = status.error_message().substr(0, kMaxAnswerMessage);
-  const std::string& details = status.error_details();
+  // Details are a short marker (common/grpc_status.h); a long one would not fit an answer.
+  const std::string details =
+      status.error_details().size() <= kMaxAnswerMessage ? status.error_details() : "";
   std::string payload(12, '\0');
   Put(payload.data(), static_cast<uint32_t>(status.error_code()), 4);
   Put(payload.data() + 4, message.size(), 4);

@@ -1042,13 +1042,13 @@ TEST_F(DataPlaneShardTest, APushMadeOnTheConnectionIsItsOwnersAndAppliedWholeOrN
 }
 
 // Pulls made on the data plane wait at a sync barrier as gRPC's do, without a thread, as many at
-// once as a worker may have (--max_calls_per_worker): one more is refused at once; the held ones
-// get the round's weights once it is complete.
+// once as the shard takes (--max_pulls): one more is refused at once; the held ones get the
+// round's weights once it is complete.
 TEST_F(DataPlaneShardTest, PullCallsHeldAtASyncBarrierAreBoundedAndAnsweredWhenTheRoundEnds) {
   LocalCluster sync(ExecutableDir(), dir_ + "/sync");
   ASSERT_TRUE(sync.StartShards(1, kModel.fingerprint, 2,
                                {"--consistency=sync", "--optimizer=sgd", "--lr=0.5",
-                                "--max_calls_per_worker=4", "--lease_seconds=600"})
+                                "--max_pulls=4", "--lease_seconds=600"})
                   .ok());
   ClientOptions options;
   options.shared_memory = false;
@@ -1111,6 +1111,23 @@ TEST_F(DataPlaneShardTest, PullCallsHeldAtASyncBarrierAreBoundedAndAnsweredWhenT
     EXPECT_EQ(got[i][5], initial_[5] - 0.5f) << i;
   }
   EXPECT_EQ(Stats(sync.ShardAddress(0)).data_plane_pulls(), kPulls - 1);
+
+  // A client that cancels its calls (as at SIGTERM) ends its pull held on the plane at once, not
+  // at the attempt's deadline.
+  options.data_plane = true;
+  options.rpc_timeout = absl::Seconds(60);
+  ShardedClient planed({sync.ShardAddress(0)}, kModel, 0, options);
+  ASSERT_TRUE(planed.Register().ok());
+  std::vector<float> weights(kParams);
+  ASSERT_TRUE(planed.Pull(absl::MakeSpan(weights)).ok());
+  ASSERT_TRUE(planed.Push(gradient, 1).ok());  // the next round waits for worker 1
+  ShardedClient::Pending<ShardedClient::Versions> held = planed.StartPull(absl::MakeSpan(weights));
+  EXPECT_FALSE(held.Done(absl::Milliseconds(300)));  // at the barrier
+  const absl::Time cancelled = absl::Now();
+  planed.CancelPending();
+  EXPECT_TRUE(held.Done(absl::Seconds(20)));
+  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(20));
+  EXPECT_FALSE(held.Wait().ok());
 }
 
 // A replicated shard answers a push made on its data plane once its backup has it.

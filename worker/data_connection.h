@@ -98,6 +98,8 @@ class DataConnection {
 
   // Whether the connection ended (it failed or the shard closed it).
   bool ended() const;
+  // Ends the connection: calls waiting on it fail at once (UNAVAILABLE).
+  void End();
 
  private:
   struct Lane {
@@ -117,8 +119,6 @@ class DataConnection {
   absl::StatusOr<grpc::Status> AwaitAnswer(uint64_t transfer, const std::string& answer,
                                            std::string* response, absl::Time deadline);
   DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes, bool calls);
-  // Ends every lane.
-  void End();
 
   const uint64_t id_;
   const bool calls_;

@@ -325,8 +325,13 @@ class ShardedClient::Impl {
     // How tensors travel: through shared memory, else over the data plane, else over gRPC.
     std::shared_ptr<SharedPath> shared;
     std::shared_ptr<DataConnection> data;
+    int data_replica = 0;  // the replica `data` connects to
   };
   Session SessionOf(int shard) const;
+  // The session's data-plane connection if it is with the replica calls go to now, else null.
+  std::shared_ptr<DataConnection> DataOf(const Session& session, int shard) const {
+    return session.data_replica == CurrentReplica(shard) ? session.data : nullptr;
+  }
   // One Register call to `shard`; records the session. `resume_sequence` >= 0 when registering
   // again with a restarted shard. Fails if the shard lost the model it held before.
   grpc::Status RegisterWith(int shard, grpc::ClientContext* context, int64_t resume_sequence);
@@ -339,6 +344,11 @@ class ShardedClient::Impl {
   // A data-plane connection with that process, if ClientOptions::data_plane and it has one; else
   // why not.
   absl::StatusOr<std::shared_ptr<DataConnection>> ConnectTo(int shard, int64_t shard_incarnation);
+  // What a call made on the data-plane connection `data` with `shard` that failed (`why`, not
+  // the shard's answer) returns: DEADLINE_EXCEEDED if no answer came in time on a connection
+  // still open, else the connection is dropped (DropData) and "data plane lost".
+  grpc::Status PlaneCallFailed(int shard, const std::shared_ptr<DataConnection>& data,
+                               const absl::Status& why);
   // Stops using `data` with `shard` (it failed: `why`); later calls go over gRPC.
   void DropData(int shard, const std::shared_ptr<DataConnection>& data, absl::string_view why);
   // Stops using `shared` with `shard` (it failed: `why`); later calls go over gRPC.
@@ -776,6 +786,7 @@ ProbeFinding ShardedClient::Impl::ProbeOf(const Replica& replica, const ClientSe
 
 grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* context,
                                                int64_t resume_sequence) {
+  const int replica = CurrentReplica(shard);
   v1::RegisterRequest request;
   request.set_worker_id(worker_id_);
   *request.mutable_model() = ModelProto();
@@ -810,11 +821,11 @@ grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* c
                      "version ",
                      session.version, "); the job cannot go on without it. ", kLostModelFix));
   }
-  session = Session{response.incarnation(),     response.shard_incarnation(),
-                    response.version(),         response.version(),
-                    response.last_sequence(),   response.initialized() || session.initialized,
-                    response.consistency(),     shared.ok() ? *shared : nullptr,
-                    data.ok() ? *data : nullptr};
+  session = Session{response.incarnation(),      response.shard_incarnation(),
+                    response.version(),          response.version(),
+                    response.last_sequence(),    response.initialized() || session.initialized,
+                    response.consistency(),      shared.ok() ? *shared : nullptr,
+                    data.ok() ? *data : nullptr, replica};
   return grpc::Status::OK;
 }
 
@@ -869,6 +880,18 @@ absl::StatusOr<std::shared_ptr<DataConnection>> ShardedClient::Impl::ConnectTo(
                            absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
   if (!connection.ok()) return connection.status();
   return std::shared_ptr<DataConnection>(*std::move(connection));
+}
+
+grpc::Status ShardedClient::Impl::PlaneCallFailed(int shard,
+                                                  const std::shared_ptr<DataConnection>& data,
+                                                  const absl::Status& why) {
+  // No answer in time on a connection still open: the shard may just be slow (the answer, if it
+  // comes, is dropped); a retry is made as after any deadline.
+  if (why.code() == absl::StatusCode::kDeadlineExceeded && !data->ended()) {
+    return ToGrpcStatus(why);
+  }
+  DropData(shard, data, why.message());
+  return DataPlaneLostStatus(std::string(why.message()));
 }
 
 void ShardedClient::Impl::DropData(int shard, const std::shared_ptr<DataConnection>& data,
@@ -1038,7 +1061,7 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
     request.set_shm_ticket(ticket);
   }
   // Else over the data plane, if there is a connection: the values go straight into `params`.
-  const std::shared_ptr<DataConnection>& data = session.data;
+  const std::shared_ptr<DataConnection> data = DataOf(session, shard);
   if (!turn.owns_lock() && data != nullptr && data->calls()) {
     return PullCall(shard, *context, data, params, request, versions);
   }
@@ -1118,10 +1141,7 @@ grpc::Status ShardedClient::Impl::PullCall(int shard, const grpc::ClientContext&
   absl::StatusOr<DataConnection::Answered> made =
       data->PullCall(transfer, request.SerializeAsString(), params.subspan(r.begin, r.size()),
                      options_.pull_type, absl::FromChrono(context.deadline()));
-  if (!made.ok()) {
-    DropData(shard, data, made.status().message());
-    return DataPlaneLostStatus(std::string(made.status().message()));
-  }
+  if (!made.ok()) return PlaneCallFailed(shard, data, made.status());
   if (IsDataPlaneLost(made->status)) DropData(shard, data, made->status.error_message());
   if (!made->status.ok()) return made->status;
   v1::PullChunk head;
@@ -1294,8 +1314,8 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
   }
   // Else over the data plane, if there is a connection: the gradient goes from `part` once the
   // shard says it waits for it. A compressed one, a fraction of the bytes, goes over gRPC.
-  const std::shared_ptr<DataConnection>& data =
-      turn.owns_lock() || compressed != nullptr ? nullptr : session.data;
+  const std::shared_ptr<DataConnection> data =
+      turn.owns_lock() || compressed != nullptr ? nullptr : DataOf(session, shard);
   uint64_t transfer = 0;
   if (data != nullptr) {
     transfer = data->NextTransfer();
@@ -1309,10 +1329,7 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
     absl::StatusOr<DataConnection::Answered> made =
         data->PushCall(transfer, header.SerializeAsString(), part, options_.push_type,
                        absl::FromChrono(context->deadline()));
-    if (!made.ok()) {
-      DropData(shard, data, made.status().message());
-      return DataPlaneLostStatus(std::string(made.status().message()));
-    }
+    if (!made.ok()) return PlaneCallFailed(shard, data, made.status());
     if (made->status.ok() && !response->ParseFromString(made->response)) {
       return grpc::Status(grpc::StatusCode::INTERNAL,
                           "the shard's answer to a push on the data plane does not parse");
@@ -1485,6 +1502,14 @@ void ShardedClient::CancelPending() {
     ++impl_->generation_;
     for (grpc::ClientContext* c : impl_->in_flight_) c->TryCancel();
     holding.swap(impl_->holding_);
+  }
+  {
+    // Calls made on a data-plane connection wait on it, not on a context: it ends, and they fail
+    // at once (later calls go over gRPC).
+    absl::MutexLock lock(&impl_->sessions_mu_);
+    for (const Impl::Session& s : impl_->sessions_) {
+      if (s.data != nullptr) s.data->End();
+    }
   }
   for (const std::weak_ptr<Call>& c : holding) {
     if (std::shared_ptr<Call> call = c.lock()) {

@@ -29,6 +29,7 @@ class DataPlane::Lane {
     closed = true;
   }
 
+  // A part of a Pull's tensor, or a pull call's Answer (`answer`, its payload; `sent` null).
   struct Outgoing {
     uint64_t transfer;
     std::shared_ptr<const void> keep;
@@ -37,6 +38,7 @@ class DataPlane::Lane {
     Sent sent;
     const FillProgress* filling = nullptr;  // alive until `sent` (DataPlane::Send)
     int64_t filled_from = 0;                // where `values` start in what `filling` tells of
+    std::string answer;
   };
 
   // Queues parts[i] on lanes[i], all of them or none (FAILED_PRECONDITION): a caller whose Send
@@ -308,7 +310,9 @@ void DataPlane::Serve(std::shared_ptr<Lane> lane) {
       absl::MutexLock lock(&lane->mu);
       failed.swap(lane->outgoing);
     }
-    for (auto& f : failed) f.sent(absl::UnavailableError("the data plane connection ended"));
+    for (auto& f : failed) {
+      if (f.sent != nullptr) f.sent(absl::UnavailableError("the data plane connection ended"));
+    }
   }
   lane->ended.store(true);
 }
@@ -331,8 +335,19 @@ void DataPlane::SendLoop(Lane& lane) {
       }
     }
     if (!out.has_value()) {
-      for (auto& f : failed) f.sent(absl::UnavailableError("the data plane connection ended"));
+      for (auto& f : failed) {
+        if (f.sent != nullptr) f.sent(absl::UnavailableError("the data plane connection ended"));
+      }
       return;
+    }
+    if (out->sent == nullptr) {  // an answer
+      absl::MutexLock lock(&lane.send_mu);
+      if (!SendFrame(lane.socket, {FrameKind::kAnswer, out->transfer}, out->answer,
+                     absl::InfiniteFuture())
+               .ok()) {
+        lane.Close();
+      }
+      continue;
     }
     absl::StatusOr<int64_t> sent;
     {
@@ -368,16 +383,23 @@ absl::Status DataPlane::OnCall(const std::shared_ptr<Lane>& lane, const Connecti
   }
   const Call call{c.id, transfer, c.owner, absl::Now() + frame->timeout, std::move(frame->request)};
   if (pull) {
+    // Answered from any thread, the shard's callbacks' included, which must not block: queued
+    // for the lane's sender, after the values (a connection too far behind ends).
     handlers->pull(call, [this, lane, transfer](CallAnswer answer) {
-      SendAnswer(*lane, transfer, answer).IgnoreError();
+      std::vector<Lane::Outgoing> queued(1);
+      queued[0].transfer = transfer;
+      queued[0].answer = EncodeAnswer(answer.status, answer.response);
+      if (!Lane::QueueAll({lane}, queued).ok()) lane->Close();
       absl::MutexLock lock(&mu_);
       --calls_running_;
     });
     return absl::OkStatus();
   }
+  // Its tensor follows at once: read by the call's deadline, or a minute.
+  const absl::Time read_by = std::min(call.deadline, absl::Now() + absl::Minutes(1));
   CallAnswer answer =
       handlers->push(call, [&](absl::Span<float> dst, WireType type, ValuesSeen seen) {
-        return lane->inbox.ReadCallValues(transfer, dst, type, seen);
+        return lane->inbox.ReadCallValues(transfer, dst, type, seen, read_by);
       });
   {
     absl::MutexLock lock(&mu_);
@@ -388,7 +410,8 @@ absl::Status DataPlane::OnCall(const std::shared_ptr<Lane>& lane, const Connecti
 }
 
 absl::Status DataPlane::SendAnswer(Lane& lane, uint64_t transfer, const CallAnswer& answer) {
-  // Sent from the caller's thread, between the sender's frames: the call waits for nothing else.
+  // Sent from the lane's reading thread, between the sender's frames: the call waits for nothing
+  // else.
   absl::Status sent;
   {
     absl::MutexLock lock(&lane.send_mu);

@@ -169,14 +169,16 @@ class DataPlane {
   void CloseLanes(Connection& connection, absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CloseLanes, and forgets the connection.
   void Close(Connection& connection, const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
-  // A lane's sending thread: Pull tensors in the order they were queued, until it ends.
+  // A lane's sending thread: Pull tensors and pull calls' answers in the order they were queued,
+  // until it ends.
   void SendLoop(Lane& lane);
   // A call frame's payload that came on `lane` (the first) of connection `c`: to its handler, and
   // its answer sent (a pull's once the handler gives it). A status that is not OK ends the
   // connection.
   absl::Status OnCall(const std::shared_ptr<Lane>& lane, const Connection& c, FrameKind kind,
                       uint64_t transfer, std::string payload);
-  // Sends a call's answer on `lane` (the lane is closed if it cannot).
+  // Sends a push call's answer on `lane`, from its reading thread (the lane is closed if it
+  // cannot).
   static absl::Status SendAnswer(Lane& lane, uint64_t transfer, const CallAnswer& answer);
   // Open connection `connection`, if it is `owner`'s (FAILED_PRECONDITION otherwise).
   absl::StatusOr<std::shared_ptr<Connection>> Find(uint64_t connection, int owner);

@@ -676,10 +676,12 @@ DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
   const absl::Time start = absl::Now();
   DataPlane::CallAnswer answer;
   v1::PushHeader h;
+  if (call.owner < 0) {  // refused before its request is looked at, as by Push's Admit
+    answer.status = grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "an observer does not push");
+    return answer;
+  }
   if (!h.ParseFromString(call.request)) {
     answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "cannot parse Push header");
-  } else if (call.owner < 0) {
-    answer.status = grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "an observer does not push");
   } else if (h.shm_segment() != 0 || h.topk_pairs() != 0) {
     answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "a push made on the data plane carries its tensor there, "
@@ -778,10 +780,9 @@ void ShardService::PullOnPlane(const DataPlane::Call& call, DataPlane::Answer an
                            "a pull made on the data plane takes its values there, uncompressed");
   }
   if (checked.ok()) checked = CheckServing(r.shard_incarnation());
-  // A place among the pulls in progress, as a gRPC Pull takes: a connection's calls are read one
-  // at a time, but a held pull's answer comes later.
-  absl::StatusOr<CallLimit::Slot> place =
-      pulls_.TryAcquire(call.owner >= 0 ? call.owner : Caller::kNoWorker);
+  // A place among the pulls in progress, as a gRPC Pull takes (counted as a job-wide token's
+  // are): a connection's calls are read one at a time, but a held pull's answer comes later.
+  absl::StatusOr<CallLimit::Slot> place = pulls_.TryAcquire(Caller::kAnyWorker);
   if (checked.ok()) checked = ToGrpcStatus(place.status());
   if (!checked.ok()) {
     answer({checked, ""});
