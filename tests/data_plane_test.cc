@@ -371,6 +371,21 @@ TEST(DataPlaneTest, AClientForgettingATransferThatNeverCameKeepsItsConnection) {
   EXPECT_EQ(plane->connections(), 1);
 }
 
+// A client's connection (DataConnection, making calls) with a fresh ticket of `owner`'s, which
+// goes into `ticket` if asked for; null if it cannot be opened.
+std::unique_ptr<DataConnection> OpenClient(DataPlane& plane, int owner,
+                                           DataPlane::Ticket* ticket = nullptr) {
+  absl::StatusOr<DataPlane::Ticket> issued = plane.Issue(owner);
+  EXPECT_TRUE(issued.ok()) << issued.status();
+  if (!issued.ok()) return nullptr;
+  if (ticket != nullptr) *ticket = *issued;
+  absl::StatusOr<std::unique_ptr<DataConnection>> client = DataConnection::Open(
+      {"127.0.0.1", plane.port(), issued->connection, issued->secret, issued->lanes, true},
+      64 << 20, Soon(), absl::Seconds(5));
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? *std::move(client) : nullptr;
+}
+
 // A push made on the connection itself goes to the handler with its header and deadline, its
 // tensor read by the handler into its own buffer (or dropped when it reads none), and is answered
 // on the connection, between the frames of a large pull sent meanwhile; with no handler it is
@@ -398,13 +413,10 @@ TEST(DataPlaneTest, APushCallGoesToTheHandlerAndIsAnsweredOnTheConnection) {
     return answer;
   };
   plane->TakeCalls({push, nullptr});
-  absl::StatusOr<DataPlane::Ticket> ticket = plane->Issue(3);
-  ASSERT_TRUE(ticket.ok()) << ticket.status();
-  absl::StatusOr<std::unique_ptr<DataConnection>> client = DataConnection::Open(
-      {"127.0.0.1", plane->port(), ticket->connection, ticket->secret, ticket->lanes, true},
-      64 << 20, Soon(), absl::Seconds(5));
-  ASSERT_TRUE(client.ok()) << client.status();
-  DataConnection& c = **client;
+  DataPlane::Ticket ticket;
+  std::unique_ptr<DataConnection> client = OpenClient(*plane, 3, &ticket);
+  ASSERT_NE(client, nullptr);
+  DataConnection& c = *client;
   std::vector<float> values(1000);
   for (size_t i = 0; i < values.size(); ++i) values[i] = 0.5f * i;
 
@@ -415,7 +427,7 @@ TEST(DataPlaneTest, APushCallGoesToTheHandlerAndIsAnsweredOnTheConnection) {
   EXPECT_EQ(answered->response, "seen 1000");
   EXPECT_EQ(got, values);
   ASSERT_EQ(calls.size(), 1u);
-  EXPECT_EQ(calls[0].connection, ticket->connection);
+  EXPECT_EQ(calls[0].connection, ticket.connection);
   EXPECT_EQ(calls[0].transfer, 5u);
   EXPECT_EQ(calls[0].owner, 3);
   EXPECT_GT(calls[0].deadline, absl::Now() + absl::Seconds(5));
@@ -444,7 +456,7 @@ TEST(DataPlaneTest, APushCallGoesToTheHandlerAndIsAnsweredOnTheConnection) {
   ASSERT_TRUE(c.Expect(9, absl::MakeSpan(pulled), WireType::kFloat32).ok());
   absl::Notification sent;
   ASSERT_TRUE(plane
-                  ->Send(ticket->connection, 3, 9, big, *big, WireType::kFloat32,
+                  ->Send(ticket.connection, 3, 9, big, *big, WireType::kFloat32,
                          [&](absl::StatusOr<int64_t>) { sent.Notify(); })
                   .ok());
   answered = c.PushCall(10, "read", values, WireType::kFloat32, Soon());
@@ -491,13 +503,9 @@ TEST(DataPlaneTest, APullCallIsAnsweredAfterItsValues) {
                     .ok());
   };
   plane->TakeCalls({nullptr, pull});
-  absl::StatusOr<DataPlane::Ticket> ticket = plane->Issue(2);
-  ASSERT_TRUE(ticket.ok()) << ticket.status();
-  absl::StatusOr<std::unique_ptr<DataConnection>> client = DataConnection::Open(
-      {"127.0.0.1", plane->port(), ticket->connection, ticket->secret, ticket->lanes, true},
-      64 << 20, Soon(), absl::Seconds(5));
-  ASSERT_TRUE(client.ok()) << client.status();
-  DataConnection& c = **client;
+  std::unique_ptr<DataConnection> client = OpenClient(*plane, 2);
+  ASSERT_NE(client, nullptr);
+  DataConnection& c = *client;
   std::vector<float> got(n, -1.0f);
   absl::StatusOr<DataConnection::Answered> answered =
       c.PullCall(1, "pull", absl::MakeSpan(got), WireType::kFloat32, Soon());

@@ -139,6 +139,24 @@ class ShardService::PlaneSend {
 };
 
 namespace {
+// How long a call may wait for the shard: a minute at most, and it answers a little before the
+// client's deadline so that the client learns why (e.g. ABORTED: held back, pull again) instead
+// of timing out.
+absl::Time AnswerBy(absl::Time client_deadline) {
+  return std::min(absl::Now() + absl::Minutes(1), client_deadline - absl::Milliseconds(250));
+}
+
+// The shard's read for pull request `r`, waiting until `deadline` at most.
+ParameterShard::ReadRequest ReadOf(const v1::PullRequest& r, absl::Time deadline) {
+  return {FromProto(r.model()),
+          r.worker_id(),
+          r.offset(),
+          r.length(),
+          r.has_after_sequence() ? r.after_sequence() : -1,
+          deadline,
+          /*copy_out=*/nullptr};
+}
+
 // What heads the answer to a pull whose values went on the data plane.
 v1::PullChunk PlanePullHead(const ParameterShard::Snapshot& snapshot, WireType type) {
   v1::PullChunk head;
@@ -197,17 +215,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
       Finish(checked);
       return;
     }
-    // Wait at most a minute, and answer a little before the client's deadline so that it learns
-    // why (ABORTED: held back, pull again) instead of timing out.
-    absl::Time deadline = std::min(absl::Now() + absl::Minutes(1),
-                                   absl::FromChrono(context->deadline()) - absl::Milliseconds(250));
-    ParameterShard::ReadRequest read{FromProto(r.model()),
-                                     r.worker_id(),
-                                     r.offset(),
-                                     r.length(),
-                                     r.has_after_sequence() ? r.after_sequence() : -1,
-                                     deadline,
-                                     /*copy_out=*/nullptr};
+    ParameterShard::ReadRequest read = ReadOf(r, AnswerBy(absl::FromChrono(context->deadline())));
     if (shm_segment_ != 0) {  // the values go straight into the segment
       read.copy_out = [this](absl::Span<const float> values) {
         shared_status_ = WriteShared(values);
@@ -513,8 +521,7 @@ grpc::Status ShardService::WaitReplicated(const grpc::ServerContextBase& context
 
 grpc::Status ShardService::WaitReplicated(absl::Time deadline) const {
   if (replica_ == nullptr) return grpc::Status::OK;
-  return ToGrpcStatus(replica_->WaitReplicated(
-      std::min(absl::Now() + absl::Minutes(1), deadline - absl::Milliseconds(250))));
+  return ToGrpcStatus(replica_->WaitReplicated(AnswerBy(deadline)));
 }
 
 grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* context,
@@ -716,13 +723,7 @@ class ShardService::PlanePull {
         plane_(service->data_plane_, call.connection, call.owner, call.transfer, type) {}
 
   void Start(const v1::PullRequest& r, absl::Time deadline) {
-    ParameterShard::ReadRequest read{FromProto(r.model()),
-                                     r.worker_id(),
-                                     r.offset(),
-                                     r.length(),
-                                     r.has_after_sequence() ? r.after_sequence() : -1,
-                                     deadline,
-                                     /*copy_out=*/nullptr};
+    ParameterShard::ReadRequest read = ReadOf(r, deadline);
     read.filling = [this](absl::Span<const float> buffer) { return plane_.Start(buffer); };
     service_->shard_->StartRead(
         std::move(read),
@@ -788,11 +789,8 @@ void ShardService::PullOnPlane(const DataPlane::Call& call, DataPlane::Answer an
     answer({checked, ""});
     return;
   }
-  // Answered a little before the client's deadline, so that it learns why (ABORTED: held back,
-  // pull again) instead of timing out.
-  const absl::Time deadline =
-      std::min(absl::Now() + absl::Minutes(1), call.deadline - absl::Milliseconds(250));
-  (new PlanePull(this, call, type, *std::move(place), std::move(answer)))->Start(r, deadline);
+  (new PlanePull(this, call, type, *std::move(place), std::move(answer)))
+      ->Start(r, AnswerBy(call.deadline));
 }
 
 grpc::Status ShardService::OpenPushPayload(grpc::ServerContext* context,
@@ -802,9 +800,7 @@ grpc::Status ShardService::OpenPushPayload(grpc::ServerContext* context,
                                            std::unique_ptr<PayloadSource>* source) {
   if (h.data_connection() != 0) {
     if (data_plane_ == nullptr) return DataPlaneLostStatus("this shard has no data plane");
-    const absl::Time deadline =
-        std::min(absl::Now() + absl::Minutes(1),
-                 absl::FromChrono(context->deadline()) - absl::Milliseconds(250));
+    const absl::Time deadline = AnswerBy(absl::FromChrono(context->deadline()));
     absl::StatusOr<std::unique_ptr<DataPlanePayload>> opened =
         DataPlanePayload::Open(data_plane_, context, reader, *data, h.data_connection(),
                                h.data_transfer(), h.worker_id(), deadline);
