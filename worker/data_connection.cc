@@ -117,10 +117,6 @@ absl::StatusOr<int64_t> DataConnection::Push(uint64_t transfer, absl::Span<const
   return saturated;
 }
 
-}  // namespace ps
-
-namespace ps {
-
 absl::StatusOr<int64_t> DataConnection::SendCall(FrameKind kind, uint64_t transfer,
                                                  const std::string& request,
                                                  absl::Span<const float> values, WireType type,
@@ -129,12 +125,12 @@ absl::StatusOr<int64_t> DataConnection::SendCall(FrameKind kind, uint64_t transf
   absl::StatusOr<int64_t> saturated = 0;
   {
     std::lock_guard<std::mutex> lock(send_mu_);
-    absl::Status s = SendFrame(socket, {kind, transfer},
-                               EncodeCall({deadline - absl::Now(), request}), deadline);
-    if (s.ok() && kind == FrameKind::kPushCall) {
-      saturated = SendValues(socket, FrameKind::kPush, transfer, values, type, deadline);
-    } else if (!s.ok()) {
+    if (absl::Status s = SendFrame(socket, {kind, transfer},
+                                   EncodeCall({deadline - absl::Now(), request}), deadline);
+        !s.ok()) {
       saturated = s;
+    } else if (kind == FrameKind::kPushCall) {
+      saturated = SendValues(socket, FrameKind::kPush, transfer, values, type, deadline);
     }
   }
   if (!saturated.ok()) End();
