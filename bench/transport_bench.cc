@@ -2,16 +2,17 @@
 // against three ceilings measured in the same run: single-stream loopback TCP (a real iperf3),
 // raw gRPC byte streams of the same 1 MiB chunks to a server that does nothing with them, and
 // memcpy of the same number of bytes. The cost of
-// replication: pushes to a replicated shard (ps --peer: acknowledged once the backup applied them)
-// against pushes to a lone one. And the 16-bit wire (--dtype): the same pushes and pulls with
-// gradients and weights travelling as bf16 or fp16, as parameters per second against float32's.
-// And whether striping would pay (issue: a bulk data plane): the raw streams split over --stripes
-// connections at once. And the co-located data plane: the same pushes and pulls through shared
-// memory (common/shared_memory.h), against memcpy and against the same push and pull made on a
-// ParameterShard in this process (the shard's own work with no transport at all: one copy, the
-// scan and the SGD apply for a push; one copy for a pull). And the bulk data plane
-// (server/rpc/data_plane.h): pushes and pulls whose tensors go on a TCP connection of their own
-// beside the gRPC calls ("plane"), against the TCP ceiling. The other columns are gRPC streams.
+// replication: pushes over the data plane to a replicated shard (ps --peer: acknowledged once the
+// backup applied them) against the same pushes to a lone one ("/plane"). And the 16-bit wire
+// (--dtype): the same pushes and pulls with gradients and weights travelling as bf16 or fp16, as
+// parameters per second against float32's. And whether striping would pay (issue: a bulk data
+// plane): the raw streams split over --stripes connections at once. And the co-located data plane:
+// the same pushes and pulls through shared memory (common/shared_memory.h), against memcpy and
+// against the same push and pull made on a ParameterShard in this process (the shard's own work
+// with no transport at all: one copy, the scan and the SGD apply for a push; one copy for a pull).
+// And the bulk data plane (server/rpc/data_plane.h): pushes and pulls whose tensors go on a TCP
+// connection of their own beside the gRPC calls ("plane"), against the TCP ceiling. The other
+// columns are gRPC streams.
 //
 //   build/bin/transport_bench --sizes_mib=1,16,64 --repeats=7
 #include <grpcpp/create_channel.h>
@@ -229,7 +230,7 @@ int Main(int argc, char** argv) {
       "%-10s | %-9s %-9s | %-10s %-8s %-10s %-8s | %-9s %-8s %-9s %-8s | %-11s %-6s %-11s "
       "%-6s\n",
       "size", "push GB/s", "raw up", "ratio", "pull GB/s", "raw down", "ratio", "memcpy",
-      "replicated", "ratio", "push " + name + " x", "pull " + name + " x",
+      "replicated", "/plane", "push " + name + " x", "pull " + name + " x",
       absl::StrCat("up x", stripes), absl::StrCat("down x", stripes), "push/TCP", "pull/TCP",
       "plane push", "/TCP", "plane pull", "/TCP", "shm push", "/memcpy", "shm pull", "/memcpy",
       "in-proc push", "shm/it", "in-proc pull", "shm/it");
@@ -263,7 +264,10 @@ int Main(int argc, char** argv) {
     double push = MedianSeconds(repeats, [&] {
       if (!client.Push(grad).ok()) std::abort();
     });
-    ShardedClient replicated_client({replicated.ShardAddress(0)}, model, 0, over_grpc);
+    // Over the data plane, the client's default (the primary's changes go on the backup's).
+    ClientOptions over_plane = over_grpc;
+    over_plane.data_plane = true;
+    ShardedClient replicated_client({replicated.ShardAddress(0)}, model, 0, over_plane);
     if (!replicated_client.Register().ok() || !replicated_client.Initialize(params).ok()) return 1;
     double replicated_push = MedianSeconds(repeats, [&] {
       if (!replicated_client.Push(grad).ok()) std::abort();
@@ -273,8 +277,6 @@ int Main(int argc, char** argv) {
       if (!client.Pull(absl::MakeSpan(params)).ok()) std::abort();
     });
     // Over the data plane (this client registers as worker 0 again, taking over).
-    ClientOptions over_plane = over_grpc;
-    over_plane.data_plane = true;
     ShardedClient plane_client({cluster.ShardAddress(0)}, model, 0, over_plane);
     if (!plane_client.Register().ok()) return 1;
     double plane_push = MedianSeconds(repeats, [&] {
@@ -342,11 +344,12 @@ int Main(int argc, char** argv) {
         "%-14.2f %-14.2f | %-10.2f %-10.2f | %-9s %-9s | %-10.2f %-8s %-10.2f %-8s | %-9.2f %-8.2f "
         "%-9.2f %-8.2f | %-11.2f %-6.2f %-11.2f %-6.2f\n",
         bytes >> 20, gbs(push), gbs(raw_up), raw_up / push, gbs(pull), gbs(raw_down),
-        raw_down / pull, gbs(memcpy_s), gbs(replicated_push), push / replicated_push,
+        raw_down / pull, gbs(memcpy_s), gbs(replicated_push), plane_push / replicated_push,
         push / half_push, pull / half_pull, gbs(striped_up), gbs(striped_down), of_tcp(gbs(push)),
         of_tcp(gbs(pull)), gbs(plane_push), of_tcp(gbs(plane_push)), gbs(plane_pull),
-        of_tcp(gbs(plane_pull)), gbs(shm_push), memcpy_s / shm_push, gbs(shm_pull), memcpy_s / shm_pull,
-        gbs(local_push), local_push / shm_push, gbs(local_pull), local_pull / shm_pull);
+        of_tcp(gbs(plane_pull)), gbs(shm_push), memcpy_s / shm_push, gbs(shm_pull),
+        memcpy_s / shm_pull, gbs(local_push), local_push / shm_push, gbs(local_pull),
+        local_pull / shm_pull);
   }
   return 0;
 }

@@ -1,6 +1,6 @@
 // The bulk data plane's wire format: what a client and a shard send each other on the TCP
 // connection that carries tensor bytes beside their gRPC calls (server/rpc/data_plane.h,
-// worker/data_connection.h). gRPC keeps everything else: a call names the tensor's transfer, and
+// common/data_connection.h). gRPC keeps everything else: a call names the tensor's transfer, and
 // the call, not the connection, is authorised, checked, applied once and answered.
 //
 // A client's connection with a shard is one or more TCP connections, its lanes (as many as
@@ -25,6 +25,10 @@
 //   PullCall client -> shard, on the first lane: a Pull made on the connection itself: payload =
 //            its timeout and its PullRequest, serialized. The shard sends the values as the Pull
 //            frame(s) of the same transfer (striped as any pulled tensor), then the Answer.
+//   ChangeCall a replica's primary -> its backup, on the first lane of the connection the backup's
+//            ticket opened (server/replication/replica.h): a change of the shard, as a PushCall
+//            with a ReplicationMessage (epoch and ChangeHeader) for request; its values follow
+//            as the Push frame of the same transfer, and it is answered once applied.
 //   Answer   shard -> client, on the first lane: how the call `transfer` names ended: its status
 //            (code 4 bytes; message and details each 4 bytes of length and the bytes) and, when
 //            OK, its answer serialized: a PushResponse, or the PullChunk that heads a gRPC
@@ -59,6 +63,7 @@ enum class FrameKind : uint32_t {
   kPushCall = 6,
   kAnswer = 7,
   kPullCall = 8,
+  kChangeCall = 9,
 };
 
 struct FrameHeader {

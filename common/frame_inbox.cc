@@ -14,7 +14,8 @@ absl::Status FrameInbox::ReadLoop() {
       status = h.status();
       break;
     }
-    if ((h->kind == FrameKind::kPushCall || h->kind == FrameKind::kPullCall) &&
+    if ((h->kind == FrameKind::kPushCall || h->kind == FrameKind::kPullCall ||
+         h->kind == FrameKind::kChangeCall) &&
         on_call_ != nullptr && h->bytes <= kMaxCallBytes) {
       std::string payload(h->bytes, '\0');
       status = socket_->Receive(payload.data(), payload.size(), absl::InfiniteFuture());

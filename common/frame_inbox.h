@@ -5,9 +5,9 @@
 // look at each run of its values as soon as it is in place (a shard scans a gradient while the
 // rest is on its way): on the waiting thread while the reading one reads on, or, for a tensor
 // striped over several connections (lanes), on each lane's reading thread, the parts at once.
-// On a shard's lane, a PushCall or PullCall frame goes to the lane's call handler (TakeCalls),
-// which runs on the reading thread and reads a push's tensor from there (ReadCallValues); on a
-// client's, an Answer frame goes to the call that expects it (ExpectAnswer).
+// On a shard's lane, a PushCall, PullCall or ChangeCall frame goes to the lane's call handler
+// (TakeCalls), which runs on the reading thread and reads a push's (or change's) tensor from there
+// (ReadCallValues); on a client's, an Answer frame goes to the call that expects it (ExpectAnswer).
 //
 // Thread-safe: ReadLoop runs on one thread; the rest on any, but for TakeCalls (before ReadLoop)
 // and ReadCallValues (from the call handler).
@@ -38,9 +38,9 @@ class FrameInbox {
   // Reads frames until the connection ends, then ends it (End) and returns why.
   absl::Status ReadLoop();
 
-  // PushCall and PullCall frames (of at most kMaxCallBytes) go to `on_call` with their kind,
-  // transfer and payload, one at a time on ReadLoop's thread; a status it returns that is not OK
-  // ends the connection. Without it they end it. Call before ReadLoop.
+  // PushCall, PullCall and ChangeCall frames (of at most kMaxCallBytes) go to `on_call` with their
+  // kind, transfer and payload, one at a time on ReadLoop's thread; a status it returns that is
+  // not OK ends the connection. Without it they end it. Call before ReadLoop.
   using OnCall =
       absl::AnyInvocable<absl::Status(FrameKind kind, uint64_t transfer, std::string payload)>;
   void TakeCalls(OnCall on_call) { on_call_ = std::move(on_call); }

@@ -111,8 +111,10 @@ absl::Status ShardServer::Start() {
     process_.resumed_version = resumed->version;
     process_.updates_lost = resumed->updates_lost;
   }
+  if (absl::Status s = StartDataPlane(); !s.ok()) return s;
   if (c.replica.has_value()) {
-    replica_ = std::make_unique<Replica>(shard_.get(), process_.incarnation, *c.replica);
+    replica_ = std::make_unique<Replica>(shard_.get(), process_.incarnation, *c.replica,
+                                         data_plane_.get());
   }
   // Every change from here on reaches the parts that keep it (a checkpoint's restore above
   // needed no copy); both outlive the shard's use of them (Stop ends the shard first).
@@ -128,7 +130,6 @@ absl::Status ShardServer::Start() {
   if (metrics_ != nullptr) {
     service_metrics = AddShardMetrics(metrics_.get(), shard_.get(), checkpointer_.get());
   }
-  if (absl::Status s = StartDataPlane(); !s.ok()) return s;
   service_ = std::make_unique<ShardService>(shard_.get(), process_, c.limits, c.security.tokens,
                                             replica_.get(), service_metrics, checkpointer_.get(),
                                             data_plane_.get());

@@ -1,4 +1,4 @@
-// The bulk data plane (server/rpc/data_plane.h, worker/data_connection.h): on its own in this
+// The bulk data plane (server/rpc/data_plane.h, common/data_connection.h): on its own in this
 // process, then real `ps` processes on 127.0.0.1 whose remote-style clients (no shared memory)
 // move tensors over it. Who may connect, what a cut or a stalled peer does (the call fails,
 // nothing is applied, the shard goes on), and that the client falls back to gRPC by itself.
@@ -8,11 +8,13 @@
 #include <grpcpp/create_channel.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -21,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/chunking.h"
+#include "common/data_connection.h"
 #include "common/data_frames.h"
 #include "common/fill_progress.h"
 #include "common/grpc_status.h"
@@ -28,7 +31,6 @@
 #include "proto/ps.grpc.pb.h"
 #include "tests/run_dir.h"
 #include "tests/steps_in_turn.h"
-#include "worker/data_connection.h"
 #include "worker/sharded_client.h"
 
 namespace ps {
@@ -412,7 +414,7 @@ TEST(DataPlaneTest, APushCallGoesToTheHandlerAndIsAnsweredOnTheConnection) {
     answer.response = absl::StrCat("seen ", seen);
     return answer;
   };
-  plane->TakeCalls({push, nullptr});
+  plane->TakeCalls({push, nullptr, nullptr});
   DataPlane::Ticket ticket;
   std::unique_ptr<DataConnection> client = OpenClient(*plane, 3, &ticket);
   ASSERT_NE(client, nullptr);
@@ -502,7 +504,7 @@ TEST(DataPlaneTest, APullCallIsAnsweredAfterItsValues) {
                            })
                     .ok());
   };
-  plane->TakeCalls({nullptr, pull});
+  plane->TakeCalls({nullptr, pull, nullptr});
   std::unique_ptr<DataConnection> client = OpenClient(*plane, 2);
   ASSERT_NE(client, nullptr);
   DataConnection& c = *client;
@@ -544,7 +546,7 @@ TEST(DataPlaneTest, AMalformedOrCutPushCallEndsItsConnection) {
                       read_failures += !read.ok();
                       return DataPlane::CallAnswer{ToGrpcStatus(read), ""};
                     },
-                    nullptr});
+                    nullptr, nullptr});
   const std::vector<float> values(1000, 1.0f);
   char byte;
   {
@@ -1139,35 +1141,78 @@ TEST_F(DataPlaneShardTest, PullCallsHeldAtASyncBarrierAreBoundedAndAnsweredWhenT
 }
 
 // A replicated shard answers a push made on its data plane once its backup has it.
-TEST_F(DataPlaneShardTest, APushOnTheDataPlaneOfAReplicatedShardReachesItsBackup) {
-  LocalCluster replicated(ExecutableDir(), dir_ + "/replicated");
-  ASSERT_TRUE(replicated
-                  .StartShards(1, kModel.fingerprint, 1, {"--optimizer=sgd", "--lr=0.5"},
-                               /*replicas=*/2)
-                  .ok());
-  ClientOptions options;
-  options.shared_memory = false;
-  options.retry_for = absl::Seconds(30);
-  ShardedClient client({replicated.ShardAddress(0)}, kModel, 0, options);
-  ASSERT_TRUE(client.Register().ok());
-  ASSERT_TRUE(client.Initialize(initial_).ok());
-  for (int step = 0; step < 3; ++step) {
-    absl::StatusOr<ShardedClient::PushSummary> pushed =
-        client.Push(std::vector<float>(kParams, 0.5f));
-    ASSERT_TRUE(pushed.ok()) << pushed.status();
-  }
-  int64_t plane_pushes = 0, highest = 0;
-  for (int process = 0; process < 2; ++process) {
-    absl::StatusOr<v1::StatsResponse> stats = replicated.ProcessStats(process, absl::Seconds(10));
-    ASSERT_TRUE(stats.ok()) << stats.status();
-    plane_pushes += stats->data_plane_pushes();
-    highest = std::max(highest, stats->version());
-  }
-  EXPECT_EQ(plane_pushes, 3);  // all on the primary's plane
-  EXPECT_EQ(highest, 3);
-  for (int process = 0; process < 2; ++process) {
-    EXPECT_TRUE(WaitForVersion(replicated.ProcessAddress(process), 3, absl::Seconds(10)))
-        << process;
+// A replicated shard: the primary makes its changes on the backup's data plane (a call each,
+// answered once applied), or streams them when the backup has none; either way the backup that
+// takes over holds the primary's weights bit for bit (momentum, clipped gradients). No one else
+// makes a change on a data plane: a worker's connection that tries is refused, nothing applied.
+TEST_F(DataPlaneShardTest, ChangesReachTheBackupOnItsDataPlaneOrTheStreamBitForBit) {
+  for (const bool backup_plane : {true, false}) {
+    SCOPED_TRACE(backup_plane ? "on the backup's data plane" : "on the replication stream");
+    const std::string run_dir = NewRunDir("replicated");
+    LocalCluster replicated(ExecutableDir(), run_dir);
+    std::vector<std::string> flags = {"--optimizer=momentum", "--lr=0.1", "--clip_norm=50"};
+    if (!backup_plane) flags.push_back("--data_plane_port=-1");
+    ASSERT_TRUE(replicated.StartShards(1, kModel.fingerprint, 1, flags, /*replicas=*/2).ok());
+    const std::string primary = replicated.ProcessAddress(0), backup = replicated.ProcessAddress(1);
+    ASSERT_TRUE(WaitForRole(backup, "backup", absl::Seconds(30)));
+    ClientOptions options;
+    options.shared_memory = false;
+    options.retry_for = absl::Seconds(30);
+    ShardedClient client({replicated.ShardAddress(0)}, kModel, 0, options);
+    ASSERT_TRUE(client.Register().ok());
+    ASSERT_TRUE(client.Initialize(initial_).ok());
+    std::vector<float> gradient(kParams);
+    for (int step = 0; step < 4; ++step) {
+      for (int i = 0; i < kParams; ++i) gradient[i] = std::sin(0.01f * i + step);  // norm ~387
+      absl::StatusOr<ShardedClient::PushSummary> pushed = client.Push(gradient);
+      ASSERT_TRUE(pushed.ok()) << pushed.status();
+    }
+    std::vector<float> weights(kParams);
+    ASSERT_TRUE(client.Pull(absl::MakeSpan(weights)).ok());
+    const v1::StatsResponse before = Stats(primary);
+    EXPECT_EQ(before.version(), 4);
+    EXPECT_EQ(before.pushes_clipped(), 4);
+    EXPECT_EQ(before.data_plane_pushes(), backup_plane ? 4 : 0);
+    const std::string said = ReadFile(run_dir + "/ps-0-0.log");
+    EXPECT_NE(said.find(backup_plane ? "a backup joined at change 0: making changes on its data "
+                                       "plane"
+                                     : "a backup joined at change 0: streaming changes"),
+              std::string::npos)
+        << said;
+
+    if (backup_plane) {  // a worker's connection to the primary making a change
+      v1::AttachDataPlaneResponse ticket;
+      ASSERT_TRUE(Attach(0, "", &ticket, primary).ok());
+      absl::StatusOr<std::unique_ptr<DataConnection>> c = DataConnection::Open(
+          {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), 1, true},
+          kParams * sizeof(float), Soon(), absl::Seconds(10));
+      ASSERT_TRUE(c.ok()) << c.status();
+      v1::ReplicationMessage change;
+      change.set_epoch(before.replica_epoch());
+      v1::ChangeHeader* h = change.mutable_change();
+      h->set_index(before.version() + 2);  // initialisation and 4 updates so far
+      h->set_kind(v1::ChangeHeader::UPDATE);
+      h->set_version(before.version() + 1);
+      h->set_learning_rate(1);
+      h->set_length(kParams);
+      absl::StatusOr<DataConnection::Answered> answered =
+          (*c)->PushCall(1, change.SerializeAsString(), gradient, WireType::kFloat32, Soon(),
+                         FrameKind::kChangeCall);
+      ASSERT_TRUE(answered.ok()) << answered.status();
+      EXPECT_EQ(answered->status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+          << answered->status.error_message();
+      EXPECT_EQ(Stats(primary).version(), 4);
+    }
+
+    // The backup takes over with what it was sent.
+    replicated.shards()[0].Signal(SIGKILL);
+    ASSERT_TRUE(replicated.shards()[0].Wait(absl::Seconds(10)).ok());
+    std::vector<float> taken_over(kParams);
+    ASSERT_TRUE(client.Pull(absl::MakeSpan(taken_over)).ok());
+    EXPECT_EQ(Stats(backup).replica_role(), "primary");
+    EXPECT_EQ(Stats(backup).version(), 4);
+    EXPECT_EQ(std::memcmp(weights.data(), taken_over.data(), kParams * sizeof(float)), 0);
+    replicated.Stop();
   }
 }
 

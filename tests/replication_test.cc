@@ -187,14 +187,6 @@ TEST(ReplicationLogTest, AChangeCountsAsReplicatedOnlyOnceTheBackupAcknowledgedI
   EXPECT_EQ(log.Attach(), 0);
 }
 
-bool WaitForRole(const std::string& address, const std::string& role, absl::Duration timeout) {
-  for (absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
-    if (Stats(address).replica_role() == role) return true;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return false;
-}
-
 const char kMlp[] = "mlp:784-32-10";
 
 TEST(ReplicationTest, PsctlStatusShowsEachReplicaWithItsRoleAndOneThatIsDown) {

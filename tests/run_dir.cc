@@ -130,4 +130,12 @@ bool WaitForVersion(const std::string& address, int64_t version, absl::Duration 
   return false;
 }
 
+bool WaitForRole(const std::string& address, const std::string& role, absl::Duration timeout) {
+  for (absl::Time deadline = absl::Now() + timeout; absl::Now() < deadline;) {
+    if (Stats(address).replica_role() == role) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
 }  // namespace ps

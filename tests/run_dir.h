@@ -35,5 +35,7 @@ grpc::Status RawUnaryCall(const std::string& address, const std::string& method,
                           const std::string& bytes, const std::string& token = "");
 // Waits until the shard at `address` reaches `version`.
 bool WaitForVersion(const std::string& address, int64_t version, absl::Duration timeout);
+// Waits until the replica at `address` has `role` ("primary", "backup", ...).
+bool WaitForRole(const std::string& address, const std::string& role, absl::Duration timeout);
 
 }  // namespace ps

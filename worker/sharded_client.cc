@@ -24,6 +24,7 @@
 #include "common/cluster.h"
 #include "common/connection_probe.h"
 #include "common/consistency_spec.h"
+#include "common/data_connection.h"
 #include "common/data_frames.h"
 #include "common/grpc_method.h"
 #include "common/grpc_status.h"
@@ -33,7 +34,6 @@
 #include "common/shutdown.h"
 #include "common/tensor_codec.h"
 #include "proto/ps.grpc.pb.h"
-#include "worker/data_connection.h"
 #include "worker/push_compressor.h"
 
 namespace ps {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/chunking.h"
+#include "common/cluster.h"
 #include "common/grpc_method.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -29,6 +30,9 @@ namespace {
 constexpr absl::Duration kHeartbeat = absl::Milliseconds(100);  // primary to backup, when idle
 constexpr absl::Duration kTick = absl::Milliseconds(100);       // the role thread's pace
 constexpr absl::Duration kProbeTimeout = absl::Milliseconds(500);
+// A change made on the backup's data plane is answered once applied; a backup that takes longer
+// is stuck (the stream ends, and pushes waiting for it fail at their own deadlines first).
+constexpr absl::Duration kChangeTimeout = absl::Seconds(30);
 
 // Writes `epoch` to `path` durably: a temporary file, fsync, rename.
 absl::Status WriteEpoch(const std::string& path, int64_t epoch) {
@@ -118,8 +122,12 @@ const char* Replica::RoleName(Role role) {
   }
 }
 
-Replica::Replica(ParameterShard* shard, int64_t shard_incarnation, Options options)
-    : shard_(shard), shard_incarnation_(shard_incarnation), options_(std::move(options)) {
+Replica::Replica(ParameterShard* shard, int64_t shard_incarnation, Options options,
+                 DataPlane* plane)
+    : shard_(shard),
+      shard_incarnation_(shard_incarnation),
+      options_(std::move(options)),
+      plane_(plane) {
   std::shared_ptr<grpc::ChannelCredentials> credentials = options_.security.credentials;
   if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args;
@@ -377,9 +385,13 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
     if (peer.shard_incarnation() != followed_) caught_up_ = false;
   }
   absl::Cleanup forget = [&] {
-    absl::MutexLock lock(&mu_);
-    follow_context_ = nullptr;
-    transferring_ = false;
+    {
+      absl::MutexLock lock(&mu_);
+      follow_context_ = nullptr;
+      transferring_ = false;
+      plane_connection_ = 0;
+    }
+    if (plane_ != nullptr) plane_->Release(DataPlane::kReplicaPeer);
   };
   std::unique_ptr<Stream> stream = peer_->Replicate(&context);
   v1::BackupMessage join;
@@ -389,6 +401,22 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
   join.mutable_model()->set_num_shards(model.num_shards);
   join.set_shard_index(shard_->index());
   join.set_epoch(epoch());
+  if (plane_ != nullptr) {  // the changes after the state come there
+    if (absl::StatusOr<DataPlane::Ticket> ticket = plane_->Issue(DataPlane::kReplicaPeer);
+        ticket.ok()) {
+      v1::AttachDataPlaneResponse* offer = join.mutable_data_plane();
+      offer->set_port(plane_->port());
+      offer->set_connection(ticket->connection);
+      offer->set_secret(ticket->secret);
+      offer->set_lanes(ticket->lanes);
+      offer->set_calls(true);
+      absl::MutexLock lock(&mu_);
+      plane_connection_ = ticket->connection;
+    } else {
+      PS_LOG(WARNING) << "shard " << shard_->index() << ": the primary's changes come on the "
+                      << "replication stream: " << ticket.status().message();
+    }
+  }
   v1::ReplicationMessage m;
   absl::Status status;
   absl::StatusOr<std::optional<ShardState>> state =
@@ -452,6 +480,83 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
   context.TryCancel();
   stream->Finish().IgnoreError();
   return status.ok() ? absl::UnavailableError("the stream ended") : status;
+}
+
+DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
+                                             DataPlane::ReadValues read_values) {
+  auto refuse = [](grpc::StatusCode code, std::string why) {
+    return DataPlane::CallAnswer{grpc::Status(code, std::move(why)), ""};
+  };
+  if (call.owner != DataPlane::kReplicaPeer) {
+    return refuse(grpc::StatusCode::PERMISSION_DENIED, "only a replica's primary makes changes");
+  }
+  v1::ReplicationMessage m;
+  if (!m.ParseFromString(call.request) || !m.has_change()) {
+    return refuse(grpc::StatusCode::DATA_LOSS, "a change call that does not parse");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    // The primary makes its first changes as soon as it sent the state: they wait for it to be
+    // in place.
+    auto settled = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !transferring_ || stopping_; };
+    mu_.AwaitWithDeadline(absl::Condition(&settled), call.deadline);
+    if (call.connection != plane_connection_ || role_ != Role::kBackup || transferring_ ||
+        m.epoch() != epoch_) {
+      return refuse(grpc::StatusCode::FAILED_PRECONDITION,
+                    absl::StrCat("shard ", shard_->index(), ": this replica (", RoleName(role_),
+                                 ", epoch ", epoch_, ") does not follow a primary at epoch ",
+                                 m.epoch(), " on this connection"));
+    }
+    last_heard_ = absl::Now();
+  }
+  const v1::ChangeHeader& h = m.change();
+  absl::StatusOr<ShardChange::Kind> kind = FromProto(h.kind());
+  if (!kind.ok()) return refuse(grpc::StatusCode::DATA_LOSS, std::string(kind.status().message()));
+  if (h.length() < 0 || h.length() > shard_->range().size()) {
+    return refuse(grpc::StatusCode::DATA_LOSS, "a change longer than the shard");
+  }
+  BufferPool::Lease values = change_values_.Acquire(h.length());
+  absl::Status status = read_values(values.span(), WireType::kFloat32, IgnoreValues);
+  if (status.ok()) {
+    status = shard_->ApplyChange({h.index(), *kind, FromProto(h.drop()), h.version(), h.worker_id(),
+                                  h.sequence(), h.clock(), h.staleness(), h.learning_rate(),
+                                  values.span()});
+  }
+  return {ToGrpcStatus(status), ""};
+}
+
+std::unique_ptr<DataConnection> Replica::OpenBackupPlane(const v1::BackupMessage& join) {
+  if (!join.has_data_plane()) return nullptr;
+  const v1::AttachDataPlaneResponse& ticket = join.data_plane();
+  std::string host, port;
+  SplitHostPort(options_.peer, &host, &port);
+  absl::StatusOr<std::unique_ptr<DataConnection>> plane =
+      DataConnection::Open({host, ticket.port(), ticket.connection(), ticket.secret(),
+                            std::max(ticket.lanes(), 1), ticket.calls()},
+                           static_cast<uint64_t>(shard_->range().size()) * sizeof(float),
+                           absl::Now() + absl::Seconds(5), absl::Seconds(10));
+  if (!plane.ok()) {
+    PS_LOG(WARNING) << "shard " << shard_->index() << ": the backup's data plane cannot be used ("
+                    << plane.status().message() << "); its changes go on the replication stream";
+    return nullptr;
+  }
+  return *std::move(plane);
+}
+
+bool Replica::SendOnPlane(DataConnection& plane, const v1::ReplicationMessage& change,
+                          absl::Span<const float> values, int64_t attachment) {
+  absl::StatusOr<DataConnection::Answered> answered =
+      plane.PushCall(plane.NextTransfer(), change.SerializeAsString(), values, WireType::kFloat32,
+                     absl::Now() + kChangeTimeout, FrameKind::kChangeCall);
+  const absl::Status status = answered.ok() ? FromGrpcStatus(answered->status) : answered.status();
+  if (!status.ok()) {
+    PS_LOG(WARNING) << "shard " << shard_->index() << ": the backup did not take change "
+                    << change.change().index() << " on its data plane (" << status.message() << ")";
+    return false;
+  }
+  log_.Acknowledge(attachment, change.change().index());
+  return true;
 }
 
 std::function<bool(v1::ReplicationMessage*)> Replica::Next(Stream* stream) {
@@ -523,11 +628,15 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     alone_ = false;  // from now on every change waits for this backup
   }
   PS_LOG(INFO) << "a backup is joining from " << context->peer() << ": sending the state";
-  // The acknowledgements, read beside the changes written below.
+  // The changes after the state go on the backup's data plane if it can be reached.
+  const std::unique_ptr<DataConnection> plane = OpenBackupPlane(join);
+  // The acknowledgements, read beside the changes written below; the stream's end ends a change
+  // made on the data plane too.
   std::thread acks([&] {
     v1::BackupMessage ack;
     while (stream->Read(&ack)) log_.Acknowledge(attachment, ack.applied());
     log_.Detach(attachment);
+    if (plane != nullptr) plane->End();
   });
   absl::Cleanup stop_acks = [&] {
     log_.Detach(attachment);
@@ -542,7 +651,10 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
   auto write = [stream](grpc::ByteBuffer bytes) { return stream->Write(bytes); };
   bool ok = WriteState(*owned_state, epoch, owned_state, write);
   owned_state.reset();  // freed once gRPC is done with it
-  if (ok) PS_LOG(INFO) << "a backup joined at change " << sent << ": streaming changes";
+  if (ok) {
+    PS_LOG(INFO) << "a backup joined at change " << sent << ": "
+                 << (plane != nullptr ? "making changes on its data plane" : "streaming changes");
+  }
   while (ok) {
     absl::StatusOr<std::optional<std::shared_ptr<const ReplicationLog::Entry>>> next =
         log_.Next(attachment, sent, kHeartbeat);
@@ -565,7 +677,8 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     header->set_staleness(c.staleness);
     header->set_learning_rate(c.learning_rate);
     header->set_length(static_cast<int64_t>(c.values.size()));
-    ok = WriteMessage(out, write) && WriteValues(c.values, epoch, **next, write);
+    ok = plane != nullptr ? SendOnPlane(*plane, out, c.values, attachment)
+                          : WriteMessage(out, write) && WriteValues(c.values, epoch, **next, write);
     sent = c.index;
   }
   PS_LOG(WARNING) << "the backup at " << context->peer() << " went away"

@@ -15,6 +15,12 @@
 // an older primary (whose state misses pushes acknowledged since; it fences it instead) nor starts
 // one by itself.
 //
+// The changes after the state go on the backup's data plane when it has one (server/rpc/
+// data_plane.h): the backup gives its primary a ticket in its join, and the primary makes each
+// change a call on that connection (ChangeCall: header, values, answered once applied; no gRPC
+// stream's copies and flow control on the way), the stream carrying the rest. A change the
+// backup does not take ends the stream there too (the backup joins again).
+//
 // Thread-safe. Owns a thread that settles the role and follows the primary.
 #pragma once
 
@@ -31,9 +37,12 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/buffer_pool.h"
+#include "common/data_connection.h"
 #include "common/security.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/replication/replication_log.h"
+#include "server/rpc/data_plane.h"
 #include "server/state/parameter_shard.h"
 
 namespace ps {
@@ -57,7 +66,10 @@ class Replica {
   };
 
   // `shard` must outlive this object; `shard_incarnation` is this process's (ShardProcess).
-  Replica(ParameterShard* shard, int64_t shard_incarnation, Options options);
+  // `plane`, this process's data plane (null: none), too: as a backup, its primary makes its
+  // changes there (OnPlaneChange, which its call handlers must pass them to).
+  Replica(ParameterShard* shard, int64_t shard_incarnation, Options options,
+          DataPlane* plane = nullptr);
   ~Replica();
   Replica(const Replica&) = delete;
   Replica& operator=(const Replica&) = delete;
@@ -84,6 +96,13 @@ class Replica {
   using BackupStream = grpc::ServerReaderWriter<grpc::ByteBuffer, v1::BackupMessage>;
   grpc::Status ServeBackup(grpc::ServerContext* context, BackupStream* stream);
   v1::ReplicaStatusResponse Status(bool take_over);
+  // A change the primary this backup follows made on its data plane (DataPlane::CallHandlers's
+  // `change`): applied once the state it follows is in place, and answered OK then.
+  // PERMISSION_DENIED on a connection that is not the replica peer's, FAILED_PRECONDITION when
+  // this replica does not follow that primary on that connection (now), DATA_LOSS for a change
+  // that does not parse or fit; the shard's error when it does not apply.
+  DataPlane::CallAnswer OnPlaneChange(const DataPlane::Call& call,
+                                      DataPlane::ReadValues read_values);
 
   Role role() const;
   int64_t epoch() const;
@@ -105,6 +124,12 @@ class Replica {
                                                          Stream* stream);
   // Reads the stream's next message; each counts as hearing from the primary.
   std::function<bool(v1::ReplicationMessage*)> Next(Stream* stream);
+  // The primary's side: a connection to the data plane the joining backup gave a ticket for
+  // (null without one, or when it cannot be opened: logged), and a change made on it
+  // (acknowledged in the log once answered OK; false, logged, if it was not).
+  std::unique_ptr<DataConnection> OpenBackupPlane(const v1::BackupMessage& join);
+  bool SendOnPlane(DataConnection& plane, const v1::ReplicationMessage& change,
+                   absl::Span<const float> values, int64_t attachment);
   // Moves to `epoch`, after writing it to the epoch file; false (logged) if that failed.
   bool SetEpochLocked(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TakeOverLocked(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -115,6 +140,8 @@ class Replica {
   ParameterShard* const shard_;
   const int64_t shard_incarnation_;
   const Options options_;
+  DataPlane* const plane_;
+  BufferPool change_values_{2};  // a backup's, for the changes made on its data plane
   std::unique_ptr<v1::Replication::Stub> peer_;
   ReplicationLog log_;
 
@@ -129,6 +156,8 @@ class Replica {
   int64_t followed_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time last_heard_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   grpc::ClientContext* follow_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // A backup: the data-plane connection its primary makes changes on (its ticket's); 0: none.
+  uint64_t plane_connection_ ABSL_GUARDED_BY(mu_) = 0;
   // A state transfer is being received: no takeover meanwhile (its end replaces the state).
   bool transferring_ ABSL_GUARDED_BY(mu_) = false;
   // Took part in the job before (an epoch from the epoch file): never starts a primary itself.

@@ -88,7 +88,10 @@ bool SameSecret(const std::string& a, const std::string& b) {
   return differ == 0;
 }
 
-std::string Who(int owner) { return absl::StrCat(owner >= 0 ? "worker " : "observer ", owner); }
+std::string Who(int owner) {
+  if (owner == DataPlane::kReplicaPeer) return "the replica's primary";
+  return absl::StrCat(owner >= 0 ? "worker " : "observer ", owner);
+}
 
 absl::Status Lost(absl::string_view why) {
   return absl::FailedPreconditionError(
@@ -143,7 +146,8 @@ absl::StatusOr<DataPlane::Ticket> DataPlane::Issue(int owner) {
     it = it->second.expires < now ? tickets_.erase(it) : std::next(it);
   }
   int taken = static_cast<int>(tickets_.size());
-  for (const auto& [id, c] : open_) taken += owner < 0 || c->owner != owner;  // its own is replaced
+  const bool replaces = owner >= 0 || owner == kReplicaPeer;
+  for (const auto& [id, c] : open_) taken += !replaces || c->owner != owner;  // its own is replaced
   if (taken >= options_.max_connections) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the data plane has ", options_.max_connections,
@@ -232,7 +236,7 @@ absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Admit(
       c->lanes[index] = lane;
       if (++c->joined == c->lanes.size()) {
         tickets_.erase(it);
-        if (c->owner >= 0) {  // a worker's newer connection replaces its older one
+        if (c->owner >= 0 || c->owner == kReplicaPeer) {  // a newer one replaces the older
           for (const auto& [id, other] : open_) {
             if (other->owner == c->owner) CloseLanes(*other, "replaced by a newer one");
           }
@@ -370,11 +374,15 @@ absl::Status DataPlane::OnCall(const std::shared_ptr<Lane>& lane, const Connecti
   if (!frame.ok()) return frame.status();  // a client of another version?
   const bool pull = kind == FrameKind::kPullCall;
   std::shared_ptr<const CallHandlers> handlers;
+  const PushHandler* with_values = nullptr;  // a push's or a change's handler
   {
     absl::MutexLock lock(&mu_);
-    if (handlers_ != nullptr && (pull ? handlers_->pull != nullptr : handlers_->push != nullptr)) {
-      handlers = handlers_;
-      ++calls_running_;
+    if (handlers_ != nullptr) {
+      with_values = kind == FrameKind::kChangeCall ? &handlers_->change : &handlers_->push;
+      if (pull ? handlers_->pull != nullptr : *with_values != nullptr) {
+        handlers = handlers_;
+        ++calls_running_;
+      }
     }
   }
   if (handlers == nullptr) {
@@ -398,7 +406,7 @@ absl::Status DataPlane::OnCall(const std::shared_ptr<Lane>& lane, const Connecti
   // Its tensor follows at once: read by the call's deadline, or a minute.
   const absl::Time read_by = std::min(call.deadline, absl::Now() + absl::Minutes(1));
   CallAnswer answer =
-      handlers->push(call, [&](absl::Span<float> dst, WireType type, ValuesSeen seen) {
+      (*with_values)(call, [&](absl::Span<float> dst, WireType type, ValuesSeen seen) {
         return lane->inbox.ReadCallValues(transfer, dst, type, seen, read_by);
       });
   {
@@ -424,7 +432,8 @@ absl::Status DataPlane::SendAnswer(Lane& lane, uint64_t transfer, const CallAnsw
 
 void DataPlane::TakeCalls(CallHandlers handlers) {
   absl::MutexLock lock(&mu_);
-  const bool any = handlers.push != nullptr || handlers.pull != nullptr;
+  const bool any =
+      handlers.push != nullptr || handlers.pull != nullptr || handlers.change != nullptr;
   handlers_ = any ? std::make_shared<const CallHandlers>(std::move(handlers)) : nullptr;
   if (!any) {
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_running_ == 0; };

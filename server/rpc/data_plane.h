@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -80,8 +81,12 @@ class DataPlane {
     std::string secret;
     int lanes = 1;
   };
-  // A ticket for worker `owner` (negative: an observer). RESOURCE_EXHAUSTED when as many
-  // connections and tickets as allowed exist.
+  // The owner of the connection a backup replica gives its primary a ticket for: it carries the
+  // primary's changes (ChangeCall frames), and nothing of a worker's or an observer's.
+  static constexpr int kReplicaPeer = std::numeric_limits<int>::min();
+  // A ticket for worker `owner` (negative: an observer; or kReplicaPeer). RESOURCE_EXHAUSTED when
+  // as many connections and tickets as allowed exist. A worker's (or the replica peer's) newer
+  // connection replaces its older one.
   absl::StatusOr<Ticket> Issue(int owner);
 
   // The tensor a client sends on connection `connection` as `transfer`, into `dst` as `type`
@@ -133,9 +138,11 @@ class DataPlane {
   // (Send, as the call's transfer) or could not be.
   using Answer = absl::AnyInvocable<void(CallAnswer)>;
   using PullHandler = std::function<void(const Call&, Answer answer)>;
+  // A change (ChangeCall) is handled as a push is: its values follow on the lane.
   struct CallHandlers {
     PushHandler push;
     PullHandler pull;
+    PushHandler change;
   };
   // From now on calls made on a connection go to `handlers`, on the connection's first lane's
   // reading thread (one at a time a connection; a pull may be answered later, from any thread),

@@ -420,12 +420,20 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
   ReadRawBytes("Initialize", &ShardService::Initialize);
   ReadRawBytes("Push", &ShardService::Push);
   if (data_plane_ != nullptr) {
-    data_plane_->TakeCalls({[this](const DataPlane::Call& call, DataPlane::ReadValues read_values) {
-                              return PushOnPlane(call, read_values);
-                            },
-                            [this](const DataPlane::Call& call, DataPlane::Answer answer) {
-                              PullOnPlane(call, std::move(answer));
-                            }});
+    data_plane_->TakeCalls(
+        {[this](const DataPlane::Call& call, DataPlane::ReadValues read_values) {
+           return PushOnPlane(call, read_values);
+         },
+         [this](const DataPlane::Call& call, DataPlane::Answer answer) {
+           PullOnPlane(call, std::move(answer));
+         },
+         // A backup's primary makes its changes there.
+         [replica = replica_](const DataPlane::Call& call, DataPlane::ReadValues read_values) {
+           if (replica != nullptr) return replica->OnPlaneChange(call, read_values);
+           return DataPlane::CallAnswer{
+               grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this shard is not replicated"),
+               ""};
+         }});
   }
 }
 
@@ -655,8 +663,8 @@ grpc::Status ShardService::CheckPlaneCaller(const DataPlane::Call& call, int wor
                                             uint64_t connection, uint64_t transfer) {
   // Its connection, opened with a ticket AttachDataPlane gave the owner's token, stands for the
   // token: the call must be made as that worker (or observer) and name this connection and
-  // transfer.
-  if (worker_id != call.owner) {
+  // transfer. The replica peer's connection carries its changes only.
+  if (worker_id != call.owner || call.owner == DataPlane::kReplicaPeer) {
     return grpc::Status(
         grpc::StatusCode::PERMISSION_DENIED,
         absl::StrCat("a call as worker ", worker_id, " on a data-plane connection of ",

@@ -74,9 +74,11 @@ class DataConnection {
     std::string response;
     int64_t saturated = 0;
   };
+  // A replica's primary makes its changes on its backup's connection so, as kChangeCall frames
+  // (`header` a serialized v1::ReplicationMessage).
   absl::StatusOr<Answered> PushCall(uint64_t transfer, const std::string& header,
                                     absl::Span<const float> values, WireType type,
-                                    absl::Time deadline);
+                                    absl::Time deadline, FrameKind kind = FrameKind::kPushCall);
   // Makes a pull on the connection itself (FrameKind::kPullCall): `request` (a serialized
   // v1::PullRequest naming this connection and `transfer`); its values go into `dst` as `type`
   // values (striped as any pull's), and the shard's answer, its status and, when OK, the

@@ -1,4 +1,4 @@
-#include "worker/data_connection.h"
+#include "common/data_connection.h"
 
 #include <system_error>
 #include <utility>
@@ -129,7 +129,7 @@ absl::StatusOr<int64_t> DataConnection::SendCall(FrameKind kind, uint64_t transf
                                    EncodeCall({deadline - absl::Now(), request}), deadline);
         !s.ok()) {
       saturated = s;
-    } else if (kind == FrameKind::kPushCall) {
+    } else if (kind != FrameKind::kPullCall) {  // a push's or a change's values
       saturated = SendValues(socket, FrameKind::kPush, transfer, values, type, deadline);
     }
   }
@@ -147,16 +147,13 @@ absl::StatusOr<grpc::Status> DataConnection::AwaitAnswer(uint64_t transfer,
   return status;
 }
 
-absl::StatusOr<DataConnection::Answered> DataConnection::PushCall(uint64_t transfer,
-                                                                  const std::string& header,
-                                                                  absl::Span<const float> values,
-                                                                  WireType type,
-                                                                  absl::Time deadline) {
+absl::StatusOr<DataConnection::Answered> DataConnection::PushCall(
+    uint64_t transfer, const std::string& header, absl::Span<const float> values, WireType type,
+    absl::Time deadline, FrameKind kind) {
   FrameInbox& first = lanes_.front()->inbox;
   std::string answer;
   if (absl::Status s = first.ExpectAnswer(transfer, &answer); !s.ok()) return s;
-  absl::StatusOr<int64_t> saturated =
-      SendCall(FrameKind::kPushCall, transfer, header, values, type, deadline);
+  absl::StatusOr<int64_t> saturated = SendCall(kind, transfer, header, values, type, deadline);
   if (!saturated.ok()) {
     first.AwaitAnswer(transfer, absl::InfinitePast()).IgnoreError();  // forgets it
     return saturated.status();
