@@ -533,8 +533,13 @@ absl::Status DataPlane::Send(uint64_t connection, int owner, uint64_t transfer,
 
 void DataPlane::Release(int owner) {
   absl::MutexLock lock(&mu_);
+  for (auto it = tickets_.begin(); it != tickets_.end();) {
+    it = it->second.connection->owner == owner ? tickets_.erase(it) : std::next(it);
+  }
   for (const auto& [id, c] : open_) {
-    if (c->owner == owner) CloseLanes(*c, "the worker left");
+    if (c->owner == owner) {
+      CloseLanes(*c, owner == kReplicaPeer ? "the backup stopped following" : "the worker left");
+    }
   }
 }
 

@@ -151,7 +151,7 @@ class DataPlane {
   // owner going away.
   void TakeCalls(CallHandlers handlers);
 
-  // Ends worker `owner`'s connection (it left).
+  // Ends worker `owner`'s connection (it left), and forgets its unused tickets.
   void Release(int owner);
   // Connections open now.
   int connections() const;
