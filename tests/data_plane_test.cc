@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "common/chunking.h"
 #include "common/data_connection.h"
@@ -1204,13 +1205,35 @@ TEST_F(DataPlaneShardTest, ChangesReachTheBackupOnItsDataPlaneOrTheStreamBitForB
       EXPECT_EQ(Stats(primary).version(), 4);
     }
 
+    // It followed on from the start without joining again.
+    const std::string followed = ReadFile(run_dir + "/ps-0-1.log");
+    const std::vector<absl::string_view> joins = absl::StrSplit(followed, "following the primary");
+    EXPECT_EQ(joins.size(), 2u) << followed;
+    // A backup restarted joins the trained shard (the state, then the changes on its data plane
+    // or the stream) while pushes keep coming.
+    replicated.shards()[1].Signal(SIGKILL);
+    ASSERT_TRUE(replicated.shards()[1].Wait(absl::Seconds(10)).ok());
+    ASSERT_TRUE(replicated.RestartShard(1).ok());
+    for (int step = 4; step < 6; ++step) {
+      for (int i = 0; i < kParams; ++i) gradient[i] = std::cos(0.01f * i + step);
+      absl::StatusOr<ShardedClient::PushSummary> pushed = client.Push(gradient);
+      ASSERT_TRUE(pushed.ok()) << pushed.status();
+    }
+    ASSERT_TRUE(client.Pull(absl::MakeSpan(weights)).ok());
+    const std::string rejoined = ReadFile(run_dir + "/ps-0-0.log");
+    EXPECT_NE(rejoined.find(backup_plane ? "a backup joined at change 5: making changes on its "
+                                           "data plane"
+                                         : "a backup joined at change 5: streaming changes"),
+              std::string::npos)
+        << rejoined;
+
     // The backup takes over with what it was sent.
     replicated.shards()[0].Signal(SIGKILL);
     ASSERT_TRUE(replicated.shards()[0].Wait(absl::Seconds(10)).ok());
     std::vector<float> taken_over(kParams);
     ASSERT_TRUE(client.Pull(absl::MakeSpan(taken_over)).ok());
     EXPECT_EQ(Stats(backup).replica_role(), "primary");
-    EXPECT_EQ(Stats(backup).version(), 4);
+    EXPECT_EQ(Stats(backup).version(), 6);
     EXPECT_EQ(std::memcmp(weights.data(), taken_over.data(), kParams * sizeof(float)), 0);
     replicated.Stop();
   }

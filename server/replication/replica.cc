@@ -401,6 +401,7 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
   join.mutable_model()->set_num_shards(model.num_shards);
   join.set_shard_index(shard_->index());
   join.set_epoch(epoch());
+  uint64_t plane_connection = 0;
   if (plane_ != nullptr) {  // the changes after the state come there
     if (absl::StatusOr<DataPlane::Ticket> ticket = plane_->Issue(DataPlane::kReplicaPeer);
         ticket.ok()) {
@@ -410,8 +411,7 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
       offer->set_secret(ticket->secret);
       offer->set_lanes(ticket->lanes);
       offer->set_calls(true);
-      absl::MutexLock lock(&mu_);
-      plane_connection_ = ticket->connection;
+      plane_connection = ticket->connection;
     } else {
       PS_LOG(WARNING) << "shard " << shard_->index() << ": the primary's changes come on the "
                       << "replication stream: " << ticket.status().message();
@@ -441,6 +441,7 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
       caught_up_ = true;
       followed_ = peer.shard_incarnation();
       last_heard_ = absl::Now();
+      plane_connection_ = plane_connection;
     }
   }
   if (status.ok()) {
@@ -494,20 +495,21 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
   if (!m.ParseFromString(call.request) || !m.has_change()) {
     return refuse(grpc::StatusCode::DATA_LOSS, "a change call that does not parse");
   }
+  // From the primary this backup follows, on the connection it gave it (its state in place: the
+  // primary makes no change before the backup's first acknowledgement, sent after it).
+  auto from_followed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (call.connection == plane_connection_ && role_ == Role::kBackup && !transferring_ &&
+        m.epoch() == epoch_) {
+      return grpc::Status::OK;
+    }
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("shard ", shard_->index(), ": this replica (", RoleName(role_),
+                                     ", epoch ", epoch_, ") does not follow a primary at epoch ",
+                                     m.epoch(), " on this connection"));
+  };
   {
     absl::MutexLock lock(&mu_);
-    // The primary makes its first changes as soon as it sent the state: they wait for it to be
-    // in place.
-    auto settled = [this]()
-                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !transferring_ || stopping_; };
-    mu_.AwaitWithDeadline(absl::Condition(&settled), call.deadline);
-    if (call.connection != plane_connection_ || role_ != Role::kBackup || transferring_ ||
-        m.epoch() != epoch_) {
-      return refuse(grpc::StatusCode::FAILED_PRECONDITION,
-                    absl::StrCat("shard ", shard_->index(), ": this replica (", RoleName(role_),
-                                 ", epoch ", epoch_, ") does not follow a primary at epoch ",
-                                 m.epoch(), " on this connection"));
-    }
+    if (grpc::Status s = from_followed(); !s.ok()) return {s, ""};
     last_heard_ = absl::Now();
   }
   const v1::ChangeHeader& h = m.change();
@@ -517,12 +519,22 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
     return refuse(grpc::StatusCode::DATA_LOSS, "a change longer than the shard");
   }
   BufferPool::Lease values = change_values_.Acquire(h.length());
-  absl::Status status = read_values(values.span(), WireType::kFloat32, IgnoreValues);
-  if (status.ok()) {
-    status = shard_->ApplyChange({h.index(), *kind, FromProto(h.drop()), h.version(), h.worker_id(),
-                                  h.sequence(), h.clock(), h.staleness(), h.learning_rate(),
-                                  values.span()});
-  }
+  // Each run of values that comes counts as hearing from the primary, as each chunk on the
+  // stream does (a large change on a slow link takes longer than the failover time).
+  absl::Status status =
+      read_values(values.span(), WireType::kFloat32, [&](absl::Span<const float>) {
+        absl::MutexLock lock(&mu_);
+        last_heard_ = absl::Now();
+      });
+  if (!status.ok()) return {ToGrpcStatus(status), ""};
+  // Applied only if this replica still follows that primary (it may have taken over meanwhile),
+  // under the replica's lock so that it cannot take over during the apply (lock order: ours,
+  // then the shard's).
+  absl::MutexLock lock(&mu_);
+  if (grpc::Status s = from_followed(); !s.ok()) return {s, ""};
+  status = shard_->ApplyChange({h.index(), *kind, FromProto(h.drop()), h.version(), h.worker_id(),
+                                h.sequence(), h.clock(), h.staleness(), h.learning_rate(),
+                                values.span()});
   return {ToGrpcStatus(status), ""};
 }
 
@@ -530,12 +542,13 @@ std::unique_ptr<DataConnection> Replica::OpenBackupPlane(const v1::BackupMessage
   if (!join.has_data_plane()) return nullptr;
   const v1::AttachDataPlaneResponse& ticket = join.data_plane();
   std::string host, port;
-  SplitHostPort(options_.peer, &host, &port);
   absl::StatusOr<std::unique_ptr<DataConnection>> plane =
-      DataConnection::Open({host, ticket.port(), ticket.connection(), ticket.secret(),
-                            std::max(ticket.lanes(), 1), ticket.calls()},
-                           static_cast<uint64_t>(shard_->range().size()) * sizeof(float),
-                           absl::Now() + absl::Seconds(5), absl::Seconds(10));
+      !SplitHostPort(options_.peer, &host, &port)
+          ? absl::InvalidArgumentError(absl::StrCat("no host in --peer=", options_.peer))
+          : DataConnection::Open({host, ticket.port(), ticket.connection(), ticket.secret(),
+                                  std::max(ticket.lanes(), 1), ticket.calls()},
+                                 static_cast<uint64_t>(shard_->range().size()) * sizeof(float),
+                                 absl::Now() + absl::Seconds(5), absl::Seconds(10));
   if (!plane.ok()) {
     PS_LOG(WARNING) << "shard " << shard_->index() << ": the backup's data plane cannot be used ("
                     << plane.status().message() << "); its changes go on the replication stream";
@@ -632,11 +645,18 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
   const std::unique_ptr<DataConnection> plane = OpenBackupPlane(join);
   // The acknowledgements, read beside the changes written below; the stream's end ends a change
   // made on the data plane too.
+  // The backup acknowledges first once the state is in place: no change goes on its data plane
+  // before (it would wait there, unread, while the state is still coming on the stream).
+  absl::Notification state_in_place;
   std::thread acks([&] {
     v1::BackupMessage ack;
-    while (stream->Read(&ack)) log_.Acknowledge(attachment, ack.applied());
+    while (stream->Read(&ack)) {
+      log_.Acknowledge(attachment, ack.applied());
+      if (!state_in_place.HasBeenNotified()) state_in_place.Notify();
+    }
     log_.Detach(attachment);
     if (plane != nullptr) plane->End();
+    if (!state_in_place.HasBeenNotified()) state_in_place.Notify();
   });
   absl::Cleanup stop_acks = [&] {
     log_.Detach(attachment);
@@ -677,8 +697,12 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     header->set_staleness(c.staleness);
     header->set_learning_rate(c.learning_rate);
     header->set_length(static_cast<int64_t>(c.values.size()));
-    ok = plane != nullptr ? SendOnPlane(*plane, out, c.values, attachment)
-                          : WriteMessage(out, write) && WriteValues(c.values, epoch, **next, write);
+    if (plane != nullptr) {
+      state_in_place.WaitForNotification();  // ends with the stream at the latest
+      ok = SendOnPlane(*plane, out, c.values, attachment);
+    } else {
+      ok = WriteMessage(out, write) && WriteValues(c.values, epoch, **next, write);
+    }
     sent = c.index;
   }
   PS_LOG(WARNING) << "the backup at " << context->peer() << " went away"

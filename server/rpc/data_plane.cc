@@ -533,13 +533,16 @@ absl::Status DataPlane::Send(uint64_t connection, int owner, uint64_t transfer,
 
 void DataPlane::Release(int owner) {
   absl::MutexLock lock(&mu_);
-  for (auto it = tickets_.begin(); it != tickets_.end();) {
-    it = it->second.connection->owner == owner ? tickets_.erase(it) : std::next(it);
-  }
+  // Its open connections, and those still saying hello (their tickets go with them).
+  std::vector<std::shared_ptr<Connection>> ending;
   for (const auto& [id, c] : open_) {
-    if (c->owner == owner) {
-      CloseLanes(*c, owner == kReplicaPeer ? "the backup stopped following" : "the worker left");
-    }
+    if (c->owner == owner) ending.push_back(c);
+  }
+  for (const auto& [id, issued] : tickets_) {
+    if (issued.connection->owner == owner) ending.push_back(issued.connection);
+  }
+  for (const auto& c : ending) {
+    CloseLanes(*c, owner == kReplicaPeer ? "the backup stopped following" : "the worker left");
   }
 }
 

@@ -15,7 +15,8 @@
 // sent there (Send) and is answered once they are written. A client of this version makes its
 // pulls, and its pushes of a tensor in one part, on the connection itself instead (PushCall,
 // PullCall frames): they go to the shard's handlers (TakeCalls) and are answered on the
-// connection, with no gRPC call's round trips.
+// connection, with no gRPC call's round trips. A backup replica's primary makes its changes so
+// too (ChangeCall), on a connection the backup gave it a ticket for (owner kReplicaPeer).
 //
 // Every wait has an end: a hello within `hello`, a frame's bytes moving at least every `stall`.
 // Anything unexpected on a connection (a bad frame, a stalled peer, a call that gave up

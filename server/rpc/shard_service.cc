@@ -1005,6 +1005,10 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
       context, request, response, CallNeeds("AttachDataPlane", Access::kRead),
       AttachClaims<v1::AttachDataPlaneRequest>, [&](const auto& request, auto* response) {
         const int worker = request.worker_id();
+        if (worker == DataPlane::kReplicaPeer) {  // its tickets come from a backup's join only
+          return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              absl::StrCat("worker id ", worker, " is no client's"));
+        }
         if (absl::Status s = CheckAttacher(worker, request.model()); !s.ok())
           return ToGrpcStatus(s);
         if (data_plane_ == nullptr) {
