@@ -415,7 +415,7 @@ TEST(DataPlaneTest, APushCallGoesToTheHandlerAndIsAnsweredOnTheConnection) {
     answer.response = absl::StrCat("seen ", seen);
     return answer;
   };
-  plane->TakeCalls({push, nullptr, nullptr});
+  plane->TakeCalls({push, nullptr, nullptr, nullptr});
   DataPlane::Ticket ticket;
   std::unique_ptr<DataConnection> client = OpenClient(*plane, 3, &ticket);
   ASSERT_NE(client, nullptr);
@@ -505,7 +505,7 @@ TEST(DataPlaneTest, APullCallIsAnsweredAfterItsValues) {
                            })
                     .ok());
   };
-  plane->TakeCalls({nullptr, pull, nullptr});
+  plane->TakeCalls({nullptr, pull, nullptr, nullptr});
   std::unique_ptr<DataConnection> client = OpenClient(*plane, 2);
   ASSERT_NE(client, nullptr);
   DataConnection& c = *client;
@@ -547,7 +547,7 @@ TEST(DataPlaneTest, AMalformedOrCutPushCallEndsItsConnection) {
                       read_failures += !read.ok();
                       return DataPlane::CallAnswer{ToGrpcStatus(read), ""};
                     },
-                    nullptr, nullptr});
+                    nullptr, nullptr, nullptr});
   const std::vector<float> values(1000, 1.0f);
   char byte;
   {
@@ -1139,9 +1139,15 @@ TEST_F(DataPlaneShardTest, PullCallsHeldAtASyncBarrierAreBoundedAndAnsweredWhenT
   EXPECT_TRUE(held.Done(absl::Seconds(20)));
   EXPECT_LT(absl::Now() - cancelled, absl::Seconds(20));
   EXPECT_FALSE(held.Wait().ok());
+  // The shard lets that pull (and its place among --max_pulls) go with its connection, as it does
+  // a gRPC pull whose call is cancelled, not at its deadline a minute later.
+  for (absl::Time end = Soon();
+       Stats(sync.ShardAddress(0)).pulls_waiting() > 0 && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(Stats(sync.ShardAddress(0)).pulls_waiting(), 0);
 }
 
-// A replicated shard answers a push made on its data plane once its backup has it.
 // A replicated shard: the primary makes its changes on the backup's data plane (a call each,
 // answered once applied), or streams them when the backup has none; either way the backup that
 // takes over holds the primary's weights bit for bit (momentum, clipped gradients). No one else

@@ -282,9 +282,22 @@ void DataPlane::CloseLanes(Connection& c, absl::string_view why) {
 }
 
 void DataPlane::Close(Connection& c, const absl::Status& why) {
+  std::shared_ptr<const CallHandlers> told;  // of the connection's end, once
+  {
+    absl::MutexLock lock(&mu_);
+    CloseLanes(c, why.message());
+    if (auto it = open_.find(c.id); it != open_.end() && it->second.get() == &c) {
+      open_.erase(it);
+      if (handlers_ != nullptr && handlers_->ended != nullptr) {
+        told = handlers_;
+        ++calls_running_;
+      }
+    }
+  }
+  if (told == nullptr) return;
+  told->ended(c.id);
   absl::MutexLock lock(&mu_);
-  CloseLanes(c, why.message());
-  if (auto it = open_.find(c.id); it != open_.end() && it->second.get() == &c) open_.erase(it);
+  --calls_running_;
 }
 
 void DataPlane::Serve(std::shared_ptr<Lane> lane) {
@@ -432,8 +445,8 @@ absl::Status DataPlane::SendAnswer(Lane& lane, uint64_t transfer, const CallAnsw
 
 void DataPlane::TakeCalls(CallHandlers handlers) {
   absl::MutexLock lock(&mu_);
-  const bool any =
-      handlers.push != nullptr || handlers.pull != nullptr || handlers.change != nullptr;
+  const bool any = handlers.push != nullptr || handlers.pull != nullptr ||
+                   handlers.change != nullptr || handlers.ended != nullptr;
   handlers_ = any ? std::make_shared<const CallHandlers>(std::move(handlers)) : nullptr;
   if (!any) {
     auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_running_ == 0; };

@@ -139,11 +139,13 @@ class DataPlane {
   // (Send, as the call's transfer) or could not be.
   using Answer = absl::AnyInvocable<void(CallAnswer)>;
   using PullHandler = std::function<void(const Call&, Answer answer)>;
-  // A change (ChangeCall) is handled as a push is: its values follow on the lane.
+  // A change (ChangeCall) is handled as a push is: its values follow on the lane. `ended` is told
+  // of each connection that was open once it ended (a pull it made that is still held can go).
   struct CallHandlers {
     PushHandler push;
     PullHandler pull;
     PushHandler change;
+    std::function<void(uint64_t connection)> ended;
   };
   // From now on calls made on a connection go to `handlers`, on the connection's first lane's
   // reading thread (one at a time a connection; a pull may be answered later, from any thread),

@@ -433,7 +433,8 @@ ShardService::ShardService(ParameterShard* shard, const ShardProcess& process,
            return DataPlane::CallAnswer{
                grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "this shard is not replicated"),
                ""};
-         }});
+         },
+         [this](uint64_t connection) { PlanePullEnded(connection); }});
   }
 }
 
@@ -725,6 +726,7 @@ class ShardService::PlanePull {
   PlanePull(ShardService* service, const DataPlane::Call& call, WireType type,
             CallLimit::Slot place, DataPlane::Answer answer)
       : service_(service),
+        id_(service->HoldPlanePull(call.connection)),
         type_(type),
         place_(std::move(place)),
         answer_(std::move(answer)),
@@ -733,9 +735,13 @@ class ShardService::PlanePull {
   void Start(const v1::PullRequest& r, absl::Time deadline) {
     ParameterShard::ReadRequest read = ReadOf(r, deadline);
     read.filling = [this](absl::Span<const float> buffer) { return plane_.Start(buffer); };
-    service_->shard_->StartRead(
+    // `this` may be gone once StartRead returned (answered at once, or meanwhile).
+    ShardService* const service = service_;
+    const int64_t id = id_;
+    const int64_t ticket = service->shard_->StartRead(
         std::move(read),
         [this](absl::StatusOr<ParameterShard::Snapshot> s) { OnAnswer(std::move(s)); });
+    if (ticket != 0) service->PlanePullWaits(id, ticket);
   }
 
  private:
@@ -758,12 +764,14 @@ class ShardService::PlanePull {
     });
   }
   void Finish(DataPlane::CallAnswer a) {
+    service_->ForgetPlanePull(id_);
     DataPlane::Answer answer = std::move(answer_);
     delete this;
     answer(std::move(a));
   }
 
   ShardService* const service_;
+  const int64_t id_;  // among the service's plane pulls
   const WireType type_;
   const absl::Time start_ = absl::Now();
   const CallLimit::Slot place_;  // among the shard's pulls in progress
@@ -799,6 +807,44 @@ void ShardService::PullOnPlane(const DataPlane::Call& call, DataPlane::Answer an
   }
   (new PlanePull(this, call, type, *std::move(place), std::move(answer)))
       ->Start(r, AnswerBy(call.deadline));
+}
+
+int64_t ShardService::HoldPlanePull(uint64_t connection) {
+  absl::MutexLock lock(&plane_pulls_mu_);
+  const int64_t id = next_plane_pull_++;
+  plane_pulls_[id].connection = connection;
+  return id;
+}
+
+void ShardService::PlanePullWaits(int64_t id, int64_t ticket) {
+  {
+    absl::MutexLock lock(&plane_pulls_mu_);
+    auto it = plane_pulls_.find(id);
+    if (it == plane_pulls_.end()) return;  // answered already
+    it->second.ticket = ticket;
+    if (!it->second.ended) return;
+  }
+  shard_->CancelRead(ticket);  // its connection ended before its ticket was known
+}
+
+void ShardService::ForgetPlanePull(int64_t id) {
+  absl::MutexLock lock(&plane_pulls_mu_);
+  plane_pulls_.erase(id);
+}
+
+void ShardService::PlanePullEnded(uint64_t connection) {
+  std::vector<int64_t> held;
+  {
+    absl::MutexLock lock(&plane_pulls_mu_);
+    for (auto& [id, pull] : plane_pulls_) {
+      if (pull.connection != connection) continue;
+      pull.ended = true;
+      if (pull.ticket != 0) held.push_back(pull.ticket);
+    }
+  }
+  // Each answered CANCELLED (an answer no one reads now); a ticket answered meanwhile is no
+  // longer the shard's to cancel.
+  for (int64_t ticket : held) shard_->CancelRead(ticket);
 }
 
 grpc::Status ShardService::OpenPushPayload(grpc::ServerContext* context,

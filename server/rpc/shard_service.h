@@ -233,8 +233,17 @@ class ShardService final : public ShardServiceBase {
   // (whose token AttachDataPlane checked), then applied as Push's.
   DataPlane::CallAnswer PushOnPlane(const DataPlane::Call& call, DataPlane::ReadValues read_values);
   // A pull made on a data-plane connection: admitted likewise, answered (`answer`) once its
-  // values were sent there, or at once if it is refused.
+  // values were sent there, or at once if it is refused; cancelled (its place let go) when the
+  // connection ends while the shard still holds it (PlanePullEnded), as gRPC's Pull is.
   void PullOnPlane(const DataPlane::Call& call, DataPlane::Answer answer);
+  // The plane pulls in progress, by an id of their own (the shard's read ticket once the shard
+  // holds one, 0 before and once answered): HoldPlanePull adds one; PlanePullWaits records its
+  // ticket (cancelling the read at once if its connection ended meanwhile); ForgetPlanePull
+  // drops it when it is answered; PlanePullEnded cancels those of a connection that ended.
+  int64_t HoldPlanePull(uint64_t connection);
+  void PlanePullWaits(int64_t id, int64_t ticket);
+  void ForgetPlanePull(int64_t id);
+  void PlanePullEnded(uint64_t connection);
   // OK if a call made on the data plane is its connection owner's (PERMISSION_DENIED otherwise)
   // and names the connection and transfer it came as (INVALID_ARGUMENT otherwise).
   static grpc::Status CheckPlaneCaller(const DataPlane::Call& call, int worker_id,
@@ -278,6 +287,14 @@ class ShardService final : public ShardServiceBase {
   std::atomic<int64_t> shm_pushes_{0}, shm_pulls_{0}, data_plane_pushes_{0}, data_plane_pulls_{0},
       compressed_pulls_{0};
   std::atomic<bool> pull_saturated_{false};  // a 16-bit pull had to saturate a weight (logged)
+  struct HeldPlanePull {
+    uint64_t connection = 0;
+    int64_t ticket = 0;  // the shard's read ticket while it holds the pull
+    bool ended = false;  // its connection ended
+  };
+  absl::Mutex plane_pulls_mu_;
+  std::map<int64_t, HeldPlanePull> plane_pulls_ ABSL_GUARDED_BY(plane_pulls_mu_);
+  int64_t next_plane_pull_ ABSL_GUARDED_BY(plane_pulls_mu_) = 1;
 };
 
 }  // namespace ps
