@@ -1180,12 +1180,16 @@ TEST_F(DataPlaneShardTest, ChangesReachTheBackupOnItsDataPlaneOrTheStreamBitForB
     EXPECT_EQ(before.version(), 4);
     EXPECT_EQ(before.pushes_clipped(), 4);
     EXPECT_EQ(before.data_plane_pushes(), backup_plane ? 4 : 0);
-    const std::string said = ReadFile(run_dir + "/ps-0-0.log");
-    EXPECT_NE(said.find(backup_plane ? "a backup joined at change 0: making changes on its data "
-                                       "plane"
-                                     : "a backup joined at change 0: streaming changes"),
-              std::string::npos)
-        << said;
+    // The primary says where a backup that joined at change `change` gets the changes.
+    auto expect_joined = [&](int change) {
+      const std::string said = ReadFile(run_dir + "/ps-0-0.log");
+      EXPECT_NE(said.find(absl::StrCat(
+                    "a backup joined at change ", change, ": ",
+                    backup_plane ? "making changes on its data plane" : "streaming changes")),
+                std::string::npos)
+          << said;
+    };
+    expect_joined(0);
 
     if (backup_plane) {  // a worker's connection to the primary making a change
       v1::AttachDataPlaneResponse ticket;
@@ -1226,12 +1230,7 @@ TEST_F(DataPlaneShardTest, ChangesReachTheBackupOnItsDataPlaneOrTheStreamBitForB
       ASSERT_TRUE(pushed.ok()) << pushed.status();
     }
     ASSERT_TRUE(client.Pull(absl::MakeSpan(weights)).ok());
-    const std::string rejoined = ReadFile(run_dir + "/ps-0-0.log");
-    EXPECT_NE(rejoined.find(backup_plane ? "a backup joined at change 5: making changes on its "
-                                           "data plane"
-                                         : "a backup joined at change 5: streaming changes"),
-              std::string::npos)
-        << rejoined;
+    expect_joined(5);
 
     // The backup takes over with what it was sent.
     replicated.shards()[0].Signal(SIGKILL);
