@@ -4,6 +4,7 @@
 // latency percentiles, pushes/s, and the shard processes' memory (VmRSS, VmHWM).
 //
 //   build/bin/load_bench --clients=64 --seconds=60
+//   build/bin/load_bench --clients=16 --replicas=2   # every push acknowledged by a backup too
 //   build/bin/load_bench --ps=hostA:50051,hostB:50051   # a running async cluster of this model
 //   build/bin/load_bench --credentials=worker           # each client with its own token
 #include <stdlib.h>
@@ -31,6 +32,7 @@ ABSL_FLAG(int, clients, 64, "Concurrent clients, worker ids 0 .. clients-1.");
 ABSL_FLAG(double, seconds, 60, "How long the clients push and pull.");
 ABSL_FLAG(int64_t, params, 300000, "Model size (float32 parameters), split over the shards.");
 ABSL_FLAG(int, shards, 2, "Shards to start (async, momentum) when --ps is empty.");
+ABSL_FLAG(int, replicas, 1, "Processes per shard started: 2 replicates each (ps --peer).");
 ABSL_FLAG(std::vector<std::string>, ps_flags, {},
           "Extra flags for the shards started here, comma-separated.");
 ABSL_FLAG(std::string, ps, "",
@@ -139,7 +141,7 @@ int Main(int argc, char** argv) {
     std::vector<std::string> flags = {"--optimizer=momentum", "--lr=0.01"};
     for (const std::string& f : absl::GetFlag(FLAGS_ps_flags)) flags.push_back(f);
     if (absl::Status s = cluster->StartShards(absl::GetFlag(FLAGS_shards), absl::StrCat("flat:", n),
-                                              clients, flags);
+                                              clients, flags, absl::GetFlag(FLAGS_replicas));
         !s.ok()) {
       return Fail(std::string(s.message()));
     }
