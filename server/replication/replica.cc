@@ -107,6 +107,18 @@ absl::StatusOr<ShardChange::Kind> FromProto(v1::ChangeHeader::Kind kind) {
   }
 }
 
+// The change `h` heads, its values still to come (values empty): DATA_LOSS for an unknown kind or
+// more values than a shard of `size` holds.
+absl::StatusOr<ShardChange> ChangeOf(const v1::ChangeHeader& h, int64_t size) {
+  absl::StatusOr<ShardChange::Kind> kind = FromProto(h.kind());
+  if (!kind.ok()) return kind.status();
+  if (h.length() < 0 || h.length() > size) {
+    return absl::DataLossError("a change longer than the shard");
+  }
+  return ShardChange{h.index(),    *kind,     FromProto(h.drop()), h.version(),      h.worker_id(),
+                     h.sequence(), h.clock(), h.staleness(),       h.learning_rate()};
+}
+
 }  // namespace
 
 const char* Replica::RoleName(Role role) {
@@ -460,22 +472,17 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
     if (m.epoch() != joined_epoch) {
       status = absl::DataLossError("the primary's epoch changed within its stream");
     } else if (m.has_change()) {
-      const v1::ChangeHeader& h = m.change();
-      absl::StatusOr<ShardChange::Kind> kind = FromProto(h.kind());
-      status = kind.status();
-      if (status.ok() && (h.length() < 0 || h.length() > shard_->range().size())) {
-        status = absl::DataLossError("a change longer than the shard");
-      }
+      absl::StatusOr<ShardChange> change = ChangeOf(m.change(), shard_->range().size());
+      status = change.status();
       if (status.ok()) {
-        values.resize(h.length());
+        values.resize(m.change().length());
         status = ReadValues(Next(stream.get()), joined_epoch, absl::MakeSpan(values));
       }
       if (status.ok()) {
-        status = shard_->ApplyChange({h.index(), *kind, FromProto(h.drop()), h.version(),
-                                      h.worker_id(), h.sequence(), h.clock(), h.staleness(),
-                                      h.learning_rate(), values});
+        change->values = values;
+        status = shard_->ApplyChange(*change);
       }
-      ack.set_applied(h.index());
+      ack.set_applied(m.change().index());
     }
   }
   context.TryCancel();
@@ -512,13 +519,9 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
     if (grpc::Status s = from_followed(); !s.ok()) return {s, ""};
     last_heard_ = absl::Now();
   }
-  const v1::ChangeHeader& h = m.change();
-  absl::StatusOr<ShardChange::Kind> kind = FromProto(h.kind());
-  if (!kind.ok()) return refuse(grpc::StatusCode::DATA_LOSS, std::string(kind.status().message()));
-  if (h.length() < 0 || h.length() > shard_->range().size()) {
-    return refuse(grpc::StatusCode::DATA_LOSS, "a change longer than the shard");
-  }
-  BufferPool::Lease values = change_values_.Acquire(h.length());
+  absl::StatusOr<ShardChange> change = ChangeOf(m.change(), shard_->range().size());
+  if (!change.ok()) return {ToGrpcStatus(change.status()), ""};
+  BufferPool::Lease values = change_values_.Acquire(m.change().length());
   // Each run of values that comes counts as hearing from the primary, as each chunk on the
   // stream does (a large change on a slow link takes longer than the failover time).
   absl::Status status =
@@ -532,10 +535,8 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
   // then the shard's).
   absl::MutexLock lock(&mu_);
   if (grpc::Status s = from_followed(); !s.ok()) return {s, ""};
-  status = shard_->ApplyChange({h.index(), *kind, FromProto(h.drop()), h.version(), h.worker_id(),
-                                h.sequence(), h.clock(), h.staleness(), h.learning_rate(),
-                                values.span()});
-  return {ToGrpcStatus(status), ""};
+  change->values = values.span();
+  return {ToGrpcStatus(shard_->ApplyChange(*change)), ""};
 }
 
 std::unique_ptr<DataConnection> Replica::OpenBackupPlane(const v1::BackupMessage& join) {
@@ -644,9 +645,8 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
   // The changes after the state go on the backup's data plane if it can be reached.
   const std::unique_ptr<DataConnection> plane = OpenBackupPlane(join);
   // The acknowledgements, read beside the changes written below; the stream's end ends a change
-  // made on the data plane too.
-  // The backup acknowledges first once the state is in place: no change goes on its data plane
-  // before (it would wait there, unread, while the state is still coming on the stream).
+  // made on the data plane too. The backup's first comes once its state is in place: no change
+  // goes on its data plane before (it would wait there, unread, while the state still comes).
   absl::Notification state_in_place;
   std::thread acks([&] {
     v1::BackupMessage ack;
