@@ -12,9 +12,11 @@
 // with no transport at all: one copy, the scan and the SGD apply for a push; one copy for a pull).
 // And the bulk data plane (server/rpc/data_plane.h): pushes and pulls whose tensors go on a TCP
 // connection of their own beside the gRPC calls ("plane"), against the TCP ceiling. The other
-// columns are gRPC streams.
+// columns are gRPC streams. With --tls_dir, every shard and client speaks mutual TLS (gRPC and
+// the data plane; the ceilings stay plaintext).
 //
 //   build/bin/transport_bench --sizes_mib=1,16,64 --repeats=7
+//   deploy/make_test_certs.sh /tmp/certs && build/bin/transport_bench --tls_dir=/tmp/certs
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
@@ -40,6 +42,7 @@
 #include "bench/median_seconds.h"
 #include "bench/raw_bytes.grpc.pb.h"
 #include "common/chunking.h"
+#include "common/security.h"
 #include "deploy/local_cluster.h"
 #include "deploy/subprocess.h"
 #include "nlohmann/json.hpp"
@@ -63,6 +66,9 @@ ABSL_FLAG(std::string, raw_args, "",
           "other bulk data plane candidate.");
 ABSL_FLAG(std::vector<std::string>, ps_flags, {},
           "More flags for every shard started, comma-separated (e.g. --apply_threads=8).");
+ABSL_FLAG(std::string, tls_dir, "",
+          "Run the shards over mutual TLS, gRPC and the data plane alike, with the files "
+          "deploy/make_test_certs.sh writes here (ca.pem, server.pem/.key, client.pem/.key).");
 ABSL_FLAG(int, stripes, 2,
           "Raw streams run at once, each on its own connection, for the striped ceiling columns.");
 
@@ -192,7 +198,21 @@ int Main(int argc, char** argv) {
                          "--raw_args=" + absl::GetFlag(FLAGS_raw_args)},
                         run_dir + "/raw.log");
   if (!raw.ok()) return 1;
-  LocalCluster cluster(ExecutableDir(), run_dir);
+  const std::string tls_dir = absl::GetFlag(FLAGS_tls_dir);
+  const ClusterSecurity security =
+      tls_dir.empty() ? ClusterSecurity{} : ClusterSecurity::MutualTls(tls_dir);
+  ClientOptions over_shm;  // the client's defaults: shared memory, then the data plane
+  if (!tls_dir.empty()) {
+    absl::StatusOr<ClientSecurity> credentials =
+        LoadClientSecurity({security.client_cert, security.client_key, security.ca}, "");
+    if (!credentials.ok()) {
+      std::cerr << credentials.status() << "\n";
+      return 1;
+    }
+    over_shm.security = *std::move(credentials);
+    std::cout << "shards over mutual TLS (" << tls_dir << "): gRPC and the data plane encrypt\n";
+  }
+  LocalCluster cluster(ExecutableDir(), run_dir, security);
   int raw_port = 0;
   while (!(std::ifstream(raw_port_file) >> raw_port)) absl::SleepFor(absl::Milliseconds(20));
   auto raw_stub = bench::RawBytes::NewStub(
@@ -242,7 +262,7 @@ int Main(int argc, char** argv) {
     for (const std::string& flag : absl::GetFlag(FLAGS_ps_flags)) shard_flags.push_back(flag);
     // A new model size needs a new shard.
     cluster.Stop();
-    LocalCluster replicated(ExecutableDir(), run_dir + "/replicated");
+    LocalCluster replicated(ExecutableDir(), run_dir + "/replicated", security);
     if (absl::Status s = replicated.StartShards(1, model.fingerprint, 1,
                                                 shard_flags, /*replicas=*/2);
         !s.ok()) {
@@ -255,7 +275,7 @@ int Main(int argc, char** argv) {
       std::cerr << s << "\n";
       return 1;
     }
-    ClientOptions over_grpc;
+    ClientOptions over_grpc = over_shm;
     over_grpc.shared_memory = false;
     over_grpc.data_plane = false;
     ShardedClient client({cluster.ShardAddress(0)}, model, 0, over_grpc);
@@ -296,7 +316,7 @@ int Main(int argc, char** argv) {
       if (!half_client.Pull(absl::MakeSpan(params)).ok()) std::abort();
     });
     // Through shared memory (this client registers as worker 0 again, taking over).
-    ShardedClient shared_client({cluster.ShardAddress(0)}, model, 0);
+    ShardedClient shared_client({cluster.ShardAddress(0)}, model, 0, over_shm);
     if (!shared_client.Register().ok()) return 1;
     double shm_push = MedianSeconds(repeats, [&] {
       if (!shared_client.Push(grad).ok()) std::abort();

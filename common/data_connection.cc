@@ -43,6 +43,11 @@ absl::StatusOr<std::unique_ptr<DataConnection>> DataConnection::Open(const Ticke
   for (int lane = 0; lane < ticket.lanes; ++lane) {  // every hello first, then the answers
     absl::StatusOr<Socket> socket = Socket::Connect(ticket.host, ticket.port, deadline, stall);
     if (!socket.ok()) return socket.status();
+    if (ticket.tls != nullptr) {
+      if (absl::Status s = socket->Secure(*ticket.tls, ticket.host, deadline); !s.ok()) {
+        return absl::UnavailableError(absl::StrCat("data plane at ", where, ": ", s.message()));
+      }
+    }
     if (absl::Status s = SendFrame(*socket, {FrameKind::kHello, ticket.connection},
                                    HelloPayload(ticket.secret, lane), deadline);
         !s.ok()) {

@@ -27,6 +27,7 @@
 #include "absl/types/span.h"
 #include "common/frame_inbox.h"
 #include "common/socket.h"
+#include "common/tls.h"
 #include "common/wire_type.h"
 
 namespace ps {
@@ -41,6 +42,9 @@ class DataConnection {
     std::string secret;
     int lanes = 1;
     bool calls = false;  // whether the shard takes PushCall and PullCall frames
+    // The job's TLS (a client's context), which every lane then speaks; null: plain TCP. The
+    // shard's certificate must name `host`.
+    std::shared_ptr<const TlsContext> tls = nullptr;
   };
   // Connects the ticket's lanes and presents it on each, before `deadline`; a peer that moves no
   // byte for `stall` fails the connection later. UNAVAILABLE naming the address and why (the

@@ -325,6 +325,11 @@ absl::StatusOr<ServerSecurity> LoadServerSecurity(const TlsFiles& files,
           GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
       s.mutual_tls = true;
     }
+    absl::StatusOr<std::shared_ptr<const TlsContext>> plane =
+        TlsContext::Create(TlsContext::Side::kServer, options.pem_key_cert_pairs[0].cert_chain,
+                           options.pem_key_cert_pairs[0].private_key, options.pem_root_certs);
+    if (!plane.ok()) return plane.status();
+    s.plane_tls = *std::move(plane);
     s.credentials = grpc::SslServerCredentials(options);
     s.tls = true;
   } else if (!files.ca.empty()) {
@@ -367,6 +372,11 @@ absl::StatusOr<ClientSecurity> LoadClientSecurity(const TlsFiles& files,
         return st;
       }
     }
+    absl::StatusOr<std::shared_ptr<const TlsContext>> plane =
+        TlsContext::Create(TlsContext::Side::kClient, options.pem_cert_chain,
+                           options.pem_private_key, options.pem_root_certs);
+    if (!plane.ok()) return plane.status();
+    s.plane_tls = *std::move(plane);
     s.credentials = grpc::SslCredentials(options);
     s.tls = files;
   } else if (!files.cert.empty() || !files.key.empty()) {

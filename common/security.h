@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/tls.h"
 
 namespace ps {
 
@@ -104,6 +105,7 @@ class TokenAuthenticator {
 // The ps's side of security, from its flags: the listening port's credentials and the tokens.
 struct ServerSecurity {
   std::shared_ptr<grpc::ServerCredentials> credentials;  // TLS or plaintext
+  std::shared_ptr<const TlsContext> plane_tls;           // the same for the data plane; null: none
   TokenAuthenticator tokens;
   bool tls = false, mutual_tls = false;
   // Whether strangers are kept out: mutual TLS or a token (server-only TLS encrypts but lets any
@@ -132,7 +134,8 @@ absl::StatusOr<ServerSecurity> LoadServerSecurity(const TlsFiles& files,
 // A client's side (worker, evaluator, tests): channel credentials and the token it sends.
 struct ClientSecurity {
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
-  std::string token;                                      // "": none sent
+  std::shared_ptr<const TlsContext> plane_tls;  // the same for data-plane connections; null: none
+  std::string token;                            // "": none sent
   TlsFiles tls;  // the files `credentials` came from, to name them and probe with (connection_probe.h)
 };
 

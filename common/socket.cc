@@ -5,6 +5,9 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -12,10 +15,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/tls.h"
 
 namespace ps {
 namespace {
@@ -52,17 +57,33 @@ int Millis(absl::Duration d) {
   return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 0, 1 << 30)) + 1;
 }
 
+// Small pieces of a Send are gathered into one TLS record (a frame's header with its payload).
+constexpr size_t kGatherBytes = 4096;
+
 }  // namespace
+
+struct Socket::Tls {
+  explicit Tls(SSL* s) : ssl(s) {}
+  ~Tls() { SSL_free(ssl); }
+  SSL* const ssl;
+  std::mutex mu;  // one TLS call at a time (OpenSSL's rule for one connection)
+};
+
+Socket::Socket() = default;
 
 Socket::Socket(int fd, absl::Duration stall) : fd_(fd), stall_(stall) {}
 
 Socket::Socket(Socket&& o) noexcept
-    : fd_(std::exchange(o.fd_, -1)), stall_(o.stall_), shut_down_(std::move(o.shut_down_)) {
+    : tls_(std::move(o.tls_)),
+      fd_(std::exchange(o.fd_, -1)),
+      stall_(o.stall_),
+      shut_down_(std::move(o.shut_down_)) {
   o.shut_down_ = std::make_unique<std::atomic<bool>>(false);
 }
 
 Socket& Socket::operator=(Socket&& o) noexcept {
   if (this != &o) {
+    tls_ = std::move(o.tls_);
     if (fd_ >= 0) close(fd_);
     fd_ = std::exchange(o.fd_, -1);
     stall_ = o.stall_;
@@ -72,7 +93,63 @@ Socket& Socket::operator=(Socket&& o) noexcept {
 }
 
 Socket::~Socket() {
+  tls_.reset();
   if (fd_ >= 0) close(fd_);
+}
+
+absl::Status Socket::Secure(const TlsContext& tls, const std::string& peer_host,
+                            absl::Time deadline) {
+  SSL* ssl = SSL_new(tls.get());
+  if (ssl == nullptr) return absl::UnavailableError("TLS: " + TlsErrorReason("no connection"));
+  tls_ = std::make_unique<Tls>(ssl);
+  SSL_set_mode(ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  SSL_set_fd(ssl, fd_);
+  if (tls.side() == TlsContext::Side::kClient) {
+    X509_VERIFY_PARAM* check = SSL_get0_param(ssl);
+    X509_VERIFY_PARAM_set_hostflags(check, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+    // An address is checked against the certificate's IP names, anything else its DNS names.
+    if (X509_VERIFY_PARAM_set1_ip_asc(check, peer_host.c_str()) != 1) {
+      ERR_clear_error();
+      X509_VERIFY_PARAM_set1_host(check, peer_host.c_str(), peer_host.size());
+      SSL_set_tlsext_host_name(ssl, peer_host.c_str());
+    }
+    SSL_set_connect_state(ssl);
+  } else {
+    SSL_set_accept_state(ssl);
+  }
+  for (;;) {
+    const int error = TlsCall([&] { return SSL_do_handshake(ssl); });
+    if (error == SSL_ERROR_NONE) return absl::OkStatus();
+    if (error == SSL_ERROR_SSL && SSL_get_verify_result(ssl) != X509_V_OK) {
+      return absl::UnavailableError(
+          absl::StrCat("TLS handshake: the peer's certificate: ",
+                       X509_verify_cert_error_string(SSL_get_verify_result(ssl))));
+    }
+    if (absl::Status s = AwaitTls(error, deadline, stall_, "TLS handshake"); !s.ok()) return s;
+  }
+}
+
+template <typename Call>
+int Socket::TlsCall(Call call) {
+  std::lock_guard<std::mutex> lock(tls_->mu);
+  ERR_clear_error();
+  const int result = call();
+  return result > 0 ? SSL_ERROR_NONE : SSL_get_error(tls_->ssl, result);
+}
+
+absl::Status Socket::AwaitTls(int error, absl::Time deadline, absl::Duration stall,
+                              const char* what) {
+  if (error == SSL_ERROR_WANT_READ) return Await(POLLIN, deadline, stall, what);
+  if (error == SSL_ERROR_WANT_WRITE) return Await(POLLOUT, deadline, stall, what);
+  if (shut_down_->load()) return absl::UnavailableError("the connection was shut down");
+  if (error == SSL_ERROR_ZERO_RETURN || (error == SSL_ERROR_SYSCALL && errno == 0)) {
+    return absl::UnavailableError(absl::StrCat(what, ": the peer closed the connection"));
+  }
+  if (error == SSL_ERROR_SYSCALL) {
+    return absl::UnavailableError(absl::StrCat(what, ": ", Errno(errno)));
+  }
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", TlsErrorReason("TLS error (does the peer use TLS?)")));
 }
 
 absl::StatusOr<Socket> Socket::Connect(const std::string& host, int port, absl::Time deadline,
@@ -109,6 +186,7 @@ absl::StatusOr<Socket> Socket::Connect(const std::string& host, int port, absl::
 }
 
 absl::Status Socket::AwaitReadable(absl::Time deadline) {
+  if (tls_ != nullptr) return AwaitReadableTls(deadline);
   return Await(POLLIN, deadline, absl::InfiniteDuration(), "waiting for a message");
 }
 
@@ -133,6 +211,7 @@ absl::Status Socket::Await(short events, absl::Time deadline, absl::Duration sta
 }
 
 absl::Status Socket::Send(absl::Span<const iovec> pieces, absl::Time deadline) {
+  if (tls_ != nullptr) return SendTls(pieces, deadline);
   std::vector<iovec> left(pieces.begin(), pieces.end());
   size_t first = 0;
   while (first < left.size()) {
@@ -165,8 +244,37 @@ absl::Status Socket::Send(const void* data, size_t size, absl::Time deadline) {
   return Send(absl::MakeConstSpan(&piece, 1), deadline);
 }
 
+absl::Status Socket::SendTls(absl::Span<const iovec> pieces, absl::Time deadline) {
+  std::string gathered;
+  auto write = [&](const char* at, size_t size) -> absl::Status {
+    while (size > 0) {
+      size_t n = 0;
+      const int error = TlsCall([&] { return SSL_write_ex(tls_->ssl, at, size, &n); });
+      if (error == SSL_ERROR_NONE) {
+        at += n;
+        size -= n;
+      } else if (absl::Status s = AwaitTls(error, deadline, stall_, "sending"); !s.ok()) {
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  };
+  for (const iovec& piece : pieces) {
+    const char* at = static_cast<const char*>(piece.iov_base);
+    if (gathered.size() + piece.iov_len <= kGatherBytes) {
+      gathered.append(at, piece.iov_len);
+      continue;
+    }
+    if (absl::Status s = write(gathered.data(), gathered.size()); !s.ok()) return s;
+    gathered.clear();
+    if (absl::Status s = write(at, piece.iov_len); !s.ok()) return s;
+  }
+  return write(gathered.data(), gathered.size());
+}
+
 absl::Status Socket::Receive(void* data, size_t size, absl::Time deadline) {
   char* at = static_cast<char*>(data);
+  if (tls_ != nullptr) return ReceiveTls(at, size, deadline);
   while (size > 0) {
     ssize_t n = recv(fd_, at, size, 0);
     if (n == 0) return absl::UnavailableError("the peer closed the connection");
@@ -182,6 +290,33 @@ absl::Status Socket::Receive(void* data, size_t size, absl::Time deadline) {
     size -= static_cast<size_t>(n);
   }
   return absl::OkStatus();
+}
+
+absl::Status Socket::ReceiveTls(char* at, size_t size, absl::Time deadline) {
+  while (size > 0) {
+    size_t n = 0;
+    const int error = TlsCall([&] { return SSL_read_ex(tls_->ssl, at, size, &n); });
+    if (error == SSL_ERROR_NONE) {
+      at += n;
+      size -= n;
+    } else if (absl::Status s = AwaitTls(error, deadline, stall_, "receiving"); !s.ok()) {
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Socket::AwaitReadableTls(absl::Time deadline) {
+  for (;;) {  // until a byte of a message is in (TLS's own records do not count)
+    char byte;
+    size_t n = 0;
+    const int error = TlsCall([&] { return SSL_peek_ex(tls_->ssl, &byte, 1, &n); });
+    if (error != SSL_ERROR_WANT_READ) return absl::OkStatus();  // or an error Receive reports
+    if (absl::Status s = Await(POLLIN, deadline, absl::InfiniteDuration(), "waiting for a message");
+        !s.ok()) {
+      return s;
+    }
+  }
 }
 
 void Socket::Shutdown() {

@@ -4,6 +4,7 @@
 //
 // One thread may send while another receives; two senders (or two receivers) need a lock of
 // their own. Shutdown() is thread-safe and makes every wait in progress or later fail at once.
+// Secure() makes it a TLS connection (common/tls.h) with the same contract.
 #pragma once
 
 #include <sys/uio.h>
@@ -20,9 +21,11 @@
 
 namespace ps {
 
+class TlsContext;
+
 class Socket {
  public:
-  Socket() = default;
+  Socket();
   // Takes `fd`, a connected stream socket; `stall`: how long a wait may see no progress.
   Socket(int fd, absl::Duration stall);
   Socket(Socket&& o) noexcept;
@@ -35,6 +38,13 @@ class Socket {
                                         absl::Duration stall);
 
   bool valid() const { return fd_ >= 0; }
+  // Makes this a TLS connection as `tls`'s side: the handshake, before `deadline`; from then on
+  // Send and Receive encrypt and decrypt (a lock in here takes the sender's and the receiver's
+  // TLS calls in turn). A client checks that the server's certificate names `peer_host` (a name
+  // or an address, as gRPC checks its target). UNAVAILABLE saying why otherwise: a certificate not
+  // trusted, a peer that does not speak TLS or refused this end's certificate, ...
+  absl::Status Secure(const TlsContext& tls, const std::string& peer_host, absl::Time deadline);
+  bool secure() const { return tls_ != nullptr; }
   // Sends every byte of `pieces` in order. UNAVAILABLE when the peer went away or the connection
   // was shut down, DEADLINE_EXCEEDED at `deadline` or after `stall` without progress.
   absl::Status Send(absl::Span<const iovec> pieces, absl::Time deadline);
@@ -55,7 +65,20 @@ class Socket {
   // Waits until the socket is ready for `events` (POLLIN or POLLOUT), at most until `deadline`
   // and for `stall`; `what` names the wait in errors.
   absl::Status Await(short events, absl::Time deadline, absl::Duration stall, const char* what);
+  // The TLS versions of Send, Receive and AwaitReadable.
+  absl::Status SendTls(absl::Span<const iovec> pieces, absl::Time deadline);
+  absl::Status ReceiveTls(char* at, size_t size, absl::Time deadline);
+  absl::Status AwaitReadableTls(absl::Time deadline);
+  // Runs one TLS call (`call`, returning OpenSSL's result) under the TLS lock; SSL_ERROR_NONE or
+  // what SSL_get_error said of it.
+  template <typename Call>
+  int TlsCall(Call call);
+  // Waits as a TLS call that returned `error` (SSL_ERROR_WANT_READ or _WRITE) asks; UNAVAILABLE
+  // naming `what` and OpenSSL's reason for any other error.
+  absl::Status AwaitTls(int error, absl::Time deadline, absl::Duration stall, const char* what);
 
+  struct Tls;  // the OpenSSL connection and its lock
+  std::unique_ptr<Tls> tls_;
   int fd_ = -1;
   absl::Duration stall_;
   std::unique_ptr<std::atomic<bool>> shut_down_ = std::make_unique<std::atomic<bool>>(false);

@@ -183,11 +183,7 @@ int Main(int argc, char** argv) {
   c.target_accuracy = absl::GetFlag(FLAGS_target_accuracy);
   c.progress_seconds = absl::GetFlag(FLAGS_progress_seconds);
   if (std::string dir = absl::GetFlag(FLAGS_tls_dir); !dir.empty()) {
-    c.security.ca = dir + "/ca.pem";
-    c.security.server_cert = dir + "/server.pem";
-    c.security.server_key = dir + "/server.key";
-    c.security.client_cert = dir + "/client.pem";
-    c.security.client_key = dir + "/client.key";
+    c.security = ClusterSecurity::MutualTls(dir);
   }
   c.security.token_file = absl::GetFlag(FLAGS_token_file);
   c.security.worker_identity = absl::GetFlag(FLAGS_worker_identity);

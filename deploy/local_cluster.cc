@@ -26,6 +26,16 @@
 
 namespace ps {
 
+ClusterSecurity ClusterSecurity::MutualTls(const std::string& dir) {
+  ClusterSecurity s;
+  s.ca = dir + "/ca.pem";
+  s.server_cert = dir + "/server.pem";
+  s.server_key = dir + "/server.key";
+  s.client_cert = dir + "/client.pem";
+  s.client_key = dir + "/client.key";
+  return s;
+}
+
 LocalCluster::LocalCluster(std::string bin_dir, std::string run_dir, ClusterSecurity security)
     : bin_dir_(std::move(bin_dir)), run_dir_(std::move(run_dir)), security_(std::move(security)) {}
 

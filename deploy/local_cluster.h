@@ -32,6 +32,10 @@ struct ClusterSecurity {
   // write token comes from token_file, else $PS_TOKEN, else a fresh one; the latter two are
   // written to run_dir/token.
   bool worker_identity = false;
+
+  // Mutual TLS with the files deploy/make_test_certs.sh writes in `dir` (ca.pem, server.pem,
+  // server.key, client.pem, client.key); no tokens.
+  static ClusterSecurity MutualTls(const std::string& dir);
 };
 
 // A port nothing listens on now on 127.0.0.1 (the kernel's pick for a socket bound to port 0),

@@ -181,16 +181,13 @@ absl::Status ShardServer::StartDataPlane() {
     return absl::InvalidArgumentError(absl::StrCat("--data_plane_lanes must be in [1, ",
                                                    DataPlane::kMaxLanes, "] (0: automatic)"));
   }
-  if (c.security.tls) {
-    PS_LOG(INFO) << "no data plane: the job uses TLS, which it does not speak; tensors go over gRPC";
-    return absl::OkStatus();
-  }
   DataPlane::Options o;
   o.host = c.host;
   o.port = c.data_plane_port;
   o.max_connections = c.limits.data_plane_clients;
   o.lanes = c.data_plane_lanes;
   o.max_frame_bytes = static_cast<uint64_t>(shard_->range().size()) * sizeof(float);
+  o.tls = c.security.plane_tls;
   absl::StatusOr<std::unique_ptr<DataPlane>> plane = DataPlane::Start(o);
   if (plane.ok() && o.port == 0 && c.port != 0 && (*plane)->port() == c.port) {
     // The system handed out the port the gRPC server is about to listen on (free until then):

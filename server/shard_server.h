@@ -45,8 +45,8 @@ struct ShardServerConfig {
   std::optional<Checkpointer::Options> checkpoints;  // ps --checkpoint_dir; none: no checkpoints
   std::string host = "127.0.0.1";
   int port = 0;  // 0: a free one (port())
-  // The bulk data plane's port on `host` (server/rpc/data_plane.h; 0: a free one, -1: none). Not
-  // with TLS: the plane speaks plain TCP, so TLS jobs move tensors over gRPC.
+  // The bulk data plane's port on `host` (server/rpc/data_plane.h; 0: a free one, -1: none); it
+  // speaks TLS when `security` does.
   int data_plane_port = 0;
   // TCP connections per client on the data plane, a large tensor striped over them (1..8).
   int data_plane_lanes = 1;
@@ -88,7 +88,7 @@ class ShardServer {
   // Stops serving and saving in dependency order; idempotent. Stop and the destructor.
   void ShutDown();
   void WriteOutputs(const ShardStats& stats) const;
-  // Starts the data plane unless it is off (or the job uses TLS).
+  // Starts the data plane unless it is off.
   absl::Status StartDataPlane();
 
   const ShardServerConfig config_;

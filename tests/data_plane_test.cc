@@ -28,6 +28,7 @@
 #include "common/data_frames.h"
 #include "common/fill_progress.h"
 #include "common/grpc_status.h"
+#include "common/security.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/run_dir.h"
@@ -372,6 +373,86 @@ TEST(DataPlaneTest, AClientForgettingATransferThatNeverCameKeepsItsConnection) {
   EXPECT_EQ(pulled, values);
   EXPECT_TRUE(sent.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_EQ(plane->connections(), 1);
+}
+
+// TLS (common/tls.h) from a job's PEM files, mutual: every lane's handshake comes before its
+// hello, so a client without TLS, one trusting another CA, one without the client certificate
+// the job asks for, and one that expects another name on the shard's certificate get no
+// connection, and the plane goes on; one with the job's files moves a tensor striped over two
+// lanes, and a pull, bit for bit.
+TEST(DataPlaneTest, AJobsTlsIsSpokenOnEveryLaneAndNothingOpensWithoutIt) {
+  const std::string certs = NewRunDir("tls");
+  ASSERT_TRUE(MakeTestCertificates(certs));
+  auto pem = [&](const std::string& name) { return certs + "/" + name; };
+  absl::StatusOr<ServerSecurity> server =
+      LoadServerSecurity({pem("server.pem"), pem("server.key"), pem("ca.pem")}, "", "");
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto client_tls = [&](const TlsFiles& files) {
+    absl::StatusOr<ClientSecurity> s = LoadClientSecurity(files, "");
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? s->plane_tls : nullptr;
+  };
+  const auto trusted = client_tls({pem("client.pem"), pem("client.key"), pem("ca.pem")});
+  const auto no_certificate = client_tls({"", "", pem("ca.pem")});
+  const auto stranger =
+      client_tls({pem("other-client.pem"), pem("other-client.key"), pem("other-ca.pem")});
+  ASSERT_TRUE(trusted && no_certificate && stranger);
+
+  DataPlane::Options o;
+  o.max_frame_bytes = 64 << 20;
+  o.lanes = 2;
+  o.tls = server->plane_tls;
+  absl::StatusOr<std::unique_ptr<DataPlane>> started = DataPlane::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  DataPlane& plane = **started;
+  DataPlane::Ticket ticket;
+  auto open = [&](std::shared_ptr<const TlsContext> tls) {
+    absl::StatusOr<DataPlane::Ticket> issued = plane.Issue(0);
+    EXPECT_TRUE(issued.ok()) << issued.status();
+    if (issued.ok()) ticket = *issued;
+    return DataConnection::Open({"127.0.0.1", plane.port(), ticket.connection, ticket.secret,
+                                 ticket.lanes, false, std::move(tls)},
+                                64 << 20, Soon(), absl::Seconds(5));
+  };
+  for (const auto& [tls, why] :
+       std::vector<std::pair<std::shared_ptr<const TlsContext>, std::string>>{
+           {nullptr, "without TLS"},
+           {stranger, "trusting another CA"},
+           {no_certificate, "without a client certificate"}}) {
+    absl::StatusOr<std::unique_ptr<DataConnection>> refused = open(tls);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << why;
+    if (tls == stranger) {
+      EXPECT_NE(refused.status().message().find("certificate"), std::string::npos)
+          << refused.status();
+    }
+  }
+  Socket renamed = Connect(plane);
+  absl::Status mismatch = renamed.Secure(*trusted, "ps.example.com", Soon());
+  EXPECT_EQ(mismatch.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(mismatch.message().find("hostname mismatch"), std::string::npos) << mismatch;
+  EXPECT_EQ(plane.connections(), 0);
+
+  absl::StatusOr<std::unique_ptr<DataConnection>> opened = open(trusted);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  DataConnection& c = **opened;
+  ASSERT_EQ(c.lanes(), 2);
+  const size_t n = 2 * kMinStripeBytes / sizeof(float) + 3;
+  std::vector<float> values(n), got(n, -1.0f);
+  for (size_t i = 0; i < n; ++i) values[i] = 0.25f * (i % 4000) - 7.0f;
+  absl::Status received =
+      plane.Receive(ticket.connection, 0, 1, absl::MakeSpan(got), WireType::kFloat32, Soon(),
+                    [&] { ASSERT_TRUE(c.Push(1, values, WireType::kFloat32, Soon()).ok()); });
+  ASSERT_TRUE(received.ok()) << received;
+  EXPECT_EQ(got, values);
+  std::vector<float> pulled(n, -1.0f);
+  ASSERT_TRUE(c.Expect(2, absl::MakeSpan(pulled), WireType::kFloat32).ok());
+  ASSERT_TRUE(plane
+                  .Send(ticket.connection, 0, 2, nullptr, values, WireType::kFloat32,
+                        [](absl::StatusOr<int64_t>) {})
+                  .ok());
+  ASSERT_TRUE(c.Await(2, pulled, WireType::kFloat32, Soon()).ok());
+  EXPECT_EQ(pulled, values);
+  EXPECT_EQ(plane.connections(), 1);
 }
 
 // A client's connection (DataConnection, making calls) with a fresh ticket of `owner`'s, which
@@ -1293,6 +1374,79 @@ TEST_F(DataPlaneShardTest, AShardWithoutADataPlaneIsUsedOverGrpc) {
   EXPECT_EQ(stats.pushes_applied(), 1);
   EXPECT_EQ(stats.data_plane_pushes(), 0);
   EXPECT_EQ(stats.data_plane_connections(), 0);
+}
+
+// A job with mutual TLS and a token keeps both on the data plane: its remote clients' tensors go
+// there (encrypted) with the same results as over gRPC, and a replicated shard's primary makes its
+// changes on its backup's plane, which takes over with the same weights.
+TEST(DataPlaneTlsTest, AJobWithTlsMovesItsTensorsAndChangesOverThePlane) {
+  const std::string dir = NewRunDir("data-plane-tls");
+  ASSERT_TRUE(MakeTestCertificates(dir + "/certs"));
+  auto pem = [&](const std::string& name) { return dir + "/certs/" + name; };
+  std::ofstream(dir + "/token") << "sesame";
+  ClusterSecurity security = ClusterSecurity::MutualTls(dir + "/certs");
+  security.token_file = dir + "/token";
+  absl::StatusOr<ClientSecurity> credentials =
+      LoadClientSecurity({pem("client.pem"), pem("client.key"), pem("ca.pem")}, dir + "/token");
+  ASSERT_TRUE(credentials.ok()) << credentials.status();
+  ClientOptions options;
+  options.shared_memory = false;
+  options.retry_for = absl::Seconds(30);
+  options.security = *credentials;
+  std::vector<float> initial(kParams), gradient(kParams);
+  for (int i = 0; i < kParams; ++i) {
+    initial[i] = 0.25f * (i % 100);
+    gradient[i] = 0.001f * (i % 7);
+  }
+
+  LocalCluster alone(ExecutableDir(), dir + "/alone", security);
+  ASSERT_TRUE(alone.StartShards(1, kModel.fingerprint, 2, {"--optimizer=sgd", "--lr=0.5"}).ok());
+  ShardedClient over_plane({alone.ShardAddress(0)}, kModel, 0, options);
+  options.data_plane = false;
+  ShardedClient over_grpc({alone.ShardAddress(0)}, kModel, 1, options);
+  options.data_plane = true;
+  ASSERT_TRUE(over_plane.Register().ok());
+  ASSERT_TRUE(over_grpc.Register().ok());
+  ASSERT_TRUE(over_plane.Initialize(initial).ok());
+  ExpectStepsInTurnAgree(over_plane, over_grpc, initial, gradient, 0.5f);
+  if (HasFatalFailure()) return;
+  absl::StatusOr<v1::StatsResponse> stats = alone.ProcessStats(0, absl::Seconds(10));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->data_plane_pushes(), 2);
+  EXPECT_EQ(stats->data_plane_pulls(), 3);
+  EXPECT_EQ(stats->data_plane_connections(), 1);
+  alone.Stop();
+
+  LocalCluster replicated(ExecutableDir(), dir + "/replicated", security);
+  ASSERT_TRUE(replicated
+                  .StartShards(1, kModel.fingerprint, 1, {"--optimizer=momentum", "--lr=0.1"},
+                               /*replicas=*/2)
+                  .ok());
+  for (absl::Time end = absl::Now() + absl::Seconds(30);; absl::SleepFor(absl::Milliseconds(50))) {
+    stats = replicated.ProcessStats(1, absl::Seconds(5));
+    if (stats.ok() && stats->replica_role() == "backup") break;
+    ASSERT_LT(absl::Now(), end) << "the backup did not join";
+  }
+  ShardedClient client({replicated.ShardAddress(0)}, kModel, 0, options);
+  ASSERT_TRUE(client.Register().ok());
+  ASSERT_TRUE(client.Initialize(initial).ok());
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE(client.Push(gradient).ok());
+  std::vector<float> weights(kParams), taken_over(kParams);
+  ASSERT_TRUE(client.Pull(absl::MakeSpan(weights)).ok());
+  const std::string said = ReadFile(dir + "/replicated/ps-0-0.log");
+  EXPECT_NE(said.find("making changes on its data plane"), std::string::npos) << said;
+  stats = replicated.ProcessStats(0, absl::Seconds(10));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->data_plane_pushes(), 3);
+  replicated.shards()[0].Signal(SIGKILL);
+  ASSERT_TRUE(replicated.shards()[0].Wait(absl::Seconds(10)).ok());
+  ASSERT_TRUE(client.Pull(absl::MakeSpan(taken_over)).ok());
+  stats = replicated.ProcessStats(1, absl::Seconds(10));
+  ASSERT_TRUE(stats.ok()) << stats.status();
+  EXPECT_EQ(stats->replica_role(), "primary");
+  EXPECT_EQ(stats->version(), 3);
+  EXPECT_EQ(std::memcmp(weights.data(), taken_over.data(), kParams * sizeof(float)), 0);
+  replicated.Stop();
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/security.h"
 #include "deploy/local_cluster.h"
+#include "deploy/subprocess.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace ps {
@@ -135,6 +136,17 @@ bool WaitForRole(const std::string& address, const std::string& role, absl::Dura
     if (Stats(address).replica_role() == role) return true;
     absl::SleepFor(absl::Milliseconds(50));
   }
+  return false;
+}
+
+bool MakeTestCertificates(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  const std::string log = dir + "/make_test_certs.log";
+  absl::StatusOr<Subprocess> script = Subprocess::Start(
+      {"/bin/bash", std::string(PS_SOURCE_DIR) + "/deploy/make_test_certs.sh", dir}, log);
+  absl::StatusOr<int> code = script.ok() ? script->Wait(absl::Minutes(1)) : script.status();
+  if (code.ok() && *code == 0) return true;
+  ADD_FAILURE() << "make_test_certs.sh: " << code.status() << "\n" << ReadFile(log);
   return false;
 }
 

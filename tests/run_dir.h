@@ -37,5 +37,9 @@ grpc::Status RawUnaryCall(const std::string& address, const std::string& method,
 bool WaitForVersion(const std::string& address, int64_t version, absl::Duration timeout);
 // Waits until the replica at `address` has `role` ("primary", "backup", ...).
 bool WaitForRole(const std::string& address, const std::string& role, absl::Duration timeout);
+// Makes throw-away TLS material in `dir` with deploy/make_test_certs.sh (ca.pem, server.pem/.key,
+// client.pem/.key, other-ca.pem, other-client.pem/.key); false, with the script's output as a
+// test failure, if it failed.
+bool MakeTestCertificates(const std::string& dir);
 
 }  // namespace ps

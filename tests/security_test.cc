@@ -46,16 +46,7 @@ struct Secrets {
   std::string File(const std::string& name) const { return dir + "/" + name; }
 
   // Makes the certificates; false (with the script's output logged) if the script failed.
-  bool MakeCertificates() const {
-    absl::StatusOr<Subprocess> script = Subprocess::Start(
-        {"/bin/bash", std::string(PS_SOURCE_DIR) + "/deploy/make_test_certs.sh", dir + "/certs"},
-        File("make_test_certs.log"));
-    absl::StatusOr<int> code = script.ok() ? script->Wait(absl::Minutes(1)) : script.status();
-    if (code.ok() && *code == 0) return true;
-    ADD_FAILURE() << "make_test_certs.sh: " << code.status() << "\n"
-                  << ReadFile(File("make_test_certs.log"));
-    return false;
-  }
+  bool MakeCertificates() const { return MakeTestCertificates(dir + "/certs"); }
   std::string Cert(const std::string& name) const { return dir + "/certs/" + name; }
 
   ClusterSecurity Tokens() const {

@@ -873,11 +873,11 @@ absl::StatusOr<std::shared_ptr<DataConnection>> ShardedClient::Impl::ConnectTo(
   if (!why.ok()) return why;
   std::string host, port;
   SplitHostPort(Address(shard), &host, &port);
-  absl::StatusOr<std::unique_ptr<DataConnection>> connection =
-      DataConnection::Open({host, response.port(), response.connection(), response.secret(),
-                            std::max(response.lanes(), 1), response.calls()},
-                           static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
-                           absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
+  absl::StatusOr<std::unique_ptr<DataConnection>> connection = DataConnection::Open(
+      {host, response.port(), response.connection(), response.secret(),
+       std::max(response.lanes(), 1), response.calls(), options_.security.plane_tls},
+      static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
+      absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
   if (!connection.ok()) return connection.status();
   return std::shared_ptr<DataConnection>(*std::move(connection));
 }

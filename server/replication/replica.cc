@@ -546,10 +546,11 @@ std::unique_ptr<DataConnection> Replica::OpenBackupPlane(const v1::BackupMessage
   absl::StatusOr<std::unique_ptr<DataConnection>> plane =
       !SplitHostPort(options_.peer, &host, &port)
           ? absl::InvalidArgumentError(absl::StrCat("no host in --peer=", options_.peer))
-          : DataConnection::Open({host, ticket.port(), ticket.connection(), ticket.secret(),
-                                  std::max(ticket.lanes(), 1), ticket.calls()},
-                                 static_cast<uint64_t>(shard_->range().size()) * sizeof(float),
-                                 absl::Now() + absl::Seconds(5), absl::Seconds(10));
+          : DataConnection::Open(
+                {host, ticket.port(), ticket.connection(), ticket.secret(),
+                 std::max(ticket.lanes(), 1), ticket.calls(), options_.security.plane_tls},
+                static_cast<uint64_t>(shard_->range().size()) * sizeof(float),
+                absl::Now() + absl::Seconds(5), absl::Seconds(10));
   if (!plane.ok()) {
     PS_LOG(WARNING) << "shard " << shard_->index() << ": the backup's data plane cannot be used ("
                     << plane.status().message() << "); its changes go on the replication stream";

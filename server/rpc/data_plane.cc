@@ -38,7 +38,7 @@ class DataPlane::Lane {
     Sent sent;
     const FillProgress* filling = nullptr;  // alive until `sent` (DataPlane::Send)
     int64_t filled_from = 0;                // where `values` start in what `filling` tells of
-    std::string answer;
+    std::string answer = {};                // an Answer frame's payload (no values)
   };
 
   // Queues parts[i] on lanes[i], all of them or none (FAILED_PRECONDITION): a caller whose Send
@@ -203,6 +203,12 @@ absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Admit(
     const std::shared_ptr<Lane>& lane) {
   Socket& socket = lane->socket;
   const absl::Time deadline = absl::Now() + options_.hello;
+  if (options_.tls != nullptr) {
+    if (absl::Status s = socket.Secure(*options_.tls, "", deadline); !s.ok()) {
+      PS_LOG(INFO) << "data plane: a connection failed its " << s.message();
+      return s;
+    }
+  }
   absl::StatusOr<FrameHeader> hello = ReceiveHeader(socket, deadline);
   if (!hello.ok()) return hello.status();
   auto refuse = [&](const std::string& why) {

@@ -1,8 +1,8 @@
 // The shard's end of the bulk data plane (common/data_frames.h): the tensor bytes of Push and Pull
-// over one plain TCP connection per client, beside its gRPC calls, which keep the rest (tokens,
-// deadlines, idempotence, validation, answers). gRPC streams stop near half of what a TCP
-// connection carries (bench/RESULTS.md); this path sends a tensor as one frame, from the caller's
-// buffer and into the shard's, with no copy in user space for float32.
+// over one TCP connection per client (TLS when the job uses TLS), beside its gRPC calls, which keep
+// the rest (tokens, deadlines, idempotence, validation, answers). gRPC streams stop near half of
+// what a TCP connection carries (bench/RESULTS.md); this path sends a tensor as one frame, from the
+// caller's buffer and into the shard's, with no copy in user space for float32.
 //
 // A client asks for a ticket over gRPC (AttachDataPlane, authorised like any call as the worker
 // it names), connects `lanes` times to port() and presents it on each: a ticket opens one
@@ -47,6 +47,7 @@
 #include "absl/types/span.h"
 #include "common/data_frames.h"
 #include "common/socket.h"
+#include "common/tls.h"
 #include "common/wire_type.h"
 
 namespace ps {
@@ -67,6 +68,9 @@ class DataPlane {
     uint64_t max_frame_bytes = 0;  // the largest tensor (the shard's range as float32)
     absl::Duration hello = absl::Seconds(5);
     absl::Duration stall = absl::Seconds(10);
+    // The job's TLS (a server's context): every lane's handshake comes before its hello, within
+    // `hello`. Null: plain TCP.
+    std::shared_ptr<const TlsContext> tls;
   };
   // Listens (UNAVAILABLE naming host:port and why if it cannot) and starts accepting.
   static absl::StatusOr<std::unique_ptr<DataPlane>> Start(Options options);

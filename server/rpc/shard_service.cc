@@ -1059,7 +1059,7 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
           return ToGrpcStatus(s);
         if (data_plane_ == nullptr) {
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                              "this shard has no data plane (ps --data_plane_port=-1, or TLS)");
+                              "this shard has no data plane (ps --data_plane_port=-1)");
         }
         absl::StatusOr<DataPlane::Ticket> ticket = data_plane_->Issue(worker);
         if (!ticket.ok()) return ToGrpcStatus(ticket.status());

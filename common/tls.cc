@@ -1,0 +1,97 @@
+#include "common/tls.h"
+
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace ps {
+namespace {
+
+struct BioDeleter {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+using Bio = std::unique_ptr<BIO, BioDeleter>;
+
+Bio MemoryBio(const std::string& pem) {
+  return Bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+}
+
+// Every certificate in `pem`, in order, given to `take` (which owns each); how many there were.
+template <typename Take>
+int ForEachCertificate(const std::string& pem, Take take) {
+  Bio bio = MemoryBio(pem);
+  int count = 0;
+  while (X509* x = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+    take(x, count++);
+  }
+  ERR_clear_error();  // the end of the PEM text reads as an error
+  return count;
+}
+
+absl::Status Invalid(absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("TLS for the data plane: ", what, ": ", TlsErrorReason("no detail")));
+}
+
+}  // namespace
+
+std::string TlsErrorReason(const char* otherwise) {
+  const unsigned long e = ERR_peek_last_error();
+  if (e == 0) return otherwise;
+  const char* reason = ERR_reason_error_string(e);
+  return reason != nullptr ? reason : absl::StrCat("OpenSSL error ", e);
+}
+
+absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::Create(Side side,
+                                                                     const std::string& cert_chain,
+                                                                     const std::string& key,
+                                                                     const std::string& ca) {
+  ERR_clear_error();
+  SSL_CTX* ctx = SSL_CTX_new(side == Side::kServer ? TLS_server_method() : TLS_client_method());
+  if (ctx == nullptr) return Invalid("no context");
+  std::shared_ptr<const TlsContext> context(new TlsContext(side, ctx));
+  SSL_CTX_set_min_proto_version(ctx, TLS1_3_VERSION);
+  // An end that closes without close_notify reads as a closed connection, as over plain TCP.
+  SSL_CTX_set_options(ctx, SSL_OP_IGNORE_UNEXPECTED_EOF);
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
+  if (side == Side::kServer) SSL_CTX_set_num_tickets(ctx, 0);  // nothing after the handshake
+  if (!cert_chain.empty()) {
+    bool ok = true;
+    const int certificates = ForEachCertificate(cert_chain, [&](X509* x, int i) {
+      ok = ok && (i == 0 ? SSL_CTX_use_certificate(ctx, x) : SSL_CTX_add1_chain_cert(ctx, x)) == 1;
+      X509_free(x);
+    });
+    if (certificates == 0 || !ok) return Invalid("this end's certificate");
+    Bio bio = MemoryBio(key);
+    EVP_PKEY* pkey = PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr);
+    ok = pkey != nullptr && SSL_CTX_use_PrivateKey(ctx, pkey) == 1;
+    EVP_PKEY_free(pkey);
+    if (!ok || SSL_CTX_check_private_key(ctx) != 1) return Invalid("this end's private key");
+  } else if (side == Side::kServer) {
+    return absl::InvalidArgumentError("TLS for the data plane: a server needs a certificate");
+  }
+  if (!ca.empty()) {
+    X509_STORE* store = SSL_CTX_get_cert_store(ctx);
+    bool ok = true;
+    if (ForEachCertificate(ca,
+                           [&](X509* x, int) {
+                             ok = ok && X509_STORE_add_cert(store, x) == 1;
+                             X509_free(x);
+                           }) == 0 ||
+        !ok) {
+      return Invalid("the CA");
+    }
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
+  } else if (side == Side::kClient) {
+    return absl::InvalidArgumentError("TLS for the data plane: a client needs the CA");
+  }
+  return context;
+}
+
+TlsContext::~TlsContext() { SSL_CTX_free(ctx_); }
+
+}  // namespace ps
