@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
@@ -14,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -97,20 +99,70 @@ Socket::~Socket() {
   if (fd_ >= 0) close(fd_);
 }
 
+namespace {
+
+// OpenSSL's socket BIO writes with write(2), which raises SIGPIPE once the peer has gone (and ends
+// the process): a BIO that writes with send(MSG_NOSIGNAL) instead, as the plaintext path does. It
+// only writes; the reading BIO stays OpenSSL's own.
+int SendNoSignal(BIO* b, const char* data, size_t size, size_t* written) {
+  BIO_clear_retry_flags(b);
+  const int fd = static_cast<int>(reinterpret_cast<intptr_t>(BIO_get_data(b)));
+  const ssize_t n = send(fd, data, size, MSG_NOSIGNAL);
+  if (n >= 0) {
+    *written = static_cast<size_t>(n);
+    return 1;
+  }
+  if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) BIO_set_retry_write(b);
+  return 0;
+}
+
+long WriterControl(BIO*, int command, long, void*) { return command == BIO_CTRL_FLUSH ? 1 : 0; }
+
+BIO* NoSignalWriter(int fd) {
+  static BIO_METHOD* const method = [] {
+    BIO_METHOD* m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR,
+                                 "socket without SIGPIPE");
+    BIO_meth_set_write_ex(m, SendNoSignal);
+    BIO_meth_set_ctrl(m, WriterControl);
+    return m;
+  }();
+  BIO* b = BIO_new(method);
+  if (b != nullptr) {
+    BIO_set_data(b, reinterpret_cast<void*>(static_cast<intptr_t>(fd)));
+    BIO_set_init(b, 1);
+  }
+  return b;
+}
+
+}  // namespace
+
 absl::Status Socket::Secure(const TlsContext& tls, const std::string& peer_host,
                             absl::Time deadline) {
+  const bool client = tls.side() == TlsContext::Side::kClient;
+  if (client && peer_host.empty()) {
+    return absl::InvalidArgumentError("TLS: no host to check the peer's certificate against");
+  }
   SSL* ssl = SSL_new(tls.get());
   if (ssl == nullptr) return absl::UnavailableError("TLS: " + TlsErrorReason("no connection"));
   tls_ = std::make_unique<Tls>(ssl);
+  BIO* in = BIO_new_socket(fd_, BIO_NOCLOSE);
+  BIO* out = NoSignalWriter(fd_);
+  if (in == nullptr || out == nullptr) {
+    BIO_free(in);
+    BIO_free(out);
+    return absl::UnavailableError("TLS: " + TlsErrorReason("no BIO"));
+  }
+  SSL_set_bio(ssl, in, out);  // the connection owns them now
   SSL_set_mode(ssl, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-  SSL_set_fd(ssl, fd_);
-  if (tls.side() == TlsContext::Side::kClient) {
+  if (client) {
     X509_VERIFY_PARAM* check = SSL_get0_param(ssl);
     X509_VERIFY_PARAM_set_hostflags(check, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
     // An address is checked against the certificate's IP names, anything else its DNS names.
     if (X509_VERIFY_PARAM_set1_ip_asc(check, peer_host.c_str()) != 1) {
       ERR_clear_error();
-      X509_VERIFY_PARAM_set1_host(check, peer_host.c_str(), peer_host.size());
+      if (X509_VERIFY_PARAM_set1_host(check, peer_host.c_str(), peer_host.size()) != 1) {
+        return absl::UnavailableError("TLS: cannot check the peer's certificate for " + peer_host);
+      }
       SSL_set_tlsext_host_name(ssl, peer_host.c_str());
     }
     SSL_set_connect_state(ssl);
@@ -118,35 +170,37 @@ absl::Status Socket::Secure(const TlsContext& tls, const std::string& peer_host,
     SSL_set_accept_state(ssl);
   }
   for (;;) {
-    const int error = TlsCall([&] { return SSL_do_handshake(ssl); });
-    if (error == SSL_ERROR_NONE) return absl::OkStatus();
-    if (error == SSL_ERROR_SSL && SSL_get_verify_result(ssl) != X509_V_OK) {
+    const TlsResult r = TlsCall([&] { return SSL_do_handshake(ssl); });
+    if (r.error == SSL_ERROR_NONE) return absl::OkStatus();
+    if (r.error == SSL_ERROR_SSL && SSL_get_verify_result(ssl) != X509_V_OK) {
       return absl::UnavailableError(
           absl::StrCat("TLS handshake: the peer's certificate: ",
                        X509_verify_cert_error_string(SSL_get_verify_result(ssl))));
     }
-    if (absl::Status s = AwaitTls(error, deadline, stall_, "TLS handshake"); !s.ok()) return s;
+    if (absl::Status s = AwaitTls(r, deadline, stall_, "TLS handshake"); !s.ok()) return s;
   }
 }
 
 template <typename Call>
-int Socket::TlsCall(Call call) {
+Socket::TlsResult Socket::TlsCall(Call call) {
   std::lock_guard<std::mutex> lock(tls_->mu);
   ERR_clear_error();
+  errno = 0;
   const int result = call();
-  return result > 0 ? SSL_ERROR_NONE : SSL_get_error(tls_->ssl, result);
+  const int error = result > 0 ? SSL_ERROR_NONE : SSL_get_error(tls_->ssl, result);
+  return {error, errno};
 }
 
-absl::Status Socket::AwaitTls(int error, absl::Time deadline, absl::Duration stall,
+absl::Status Socket::AwaitTls(TlsResult r, absl::Time deadline, absl::Duration stall,
                               const char* what) {
-  if (error == SSL_ERROR_WANT_READ) return Await(POLLIN, deadline, stall, what);
-  if (error == SSL_ERROR_WANT_WRITE) return Await(POLLOUT, deadline, stall, what);
+  if (r.error == SSL_ERROR_WANT_READ) return Await(POLLIN, deadline, stall, what);
+  if (r.error == SSL_ERROR_WANT_WRITE) return Await(POLLOUT, deadline, stall, what);
   if (shut_down_->load()) return absl::UnavailableError("the connection was shut down");
-  if (error == SSL_ERROR_ZERO_RETURN || (error == SSL_ERROR_SYSCALL && errno == 0)) {
+  if (r.error == SSL_ERROR_ZERO_RETURN || (r.error == SSL_ERROR_SYSCALL && r.sys_error == 0)) {
     return absl::UnavailableError(absl::StrCat(what, ": the peer closed the connection"));
   }
-  if (error == SSL_ERROR_SYSCALL) {
-    return absl::UnavailableError(absl::StrCat(what, ": ", Errno(errno)));
+  if (r.error == SSL_ERROR_SYSCALL) {
+    return absl::UnavailableError(absl::StrCat(what, ": ", Errno(r.sys_error)));
   }
   return absl::UnavailableError(
       absl::StrCat(what, ": ", TlsErrorReason("TLS error (does the peer use TLS?)")));
@@ -249,11 +303,11 @@ absl::Status Socket::SendTls(absl::Span<const iovec> pieces, absl::Time deadline
   auto write = [&](const char* at, size_t size) -> absl::Status {
     while (size > 0) {
       size_t n = 0;
-      const int error = TlsCall([&] { return SSL_write_ex(tls_->ssl, at, size, &n); });
-      if (error == SSL_ERROR_NONE) {
+      const TlsResult r = TlsCall([&] { return SSL_write_ex(tls_->ssl, at, size, &n); });
+      if (r.error == SSL_ERROR_NONE) {
         at += n;
         size -= n;
-      } else if (absl::Status s = AwaitTls(error, deadline, stall_, "sending"); !s.ok()) {
+      } else if (absl::Status s = AwaitTls(r, deadline, stall_, "sending"); !s.ok()) {
         return s;
       }
     }
@@ -295,11 +349,11 @@ absl::Status Socket::Receive(void* data, size_t size, absl::Time deadline) {
 absl::Status Socket::ReceiveTls(char* at, size_t size, absl::Time deadline) {
   while (size > 0) {
     size_t n = 0;
-    const int error = TlsCall([&] { return SSL_read_ex(tls_->ssl, at, size, &n); });
-    if (error == SSL_ERROR_NONE) {
+    const TlsResult r = TlsCall([&] { return SSL_read_ex(tls_->ssl, at, size, &n); });
+    if (r.error == SSL_ERROR_NONE) {
       at += n;
       size -= n;
-    } else if (absl::Status s = AwaitTls(error, deadline, stall_, "receiving"); !s.ok()) {
+    } else if (absl::Status s = AwaitTls(r, deadline, stall_, "receiving"); !s.ok()) {
       return s;
     }
   }
@@ -310,9 +364,9 @@ absl::Status Socket::AwaitReadableTls(absl::Time deadline) {
   for (;;) {  // until a byte of a message is in (TLS's own records do not count)
     char byte;
     size_t n = 0;
-    const int error = TlsCall([&] { return SSL_peek_ex(tls_->ssl, &byte, 1, &n); });
-    if (error != SSL_ERROR_WANT_READ) return absl::OkStatus();  // or an error Receive reports
-    if (absl::Status s = Await(POLLIN, deadline, absl::InfiniteDuration(), "waiting for a message");
+    const TlsResult r = TlsCall([&] { return SSL_peek_ex(tls_->ssl, &byte, 1, &n); });
+    if (r.error == SSL_ERROR_NONE) return absl::OkStatus();
+    if (absl::Status s = AwaitTls(r, deadline, absl::InfiniteDuration(), "waiting for a message");
         !s.ok()) {
       return s;
     }

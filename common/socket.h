@@ -40,9 +40,11 @@ class Socket {
   bool valid() const { return fd_ >= 0; }
   // Makes this a TLS connection as `tls`'s side: the handshake, before `deadline`; from then on
   // Send and Receive encrypt and decrypt (a lock in here takes the sender's and the receiver's
-  // TLS calls in turn). A client checks that the server's certificate names `peer_host` (a name
-  // or an address, as gRPC checks its target). UNAVAILABLE saying why otherwise: a certificate not
-  // trusted, a peer that does not speak TLS or refused this end's certificate, ...
+  // TLS calls in turn), and AwaitReadable waits for a message's bytes, not TLS's own records. A
+  // client checks that the server's certificate names `peer_host` (a name or an address, as gRPC
+  // checks its target; INVALID_ARGUMENT when empty). UNAVAILABLE saying why otherwise (a
+  // certificate not trusted, a peer that does not speak TLS or refused this end's certificate),
+  // DEADLINE_EXCEEDED as Receive's. A socket whose Secure failed is of no further use.
   absl::Status Secure(const TlsContext& tls, const std::string& peer_host, absl::Time deadline);
   bool secure() const { return tls_ != nullptr; }
   // Sends every byte of `pieces` in order. UNAVAILABLE when the peer went away or the connection
@@ -69,13 +71,17 @@ class Socket {
   absl::Status SendTls(absl::Span<const iovec> pieces, absl::Time deadline);
   absl::Status ReceiveTls(char* at, size_t size, absl::Time deadline);
   absl::Status AwaitReadableTls(absl::Time deadline);
-  // Runs one TLS call (`call`, returning OpenSSL's result) under the TLS lock; SSL_ERROR_NONE or
-  // what SSL_get_error said of it.
+  // How a TLS call ended: SSL_ERROR_NONE or what SSL_get_error said of it, and errno then.
+  struct TlsResult {
+    int error = 0;
+    int sys_error = 0;
+  };
+  // Runs one TLS call (`call`, returning OpenSSL's result) under the TLS lock.
   template <typename Call>
-  int TlsCall(Call call);
-  // Waits as a TLS call that returned `error` (SSL_ERROR_WANT_READ or _WRITE) asks; UNAVAILABLE
-  // naming `what` and OpenSSL's reason for any other error.
-  absl::Status AwaitTls(int error, absl::Time deadline, absl::Duration stall, const char* what);
+  TlsResult TlsCall(Call call);
+  // Waits as a TLS call that ended with `r` (SSL_ERROR_WANT_READ or _WRITE) asks; UNAVAILABLE
+  // naming `what` and the reason (the peer's close, errno's, OpenSSL's) for any other ending.
+  absl::Status AwaitTls(TlsResult r, absl::Time deadline, absl::Duration stall, const char* what);
 
   struct Tls;  // the OpenSSL connection and its lock
   std::unique_ptr<Tls> tls_;

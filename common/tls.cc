@@ -6,6 +6,9 @@
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
+#include <memory>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 
 namespace ps {
@@ -20,16 +23,18 @@ Bio MemoryBio(const std::string& pem) {
   return Bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
 }
 
-// Every certificate in `pem`, in order, given to `take` (which owns each); how many there were.
-template <typename Take>
-int ForEachCertificate(const std::string& pem, Take take) {
+struct X509Deleter {
+  void operator()(X509* x) const { X509_free(x); }
+};
+
+// Every certificate in `pem`, in order (the error its end reads as cleared, so that a later
+// error is the one reported).
+std::vector<std::unique_ptr<X509, X509Deleter>> Certificates(const std::string& pem) {
   Bio bio = MemoryBio(pem);
-  int count = 0;
-  while (X509* x = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
-    take(x, count++);
-  }
-  ERR_clear_error();  // the end of the PEM text reads as an error
-  return count;
+  std::vector<std::unique_ptr<X509, X509Deleter>> all;
+  while (X509* x = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) all.emplace_back(x);
+  ERR_clear_error();
+  return all;
 }
 
 absl::Status Invalid(absl::string_view what) {
@@ -60,12 +65,13 @@ absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::Create(Side side,
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
   if (side == Side::kServer) SSL_CTX_set_num_tickets(ctx, 0);  // nothing after the handshake
   if (!cert_chain.empty()) {
-    bool ok = true;
-    const int certificates = ForEachCertificate(cert_chain, [&](X509* x, int i) {
-      ok = ok && (i == 0 ? SSL_CTX_use_certificate(ctx, x) : SSL_CTX_add1_chain_cert(ctx, x)) == 1;
-      X509_free(x);
-    });
-    if (certificates == 0 || !ok) return Invalid("this end's certificate");
+    const auto chain = Certificates(cert_chain);
+    bool ok = !chain.empty();
+    for (size_t i = 0; ok && i < chain.size(); ++i) {
+      ok = (i == 0 ? SSL_CTX_use_certificate(ctx, chain[i].get())
+                   : SSL_CTX_add1_chain_cert(ctx, chain[i].get())) == 1;
+    }
+    if (!ok) return Invalid("this end's certificate");
     Bio bio = MemoryBio(key);
     EVP_PKEY* pkey = PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr);
     ok = pkey != nullptr && SSL_CTX_use_PrivateKey(ctx, pkey) == 1;
@@ -76,15 +82,10 @@ absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::Create(Side side,
   }
   if (!ca.empty()) {
     X509_STORE* store = SSL_CTX_get_cert_store(ctx);
-    bool ok = true;
-    if (ForEachCertificate(ca,
-                           [&](X509* x, int) {
-                             ok = ok && X509_STORE_add_cert(store, x) == 1;
-                             X509_free(x);
-                           }) == 0 ||
-        !ok) {
-      return Invalid("the CA");
-    }
+    const auto authorities = Certificates(ca);
+    bool ok = !authorities.empty();
+    for (const auto& x : authorities) ok = ok && X509_STORE_add_cert(store, x.get()) == 1;
+    if (!ok) return Invalid("the CA");
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, nullptr);
   } else if (side == Side::kClient) {
     return absl::InvalidArgumentError("TLS for the data plane: a client needs the CA");

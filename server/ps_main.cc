@@ -83,7 +83,7 @@ ABSL_FLAG(int, shm_clients, 16,
 ABSL_FLAG(int, data_plane_port, 0,
           "Port of the bulk data plane, where remote clients' tensors travel beside their gRPC "
           "calls (on --host); 0 picks a free one (clients learn it over gRPC), -1 turns it off. "
-          "Off with TLS.");
+          "Speaks TLS with the --tls_* files when they are set.");
 ABSL_FLAG(int, data_plane_clients, 64, "Clients that may hold a data-plane connection at once.");
 ABSL_FLAG(int, data_plane_lanes, 0,
           "TCP connections each data-plane client opens, a tensor of 8 MiB or more striped over "
