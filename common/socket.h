@@ -46,7 +46,6 @@ class Socket {
   // certificate not trusted, a peer that does not speak TLS or refused this end's certificate),
   // DEADLINE_EXCEEDED as Receive's. A socket whose Secure failed is of no further use.
   absl::Status Secure(const TlsContext& tls, const std::string& peer_host, absl::Time deadline);
-  bool secure() const { return tls_ != nullptr; }
   // Sends every byte of `pieces` in order. UNAVAILABLE when the peer went away or the connection
   // was shut down, DEADLINE_EXCEEDED at `deadline` or after `stall` without progress.
   absl::Status Send(absl::Span<const iovec> pieces, absl::Time deadline);
