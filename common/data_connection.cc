@@ -125,7 +125,7 @@ absl::StatusOr<int64_t> DataConnection::Push(uint64_t transfer, absl::Span<const
 absl::StatusOr<int64_t> DataConnection::SendCall(FrameKind kind, uint64_t transfer,
                                                  const std::string& request,
                                                  absl::Span<const float> values, WireType type,
-                                                 absl::Time deadline) {
+                                                 absl::Time deadline, const FillProgress* filling) {
   Socket& socket = lanes_.front()->socket;
   absl::StatusOr<int64_t> saturated = 0;
   {
@@ -135,7 +135,7 @@ absl::StatusOr<int64_t> DataConnection::SendCall(FrameKind kind, uint64_t transf
         !s.ok()) {
       saturated = s;
     } else if (kind != FrameKind::kPullCall) {  // a push's or a change's values
-      saturated = SendValues(socket, FrameKind::kPush, transfer, values, type, deadline);
+      saturated = SendValues(socket, FrameKind::kPush, transfer, values, type, deadline, filling);
     }
   }
   if (!saturated.ok()) End();
@@ -154,11 +154,12 @@ absl::StatusOr<grpc::Status> DataConnection::AwaitAnswer(uint64_t transfer,
 
 absl::StatusOr<DataConnection::Answered> DataConnection::PushCall(
     uint64_t transfer, const std::string& header, absl::Span<const float> values, WireType type,
-    absl::Time deadline, FrameKind kind) {
+    absl::Time deadline, FrameKind kind, const FillProgress* filling) {
   FrameInbox& first = lanes_.front()->inbox;
   std::string answer;
   if (absl::Status s = first.ExpectAnswer(transfer, &answer); !s.ok()) return s;
-  absl::StatusOr<int64_t> saturated = SendCall(kind, transfer, header, values, type, deadline);
+  absl::StatusOr<int64_t> saturated =
+      SendCall(kind, transfer, header, values, type, deadline, filling);
   if (!saturated.ok()) {
     first.AwaitAnswer(transfer, absl::InfinitePast()).IgnoreError();  // forgets it
     return saturated.status();

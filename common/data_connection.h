@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/fill_progress.h"
 #include "common/frame_inbox.h"
 #include "common/socket.h"
 #include "common/tls.h"
@@ -79,10 +80,12 @@ class DataConnection {
     int64_t saturated = 0;
   };
   // A replica's primary makes its changes on its backup's connection so, as kChangeCall frames
-  // (`header` a serialized v1::ReplicationMessage).
+  // (`header` a serialized v1::ReplicationMessage). With `filling`, `values` are still being
+  // filled: each piece goes once it is in place (SendValues).
   absl::StatusOr<Answered> PushCall(uint64_t transfer, const std::string& header,
                                     absl::Span<const float> values, WireType type,
-                                    absl::Time deadline, FrameKind kind = FrameKind::kPushCall);
+                                    absl::Time deadline, FrameKind kind = FrameKind::kPushCall,
+                                    const FillProgress* filling = nullptr);
   // Makes a pull on the connection itself (FrameKind::kPullCall): `request` (a serialized
   // v1::PullRequest naming this connection and `transfer`); its values go into `dst` as `type`
   // values (striped as any pull's), and the shard's answer, its status and, when OK, the
@@ -120,7 +123,7 @@ class DataConnection {
   // the connection.
   absl::StatusOr<int64_t> SendCall(FrameKind kind, uint64_t transfer, const std::string& request,
                                    absl::Span<const float> values, WireType type,
-                                   absl::Time deadline);
+                                   absl::Time deadline, const FillProgress* filling = nullptr);
   // The answer to call `transfer` (expected into `answer`), waited for until `deadline`.
   absl::StatusOr<grpc::Status> AwaitAnswer(uint64_t transfer, const std::string& answer,
                                            std::string* response, absl::Time deadline);

@@ -112,6 +112,10 @@ ABSL_FLAG(int, replica, 0,
           "give; otherwise a replica joins its peer as the backup.");
 ABSL_FLAG(double, failover_seconds, 1,
           "With --peer: a backup takes over once its primary has been silent this long.");
+ABSL_FLAG(bool, forward_pushes, true,
+          "With --peer: a primary forwards a push of 4 MiB or more to its backup while it still "
+          "arrives on the data plane, so its bytes cross once rather than twice in turn (false: "
+          "only once it was applied, as replication did before; to compare).");
 ABSL_FLAG(std::string, epoch_file, "",
           "With --peer: keep here the highest epoch this replica took part in, so that restarted "
           "it never joins a primary older than one it knew (whose state misses pushes "
@@ -210,6 +214,7 @@ absl::StatusOr<std::optional<Replica::Options>> ReplicaFromFlags(const ShardConf
   if (o.replica != 0 && o.replica != 1) {
     return absl::InvalidArgumentError("--replica must be 0 or 1");
   }
+  o.forward = absl::GetFlag(FLAGS_forward_pushes);
   o.failover = absl::Seconds(absl::GetFlag(FLAGS_failover_seconds));
   if (o.failover <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--failover_seconds must be > 0");

@@ -889,9 +889,9 @@ class DataPlaneShardTest : public ::testing::Test {
     EXPECT_TRUE(stats.ok()) << stats.status();
     return stats.ok() ? (*stats)[0] : v1::StatsResponse();
   }
-  // A raw AttachDataPlane as `worker` with `token` ("": none).
+  // A raw AttachDataPlane as `worker` of `model` with `token` ("": none).
   grpc::Status Attach(int worker, const std::string& token, v1::AttachDataPlaneResponse* response,
-                      const std::string& address = "") {
+                      const std::string& address = "", const ModelIdentity& model = kModel) {
     auto stub = v1::ParameterServer::NewStub(grpc::CreateChannel(
         address.empty() ? cluster_->ShardAddress(0) : address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
@@ -899,9 +899,9 @@ class DataPlaneShardTest : public ::testing::Test {
     if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
     v1::AttachDataPlaneRequest request;
     request.set_worker_id(worker);
-    request.mutable_model()->set_fingerprint(kModel.fingerprint);
-    request.mutable_model()->set_total_params(kModel.total_params);
-    request.mutable_model()->set_num_shards(kModel.num_shards);
+    request.mutable_model()->set_fingerprint(model.fingerprint);
+    request.mutable_model()->set_total_params(model.total_params);
+    request.mutable_model()->set_num_shards(model.num_shards);
     return stub->AttachDataPlane(&context, request, response);
   }
 
@@ -1348,6 +1348,103 @@ TEST_F(DataPlaneShardTest, ChangesReachTheBackupOnItsDataPlaneOrTheStreamBitForB
     EXPECT_EQ(std::memcmp(weights.data(), taken_over.data(), kParams * sizeof(float)), 0);
     replicated.Stop();
   }
+}
+
+// A push of 4 MiB or more goes on to the backup while it still comes in, as a stage its change
+// then names: the backup applies it bit for bit as the primary did, and as a primary that does not
+// forward (--forward_pushes=false) has its backup apply it. A stage no change names (the push
+// rejected, clipped or cut mid-tensor) is dropped on the backup, which follows on without joining
+// again, and later pushes are forwarded again (the backup holds at most two stages).
+TEST_F(DataPlaneShardTest, APushForwardedToTheBackupAsItComesIsAppliedThereBitForBit) {
+  constexpr int kBig = 1200000;  // 4.8 MB
+  const ModelIdentity big{"flat:1200000", kBig, 1};
+  std::vector<float> initial(kBig), gradient(kBig);
+  for (int i = 0; i < kBig; ++i) initial[i] = 0.25f * (i % 100);
+  std::vector<std::vector<float>> trained;
+  for (const bool forward : {true, false}) {
+    SCOPED_TRACE(forward ? "forwarding" : "not forwarding");
+    const std::string run_dir = NewRunDir("forward");
+    LocalCluster replicated(ExecutableDir(), run_dir);
+    ASSERT_TRUE(replicated
+                    .StartShards(1, big.fingerprint, 2,
+                                 {"--optimizer=momentum", "--lr=0.1", "--clip_norm=1000",
+                                  absl::StrCat("--forward_pushes=", forward)},
+                                 /*replicas=*/2)
+                    .ok());
+    const std::string primary = replicated.ProcessAddress(0), backup = replicated.ProcessAddress(1);
+    ASSERT_TRUE(WaitForRole(backup, "backup", absl::Seconds(30)));
+    ClientOptions options;
+    options.shared_memory = false;
+    options.retry_for = absl::Seconds(30);
+    ShardedClient client({replicated.ShardAddress(0)}, big, 0, options);
+    ASSERT_TRUE(client.Register().ok());
+    ASSERT_TRUE(client.Initialize(initial).ok());
+    // A gradient of norm ~775 * scale: clipped (to 1000) when scale is 2.
+    auto push = [&](int step, float scale) {
+      for (int i = 0; i < kBig; ++i) gradient[i] = scale * std::sin(0.001f * i + step);
+      return client.Push(gradient);
+    };
+    for (int step = 0; step < 3; ++step) ASSERT_TRUE(push(step, 1).ok());
+    gradient[kBig - 1] = NAN;  // found once the whole tensor came: three rejected pushes
+    for (int rejected = 0; rejected < 3; ++rejected) {
+      absl::StatusOr<ShardedClient::PushSummary> refused = client.Push(gradient);
+      EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    }
+    ASSERT_TRUE(push(3, 2).ok());  // clipped
+    {                              // cut mid-tensor, on a raw connection of worker 1's
+      ClientOptions grpc_only = options;
+      grpc_only.data_plane = false;  // its own connection would replace the raw one
+      ShardedClient worker1({primary}, big, 1, grpc_only);
+      ASSERT_TRUE(worker1.Register().ok());
+      v1::AttachDataPlaneResponse ticket;
+      ASSERT_TRUE(Attach(1, "", &ticket, primary, big).ok());
+      absl::StatusOr<Socket> raw =
+          Socket::Connect("127.0.0.1", ticket.port(), Soon(), absl::Seconds(5));
+      ASSERT_TRUE(raw.ok()) << raw.status();
+      absl::StatusOr<FrameHeader> welcome = Hello(*raw, ticket.connection(), ticket.secret());
+      ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
+      v1::PushHeader h;
+      h.set_worker_id(1);
+      h.set_incarnation(worker1.incarnation(0));
+      h.set_sequence(1);
+      h.set_length(kBig);
+      h.set_dtype(v1::FLOAT32);
+      h.set_data_connection(ticket.connection());
+      h.set_data_transfer(1);
+      ASSERT_TRUE(SendFrame(*raw, {FrameKind::kPushCall, 1},
+                            EncodeCall({absl::Seconds(10), h.SerializeAsString()}), Soon())
+                      .ok());
+      SendHeader(*raw, FrameKind::kPush, 1, kBig * sizeof(float));
+      ASSERT_TRUE(raw->Send(gradient.data(), kBig / 2 * sizeof(float), Soon()).ok());
+      raw->Shutdown();
+      char byte;
+      EXPECT_EQ(raw->Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+    }
+    for (int step = 4; step < 6; ++step) ASSERT_TRUE(push(step, 1).ok());
+    std::vector<float> weights(kBig);
+    ASSERT_TRUE(client.Pull(absl::MakeSpan(weights)).ok());
+    const v1::StatsResponse stats = Stats(primary);
+    EXPECT_EQ(stats.version(), 6);
+    EXPECT_EQ(stats.pushes_clipped(), 1);
+    EXPECT_EQ(stats.pushes_rejected(), 4);  // three not finite, one cut
+    EXPECT_EQ(stats.replica_changes_forwarded(), forward ? 5 : 0);
+    // The backup followed on from the start without joining again.
+    const std::string followed = ReadFile(run_dir + "/ps-0-1.log");
+    const std::vector<absl::string_view> joins = absl::StrSplit(followed, "following the primary");
+    EXPECT_EQ(joins.size(), 2u) << followed;
+    // It takes over with what it was sent.
+    replicated.shards()[0].Signal(SIGKILL);
+    ASSERT_TRUE(replicated.shards()[0].Wait(absl::Seconds(10)).ok());
+    std::vector<float> taken_over(kBig);
+    ASSERT_TRUE(client.Pull(absl::MakeSpan(taken_over)).ok());
+    EXPECT_EQ(Stats(backup).replica_role(), "primary");
+    EXPECT_EQ(Stats(backup).version(), 6);
+    EXPECT_EQ(std::memcmp(weights.data(), taken_over.data(), kBig * sizeof(float)), 0);
+    trained.push_back(std::move(weights));
+    replicated.Stop();
+  }
+  ASSERT_EQ(trained.size(), 2u);
+  EXPECT_EQ(std::memcmp(trained[0].data(), trained[1].data(), kBig * sizeof(float)), 0);
 }
 
 // A shard whose clients open three lanes: its 13 MB tensors go in three parts, with the same

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -423,6 +425,7 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
       offer->set_secret(ticket->secret);
       offer->set_lanes(ticket->lanes);
       offer->set_calls(true);
+      join.set_takes_stages(true);
       plane_connection = ticket->connection;
     } else {
       PS_LOG(WARNING) << "shard " << shard_->index() << ": the primary's changes come on the "
@@ -499,7 +502,7 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
     return refuse(grpc::StatusCode::PERMISSION_DENIED, "only a replica's primary makes changes");
   }
   v1::ReplicationMessage m;
-  if (!m.ParseFromString(call.request) || !m.has_change()) {
+  if (!m.ParseFromString(call.request) || (!m.has_change() && !m.has_stage())) {
     return refuse(grpc::StatusCode::DATA_LOSS, "a change call that does not parse");
   }
   // From the primary this backup follows, on the connection it gave it (its state in place: the
@@ -519,24 +522,161 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
     if (grpc::Status s = from_followed(); !s.ok()) return {s, ""};
     last_heard_ = absl::Now();
   }
+  if (m.has_stage()) return {OnPlaneStage(call, m.stage(), read_values), ""};
   absl::StatusOr<ShardChange> change = ChangeOf(m.change(), shard_->range().size());
   if (!change.ok()) return {ToGrpcStatus(change.status()), ""};
-  BufferPool::Lease values = change_values_.Acquire(m.change().length());
-  // Each run of values that comes counts as hearing from the primary, as each chunk on the
-  // stream does (a large change on a slow link takes longer than the failover time).
-  absl::Status status =
-      read_values(values.span(), WireType::kFloat32, [&](absl::Span<const float>) {
-        absl::MutexLock lock(&mu_);
-        last_heard_ = absl::Now();
-      });
-  if (!status.ok()) return {ToGrpcStatus(status), ""};
+  std::optional<BufferPool::Lease> read;  // the values, unless a stage holds them
+  std::map<int64_t, BufferPool::Lease>::node_type staged;
+  if (const int64_t stage = m.change().staged(); stage != 0) {
+    absl::MutexLock lock(&mu_);
+    auto it = stages_.find(stage);
+    if (call.connection != stages_connection_ || it == stages_.end() ||
+        static_cast<int64_t>(it->second.span().size()) != m.change().length()) {
+      return refuse(grpc::StatusCode::FAILED_PRECONDITION,
+                    absl::StrCat("change ", m.change().index(), " names stage ", stage,
+                                 ", which this backup does not hold"));
+    }
+    staged = stages_.extract(it);
+    change->values = staged.mapped().span();
+  } else {
+    read.emplace(change_values_.Acquire(m.change().length()));
+    // Each run of values that comes counts as hearing from the primary, as each chunk on the
+    // stream does (a large change on a slow link takes longer than the failover time).
+    absl::Status status =
+        read_values(read->span(), WireType::kFloat32, [&](absl::Span<const float>) {
+          absl::MutexLock lock(&mu_);
+          last_heard_ = absl::Now();
+        });
+    if (!status.ok()) return {ToGrpcStatus(status), ""};
+    change->values = read->span();
+  }
   // Applied only if this replica still follows that primary (it may have taken over meanwhile),
   // under the replica's lock so that it cannot take over during the apply (lock order: ours,
   // then the shard's).
   absl::MutexLock lock(&mu_);
   if (grpc::Status s = from_followed(); !s.ok()) return {s, ""};
-  change->values = values.span();
   return {ToGrpcStatus(shard_->ApplyChange(*change)), ""};
+}
+
+grpc::Status Replica::OnPlaneStage(const DataPlane::Call& call, const v1::Stage& stage,
+                                   DataPlane::ReadValues read_values) {
+  if (stage.length() < 0 || stage.length() > shard_->range().size()) {
+    return grpc::Status(grpc::StatusCode::DATA_LOSS, "a stage longer than the shard");
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (call.connection != stages_connection_) {  // a primary's new connection: a fresh start
+      stages_.clear();
+      stages_connection_ = call.connection;
+    }
+    for (int64_t id : stage.drop()) stages_.erase(id);
+    if (stages_.size() >= static_cast<size_t>(kMaxStages)) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("this backup holds ", kMaxStages, " stages already"));
+    }
+  }
+  BufferPool::Lease values = change_values_.Acquire(stage.length());
+  absl::Status status =
+      read_values(values.span(), WireType::kFloat32, [&](absl::Span<const float>) {
+        absl::MutexLock lock(&mu_);
+        last_heard_ = absl::Now();
+      });
+  if (!status.ok()) return ToGrpcStatus(status);
+  absl::MutexLock lock(&mu_);
+  if (call.connection != stages_connection_) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the primary's connection changed");
+  }
+  stages_.emplace(stage.id(), std::move(values));
+  return grpc::Status::OK;
+}
+
+std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> buffer) {
+  if (!options_.forward || buffer.size() * sizeof(float) < kMinForwardBytes) return nullptr;
+  std::shared_ptr<DataConnection> plane;
+  v1::ReplicationMessage m;
+  std::unique_ptr<Forward> forward;
+  {
+    absl::MutexLock lock(&forward_mu_);
+    if (forward_plane_ == nullptr || forward_plane_->ended()) return nullptr;
+    for (const auto& [id, held] : staged_) {
+      if (!held) return nullptr;  // one is being sent
+    }
+    if (staged_.size() - drops_.size() >= static_cast<size_t>(kMaxStages)) return nullptr;
+    plane = forward_plane_;
+    m.set_epoch(forward_epoch_);
+    v1::Stage* stage = m.mutable_stage();
+    stage->set_id(next_stage_++);
+    stage->set_length(static_cast<int64_t>(buffer.size()));
+    for (int64_t id : drops_) {
+      stage->add_drop(id);
+      staged_.erase(id);
+    }
+    drops_.clear();
+    staged_[stage->id()] = false;
+    forward.reset(new Forward(this, stage->id(), static_cast<int64_t>(buffer.size())));
+  }
+  Forward* f = forward.get();
+  f->thread_ = std::thread([this, f, plane = std::move(plane), m = std::move(m), buffer] {
+    absl::StatusOr<DataConnection::Answered> answered =
+        plane->PushCall(plane->NextTransfer(), m.SerializeAsString(), buffer, WireType::kFloat32,
+                        absl::Now() + kChangeTimeout, FrameKind::kChangeCall, &f->progress_);
+    const absl::Status status =
+        answered.ok() ? FromGrpcStatus(answered->status) : answered.status();
+    if (!status.ok()) {
+      PS_LOG(WARNING) << "shard " << shard_->index() << ": the backup did not take a forwarded "
+                      << "push (" << status.message() << "); it is replicated once applied";
+    }
+    absl::MutexLock lock(&forward_mu_);
+    auto it = staged_.find(f->id_);
+    if (it == staged_.end()) return;  // forwarded to an earlier backup
+    if (status.ok()) {
+      it->second = true;
+      f->held_ = true;
+    } else {
+      staged_.erase(it);
+    }
+  });
+  return forward;
+}
+
+int64_t Replica::Forward::Finish() {
+  if (thread_.joinable()) {
+    progress_.Add(progress_.total() - seen_);  // what did not come goes as it is
+    seen_ = progress_.total();
+    thread_.join();
+  }
+  return held_ ? id_ : 0;
+}
+
+Replica::Forward::~Forward() {
+  Finish();
+  if (!held_ || named_) return;
+  absl::MutexLock lock(&replica_->forward_mu_);
+  if (replica_->staged_.count(id_) != 0) replica_->drops_.push_back(id_);
+}
+
+void Replica::ForwardTo(std::shared_ptr<DataConnection> plane, int64_t epoch,
+                        const DataConnection* old) {
+  absl::MutexLock lock(&forward_mu_);
+  if (plane == nullptr && forward_plane_.get() != old) return;
+  forward_plane_ = std::move(plane);
+  forward_epoch_ = epoch;
+  staged_.clear();
+  drops_.clear();
+}
+
+bool Replica::TakeStage(int64_t stage, const DataConnection* plane) {
+  absl::MutexLock lock(&forward_mu_);
+  auto it = staged_.find(stage);
+  if (forward_plane_.get() != plane || it == staged_.end() || !it->second) return false;
+  staged_.erase(it);
+  ++changes_forwarded_;
+  return true;
+}
+
+int64_t Replica::changes_forwarded() const {
+  absl::MutexLock lock(&forward_mu_);
+  return changes_forwarded_;
 }
 
 std::unique_ptr<DataConnection> Replica::OpenBackupPlane(const v1::BackupMessage& join) {
@@ -644,7 +784,7 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
   }
   PS_LOG(INFO) << "a backup is joining from " << context->peer() << ": sending the state";
   // The changes after the state go on the backup's data plane if it can be reached.
-  const std::unique_ptr<DataConnection> plane = OpenBackupPlane(join);
+  const std::shared_ptr<DataConnection> plane = OpenBackupPlane(join);
   // The acknowledgements, read beside the changes written below; the stream's end ends a change
   // made on the data plane too. The backup's first comes once its state is in place: no change
   // goes on its data plane before (it would wait there, unread, while the state still comes).
@@ -660,6 +800,7 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     if (!state_in_place.HasBeenNotified()) state_in_place.Notify();
   });
   absl::Cleanup stop_acks = [&] {
+    ForwardTo(nullptr, 0, plane.get());
     log_.Detach(attachment);
     context->TryCancel();
     acks.join();
@@ -675,6 +816,10 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
   if (ok) {
     PS_LOG(INFO) << "a backup joined at change " << sent << ": "
                  << (plane != nullptr ? "making changes on its data plane" : "streaming changes");
+  }
+  if (ok && plane != nullptr && join.takes_stages() && options_.forward) {
+    state_in_place.WaitForNotification();  // ends with the stream at the latest
+    ForwardTo(plane, epoch);
   }
   while (ok) {
     absl::StatusOr<std::optional<std::shared_ptr<const ReplicationLog::Entry>>> next =
@@ -700,7 +845,9 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     header->set_length(static_cast<int64_t>(c.values.size()));
     if (plane != nullptr) {
       state_in_place.WaitForNotification();  // ends with the stream at the latest
-      ok = SendOnPlane(*plane, out, c.values, attachment);
+      const bool staged = c.stage != 0 && TakeStage(c.stage, plane.get());
+      if (staged) header->set_staged(c.stage);
+      ok = SendOnPlane(*plane, out, staged ? absl::Span<const float>() : c.values, attachment);
     } else {
       ok = WriteMessage(out, write) && WriteValues(c.values, epoch, **next, write);
     }

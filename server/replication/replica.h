@@ -21,6 +21,15 @@
 // stream's copies and flow control on the way), the stream carrying the rest. A change the
 // backup does not take ends the stream there too (the backup joins again).
 //
+// Forwarding. A push's gradient of several MiB crosses to the backup while it still comes in
+// from the worker, rather than after the push was applied (which would take the bytes' time
+// twice): the primary sends it as a *stage* (a ChangeCall whose message is a Stage) as each run
+// arrives (StartForward), and the backup holds it; the push's change then names the stage instead
+// of carrying its values again. Only a gradient applied exactly as it came is named (not one
+// clipped or compensated: those changes carry their values); a stage no change names is dropped
+// on the backup with the next one. At most one stage is being sent at a time, and the backup holds
+// at most kMaxStages; a push that finds no room is replicated as before.
+//
 // Thread-safe. Owns a thread that settles the role and follows the primary.
 #pragma once
 
@@ -28,10 +37,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -39,6 +50,7 @@
 #include "absl/time/time.h"
 #include "common/buffer_pool.h"
 #include "common/data_connection.h"
+#include "common/fill_progress.h"
 #include "common/security.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/replication/replication_log.h"
@@ -63,7 +75,52 @@ class Replica {
     // Where the highest epoch this replica took part in is kept (fsynced before it acts at a new
     // one); "": not kept, and a replica restarted after a takeover cannot tell a stale primary.
     std::string epoch_file;
+    // Whether a primary forwards pushes to its backup as they come in (see above).
+    bool forward = true;
   };
+
+  // Stages a backup holds at most; the smallest gradient worth forwarding (a smaller one takes
+  // about as long to forward as to send after it was applied).
+  static constexpr int kMaxStages = 2;
+  static constexpr uint64_t kMinForwardBytes = 4 << 20;
+
+  // A push's gradient being forwarded to the backup as it comes in (the primary's side). Thread-
+  // compatible: the push's reading thread feeds it. Destroying it pads the stage if Finish was
+  // not called, and drops it on the backup unless the push's change named it.
+  class Forward {
+   public:
+    ~Forward();
+    Forward(const Forward&) = delete;
+    Forward& operator=(const Forward&) = delete;
+    // A run of the buffer's values is in place, in order from its start.
+    void Seen(absl::Span<const float> run) {
+      seen_ += static_cast<int64_t>(run.size());
+      progress_.Add(static_cast<int64_t>(run.size()));
+    }
+    // The buffer was read, whole or not (what was not seen then goes as it is, so that the
+    // connection stays usable). Waits until the backup holds the stage or refused it, and
+    // returns its id if it holds it (for PushSlot::Forwarded), 0 otherwise. The buffer may change
+    // once this returned.
+    int64_t Finish();
+    // The push's change named the stage (PushOutcome::staged): the backup keeps it for that.
+    void Named() { named_ = true; }
+
+   private:
+    friend class Replica;
+    Forward(Replica* replica, int64_t id, int64_t total)
+        : replica_(replica), id_(id), progress_(total) {}
+    Replica* const replica_;
+    const int64_t id_;
+    FillProgress progress_;
+    int64_t seen_ = 0;
+    bool held_ = false, named_ = false;
+    std::thread thread_;  // sends the stage; joined by Finish
+  };
+  // Starts forwarding `buffer`, which a push's values are read into, if this replica is a primary
+  // with a backup that takes stages on its data plane, no other stage is being sent, the backup
+  // has room, and `buffer` is large enough; null otherwise (the push is replicated as before).
+  // `buffer` must stay as it is until Finish returned.
+  std::unique_ptr<Forward> StartForward(absl::Span<const float> buffer);
 
   // `shard` must outlive this object; `shard_incarnation` is this process's (ShardProcess).
   // `plane`, this process's data plane (null: none), too: as a backup, its primary makes its
@@ -106,6 +163,8 @@ class Replica {
 
   Role role() const;
   int64_t epoch() const;
+  // A primary: changes made on the backup naming a stage (see Forwarding), so far.
+  int64_t changes_forwarded() const;
   // Why this process was fenced; "" if it was not.
   std::string fenced_reason() const;
 
@@ -130,6 +189,17 @@ class Replica {
   std::unique_ptr<DataConnection> OpenBackupPlane(const v1::BackupMessage& join);
   bool SendOnPlane(DataConnection& plane, const v1::ReplicationMessage& change,
                    absl::Span<const float> values, int64_t attachment);
+  // The primary's: forwards go to `plane` from now on, at `epoch`; the stages on an earlier one are
+  // forgotten. Null: none go (if they went to `old`).
+  void ForwardTo(std::shared_ptr<DataConnection> plane, int64_t epoch,
+                 const DataConnection* old = nullptr);
+  // The primary's: whether the backup on `plane` holds `stage`, for the change that names it (it
+  // then counts as used); false: the change carries its values.
+  bool TakeStage(int64_t stage, const DataConnection* plane);
+  // The backup's: a stage its primary forwards on its data plane (OnPlaneChange's, from the
+  // primary it follows): held until a change names it.
+  grpc::Status OnPlaneStage(const DataPlane::Call& call, const v1::Stage& stage,
+                            DataPlane::ReadValues read_values);
   // Moves to `epoch`, after writing it to the epoch file; false (logged) if that failed.
   bool SetEpochLocked(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool TakeOverLocked(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -141,7 +211,7 @@ class Replica {
   const int64_t shard_incarnation_;
   const Options options_;
   DataPlane* const plane_;
-  BufferPool change_values_{2};  // a backup's, for the changes made on its data plane
+  BufferPool change_values_{kMaxStages + 1};  // a backup's, for the changes made on its plane
   std::unique_ptr<v1::Replication::Stub> peer_;
   ReplicationLog log_;
 
@@ -164,6 +234,21 @@ class Replica {
   bool veteran_ ABSL_GUARDED_BY(mu_) = false;
   std::string fenced_reason_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // A backup: the stages its primary forwarded on connection `stages_connection_`, by id.
+  std::map<int64_t, BufferPool::Lease> stages_ ABSL_GUARDED_BY(mu_);
+  uint64_t stages_connection_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // The primary's forwarding, under a lock of its own: taken under the shard's lock (never the
+  // other way round) and never with mu_ held.
+  mutable absl::Mutex forward_mu_;
+  std::shared_ptr<DataConnection> forward_plane_ ABSL_GUARDED_BY(forward_mu_);
+  int64_t forward_epoch_ ABSL_GUARDED_BY(forward_mu_) = 0;
+  int64_t next_stage_ ABSL_GUARDED_BY(forward_mu_) = 1;
+  // The stages the backup may hold (true once it said it does, false while one is being sent),
+  // and those of them no change names, dropped with the next stage.
+  std::map<int64_t, bool> staged_ ABSL_GUARDED_BY(forward_mu_);
+  std::vector<int64_t> drops_ ABSL_GUARDED_BY(forward_mu_);
+  int64_t changes_forwarded_ ABSL_GUARDED_BY(forward_mu_) = 0;
   std::thread thread_;
 };
 

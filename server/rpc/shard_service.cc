@@ -633,7 +633,7 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
 }
 
 grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<PayloadSource> source,
-                                     absl::Time start, v1::PushResponse* response) {
+                                     absl::Time start, v1::PushResponse* response, bool forward) {
   // begin -> read -> commit: the header is checked once, the payload goes into the slot's
   // buffer, and a slot not committed counts as a rejected push.
   absl::StatusOr<ParameterShard::PushSlot> slot = shard_->BeginPush(
@@ -641,9 +641,15 @@ grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<Pa
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<PayloadFormat> format = PushPayloadFormat(h.dtype(), h.topk_pairs(), h.length());
   if (!format.ok()) return ToGrpcStatus(format.status());
-  absl::Status read = source->ReadInto(slot->gradient(), *format,
-                                      [&](absl::Span<const float> run) { slot->Seen(run); });
+  // Declared after the slot: it is done with the slot's buffer before the buffer goes.
+  std::unique_ptr<Replica::Forward> forwarding =
+      forward && replica_ != nullptr ? replica_->StartForward(slot->gradient()) : nullptr;
+  absl::Status read = source->ReadInto(slot->gradient(), *format, [&](absl::Span<const float> run) {
+    slot->Seen(run);
+    if (forwarding != nullptr) forwarding->Seen(run);
+  });
   source.reset();  // a shared region is given back: the client may reuse it now
+  if (forwarding != nullptr) slot->Forwarded(forwarding->Finish());
   if (!read.ok()) {
     // A data-plane payload that did not come is the plane's failure: the client sends over gRPC.
     const bool lost = h.data_connection() != 0 && read.code() != absl::StatusCode::kInvalidArgument;
@@ -652,6 +658,7 @@ grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<Pa
   const int64_t payload = PayloadBytes(*format, static_cast<int64_t>(slot->gradient().size()));
   absl::StatusOr<PushOutcome> outcome = shard_->Commit(*std::move(slot));
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
+  if (outcome->staged) forwarding->Named();
   RecordPush(h, payload, start);
   response->set_version(outcome->version);
   response->set_staleness(outcome->staleness);
@@ -712,7 +719,8 @@ DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
   answer.status = CheckServing(h.shard_incarnation());
   if (!answer.status.ok()) return answer;
   v1::PushResponse response;
-  answer.status = ApplyPush(h, std::make_unique<PlaneCallPayload>(read_values), start, &response);
+  answer.status = ApplyPush(h, std::make_unique<PlaneCallPayload>(read_values), start, &response,
+                            /*forward=*/true);
   if (answer.status.ok()) answer.status = WaitReplicated(call.deadline);
   if (answer.status.ok()) answer.response = response.SerializeAsString();
   return answer;
@@ -1088,6 +1096,7 @@ v1::StatsResponse StatsToProto(const ShardStats& s, const ShardProcess& process,
   if (replica != nullptr) {
     r.set_replica_role(Replica::RoleName(replica->role()));
     r.set_replica_epoch(replica->epoch());
+    r.set_replica_changes_forwarded(replica->changes_forwarded());
   }
   r.set_shard_incarnation(process.incarnation);
   r.set_resumed_version(process.resumed_version);

@@ -449,6 +449,9 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   if (change.ok()) {
     // A compensated gradient (DC-ASGD) has no known bound.
     const bool scanned = change->values.data() == gradient.data();
+    if (scanned && !clipped && change->kind == ShardChange::Kind::kUpdate) {
+      change->stage = slot.stage_;
+    }
     status = Apply(*change, scanned ? scan.max_abs : std::numeric_limits<float>::infinity());
     if (!status.ok()) ++updates_nonfinite_;
   } else {
@@ -464,7 +467,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   if (!dropped) norm_guard_.Accept(norm);
   if (change->kind == ShardChange::Kind::kJoinRound) MaybeCloseRound();
   AnswerWaiters(&answers);
-  return PushOutcome{version_, change->staleness, false, dropped};
+  return PushOutcome{version_, change->staleness, false, dropped, change->stage != 0};
 }
 
 absl::StatusOr<ShardChange> ParameterShard::Decide(const PushHeaderInfo& h,

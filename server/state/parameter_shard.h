@@ -69,6 +69,10 @@ struct ShardChange {
   int64_t staleness = 0;
   float learning_rate = 0;
   absl::Span<const float> values = {};  // valid during the call it is passed to
+  // kUpdate: `values` are exactly the push's gradient as it came in (not clipped or compensated),
+  // which the primary forwarded to its backup as it came as this stage (PushSlot::Forwarded); 0:
+  // not forwarded.
+  int64_t stage = 0;
 };
 
 struct ShardConfig {
@@ -117,6 +121,7 @@ struct PushOutcome {
   int64_t staleness = 0;
   bool duplicate = false;
   bool dropped = false;
+  bool staged = false;  // the change names the slot's stage (ShardChange::stage)
 };
 
 struct Registration {
@@ -270,7 +275,8 @@ class ParameterShard {
         : shard_(std::exchange(o.shard_, nullptr)),
           header_(o.header_),
           buffer_(std::move(o.buffer_)),
-          scan_(std::move(o.scan_)) {}
+          scan_(std::move(o.scan_)),
+          stage_(o.stage_) {}
     PushSlot& operator=(PushSlot&&) = delete;
     ~PushSlot();
     absl::Span<float> gradient() { return buffer_.span(); }
@@ -278,6 +284,9 @@ class ParameterShard {
     // in the cache. Once every value was seen once, Commit scans no more. Runs of different
     // GradientScan blocks may be seen on different threads at once (GradientScan::Add).
     void Seen(absl::Span<const float> run) { scan_.Add(run); }
+    // The whole gradient, as it came in, was forwarded to the backup as stage `stage`: the
+    // change names it if it applies exactly these values (ShardChange::stage).
+    void Forwarded(int64_t stage) { stage_ = stage; }
 
    private:
     friend class ParameterShard;
@@ -291,6 +300,7 @@ class ParameterShard {
     PushHeaderInfo header_;
     BufferPool::Lease buffer_;
     GradientScan scan_;
+    int64_t stage_ = 0;
   };
   // Checks a push's header before its payload is read (so no buffer is sized by a bad request):
   // worker, incarnation, sequence, base version, and a range that is the shard's whole range.
