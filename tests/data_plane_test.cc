@@ -1351,24 +1351,32 @@ TEST_F(DataPlaneShardTest, ChangesReachTheBackupOnItsDataPlaneOrTheStreamBitForB
 }
 
 // A push of 4 MiB or more goes on to the backup while it still comes in, as a stage its change
-// then names: the backup applies it bit for bit as the primary did, and as a primary that does not
-// forward (--forward_pushes=false) has its backup apply it. A stage no change names (the push
-// rejected, clipped or cut mid-tensor) is dropped on the backup, which follows on without joining
-// again, and later pushes are forwarded again (the backup holds at most two stages).
+// then names (in one part, a push call on the connection; in two, striped over two lanes, the
+// parts coming at once): the backup applies it bit for bit as the primary did, and as a primary
+// that does not forward (--forward_pushes=false) has its backup apply it. A stage no change names
+// (the push rejected, clipped or cut mid-tensor) is dropped on the backup, which follows on
+// without joining again, and later pushes are forwarded again (the backup holds two at most).
 TEST_F(DataPlaneShardTest, APushForwardedToTheBackupAsItComesIsAppliedThereBitForBit) {
-  constexpr int kBig = 1200000;  // 4.8 MB
-  const ModelIdentity big{"flat:1200000", kBig, 1};
+  constexpr int kBig = 2200000;  // 8.8 MB: two parts over two lanes
+  const ModelIdentity big{"flat:2200000", kBig, 1};
   std::vector<float> initial(kBig), gradient(kBig);
   for (int i = 0; i < kBig; ++i) initial[i] = 0.25f * (i % 100);
   std::vector<std::vector<float>> trained;
-  for (const bool forward : {true, false}) {
-    SCOPED_TRACE(forward ? "forwarding" : "not forwarding");
+  struct Config {
+    bool forward;
+    int lanes;
+  };
+  for (const Config config : {Config{true, 1}, Config{true, 2}, Config{false, 1}}) {
+    const bool forward = config.forward;
+    SCOPED_TRACE(
+        absl::StrCat(forward ? "forwarding" : "not forwarding", ", ", config.lanes, " lane(s)"));
     const std::string run_dir = NewRunDir("forward");
     LocalCluster replicated(ExecutableDir(), run_dir);
     ASSERT_TRUE(replicated
                     .StartShards(1, big.fingerprint, 2,
-                                 {"--optimizer=momentum", "--lr=0.1", "--clip_norm=1000",
-                                  absl::StrCat("--forward_pushes=", forward)},
+                                 {"--optimizer=momentum", "--lr=0.1", "--clip_norm=2000",
+                                  absl::StrCat("--forward_pushes=", forward),
+                                  absl::StrCat("--data_plane_lanes=", config.lanes)},
                                  /*replicas=*/2)
                     .ok());
     const std::string primary = replicated.ProcessAddress(0), backup = replicated.ProcessAddress(1);
@@ -1379,7 +1387,7 @@ TEST_F(DataPlaneShardTest, APushForwardedToTheBackupAsItComesIsAppliedThereBitFo
     ShardedClient client({replicated.ShardAddress(0)}, big, 0, options);
     ASSERT_TRUE(client.Register().ok());
     ASSERT_TRUE(client.Initialize(initial).ok());
-    // A gradient of norm ~775 * scale: clipped (to 1000) when scale is 2.
+    // A gradient of norm ~1049 * scale: clipped (to 2000) when scale is 2.
     auto push = [&](int step, float scale) {
       for (int i = 0; i < kBig; ++i) gradient[i] = scale * std::sin(0.001f * i + step);
       return client.Push(gradient);
@@ -1391,7 +1399,7 @@ TEST_F(DataPlaneShardTest, APushForwardedToTheBackupAsItComesIsAppliedThereBitFo
       EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
     }
     ASSERT_TRUE(push(3, 2).ok());  // clipped
-    {                              // cut mid-tensor, on a raw connection of worker 1's
+    if (config.lanes == 1) {       // cut mid-tensor, on a raw connection of worker 1's
       ClientOptions grpc_only = options;
       grpc_only.data_plane = false;  // its own connection would replace the raw one
       ShardedClient worker1({primary}, big, 1, grpc_only);
@@ -1426,7 +1434,8 @@ TEST_F(DataPlaneShardTest, APushForwardedToTheBackupAsItComesIsAppliedThereBitFo
     const v1::StatsResponse stats = Stats(primary);
     EXPECT_EQ(stats.version(), 6);
     EXPECT_EQ(stats.pushes_clipped(), 1);
-    EXPECT_EQ(stats.pushes_rejected(), 4);  // three not finite, one cut
+    EXPECT_EQ(stats.pushes_rejected(), config.lanes == 1 ? 4 : 3);  // three not finite, one cut
+    EXPECT_EQ(stats.data_plane_pushes(), 6);
     EXPECT_EQ(stats.replica_changes_forwarded(), forward ? 5 : 0);
     // The backup followed on from the start without joining again.
     const std::string followed = ReadFile(run_dir + "/ps-0-1.log");
@@ -1443,8 +1452,10 @@ TEST_F(DataPlaneShardTest, APushForwardedToTheBackupAsItComesIsAppliedThereBitFo
     trained.push_back(std::move(weights));
     replicated.Stop();
   }
-  ASSERT_EQ(trained.size(), 2u);
-  EXPECT_EQ(std::memcmp(trained[0].data(), trained[1].data(), kBig * sizeof(float)), 0);
+  ASSERT_EQ(trained.size(), 3u);
+  for (int other : {1, 2}) {
+    EXPECT_EQ(std::memcmp(trained[0].data(), trained[other].data(), kBig * sizeof(float)), 0);
+  }
 }
 
 // A shard whose clients open three lanes: its 13 MB tensors go in three parts, with the same

@@ -613,7 +613,7 @@ std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> 
     }
     drops_.clear();
     staged_[stage->id()] = false;
-    forward.reset(new Forward(this, stage->id(), static_cast<int64_t>(buffer.size())));
+    forward.reset(new Forward(this, stage->id(), buffer));
   }
   Forward* f = forward.get();
   f->thread_ = std::thread([this, f, plane = std::move(plane), m = std::move(m), buffer] {
@@ -639,18 +639,37 @@ std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> 
   return forward;
 }
 
+void Replica::Forward::Seen(absl::Span<const float> run) {
+  const int64_t offset = run.data() - buffer_.data();
+  absl::MutexLock lock(&mu_);
+  if (offset != prefix_) {
+    ahead_.emplace(offset, offset + static_cast<int64_t>(run.size()));
+    return;
+  }
+  const int64_t before = prefix_;
+  prefix_ += static_cast<int64_t>(run.size());
+  for (auto it = ahead_.begin(); it != ahead_.end() && it->first == prefix_;) {
+    prefix_ = it->second;
+    it = ahead_.erase(it);
+  }
+  progress_.Add(prefix_ - before);
+}
+
 int64_t Replica::Forward::Finish() {
   if (thread_.joinable()) {
-    progress_.Add(progress_.total() - seen_);  // what did not come goes as it is
-    seen_ = progress_.total();
+    {
+      absl::MutexLock lock(&mu_);
+      whole_ = prefix_ == progress_.total();
+      progress_.Add(progress_.total() - prefix_);  // what did not come goes as it is
+    }
     thread_.join();
   }
-  return held_ ? id_ : 0;
+  return held_ && whole_ ? id_ : 0;
 }
 
 Replica::Forward::~Forward() {
   Finish();
-  if (!held_ || named_) return;
+  if (!held_ || named_) return;  // (one not whole is never named)
   absl::MutexLock lock(&replica_->forward_mu_);
   if (replica_->staged_.count(id_) != 0) replica_->drops_.push_back(id_);
 }

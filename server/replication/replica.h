@@ -92,28 +92,30 @@ class Replica {
     ~Forward();
     Forward(const Forward&) = delete;
     Forward& operator=(const Forward&) = delete;
-    // A run of the buffer's values is in place, in order from its start.
-    void Seen(absl::Span<const float> run) {
-      seen_ += static_cast<int64_t>(run.size());
-      progress_.Add(static_cast<int64_t>(run.size()));
-    }
+    // A run of the buffer's values is in place (a ValuesSeen: each value once; the runs of a
+    // striped tensor's parts from their lanes' threads at once). Sent once every value before it
+    // is in place too.
+    void Seen(absl::Span<const float> run);
     // The buffer was read, whole or not (what was not seen then goes as it is, so that the
     // connection stays usable). Waits until the backup holds the stage or refused it, and
-    // returns its id if it holds it (for PushSlot::Forwarded), 0 otherwise. The buffer may change
-    // once this returned.
+    // returns its id if it holds it and every value was seen (for PushSlot::Forwarded), 0
+    // otherwise. The buffer may change once this returned.
     int64_t Finish();
     // The push's change named the stage (PushOutcome::staged): the backup keeps it for that.
     void Named() { named_ = true; }
 
    private:
     friend class Replica;
-    Forward(Replica* replica, int64_t id, int64_t total)
-        : replica_(replica), id_(id), progress_(total) {}
+    Forward(Replica* replica, int64_t id, absl::Span<const float> buffer)
+        : replica_(replica), id_(id), buffer_(buffer), progress_(buffer.size()) {}
     Replica* const replica_;
     const int64_t id_;
+    const absl::Span<const float> buffer_;
     FillProgress progress_;
-    int64_t seen_ = 0;
-    bool held_ = false, named_ = false;
+    absl::Mutex mu_;
+    int64_t prefix_ ABSL_GUARDED_BY(mu_) = 0;                // values in place from the start
+    std::map<int64_t, int64_t> ahead_ ABSL_GUARDED_BY(mu_);  // runs past it: offset -> end
+    bool whole_ = false, held_ = false, named_ = false;
     std::thread thread_;  // sends the stage; joined by Finish
   };
   // Starts forwarding `buffer`, which a push's values are read into, if this replica is a primary

@@ -633,7 +633,7 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
 }
 
 grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<PayloadSource> source,
-                                     absl::Time start, v1::PushResponse* response, bool forward) {
+                                     absl::Time start, v1::PushResponse* response) {
   // begin -> read -> commit: the header is checked once, the payload goes into the slot's
   // buffer, and a slot not committed counts as a rejected push.
   absl::StatusOr<ParameterShard::PushSlot> slot = shard_->BeginPush(
@@ -641,9 +641,11 @@ grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<Pa
   if (!slot.ok()) return ToGrpcStatus(slot.status());
   absl::StatusOr<PayloadFormat> format = PushPayloadFormat(h.dtype(), h.topk_pairs(), h.length());
   if (!format.ok()) return ToGrpcStatus(format.status());
-  // Declared after the slot: it is done with the slot's buffer before the buffer goes.
-  std::unique_ptr<Replica::Forward> forwarding =
-      forward && replica_ != nullptr ? replica_->StartForward(slot->gradient()) : nullptr;
+  // A data-plane tensor, never compressed, tells of every run as it comes. Declared after the
+  // slot: it is done with the slot's buffer before the buffer goes.
+  std::unique_ptr<Replica::Forward> forwarding = h.data_connection() != 0 && replica_ != nullptr
+                                                     ? replica_->StartForward(slot->gradient())
+                                                     : nullptr;
   absl::Status read = source->ReadInto(slot->gradient(), *format, [&](absl::Span<const float> run) {
     slot->Seen(run);
     if (forwarding != nullptr) forwarding->Seen(run);
@@ -719,8 +721,7 @@ DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
   answer.status = CheckServing(h.shard_incarnation());
   if (!answer.status.ok()) return answer;
   v1::PushResponse response;
-  answer.status = ApplyPush(h, std::make_unique<PlaneCallPayload>(read_values), start, &response,
-                            /*forward=*/true);
+  answer.status = ApplyPush(h, std::make_unique<PlaneCallPayload>(read_values), start, &response);
   if (answer.status.ok()) answer.status = WaitReplicated(call.deadline);
   if (answer.status.ok()) answer.response = response.SerializeAsString();
   return answer;

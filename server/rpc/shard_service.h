@@ -226,11 +226,11 @@ class ShardService final : public ShardServiceBase {
   absl::Status CheckAttacher(int worker, const v1::ModelIdentity& model) const;
   // The push whose header is `h` and whose payload comes from `source`, once admitted: its
   // header checked, the payload read into a push slot and committed (nothing applied if any of it
-  // fails); `start` is when the call began. Its answer into `response`. With `forward` (a source
-  // that tells of its runs in order), a replica's primary forwards them to its backup as they come
+  // fails); `start` is when the call began. Its answer into `response`. A replica's primary
+  // forwards a tensor that comes on the data plane to its backup as it comes
   // (Replica::StartForward).
   grpc::Status ApplyPush(const v1::PushHeader& h, std::unique_ptr<PayloadSource> source,
-                         absl::Time start, v1::PushResponse* response, bool forward = false);
+                         absl::Time start, v1::PushResponse* response);
   // A push made on a data-plane connection (DataPlane::Call): admitted as its connection's owner
   // (whose token AttachDataPlane checked), then applied as Push's.
   DataPlane::CallAnswer PushOnPlane(const DataPlane::Call& call, DataPlane::ReadValues read_values);
