@@ -1427,6 +1427,10 @@ TEST_F(DataPlaneShardTest, APushForwardedToTheBackupAsItComesIsAppliedThereBitFo
       raw->Shutdown();
       char byte;
       EXPECT_EQ(raw->Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+      // Counted once its stage was padded out (so the next push finds none being sent).
+      for (absl::Time end = Soon(); Stats(primary).pushes_rejected() < 4 && absl::Now() < end;) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
     }
     for (int step = 4; step < 6; ++step) ASSERT_TRUE(push(step, 1).ok());
     std::vector<float> weights(kBig);
@@ -1456,6 +1460,76 @@ TEST_F(DataPlaneShardTest, APushForwardedToTheBackupAsItComesIsAppliedThereBitFo
   for (int other : {1, 2}) {
     EXPECT_EQ(std::memcmp(trained[0].data(), trained[other].data(), kBig * sizeof(float)), 0);
   }
+}
+
+// A push that comes slowly holds up no other push's replication: its stage goes to the backup on
+// a connection of its own, so another worker's push is applied on both replicas and acknowledged
+// while the first is still coming; the first is then applied too, and both replicas agree.
+TEST_F(DataPlaneShardTest, APushComingSlowlyHoldsUpNoOtherPushsReplication) {
+  constexpr int kBig = 1200000;  // 4.8 MB: forwarded
+  const ModelIdentity big{"flat:1200000", kBig, 1};
+  const std::string run_dir = NewRunDir("slow-forward");
+  LocalCluster replicated(ExecutableDir(), run_dir);
+  ASSERT_TRUE(replicated
+                  .StartShards(1, big.fingerprint, 2,
+                               {"--optimizer=sgd", "--lr=0.1", "--data_plane_lanes=1"},
+                               /*replicas=*/2)
+                  .ok());
+  const std::string primary = replicated.ProcessAddress(0), backup = replicated.ProcessAddress(1);
+  ASSERT_TRUE(WaitForRole(backup, "backup", absl::Seconds(30)));
+  ClientOptions options;
+  options.shared_memory = false;
+  options.retry_for = absl::Seconds(30);
+  ShardedClient fast({replicated.ShardAddress(0)}, big, 0, options);
+  ASSERT_TRUE(fast.Register().ok());
+  ASSERT_TRUE(fast.Initialize(std::vector<float>(kBig, 0.5f)).ok());
+  // Worker 1 pushes on a connection of its own, half of its tensor and then nothing for now.
+  ClientOptions grpc_only = options;
+  grpc_only.data_plane = false;
+  ShardedClient slow_worker({primary}, big, 1, grpc_only);
+  ASSERT_TRUE(slow_worker.Register().ok());
+  v1::AttachDataPlaneResponse ticket;
+  ASSERT_TRUE(Attach(1, "", &ticket, primary, big).ok());
+  absl::StatusOr<std::unique_ptr<DataConnection>> c = DataConnection::Open(
+      {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), 1, true},
+      kBig * sizeof(float), Soon(), absl::Seconds(10));
+  ASSERT_TRUE(c.ok()) << c.status();
+  v1::PushHeader h;
+  h.set_worker_id(1);
+  h.set_incarnation(slow_worker.incarnation(0));
+  h.set_sequence(1);
+  h.set_length(kBig);
+  h.set_dtype(v1::FLOAT32);
+  h.set_data_connection((*c)->id());
+  h.set_data_transfer(1);
+  const std::vector<float> slow_gradient(kBig, 0.25f);
+  FillProgress coming(kBig);
+  absl::StatusOr<DataConnection::Answered> slow_answer = absl::UnknownError("not answered");
+  std::thread slow([&] {
+    slow_answer = (*c)->PushCall(1, h.SerializeAsString(), slow_gradient, WireType::kFloat32,
+                                 absl::Now() + absl::Seconds(60), FrameKind::kPushCall, &coming);
+  });
+  coming.Add(kBig / 2);
+  // Worker 0's push is acknowledged (on both replicas) meanwhile.
+  absl::StatusOr<ShardedClient::PushSummary> pushed = fast.Push(std::vector<float>(kBig, 1.0f));
+  EXPECT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(Stats(primary).version(), 1);
+  coming.Add(kBig);  // the rest
+  slow.join();
+  ASSERT_TRUE(slow_answer.ok()) << slow_answer.status();
+  EXPECT_TRUE(slow_answer->status.ok()) << slow_answer->status.error_message();
+  std::vector<float> weights(kBig), taken_over(kBig);
+  ASSERT_TRUE(fast.Pull(absl::MakeSpan(weights)).ok());
+  EXPECT_FLOAT_EQ(weights[7], 0.5f - 0.1f * (1.0f + 0.25f));
+  const v1::StatsResponse stats = Stats(primary);
+  EXPECT_EQ(stats.version(), 2);
+  EXPECT_GE(stats.replica_changes_forwarded(), 1);
+  replicated.shards()[0].Signal(SIGKILL);
+  ASSERT_TRUE(replicated.shards()[0].Wait(absl::Seconds(10)).ok());
+  ASSERT_TRUE(fast.Pull(absl::MakeSpan(taken_over)).ok());
+  EXPECT_EQ(Stats(backup).version(), 2);
+  EXPECT_EQ(std::memcmp(weights.data(), taken_over.data(), kBig * sizeof(float)), 0);
+  replicated.Stop();
 }
 
 // A shard whose clients open three lanes: its 13 MB tensors go in three parts, with the same
@@ -1573,7 +1647,7 @@ TEST(DataPlaneTlsTest, AJobWithTlsMovesItsTensorsAndChangesOverThePlane) {
   EXPECT_EQ(stats->data_plane_pushes(), 3);
   stats = replicated.ProcessStats(1, absl::Seconds(10));
   ASSERT_TRUE(stats.ok()) << stats.status();
-  EXPECT_EQ(stats->data_plane_connections(), 1);  // its primary's, which made the changes
+  EXPECT_EQ(stats->data_plane_connections(), 2);  // its primary's: for changes, and stages
   replicated.shards()[0].Signal(SIGKILL);
   ASSERT_TRUE(replicated.shards()[0].Wait(absl::Seconds(10)).ok());
   ASSERT_TRUE(client.Pull(absl::MakeSpan(taken_over)).ok());

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,9 @@ constexpr absl::Duration kProbeTimeout = absl::Milliseconds(500);
 // A change made on the backup's data plane is answered once applied; a backup that takes longer
 // is stuck (the stream ends, and pushes waiting for it fail at their own deadlines first).
 constexpr absl::Duration kChangeTimeout = absl::Seconds(30);
+// A stage goes as its push comes in: that push's own time (its call's deadline, a minute at
+// most) and then the change's.
+constexpr absl::Duration kStageTimeout = absl::Seconds(90);
 
 // Writes `epoch` to `path` durably: a temporary file, fsync, rename.
 absl::Status WriteEpoch(const std::string& path, int64_t epoch) {
@@ -222,6 +226,7 @@ bool Replica::TakeOverLocked(absl::string_view why) {
   }
   role_ = Role::kPrimary;
   alone_ = true;
+  stages_.clear();  // no change will name them
   if (follow_context_ != nullptr) follow_context_->TryCancel();
   PS_LOG(WARNING) << "took over as the primary of shard " << shard_->index() << " at epoch "
                   << epoch_ << " (" << why << "; the primary at " << options_.peer
@@ -404,8 +409,13 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
       follow_context_ = nullptr;
       transferring_ = false;
       plane_connection_ = 0;
+      stages_connection_ = 0;
+      stages_.clear();
     }
-    if (plane_ != nullptr) plane_->Release(DataPlane::kReplicaPeer);
+    if (plane_ != nullptr) {
+      plane_->Release(DataPlane::kReplicaPeer);
+      plane_->Release(DataPlane::kReplicaStages);
+    }
   };
   std::unique_ptr<Stream> stream = peer_->Replicate(&context);
   v1::BackupMessage join;
@@ -415,21 +425,31 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
   join.mutable_model()->set_num_shards(model.num_shards);
   join.set_shard_index(shard_->index());
   join.set_epoch(epoch());
-  uint64_t plane_connection = 0;
-  if (plane_ != nullptr) {  // the changes after the state come there
-    if (absl::StatusOr<DataPlane::Ticket> ticket = plane_->Issue(DataPlane::kReplicaPeer);
-        ticket.ok()) {
-      v1::AttachDataPlaneResponse* offer = join.mutable_data_plane();
-      offer->set_port(plane_->port());
-      offer->set_connection(ticket->connection);
-      offer->set_secret(ticket->secret);
-      offer->set_lanes(ticket->lanes);
-      offer->set_calls(true);
-      join.set_takes_stages(true);
-      plane_connection = ticket->connection;
-    } else {
+  // The changes after the state come on this replica's data plane, and the stages on a second
+  // connection there.
+  auto offer = [&](int owner, v1::AttachDataPlaneResponse* ticket) -> absl::StatusOr<uint64_t> {
+    absl::StatusOr<DataPlane::Ticket> issued = plane_->Issue(owner);
+    if (!issued.ok()) return issued.status();
+    ticket->set_port(plane_->port());
+    ticket->set_connection(issued->connection);
+    ticket->set_secret(issued->secret);
+    ticket->set_lanes(issued->lanes);
+    ticket->set_calls(true);
+    return issued->connection;
+  };
+  uint64_t plane_connection = 0, stages_connection = 0;
+  if (plane_ != nullptr) {
+    absl::StatusOr<uint64_t> changes = offer(DataPlane::kReplicaPeer, join.mutable_data_plane());
+    absl::StatusOr<uint64_t> stages =
+        changes.ok() ? offer(DataPlane::kReplicaStages, join.mutable_stages()) : changes.status();
+    if (!changes.ok()) {
+      join.clear_data_plane();
       PS_LOG(WARNING) << "shard " << shard_->index() << ": the primary's changes come on the "
-                      << "replication stream: " << ticket.status().message();
+                      << "replication stream: " << changes.status().message();
+    } else {
+      plane_connection = *changes;
+      if (stages.ok()) stages_connection = *stages;
+      if (!stages.ok()) join.clear_stages();
     }
   }
   v1::ReplicationMessage m;
@@ -457,6 +477,8 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
       followed_ = peer.shard_incarnation();
       last_heard_ = absl::Now();
       plane_connection_ = plane_connection;
+      stages_connection_ = stages_connection;
+      stages_.clear();
     }
   }
   if (status.ok()) {
@@ -498,31 +520,19 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
   auto refuse = [](grpc::StatusCode code, std::string why) {
     return DataPlane::CallAnswer{grpc::Status(code, std::move(why)), ""};
   };
-  if (call.owner != DataPlane::kReplicaPeer) {
+  if (!DataPlane::ReplicaOwner(call.owner)) {
     return refuse(grpc::StatusCode::PERMISSION_DENIED, "only a replica's primary makes changes");
   }
   v1::ReplicationMessage m;
   if (!m.ParseFromString(call.request) || (!m.has_change() && !m.has_stage())) {
     return refuse(grpc::StatusCode::DATA_LOSS, "a change call that does not parse");
   }
-  // From the primary this backup follows, on the connection it gave it (its state in place: the
-  // primary makes no change before the backup's first acknowledgement, sent after it).
-  auto from_followed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (call.connection == plane_connection_ && role_ == Role::kBackup && !transferring_ &&
-        m.epoch() == epoch_) {
-      return grpc::Status::OK;
-    }
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("shard ", shard_->index(), ": this replica (", RoleName(role_),
-                                     ", epoch ", epoch_, ") does not follow a primary at epoch ",
-                                     m.epoch(), " on this connection"));
-  };
   {
     absl::MutexLock lock(&mu_);
-    if (grpc::Status s = from_followed(); !s.ok()) return {s, ""};
+    if (grpc::Status s = FromFollowedLocked(call, m); !s.ok()) return {s, ""};
     last_heard_ = absl::Now();
   }
-  if (m.has_stage()) return {OnPlaneStage(call, m.stage(), read_values), ""};
+  if (m.has_stage()) return {OnPlaneStage(call, m, read_values), ""};
   absl::StatusOr<ShardChange> change = ChangeOf(m.change(), shard_->range().size());
   if (!change.ok()) return {ToGrpcStatus(change.status()), ""};
   std::optional<BufferPool::Lease> read;  // the values, unless a stage holds them
@@ -530,7 +540,7 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
   if (const int64_t stage = m.change().staged(); stage != 0) {
     absl::MutexLock lock(&mu_);
     auto it = stages_.find(stage);
-    if (call.connection != stages_connection_ || it == stages_.end() ||
+    if (it == stages_.end() ||
         static_cast<int64_t>(it->second.span().size()) != m.change().length()) {
       return refuse(grpc::StatusCode::FAILED_PRECONDITION,
                     absl::StrCat("change ", m.change().index(), " names stage ", stage,
@@ -554,22 +564,33 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
   // under the replica's lock so that it cannot take over during the apply (lock order: ours,
   // then the shard's).
   absl::MutexLock lock(&mu_);
-  if (grpc::Status s = from_followed(); !s.ok()) return {s, ""};
+  if (grpc::Status s = FromFollowedLocked(call, m); !s.ok()) return {s, ""};
   return {ToGrpcStatus(shard_->ApplyChange(*change)), ""};
 }
 
-grpc::Status Replica::OnPlaneStage(const DataPlane::Call& call, const v1::Stage& stage,
-                                   DataPlane::ReadValues read_values) {
-  if (stage.length() < 0 || stage.length() > shard_->range().size()) {
-    return grpc::Status(grpc::StatusCode::DATA_LOSS, "a stage longer than the shard");
+grpc::Status Replica::FromFollowedLocked(const DataPlane::Call& call,
+                                         const v1::ReplicationMessage& m) const {
+  const bool stage = m.has_stage();
+  if (call.owner == (stage ? DataPlane::kReplicaStages : DataPlane::kReplicaPeer) &&
+      call.connection == (stage ? stages_connection_ : plane_connection_) &&
+      role_ == Role::kBackup && !transferring_ && m.epoch() == epoch_) {
+    return grpc::Status::OK;
   }
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                      absl::StrCat("shard ", shard_->index(), ": this replica (", RoleName(role_),
+                                   ", epoch ", epoch_, ") does not follow a primary at epoch ",
+                                   m.epoch(), " on this connection"));
+}
+
+grpc::Status Replica::OnPlaneStage(const DataPlane::Call& call, const v1::ReplicationMessage& m,
+                                   DataPlane::ReadValues read_values) {
+  const v1::Stage& stage = m.stage();
   {
     absl::MutexLock lock(&mu_);
-    if (call.connection != stages_connection_) {  // a primary's new connection: a fresh start
-      stages_.clear();
-      stages_connection_ = call.connection;
-    }
     for (int64_t id : stage.drop()) stages_.erase(id);
+    if (stage.length() < 0 || stage.length() > shard_->range().size()) {
+      return grpc::Status(grpc::StatusCode::DATA_LOSS, "a stage longer than the shard");
+    }
     if (stages_.size() >= static_cast<size_t>(kMaxStages)) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                           absl::StrCat("this backup holds ", kMaxStages, " stages already"));
@@ -583,23 +604,21 @@ grpc::Status Replica::OnPlaneStage(const DataPlane::Call& call, const v1::Stage&
       });
   if (!status.ok()) return ToGrpcStatus(status);
   absl::MutexLock lock(&mu_);
-  if (call.connection != stages_connection_) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "the primary's connection changed");
-  }
+  if (grpc::Status s = FromFollowedLocked(call, m); !s.ok()) return s;  // no longer
   stages_.emplace(stage.id(), std::move(values));
   return grpc::Status::OK;
 }
 
 std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> buffer) {
-  if (!options_.forward || buffer.size() * sizeof(float) < kMinForwardBytes) return nullptr;
+  if (buffer.size() * sizeof(float) < kMinForwardBytes) return nullptr;
   std::shared_ptr<DataConnection> plane;
   v1::ReplicationMessage m;
   std::unique_ptr<Forward> forward;
   {
     absl::MutexLock lock(&forward_mu_);
     if (forward_plane_ == nullptr || forward_plane_->ended()) return nullptr;
-    for (const auto& [id, held] : staged_) {
-      if (!held) return nullptr;  // one is being sent
+    for (const auto& [id, state] : staged_) {
+      if (state == StageState::kSending) return nullptr;  // one at a time
     }
     if (staged_.size() - drops_.size() >= static_cast<size_t>(kMaxStages)) return nullptr;
     plane = forward_plane_;
@@ -612,30 +631,41 @@ std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> 
       staged_.erase(id);
     }
     drops_.clear();
-    staged_[stage->id()] = false;
+    staged_[stage->id()] = StageState::kSending;
     forward.reset(new Forward(this, stage->id(), buffer));
   }
   Forward* f = forward.get();
-  f->thread_ = std::thread([this, f, plane = std::move(plane), m = std::move(m), buffer] {
+  auto send = [this, f, plane, m = std::move(m), buffer] {
     absl::StatusOr<DataConnection::Answered> answered =
         plane->PushCall(plane->NextTransfer(), m.SerializeAsString(), buffer, WireType::kFloat32,
-                        absl::Now() + kChangeTimeout, FrameKind::kChangeCall, &f->progress_);
+                        absl::Now() + kStageTimeout, FrameKind::kChangeCall, &f->progress_);
     const absl::Status status =
         answered.ok() ? FromGrpcStatus(answered->status) : answered.status();
-    if (!status.ok()) {
-      PS_LOG(WARNING) << "shard " << shard_->index() << ": the backup did not take a forwarded "
-                      << "push (" << status.message() << "); it is replicated once applied";
-    }
     absl::MutexLock lock(&forward_mu_);
     auto it = staged_.find(f->id_);
     if (it == staged_.end()) return;  // forwarded to an earlier backup
     if (status.ok()) {
-      it->second = true;
+      it->second = StageState::kHeld;
       f->held_ = true;
-    } else {
-      staged_.erase(it);
+      return;
     }
-  });
+    // Whether the backup holds it is not known (an answer that did not come): this connection
+    // is given up, with what the backup held on it (the changes carry their values again).
+    staged_.erase(it);
+    if (!plane->ended()) {
+      plane->End();
+      PS_LOG(WARNING) << "shard " << shard_->index() << ": the backup did not take a forwarded "
+                      << "push (" << status.message() << "); pushes are replicated once "
+                      << "applied until a backup joins again";
+    }
+  };
+  try {
+    f->thread_ = std::thread(std::move(send));
+  } catch (const std::system_error&) {  // no thread: as if not forwarded
+    absl::MutexLock lock(&forward_mu_);
+    staged_.erase(f->id_);
+    return nullptr;
+  }
   return forward;
 }
 
@@ -684,13 +714,20 @@ void Replica::ForwardTo(std::shared_ptr<DataConnection> plane, int64_t epoch,
   drops_.clear();
 }
 
-bool Replica::TakeStage(int64_t stage, const DataConnection* plane) {
+bool Replica::NameStage(int64_t stage, const DataConnection* plane) {
   absl::MutexLock lock(&forward_mu_);
   auto it = staged_.find(stage);
-  if (forward_plane_.get() != plane || it == staged_.end() || !it->second) return false;
-  staged_.erase(it);
-  ++changes_forwarded_;
+  if (forward_plane_.get() != plane || it == staged_.end() || it->second != StageState::kHeld) {
+    return false;
+  }
+  it->second = StageState::kNamed;
   return true;
+}
+
+void Replica::StageUsed(int64_t stage, bool applied) {
+  absl::MutexLock lock(&forward_mu_);
+  staged_.erase(stage);
+  changes_forwarded_ += applied;
 }
 
 int64_t Replica::changes_forwarded() const {
@@ -698,9 +735,8 @@ int64_t Replica::changes_forwarded() const {
   return changes_forwarded_;
 }
 
-std::unique_ptr<DataConnection> Replica::OpenBackupPlane(const v1::BackupMessage& join) {
-  if (!join.has_data_plane()) return nullptr;
-  const v1::AttachDataPlaneResponse& ticket = join.data_plane();
+std::shared_ptr<DataConnection> Replica::OpenBackupPlane(const v1::AttachDataPlaneResponse& ticket,
+                                                         absl::string_view otherwise) {
   std::string host, port;
   absl::StatusOr<std::unique_ptr<DataConnection>> plane =
       !SplitHostPort(options_.peer, &host, &port)
@@ -712,7 +748,7 @@ std::unique_ptr<DataConnection> Replica::OpenBackupPlane(const v1::BackupMessage
                 absl::Now() + absl::Seconds(5), absl::Seconds(10));
   if (!plane.ok()) {
     PS_LOG(WARNING) << "shard " << shard_->index() << ": the backup's data plane cannot be used ("
-                    << plane.status().message() << "); its changes go on the replication stream";
+                    << plane.status().message() << "); " << otherwise;
     return nullptr;
   }
   return *std::move(plane);
@@ -802,8 +838,16 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     alone_ = false;  // from now on every change waits for this backup
   }
   PS_LOG(INFO) << "a backup is joining from " << context->peer() << ": sending the state";
-  // The changes after the state go on the backup's data plane if it can be reached.
-  const std::shared_ptr<DataConnection> plane = OpenBackupPlane(join);
+  // The changes after the state go on the backup's data plane if it can be reached, and stages
+  // on a connection of their own there.
+  const std::shared_ptr<DataConnection> plane =
+      join.has_data_plane()
+          ? OpenBackupPlane(join.data_plane(), "its changes go on the replication stream")
+          : nullptr;
+  const std::shared_ptr<DataConnection> stages =
+      plane != nullptr && join.has_stages() && options_.forward
+          ? OpenBackupPlane(join.stages(), "pushes are replicated once applied")
+          : nullptr;
   // The acknowledgements, read beside the changes written below; the stream's end ends a change
   // made on the data plane too. The backup's first comes once its state is in place: no change
   // goes on its data plane before (it would wait there, unread, while the state still comes).
@@ -816,10 +860,11 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     }
     log_.Detach(attachment);
     if (plane != nullptr) plane->End();
+    if (stages != nullptr) stages->End();
     if (!state_in_place.HasBeenNotified()) state_in_place.Notify();
   });
   absl::Cleanup stop_acks = [&] {
-    ForwardTo(nullptr, 0, plane.get());
+    ForwardTo(nullptr, 0, stages.get());
     log_.Detach(attachment);
     context->TryCancel();
     acks.join();
@@ -836,9 +881,9 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     PS_LOG(INFO) << "a backup joined at change " << sent << ": "
                  << (plane != nullptr ? "making changes on its data plane" : "streaming changes");
   }
-  if (ok && plane != nullptr && join.takes_stages() && options_.forward) {
+  if (ok && stages != nullptr) {
     state_in_place.WaitForNotification();  // ends with the stream at the latest
-    ForwardTo(plane, epoch);
+    ForwardTo(stages, epoch);
   }
   while (ok) {
     absl::StatusOr<std::optional<std::shared_ptr<const ReplicationLog::Entry>>> next =
@@ -864,9 +909,10 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     header->set_length(static_cast<int64_t>(c.values.size()));
     if (plane != nullptr) {
       state_in_place.WaitForNotification();  // ends with the stream at the latest
-      const bool staged = c.stage != 0 && TakeStage(c.stage, plane.get());
+      const bool staged = c.stage != 0 && NameStage(c.stage, stages.get());
       if (staged) header->set_staged(c.stage);
       ok = SendOnPlane(*plane, out, staged ? absl::Span<const float>() : c.values, attachment);
+      if (staged) StageUsed(c.stage, ok);
     } else {
       ok = WriteMessage(out, write) && WriteValues(c.values, epoch, **next, write);
     }

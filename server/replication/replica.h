@@ -21,14 +21,16 @@
 // stream's copies and flow control on the way), the stream carrying the rest. A change the
 // backup does not take ends the stream there too (the backup joins again).
 //
-// Forwarding. A push's gradient of several MiB crosses to the backup while it still comes in
-// from the worker, rather than after the push was applied (which would take the bytes' time
-// twice): the primary sends it as a *stage* (a ChangeCall whose message is a Stage) as each run
-// arrives (StartForward), and the backup holds it; the push's change then names the stage instead
-// of carrying its values again. Only a gradient applied exactly as it came is named (not one
-// clipped or compensated: those changes carry their values); a stage no change names is dropped
-// on the backup with the next one. At most one stage is being sent at a time, and the backup holds
-// at most kMaxStages; a push that finds no room is replicated as before.
+// Forwarding. A push's gradient of several MiB that comes on the data plane crosses to the
+// backup while it still comes in from the worker, rather than after the push was applied (which
+// would take the bytes' time twice): the primary sends it as a *stage* (a ChangeCall whose message
+// is a Stage) as its runs arrive (StartForward), on a second connection the backup gave it a
+// ticket for (so that a worker sending slowly holds up no change), and the backup holds it; the
+// push's change then names the stage instead of carrying its values again. Only a gradient
+// applied exactly as it came is named (not one clipped or compensated: those changes carry their
+// values); a stage no change names is dropped on the backup with the next one. One stage is being
+// sent at a time, and the backup holds kMaxStages at most; a push that finds no room is
+// replicated as before, and so is every push once a stage failed (until a backup joins again).
 //
 // Thread-safe. Owns a thread that settles the role and follows the primary.
 #pragma once
@@ -185,22 +187,31 @@ class Replica {
                                                          Stream* stream);
   // Reads the stream's next message; each counts as hearing from the primary.
   std::function<bool(v1::ReplicationMessage*)> Next(Stream* stream);
-  // The primary's side: a connection to the data plane the joining backup gave a ticket for
-  // (null without one, or when it cannot be opened: logged), and a change made on it
-  // (acknowledged in the log once answered OK; false, logged, if it was not).
-  std::unique_ptr<DataConnection> OpenBackupPlane(const v1::BackupMessage& join);
+  // The primary's side: a connection to the data plane the joining backup gave `ticket` for
+  // (null when it cannot be opened: logged, saying what happens `otherwise`), and a change made
+  // on it (acknowledged in the log once answered OK; false, logged, if it was not).
+  std::shared_ptr<DataConnection> OpenBackupPlane(const v1::AttachDataPlaneResponse& ticket,
+                                                  absl::string_view otherwise);
   bool SendOnPlane(DataConnection& plane, const v1::ReplicationMessage& change,
                    absl::Span<const float> values, int64_t attachment);
   // The primary's: forwards go to `plane` from now on, at `epoch`; the stages on an earlier one are
   // forgotten. Null: none go (if they went to `old`).
   void ForwardTo(std::shared_ptr<DataConnection> plane, int64_t epoch,
                  const DataConnection* old = nullptr);
-  // The primary's: whether the backup on `plane` holds `stage`, for the change that names it (it
-  // then counts as used); false: the change carries its values.
-  bool TakeStage(int64_t stage, const DataConnection* plane);
-  // The backup's: a stage its primary forwards on its data plane (OnPlaneChange's, from the
-  // primary it follows): held until a change names it.
-  grpc::Status OnPlaneStage(const DataPlane::Call& call, const v1::Stage& stage,
+  // The primary's: whether the backup holds `stage` (forwarded on `plane`), for the change about
+  // to name it; false: the change carries its values. The stage counts as held until StageUsed
+  // (once that change was answered, `applied` or not).
+  bool NameStage(int64_t stage, const DataConnection* plane);
+  void StageUsed(int64_t stage, bool applied);
+  // The backup's: OK if `m`, made on its data plane, comes from the primary it follows, on the
+  // connection it gave it for that (its state in place: the primary makes no change before the
+  // backup's first acknowledgement, sent after it); FAILED_PRECONDITION otherwise.
+  grpc::Status FromFollowedLocked(const DataPlane::Call& call,
+                                  const v1::ReplicationMessage& m) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The backup's: a stage `m` its primary forwards (OnPlaneChange's, once it passed
+  // FromFollowedLocked): held until a change names it.
+  grpc::Status OnPlaneStage(const DataPlane::Call& call, const v1::ReplicationMessage& m,
                             DataPlane::ReadValues read_values);
   // Moves to `epoch`, after writing it to the epoch file; false (logged) if that failed.
   bool SetEpochLocked(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -236,7 +247,8 @@ class Replica {
   bool veteran_ ABSL_GUARDED_BY(mu_) = false;
   std::string fenced_reason_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // A backup: the stages its primary forwarded on connection `stages_connection_`, by id.
+  // A backup: the stages its primary forwarded (on connection `stages_connection_`, its second
+  // ticket's; 0: none), by id.
   std::map<int64_t, BufferPool::Lease> stages_ ABSL_GUARDED_BY(mu_);
   uint64_t stages_connection_ ABSL_GUARDED_BY(mu_) = 0;
 
@@ -246,9 +258,10 @@ class Replica {
   std::shared_ptr<DataConnection> forward_plane_ ABSL_GUARDED_BY(forward_mu_);
   int64_t forward_epoch_ ABSL_GUARDED_BY(forward_mu_) = 0;
   int64_t next_stage_ ABSL_GUARDED_BY(forward_mu_) = 1;
-  // The stages the backup may hold (true once it said it does, false while one is being sent),
-  // and those of them no change names, dropped with the next stage.
-  std::map<int64_t, bool> staged_ ABSL_GUARDED_BY(forward_mu_);
+  // The stages the backup may hold, and those of them no change names, dropped with the next
+  // stage.
+  enum class StageState { kSending, kHeld, kNamed };
+  std::map<int64_t, StageState> staged_ ABSL_GUARDED_BY(forward_mu_);
   std::vector<int64_t> drops_ ABSL_GUARDED_BY(forward_mu_);
   int64_t changes_forwarded_ ABSL_GUARDED_BY(forward_mu_) = 0;
   std::thread thread_;

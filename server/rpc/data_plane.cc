@@ -89,7 +89,7 @@ bool SameSecret(const std::string& a, const std::string& b) {
 }
 
 std::string Who(int owner) {
-  if (owner == DataPlane::kReplicaPeer) return "the replica's primary";
+  if (DataPlane::ReplicaOwner(owner)) return "the replica's primary";
   return absl::StrCat(owner >= 0 ? "worker " : "observer ", owner);
 }
 
@@ -146,7 +146,7 @@ absl::StatusOr<DataPlane::Ticket> DataPlane::Issue(int owner) {
     it = it->second.expires < now ? tickets_.erase(it) : std::next(it);
   }
   int taken = static_cast<int>(tickets_.size());
-  const bool replaces = owner >= 0 || owner == kReplicaPeer;
+  const bool replaces = owner >= 0 || ReplicaOwner(owner);
   for (const auto& [id, c] : open_) taken += !replaces || c->owner != owner;  // its own is replaced
   if (taken >= options_.max_connections) {
     return absl::ResourceExhaustedError(
@@ -242,7 +242,7 @@ absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Admit(
       c->lanes[index] = lane;
       if (++c->joined == c->lanes.size()) {
         tickets_.erase(it);
-        if (c->owner >= 0 || c->owner == kReplicaPeer) {  // a newer one replaces the older
+        if (c->owner >= 0 || ReplicaOwner(c->owner)) {  // a newer one replaces the older
           for (const auto& [id, other] : open_) {
             if (other->owner == c->owner) CloseLanes(*other, "replaced by a newer one");
           }
@@ -561,7 +561,7 @@ void DataPlane::Release(int owner) {
     if (issued.connection->owner == owner) ending.push_back(issued.connection);
   }
   for (const auto& c : ending) {
-    CloseLanes(*c, owner == kReplicaPeer ? "the backup stopped following" : "the worker left");
+    CloseLanes(*c, ReplicaOwner(owner) ? "the backup stopped following" : "the worker left");
   }
 }
 

@@ -86,11 +86,14 @@ class DataPlane {
     std::string secret;
     int lanes = 1;
   };
-  // The owner of the connection a backup replica gives its primary a ticket for: it carries the
-  // primary's changes (ChangeCall frames), and nothing of a worker's or an observer's.
+  // The owners of the connections a backup replica gives its primary tickets for: they carry the
+  // primary's changes, and the stages it forwards (ChangeCall frames, server/replication/
+  // replica.h), and nothing of a worker's or an observer's.
   static constexpr int kReplicaPeer = std::numeric_limits<int>::min();
-  // A ticket for worker `owner` (negative: an observer; or kReplicaPeer). RESOURCE_EXHAUSTED when
-  // as many connections and tickets as allowed exist. A worker's (or the replica peer's) newer
+  static constexpr int kReplicaStages = kReplicaPeer + 1;
+  static bool ReplicaOwner(int owner) { return owner == kReplicaPeer || owner == kReplicaStages; }
+  // A ticket for worker `owner` (negative: an observer; or a replica owner). RESOURCE_EXHAUSTED
+  // when as many connections and tickets as allowed exist. A worker's (or a replica owner's) newer
   // connection replaces its older one.
   absl::StatusOr<Ticket> Issue(int owner);
 

@@ -674,7 +674,7 @@ grpc::Status ShardService::CheckPlaneCaller(const DataPlane::Call& call, int wor
   // Its connection, opened with a ticket AttachDataPlane gave the owner's token, stands for the
   // token: the call must be made as that worker (or observer) and name this connection and
   // transfer. The replica peer's connection carries its changes only.
-  if (worker_id != call.owner || call.owner == DataPlane::kReplicaPeer) {
+  if (worker_id != call.owner || DataPlane::ReplicaOwner(call.owner)) {
     return grpc::Status(
         grpc::StatusCode::PERMISSION_DENIED,
         absl::StrCat("a call as worker ", worker_id, " on a data-plane connection of ",
@@ -1060,7 +1060,7 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
       context, request, response, CallNeeds("AttachDataPlane", Access::kRead),
       AttachClaims<v1::AttachDataPlaneRequest>, [&](const auto& request, auto* response) {
         const int worker = request.worker_id();
-        if (worker == DataPlane::kReplicaPeer) {  // its tickets come from a backup's join only
+        if (DataPlane::ReplicaOwner(worker)) {  // their tickets come from a backup's join only
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                               absl::StrCat("worker id ", worker, " is no client's"));
         }
