@@ -196,6 +196,40 @@ void SendHeader(Socket& s, FrameKind kind, uint64_t transfer, uint64_t bytes) {
   ASSERT_TRUE(s.Send(head, sizeof(head), Soon()).ok());
 }
 
+// A push call of worker 1 (of `incarnation`), sequence 1, naming connection `connection` and
+// transfer 1, for `length` float32 values.
+v1::PushHeader Worker1PushCall(int64_t incarnation, int64_t length, uint64_t connection) {
+  v1::PushHeader h;
+  h.set_worker_id(1);
+  h.set_incarnation(incarnation);
+  h.set_sequence(1);
+  h.set_length(length);
+  h.set_dtype(v1::FLOAT32);
+  h.set_data_connection(connection);
+  h.set_data_transfer(1);
+  return h;
+}
+
+// Opens a raw connection with worker 1's `ticket` and makes a push call (Worker1PushCall) on it
+// whose tensor, `gradient`, stops halfway; then cuts the connection, which the shard ends.
+void CutPushCall(const v1::AttachDataPlaneResponse& ticket, int64_t incarnation,
+                 absl::Span<const float> gradient) {
+  absl::StatusOr<Socket> raw =
+      Socket::Connect("127.0.0.1", ticket.port(), Soon(), absl::Seconds(5));
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  absl::StatusOr<FrameHeader> welcome = Hello(*raw, ticket.connection(), ticket.secret());
+  ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
+  const v1::PushHeader h = Worker1PushCall(incarnation, gradient.size(), ticket.connection());
+  ASSERT_TRUE(SendFrame(*raw, {FrameKind::kPushCall, 1},
+                        EncodeCall({absl::Seconds(10), h.SerializeAsString()}), Soon())
+                  .ok());
+  SendHeader(*raw, FrameKind::kPush, 1, gradient.size() * sizeof(float));
+  ASSERT_TRUE(raw->Send(gradient.data(), gradient.size() / 2 * sizeof(float), Soon()).ok());
+  raw->Shutdown();
+  char byte;
+  EXPECT_EQ(raw->Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+}
+
 TEST(DataPlaneTest, ATensorIsStripedInContiguousPartsOneALaneWhenLargeEnough) {
   const size_t big = 3 * kMinStripeBytes / sizeof(float) + 5;
   EXPECT_EQ(StripeCount(1000, WireType::kFloat32, 4), 1);
@@ -857,6 +891,22 @@ std::chrono::system_clock::time_point In(absl::Duration d) {
   return absl::ToChronoTime(absl::Now() + d);
 }
 
+// A client's options on another host than its shards' (no shared memory), retrying for 30 s.
+ClientOptions Remote() {
+  ClientOptions options;
+  options.shared_memory = false;
+  options.retry_for = absl::Seconds(30);
+  return options;
+}
+
+// Starts one shard of `fingerprint` for two workers, replicated (`flags` to both), in `cluster`,
+// and waits for its backup to follow.
+void StartReplicated(LocalCluster& cluster, const std::string& fingerprint,
+                     const std::vector<std::string>& flags) {
+  ASSERT_TRUE(cluster.StartShards(1, fingerprint, 2, flags, /*replicas=*/2).ok());
+  ASSERT_TRUE(WaitForRole(cluster.ProcessAddress(1), "backup", absl::Seconds(30)));
+}
+
 // One shard of kModel (SGD, lr 0.5) for two workers with a token, initialised to 0.25 * (i % 100).
 class DataPlaneShardTest : public ::testing::Test {
  protected:
@@ -1092,29 +1142,9 @@ TEST_F(DataPlaneShardTest, APushMadeOnTheConnectionIsItsOwnersAndAppliedWholeOrN
   // Cut mid-tensor on a raw connection of worker 1's: nothing applied.
   v1::AttachDataPlaneResponse raw_ticket;
   ASSERT_TRUE(Attach(1, token_, &raw_ticket).ok());
-  absl::StatusOr<Socket> raw =
-      Socket::Connect("127.0.0.1", raw_ticket.port(), Soon(), absl::Seconds(5));
-  ASSERT_TRUE(raw.ok()) << raw.status();
-  absl::StatusOr<FrameHeader> welcome = Hello(*raw, raw_ticket.connection(), raw_ticket.secret());
-  ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
   std::unique_ptr<ShardedClient> worker1 = Client(1, /*data_plane=*/false);
   ASSERT_TRUE(worker1->Register().ok());
-  v1::PushHeader h;
-  h.set_worker_id(1);
-  h.set_incarnation(worker1->incarnation(0));
-  h.set_sequence(1);
-  h.set_length(kParams);
-  h.set_dtype(v1::FLOAT32);
-  h.set_data_connection(raw_ticket.connection());
-  h.set_data_transfer(1);
-  ASSERT_TRUE(SendFrame(*raw, {FrameKind::kPushCall, 1},
-                        EncodeCall({absl::Seconds(10), h.SerializeAsString()}), Soon())
-                  .ok());
-  SendHeader(*raw, FrameKind::kPush, 1, kParams * sizeof(float));
-  ASSERT_TRUE(raw->Send(gradient.data(), kParams / 2 * sizeof(float), Soon()).ok());
-  raw->Shutdown();
-  char byte;
-  EXPECT_EQ(raw->Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+  CutPushCall(raw_ticket, worker1->incarnation(0), gradient);
   stats = ShardStats();
   EXPECT_EQ(stats.version(), 0);
   EXPECT_EQ(stats.pushes_applied(), 0);
@@ -1372,18 +1402,12 @@ TEST_F(DataPlaneShardTest, APushForwardedToTheBackupAsItComesIsAppliedThereBitFo
         absl::StrCat(forward ? "forwarding" : "not forwarding", ", ", config.lanes, " lane(s)"));
     const std::string run_dir = NewRunDir("forward");
     LocalCluster replicated(ExecutableDir(), run_dir);
-    ASSERT_TRUE(replicated
-                    .StartShards(1, big.fingerprint, 2,
-                                 {"--optimizer=momentum", "--lr=0.1", "--clip_norm=2000",
-                                  absl::StrCat("--forward_pushes=", forward),
-                                  absl::StrCat("--data_plane_lanes=", config.lanes)},
-                                 /*replicas=*/2)
-                    .ok());
+    StartReplicated(replicated, big.fingerprint,
+                    {"--optimizer=momentum", "--lr=0.1", "--clip_norm=2000",
+                     absl::StrCat("--forward_pushes=", forward),
+                     absl::StrCat("--data_plane_lanes=", config.lanes)});
     const std::string primary = replicated.ProcessAddress(0), backup = replicated.ProcessAddress(1);
-    ASSERT_TRUE(WaitForRole(backup, "backup", absl::Seconds(30)));
-    ClientOptions options;
-    options.shared_memory = false;
-    options.retry_for = absl::Seconds(30);
+    const ClientOptions options = Remote();
     ShardedClient client({replicated.ShardAddress(0)}, big, 0, options);
     ASSERT_TRUE(client.Register().ok());
     ASSERT_TRUE(client.Initialize(initial).ok());
@@ -1406,27 +1430,7 @@ TEST_F(DataPlaneShardTest, APushForwardedToTheBackupAsItComesIsAppliedThereBitFo
       ASSERT_TRUE(worker1.Register().ok());
       v1::AttachDataPlaneResponse ticket;
       ASSERT_TRUE(Attach(1, "", &ticket, primary, big).ok());
-      absl::StatusOr<Socket> raw =
-          Socket::Connect("127.0.0.1", ticket.port(), Soon(), absl::Seconds(5));
-      ASSERT_TRUE(raw.ok()) << raw.status();
-      absl::StatusOr<FrameHeader> welcome = Hello(*raw, ticket.connection(), ticket.secret());
-      ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
-      v1::PushHeader h;
-      h.set_worker_id(1);
-      h.set_incarnation(worker1.incarnation(0));
-      h.set_sequence(1);
-      h.set_length(kBig);
-      h.set_dtype(v1::FLOAT32);
-      h.set_data_connection(ticket.connection());
-      h.set_data_transfer(1);
-      ASSERT_TRUE(SendFrame(*raw, {FrameKind::kPushCall, 1},
-                            EncodeCall({absl::Seconds(10), h.SerializeAsString()}), Soon())
-                      .ok());
-      SendHeader(*raw, FrameKind::kPush, 1, kBig * sizeof(float));
-      ASSERT_TRUE(raw->Send(gradient.data(), kBig / 2 * sizeof(float), Soon()).ok());
-      raw->Shutdown();
-      char byte;
-      EXPECT_EQ(raw->Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
+      CutPushCall(ticket, worker1.incarnation(0), gradient);
       // Counted once its stage was padded out (so the next push finds none being sent).
       for (absl::Time end = Soon(); Stats(primary).pushes_rejected() < 4 && absl::Now() < end;) {
         absl::SleepFor(absl::Milliseconds(10));
@@ -1470,16 +1474,10 @@ TEST_F(DataPlaneShardTest, APushComingSlowlyHoldsUpNoOtherPushsReplication) {
   const ModelIdentity big{"flat:1200000", kBig, 1};
   const std::string run_dir = NewRunDir("slow-forward");
   LocalCluster replicated(ExecutableDir(), run_dir);
-  ASSERT_TRUE(replicated
-                  .StartShards(1, big.fingerprint, 2,
-                               {"--optimizer=sgd", "--lr=0.1", "--data_plane_lanes=1"},
-                               /*replicas=*/2)
-                  .ok());
+  StartReplicated(replicated, big.fingerprint,
+                  {"--optimizer=sgd", "--lr=0.1", "--data_plane_lanes=1"});
   const std::string primary = replicated.ProcessAddress(0), backup = replicated.ProcessAddress(1);
-  ASSERT_TRUE(WaitForRole(backup, "backup", absl::Seconds(30)));
-  ClientOptions options;
-  options.shared_memory = false;
-  options.retry_for = absl::Seconds(30);
+  const ClientOptions options = Remote();
   ShardedClient fast({replicated.ShardAddress(0)}, big, 0, options);
   ASSERT_TRUE(fast.Register().ok());
   ASSERT_TRUE(fast.Initialize(std::vector<float>(kBig, 0.5f)).ok());
@@ -1494,14 +1492,7 @@ TEST_F(DataPlaneShardTest, APushComingSlowlyHoldsUpNoOtherPushsReplication) {
       {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), 1, true},
       kBig * sizeof(float), Soon(), absl::Seconds(10));
   ASSERT_TRUE(c.ok()) << c.status();
-  v1::PushHeader h;
-  h.set_worker_id(1);
-  h.set_incarnation(slow_worker.incarnation(0));
-  h.set_sequence(1);
-  h.set_length(kBig);
-  h.set_dtype(v1::FLOAT32);
-  h.set_data_connection((*c)->id());
-  h.set_data_transfer(1);
+  const v1::PushHeader h = Worker1PushCall(slow_worker.incarnation(0), kBig, (*c)->id());
   const std::vector<float> slow_gradient(kBig, 0.25f);
   FillProgress coming(kBig);
   absl::StatusOr<DataConnection::Answered> slow_answer = absl::UnknownError("not answered");
