@@ -152,14 +152,15 @@ ShardChange Change(int64_t index, const std::vector<float>& values) {
 TEST(ReplicationLogTest, AChangeCountsAsReplicatedOnlyOnceTheBackupAcknowledgedIt) {
   ReplicationLog log;
   const std::vector<float> values = {1, 2, 3};
-  log.Append(Change(1, values));
+  auto none = [](int64_t) { return false; };  // no stage held: values kept
+  log.Append(Change(1, values), none);
   // No backup: nothing can be acknowledged.
   EXPECT_EQ(log.WaitReplicated(absl::InfiniteFuture()).code(), absl::StatusCode::kUnavailable);
   const int64_t attachment = log.Attach();
-  log.Append(Change(2, values));  // after Attach, before the snapshot (taken at change 2)
+  log.Append(Change(2, values), none);  // after Attach, before the snapshot (taken at change 2)
   log.Start(attachment, 2);
   EXPECT_FALSE(*log.Next(attachment, 2, absl::ZeroDuration()));  // in the snapshot
-  log.Append(Change(3, values));
+  log.Append(Change(3, values), none);
   absl::StatusOr<std::optional<std::shared_ptr<const ReplicationLog::Entry>>> next =
       log.Next(attachment, 2, absl::ZeroDuration());
   ASSERT_TRUE(next.ok() && next->has_value());
@@ -173,8 +174,26 @@ TEST(ReplicationLogTest, AChangeCountsAsReplicatedOnlyOnceTheBackupAcknowledgedI
             absl::StatusCode::kUnavailable);
   log.Acknowledge(attachment, 3);
   EXPECT_TRUE(log.WaitReplicated(absl::Now()).ok());
+  // A change naming a stage: its values are kept unless the attached backup holds that stage.
+  ShardChange staged = Change(4, values);
+  staged.stage = 9;
+  log.Append(staged, [&](int64_t a) { return a == attachment; });
+  next = log.Next(attachment, 3, absl::ZeroDuration());
+  ASSERT_TRUE(next.ok() && next->has_value());
+  EXPECT_EQ((**next)->change.stage, 9);
+  EXPECT_TRUE((**next)->change.values.empty());
+  EXPECT_EQ((**next)->length, 3);
+  staged.index = 5;
+  log.Append(staged, none);
+  next = log.Next(attachment, 4, absl::ZeroDuration());
+  ASSERT_TRUE(next.ok() && next->has_value());
+  EXPECT_EQ(std::vector<float>((**next)->change.values.begin(), (**next)->change.values.end()),
+            values);
+  EXPECT_EQ((**next)->length, 3);
+  log.Acknowledge(attachment, 5);
+  EXPECT_TRUE(log.WaitReplicated(absl::Now()).ok());
   // A waiter is released, unacknowledged, when the backup goes away.
-  log.Append(Change(4, values));
+  log.Append(Change(6, values), none);
   std::thread detach([&] {
     absl::SleepFor(absl::Milliseconds(50));
     log.Detach(attachment);

@@ -704,14 +704,27 @@ Replica::Forward::~Forward() {
   if (replica_->staged_.count(id_) != 0) replica_->drops_.push_back(id_);
 }
 
-void Replica::ForwardTo(std::shared_ptr<DataConnection> plane, int64_t epoch,
+void Replica::ForwardTo(std::shared_ptr<DataConnection> plane, int64_t epoch, int64_t attachment,
                         const DataConnection* old) {
   absl::MutexLock lock(&forward_mu_);
   if (plane == nullptr && forward_plane_.get() != old) return;
   forward_plane_ = std::move(plane);
   forward_epoch_ = epoch;
+  forward_attachment_ = attachment;
   staged_.clear();
   drops_.clear();
+}
+
+void Replica::OnChange(const ShardChange& change) {
+  // A change that names a stage its backup holds is sent without values (NameStage), so they
+  // need not be kept: it stays held until then (only ForwardTo forgets it, once that backup's
+  // attachment, and with it this change, is gone).
+  log_.Append(change, [&](int64_t attachment) {
+    absl::MutexLock lock(&forward_mu_);
+    auto it = staged_.find(change.stage);
+    return attachment == forward_attachment_ && it != staged_.end() &&
+           it->second == StageState::kHeld;
+  });
 }
 
 bool Replica::NameStage(int64_t stage, const DataConnection* plane) {
@@ -864,7 +877,7 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     if (!state_in_place.HasBeenNotified()) state_in_place.Notify();
   });
   absl::Cleanup stop_acks = [&] {
-    ForwardTo(nullptr, 0, stages.get());
+    ForwardTo(nullptr, 0, 0, stages.get());
     log_.Detach(attachment);
     context->TryCancel();
     acks.join();
@@ -883,7 +896,7 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
   }
   if (ok && stages != nullptr) {
     state_in_place.WaitForNotification();  // ends with the stream at the latest
-    ForwardTo(stages, epoch);
+    ForwardTo(stages, epoch, attachment);
   }
   while (ok) {
     absl::StatusOr<std::optional<std::shared_ptr<const ReplicationLog::Entry>>> next =
@@ -906,11 +919,16 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     header->set_clock(c.clock);
     header->set_staleness(c.staleness);
     header->set_learning_rate(c.learning_rate);
-    header->set_length(static_cast<int64_t>(c.values.size()));
+    header->set_length((**next)->length);
     if (plane != nullptr) {
       state_in_place.WaitForNotification();  // ends with the stream at the latest
       const bool staged = c.stage != 0 && NameStage(c.stage, stages.get());
       if (staged) header->set_staged(c.stage);
+      if (!staged && static_cast<int64_t>(c.values.size()) != (**next)->length) {
+        PS_LOG(ERROR) << "shard " << shard_->index() << ": change " << c.index << " names stage "
+                      << c.stage << ", which the backup no longer holds; it joins again";
+        break;
+      }
       ok = SendOnPlane(*plane, out, staged ? absl::Span<const float>() : c.values, attachment);
       if (staged) StageUsed(c.stage, ok);
     } else {

@@ -140,8 +140,8 @@ class Replica {
   absl::Status Start();
   void Stop();
 
-  // For the shard's change listener.
-  void OnChange(const ShardChange& change) { log_.Append(change); }
+  // For the shard's change listener (under the shard's lock).
+  void OnChange(const ShardChange& change);
 
   // Before a client call: OK if this process serves clients now; UNAVAILABLE (saying why) if it
   // does not, so that clients turn to the peer. A backup whose primary has been silent for the
@@ -194,9 +194,10 @@ class Replica {
                                                   absl::string_view otherwise);
   bool SendOnPlane(DataConnection& plane, const v1::ReplicationMessage& change,
                    absl::Span<const float> values, int64_t attachment);
-  // The primary's: forwards go to `plane` from now on, at `epoch`; the stages on an earlier one are
-  // forgotten. Null: none go (if they went to `old`).
-  void ForwardTo(std::shared_ptr<DataConnection> plane, int64_t epoch,
+  // The primary's: forwards go to `plane` from now on, at `epoch`, for the backup of log
+  // attachment `attachment`; the stages on an earlier one are forgotten. Null: none go (if they
+  // went to `old`).
+  void ForwardTo(std::shared_ptr<DataConnection> plane, int64_t epoch, int64_t attachment,
                  const DataConnection* old = nullptr);
   // The primary's: whether the backup holds `stage` (forwarded on `plane`), for the change about
   // to name it; false: the change carries its values. The stage counts as held until StageUsed
@@ -257,6 +258,7 @@ class Replica {
   mutable absl::Mutex forward_mu_;
   std::shared_ptr<DataConnection> forward_plane_ ABSL_GUARDED_BY(forward_mu_);
   int64_t forward_epoch_ ABSL_GUARDED_BY(forward_mu_) = 0;
+  int64_t forward_attachment_ ABSL_GUARDED_BY(forward_mu_) = 0;
   int64_t next_stage_ ABSL_GUARDED_BY(forward_mu_) = 1;
   // The stages the backup may hold, and those of them no change names, dropped with the next
   // stage.

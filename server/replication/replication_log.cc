@@ -6,12 +6,16 @@
 
 namespace ps {
 
-void ReplicationLog::Append(const ShardChange& change) {
+void ReplicationLog::Append(const ShardChange& change,
+                            absl::FunctionRef<bool(int64_t attachment)> held) {
   absl::MutexLock lock(&mu_);
   appended_ = change.index;
   if (attachment_ == 0) return;
-  auto entry = std::make_shared<Entry>(Entry{change, buffers_.Acquire(change.values.size())});
-  std::copy(change.values.begin(), change.values.end(), entry->values.span().begin());
+  const bool kept = change.stage == 0 || !held(attachment_);
+  auto entry =
+      std::make_shared<Entry>(Entry{change, buffers_.Acquire(kept ? change.values.size() : 0),
+                                    static_cast<int64_t>(change.values.size())});
+  if (kept) std::copy(change.values.begin(), change.values.end(), entry->values.span().begin());
   entry->change.values = entry->values.span();
   entries_.push_back(std::move(entry));
 }

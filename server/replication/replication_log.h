@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -24,15 +25,18 @@ namespace ps {
 
 class ReplicationLog {
  public:
-  // A change as kept: ShardChange's fields, its values copied.
+  // A change as kept: ShardChange's fields, its values copied, unless the backup holds them
+  // already as the change's stage (a push forwarded as it came: server/replication/replica.h).
   struct Entry {
-    ShardChange change;  // change.values points into `values`
+    ShardChange change;  // change.values points into `values`; empty when not kept
     BufferPool::Lease values;
+    int64_t length = 0;  // the change's values, kept or not
   };
 
   // For the shard's change listener (under the shard's lock): copies `change` while a backup is
-  // attached. Without one, only counts it.
-  void Append(const ShardChange& change);
+  // attached, its values unless `held(attachment)` says that backup holds them as change.stage
+  // (called under this log's lock). Without a backup, only counts it.
+  void Append(const ShardChange& change, absl::FunctionRef<bool(int64_t attachment)> held);
 
   // A backup starts joining: changes are kept from now on. Returns its attachment id.
   int64_t Attach();
