@@ -1515,6 +1515,10 @@ TEST_F(DataPlaneShardTest, APushComingSlowlyHoldsUpNoOtherPushsReplication) {
   const v1::StatsResponse stats = Stats(primary);
   EXPECT_EQ(stats.version(), 2);
   EXPECT_GE(stats.replica_changes_forwarded(), 1);
+  // The backup followed on from the start without joining again.
+  const std::string followed = ReadFile(run_dir + "/ps-0-1.log");
+  const std::vector<absl::string_view> joins = absl::StrSplit(followed, "following the primary");
+  EXPECT_EQ(joins.size(), 2u) << followed;
   replicated.shards()[0].Signal(SIGKILL);
   ASSERT_TRUE(replicated.shards()[0].Wait(absl::Seconds(10)).ok());
   ASSERT_TRUE(fast.Pull(absl::MakeSpan(taken_over)).ok());

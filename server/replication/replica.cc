@@ -539,6 +539,7 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
   std::map<int64_t, BufferPool::Lease>::node_type staged;
   if (const int64_t stage = m.change().staged(); stage != 0) {
     absl::MutexLock lock(&mu_);
+    if (grpc::Status s = FromFollowedLocked(call, m); !s.ok()) return {s, ""};
     auto it = stages_.find(stage);
     if (it == stages_.end() ||
         static_cast<int64_t>(it->second.span().size()) != m.change().length()) {
@@ -587,6 +588,7 @@ grpc::Status Replica::OnPlaneStage(const DataPlane::Call& call, const v1::Replic
   const v1::Stage& stage = m.stage();
   {
     absl::MutexLock lock(&mu_);
+    if (grpc::Status s = FromFollowedLocked(call, m); !s.ok()) return s;
     for (int64_t id : stage.drop()) stages_.erase(id);
     if (stage.length() < 0 || stage.length() > shard_->range().size()) {
       return grpc::Status(grpc::StatusCode::DATA_LOSS, "a stage longer than the shard");
@@ -635,6 +637,7 @@ std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> 
     forward.reset(new Forward(this, stage->id(), buffer));
   }
   Forward* f = forward.get();
+  const std::vector<int64_t> dropped(m.stage().drop().begin(), m.stage().drop().end());
   auto send = [this, f, plane, m = std::move(m), buffer] {
     absl::StatusOr<DataConnection::Answered> answered =
         plane->PushCall(plane->NextTransfer(), m.SerializeAsString(), buffer, WireType::kFloat32,
@@ -664,6 +667,10 @@ std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> 
   } catch (const std::system_error&) {  // no thread: as if not forwarded
     absl::MutexLock lock(&forward_mu_);
     staged_.erase(f->id_);
+    for (int64_t id : dropped) {  // still held there, to drop with the next stage
+      staged_[id] = StageState::kHeld;
+      drops_.push_back(id);
+    }
     return nullptr;
   }
   return forward;
@@ -707,10 +714,12 @@ Replica::Forward::~Forward() {
 void Replica::ForwardTo(std::shared_ptr<DataConnection> plane, int64_t epoch, int64_t attachment,
                         const DataConnection* old) {
   absl::MutexLock lock(&forward_mu_);
-  if (plane == nullptr && forward_plane_.get() != old) return;
+  if (plane == nullptr ? forward_plane_.get() != old : attachment < forward_attachment_) {
+    return;  // another backup's, or an older one's that ended late
+  }
   forward_plane_ = std::move(plane);
   forward_epoch_ = epoch;
-  forward_attachment_ = attachment;
+  if (forward_plane_ != nullptr) forward_attachment_ = attachment;
   staged_.clear();
   drops_.clear();
 }
@@ -896,7 +905,7 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
   }
   if (ok && stages != nullptr) {
     state_in_place.WaitForNotification();  // ends with the stream at the latest
-    ForwardTo(stages, epoch, attachment);
+    if (!stages->ended()) ForwardTo(stages, epoch, attachment);  // (ended with the stream)
   }
   while (ok) {
     absl::StatusOr<std::optional<std::shared_ptr<const ReplicationLog::Entry>>> next =

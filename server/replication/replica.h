@@ -258,7 +258,7 @@ class Replica {
   mutable absl::Mutex forward_mu_;
   std::shared_ptr<DataConnection> forward_plane_ ABSL_GUARDED_BY(forward_mu_);
   int64_t forward_epoch_ ABSL_GUARDED_BY(forward_mu_) = 0;
-  int64_t forward_attachment_ ABSL_GUARDED_BY(forward_mu_) = 0;
+  int64_t forward_attachment_ ABSL_GUARDED_BY(forward_mu_) = 0;  // the newest forwarded to
   int64_t next_stage_ ABSL_GUARDED_BY(forward_mu_) = 1;
   // The stages the backup may hold, and those of them no change names, dropped with the next
   // stage.
