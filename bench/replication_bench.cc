@@ -7,13 +7,11 @@
 // the client's host to the shard's on the same links in the same run. Needs root (namespaces).
 //
 //   sudo build/bin/replication_bench --rate_gbit=1 --params=10000000 --rounds=3
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <sstream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
