@@ -1,17 +1,21 @@
-// What replication costs a push across hosts: one client on an emulated host (tests/netns/
-// virtual_hosts.h, every link --rate_gbit) pushing a --params float32 tensor over the data plane
-// to a shard on another host, three ways: unreplicated; replicated (ps --peer, its backup on a
-// third host) sending each change once it was applied (ps --forward_pushes=false: the bytes cross
-// two links in turn); and replicated forwarding the push to the backup as it arrives (the
-// default). The median push time of each, its rate, and both against iperf3's single stream from
-// the client's host to the shard's on the same links in the same run. Needs root (namespaces).
+// What replication costs a push across hosts: --workers clients on an emulated host (tests/netns/
+// virtual_hosts.h, every link --rate_gbit), each pushing a --params float32 tensor over the data
+// plane to a shard on another host, all at once, three ways: unreplicated; replicated (ps --peer,
+// its backup on a third host) sending each change once it was applied (ps --forward_pushes=false:
+// the bytes cross two links in turn); and replicated forwarding the push to the backup as it
+// arrives (the default). For each, the median time the clients' pushes take together (from their
+// start to the last one's end), the rate that makes, and both against iperf3's single stream from
+// the clients' host to the shard's on the same links in the same run. Needs root (namespaces).
 //
-//   sudo build/bin/replication_bench --rate_gbit=1 --params=10000000 --rounds=3
+//   sudo build/bin/replication_bench --rate_gbit=1 --params=10000000 --rounds=3 [--workers=2]
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -20,7 +24,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/iperf3.h"
-#include "bench/median_seconds.h"
 #include "common/log.h"
 #include "deploy/subprocess.h"
 #include "tests/netns/virtual_hosts.h"
@@ -28,41 +31,60 @@
 
 ABSL_FLAG(double, rate_gbit, 1, "Every host's link, Gbit/s.");
 ABSL_FLAG(int64_t, params, 10'000'000, "The tensor pushed: float32 values (one shard's).");
-ABSL_FLAG(int, repeats, 7, "Timed pushes per run (the median is reported).");
+ABSL_FLAG(int, workers, 1, "Clients pushing at once, each its own process (on one host).");
+ABSL_FLAG(int, repeats, 7, "Timed pushes per client and run (the median is reported).");
 ABSL_FLAG(int, rounds, 2,
           "Runs of each way, all three in turn before the next round (so that a drift of the "
           "machine spreads over them); the table gives each run.");
 ABSL_FLAG(std::string, run_dir, "/tmp/replication_bench", "Logs of the runs.");
 ABSL_FLAG(std::string, push_to, "",
-          "Internal: be the client, pushing to the shard at this address (\"a/b\": replicated) "
-          "and printing the median push time.");
+          "Internal: be a client, pushing to the shard at this address (\"a/b\": replicated) "
+          "and printing each push's time.");
+ABSL_FLAG(int, worker, 0, "Internal: the client's worker id.");
+ABSL_FLAG(int64_t, start_at_us, 0, "Internal: when the clients' first push starts (Unix us).");
+ABSL_FLAG(int64_t, period_ms, 0, "Internal: the time between one push's start and the next's.");
 
 namespace ps {
 namespace {
 
 constexpr int kPort = 50051;
 
-// The client's side (--push_to), run on host 0: registers, initialises, pushes twice to warm up,
-// then times --repeats pushes. Prints "push_seconds=S".
+constexpr absl::Duration kStartDelay = absl::Seconds(10);  // for the clients to get ready
+constexpr int kWarmUp = 2;                                 // pushes not timed
+
+// A client's side (--push_to, --worker), run on host 0: registers, initialises, pushes twice to
+// warm up, then --repeats pushes, push k starting at --start_at_us + k * --period_ms on every
+// client (so that the clients push at once, as after a step's compute). Prints
+// "push=K seconds=S" for each timed push: from its scheduled start to its end.
 int PushTo(const std::string& address) {
   const int64_t n = absl::GetFlag(FLAGS_params);
   const ModelIdentity model{absl::StrCat("flat:", n), n, 1};
   ClientOptions options;
   options.shared_memory = false;  // another host
-  ShardedClient client({address}, model, 0, options);
+  ShardedClient client({address}, model, absl::GetFlag(FLAGS_worker), options);
   if (absl::Status s = client.Register().status(); !s.ok())
     return FailMain("push_to", s.ToString());
   if (absl::Status s = client.Initialize(std::vector<float>(n, 0.5f)).status(); !s.ok()) {
     return FailMain("push_to", s.ToString());
   }
   const std::vector<float> gradient(n, 0.001f);
-  bool failed = false;
-  auto push = [&] { failed = failed || !client.Push(gradient).ok(); };
-  push();
-  push();
-  const double seconds = MedianSeconds(absl::GetFlag(FLAGS_repeats), push);
-  if (failed) return FailMain("push_to", "a push failed");
-  std::cout << "push_seconds=" << seconds << "\n";
+  const absl::Time start = absl::FromUnixMicros(absl::GetFlag(FLAGS_start_at_us));
+  const absl::Duration period = absl::Milliseconds(absl::GetFlag(FLAGS_period_ms));
+  if (absl::Now() > start) {
+    return FailMain("push_to", absl::StrCat("not ready ", absl::FormatDuration(kStartDelay),
+                                            " after starting: the pushes would not be at once"));
+  }
+  for (int k = 0; k < kWarmUp + absl::GetFlag(FLAGS_repeats); ++k) {
+    const absl::Time at = start + k * period;
+    absl::SleepFor(at - absl::Now());  // (none if late: that counts in its time)
+    if (absl::Status s = client.Push(gradient).status(); !s.ok()) {
+      return FailMain("push_to", s.ToString());
+    }
+    if (k >= kWarmUp) {
+      std::cout << "push=" << k - kWarmUp << " seconds=" << absl::ToDoubleSeconds(absl::Now() - at)
+                << "\n";
+    }
+  }
   return 0;
 }
 
@@ -75,16 +97,19 @@ constexpr Way kWays[] = {{"unreplicated", false, true},
                          {"replicated, sent once applied", true, false},
                          {"replicated, forwarded as it arrives", true, true}};
 
-// One run of `way` on `hosts`: the shard (and its backup) started, the client run; the median
-// push time.
-absl::StatusOr<double> Run(const VirtualHosts& hosts, const Way& way, const std::string& dir) {
+// One run of `way` on `hosts`: the shard (and its backup) started, the clients run, their pushes
+// `period` apart; the median over those pushes of the time from their start to the last client's
+// push's end.
+absl::StatusOr<double> Run(const VirtualHosts& hosts, const Way& way, absl::Duration period,
+                           const std::string& dir) {
   const std::string primary = absl::StrCat(hosts.Address(1), ":", kPort);
   const std::string backup = absl::StrCat(hosts.Address(2), ":", kPort);
+  const int workers = absl::GetFlag(FLAGS_workers);
   std::vector<Subprocess> shards;
   for (int replica = 0; replica < (way.replicated ? 2 : 1); ++replica) {
     std::vector<std::string> argv = {ExecutableDir() + "/ps",
                                      absl::StrCat("--model=flat:", absl::GetFlag(FLAGS_params)),
-                                     "--num_workers=1",
+                                     absl::StrCat("--num_workers=", workers),
                                      "--optimizer=sgd",
                                      "--lr=0.01",
                                      "--insecure",
@@ -100,36 +125,58 @@ absl::StatusOr<double> Run(const VirtualHosts& hosts, const Way& way, const std:
     if (!p.ok()) return p.status();
     shards.push_back(*std::move(p));
   }
-  const std::string log = dir + "/client.log";
-  absl::StatusOr<Subprocess> client = Subprocess::Start(
-      hosts.On(0, {ExecutableDir() + "/replication_bench",
-                   absl::StrCat("--push_to=", primary, way.replicated ? "/" + backup : ""),
-                   absl::StrCat("--params=", absl::GetFlag(FLAGS_params)),
-                   absl::StrCat("--repeats=", absl::GetFlag(FLAGS_repeats))}),
-      log);
-  if (!client.ok()) return client.status();
-  absl::StatusOr<int> code = client->Wait(absl::Minutes(10));
-  for (Subprocess& s : shards) s.Stop(absl::Seconds(30));
-  if (!code.ok() || *code != 0) {
-    return absl::InternalError(absl::StrCat("the client failed; see ", log));
+  std::vector<Subprocess> clients;
+  const absl::Time start = absl::Now() + kStartDelay;
+  for (int worker = 0; worker < workers; ++worker) {
+    absl::StatusOr<Subprocess> client = Subprocess::Start(
+        hosts.On(0, {ExecutableDir() + "/replication_bench",
+                     absl::StrCat("--push_to=", primary, way.replicated ? "/" + backup : ""),
+                     absl::StrCat("--worker=", worker),
+                     absl::StrCat("--start_at_us=", absl::ToUnixMicros(start)),
+                     absl::StrCat("--period_ms=", absl::ToInt64Milliseconds(period)),
+                     absl::StrCat("--params=", absl::GetFlag(FLAGS_params)),
+                     absl::StrCat("--repeats=", absl::GetFlag(FLAGS_repeats))}),
+        absl::StrCat(dir, "/client-", worker, ".log"));
+    if (!client.ok()) return client.status();
+    clients.push_back(*std::move(client));
   }
-  std::ifstream in(log);
-  std::string line;
-  double seconds = 0;
-  while (std::getline(in, line)) {
-    if (line.rfind("push_seconds=", 0) == 0 &&
-        absl::SimpleAtod(line.substr(sizeof("push_seconds=") - 1), &seconds)) {
-      return seconds;
+  std::vector<absl::StatusOr<int>> codes;
+  for (Subprocess& client : clients) codes.push_back(client.Wait(absl::Minutes(10)));
+  for (Subprocess& s : shards) s.Stop(absl::Seconds(30));
+  const int repeats = absl::GetFlag(FLAGS_repeats);
+  std::vector<double> seconds(repeats, 0);  // by push: the slowest client's
+  for (int worker = 0; worker < workers; ++worker) {
+    const std::string log = absl::StrCat(dir, "/client-", worker, ".log");
+    if (!codes[worker].ok() || *codes[worker] != 0) {
+      return absl::InternalError(absl::StrCat("a client failed; see ", log));
+    }
+    std::ifstream in(log);
+    int timed = 0;
+    for (std::string line; std::getline(in, line);) {
+      int k = 0;
+      double s = 0;
+      if (std::sscanf(line.c_str(), "push=%d seconds=%lf", &k, &s) == 2 && k >= 0 && k < repeats) {
+        seconds[k] = std::max(seconds[k], s);
+        ++timed;
+      }
+    }
+    if (timed != repeats) {
+      return absl::InternalError(
+          absl::StrCat("a client reported ", timed, " of ", repeats, " push times; see ", log));
     }
   }
-  return absl::InternalError(absl::StrCat("the client reported no time; see ", log));
+  std::sort(seconds.begin(), seconds.end());
+  return seconds[seconds.size() / 2];
 }
 
 int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Replication's cost to a push across emulated hosts (needs root).\n"
-      "  sudo replication_bench --rate_gbit=1 --params=10000000 --rounds=3");
+      "  sudo replication_bench --rate_gbit=1 --params=10000000 --rounds=3 [--workers=2]");
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_workers) < 1 || absl::GetFlag(FLAGS_repeats) < 1) {
+    return FailMain("replication_bench", "--workers and --repeats must be at least 1");
+  }
   if (const std::string address = absl::GetFlag(FLAGS_push_to); !address.empty()) {
     return PushTo(address);
   }
@@ -147,19 +194,23 @@ int Main(int argc, char** argv) {
   // The ceiling: one TCP stream from the client's host to the shard's.
   absl::StatusOr<double> tcp = Iperf3GBs(dir, 3, hosts.Address(1), 5201, on(1), on(0));
   if (!tcp.ok()) return FailMain("replication_bench", tcp.status().ToString());
-  const double bytes = absl::GetFlag(FLAGS_params) * 4.0;
+  const int workers = absl::GetFlag(FLAGS_workers);
+  const double bytes = absl::GetFlag(FLAGS_params) * 4.0 * workers;  // a push from each
   std::cout << absl::StrFormat(
-      "%.1f MB pushes, links %s, one TCP stream (iperf3) %.3f GB/s: the bytes alone %.3f s\n",
-      bytes / 1e6, shape.Describe(), *tcp, bytes / 1e9 / *tcp);
+      "%d x %.1f MB pushes at once, links %s, one TCP stream (iperf3) %.3f GB/s: the bytes alone "
+      "%.3f s\n",
+      workers, bytes / workers / 1e6, shape.Describe(), *tcp, bytes / 1e9 / *tcp);
   std::cout << absl::StrFormat("%-36s | %-6s | %-9s | %-8s | %-8s | %s\n", "way", "round", "push s",
                                "GB/s", "/TCP", "/unreplicated");
+  // Pushes start this far apart: room for all of them, sent once applied, twice over.
+  const absl::Duration period = std::max(absl::Seconds(1), absl::Seconds(4 * bytes / 1e9 / *tcp));
   std::map<int, double> unreplicated;  // by round
   int failures = 0;
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
     for (const Way& way : kWays) {
       const std::string run_dir = absl::StrCat(dir, "/", round, "-", &way - kWays);
       std::filesystem::create_directories(run_dir);
-      absl::StatusOr<double> s = Run(hosts, way, run_dir);
+      absl::StatusOr<double> s = Run(hosts, way, period, run_dir);
       if (!s.ok()) {
         std::cout << absl::StrFormat("%-36s | %-6d | failed: %s\n", way.name, round,
                                      s.status().message());

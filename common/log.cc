@@ -23,6 +23,19 @@ LogMessage::~LogMessage() {
   [[maybe_unused]] ssize_t n = write(STDERR_FILENO, line.data(), line.size());
 }
 
+bool LogLimiter::Allow(int64_t* held_back) {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (now - last_ < interval_) {
+    ++held_back_;
+    return false;
+  }
+  last_ = now;
+  *held_back = held_back_;
+  held_back_ = 0;
+  return true;
+}
+
 }  // namespace ps
 
 namespace ps {

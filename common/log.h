@@ -2,8 +2,13 @@
 // stderr with the wall time, the process tag and the level. Thread-safe: each line is one write.
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace ps {
 
@@ -21,6 +26,21 @@ class LogMessage {
  private:
   LogLevel level_;
   std::ostringstream stream_;
+};
+
+// Lets through one line per `interval` of something a stranger can cause at will (a port
+// scanner's failed TLS handshakes), so that it cannot fill the log: Allow() says whether to log
+// this one, and how many were held back since the last line. Thread-safe.
+class LogLimiter {
+ public:
+  explicit LogLimiter(absl::Duration interval) : interval_(interval) {}
+  bool Allow(int64_t* held_back);
+
+ private:
+  const absl::Duration interval_;
+  absl::Mutex mu_;
+  absl::Time last_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t held_back_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ps

@@ -2,13 +2,10 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <openssl/bio.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/pem.h>
 #include <openssl/sha.h>
-#include <openssl/x509.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -40,30 +37,10 @@ absl::StatusOr<std::string> ReadWholeFile(absl::string_view flag, const std::str
   return absl::NotFoundError(absl::StrCat("cannot read ", flag, "=", path, ": ", strerror(errno)));
 }
 
-struct BioDeleter {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-struct X509Deleter {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct KeyDeleter {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-
-std::unique_ptr<BIO, BioDeleter> MemoryBio(const std::string& pem) {
-  return std::unique_ptr<BIO, BioDeleter>(
-      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
-}
-
-std::unique_ptr<X509, X509Deleter> FirstCertificate(const std::string& pem) {
-  return std::unique_ptr<X509, X509Deleter>(
-      PEM_read_bio_X509(MemoryBio(pem).get(), nullptr, nullptr, nullptr));
-}
-
 // A PEM file that must hold at least one certificate.
 absl::StatusOr<std::string> ReadCertificate(absl::string_view flag, const std::string& path) {
   absl::StatusOr<std::string> pem = ReadWholeFile(flag, path);
-  if (pem.ok() && FirstCertificate(*pem) == nullptr) {
+  if (pem.ok() && !HoldsCertificate(*pem)) {
     return absl::InvalidArgumentError(absl::StrCat(flag, "=", path, " holds no PEM certificate"));
   }
   return pem;
@@ -78,13 +55,12 @@ absl::Status ReadKeyPair(const TlsFiles& files, std::string* cert, std::string* 
   if (!c.ok()) return c.status();
   absl::StatusOr<std::string> k = ReadWholeFile("--tls_key", files.key);
   if (!k.ok()) return k.status();
-  std::unique_ptr<EVP_PKEY, KeyDeleter> parsed(
-      PEM_read_bio_PrivateKey(MemoryBio(*k).get(), nullptr, nullptr, nullptr));
-  if (parsed == nullptr) {
+  const KeyFit fit = CheckKey(*c, *k);
+  if (fit == KeyFit::kNoKey) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tls_key=", files.key, " holds no (unencrypted) PEM private key"));
   }
-  if (X509_check_private_key(FirstCertificate(*c).get(), parsed.get()) != 1) {
+  if (fit != KeyFit::kFits) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tls_key=", files.key, " does not belong to --tls_cert=", files.cert));
   }

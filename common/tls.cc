@@ -2,6 +2,7 @@
 
 #include <openssl/bio.h>
 #include <openssl/err.h>
+#include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -25,6 +26,9 @@ Bio MemoryBio(const std::string& pem) {
 
 struct X509Deleter {
   void operator()(X509* x) const { X509_free(x); }
+};
+struct KeyDeleter {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
 };
 
 // Every certificate in `pem`, in order (the error its end reads as cleared, so that a later
@@ -94,5 +98,18 @@ absl::StatusOr<std::shared_ptr<const TlsContext>> TlsContext::Create(Side side,
 }
 
 TlsContext::~TlsContext() { SSL_CTX_free(ctx_); }
+
+bool HoldsCertificate(const std::string& pem) { return !Certificates(pem).empty(); }
+
+KeyFit CheckKey(const std::string& cert, const std::string& key) {
+  std::unique_ptr<EVP_PKEY, KeyDeleter> parsed(
+      PEM_read_bio_PrivateKey(MemoryBio(key).get(), nullptr, nullptr, nullptr));
+  ERR_clear_error();
+  if (parsed == nullptr) return KeyFit::kNoKey;
+  const auto chain = Certificates(cert);
+  return !chain.empty() && X509_check_private_key(chain[0].get(), parsed.get()) == 1
+             ? KeyFit::kFits
+             : KeyFit::kNotTheCertificates;
+}
 
 }  // namespace ps

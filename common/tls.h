@@ -44,4 +44,11 @@ class TlsContext {
 // OpenSSL's reason for the last error on this thread's queue, or `otherwise` when there is none.
 std::string TlsErrorReason(const char* otherwise);
 
+// Checks of the job's PEM files (common/security.cc reads them): whether `pem` holds a
+// certificate; whether `key` holds an (unencrypted) private key, and one that belongs to the
+// first certificate in `cert`.
+bool HoldsCertificate(const std::string& pem);
+enum class KeyFit { kNoKey, kNotTheCertificates, kFits };
+KeyFit CheckKey(const std::string& cert, const std::string& key);
+
 }  // namespace ps

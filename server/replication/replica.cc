@@ -5,6 +5,7 @@
 #include <grpcpp/support/method_handler.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -313,6 +314,7 @@ void Replica::Run() {
     next_complaint = absl::Now() + absl::Seconds(10);
   };
   for (;;) {
+    change_values_.Trim(ParameterShard::kBuffersUnused);  // (while following: Follow does)
     Role role;
     int64_t epoch;
     bool lone_primary;
@@ -409,12 +411,14 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
       follow_context_ = nullptr;
       transferring_ = false;
       plane_connection_ = 0;
-      stages_connection_ = 0;
+      stages_connections_.clear();
       stages_.clear();
     }
     if (plane_ != nullptr) {
       plane_->Release(DataPlane::kReplicaPeer);
-      plane_->Release(DataPlane::kReplicaStages);
+      for (int i = 0; i < DataPlane::kReplicaStageConnections; ++i) {
+        plane_->Release(DataPlane::kReplicaStages + i);
+      }
     }
   };
   std::unique_ptr<Stream> stream = peer_->Replicate(&context);
@@ -425,8 +429,8 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
   join.mutable_model()->set_num_shards(model.num_shards);
   join.set_shard_index(shard_->index());
   join.set_epoch(epoch());
-  // The changes after the state come on this replica's data plane, and the stages on a second
-  // connection there.
+  // The changes after the state come on this replica's data plane, and the stages on further
+  // connections there.
   auto offer = [&](int owner, v1::AttachDataPlaneResponse* ticket) -> absl::StatusOr<uint64_t> {
     absl::StatusOr<DataPlane::Ticket> issued = plane_->Issue(owner);
     if (!issued.ok()) return issued.status();
@@ -437,19 +441,23 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
     ticket->set_calls(true);
     return issued->connection;
   };
-  uint64_t plane_connection = 0, stages_connection = 0;
+  uint64_t plane_connection = 0;
+  std::vector<uint64_t> stages_connections;
   if (plane_ != nullptr) {
     absl::StatusOr<uint64_t> changes = offer(DataPlane::kReplicaPeer, join.mutable_data_plane());
-    absl::StatusOr<uint64_t> stages =
-        changes.ok() ? offer(DataPlane::kReplicaStages, join.mutable_stages()) : changes.status();
     if (!changes.ok()) {
       join.clear_data_plane();
       PS_LOG(WARNING) << "shard " << shard_->index() << ": the primary's changes come on the "
                       << "replication stream: " << changes.status().message();
     } else {
       plane_connection = *changes;
-      if (stages.ok()) stages_connection = *stages;
-      if (!stages.ok()) join.clear_stages();
+      for (int i = 0; i < DataPlane::kReplicaStageConnections; ++i) {
+        v1::AttachDataPlaneResponse ticket;
+        absl::StatusOr<uint64_t> stages = offer(DataPlane::kReplicaStages + i, &ticket);
+        if (!stages.ok()) break;  // (then fewer stages at once)
+        stages_connections.push_back(*stages);
+        *join.add_stages() = std::move(ticket);
+      }
     }
   }
   v1::ReplicationMessage m;
@@ -477,7 +485,7 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
       followed_ = peer.shard_incarnation();
       last_heard_ = absl::Now();
       plane_connection_ = plane_connection;
-      stages_connection_ = stages_connection;
+      stages_connections_ = stages_connections;
       stages_.clear();
     }
   }
@@ -494,6 +502,7 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
       if (role_ != Role::kBackup) break;  // took over: the old primary gets no more acks
       last_heard_ = absl::Now();
     }
+    change_values_.Trim(ParameterShard::kBuffersUnused);  // (the stream: a message every 100 ms)
     if (m.epoch() != joined_epoch) {
       status = absl::DataLossError("the primary's epoch changed within its stream");
     } else if (m.has_change()) {
@@ -571,10 +580,12 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
 
 grpc::Status Replica::FromFollowedLocked(const DataPlane::Call& call,
                                          const v1::ReplicationMessage& m) const {
-  const bool stage = m.has_stage();
-  if (call.owner == (stage ? DataPlane::kReplicaStages : DataPlane::kReplicaPeer) &&
-      call.connection == (stage ? stages_connection_ : plane_connection_) &&
-      role_ == Role::kBackup && !transferring_ && m.epoch() == epoch_) {
+  const int64_t stages = static_cast<int64_t>(call.owner) - DataPlane::kReplicaStages;
+  const bool on_its_connection =
+      m.has_stage() ? stages >= 0 && stages < static_cast<int64_t>(stages_connections_.size()) &&
+                          call.connection == stages_connections_[stages]
+                    : call.owner == DataPlane::kReplicaPeer && call.connection == plane_connection_;
+  if (on_its_connection && role_ == Role::kBackup && !transferring_ && m.epoch() == epoch_) {
     return grpc::Status::OK;
   }
   return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -593,10 +604,11 @@ grpc::Status Replica::OnPlaneStage(const DataPlane::Call& call, const v1::Replic
     if (stage.length() < 0 || stage.length() > shard_->range().size()) {
       return grpc::Status(grpc::StatusCode::DATA_LOSS, "a stage longer than the shard");
     }
-    if (stages_.size() >= static_cast<size_t>(kMaxStages)) {
+    if (stages_.size() + stages_arriving_ >= static_cast<size_t>(kMaxStages)) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                           absl::StrCat("this backup holds ", kMaxStages, " stages already"));
     }
+    ++stages_arriving_;
   }
   BufferPool::Lease values = change_values_.Acquire(stage.length());
   absl::Status status =
@@ -604,8 +616,9 @@ grpc::Status Replica::OnPlaneStage(const DataPlane::Call& call, const v1::Replic
         absl::MutexLock lock(&mu_);
         last_heard_ = absl::Now();
       });
-  if (!status.ok()) return ToGrpcStatus(status);
   absl::MutexLock lock(&mu_);
+  --stages_arriving_;
+  if (!status.ok()) return ToGrpcStatus(status);
   if (grpc::Status s = FromFollowedLocked(call, m); !s.ok()) return s;  // no longer
   stages_.emplace(stage.id(), std::move(values));
   return grpc::Status::OK;
@@ -618,27 +631,37 @@ std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> 
   std::unique_ptr<Forward> forward;
   {
     absl::MutexLock lock(&forward_mu_);
-    if (forward_plane_ == nullptr || forward_plane_->ended()) return nullptr;
-    for (const auto& [id, state] : staged_) {
-      if (state == StageState::kSending) return nullptr;  // one at a time
+    std::vector<bool> free(forward_planes_.size(), true);
+    for (const std::shared_ptr<DataConnection>& p : forward_planes_) {
+      if (p->ended()) return nullptr;  // a stage failed: none until a backup joins again
     }
-    if (staged_.size() - drops_.size() >= static_cast<size_t>(kMaxStages)) return nullptr;
-    plane = forward_plane_;
+    for (const auto& [id, staged] : staged_) {
+      if (staged.state == StageState::kSending) free[staged.plane] = false;
+    }
+    const auto first_free = std::find(free.begin(), free.end(), true);
+    if (first_free == free.end()) return nullptr;
+    // What the backup may hold once this stage's drops are done there (the drops of a stage
+    // still being sent count: this one may come before it), at most two a connection (an older
+    // backup that gave one ticket holds two).
+    const size_t room = std::min<size_t>(kMaxStages, 2 * forward_planes_.size());
+    if (staged_.size() - drops_.size() >= room) return nullptr;
+    const int index = static_cast<int>(first_free - free.begin());
+    plane = forward_planes_[index];
     m.set_epoch(forward_epoch_);
     v1::Stage* stage = m.mutable_stage();
     stage->set_id(next_stage_++);
     stage->set_length(static_cast<int64_t>(buffer.size()));
     for (int64_t id : drops_) {
       stage->add_drop(id);
-      staged_.erase(id);
+      staged_[id].state = StageState::kDropping;
     }
     drops_.clear();
-    staged_[stage->id()] = StageState::kSending;
+    staged_[stage->id()] = {StageState::kSending, index};
     forward.reset(new Forward(this, stage->id(), buffer));
   }
   Forward* f = forward.get();
   const std::vector<int64_t> dropped(m.stage().drop().begin(), m.stage().drop().end());
-  auto send = [this, f, plane, m = std::move(m), buffer] {
+  auto send = [this, f, plane, m = std::move(m), buffer, dropped] {
     absl::StatusOr<DataConnection::Answered> answered =
         plane->PushCall(plane->NextTransfer(), m.SerializeAsString(), buffer, WireType::kFloat32,
                         absl::Now() + kStageTimeout, FrameKind::kChangeCall, &f->progress_);
@@ -647,20 +670,22 @@ std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> 
     absl::MutexLock lock(&forward_mu_);
     auto it = staged_.find(f->id_);
     if (it == staged_.end()) return;  // forwarded to an earlier backup
+    for (int64_t id : dropped) staged_.erase(id);  // (or given up with the connections below)
     if (status.ok()) {
-      it->second = StageState::kHeld;
+      it->second.state = StageState::kHeld;
       f->held_ = true;
       return;
     }
-    // Whether the backup holds it is not known (an answer that did not come): this connection
-    // is given up, with what the backup held on it (the changes carry their values again).
+    // Whether the backup holds it is not known (an answer that did not come): every stage
+    // connection is given up (stages held are still named; those no change names stay on the
+    // backup until it joins again, kMaxStages at most).
     staged_.erase(it);
     if (!plane->ended()) {
-      plane->End();
       PS_LOG(WARNING) << "shard " << shard_->index() << ": the backup did not take a forwarded "
                       << "push (" << status.message() << "); pushes are replicated once "
                       << "applied until a backup joins again";
     }
+    for (const std::shared_ptr<DataConnection>& p : forward_planes_) p->End();
   };
   try {
     f->thread_ = std::thread(std::move(send));
@@ -668,7 +693,9 @@ std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> 
     absl::MutexLock lock(&forward_mu_);
     staged_.erase(f->id_);
     for (int64_t id : dropped) {  // still held there, to drop with the next stage
-      staged_[id] = StageState::kHeld;
+      auto it = staged_.find(id);
+      if (it == staged_.end()) continue;  // forgotten with that backup meanwhile
+      it->second.state = StageState::kHeld;
       drops_.push_back(id);
     }
     return nullptr;
@@ -711,15 +738,21 @@ Replica::Forward::~Forward() {
   if (replica_->staged_.count(id_) != 0) replica_->drops_.push_back(id_);
 }
 
-void Replica::ForwardTo(std::shared_ptr<DataConnection> plane, int64_t epoch, int64_t attachment,
-                        const DataConnection* old) {
+void Replica::ForwardTo(std::vector<std::shared_ptr<DataConnection>> planes, int64_t epoch,
+                        int64_t attachment) {
   absl::MutexLock lock(&forward_mu_);
-  if (plane == nullptr ? forward_plane_.get() != old : attachment < forward_attachment_) {
-    return;  // another backup's, or an older one's that ended late
-  }
-  forward_plane_ = std::move(plane);
+  if (attachment < forward_attachment_) return;  // an older backup's that ended late
+  forward_planes_ = std::move(planes);
   forward_epoch_ = epoch;
-  if (forward_plane_ != nullptr) forward_attachment_ = attachment;
+  forward_attachment_ = attachment;
+  staged_.clear();
+  drops_.clear();
+}
+
+void Replica::StopForwarding(int64_t attachment) {
+  absl::MutexLock lock(&forward_mu_);
+  if (attachment != forward_attachment_) return;  // another backup's
+  forward_planes_.clear();
   staged_.clear();
   drops_.clear();
 }
@@ -732,17 +765,18 @@ void Replica::OnChange(const ShardChange& change) {
     absl::MutexLock lock(&forward_mu_);
     auto it = staged_.find(change.stage);
     return attachment == forward_attachment_ && it != staged_.end() &&
-           it->second == StageState::kHeld;
+           it->second.state == StageState::kHeld;
   });
 }
 
-bool Replica::NameStage(int64_t stage, const DataConnection* plane) {
+bool Replica::NameStage(int64_t stage, int64_t attachment) {
   absl::MutexLock lock(&forward_mu_);
   auto it = staged_.find(stage);
-  if (forward_plane_.get() != plane || it == staged_.end() || it->second != StageState::kHeld) {
+  if (attachment != forward_attachment_ || it == staged_.end() ||
+      it->second.state != StageState::kHeld) {
     return false;
   }
-  it->second = StageState::kNamed;
+  it->second.state = StageState::kNamed;
   return true;
 }
 
@@ -861,15 +895,19 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
   }
   PS_LOG(INFO) << "a backup is joining from " << context->peer() << ": sending the state";
   // The changes after the state go on the backup's data plane if it can be reached, and stages
-  // on a connection of their own there.
+  // on connections of their own there.
   const std::shared_ptr<DataConnection> plane =
       join.has_data_plane()
           ? OpenBackupPlane(join.data_plane(), "its changes go on the replication stream")
           : nullptr;
-  const std::shared_ptr<DataConnection> stages =
-      plane != nullptr && join.has_stages() && options_.forward
-          ? OpenBackupPlane(join.stages(), "pushes are replicated once applied")
-          : nullptr;
+  std::vector<std::shared_ptr<DataConnection>> stages;
+  for (int i = 0; plane != nullptr && options_.forward && i < join.stages_size() &&
+                  i < DataPlane::kReplicaStageConnections;
+       ++i) {
+    std::shared_ptr<DataConnection> opened =
+        OpenBackupPlane(join.stages(i), "stages go on the others only (none: not forwarded)");
+    if (opened != nullptr) stages.push_back(std::move(opened));
+  }
   // The acknowledgements, read beside the changes written below; the stream's end ends a change
   // made on the data plane too. The backup's first comes once its state is in place: no change
   // goes on its data plane before (it would wait there, unread, while the state still comes).
@@ -882,11 +920,11 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     }
     log_.Detach(attachment);
     if (plane != nullptr) plane->End();
-    if (stages != nullptr) stages->End();
+    for (const std::shared_ptr<DataConnection>& s : stages) s->End();
     if (!state_in_place.HasBeenNotified()) state_in_place.Notify();
   });
   absl::Cleanup stop_acks = [&] {
-    ForwardTo(nullptr, 0, 0, stages.get());
+    StopForwarding(attachment);
     log_.Detach(attachment);
     context->TryCancel();
     acks.join();
@@ -903,9 +941,9 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     PS_LOG(INFO) << "a backup joined at change " << sent << ": "
                  << (plane != nullptr ? "making changes on its data plane" : "streaming changes");
   }
-  if (ok && stages != nullptr) {
+  if (ok && !stages.empty()) {
     state_in_place.WaitForNotification();  // ends with the stream at the latest
-    if (!stages->ended()) ForwardTo(stages, epoch, attachment);  // (ended with the stream)
+    ForwardTo(stages, epoch, attachment);  // (none go if the stream ended: they ended with it)
   }
   while (ok) {
     absl::StatusOr<std::optional<std::shared_ptr<const ReplicationLog::Entry>>> next =
@@ -931,7 +969,7 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
     header->set_length((**next)->length);
     if (plane != nullptr) {
       state_in_place.WaitForNotification();  // ends with the stream at the latest
-      const bool staged = c.stage != 0 && NameStage(c.stage, stages.get());
+      const bool staged = c.stage != 0 && NameStage(c.stage, attachment);
       if (staged) header->set_staged(c.stage);
       if (!staged && static_cast<int64_t>(c.values.size()) != (**next)->length) {
         PS_LOG(ERROR) << "shard " << shard_->index() << ": change " << c.index << " names stage "

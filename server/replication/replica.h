@@ -24,13 +24,15 @@
 // Forwarding. A push's gradient of several MiB that comes on the data plane crosses to the
 // backup while it still comes in from the worker, rather than after the push was applied (which
 // would take the bytes' time twice): the primary sends it as a *stage* (a ChangeCall whose message
-// is a Stage) as its runs arrive (StartForward), on a second connection the backup gave it a
-// ticket for (so that a worker sending slowly holds up no change), and the backup holds it; the
+// is a Stage) as its runs arrive (StartForward), on connections of their own the backup gave it
+// tickets for (so that a worker sending slowly holds up no change), and the backup holds it; the
 // push's change then names the stage instead of carrying its values again. Only a gradient
 // applied exactly as it came is named (not one clipped or compensated: those changes carry their
 // values); a stage no change names is dropped on the backup with the next one. One stage is being
-// sent at a time, and the backup holds kMaxStages at most; a push that finds no room is
-// replicated as before, and so is every push once a stage failed (until a backup joins again).
+// sent on each of those connections at a time (DataPlane::kReplicaStageConnections: pushes from
+// several workers at once are forwarded together), and the backup holds kMaxStages at most; a
+// push that finds no connection free or no room is replicated as before, and so is every push
+// once a stage failed (until a backup joins again).
 //
 // Thread-safe. Owns a thread that settles the role and follows the primary.
 #pragma once
@@ -81,9 +83,10 @@ class Replica {
     bool forward = true;
   };
 
-  // Stages a backup holds at most; the smallest gradient worth forwarding (a smaller one takes
-  // about as long to forward as to send after it was applied).
-  static constexpr int kMaxStages = 2;
+  // Stages a backup holds at most (those being sent, and as many waiting for their changes); the
+  // smallest gradient worth forwarding (a smaller one takes about as long to forward as to send
+  // after it was applied).
+  static constexpr int kMaxStages = 2 * DataPlane::kReplicaStageConnections;
   static constexpr uint64_t kMinForwardBytes = 4 << 20;
 
   // A push's gradient being forwarded to the backup as it comes in (the primary's side). Thread-
@@ -121,8 +124,9 @@ class Replica {
     std::thread thread_;  // sends the stage; joined by Finish
   };
   // Starts forwarding `buffer`, which a push's values are read into, if this replica is a primary
-  // with a backup that takes stages on its data plane, no other stage is being sent, the backup
-  // has room, and `buffer` is large enough; null otherwise (the push is replicated as before).
+  // with a backup that takes stages on its data plane, one of their connections sends no other
+  // stage, the backup has room, and `buffer` is large enough; null otherwise (the push is
+  // replicated as before).
   // `buffer` must stay as it is until Finish returned.
   std::unique_ptr<Forward> StartForward(absl::Span<const float> buffer);
 
@@ -194,15 +198,16 @@ class Replica {
                                                   absl::string_view otherwise);
   bool SendOnPlane(DataConnection& plane, const v1::ReplicationMessage& change,
                    absl::Span<const float> values, int64_t attachment);
-  // The primary's: forwards go to `plane` from now on, at `epoch`, for the backup of log
-  // attachment `attachment`; the stages on an earlier one are forgotten. Null: none go (if they
-  // went to `old`).
-  void ForwardTo(std::shared_ptr<DataConnection> plane, int64_t epoch, int64_t attachment,
-                 const DataConnection* old = nullptr);
-  // The primary's: whether the backup holds `stage` (forwarded on `plane`), for the change about
-  // to name it; false: the change carries its values. The stage counts as held until StageUsed
+  // The primary's: forwards go on `planes` from now on, at `epoch`, for the backup of log
+  // attachment `attachment` (not if a newer one's go already); the stages of an earlier one are
+  // forgotten. StopForwarding: none go, if they went to `attachment`'s backup.
+  void ForwardTo(std::vector<std::shared_ptr<DataConnection>> planes, int64_t epoch,
+                 int64_t attachment);
+  void StopForwarding(int64_t attachment);
+  // The primary's: whether the backup of `attachment` holds `stage`, for the change about to
+  // name it; false: the change carries its values. The stage counts as held until StageUsed
   // (once that change was answered, `applied` or not).
-  bool NameStage(int64_t stage, const DataConnection* plane);
+  bool NameStage(int64_t stage, int64_t attachment);
   void StageUsed(int64_t stage, bool applied);
   // The backup's: OK if `m`, made on its data plane, comes from the primary it follows, on the
   // connection it gave it for that (its state in place: the primary makes no change before the
@@ -225,7 +230,8 @@ class Replica {
   const int64_t shard_incarnation_;
   const Options options_;
   DataPlane* const plane_;
-  BufferPool change_values_{kMaxStages + 1};  // a backup's, for the changes made on its plane
+  // A backup's, for stages and changes on its plane (those unused for a while are freed).
+  BufferPool change_values_{kMaxStages + 1};
   std::unique_ptr<v1::Replication::Stub> peer_;
   ReplicationLog log_;
 
@@ -248,22 +254,29 @@ class Replica {
   bool veteran_ ABSL_GUARDED_BY(mu_) = false;
   std::string fenced_reason_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // A backup: the stages its primary forwarded (on connection `stages_connection_`, its second
-  // ticket's; 0: none), by id.
+  // A backup: the stages its primary forwarded, by id, and those being read; they come on
+  // `stages_connections_` (its further tickets' connections, by owner from kReplicaStages on;
+  // none: no stage comes).
   std::map<int64_t, BufferPool::Lease> stages_ ABSL_GUARDED_BY(mu_);
-  uint64_t stages_connection_ ABSL_GUARDED_BY(mu_) = 0;
+  int stages_arriving_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint64_t> stages_connections_ ABSL_GUARDED_BY(mu_);
 
   // The primary's forwarding, under a lock of its own: taken under the shard's lock (never the
   // other way round) and never with mu_ held.
   mutable absl::Mutex forward_mu_;
-  std::shared_ptr<DataConnection> forward_plane_ ABSL_GUARDED_BY(forward_mu_);
+  std::vector<std::shared_ptr<DataConnection>> forward_planes_ ABSL_GUARDED_BY(forward_mu_);
   int64_t forward_epoch_ ABSL_GUARDED_BY(forward_mu_) = 0;
   int64_t forward_attachment_ ABSL_GUARDED_BY(forward_mu_) = 0;  // the newest forwarded to
   int64_t next_stage_ ABSL_GUARDED_BY(forward_mu_) = 1;
-  // The stages the backup may hold, and those of them no change names, dropped with the next
-  // stage.
-  enum class StageState { kSending, kHeld, kNamed };
-  std::map<int64_t, StageState> staged_ ABSL_GUARDED_BY(forward_mu_);
+  // The stages the backup may hold (one being sent on forward_planes_[plane], held, named by a
+  // change, or being dropped by a stage sent since), and those of them no change names, dropped
+  // with the next stage.
+  enum class StageState { kSending, kHeld, kNamed, kDropping };
+  struct Staged {
+    StageState state;
+    int plane;
+  };
+  std::map<int64_t, Staged> staged_ ABSL_GUARDED_BY(forward_mu_);
   std::vector<int64_t> drops_ ABSL_GUARDED_BY(forward_mu_);
   int64_t changes_forwarded_ ABSL_GUARDED_BY(forward_mu_) = 0;
   std::thread thread_;

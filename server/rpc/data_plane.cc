@@ -205,7 +205,13 @@ absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Admit(
   const absl::Time deadline = absl::Now() + options_.hello;
   if (options_.tls != nullptr) {
     if (absl::Status s = socket.Secure(*options_.tls, "", deadline); !s.ok()) {
-      PS_LOG(INFO) << "data plane: a connection failed its " << s.message();
+      if (int64_t held_back = 0; failed_handshakes_.Allow(&held_back)) {
+        PS_LOG(INFO) << "data plane: a connection failed its " << s.message()
+                     << (held_back > 0 ? absl::StrCat(" (and ", held_back,
+                                                      " more since the last "
+                                                      "such line, not logged)")
+                                       : "");
+      }
       return s;
     }
   }

@@ -16,7 +16,8 @@
 // pulls, and its pushes of a tensor in one part, on the connection itself instead (PushCall,
 // PullCall frames): they go to the shard's handlers (TakeCalls) and are answered on the
 // connection, with no gRPC call's round trips. A backup replica's primary makes its changes so
-// too (ChangeCall), on a connection the backup gave it a ticket for (owner kReplicaPeer).
+// too (ChangeCall), on a connection the backup gave it a ticket for (owner kReplicaPeer), and
+// forwards pushes as they arrive on further ones (kReplicaStages + i).
 //
 // Every wait has an end: a hello within `hello`, a frame's bytes moving at least every `stall`.
 // Anything unexpected on a connection (a bad frame, a stalled peer, a call that gave up
@@ -46,6 +47,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/data_frames.h"
+#include "common/log.h"
 #include "common/socket.h"
 #include "common/tls.h"
 #include "common/wire_type.h"
@@ -87,11 +89,15 @@ class DataPlane {
     int lanes = 1;
   };
   // The owners of the connections a backup replica gives its primary tickets for: they carry the
-  // primary's changes, and the stages it forwards (ChangeCall frames, server/replication/
-  // replica.h), and nothing of a worker's or an observer's.
+  // primary's changes (kReplicaPeer), and the stages it forwards (kReplicaStages + i, i <
+  // kReplicaStageConnections; ChangeCall frames, server/replication/replica.h), and nothing of a
+  // worker's or an observer's.
   static constexpr int kReplicaPeer = std::numeric_limits<int>::min();
   static constexpr int kReplicaStages = kReplicaPeer + 1;
-  static bool ReplicaOwner(int owner) { return owner == kReplicaPeer || owner == kReplicaStages; }
+  static constexpr int kReplicaStageConnections = 2;
+  static bool ReplicaOwner(int owner) {
+    return owner >= kReplicaPeer && owner < kReplicaStages + kReplicaStageConnections;
+  }
   // A ticket for worker `owner` (negative: an observer; or a replica owner). RESOURCE_EXHAUSTED
   // when as many connections and tickets as allowed exist. A worker's (or a replica owner's) newer
   // connection replaces its older one.
@@ -204,6 +210,7 @@ class DataPlane {
 
   const Options options_;
   const std::unique_ptr<Listener> listener_;
+  LogLimiter failed_handshakes_{absl::Minutes(1)};
   mutable absl::Mutex mu_;
   struct Issued {
     std::shared_ptr<Connection> connection;  // its lanes, as they say hello
