@@ -134,8 +134,11 @@ absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t tran
                                    absl::Span<const float> values, WireType type,
                                    absl::Time deadline, const FillProgress* filling = nullptr,
                                    int64_t filled_from = 0);
-// How long SendValues waits for the next piece of values being filled (a copy in memory).
-inline constexpr absl::Duration kMaxFillWait = absl::Seconds(10);
+// How long SendValues waits for the next piece of values being filled: a copy in memory, or a
+// push forwarded to a replica as it comes (server/replication/replica.h): longer than a data
+// plane's stall (10 s), so that a push whose worker stalls fails there first and its stage is
+// padded out, not failed.
+inline constexpr absl::Duration kMaxFillWait = absl::Seconds(30);
 // The bytes of a run ValuesSeen is told of (the last may be shorter): a quarter of a usual L2.
 inline constexpr uint64_t kSeenRunBytes = 256 << 10;
 // Called with each run of a tensor's values as soon as it is in the destination (decoded), each

@@ -61,6 +61,8 @@ class Socket {
   void Shutdown();
   // Whether Shutdown was called.
   bool shut_down() const { return shut_down_->load(); }
+  // Changes the stall limit of later waits; before other threads use the socket.
+  void set_stall(absl::Duration stall) { stall_ = stall; }
 
  private:
   // Waits until the socket is ready for `events` (POLLIN or POLLOUT), at most until `deadline`

@@ -1528,6 +1528,58 @@ TEST_F(DataPlaneShardTest, APushComingSlowlyHoldsUpNoOtherPushsReplication) {
   replicated.Stop();
 }
 
+// A push whose worker stalls mid-tensor fails once the data plane's stall passed, and its stage
+// is padded out and dropped on the backup, not failed: forwarding goes on for the next pushes
+// without the backup joining again.
+TEST_F(DataPlaneShardTest, APushWhoseWorkerStallsLeavesForwardingOn) {
+  constexpr int kBig = 1200000;  // 4.8 MB: forwarded
+  const ModelIdentity big{"flat:1200000", kBig, 1};
+  const std::string run_dir = NewRunDir("stalled-forward");
+  LocalCluster replicated(ExecutableDir(), run_dir);
+  StartReplicated(replicated, big.fingerprint,
+                  {"--optimizer=sgd", "--lr=0.1", "--data_plane_lanes=1"});
+  const std::string primary = replicated.ProcessAddress(0);
+  ShardedClient worker0({replicated.ShardAddress(0)}, big, 0, Remote());
+  ASSERT_TRUE(worker0.Register().ok());
+  ASSERT_TRUE(worker0.Initialize(std::vector<float>(kBig, 0.5f)).ok());
+  ClientOptions grpc_only = Remote();
+  grpc_only.data_plane = false;
+  ShardedClient worker1({primary}, big, 1, grpc_only);
+  ASSERT_TRUE(worker1.Register().ok());
+  v1::AttachDataPlaneResponse ticket;
+  ASSERT_TRUE(Attach(1, "", &ticket, primary, big).ok());
+  absl::StatusOr<std::unique_ptr<DataConnection>> c = DataConnection::Open(
+      {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), 1, true},
+      kBig * sizeof(float), Soon(), absl::Seconds(10));
+  ASSERT_TRUE(c.ok()) << c.status();
+  const v1::PushHeader h = Worker1PushCall(worker1.incarnation(0), kBig, (*c)->id());
+  const std::vector<float> gradient(kBig, 0.25f);
+  FillProgress coming(kBig);
+  coming.Add(kBig / 2);  // and nothing more until the shard gave up on it
+  std::thread stalled([&] {
+    (*c)->PushCall(1, h.SerializeAsString(), gradient, WireType::kFloat32,
+                   absl::Now() + absl::Seconds(120), FrameKind::kPushCall, &coming)
+        .IgnoreError();
+  });
+  for (absl::Time end = absl::Now() + absl::Seconds(60);
+       Stats(primary).pushes_rejected() < 1 && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  coming.Add(kBig / 2);  // the rest, to a connection the shard closed
+  stalled.join();
+  EXPECT_EQ(Stats(primary).pushes_rejected(), 1);
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(worker0.Push(std::vector<float>(kBig, 1.0f)).ok());
+  }
+  const v1::StatsResponse stats = Stats(primary);
+  EXPECT_EQ(stats.version(), 2);
+  EXPECT_EQ(stats.replica_changes_forwarded(), 2);
+  const std::string followed = ReadFile(run_dir + "/ps-0-1.log");
+  const std::vector<absl::string_view> joins = absl::StrSplit(followed, "following the primary");
+  EXPECT_EQ(joins.size(), 2u) << followed;
+  replicated.Stop();
+}
+
 // A shard whose clients open three lanes: its 13 MB tensors go in three parts, with the same
 // results as over gRPC.
 TEST_F(DataPlaneShardTest, TensorsStripedOverSeveralLanesGiveTheSameResults) {

@@ -680,7 +680,8 @@ std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> 
     // connection is given up (stages held are still named; those no change names stay on the
     // backup until it joins again, kMaxStages at most).
     staged_.erase(it);
-    if (!plane->ended()) {
+    if (std::any_of(forward_planes_.begin(), forward_planes_.end(),
+                    [](const auto& p) { return !p->ended(); })) {  // (else said already)
       PS_LOG(WARNING) << "shard " << shard_->index() << ": the backup did not take a forwarded "
                       << "push (" << status.message() << "); pushes are replicated once "
                       << "applied until a backup joins again";

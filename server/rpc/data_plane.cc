@@ -246,6 +246,9 @@ absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Admit(
     } else {
       connection = it->second.connection;
       c->lanes[index] = lane;
+      if (c->owner >= kReplicaStages && ReplicaOwner(c->owner)) {
+        socket.set_stall(kReplicaStagesStall);
+      }
       if (++c->joined == c->lanes.size()) {
         tickets_.erase(it);
         if (c->owner >= 0 || ReplicaOwner(c->owner)) {  // a newer one replaces the older

@@ -95,6 +95,10 @@ class DataPlane {
   static constexpr int kReplicaPeer = std::numeric_limits<int>::min();
   static constexpr int kReplicaStages = kReplicaPeer + 1;
   static constexpr int kReplicaStageConnections = 2;
+  // The stall limit of a stage connection, past kMaxFillWait (30 s): its frames come as the push
+  // they forward arrives at the primary, which waits up to that for each piece (past a worker's
+  // `stall`, after which that push fails and the primary sends the rest of the stage as it is).
+  static constexpr absl::Duration kReplicaStagesStall = absl::Seconds(40);
   static bool ReplicaOwner(int owner) {
     return owner >= kReplicaPeer && owner < kReplicaStages + kReplicaStageConnections;
   }
