@@ -954,6 +954,30 @@ class DataPlaneShardTest : public ::testing::Test {
     request.mutable_model()->set_num_shards(model.num_shards);
     return stub->AttachDataPlane(&context, request, response);
   }
+  // Worker 1 of `model` on `primary` (no token), registered over gRPC, with a data-plane
+  // connection of its own (one lane) and a push call's header naming it (Worker1PushCall): for a
+  // push a test makes a piece at a time.
+  struct RawWorker1 {
+    std::unique_ptr<ShardedClient> registered;
+    std::unique_ptr<DataConnection> connection;
+    v1::PushHeader header;
+  };
+  void OpenRawWorker1(const std::string& primary, const ModelIdentity& model, RawWorker1* out) {
+    ClientOptions grpc_only = Remote();
+    grpc_only.data_plane = false;  // its own connection would replace the raw one
+    out->registered =
+        std::make_unique<ShardedClient>(std::vector<std::string>{primary}, model, 1, grpc_only);
+    ASSERT_TRUE(out->registered->Register().ok());
+    v1::AttachDataPlaneResponse ticket;
+    ASSERT_TRUE(Attach(1, "", &ticket, primary, model).ok());
+    absl::StatusOr<std::unique_ptr<DataConnection>> c = DataConnection::Open(
+        {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), 1, true},
+        model.total_params * sizeof(float), Soon(), absl::Seconds(10));
+    ASSERT_TRUE(c.ok()) << c.status();
+    out->connection = *std::move(c);
+    out->header =
+        Worker1PushCall(out->registered->incarnation(0), model.total_params, out->connection->id());
+  }
 
   const std::string token_ = "sesame";
   const std::string dir_ = NewRunDir("data-plane");
@@ -1466,13 +1490,16 @@ TEST_F(DataPlaneShardTest, APushForwardedToTheBackupAsItComesIsAppliedThereBitFo
   }
 }
 
+// A model of one shard whose pushes are forwarded (4.8 MB).
+const ModelIdentity kForwarded{"flat:1200000", 1200000, 1};
+
 // A push that comes slowly holds up no other push's replication: stages go to the backup on
 // connections of their own, so another worker's push is forwarded, applied on both replicas and
 // acknowledged while the first is still coming; the first is then applied too, both forwarded
 // (whichever started first), and both replicas agree.
 TEST_F(DataPlaneShardTest, APushComingSlowlyHoldsUpNoOtherPushsReplication) {
-  constexpr int kBig = 1200000;  // 4.8 MB: forwarded
-  const ModelIdentity big{"flat:1200000", kBig, 1};
+  const int kBig = kForwarded.total_params;
+  const ModelIdentity& big = kForwarded;
   const std::string run_dir = NewRunDir("slow-forward");
   LocalCluster replicated(ExecutableDir(), run_dir);
   StartReplicated(replicated, big.fingerprint,
@@ -1483,23 +1510,16 @@ TEST_F(DataPlaneShardTest, APushComingSlowlyHoldsUpNoOtherPushsReplication) {
   ASSERT_TRUE(fast.Register().ok());
   ASSERT_TRUE(fast.Initialize(std::vector<float>(kBig, 0.5f)).ok());
   // Worker 1 pushes on a connection of its own, half of its tensor and then nothing for now.
-  ClientOptions grpc_only = options;
-  grpc_only.data_plane = false;
-  ShardedClient slow_worker({primary}, big, 1, grpc_only);
-  ASSERT_TRUE(slow_worker.Register().ok());
-  v1::AttachDataPlaneResponse ticket;
-  ASSERT_TRUE(Attach(1, "", &ticket, primary, big).ok());
-  absl::StatusOr<std::unique_ptr<DataConnection>> c = DataConnection::Open(
-      {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), 1, true},
-      kBig * sizeof(float), Soon(), absl::Seconds(10));
-  ASSERT_TRUE(c.ok()) << c.status();
-  const v1::PushHeader h = Worker1PushCall(slow_worker.incarnation(0), kBig, (*c)->id());
+  RawWorker1 w1;
+  OpenRawWorker1(primary, big, &w1);
+  if (HasFatalFailure()) return;
   const std::vector<float> slow_gradient(kBig, 0.25f);
   FillProgress coming(kBig);
   absl::StatusOr<DataConnection::Answered> slow_answer = absl::UnknownError("not answered");
   std::thread slow([&] {
-    slow_answer = (*c)->PushCall(1, h.SerializeAsString(), slow_gradient, WireType::kFloat32,
-                                 absl::Now() + absl::Seconds(60), FrameKind::kPushCall, &coming);
+    slow_answer =
+        w1.connection->PushCall(1, w1.header.SerializeAsString(), slow_gradient, WireType::kFloat32,
+                                absl::Now() + absl::Seconds(60), FrameKind::kPushCall, &coming);
   });
   coming.Add(kBig / 2);
   // Worker 0's push is acknowledged (on both replicas) meanwhile.
@@ -1532,8 +1552,8 @@ TEST_F(DataPlaneShardTest, APushComingSlowlyHoldsUpNoOtherPushsReplication) {
 // is padded out and dropped on the backup, not failed: forwarding goes on for the next pushes
 // without the backup joining again.
 TEST_F(DataPlaneShardTest, APushWhoseWorkerStallsLeavesForwardingOn) {
-  constexpr int kBig = 1200000;  // 4.8 MB: forwarded
-  const ModelIdentity big{"flat:1200000", kBig, 1};
+  const int kBig = kForwarded.total_params;
+  const ModelIdentity& big = kForwarded;
   const std::string run_dir = NewRunDir("stalled-forward");
   LocalCluster replicated(ExecutableDir(), run_dir);
   StartReplicated(replicated, big.fingerprint,
@@ -1542,22 +1562,15 @@ TEST_F(DataPlaneShardTest, APushWhoseWorkerStallsLeavesForwardingOn) {
   ShardedClient worker0({replicated.ShardAddress(0)}, big, 0, Remote());
   ASSERT_TRUE(worker0.Register().ok());
   ASSERT_TRUE(worker0.Initialize(std::vector<float>(kBig, 0.5f)).ok());
-  ClientOptions grpc_only = Remote();
-  grpc_only.data_plane = false;
-  ShardedClient worker1({primary}, big, 1, grpc_only);
-  ASSERT_TRUE(worker1.Register().ok());
-  v1::AttachDataPlaneResponse ticket;
-  ASSERT_TRUE(Attach(1, "", &ticket, primary, big).ok());
-  absl::StatusOr<std::unique_ptr<DataConnection>> c = DataConnection::Open(
-      {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), 1, true},
-      kBig * sizeof(float), Soon(), absl::Seconds(10));
-  ASSERT_TRUE(c.ok()) << c.status();
-  const v1::PushHeader h = Worker1PushCall(worker1.incarnation(0), kBig, (*c)->id());
+  RawWorker1 w1;
+  OpenRawWorker1(primary, big, &w1);
+  if (HasFatalFailure()) return;
   const std::vector<float> gradient(kBig, 0.25f);
   FillProgress coming(kBig);
   coming.Add(kBig / 2);  // and nothing more until the shard gave up on it
   std::thread stalled([&] {
-    (*c)->PushCall(1, h.SerializeAsString(), gradient, WireType::kFloat32,
+    w1.connection
+        ->PushCall(1, w1.header.SerializeAsString(), gradient, WireType::kFloat32,
                    absl::Now() + absl::Seconds(120), FrameKind::kPushCall, &coming)
         .IgnoreError();
   });
