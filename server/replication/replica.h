@@ -273,8 +273,8 @@ class Replica {
   // with the next stage.
   enum class StageState { kSending, kHeld, kNamed, kDropping };
   struct Staged {
-    StageState state;
-    int plane;
+    StageState state = StageState::kHeld;
+    int plane = -1;  // while kSending
   };
   std::map<int64_t, Staged> staged_ ABSL_GUARDED_BY(forward_mu_);
   std::vector<int64_t> drops_ ABSL_GUARDED_BY(forward_mu_);

@@ -206,11 +206,9 @@ absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Admit(
   if (options_.tls != nullptr) {
     if (absl::Status s = socket.Secure(*options_.tls, "", deadline); !s.ok()) {
       if (int64_t held_back = 0; failed_handshakes_.Allow(&held_back)) {
-        PS_LOG(INFO) << "data plane: a connection failed its " << s.message()
-                     << (held_back > 0 ? absl::StrCat(" (and ", held_back,
-                                                      " more since the last "
-                                                      "such line, not logged)")
-                                       : "");
+        const std::string more =
+            held_back > 0 ? absl::StrCat(" (and ", held_back, " more since, not logged)") : "";
+        PS_LOG(INFO) << "data plane: a connection failed its " << s.message() << more;
       }
       return s;
     }
