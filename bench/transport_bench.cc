@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -50,7 +51,7 @@
 #include "worker/sharded_client.h"
 
 ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"1", "16", "64"}),
-          "Tensor sizes to move, in MiB.");
+          "Tensor sizes to move, in MiB (fractions too: 0.0625 is 64 KiB).");
 ABSL_FLAG(int, repeats, 7, "Timed repetitions per size (the median is reported).");
 ABSL_FLAG(std::string, dtype, "bf16", "The 16-bit wire type to compare with float32: bf16 | fp16.");
 ABSL_FLAG(std::string, serve_raw, "", "Internal: serve RawBytes and write the port to this file.");
@@ -255,8 +256,13 @@ int Main(int argc, char** argv) {
       "plane push", "/TCP", "plane pull", "/TCP", "shm push", "/memcpy", "shm pull", "/memcpy",
       "in-proc push", "shm/it", "in-proc pull", "shm/it");
   for (const std::string& size_text : absl::GetFlag(FLAGS_sizes_mib)) {
-    int64_t bytes = std::stoll(size_text) << 20;
-    int64_t n = bytes / sizeof(float);
+    double mib = 0;
+    if (!absl::SimpleAtod(size_text, &mib) || !(mib > 0) || mib > 4096) {
+      std::cerr << "--sizes_mib: " << size_text << " is not a size in MiB (0 to 4096)\n";
+      return 1;
+    }
+    const int64_t n = std::max<int64_t>(1, std::llround(mib * (1 << 20)) / sizeof(float));
+    const int64_t bytes = n * sizeof(float);
     ModelIdentity model{absl::StrCat("flat:", n), n, 1};
     std::vector<std::string> shard_flags = {"--optimizer=sgd", "--lr=0.001"};
     for (const std::string& flag : absl::GetFlag(FLAGS_ps_flags)) shard_flags.push_back(flag);
@@ -360,16 +366,15 @@ int Main(int argc, char** argv) {
         MedianSeconds(repeats, [&] { std::memcpy(copy.data(), payload.data(), bytes); });
     auto gbs = [&](double s) { return bytes / s / 1e9; };
     std::cout << absl::StrFormat(
-        "%5d MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f | %-12.2f %-6.2f | "
+        "%5g MiB | %-10.2f %-10.2f %-6.2f | %-10.2f %-10.2f %-6.2f | %-10.2f | %-12.2f %-6.2f | "
         "%-14.2f %-14.2f | %-10.2f %-10.2f | %-9s %-9s | %-10.2f %-8s %-10.2f %-8s | %-9.2f %-8.2f "
         "%-9.2f %-8.2f | %-11.2f %-6.2f %-11.2f %-6.2f\n",
-        bytes >> 20, gbs(push), gbs(raw_up), raw_up / push, gbs(pull), gbs(raw_down),
-        raw_down / pull, gbs(memcpy_s), gbs(replicated_push), plane_push / replicated_push,
-        push / half_push, pull / half_pull, gbs(striped_up), gbs(striped_down), of_tcp(gbs(push)),
-        of_tcp(gbs(pull)), gbs(plane_push), of_tcp(gbs(plane_push)), gbs(plane_pull),
-        of_tcp(gbs(plane_pull)), gbs(shm_push), memcpy_s / shm_push, gbs(shm_pull),
-        memcpy_s / shm_pull, gbs(local_push), local_push / shm_push, gbs(local_pull),
-        local_pull / shm_pull);
+        mib, gbs(push), gbs(raw_up), raw_up / push, gbs(pull), gbs(raw_down), raw_down / pull,
+        gbs(memcpy_s), gbs(replicated_push), plane_push / replicated_push, push / half_push,
+        pull / half_pull, gbs(striped_up), gbs(striped_down), of_tcp(gbs(push)), of_tcp(gbs(pull)),
+        gbs(plane_push), of_tcp(gbs(plane_push)), gbs(plane_pull), of_tcp(gbs(plane_pull)),
+        gbs(shm_push), memcpy_s / shm_push, gbs(shm_pull), memcpy_s / shm_pull, gbs(local_push),
+        local_push / shm_push, gbs(local_pull), local_pull / shm_pull);
   }
   return 0;
 }

@@ -151,9 +151,10 @@ class CallThreads {
 
 }  // namespace
 
-// One call to every shard: each shard's attempts run on a CallThreads thread and report here.
-// `on_end` runs once every shard reported (succeeded or not), before Wait returns, on the
-// client's thread that reported last (so while the client exists: a Pending may outlive it).
+// One call to every shard: each shard's attempts run on a CallThreads thread (or the caller's,
+// Launch::kLastHere) and report here. `on_end` runs once every shard reported (succeeded or not),
+// before Wait returns, on the thread that reported last (so while the client exists: a Pending
+// may outlive it).
 // A shard's start may be held (Hold) until Send, or abandoned: it then reports `why`.
 class ShardedClient::Call {
  public:
@@ -269,12 +270,13 @@ class ShardedClient::Impl {
 
   // Starts fn(shard) for every shard, each on a CallThreads thread, retrying transient failures
   // (the one retry loop); the call reports the first error, prefixed with the shard's address.
-  // `on_end`: see Call. `hold`: each shard starts at the call's Send (CancelPending and Close
-  // abandon those not sent).
+  // `on_end`: see Call. kHeld: each shard starts at the call's Send (CancelPending and Close
+  // abandon those not sent). kLastHere: returns once the last shard's part, run on this thread,
+  // ended.
   std::shared_ptr<Call> Start(ShardFn fn, bool retry, absl::Duration timeout,
-                              std::function<void()> on_end = nullptr, bool hold = false);
+                              std::function<void()> on_end = nullptr, Launch launch = Launch::kNow);
   absl::Status ForEachShard(ShardFn fn, bool retry, absl::Duration timeout) {
-    return Start(std::move(fn), retry, timeout)->Wait();
+    return Start(std::move(fn), retry, timeout, nullptr, Launch::kLastHere)->Wait();
   }
   absl::Status ForEachShard(ShardFn fn) {
     return ForEachShard(std::move(fn), /*retry=*/true, options_.rpc_timeout);
@@ -472,7 +474,7 @@ class ShardedClient::Impl {
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // incremented by CancelPending
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::weak_ptr<Call>> holding_ ABSL_GUARDED_BY(mu_);  // calls started with `hold`
+  std::vector<std::weak_ptr<Call>> holding_ ABSL_GUARDED_BY(mu_);  // calls started kHeld
 
   // Last: destroyed (its threads joined) before the state they use.
   CallThreads threads_;
@@ -620,13 +622,13 @@ grpc::Status ShardedClient::Impl::Attempt(
 std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(ShardFn fn, bool retry,
                                                                 absl::Duration timeout,
                                                                 std::function<void()> on_end,
-                                                                bool hold) {
+                                                                Launch launch) {
   auto call = std::make_shared<Call>(num_shards(), std::move(on_end));
   int64_t generation;
   {
     absl::MutexLock lock(&mu_);
     generation = generation_;
-    if (hold) {  // known to CancelPending from the generation it was started in
+    if (launch == Launch::kHeld) {  // known to CancelPending from the generation it was started in
       holding_.erase(std::remove_if(holding_.begin(), holding_.end(),
                                     [](const std::weak_ptr<Call>& c) {
                                       std::shared_ptr<Call> held = c.lock();
@@ -637,21 +639,24 @@ std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(ShardFn fn, bool
     }
   }
   auto shared_fn = std::make_shared<const ShardFn>(std::move(fn));
+  const int here = launch == Launch::kLastHere ? num_shards() - 1 : -1;
   // Holds only a weak reference to the call: a held start must not keep its own call alive.
   std::weak_ptr<Call> weak = call;
   for (int shard = 0; shard < num_shards(); ++shard) {
+    if (shard == here) continue;
     auto start = [this, shared_fn, shard, retry, timeout, generation, weak] {
       auto result = std::make_shared<absl::Status>();
       threads_.Run([this, shared_fn, shard, retry, timeout, generation,
                     result] { *result = Retry(shard, *shared_fn, retry, timeout, generation); },
                    [call = weak.lock(), shard, result] { call->Done(shard, std::move(*result)); });
     };
-    if (hold) {
+    if (launch == Launch::kHeld) {
       call->Hold(shard, std::move(start));
     } else {
       start();
     }
   }
+  if (here >= 0) call->Done(here, Retry(here, *shared_fn, retry, timeout, generation));
   return call;
 }
 
@@ -1230,6 +1235,16 @@ void ShardedClient::Impl::Pulled(int shard, const v1::PullRequest& request, Vers
 
 ShardedClient::Pending<ShardedClient::Versions> ShardedClient::StartPull(absl::Span<float> params,
                                                                          bool prefetch) {
+  return BeginPull(params, prefetch, Launch::kNow);
+}
+
+absl::StatusOr<ShardedClient::Versions> ShardedClient::Pull(absl::Span<float> params) {
+  return BeginPull(params, /*prefetch=*/false, Launch::kLastHere).Wait();
+}
+
+ShardedClient::Pending<ShardedClient::Versions> ShardedClient::BeginPull(absl::Span<float> params,
+                                                                         bool prefetch,
+                                                                         Launch launch) {
   auto versions = std::make_shared<Versions>();
   versions->version.assign(num_shards(), 0);
   versions->shard_incarnation.assign(num_shards(), 0);
@@ -1244,7 +1259,7 @@ ShardedClient::Pending<ShardedClient::Versions> ShardedClient::StartPull(absl::S
       [impl, params, after_sequence, versions](int shard, grpc::ClientContext* context) {
         return impl->PullFrom(shard, context, params, after_sequence, versions.get());
       },
-      /*retry=*/true, impl->options_.rpc_timeout);
+      /*retry=*/true, impl->options_.rpc_timeout, nullptr, launch);
   return Pending<Versions>(std::move(call), [versions, steps] {
     absl::MutexLock lock(&steps->mu);
     steps->last_pull = *versions;
@@ -1374,6 +1389,16 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
 
 ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
     absl::Span<const float> gradient, int64_t sequence, Parts parts) {
+  return BeginPush(gradient, sequence, parts == Parts::kHeld ? Launch::kHeld : Launch::kNow);
+}
+
+absl::StatusOr<ShardedClient::PushSummary> ShardedClient::Push(absl::Span<const float> gradient,
+                                                               int64_t sequence) {
+  return BeginPush(gradient, sequence, Launch::kLastHere).Wait();
+}
+
+ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::BeginPush(
+    absl::Span<const float> gradient, int64_t sequence, Launch launch) {
   Impl* impl = impl_.get();
   std::shared_ptr<Impl::Steps> steps = impl->steps_;
   struct Answers {
@@ -1416,7 +1441,7 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
         absl::MutexLock lock(&steps->mu);
         steps->pushing.erase(steps->pushing.find(sequence));
       },
-      /*hold=*/parts == Parts::kHeld);
+      launch);
   return Pending<PushSummary>(std::move(call), [answers, sequence] {
     PushSummary summary;
     summary.sequence = sequence;

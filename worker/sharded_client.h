@@ -4,7 +4,9 @@
 // shape of ps-lite's Push/Pull/Wait): Wait() gives its result, and Pull and Push are Start + Wait.
 // The shards' calls run on threads the client keeps: one is made only when more shard calls are
 // in flight than threads are idle, and none ends before the client, so a worker's steady loop of
-// pulls and pushes starts no thread. A Pending may outlive the client (its Wait then returns
+// pulls and pushes starts no thread. A call that is waited for at once (Pull, Push, and the
+// others that return their result) runs its last shard's part on the caller's thread: with one
+// shard, no thread hand-off at all. A Pending may outlive the client (its Wait then returns
 // what the call got, CANCELLED at worst).
 //
 // Every call has a deadline and carries the token of ClientOptions::security (over TLS if set
@@ -110,6 +112,10 @@ class ShardedClient {
  private:
   class Impl;
   class Call;  // one call to every shard, in progress or done
+  // How a call's shard parts start: all at once on the client's threads, each held until the
+  // call's Send, or the last one on the caller's thread once the others are started (a call that
+  // is waited for at once: it is not handed to a thread and back).
+  enum class Launch { kNow, kHeld, kLastHere };
 
  public:
   // The version of each shard a pull saw, and which process of that shard served it: a restarted
@@ -234,7 +240,7 @@ class ShardedClient {
   // pull is of the weights for this worker's next step, made before its current step's push has
   // landed (started before that push, or while it is in flight: see PullRequest.after_sequence).
   Pending<Versions> StartPull(absl::Span<float> params, bool prefetch = false);
-  absl::StatusOr<Versions> Pull(absl::Span<float> params) { return StartPull(params).Wait(); }
+  absl::StatusOr<Versions> Pull(absl::Span<float> params);
   // The versions of the last pull whose Wait returned them; before any, version 0 everywhere.
   Versions last_pull() const;
 
@@ -250,9 +256,7 @@ class ShardedClient {
   Pending<PushSummary> StartPush(absl::Span<const float> gradient, int64_t sequence = kNextSequence,
                                  Parts parts = Parts::kAllNow);
   absl::StatusOr<PushSummary> Push(absl::Span<const float> gradient,
-                                   int64_t sequence = kNextSequence) {
-    return StartPush(gradient, sequence).Wait();
-  }
+                                   int64_t sequence = kNextSequence);
 
   // Every shard's statistics (GetStats: a page of at most 256 workers per call, fetched one after
   // another and joined), by shard. Fails like any call, or DATA_LOSS for an answer that does not
@@ -288,6 +292,8 @@ class ShardedClient {
   static void SendPart(Call& call, int shard);
   static void SendRest(Call& call);
   static void Abandon(Call& call);
+  Pending<Versions> BeginPull(absl::Span<float> params, bool prefetch, Launch launch);
+  Pending<PushSummary> BeginPush(absl::Span<const float> gradient, int64_t sequence, Launch launch);
   std::unique_ptr<Impl> impl_;
 };
 
