@@ -8,6 +8,7 @@
 // the clients' host to the shard's on the same links in the same run. Needs root (namespaces).
 //
 //   sudo build/bin/replication_bench --rate_gbit=1 --params=10000000 --rounds=3 [--workers=2]
+//       [--forward_at_once=N]
 
 #include <algorithm>
 #include <cstdio>
@@ -32,6 +33,9 @@
 ABSL_FLAG(double, rate_gbit, 1, "Every host's link, Gbit/s.");
 ABSL_FLAG(int64_t, params, 10'000'000, "The tensor pushed: float32 values (one shard's).");
 ABSL_FLAG(int, workers, 1, "Clients pushing at once, each its own process (on one host).");
+ABSL_FLAG(int, forward_at_once, 0,
+          "ps --forward_at_once of the replicated runs: pushes forwarded at once (0: ps's "
+          "default, 2).");
 ABSL_FLAG(int, repeats, 7, "Timed pushes per client and run (the median is reported).");
 ABSL_FLAG(int, rounds, 2,
           "Runs of each way, all three in turn before the next round (so that a drift of the "
@@ -119,6 +123,9 @@ absl::StatusOr<double> Run(const VirtualHosts& hosts, const Way& way, absl::Dura
       argv.push_back(absl::StrCat("--peer=", replica == 0 ? backup : primary));
       argv.push_back(absl::StrCat("--replica=", replica));
       argv.push_back(absl::StrCat("--forward_pushes=", way.forward));
+      if (const int n = absl::GetFlag(FLAGS_forward_at_once); n > 0) {
+        argv.push_back(absl::StrCat("--forward_at_once=", n));
+      }
     }
     absl::StatusOr<Subprocess> p =
         Subprocess::Start(hosts.On(1 + replica, argv), absl::StrCat(dir, "/ps-", replica, ".log"));

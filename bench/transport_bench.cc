@@ -258,7 +258,7 @@ int Main(int argc, char** argv) {
   for (const std::string& size_text : absl::GetFlag(FLAGS_sizes_mib)) {
     double mib = 0;
     if (!absl::SimpleAtod(size_text, &mib) || !(mib > 0) || mib > 4096) {
-      std::cerr << "--sizes_mib: " << size_text << " is not a size in MiB (0 to 4096)\n";
+      std::cerr << "--sizes_mib: " << size_text << " is not a size in MiB (above 0, up to 4096)\n";
       return 1;
     }
     const int64_t n = std::max<int64_t>(1, std::llround(mib * (1 << 20)) / sizeof(float));

@@ -116,6 +116,11 @@ ABSL_FLAG(bool, forward_pushes, true,
           "With --peer: a primary forwards a push of 4 MiB or more to its backup while it still "
           "arrives on the data plane, so its bytes cross once rather than twice in turn (false: "
           "only once it was applied, as replication did before; to compare).");
+ABSL_FLAG(int, forward_at_once, 2,
+          "With --peer: as a backup, how many pushes arriving at once its primary may forward to "
+          "it (a data-plane connection each, 1 to 16); set it to the workers that push to a "
+          "shard at once. The backup holds up to this + 2 stages, each a buffer of the shard's "
+          "size, while pushes are forwarded (idle ones are freed after 5 s).");
 ABSL_FLAG(std::string, epoch_file, "",
           "With --peer: keep here the highest epoch this replica took part in, so that restarted "
           "it never joins a primary older than one it knew (whose state misses pushes "
@@ -215,6 +220,11 @@ absl::StatusOr<std::optional<Replica::Options>> ReplicaFromFlags(const ShardConf
     return absl::InvalidArgumentError("--replica must be 0 or 1");
   }
   o.forward = absl::GetFlag(FLAGS_forward_pushes);
+  o.forward_at_once = absl::GetFlag(FLAGS_forward_at_once);
+  if (o.forward_at_once < 1 || o.forward_at_once > DataPlane::kMaxReplicaStageConnections) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--forward_at_once must be 1 to ", DataPlane::kMaxReplicaStageConnections));
+  }
   o.failover = absl::Seconds(absl::GetFlag(FLAGS_failover_seconds));
   if (o.failover <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--failover_seconds must be > 0");

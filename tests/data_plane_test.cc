@@ -31,6 +31,7 @@
 #include "common/security.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.grpc.pb.h"
+#include "server/replication/replica.h"
 #include "tests/run_dir.h"
 #include "tests/steps_in_turn.h"
 #include "worker/sharded_client.h"
@@ -198,9 +199,9 @@ void SendHeader(Socket& s, FrameKind kind, uint64_t transfer, uint64_t bytes) {
 
 // A push call of worker 1 (of `incarnation`), sequence 1, naming connection `connection` and
 // transfer 1, for `length` float32 values.
-v1::PushHeader Worker1PushCall(int64_t incarnation, int64_t length, uint64_t connection) {
+v1::PushHeader RawPushCall(int worker, int64_t incarnation, int64_t length, uint64_t connection) {
   v1::PushHeader h;
-  h.set_worker_id(1);
+  h.set_worker_id(worker);
   h.set_incarnation(incarnation);
   h.set_sequence(1);
   h.set_length(length);
@@ -210,7 +211,7 @@ v1::PushHeader Worker1PushCall(int64_t incarnation, int64_t length, uint64_t con
   return h;
 }
 
-// Opens a raw connection with worker 1's `ticket` and makes a push call (Worker1PushCall) on it
+// Opens a raw connection with worker 1's `ticket` and makes a push call (RawPushCall) on it
 // whose tensor, `gradient`, stops halfway; then cuts the connection, which the shard ends.
 void CutPushCall(const v1::AttachDataPlaneResponse& ticket, int64_t incarnation,
                  absl::Span<const float> gradient) {
@@ -219,7 +220,7 @@ void CutPushCall(const v1::AttachDataPlaneResponse& ticket, int64_t incarnation,
   ASSERT_TRUE(raw.ok()) << raw.status();
   absl::StatusOr<FrameHeader> welcome = Hello(*raw, ticket.connection(), ticket.secret());
   ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
-  const v1::PushHeader h = Worker1PushCall(incarnation, gradient.size(), ticket.connection());
+  const v1::PushHeader h = RawPushCall(1, incarnation, gradient.size(), ticket.connection());
   ASSERT_TRUE(SendFrame(*raw, {FrameKind::kPushCall, 1},
                         EncodeCall({absl::Seconds(10), h.SerializeAsString()}), Soon())
                   .ok());
@@ -902,8 +903,8 @@ ClientOptions Remote() {
 // Starts one shard of `fingerprint` for two workers, replicated (`flags` to both), in `cluster`,
 // and waits for its backup to follow.
 void StartReplicated(LocalCluster& cluster, const std::string& fingerprint,
-                     const std::vector<std::string>& flags) {
-  ASSERT_TRUE(cluster.StartShards(1, fingerprint, 2, flags, /*replicas=*/2).ok());
+                     const std::vector<std::string>& flags, int workers = 2) {
+  ASSERT_TRUE(cluster.StartShards(1, fingerprint, workers, flags, /*replicas=*/2).ok());
   ASSERT_TRUE(WaitForRole(cluster.ProcessAddress(1), "backup", absl::Seconds(30)));
 }
 
@@ -954,29 +955,30 @@ class DataPlaneShardTest : public ::testing::Test {
     request.mutable_model()->set_num_shards(model.num_shards);
     return stub->AttachDataPlane(&context, request, response);
   }
-  // Worker 1 of `model` on `primary` (no token), registered over gRPC, with a data-plane
-  // connection of its own (one lane) and a push call's header naming it (Worker1PushCall): for a
+  // Worker `worker` of `model` on `primary` (no token), registered over gRPC, with a data-plane
+  // connection of its own (one lane) and a push call's header naming it (RawPushCall): for a
   // push a test makes a piece at a time.
-  struct RawWorker1 {
+  struct RawWorker {
     std::unique_ptr<ShardedClient> registered;
     std::unique_ptr<DataConnection> connection;
     v1::PushHeader header;
   };
-  void OpenRawWorker1(const std::string& primary, const ModelIdentity& model, RawWorker1* out) {
+  void OpenRawWorker(int worker, const std::string& primary, const ModelIdentity& model,
+                     RawWorker* out) {
     ClientOptions grpc_only = Remote();
     grpc_only.data_plane = false;  // its own connection would replace the raw one
-    out->registered =
-        std::make_unique<ShardedClient>(std::vector<std::string>{primary}, model, 1, grpc_only);
+    out->registered = std::make_unique<ShardedClient>(std::vector<std::string>{primary}, model,
+                                                      worker, grpc_only);
     ASSERT_TRUE(out->registered->Register().ok());
     v1::AttachDataPlaneResponse ticket;
-    ASSERT_TRUE(Attach(1, "", &ticket, primary, model).ok());
+    ASSERT_TRUE(Attach(worker, "", &ticket, primary, model).ok());
     absl::StatusOr<std::unique_ptr<DataConnection>> c = DataConnection::Open(
         {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), 1, true},
         model.total_params * sizeof(float), Soon(), absl::Seconds(10));
     ASSERT_TRUE(c.ok()) << c.status();
     out->connection = *std::move(c);
-    out->header =
-        Worker1PushCall(out->registered->incarnation(0), model.total_params, out->connection->id());
+    out->header = RawPushCall(worker, out->registered->incarnation(0), model.total_params,
+                              out->connection->id());
   }
 
   const std::string token_ = "sesame";
@@ -1494,58 +1496,86 @@ TEST_F(DataPlaneShardTest, APushForwardedToTheBackupAsItComesIsAppliedThereBitFo
 const ModelIdentity kForwarded{"flat:1200000", 1200000, 1};
 
 // A push that comes slowly holds up no other push's replication: stages go to the backup on
-// connections of their own, so another worker's push is forwarded, applied on both replicas and
-// acknowledged while the first is still coming; the first is then applied too, both forwarded
-// (whichever started first), and both replicas agree.
-TEST_F(DataPlaneShardTest, APushComingSlowlyHoldsUpNoOtherPushsReplication) {
+// connections of their own (--forward_at_once of them, 2 by default), so other workers' pushes
+// are forwarded, applied on both replicas and acknowledged while the slow ones are still coming,
+// as many at once as there are connections (a push that finds none free is replicated once
+// applied); the slow ones are then applied too, and both replicas agree.
+TEST_F(DataPlaneShardTest, PushesComingSlowlyHoldUpNoOtherPushsReplication) {
   const int kBig = kForwarded.total_params;
   const ModelIdentity& big = kForwarded;
-  const std::string run_dir = NewRunDir("slow-forward");
-  LocalCluster replicated(ExecutableDir(), run_dir);
-  StartReplicated(replicated, big.fingerprint,
-                  {"--optimizer=sgd", "--lr=0.1", "--data_plane_lanes=1"});
-  const std::string primary = replicated.ProcessAddress(0), backup = replicated.ProcessAddress(1);
-  const ClientOptions options = Remote();
-  ShardedClient fast({replicated.ShardAddress(0)}, big, 0, options);
-  ASSERT_TRUE(fast.Register().ok());
-  ASSERT_TRUE(fast.Initialize(std::vector<float>(kBig, 0.5f)).ok());
-  // Worker 1 pushes on a connection of its own, half of its tensor and then nothing for now.
-  RawWorker1 w1;
-  OpenRawWorker1(primary, big, &w1);
-  if (HasFatalFailure()) return;
-  const std::vector<float> slow_gradient(kBig, 0.25f);
-  FillProgress coming(kBig);
-  absl::StatusOr<DataConnection::Answered> slow_answer = absl::UnknownError("not answered");
-  std::thread slow([&] {
-    slow_answer =
-        w1.connection->PushCall(1, w1.header.SerializeAsString(), slow_gradient, WireType::kFloat32,
-                                absl::Now() + absl::Seconds(60), FrameKind::kPushCall, &coming);
-  });
-  coming.Add(kBig / 2);
-  // Worker 0's push is acknowledged (on both replicas) meanwhile.
-  absl::StatusOr<ShardedClient::PushSummary> pushed = fast.Push(std::vector<float>(kBig, 1.0f));
-  EXPECT_TRUE(pushed.ok()) << pushed.status();
-  EXPECT_EQ(Stats(primary).version(), 1);
-  coming.Add(kBig);  // the rest
-  slow.join();
-  ASSERT_TRUE(slow_answer.ok()) << slow_answer.status();
-  EXPECT_TRUE(slow_answer->status.ok()) << slow_answer->status.error_message();
-  std::vector<float> weights(kBig), taken_over(kBig);
-  ASSERT_TRUE(fast.Pull(absl::MakeSpan(weights)).ok());
-  EXPECT_FLOAT_EQ(weights[7], 0.5f - 0.1f * (1.0f + 0.25f));
-  const v1::StatsResponse stats = Stats(primary);
-  EXPECT_EQ(stats.version(), 2);
-  EXPECT_EQ(stats.replica_changes_forwarded(), 2);
-  // The backup followed on from the start without joining again.
-  const std::string followed = ReadFile(run_dir + "/ps-0-1.log");
-  const std::vector<absl::string_view> joins = absl::StrSplit(followed, "following the primary");
-  EXPECT_EQ(joins.size(), 2u) << followed;
-  replicated.shards()[0].Signal(SIGKILL);
-  ASSERT_TRUE(replicated.shards()[0].Wait(absl::Seconds(10)).ok());
-  ASSERT_TRUE(fast.Pull(absl::MakeSpan(taken_over)).ok());
-  EXPECT_EQ(Stats(backup).version(), 2);
-  EXPECT_EQ(std::memcmp(weights.data(), taken_over.data(), kBig * sizeof(float)), 0);
-  replicated.Stop();
+  struct Config {
+    std::string flag;  // --forward_at_once, or "" for the default
+    int slow;          // workers whose pushes come slowly, before worker 0's
+    int forwarded;     // of the slow + 1 pushes
+  };
+  for (const Config& config : {Config{"", 1, 2}, Config{"--forward_at_once=1", 1, 1},
+                               Config{"--forward_at_once=3", 2, 3}}) {
+    SCOPED_TRACE(absl::StrCat(config.flag, " ", config.slow, " slow"));
+    const std::string run_dir = NewRunDir("slow-forward");
+    LocalCluster replicated(ExecutableDir(), run_dir);
+    std::vector<std::string> flags = {"--optimizer=sgd", "--lr=0.1", "--data_plane_lanes=1"};
+    if (!config.flag.empty()) flags.push_back(config.flag);
+    StartReplicated(replicated, big.fingerprint, flags, /*workers=*/config.slow + 1);
+    if (HasFatalFailure()) return;
+    const std::string primary = replicated.ProcessAddress(0), backup = replicated.ProcessAddress(1);
+    ShardedClient fast({replicated.ShardAddress(0)}, big, 0, Remote());
+    ASSERT_TRUE(fast.Register().ok());
+    ASSERT_TRUE(fast.Initialize(std::vector<float>(kBig, 0.5f)).ok());
+    // Workers 1.. push on connections of their own, half of their tensors and then nothing for
+    // now; each push's stage is being sent (or not: no connection free) before the next starts.
+    const std::vector<float> slow_gradient(kBig, 0.25f);
+    std::vector<RawWorker> slow(config.slow);
+    for (int w = 0; w < config.slow; ++w) {
+      OpenRawWorker(w + 1, primary, big, &slow[w]);
+      if (HasFatalFailure()) return;
+    }
+    std::vector<std::unique_ptr<FillProgress>> coming;  // made before any thread reads one
+    for (int w = 0; w < config.slow; ++w) coming.push_back(std::make_unique<FillProgress>(kBig));
+    std::vector<absl::StatusOr<DataConnection::Answered>> answers(
+        config.slow, absl::UnknownError("not answered"));
+    std::vector<std::thread> threads;
+    for (int w = 0; w < config.slow; ++w) {
+      threads.emplace_back([&, w] {
+        answers[w] = slow[w].connection->PushCall(
+            1, slow[w].header.SerializeAsString(), slow_gradient, WireType::kFloat32,
+            absl::Now() + absl::Seconds(60), FrameKind::kPushCall, coming[w].get());
+      });
+      coming[w]->Add(kBig / 2);
+      const int sending = std::min(w + 1, config.forwarded);
+      for (absl::Time end = Soon();
+           Stats(primary).replica_stages_sending() < sending && absl::Now() < end;) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      EXPECT_EQ(Stats(primary).replica_stages_sending(), sending);
+    }
+    // Worker 0's push is acknowledged (on both replicas) meanwhile.
+    absl::StatusOr<ShardedClient::PushSummary> pushed = fast.Push(std::vector<float>(kBig, 1.0f));
+    EXPECT_TRUE(pushed.ok()) << pushed.status();
+    EXPECT_EQ(Stats(primary).version(), 1);
+    for (const auto& c : coming) c->Add(kBig);  // the rest
+    for (std::thread& t : threads) t.join();
+    for (const auto& answer : answers) {
+      ASSERT_TRUE(answer.ok()) << answer.status();
+      EXPECT_TRUE(answer->status.ok()) << answer->status.error_message();
+    }
+    std::vector<float> weights(kBig), taken_over(kBig);
+    ASSERT_TRUE(fast.Pull(absl::MakeSpan(weights)).ok());
+    EXPECT_FLOAT_EQ(weights[7], 0.5f - 0.1f * (1.0f + 0.25f * config.slow));
+    const v1::StatsResponse stats = Stats(primary);
+    EXPECT_EQ(stats.version(), 1 + config.slow);
+    EXPECT_EQ(stats.replica_changes_forwarded(), config.forwarded);
+    EXPECT_EQ(stats.replica_stages_sending(), 0);
+    // The backup followed on from the start without joining again.
+    const std::string followed = ReadFile(run_dir + "/ps-0-1.log");
+    const std::vector<absl::string_view> joins = absl::StrSplit(followed, "following the primary");
+    EXPECT_EQ(joins.size(), 2u) << followed;
+    replicated.shards()[0].Signal(SIGKILL);
+    ASSERT_TRUE(replicated.shards()[0].Wait(absl::Seconds(10)).ok());
+    ASSERT_TRUE(fast.Pull(absl::MakeSpan(taken_over)).ok());
+    EXPECT_EQ(Stats(backup).version(), 1 + config.slow);
+    EXPECT_EQ(std::memcmp(weights.data(), taken_over.data(), kBig * sizeof(float)), 0);
+    replicated.Stop();
+  }
 }
 
 // A push whose worker stalls mid-tensor fails once the data plane's stall passed, and its stage
@@ -1562,8 +1592,8 @@ TEST_F(DataPlaneShardTest, APushWhoseWorkerStallsLeavesForwardingOn) {
   ShardedClient worker0({replicated.ShardAddress(0)}, big, 0, Remote());
   ASSERT_TRUE(worker0.Register().ok());
   ASSERT_TRUE(worker0.Initialize(std::vector<float>(kBig, 0.5f)).ok());
-  RawWorker1 w1;
-  OpenRawWorker1(primary, big, &w1);
+  RawWorker w1;
+  OpenRawWorker(1, primary, big, &w1);
   if (HasFatalFailure()) return;
   const std::vector<float> gradient(kBig, 0.25f);
   FillProgress coming(kBig);
@@ -1708,8 +1738,8 @@ TEST(DataPlaneTlsTest, AJobWithTlsMovesItsTensorsAndChangesOverThePlane) {
   EXPECT_EQ(stats->data_plane_pushes(), 3);
   stats = replicated.ProcessStats(1, absl::Seconds(10));
   ASSERT_TRUE(stats.ok()) << stats.status();
-  // Its primary's: one for changes, and DataPlane::kReplicaStageConnections for stages.
-  EXPECT_EQ(stats->data_plane_connections(), 1 + DataPlane::kReplicaStageConnections);
+  // Its primary's: one for changes, and --forward_at_once's (2) for stages.
+  EXPECT_EQ(stats->data_plane_connections(), 1 + Replica::Options().forward_at_once);
   replicated.shards()[0].Signal(SIGKILL);
   ASSERT_TRUE(replicated.shards()[0].Wait(absl::Seconds(10)).ok());
   ASSERT_TRUE(client.Pull(absl::MakeSpan(taken_over)).ok());

@@ -146,7 +146,8 @@ Replica::Replica(ParameterShard* shard, int64_t shard_incarnation, Options optio
     : shard_(shard),
       shard_incarnation_(shard_incarnation),
       options_(std::move(options)),
-      plane_(plane) {
+      plane_(plane),
+      change_values_(StageRoom(options_.forward_at_once) + 1) {
   std::shared_ptr<grpc::ChannelCredentials> credentials = options_.security.credentials;
   if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args;
@@ -158,6 +159,11 @@ Replica::Replica(ParameterShard* shard, int64_t shard_incarnation, Options optio
 Replica::~Replica() { Stop(); }
 
 absl::Status Replica::Start() {
+  if (options_.forward_at_once < 1 ||
+      options_.forward_at_once > DataPlane::kMaxReplicaStageConnections) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("forward_at_once must be 1 to ", DataPlane::kMaxReplicaStageConnections));
+  }
   if (!options_.epoch_file.empty()) {
     std::ifstream in(options_.epoch_file);
     int64_t epoch = 0;
@@ -416,7 +422,7 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
     }
     if (plane_ != nullptr) {
       plane_->Release(DataPlane::kReplicaPeer);
-      for (int i = 0; i < DataPlane::kReplicaStageConnections; ++i) {
+      for (int i = 0; i < options_.forward_at_once; ++i) {
         plane_->Release(DataPlane::kReplicaStages + i);
       }
     }
@@ -451,7 +457,7 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
                       << "replication stream: " << changes.status().message();
     } else {
       plane_connection = *changes;
-      for (int i = 0; i < DataPlane::kReplicaStageConnections; ++i) {
+      for (int i = 0; i < options_.forward_at_once; ++i) {
         v1::AttachDataPlaneResponse ticket;
         absl::StatusOr<uint64_t> stages = offer(DataPlane::kReplicaStages + i, &ticket);
         if (!stages.ok()) break;  // (then fewer stages at once)
@@ -604,9 +610,10 @@ grpc::Status Replica::OnPlaneStage(const DataPlane::Call& call, const v1::Replic
     if (stage.length() < 0 || stage.length() > shard_->range().size()) {
       return grpc::Status(grpc::StatusCode::DATA_LOSS, "a stage longer than the shard");
     }
-    if (stages_.size() + stages_arriving_ >= static_cast<size_t>(kMaxStages)) {
+    const int room = StageRoom(options_.forward_at_once);
+    if (stages_.size() + stages_arriving_ >= static_cast<size_t>(room)) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("this backup holds ", kMaxStages, " stages already"));
+                          absl::StrCat("this backup holds ", room, " stages already"));
     }
     ++stages_arriving_;
   }
@@ -641,9 +648,8 @@ std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> 
     const auto first_free = std::find(free.begin(), free.end(), true);
     if (first_free == free.end()) return nullptr;
     // What the backup may hold once this stage's drops are done there (the drops of a stage
-    // still being sent count: this one may come before it), at most two a connection (an older
-    // backup that gave one ticket holds two).
-    const size_t room = std::min<size_t>(kMaxStages, 2 * forward_planes_.size());
+    // still being sent count: this one may come before it).
+    const size_t room = StageRoom(static_cast<int>(forward_planes_.size()));
     if (staged_.size() - drops_.size() >= room) return nullptr;
     const int index = static_cast<int>(first_free - free.begin());
     plane = forward_planes_[index];
@@ -678,7 +684,7 @@ std::unique_ptr<Replica::Forward> Replica::StartForward(absl::Span<const float> 
     }
     // Whether the backup holds it is not known (an answer that did not come): every stage
     // connection is given up (stages held are still named; those no change names stay on the
-    // backup until it joins again, kMaxStages at most).
+    // backup until it joins again, StageRoom at most).
     staged_.erase(it);
     if (std::any_of(forward_planes_.begin(), forward_planes_.end(),
                     [](const auto& p) { return !p->ended(); })) {  // (else said already)
@@ -792,6 +798,13 @@ int64_t Replica::changes_forwarded() const {
   return changes_forwarded_;
 }
 
+int Replica::stages_sending() const {
+  absl::MutexLock lock(&forward_mu_);
+  return static_cast<int>(std::count_if(staged_.begin(), staged_.end(), [](const auto& s) {
+    return s.second.state == StageState::kSending;
+  }));
+}
+
 std::shared_ptr<DataConnection> Replica::OpenBackupPlane(const v1::AttachDataPlaneResponse& ticket,
                                                          absl::string_view otherwise) {
   std::string host, port;
@@ -903,7 +916,7 @@ grpc::Status Replica::ServeBackup(grpc::ServerContext* context, BackupStream* st
           : nullptr;
   std::vector<std::shared_ptr<DataConnection>> stages;
   for (int i = 0; plane != nullptr && options_.forward && i < join.stages_size() &&
-                  i < DataPlane::kReplicaStageConnections;
+                  i < DataPlane::kMaxReplicaStageConnections;
        ++i) {
     std::shared_ptr<DataConnection> opened =
         OpenBackupPlane(join.stages(i), "stages go on the others only (none: not forwarded)");

@@ -29,16 +29,17 @@
 // push's change then names the stage instead of carrying its values again. Only a gradient
 // applied exactly as it came is named (not one clipped or compensated: those changes carry their
 // values); a stage no change names is dropped on the backup with the next one. One stage is being
-// sent on each of those connections at a time (DataPlane::kReplicaStageConnections: pushes from
-// several workers at once are forwarded together), and the backup holds kMaxStages at most; a
-// push that finds no connection free or no room is replicated as before, and so is every push
-// once a stage failed (until a backup joins again).
+// sent on each of those connections at a time (Options::forward_at_once of them: pushes from
+// several workers at once are forwarded together), and the backup holds StageRoom of them at
+// most; a push that finds no connection free or no room is replicated as before, and so is every
+// push once a stage failed (until a backup joins again).
 //
 // Thread-safe. Owns a thread that settles the role and follows the primary.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -81,12 +82,17 @@ class Replica {
     std::string epoch_file;
     // Whether a primary forwards pushes to its backup as they come in (see above).
     bool forward = true;
+    // As a backup: the stage connections it gives its primary (1 to
+    // DataPlane::kMaxReplicaStageConnections), i.e. how many pushes arriving at once are
+    // forwarded; each stage held costs the backup a buffer of the shard's size.
+    int forward_at_once = 2;
   };
 
-  // Stages a backup holds at most (those being sent, and as many waiting for their changes); the
+  // The stages a backup with `connections` stage connections holds at most: those being sent,
+  // and two more (one for one connection) whose bytes came and whose changes have not yet; the
   // smallest gradient worth forwarding (a smaller one takes about as long to forward as to send
   // after it was applied).
-  static constexpr int kMaxStages = 2 * DataPlane::kReplicaStageConnections;
+  static int StageRoom(int connections) { return connections + std::min(connections, 2); }
   static constexpr uint64_t kMinForwardBytes = 4 << 20;
 
   // A push's gradient being forwarded to the backup as it comes in (the primary's side). Thread-
@@ -140,7 +146,7 @@ class Replica {
   Replica& operator=(const Replica&) = delete;
 
   // Reads the epoch file (if any), then starts settling the role. Fails if the file cannot be
-  // read. Stop ends every stream and the thread; idempotent.
+  // read, or forward_at_once is out of range. Stop ends every stream and the thread; idempotent.
   absl::Status Start();
   void Stop();
 
@@ -173,6 +179,8 @@ class Replica {
   int64_t epoch() const;
   // A primary: changes made on the backup naming a stage (see Forwarding), so far.
   int64_t changes_forwarded() const;
+  // A primary: the stages being sent to its backup now.
+  int stages_sending() const;
   // Why this process was fenced; "" if it was not.
   std::string fenced_reason() const;
 
@@ -231,7 +239,7 @@ class Replica {
   const Options options_;
   DataPlane* const plane_;
   // A backup's, for stages and changes on its plane (those unused for a while are freed).
-  BufferPool change_values_{kMaxStages + 1};
+  BufferPool change_values_;
   std::unique_ptr<v1::Replication::Stub> peer_;
   ReplicationLog log_;
 

@@ -90,17 +90,17 @@ class DataPlane {
   };
   // The owners of the connections a backup replica gives its primary tickets for: they carry the
   // primary's changes (kReplicaPeer), and the stages it forwards (kReplicaStages + i, i <
-  // kReplicaStageConnections; ChangeCall frames, server/replication/replica.h), and nothing of a
-  // worker's or an observer's.
+  // kMaxReplicaStageConnections; ChangeCall frames, server/replication/replica.h), and nothing of
+  // a worker's or an observer's.
   static constexpr int kReplicaPeer = std::numeric_limits<int>::min();
   static constexpr int kReplicaStages = kReplicaPeer + 1;
-  static constexpr int kReplicaStageConnections = 2;
+  static constexpr int kMaxReplicaStageConnections = 16;
   // The stall limit of a stage connection, past kMaxFillWait (30 s): its frames come as the push
   // they forward arrives at the primary, which waits up to that for each piece (past a worker's
   // `stall`, after which that push fails and the primary sends the rest of the stage as it is).
   static constexpr absl::Duration kReplicaStagesStall = absl::Seconds(40);
   static bool ReplicaOwner(int owner) {
-    return owner >= kReplicaPeer && owner < kReplicaStages + kReplicaStageConnections;
+    return owner >= kReplicaPeer && owner < kReplicaStages + kMaxReplicaStageConnections;
   }
   // A ticket for worker `owner` (negative: an observer; or a replica owner). RESOURCE_EXHAUSTED
   // when as many connections and tickets as allowed exist. A worker's (or a replica owner's) newer

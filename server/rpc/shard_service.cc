@@ -1098,6 +1098,7 @@ v1::StatsResponse StatsToProto(const ShardStats& s, const ShardProcess& process,
     r.set_replica_role(Replica::RoleName(replica->role()));
     r.set_replica_epoch(replica->epoch());
     r.set_replica_changes_forwarded(replica->changes_forwarded());
+    r.set_replica_stages_sending(replica->stages_sending());
   }
   r.set_shard_incarnation(process.incarnation);
   r.set_resumed_version(process.resumed_version);
