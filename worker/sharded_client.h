@@ -206,7 +206,9 @@ class ShardedClient {
   // ("a/b", see common/cluster.h). worker_id < 0 makes an observer, which may pull but not push.
   ShardedClient(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
                 ClientOptions options = {});
-  // Ends the calls in progress (CANCELLED) and waits for them.
+  // Ends the calls in progress (CANCELLED) and waits for those started (StartPull, StartPush).
+  // As with any object, no other thread may still be inside one of its methods (Pull, Push, ...:
+  // they may run a shard's part on their own thread).
   ~ShardedClient();
 
   int num_shards() const;
