@@ -5,7 +5,8 @@
 // the bytes cross two links in turn); and replicated forwarding the push to the backup as it
 // arrives (the default). For each, the median time the clients' pushes take together (from their
 // start to the last one's end), the rate that makes, and both against iperf3's single stream from
-// the clients' host to the shard's on the same links in the same run. Needs root (namespaces).
+// the clients' host to the shard's on the same links in the same run, and the backup's peak
+// resident memory (stages it held included). Needs root (namespaces).
 //
 //   sudo build/bin/replication_bench --rate_gbit=1 --params=10000000 --rounds=3 [--workers=2]
 //       [--forward_at_once=N]
@@ -25,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/iperf3.h"
+#include "bench/proc_status.h"
 #include "common/log.h"
 #include "deploy/subprocess.h"
 #include "tests/netns/virtual_hosts.h"
@@ -101,11 +103,17 @@ constexpr Way kWays[] = {{"unreplicated", false, true},
                          {"replicated, sent once applied", true, false},
                          {"replicated, forwarded as it arrives", true, true}};
 
+// What a run measured: the median over its pushes of the time from their start to the last
+// client's push's end; the backup's peak resident memory (VmHWM, MiB; -1: none).
+struct Measured {
+  double seconds = 0;
+  double backup_peak_mib = -1;
+};
+
 // One run of `way` on `hosts`: the shard (and its backup) started, the clients run, their pushes
-// `period` apart; the median over those pushes of the time from their start to the last client's
-// push's end.
-absl::StatusOr<double> Run(const VirtualHosts& hosts, const Way& way, absl::Duration period,
-                           const std::string& dir) {
+// `period` apart.
+absl::StatusOr<Measured> Run(const VirtualHosts& hosts, const Way& way, absl::Duration period,
+                             const std::string& dir) {
   const std::string primary = absl::StrCat(hosts.Address(1), ":", kPort);
   const std::string backup = absl::StrCat(hosts.Address(2), ":", kPort);
   const int workers = absl::GetFlag(FLAGS_workers);
@@ -149,6 +157,8 @@ absl::StatusOr<double> Run(const VirtualHosts& hosts, const Way& way, absl::Dura
   }
   std::vector<absl::StatusOr<int>> codes;
   for (Subprocess& client : clients) codes.push_back(client.Wait(absl::Minutes(10)));
+  Measured measured;
+  if (way.replicated) measured.backup_peak_mib = ProcStatusMiB(shards[1].pid(), "VmHWM");
   for (Subprocess& s : shards) s.Stop(absl::Seconds(30));
   const int repeats = absl::GetFlag(FLAGS_repeats);
   std::vector<double> seconds(repeats, 0);  // by push: the slowest client's
@@ -173,7 +183,8 @@ absl::StatusOr<double> Run(const VirtualHosts& hosts, const Way& way, absl::Dura
     }
   }
   std::sort(seconds.begin(), seconds.end());
-  return seconds[seconds.size() / 2];
+  measured.seconds = seconds[seconds.size() / 2];
+  return measured;
 }
 
 int Main(int argc, char** argv) {
@@ -207,8 +218,8 @@ int Main(int argc, char** argv) {
       "%d x %.1f MB pushes at once, links %s, one TCP stream (iperf3) %.3f GB/s: the bytes alone "
       "%.3f s\n",
       workers, bytes / workers / 1e6, shape.Describe(), *tcp, bytes / 1e9 / *tcp);
-  std::cout << absl::StrFormat("%-36s | %-6s | %-9s | %-8s | %-8s | %s\n", "way", "round", "push s",
-                               "GB/s", "/TCP", "/unreplicated");
+  std::cout << absl::StrFormat("%-36s | %-6s | %-9s | %-8s | %-8s | %-15s | %s\n", "way", "round",
+                               "push s", "GB/s", "/TCP", "/unreplicated", "backup peak MiB");
   // Pushes start this far apart: room for all of them, sent once applied, twice over.
   const absl::Duration period = std::max(absl::Seconds(1), absl::Seconds(4 * bytes / 1e9 / *tcp));
   std::map<int, double> unreplicated;  // by round
@@ -217,19 +228,22 @@ int Main(int argc, char** argv) {
     for (const Way& way : kWays) {
       const std::string run_dir = absl::StrCat(dir, "/", round, "-", &way - kWays);
       std::filesystem::create_directories(run_dir);
-      absl::StatusOr<double> s = Run(hosts, way, period, run_dir);
-      if (!s.ok()) {
+      absl::StatusOr<Measured> m = Run(hosts, way, period, run_dir);
+      if (!m.ok()) {
         std::cout << absl::StrFormat("%-36s | %-6d | failed: %s\n", way.name, round,
-                                     s.status().message());
+                                     m.status().message());
         ++failures;
         continue;
       }
-      if (!way.replicated) unreplicated[round] = *s;
-      const double gbs = bytes / 1e9 / *s;
+      const double s = m->seconds;
+      if (!way.replicated) unreplicated[round] = s;
+      const double gbs = bytes / 1e9 / s;
       std::cout << absl::StrFormat(
-          "%-36s | %-6d | %-9.3f | %-8.3f | %-8.2f | %s\n", way.name, round, *s, gbs, gbs / *tcp,
-          unreplicated.count(round) ? absl::StrFormat("%.2fx the time", *s / unreplicated[round])
-                                    : "-");
+          "%-36s | %-6d | %-9.3f | %-8.3f | %-8.2f | %-15s | %s\n", way.name, round, s, gbs,
+          gbs / *tcp,
+          unreplicated.count(round) ? absl::StrFormat("%.2fx the time", s / unreplicated[round])
+                                    : "-",
+          m->backup_peak_mib >= 0 ? absl::StrFormat("%.0f", m->backup_peak_mib) : "-");
       std::cout.flush();
     }
   }
