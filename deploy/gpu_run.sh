@@ -22,7 +22,7 @@
 #      of it E2E_REPEATS times (default 1), as far as the 10 minutes allow
 #   6. python: the Python client and PyTorch adapter in the machine's own python3 and PyTorch
 #      (deploy/python_bundle_check.sh: Python workers and evaluator under launch, 300 steps)
-#   7. transport: transport_bench at 1 and 38 MiB over loopback (push and pull over gRPC, the
+#   7. transport: transport_bench at 64 KiB, 1 and 38 MiB over loopback (push and pull over gRPC, the
 #      data plane and shared memory against iperf3's single stream), $TRANSPORT_RUNS times (2)
 #      each of $TRANSPORT_VARIANTS (transport_bench flags, one word each, taken in turn; default
 #      the data plane with 1, 2 and 4 lanes), then apply_bench at 10M parameters: the 16 cores
@@ -180,7 +180,7 @@ main() {
     for run in $(seq 1 "$TRANSPORT_RUNS"); do
       for variant in $TRANSPORT_VARIANTS; do
         run_step "transport-$run-${variant##*-}" 150 "${ours[@]}" "$bin/transport_bench" \
-          --sizes_mib=1,38 --repeats=11 --tcp_seconds=2 "$variant"
+          --sizes_mib=0.0625,1,38 --repeats=11 --tcp_seconds=2 "$variant"
       done
     done
     run_step apply_bench 120 "${ours[@]}" "$bin/apply_bench" --params=10000000 \
@@ -322,7 +322,7 @@ main() {
   for log in "$WORK"/logs/transport-*.log; do
     [ -f "$log" ] || continue
     echo "$(basename "$log" .log):"
-    grep -h -A3 "^single-stream" "$log"
+    grep -h -A4 "^single-stream" "$log"
   done
   [ -f "$WORK/logs/apply_bench.log" ] && tail -n 12 "$WORK/logs/apply_bench.log"
   [ -f "$WORK/logs/wan.log" ] && tail -n 25 "$WORK/logs/wan.log"
