@@ -221,10 +221,7 @@ absl::StatusOr<std::optional<Replica::Options>> ReplicaFromFlags(const ShardConf
   }
   o.forward = absl::GetFlag(FLAGS_forward_pushes);
   o.forward_at_once = absl::GetFlag(FLAGS_forward_at_once);
-  if (o.forward_at_once < 1 || o.forward_at_once > DataPlane::kMaxReplicaStageConnections) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--forward_at_once must be 1 to ", DataPlane::kMaxReplicaStageConnections));
-  }
+  if (absl::Status s = Replica::CheckOptions(o); !s.ok()) return s;
   o.failover = absl::Seconds(absl::GetFlag(FLAGS_failover_seconds));
   if (o.failover <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--failover_seconds must be > 0");

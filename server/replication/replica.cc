@@ -158,12 +158,17 @@ Replica::Replica(ParameterShard* shard, int64_t shard_incarnation, Options optio
 
 Replica::~Replica() { Stop(); }
 
-absl::Status Replica::Start() {
-  if (options_.forward_at_once < 1 ||
-      options_.forward_at_once > DataPlane::kMaxReplicaStageConnections) {
+absl::Status Replica::CheckOptions(const Options& options) {
+  if (options.forward_at_once < 1 ||
+      options.forward_at_once > DataPlane::kMaxReplicaStageConnections) {
     return absl::InvalidArgumentError(
-        absl::StrCat("forward_at_once must be 1 to ", DataPlane::kMaxReplicaStageConnections));
+        absl::StrCat("--forward_at_once must be 1 to ", DataPlane::kMaxReplicaStageConnections));
   }
+  return absl::OkStatus();
+}
+
+absl::Status Replica::Start() {
+  if (absl::Status s = CheckOptions(options_); !s.ok()) return s;
   if (!options_.epoch_file.empty()) {
     std::ifstream in(options_.epoch_file);
     int64_t epoch = 0;

@@ -145,8 +145,10 @@ class Replica {
   Replica(const Replica&) = delete;
   Replica& operator=(const Replica&) = delete;
 
+  // INVALID_ARGUMENT naming the ps flag for options out of range (forward_at_once).
+  static absl::Status CheckOptions(const Options& options);
   // Reads the epoch file (if any), then starts settling the role. Fails if the file cannot be
-  // read, or forward_at_once is out of range. Stop ends every stream and the thread; idempotent.
+  // read, or CheckOptions fails. Stop ends every stream and the thread; idempotent.
   absl::Status Start();
   void Stop();
 
