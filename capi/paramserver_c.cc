@@ -372,6 +372,19 @@ int ps_op_wait(ps_op* op, double timeout_seconds) {
   return op->result->ok() ? Ok() : Report(*op->result);
 }
 
+int ps_op_wait_part(ps_op* op, int shard, double timeout_seconds) {
+  if (op->result.has_value()) return op->result->ok() ? Ok() : Report(*op->result);
+  const absl::Duration timeout =
+      timeout_seconds < 0 ? absl::InfiniteDuration() : absl::Seconds(timeout_seconds);
+  std::optional<absl::Status> part =
+      op->is_pull ? op->pull.WaitPart(shard, timeout) : op->push.WaitPart(shard, timeout);
+  if (!part.has_value()) {
+    last_error = "in progress";
+    return PS_NOT_DONE;
+  }
+  return part->ok() ? Ok() : Report(*part);
+}
+
 int ps_op_versions(const ps_op* op, int64_t* versions, int num_shards) {
   if (!op->is_pull || !op->result.has_value() || !op->result->ok()) {
     return Report(absl::FailedPreconditionError("not a pull that succeeded"));

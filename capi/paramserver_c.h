@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PS_C_API_VERSION 2
+#define PS_C_API_VERSION 3
 #define PS_EXPORT __attribute__((visibility("default")))
 #define PS_NOT_DONE (-1) /* ps_op_wait: the call is still in progress */
 
@@ -97,6 +97,12 @@ PS_EXPORT int ps_op_send(ps_op* op, int shard);
 /* Waits up to `timeout_seconds` (< 0: until it ends) for an operation: 0 once it succeeded,
  * PS_NOT_DONE if it is still in progress, else its error (the same error on every later wait). */
 PS_EXPORT int ps_op_wait(ps_op* op, double timeout_seconds);
+/* Waits up to `timeout_seconds` (< 0: until it ends) for shard `shard`'s part of an operation,
+ * the others going on: 0 once that part succeeded (a pull's part is then in `values`: a forward
+ * pass may start on the first layers' weights), PS_NOT_DONE while it is in progress, else its
+ * error. A held push's part is sent first. After the operation ended (ps_op_wait): what it
+ * ended with. */
+PS_EXPORT int ps_op_wait_part(ps_op* op, int shard, double timeout_seconds);
 /* After a successful pull: the version each shard served (num_shards values). */
 PS_EXPORT int ps_op_versions(const ps_op* op, int64_t* versions, int num_shards);
 /* After a successful push: its sequence, largest staleness over shards, shards that answered

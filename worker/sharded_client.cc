@@ -219,14 +219,19 @@ class ShardedClient::Call {
                                     +[](int* pending) { return *pending == 0; }, &pending_),
                                 timeout);
   }
-  // Waits for shard `shard` to report; what it reported.
-  absl::Status WaitFor(int shard) {
+  // Waits up to `timeout` for shard `shard` to report; what it reported, or nullopt if it has
+  // not yet.
+  std::optional<absl::Status> WaitFor(int shard, absl::Duration timeout) {
     if (shard < 0 || shard >= shards_) {
       return absl::InvalidArgumentError(absl::StrCat("no shard ", shard, " in this call"));
     }
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](char* reported) { return *reported != 0; }, &reported_[shard]));
+    if (!mu_.AwaitWithTimeout(
+            absl::Condition(
+                +[](char* reported) { return *reported != 0; }, &reported_[shard]),
+            timeout)) {
+      return std::nullopt;
+    }
     return results_[shard];
   }
   // Waits for every shard; the first failure, by shard.
@@ -252,7 +257,10 @@ class ShardedClient::Call {
 
 absl::Status ShardedClient::Await(Call& call) { return call.Wait(); }
 bool ShardedClient::Ended(Call& call, absl::Duration timeout) { return call.Ended(timeout); }
-absl::Status ShardedClient::AwaitPart(Call& call, int shard) { return call.WaitFor(shard); }
+std::optional<absl::Status> ShardedClient::AwaitPart(Call& call, int shard,
+                                                     absl::Duration timeout) {
+  return call.WaitFor(shard, timeout);
+}
 void ShardedClient::SendPart(Call& call, int shard) { call.Send(shard); }
 void ShardedClient::SendRest(Call& call) { call.SendAll(); }
 void ShardedClient::Abandon(Call& call) {

@@ -60,6 +60,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -172,10 +173,12 @@ class ShardedClient {
     // caller's buffer once this is OK), while the others may go on; Wait still gives the result.
     // A held part is sent first. FAILED_PRECONDITION after Wait; INVALID_ARGUMENT for a shard
     // the client does not have.
-    absl::Status WaitPart(int shard) {
+    absl::Status WaitPart(int shard) { return *WaitPart(shard, absl::InfiniteDuration()); }
+    // The same, waiting at most `timeout`: nullopt while the part is still in progress.
+    std::optional<absl::Status> WaitPart(int shard, absl::Duration timeout) {
       if (call_ == nullptr) return absl::FailedPreconditionError("no call to wait for");
       SendPart(*call_, shard);
-      return AwaitPart(*call_, shard);
+      return AwaitPart(*call_, shard, timeout);
     }
     // Whether the call has ended, waiting up to `timeout` for it (Wait then returns at once).
     bool Done(absl::Duration timeout) const { return call_ == nullptr || Ended(*call_, timeout); }
@@ -290,7 +293,7 @@ class ShardedClient {
  private:
   static absl::Status Await(Call& call);
   static bool Ended(Call& call, absl::Duration timeout);
-  static absl::Status AwaitPart(Call& call, int shard);
+  static std::optional<absl::Status> AwaitPart(Call& call, int shard, absl::Duration timeout);
   static void SendPart(Call& call, int shard);
   static void SendRest(Call& call);
   static void Abandon(Call& call);

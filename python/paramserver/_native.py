@@ -6,7 +6,7 @@ shards, and the library depends on no interpreter's ABI: one build serves every 
 import ctypes
 import os
 
-API_VERSION = 2
+API_VERSION = 3
 NOT_DONE = -1
 
 
@@ -56,6 +56,7 @@ def _load():
                                           ctypes.POINTER(op_p)]),
         "ps_op_send": (ctypes.c_int, [op_p, ctypes.c_int]),
         "ps_op_wait": (ctypes.c_int, [op_p, ctypes.c_double]),
+        "ps_op_wait_part": (ctypes.c_int, [op_p, ctypes.c_int, ctypes.c_double]),
         "ps_op_versions": (ctypes.c_int, [op_p, ctypes.POINTER(i64), ctypes.c_int]),
         "ps_op_push_summary": (ctypes.c_int, [op_p, ctypes.POINTER(PushSummary)]),
         "ps_op_free": (None, [op_p]),

@@ -121,17 +121,7 @@ class Handle:
             raise errors.Cancelled("CANCELLED", "the push was abandoned")
         if self._kind == "push":
             lib.ps_op_send(self._op, -1)  # a push started held: its parts not sent yet
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            # Short slices: Ctrl-C (KeyboardInterrupt) is seen between them.
-            left = 0.1 if end is None else min(0.1, max(0.0, end - time.monotonic()))
-            code = lib.ps_op_wait(self._op, left)
-            if code != NOT_DONE:
-                break
-            if end is not None and time.monotonic() >= end:
-                raise TimeoutError(f"the {self._kind} is still in progress after {timeout} s")
-        if code != 0:
-            _raise_last(code)
+        self._sliced(lambda left: lib.ps_op_wait(self._op, left), timeout, self._kind)
         if self._kind == "pull":
             versions = (ctypes.c_int64 * self._num_shards)()
             code = lib.ps_op_versions(self._op, versions, self._num_shards)
@@ -147,6 +137,33 @@ class Handle:
                                        summary.duplicates, summary.dropped, summary.saturated)
         self._free()
         return self._result
+
+    def wait_part(self, shard, timeout=None):
+        """Waits for shard `shard`'s part of the call only (at most `timeout` seconds: then
+        TimeoutError), the others going on: a pull's part is then in its buffer, so a forward
+        pass can start on the first layers' weights. A held push's part is sent first. Raises a
+        paramserver.Error if that part failed; wait() still gives the whole call's result."""
+        if self._result is not None:
+            return
+        if self._op is None:
+            raise errors.Cancelled("CANCELLED", "the push was abandoned")
+        self._sliced(lambda left: lib.ps_op_wait_part(self._op, shard, left), timeout,
+                     f"{self._kind}'s part of shard {shard}")
+
+    @staticmethod
+    def _sliced(wait, timeout, what):
+        """Calls wait(seconds) in short slices (Ctrl-C, KeyboardInterrupt, is seen between them)
+        until it returns other than NOT_DONE or `timeout` passed; raises its error."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 0.1 if end is None else min(0.1, max(0.0, end - time.monotonic()))
+            code = wait(left)
+            if code != NOT_DONE:
+                break
+            if end is not None and time.monotonic() >= end:
+                raise TimeoutError(f"the {what} is still in progress after {timeout} s")
+        if code != 0:
+            _raise_last(code)
 
     def _free(self):
         op, self._op = self._op, None

@@ -14,7 +14,8 @@ another, so a pull writes straight into the model and a push reads straight from
                 has produced every gradient in its range (the last layers first, as DDP's
                 buckets), the rest at step(), which also starts the pull of the next step's
                 weights (under sync the shards answer it once the round closes); the next forward
-                pass waits for both. Backward more than once per step (accumulating gradients):
+                pass waits for the push, and for each layer's weights as it reaches that layer
+                (the first layers' shards first). Backward more than once per step (accumulating gradients):
                 run all but the last inside `with model.no_sync():`, as with DDP. No
                 zero_grad() is needed: each step's gradients start at zero.
   local:H       the `optimizer` given here (the user's own) steps locally; every H steps the
@@ -72,8 +73,10 @@ class DistributedModel(torch.nn.Module):
     values as the initial model (default: rank 0 does). `optimizer`: the local optimizer of
     local:H and easgd (required there, unused otherwise). `csv`: append a row per step here
     (step,wall_time,loss; default $PS_CSV). `slowdown`: compute this many times slower, sleeping
-    in step() (a straggler; default $PS_SLOWDOWN, else 1). `overlap`: push during backward
-    (default); False pushes the whole gradient at step().
+    in step() (a straggler; default $PS_SLOWDOWN, else 1). `overlap`: push during backward and
+    wait for each layer's weights as the forward pass reaches it (default); False pushes the
+    whole gradient at step() and waits for all weights before the forward pass (needed by a
+    module that reads another's parameters without calling it: see _ForwardPull).
     """
 
     def __init__(self, module, *, client=None, optimizer=None, initialize=None, csv=None,
@@ -139,15 +142,18 @@ class DistributedModel(torch.nn.Module):
         else:
             client.pull(self._weights)
         self._hooks = [module.register_forward_pre_hook(lambda *_: self._ready())]
-        self._backward = None
+        self._backward = self._forward_pull = None
         if overlap and not self._local:
             self._backward = _BackwardPush(self)
-            self._hooks += self._backward.hooks
+            self._forward_pull = _ForwardPull(self)
+            self._hooks += self._backward.hooks + self._forward_pull.hooks
         self._csv = _StepLog(csv if csv is not None else os.environ.get("PS_CSV"))
         self._compute_start = time.monotonic()
 
     def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
+        out = self.module(*args, **kwargs)
+        self._finish_pull()  # the parts of parameters this pass did not use
+        return out
 
     def zero_grad(self, set_to_none=True):
         """Clears the gradients for a fresh start after a backward that no step() followed (one
@@ -171,13 +177,22 @@ class DistributedModel(torch.nn.Module):
             self._grads.zero_()
 
     def _ready(self):
-        """Waits for the calls step() left in flight: the weights the forward pass reads, and the
-        push that reads the gradients backward will write."""
+        """Waits for the calls step() left in flight: the push that reads the gradients backward
+        will write, and the weights the forward pass reads (all of them, or with overlap each
+        layer's own as the pass reaches it: _ForwardPull)."""
         self._wait_push()
+        if self._forward_pull is None:
+            self._finish_pull()
+        self._compute_start = time.monotonic()
+
+    def _finish_pull(self):
+        """Waits for the rest of the pull step() left in flight. Before a push starts: its base
+        (the versions staleness is counted from) is the last pull waited for whole."""
         if self._pending_pull is not None:
             pull, self._pending_pull = self._pending_pull, None
+            if self._forward_pull is not None:
+                self._forward_pull.waited.clear()
             pull.wait()
-        self._compute_start = time.monotonic()
 
     def _collect_gradient(self, index):
         """Brings parameter `index`'s gradient, if autograd put it elsewhere (after
@@ -213,6 +228,7 @@ class DistributedModel(torch.nn.Module):
             return
         push = self._backward.finish() if self._backward is not None else None
         if push is None:  # no backward hook pushed (overlap off, or under no_sync)
+            self._finish_pull()
             push = self.client.push_async(self._grads)
         self._pending_push = push
         self._pending_pull = self.client.pull_async(self._weights, prefetch=True)
@@ -319,6 +335,7 @@ class _BackwardPush:
             return
         model = self._model
         if self._push is None:
+            model._finish_pull()  # a forward pass run as model.module(x) left parts in flight
             self._push = model.client.push_async(model._grads, held=True)
             self._waiting = list(self._needed)
             self._seen = bytearray(len(self._shards_of))
@@ -343,6 +360,39 @@ class _BackwardPush:
         if push is not None:
             push.abandon()
         return push is not None
+
+
+class _ForwardPull:
+    """Waits for a DistributedModel's pull layer by layer as the forward pass reaches them (the
+    first layers first, while the later layers' weights are still arriving): a pre-hook on each
+    module that holds parameters of its own waits for the shards' parts that hold all the
+    parameters under it (nn.MultiheadAttention reads its out_proj's weights without calling it).
+    A module whose forward reads the parameters of a module it does not contain, without calling
+    it, needs overlap=False."""
+
+    def __init__(self, model):
+        self._model = model
+        ranges = model.client.shard_ranges
+        place = {id(p): view for p, view in zip(model._params, model._views)}
+        self.waited = set()  # shards whose part of the pull in flight is in
+        self.hooks = []
+        for m in model.module.modules():
+            if next(m.parameters(recurse=False), None) is None:
+                continue
+            shards = sorted({s for p in m.parameters() for s, (begin, end) in enumerate(ranges)
+                             if begin < place[id(p)][0] + place[id(p)][1]
+                             and place[id(p)][0] < end})
+            self.hooks.append(m.register_forward_pre_hook(
+                lambda *_, shards=shards: self._wait(shards)))
+
+    def _wait(self, shards):
+        pull = self._model._pending_pull
+        if pull is None:
+            return
+        for s in shards:
+            if s not in self.waited:
+                pull.wait_part(s)
+                self.waited.add(s)
 
 
 def _after_accumulate(param, fn):

@@ -157,6 +157,52 @@ def test_backward_sends_each_shard_its_part_once_its_gradients_are_in(start_shar
     observer.close()
 
 
+def test_forward_starts_on_the_first_layers_weights_while_the_last_shards_are_coming(
+        start_shards, monkeypatch):
+    first, last = torch.nn.Linear(2, 2), torch.nn.Linear(2, 20)
+    module = torch.nn.Sequential(first, last)  # 6 + 60 values: shard 0 holds all of first's
+    shards = start_shards(2, layout(module), flags=("--optimizer=sgd", "--lr=1"))
+    initial = paramserver.torch.weights_of(module).copy()
+    order = []
+    wait_part = paramserver.client.Handle.wait_part
+
+    def logged(handle, shard, timeout=None):
+        order.append(f"wait {shard}")
+        return wait_part(handle, shard, timeout)
+
+    monkeypatch.setattr(paramserver.client.Handle, "wait_part", logged)
+    stopped = shards.processes[1]
+    try:
+        # A pass that waited for the whole pull would wait for the stopped shard: its retries
+        # end (and the test fails) after retry_seconds.
+        with paramserver.torch.DistributedModel(module, ps=shards.addresses, rank=0,
+                                                retry_seconds=15) as model:
+            x = torch.ones(1, 2)
+            model(x).sum().backward()
+            grads = model._grads.numpy().copy()
+            for s in (0, 1):  # the push is in at both shards before shard 1 stops
+                model._backward._push.wait_part(s)
+            stopped.send_signal(signal.SIGSTOP)
+            model.step()  # the next step's pull: shard 1 cannot answer its part yet
+
+            def at_first(*_):
+                order.append("first")
+                assert not model._pending_pull.done()  # shard 1's part is not in
+                with pytest.raises(TimeoutError, match="part of shard 1"):
+                    wait_part(model._pending_pull, 1, 0.05)
+                stopped.send_signal(signal.SIGCONT)
+
+            first.register_forward_pre_hook(at_first)
+            last.register_forward_pre_hook(lambda *_: order.append("last"))
+            order.clear()
+            model(x)
+            assert order == ["wait 0", "first", "wait 1", "last"]
+            assert model._pending_pull is None  # waited for whole at the pass's end
+            assert np.allclose(paramserver.torch.weights_of(module), initial - grads, atol=1e-6)
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+
+
 def test_no_sync_accumulates_and_a_second_backward_without_it_is_refused(start_shards):
     module = torch.nn.Linear(3, 1)
     shards = start_shards(1, layout(module),
