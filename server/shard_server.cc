@@ -278,14 +278,12 @@ void ShardServer::WriteOutputs(const ShardStats& stats) const {
     }
     if (!WriteFileAtomically(path, text)) PS_LOG(WARNING) << "cannot write " << path;
   }
-  if (const std::string& path = config_.stats_json; !path.empty()) {
+  if (const std::string& path = config_.stats_json; !path.empty() && service_ != nullptr) {
     std::string json;
     google::protobuf::util::JsonPrintOptions options;
     options.add_whitespace = true;
     options.always_print_primitive_fields = true;
-    v1::StatsResponse proto = StatsToProto(stats, process_, replica_.get());
-    if (checkpointer_ != nullptr) CheckpointHealthToProto(checkpointer_->health(), &proto);
-    (void)google::protobuf::util::MessageToJsonString(proto, &json, options);
+    (void)google::protobuf::util::MessageToJsonString(service_->StatsProto(stats), &json, options);
     if (!WriteFileAtomically(path, json)) PS_LOG(WARNING) << "cannot write " << path;
   }
 }

@@ -4,6 +4,7 @@
 // from one cluster spec with its role; the same job with workers that overlap communication with
 // compute, and with each push compressor. Skips, saying why, where namespaces cannot be made or
 // links shaped (not root, no iproute2 or iptables, no netdelay).
+#include <google/protobuf/util/json_util.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "common/compression.h"
 #include "deploy/subprocess.h"
+#include "proto/ps.pb.h"
 #include "tests/netns/virtual_hosts.h"
 #include "tests/run_dir.h"
 
@@ -59,8 +61,8 @@ void TrainAcrossHosts(const std::string& worker_settings, const std::string& com
   auto start = [&](int host, const std::string& program, const std::string& role) {
     std::vector<std::string> argv = {ExecutableDir() + "/" + program, "--cluster=" + spec,
                                      "--role=" + role};
-    if (program != "ps")
-      argv.push_back(absl::StrCat("--csv=", dir, "/", program, "-", host, ".csv"));
+    argv.push_back(program == "ps" ? absl::StrCat("--stats_json=", dir, "/ps-", host, "-stats.json")
+                                   : absl::StrCat("--csv=", dir, "/", program, "-", host, ".csv"));
     absl::StatusOr<Subprocess> p =
         Subprocess::Start(hosts.On(host, argv), absl::StrCat(dir, "/", program, "-", host, ".log"));
     EXPECT_TRUE(p.ok()) << p.status();
@@ -116,6 +118,20 @@ void TrainAcrossHosts(const std::string& worker_settings, const std::string& com
   EXPECT_EQ(evaluator.Stop(absl::Seconds(10)), 0) << ReadFile(dir + "/evaluator-4.log");
   EXPECT_EQ(ps0.Stop(absl::Seconds(10)), 0);
   EXPECT_EQ(ps1.Stop(absl::Seconds(10)), 0);
+  // The tensors took the data plane across the links: every float32 push (compressed ones go over
+  // gRPC), and every pull of the workers and the evaluator that was not compressed.
+  for (int shard = 0; shard < 2; ++shard) {
+    const std::string json = ReadFile(absl::StrCat(dir, "/ps-", shard, "-stats.json"));
+    v1::StatsResponse stats;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(json, &stats).ok()) << json;
+    std::cout << "shard " << shard << ": " << stats.data_plane_pushes() << " pushes and "
+              << stats.data_plane_pulls() << " pulls over the data plane\n";
+    EXPECT_EQ(stats.pushes_applied(), 1400);
+    EXPECT_EQ(stats.data_plane_pushes(), compression->compressor == Compressor::kNone ? 1400 : 0);
+    if (pull_compress.empty()) {
+      EXPECT_GE(stats.data_plane_pulls(), 1400);
+    }
+  }
   const std::string csv = ReadFile(dir + "/evaluator-4.csv");
   std::vector<std::string> lines = absl::StrSplit(csv, '\n', absl::SkipEmpty());
   ASSERT_GE(lines.size(), 2u) << csv;

@@ -68,6 +68,9 @@ TEST(ShardServerTest, ServesAWorkerThenStopsAndWritesItsOutputs) {
   EXPECT_EQ(stats.pushes_applied(), 1);
   EXPECT_TRUE(stats.initialized());
   EXPECT_EQ(stats.registered_workers(), 1);
+  // The service's own counts too: the client is on this host, so its tensors took shared memory.
+  EXPECT_EQ(stats.shm_pushes(), 1);
+  EXPECT_EQ(stats.shm_pulls(), 1);
 }
 
 TEST(ShardServerTest, ABadConfigurationIsRefusedBeforeAnythingIsServed) {

@@ -975,17 +975,7 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
       [&](const auto& request, auto* response) {
         int page = request.max_workers();
         if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
-        *response = StatsToProto(shard_->Stats(request.first_worker(), page), process_, replica_);
-        response->set_shm_pushes(shm_pushes_.load(std::memory_order_relaxed));
-        response->set_data_plane_pushes(data_plane_pushes_.load(std::memory_order_relaxed));
-        response->set_data_plane_pulls(data_plane_pulls_.load(std::memory_order_relaxed));
-        response->set_compressed_pulls(compressed_pulls_.load(std::memory_order_relaxed));
-        response->set_pull_views(pull_views_.size());
-        if (data_plane_ != nullptr)
-          response->set_data_plane_connections(data_plane_->connections());
-        response->set_shm_pulls(shm_pulls_.load(std::memory_order_relaxed));
-        response->set_shm_segments(segments_.size());
-        if (checkpointer_ != nullptr) CheckpointHealthToProto(checkpointer_->health(), response);
+        *response = StatsProto(shard_->Stats(request.first_worker(), page));
         return grpc::Status::OK;
       });
 }
@@ -1081,28 +1071,17 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
       });
 }
 
-void CheckpointHealthToProto(const Checkpointer::Health& health, v1::StatsResponse* stats) {
-  stats->set_checkpoint_failures(health.failures);
-  stats->set_checkpoint_last_error(health.last_error);
-  stats->set_checkpoint_last_written_version(health.last_written_version);
-  if (health.last_written_time != absl::InfinitePast()) {
-    stats->set_checkpoint_last_written_time(
-        absl::ToDoubleSeconds(health.last_written_time - absl::UnixEpoch()));
-  }
-}
-
-v1::StatsResponse StatsToProto(const ShardStats& s, const ShardProcess& process,
-                               const Replica* replica) {
+v1::StatsResponse ShardService::StatsProto(const ShardStats& s) const {
   v1::StatsResponse r;
-  if (replica != nullptr) {
-    r.set_replica_role(Replica::RoleName(replica->role()));
-    r.set_replica_epoch(replica->epoch());
-    r.set_replica_changes_forwarded(replica->changes_forwarded());
-    r.set_replica_stages_sending(replica->stages_sending());
+  if (replica_ != nullptr) {
+    r.set_replica_role(Replica::RoleName(replica_->role()));
+    r.set_replica_epoch(replica_->epoch());
+    r.set_replica_changes_forwarded(replica_->changes_forwarded());
+    r.set_replica_stages_sending(replica_->stages_sending());
   }
-  r.set_shard_incarnation(process.incarnation);
-  r.set_resumed_version(process.resumed_version);
-  r.set_updates_lost(process.updates_lost);
+  r.set_shard_incarnation(process_.incarnation);
+  r.set_resumed_version(process_.resumed_version);
+  r.set_updates_lost(process_.updates_lost);
   r.set_shard_index(s.shard_index);
   r.set_num_shards(s.num_shards);
   r.set_initialized(s.initialized);
@@ -1136,6 +1115,24 @@ v1::StatsResponse StatsToProto(const ShardStats& s, const ShardProcess& process,
     out->set_seconds_since_seen(w.seconds_since_seen);
     out->set_incarnation(w.incarnation);
     for (int64_t c : w.staleness_counts) out->add_staleness_counts(c);
+  }
+  r.set_shm_pushes(shm_pushes_.load(std::memory_order_relaxed));
+  r.set_shm_pulls(shm_pulls_.load(std::memory_order_relaxed));
+  r.set_shm_segments(segments_.size());
+  r.set_data_plane_pushes(data_plane_pushes_.load(std::memory_order_relaxed));
+  r.set_data_plane_pulls(data_plane_pulls_.load(std::memory_order_relaxed));
+  if (data_plane_ != nullptr) r.set_data_plane_connections(data_plane_->connections());
+  r.set_compressed_pulls(compressed_pulls_.load(std::memory_order_relaxed));
+  r.set_pull_views(pull_views_.size());
+  if (checkpointer_ != nullptr) {
+    const Checkpointer::Health health = checkpointer_->health();
+    r.set_checkpoint_failures(health.failures);
+    r.set_checkpoint_last_error(health.last_error);
+    r.set_checkpoint_last_written_version(health.last_written_version);
+    if (health.last_written_time != absl::InfinitePast()) {
+      r.set_checkpoint_last_written_time(
+          absl::ToDoubleSeconds(health.last_written_time - absl::UnixEpoch()));
+    }
   }
   return r;
 }

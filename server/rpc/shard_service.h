@@ -39,13 +39,6 @@ struct ShardProcess {
 grpc::Status AuthorizeCall(const TokenAuthenticator& tokens, const grpc::ServerContextBase& context,
                            Access access, absl::string_view call, Caller* caller = nullptr);
 
-// The shard's statistics as the wire (and the --stats_json file) carries them.
-// `replica`: its role and epoch, with replication on (else null).
-v1::StatsResponse StatsToProto(const ShardStats& stats, const ShardProcess& process,
-                               const Replica* replica);
-// The checkpoints' failures and newest write (ps --checkpoint_dir) into `stats`.
-void CheckpointHealthToProto(const Checkpointer::Health& health, v1::StatsResponse* stats);
-
 // Limits on what clients may hold at once. With S the shard's size in bytes, a shard holds at
 // most (max_streams + max_pulls) * S in request buffers and snapshots, plus 4 * S idle buffers
 // kept for reuse (freed after ParameterShard::kBuffersUnused unused), plus shm_clients * 2 * S of
@@ -125,6 +118,10 @@ class ShardService final : public ShardServiceBase {
   grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* request,
                                        grpc::ByteBuffer* response) override;
+
+  // The shard's statistics `stats` with this service's own (its paths' counts, the checkpoints'
+  // health), as GetStats answers them and the --stats_json file holds them.
+  v1::StatsResponse StatsProto(const ShardStats& stats) const;
 
   // Gives back the shared memory of co-located clients idle for kSharedMemoryUnused (call it
   // every second or so): a shard at rest holds its values and optimizer state, no more.
