@@ -252,9 +252,10 @@ absl::Status Socket::Await(short events, absl::Time deadline, absl::Duration sta
     const absl::Time now = absl::Now();
     const absl::Time end = std::min(deadline, stalled);
     if (now >= end) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          what, ": ", end == stalled ? "the peer made no progress for " : "deadline passed after ",
-          absl::FormatDuration(end == stalled ? stall : absl::ZeroDuration())));
+      return absl::DeadlineExceededError(
+          end == stalled
+              ? absl::StrCat(what, ": the peer made no progress for ", absl::FormatDuration(stall))
+              : absl::StrCat(what, ": its deadline passed"));
     }
     pollfd p{fd_, events, 0};
     int n = poll(&p, 1, Millis(end - now));

@@ -134,6 +134,45 @@ Socket Open(DataPlane& plane, int owner, uint64_t* id) {
   return s;
 }
 
+// ps --data_plane_clients: tickets and connections together are bounded (a worker's new ticket
+// replaces its open connection), and so are the sockets accepted: threads do not grow with them.
+TEST(DataPlaneTest, ConnectionsTicketsAndAcceptedSocketsAreBounded) {
+  DataPlane::Options o;
+  o.max_connections = 2;
+  o.max_frame_bytes = 1 << 20;
+  o.hello = absl::Seconds(60);  // no socket below is closed for its missing hello
+  absl::StatusOr<std::unique_ptr<DataPlane>> started = DataPlane::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  DataPlane& plane = **started;
+  uint64_t id0 = 0, id1 = 0;
+  Socket w0 = Open(plane, 0, &id0), w1 = Open(plane, 1, &id1);
+  ASSERT_EQ(ConnectionsSoon(plane, 2), 2);
+  absl::StatusOr<DataPlane::Ticket> third = plane.Issue(2);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  EXPECT_NE(third.status().message().find("--data_plane_clients"), std::string::npos);
+  absl::StatusOr<DataPlane::Ticket> again = plane.Issue(0);  // replaces worker 0's connection
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(plane.Issue(2).status().code(), absl::StatusCode::kResourceExhausted);
+
+  // Sockets that say nothing: past the connections' lanes and 8 saying hello, each further one
+  // is closed at once, without waiting for its hello.
+  std::vector<Socket> idle;
+  for (int i = 0; i < 16; ++i) idle.push_back(Connect(plane));
+  std::vector<char> closed(idle.size(), 0);
+  for (absl::Time end = Soon();
+       std::count(closed.begin(), closed.end(), 1) < 8 && absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(10))) {
+    for (size_t i = 0; i < idle.size(); ++i) {
+      char byte;
+      closed[i] |= idle[i].Receive(&byte, 1, absl::Now() + absl::Milliseconds(1)).code() ==
+                   absl::StatusCode::kUnavailable;
+    }
+  }
+  EXPECT_EQ(std::count(closed.begin(), closed.end(), 1), 8)
+      << "accepted sockets beyond the bound stayed open";
+  EXPECT_EQ(plane.connections(), 2);
+}
+
 TEST(DataPlaneTest, APushedTensorGoesIntoItsCallOnlyAndAStrayOneIsDropped) {
   std::unique_ptr<DataPlane> plane = StartPlane();
   ASSERT_NE(plane, nullptr);
@@ -325,11 +364,13 @@ TEST(DataPlaneTest, AConnectionOfSeveralLanesOpensWhenAllSaidHelloAndStripesLarg
   absl::Notification done;
   absl::StatusOr<int64_t> result;
   ASSERT_TRUE(plane
-                  ->Send(ticket->connection, 0, 3, nullptr, sent, WireType::kFloat32,
-                         [&](absl::StatusOr<int64_t> r) {
-                           result = r;
-                           done.Notify();
-                         })
+                  ->Send(
+                      ticket->connection, 0, 3, nullptr, sent, WireType::kFloat32,
+                      [&](absl::StatusOr<int64_t> r) {
+                        result = r;
+                        done.Notify();
+                      },
+                      Soon())
                   .ok());
   std::vector<float> pulled(n, -1.0f);
   for (int i = 0; i < 3; ++i) {
@@ -401,8 +442,9 @@ TEST(DataPlaneTest, AClientForgettingATransferThatNeverCameKeepsItsConnection) {
   ASSERT_TRUE(c.Expect(3, absl::MakeSpan(pulled), WireType::kFloat32).ok());
   absl::Notification sent;
   ASSERT_TRUE(plane
-                  ->Send(ticket->connection, 0, 3, nullptr, values, WireType::kFloat32,
-                         [&](absl::StatusOr<int64_t>) { sent.Notify(); })
+                  ->Send(
+                      ticket->connection, 0, 3, nullptr, values, WireType::kFloat32,
+                      [&](absl::StatusOr<int64_t>) { sent.Notify(); }, Soon())
                   .ok());
   ASSERT_TRUE(c.Await(3, pulled, WireType::kFloat32, Soon()).ok());
   EXPECT_EQ(pulled, values);
@@ -480,8 +522,9 @@ TEST(DataPlaneTest, AJobsTlsIsSpokenOnEveryLaneAndNothingOpensWithoutIt) {
   std::vector<float> pulled(n, -1.0f);
   ASSERT_TRUE(c.Expect(2, absl::MakeSpan(pulled), WireType::kFloat32).ok());
   ASSERT_TRUE(plane
-                  .Send(ticket.connection, 0, 2, nullptr, values, WireType::kFloat32,
-                        [](absl::StatusOr<int64_t>) {})
+                  .Send(
+                      ticket.connection, 0, 2, nullptr, values, WireType::kFloat32,
+                      [](absl::StatusOr<int64_t>) {}, Soon())
                   .ok());
   ASSERT_TRUE(c.Await(2, pulled, WireType::kFloat32, Soon()).ok());
   EXPECT_EQ(pulled, values);
@@ -503,11 +546,13 @@ TEST(DataPlaneTest, AJobsTlsIsSpokenOnEveryLaneAndNothingOpensWithoutIt) {
   absl::Notification told;
   absl::Status why;
   ASSERT_TRUE(plane
-                  .Send(last->connection, 1, 3, nullptr, big, WireType::kFloat32,
-                        [&](absl::StatusOr<int64_t> r) {
-                          why = r.status();
-                          told.Notify();
-                        })
+                  .Send(
+                      last->connection, 1, 3, nullptr, big, WireType::kFloat32,
+                      [&](absl::StatusOr<int64_t> r) {
+                        why = r.status();
+                        told.Notify();
+                      },
+                      absl::InfiniteFuture())
                   .ok());
   ASSERT_TRUE(ReceiveHeader(idle[0], Soon()).ok());  // it is writing
   plane.Stop();
@@ -600,8 +645,9 @@ TEST(DataPlaneTest, APushCallGoesToTheHandlerAndIsAnsweredOnTheConnection) {
   ASSERT_TRUE(c.Expect(9, absl::MakeSpan(pulled), WireType::kFloat32).ok());
   absl::Notification sent;
   ASSERT_TRUE(plane
-                  ->Send(ticket.connection, 3, 9, big, *big, WireType::kFloat32,
-                         [&](absl::StatusOr<int64_t>) { sent.Notify(); })
+                  ->Send(
+                      ticket.connection, 3, 9, big, *big, WireType::kFloat32,
+                      [&](absl::StatusOr<int64_t>) { sent.Notify(); }, Soon())
                   .ok());
   answered = c.PushCall(10, "read", values, WireType::kFloat32, Soon());
   ASSERT_TRUE(answered.ok()) << answered.status();
@@ -639,11 +685,13 @@ TEST(DataPlaneTest, APullCallIsAnsweredAfterItsValues) {
       return;
     }
     ASSERT_TRUE(plane
-                    ->Send(call.connection, call.owner, call.transfer, values, *values,
-                           WireType::kFloat32,
-                           [done](absl::StatusOr<int64_t> sent) {
-                             (*done)({ToGrpcStatus(sent.status()), "head"});
-                           })
+                    ->Send(
+                        call.connection, call.owner, call.transfer, values, *values,
+                        WireType::kFloat32,
+                        [done](absl::StatusOr<int64_t> sent) {
+                          (*done)({ToGrpcStatus(sent.status()), "head"});
+                        },
+                        call.deadline)
                     .ok());
   };
   plane->TakeCalls({nullptr, pull, nullptr, nullptr});
@@ -806,16 +854,55 @@ TEST(DataPlaneTest, AClientThatStopsReadingEndsItsConnectionWithinTheStall) {
   absl::StatusOr<int64_t> outcome;
   const absl::Time start = absl::Now();
   ASSERT_TRUE(plane
-                  ->Send(id, 0, 1, values, *values, WireType::kFloat32,
-                         [&](absl::StatusOr<int64_t> sent) {
-                           outcome = sent;
-                           done.Notify();
-                         })
+                  ->Send(
+                      id, 0, 1, values, *values, WireType::kFloat32,
+                      [&](absl::StatusOr<int64_t> sent) {
+                        outcome = sent;
+                        done.Notify();
+                      },
+                      absl::InfiniteFuture())
                   .ok());
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable) << outcome.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(20));
   EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
+}
+
+// A client that keeps reading, but a trickle, never stalls the connection: the call's deadline
+// ends the send, and the connection with it, so the lane and the values are not held for longer.
+TEST(DataPlaneTest, AClientReadingATrickleEndsItsConnectionAtTheCallsDeadline) {
+  std::unique_ptr<DataPlane> plane = StartPlane(absl::Seconds(5), /*stall=*/absl::Seconds(5));
+  ASSERT_NE(plane, nullptr);
+  uint64_t id = 0;
+  Socket s = Open(*plane, 0, &id);
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {  // 64 KiB every 50 ms: 1.3 MB/s, never a stall
+    std::vector<char> sink(64 << 10);
+    while (!stop.load() && s.Receive(sink.data(), sink.size(), Soon()).ok()) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  });
+  auto values = std::make_shared<std::vector<float>>(16 << 20, 1.0f);  // 64 MiB: 51 s at that
+  absl::Notification done;
+  absl::StatusOr<int64_t> outcome;
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(plane
+                  ->Send(
+                      id, 0, 1, values, *values, WireType::kFloat32,
+                      [&](absl::StatusOr<int64_t> sent) {
+                        outcome = sent;
+                        done.Notify();
+                      },
+                      start + absl::Seconds(3))
+                  .ok());
+  const bool ended = done.WaitForNotificationWithTimeout(absl::Seconds(90));
+  stop.store(true);
+  ASSERT_TRUE(ended) << "the send outlived its deadline by 90 s";
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable) << outcome.status();
+  EXPECT_GE(absl::Now() - start, absl::Seconds(3));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(25)) << "the send went on past its deadline";
+  EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
+  trickle.join();
 }
 
 // A pull's values go out while the shard still copies them (FillProgress): the client gets the
@@ -844,7 +931,7 @@ TEST(DataPlaneTest, ValuesSentWhileTheyAreFilledArriveAsIfSentWhole) {
                           outcome = sent;
                           done.Notify();
                         },
-                        filled ? filling.get() : nullptr)
+                        Soon(), filled ? filling.get() : nullptr)
                     .ok());
     std::vector<float> got(source.size(), -1.0f);
     absl::StatusOr<FrameHeader> head = ReceiveHeader(s, Soon());

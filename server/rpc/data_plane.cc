@@ -22,11 +22,13 @@ class DataPlane::Lane {
  public:
   Lane(Socket s, uint64_t max_frame_bytes)
       : socket(std::move(s)), inbox(&socket, FrameKind::kPush, max_frame_bytes) {}
-  // Ends the lane: waits on its socket fail, the threads end, waiting calls wake.
-  void Close() {
+  // Ends the lane: waits on its socket fail, the threads end, waiting calls wake. `why`: the
+  // reason its connection ends, when it is this lane's own (else its reader's failure says).
+  void Close(absl::string_view why = "") {
     inbox.End();
     absl::MutexLock lock(&mu);
     closed = true;
+    if (why_closed.empty()) why_closed = std::string(why);
   }
 
   // A part of a Pull's tensor, or a pull call's Answer (`answer`, its payload; `sent` null).
@@ -38,6 +40,7 @@ class DataPlane::Lane {
     Sent sent;
     const FillProgress* filling = nullptr;  // alive until `sent` (DataPlane::Send)
     int64_t filled_from = 0;                // where `values` start in what `filling` tells of
+    absl::Time deadline = absl::InfiniteFuture();  // when the values must be out
     std::string answer = {};                // an Answer frame's payload (no values)
   };
 
@@ -55,6 +58,7 @@ class DataPlane::Lane {
 
   absl::Mutex mu;
   bool closed ABSL_GUARDED_BY(mu) = false;
+  std::string why_closed ABSL_GUARDED_BY(mu);
   std::deque<Outgoing> outgoing ABSL_GUARDED_BY(mu);
 };
 
@@ -331,6 +335,8 @@ void DataPlane::Serve(std::shared_ptr<Lane> lane) {
     }
     lane->sender = std::thread([this, lane] { SendLoop(*lane); });
     status = lane->inbox.ReadLoop();
+    absl::MutexLock lock(&lane->mu);
+    if (!lane->why_closed.empty()) status = absl::UnavailableError(lane->why_closed);
   }
   if (admitted.ok()) Close(**admitted, status);
   lane->Close();
@@ -372,10 +378,10 @@ void DataPlane::SendLoop(Lane& lane) {
     }
     if (out->sent == nullptr) {  // an answer
       absl::MutexLock lock(&lane.send_mu);
-      if (!SendFrame(lane.socket, {FrameKind::kAnswer, out->transfer}, out->answer,
-                     absl::InfiniteFuture())
-               .ok()) {
-        lane.Close();
+      if (absl::Status s = SendFrame(lane.socket, {FrameKind::kAnswer, out->transfer}, out->answer,
+                                     absl::InfiniteFuture());
+          !s.ok()) {
+        lane.Close(absl::StrCat("a call's answer could not be sent: ", s.message()));
       }
       continue;
     }
@@ -383,10 +389,10 @@ void DataPlane::SendLoop(Lane& lane) {
     {
       absl::MutexLock lock(&lane.send_mu);
       sent = SendValues(lane.socket, FrameKind::kPull, out->transfer, out->values, out->type,
-                        absl::InfiniteFuture(), out->filling, out->filled_from);
+                        out->deadline, out->filling, out->filled_from);
     }
     if (!sent.ok()) {
-      lane.Close();
+      lane.Close(absl::StrCat("a pull's values could not be sent: ", sent.status().message()));
       sent = absl::UnavailableError(
           absl::StrCat("the data plane connection ended: ", sent.status().message()));
     }
@@ -541,18 +547,20 @@ class PartsSent {
 
 absl::Status DataPlane::Send(uint64_t connection, int owner, uint64_t transfer,
                              std::shared_ptr<const void> keep, absl::Span<const float> values,
-                             WireType type, Sent sent, const FillProgress* filling) {
+                             WireType type, Sent sent, absl::Time deadline,
+                             const FillProgress* filling) {
   absl::StatusOr<std::shared_ptr<Connection>> found = Find(connection, owner);
   if (!found.ok()) return found.status();
   const std::vector<std::shared_ptr<Lane>>& lanes = (*found)->lanes;
   const int parts = StripeCount(values.size(), type, static_cast<int>(lanes.size()));
   auto all = std::make_shared<PartsSent>(parts, std::move(sent));
+  deadline = std::min(deadline, absl::Now() + kMaxSend);
   std::vector<Lane::Outgoing> queued;
   for (int i = 0; i < parts; ++i) {
     const Stripe part = StripeOf(values.size(), parts, i);
     queued.push_back({transfer, keep, values.subspan(part.offset, part.size), type,
                       [all](absl::StatusOr<int64_t> s) { all->One(std::move(s)); }, filling,
-                      static_cast<int64_t>(part.offset)});
+                      static_cast<int64_t>(part.offset), deadline});
   }
   return Lane::QueueAll(absl::MakeConstSpan(lanes).subspan(0, parts), queued);
 }

@@ -123,14 +123,18 @@ class DataPlane {
   // or could not be (UNAVAILABLE: the connection ended).
   using Sent = absl::AnyInvocable<void(absl::StatusOr<int64_t>)>;
   // Sends `values` as `type` on connection `connection` as transfer `transfer`, on the
-  // connection's own threads (one a lane), and then calls `sent` on one of them. With `filling`,
-  // `values` are still being filled: each piece goes once it is in place (SendValues). `values` and
-  // `filling` must stay alive until `sent` is called: `keep` is held until then for that (or the
-  // caller keeps them itself). FAILED_PRECONDITION at once, `sent` not called, when the connection
-  // is not `owner`'s or no longer open.
+  // connection's own threads (one a lane), and then calls `sent` on one of them. The values must
+  // be out by `deadline` (the call's: past it the client no longer waits for them) and within
+  // kMaxSend, or the send fails and ends the connection, so that a client reading slowly holds a
+  // lane and the values that long at most. With `filling`, `values` are still being filled: each
+  // piece goes once it is in place (SendValues). `values` and `filling` must stay alive until
+  // `sent` is called: `keep` is held until then for that (or the caller keeps them itself).
+  // FAILED_PRECONDITION at once, `sent` not called, when the connection is not `owner`'s or no
+  // longer open.
+  static constexpr absl::Duration kMaxSend = absl::Minutes(10);
   absl::Status Send(uint64_t connection, int owner, uint64_t transfer,
                     std::shared_ptr<const void> keep, absl::Span<const float> values, WireType type,
-                    Sent sent, const FillProgress* filling = nullptr);
+                    Sent sent, absl::Time deadline, const FillProgress* filling = nullptr);
 
   // A call made on a connection itself (FrameKind::kPushCall, kPullCall): the connection, the
   // call's transfer, the connection's owner, when it must be answered by, and its request (a

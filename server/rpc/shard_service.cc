@@ -72,8 +72,15 @@ Access AccessFor(int worker_id) { return worker_id < 0 ? Access::kRead : Access:
 class ShardService::PlaneSend {
  public:
   using Done = absl::AnyInvocable<void(grpc::Status lost, int64_t saturated)>;
-  PlaneSend(DataPlane* plane, uint64_t connection, int owner, uint64_t transfer, WireType type)
-      : plane_(plane), connection_(connection), owner_(owner), transfer_(transfer), type_(type) {}
+  // The values must be out by `deadline`, the client's (DataPlane::Send).
+  PlaneSend(DataPlane* plane, uint64_t connection, int owner, uint64_t transfer, WireType type,
+            absl::Time deadline)
+      : plane_(plane),
+        connection_(connection),
+        owner_(owner),
+        transfer_(transfer),
+        type_(type),
+        deadline_(deadline) {}
   // Queues `buffer` as the shard starts copying into it (under the values' lock: it only queues),
   // so that each piece goes out once copied. Returns what the copy tells of its progress; null if
   // the connection is gone. Runs on the thread that then calls Answered, as filling_ and lost_ are
@@ -89,7 +96,7 @@ class ShardService::PlaneSend {
           }
           Event();
         },
-        filling_.get());
+        deadline_, filling_.get());
     if (!queued.ok()) {
       lost_ = DataPlaneLostStatus(std::string(queued.message()));
       return nullptr;
@@ -130,6 +137,7 @@ class ShardService::PlaneSend {
   const int owner_;
   const uint64_t transfer_;
   const WireType type_;
+  const absl::Time deadline_;
   std::shared_ptr<FillProgress> filling_;  // null until the send starts
   grpc::Status lost_;                      // why it could not be queued
   Done done_;
@@ -209,7 +217,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
         checked = DataPlaneLostStatus("this shard has no data plane");
       }
       plane_.emplace(service_->data_plane_, r.data_connection(), r.worker_id(), r.data_transfer(),
-                     type_);
+                     type_, absl::FromChrono(context->deadline()));
     }
     if (!checked.ok()) {
       Finish(checked);
@@ -739,7 +747,8 @@ class ShardService::PlanePull {
         type_(type),
         place_(std::move(place)),
         answer_(std::move(answer)),
-        plane_(service->data_plane_, call.connection, call.owner, call.transfer, type) {}
+        plane_(service->data_plane_, call.connection, call.owner, call.transfer, type,
+               call.deadline) {}
 
   void Start(const v1::PullRequest& r, absl::Time deadline) {
     ParameterShard::ReadRequest read = ReadOf(r, deadline);
