@@ -372,6 +372,12 @@ int ps_op_wait(ps_op* op, double timeout_seconds) {
   return op->result->ok() ? Ok() : Report(*op->result);
 }
 
+int ps_op_filled(ps_op* op, int64_t from) {
+  if (op->is_pull) return Report(absl::FailedPreconditionError("a pull has no gradient to fill"));
+  op->push.Filled(from);
+  return Ok();
+}
+
 int ps_op_wait_part(ps_op* op, int shard, double timeout_seconds) {
   if (op->result.has_value()) return op->result->ok() ? Ok() : Report(*op->result);
   const absl::Duration timeout =

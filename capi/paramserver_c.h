@@ -94,6 +94,11 @@ PS_EXPORT int ps_client_push(ps_client* client, const float* gradient, int64_t c
 /* Sends shard `shard`'s part of a push started held (shard < 0: every part still held); nothing
  * for a part sent already. */
 PS_EXPORT int ps_op_send(ps_op* op, int shard);
+/* A push started held whose gradient a backward pass fills in from its end: values [from, count)
+ * are final now (`from` only goes down). A part whose range is all final is sent, as at
+ * ps_op_send; one with final values starts already where its shard takes a push's values as they
+ * come (a data-plane call, float32, uncompressed), its values going out as they become final. */
+PS_EXPORT int ps_op_filled(ps_op* op, int64_t from);
 /* Waits up to `timeout_seconds` (< 0: until it ends) for an operation: 0 once it succeeded,
  * PS_NOT_DONE if it is still in progress, else its error (the same error on every later wait). */
 PS_EXPORT int ps_op_wait(ps_op* op, double timeout_seconds);

@@ -59,12 +59,13 @@ absl::StatusOr<std::unique_ptr<DataConnection>> DataConnection::Open(const Ticke
     if (absl::Status s = Welcomed(socket, where, deadline); !s.ok()) return s;
   }
   return std::unique_ptr<DataConnection>(
-      new DataConnection(std::move(sockets), ticket.connection, max_bytes, ticket.calls));
+      new DataConnection(std::move(sockets), ticket.connection, max_bytes, ticket.calls,
+                         ticket.calls && ticket.last_piece_first));
 }
 
 DataConnection::DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes,
-                               bool calls)
-    : id_(id), calls_(calls) {
+                               bool calls, bool last_piece_first)
+    : id_(id), calls_(calls), last_piece_first_(last_piece_first) {
   for (Socket& socket : sockets) {
     lanes_.push_back(std::make_unique<Lane>(std::move(socket), max_bytes));
     inboxes_.push_back(&lanes_.back()->inbox);
@@ -125,7 +126,8 @@ absl::StatusOr<int64_t> DataConnection::Push(uint64_t transfer, absl::Span<const
 absl::StatusOr<int64_t> DataConnection::SendCall(FrameKind kind, uint64_t transfer,
                                                  const std::string& request,
                                                  absl::Span<const float> values, WireType type,
-                                                 absl::Time deadline, const FillProgress* filling) {
+                                                 absl::Time deadline, const FillProgress* filling,
+                                                 ValuesOrder order) {
   Socket& socket = lanes_.front()->socket;
   absl::StatusOr<int64_t> saturated = 0;
   {
@@ -135,7 +137,8 @@ absl::StatusOr<int64_t> DataConnection::SendCall(FrameKind kind, uint64_t transf
         !s.ok()) {
       saturated = s;
     } else if (kind != FrameKind::kPullCall) {  // a push's or a change's values
-      saturated = SendValues(socket, FrameKind::kPush, transfer, values, type, deadline, filling);
+      saturated =
+          SendValues(socket, FrameKind::kPush, transfer, values, type, deadline, filling, 0, order);
     }
   }
   if (!saturated.ok()) End();
@@ -154,12 +157,12 @@ absl::StatusOr<grpc::Status> DataConnection::AwaitAnswer(uint64_t transfer,
 
 absl::StatusOr<DataConnection::Answered> DataConnection::PushCall(
     uint64_t transfer, const std::string& header, absl::Span<const float> values, WireType type,
-    absl::Time deadline, FrameKind kind, const FillProgress* filling) {
+    absl::Time deadline, FrameKind kind, const FillProgress* filling, ValuesOrder order) {
   FrameInbox& first = lanes_.front()->inbox;
   std::string answer;
   if (absl::Status s = first.ExpectAnswer(transfer, &answer); !s.ok()) return s;
   absl::StatusOr<int64_t> saturated =
-      SendCall(kind, transfer, header, values, type, deadline, filling);
+      SendCall(kind, transfer, header, values, type, deadline, filling, order);
   if (!saturated.ok()) {
     first.AwaitAnswer(transfer, absl::InfinitePast()).IgnoreError();  // forgets it
     return saturated.status();

@@ -46,6 +46,7 @@ class DataConnection {
     // The job's TLS (a client's context), which every lane then speaks; null: plain TCP. The
     // shard's certificate must name `host`.
     std::shared_ptr<const TlsContext> tls = nullptr;
+    bool last_piece_first = false;  // whether a PushCall's values may come last piece first
   };
   // Connects the ticket's lanes and presents it on each, before `deadline`; a peer that moves no
   // byte for `stall` fails the connection later. UNAVAILABLE naming the address and why (the
@@ -61,6 +62,7 @@ class DataConnection {
   uint64_t id() const { return id_; }
   int lanes() const { return static_cast<int>(lanes_.size()); }
   bool calls() const { return calls_; }
+  bool last_piece_first() const { return last_piece_first_; }
   // A transfer id not used before on this connection.
   uint64_t NextTransfer() { return next_transfer_.fetch_add(1); }
 
@@ -81,11 +83,13 @@ class DataConnection {
   };
   // A replica's primary makes its changes on its backup's connection so, as kChangeCall frames
   // (`header` a serialized v1::ReplicationMessage). With `filling`, `values` are still being
-  // filled: each piece goes once it is in place (SendValues).
+  // filled: each piece goes once it is in place, in `order` (SendValues; kLastPieceFirst: the
+  // header says so, and the shard's ticket said it takes it).
   absl::StatusOr<Answered> PushCall(uint64_t transfer, const std::string& header,
                                     absl::Span<const float> values, WireType type,
                                     absl::Time deadline, FrameKind kind = FrameKind::kPushCall,
-                                    const FillProgress* filling = nullptr);
+                                    const FillProgress* filling = nullptr,
+                                    ValuesOrder order = ValuesOrder::kInOrder);
   // Makes a pull on the connection itself (FrameKind::kPullCall): `request` (a serialized
   // v1::PullRequest naming this connection and `transfer`); its values go into `dst` as `type`
   // values (striped as any pull's), and the shard's answer, its status and, when OK, the
@@ -123,14 +127,17 @@ class DataConnection {
   // the connection.
   absl::StatusOr<int64_t> SendCall(FrameKind kind, uint64_t transfer, const std::string& request,
                                    absl::Span<const float> values, WireType type,
-                                   absl::Time deadline, const FillProgress* filling = nullptr);
+                                   absl::Time deadline, const FillProgress* filling = nullptr,
+                                   ValuesOrder order = ValuesOrder::kInOrder);
   // The answer to call `transfer` (expected into `answer`), waited for until `deadline`.
   absl::StatusOr<grpc::Status> AwaitAnswer(uint64_t transfer, const std::string& answer,
                                            std::string* response, absl::Time deadline);
-  DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes, bool calls);
+  DataConnection(std::vector<Socket> sockets, uint64_t id, uint64_t max_bytes, bool calls,
+                 bool last_piece_first);
 
   const uint64_t id_;
   const bool calls_;
+  const bool last_piece_first_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::vector<FrameInbox*> inboxes_;
   std::mutex send_mu_;  // one push on the wire at a time

@@ -136,12 +136,41 @@ absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline) {
   return FrameHeader{static_cast<FrameKind>(kind), Get(head + 8, 8), Get(head + 16, 8)};
 }
 
+namespace {
+
+// SendValues in kLastPieceFirst order (float32).
+absl::Status SendLastPieceFirst(Socket& socket, absl::Span<const float> values, absl::Time deadline,
+                                const FillProgress* filling) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  for (int64_t begin = n == 0 ? 0 : (n - 1) / kFillPiece * kFillPiece; begin >= 0 && n > 0;
+       begin -= kFillPiece) {
+    const int64_t end = std::min(n, begin + kFillPiece);
+    if (filling != nullptr && filling->WaitFor(n - begin, absl::Now() + kMaxFillWait) < n - begin) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("the values to send stopped coming after ", n - end, " of ", n));
+    }
+    std::string_view bytes = AsBytes(values.subspan(begin, end - begin));
+    if (absl::Status s = socket.Send(bytes.data(), bytes.size(), deadline); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t transfer,
                                    absl::Span<const float> values, WireType type,
                                    absl::Time deadline, const FillProgress* filling,
-                                   int64_t filled_from) {
+                                   int64_t filled_from, ValuesOrder order) {
+  if (order == ValuesOrder::kLastPieceFirst && (type != WireType::kFloat32 || filled_from != 0)) {
+    return absl::InvalidArgumentError("values go last piece first as float32 only, from 0");
+  }
   char head[kHeaderBytes];
   EncodeHeader({kind, transfer, static_cast<uint64_t>(values.size()) * WireBytes(type)}, head);
+  if (order == ValuesOrder::kLastPieceFirst) {
+    if (absl::Status s = socket.Send(head, kHeaderBytes, deadline); !s.ok()) return s;
+    if (absl::Status s = SendLastPieceFirst(socket, values, deadline, filling); !s.ok()) return s;
+    return 0;
+  }
   if (type == WireType::kFloat32 && filling == nullptr) {
     std::string_view bytes = AsBytes(values);
     iovec pieces[2] = {{head, kHeaderBytes}, {const_cast<char*>(bytes.data()), bytes.size()}};
@@ -179,23 +208,36 @@ absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t tran
 }
 
 absl::Status ReceiveValues(Socket& socket, uint64_t bytes, absl::Span<float> dst, WireType type,
-                           absl::Time deadline, ValuesSeen seen) {
+                           absl::Time deadline, ValuesSeen seen, ValuesOrder order) {
   const uint64_t expected = static_cast<uint64_t>(dst.size()) * WireBytes(type);
-  if (bytes != expected) {
+  if (bytes != expected || (order == ValuesOrder::kLastPieceFirst && type != WireType::kFloat32)) {
     absl::Status dropped = Discard(socket, bytes, deadline);
     if (!dropped.ok()) return dropped;
+    if (bytes == expected) {
+      return absl::InvalidArgumentError("values come last piece first as float32 only");
+    }
     return absl::InvalidArgumentError(absl::StrCat("a data-plane tensor of ", bytes,
                                                    " bytes where the call declared ", expected));
   }
   if (type == WireType::kFloat32) {  // in runs small enough to be scanned while in the cache
     constexpr uint64_t kRunValues = kSeenRunBytes / sizeof(float);
-    for (uint64_t i = 0; i < dst.size(); i += kRunValues) {
-      absl::Span<float> run = dst.subspan(i, kRunValues);
-      if (absl::Status s = socket.Receive(run.data(), run.size() * sizeof(float), deadline);
-          !s.ok()) {
-        return s;
+    static_assert(kFillPiece % kRunValues == 0, "a piece is whole runs");
+    auto receive = [&](uint64_t begin, uint64_t end) -> absl::Status {
+      for (uint64_t i = begin; i < end; i += kRunValues) {
+        absl::Span<float> run = dst.subspan(i, std::min(kRunValues, end - i));
+        if (absl::Status s = socket.Receive(run.data(), run.size() * sizeof(float), deadline);
+            !s.ok()) {
+          return s;
+        }
+        seen(run);
       }
-      seen(run);
+      return absl::OkStatus();
+    };
+    if (order == ValuesOrder::kInOrder) return receive(0, dst.size());
+    const uint64_t n = dst.size(), piece = kFillPiece;
+    for (uint64_t begin = n == 0 ? 0 : (n - 1) / piece * piece; n > 0; begin -= piece) {
+      if (absl::Status s = receive(begin, std::min(n, begin + piece)); !s.ok()) return s;
+      if (begin == 0) break;
     }
     return absl::OkStatus();
   }

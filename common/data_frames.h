@@ -125,15 +125,23 @@ absl::Status SendFrame(Socket& socket, FrameHeader header, std::string_view payl
 // Receives a header. DATA_LOSS for one that is not a data-plane frame; fails as Socket does.
 absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline);
 
-// Sends `values` as `type` in one frame of `kind`; returns how many values were saturated to the
-// type's range. 32-bit values go straight from `values`; others are encoded a piece at a time.
-// With `filling`, `values` (the ones from `filled_from` on of the buffer it tells of) are still
-// being filled: each piece is sent once it is in place (DEADLINE_EXCEEDED if no more comes within
-// kMaxFillWait).
+// The order of a frame's values: kInOrder, or kLastPieceFirst: pieces of kFillPiece values
+// (counted from the first value), the last piece first, each piece's values in order. A push
+// goes so while a backward pass fills its gradient, the last layers first (float32 only; each
+// piece is whole GradientScan blocks, which a shard may scan in any order).
+enum class ValuesOrder { kInOrder, kLastPieceFirst };
+
+// Sends `values` as `type` in one frame of `kind`, in `order`; returns how many values were
+// saturated to the type's range. 32-bit values go straight from `values`; others are encoded a
+// piece at a time. With `filling`, `values` (the ones from `filled_from` on of the buffer it tells
+// of) are still being filled: each piece is sent once it is in place (DEADLINE_EXCEEDED if no more
+// comes within kMaxFillWait); in kLastPieceFirst order `filling` counts the values in place from
+// the end (and `filled_from` is 0). INVALID_ARGUMENT for kLastPieceFirst with another type.
 absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t transfer,
                                    absl::Span<const float> values, WireType type,
                                    absl::Time deadline, const FillProgress* filling = nullptr,
-                                   int64_t filled_from = 0);
+                                   int64_t filled_from = 0,
+                                   ValuesOrder order = ValuesOrder::kInOrder);
 // How long SendValues waits for the next piece of values being filled: a copy in memory, or a
 // push forwarded to a replica as it comes (server/replication/replica.h): longer than a data
 // plane's stall (10 s), so that a push whose worker stalls fails there first and its stage is
@@ -147,12 +155,14 @@ inline constexpr uint64_t kSeenRunBytes = 256 << 10;
 using ValuesSeen = absl::FunctionRef<void(absl::Span<const float>)>;
 inline void IgnoreValues(absl::Span<const float>) {}
 
-// Receives a frame's payload of `bytes` bytes into `dst` as `type` values (32-bit ones straight
-// into `dst`), telling `seen` of each run of them. The payload is read whole even when it does
-// not fit `dst` (INVALID_ARGUMENT then, naming both sizes, `seen` not called), so that the
-// connection stays usable; other failures are the socket's.
+// Receives a frame's payload of `bytes` bytes, sent in `order`, into `dst` as `type` values
+// (32-bit ones straight into `dst`), telling `seen` of each run of them. The payload is read whole
+// even when it does not fit `dst` (INVALID_ARGUMENT then, naming both sizes, `seen` not called),
+// or comes in kLastPieceFirst order but not as float32, so that the connection stays usable; other
+// failures are the socket's.
 absl::Status ReceiveValues(Socket& socket, uint64_t bytes, absl::Span<float> dst, WireType type,
-                           absl::Time deadline, ValuesSeen seen = IgnoreValues);
+                           absl::Time deadline, ValuesSeen seen = IgnoreValues,
+                           ValuesOrder order = ValuesOrder::kInOrder);
 // Reads and drops `bytes` bytes of payload.
 absl::Status Discard(Socket& socket, uint64_t bytes, absl::Time deadline);
 

@@ -12,9 +12,15 @@ void FillProgress::Add(int64_t n) {
 int64_t FillProgress::WaitFor(int64_t n, absl::Time deadline) const {
   const int64_t want = std::min(n, total_);
   absl::MutexLock lock(&mu_);
-  auto enough = [this, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return filled_ >= want; };
+  auto enough = [this, want]()
+                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return filled_ >= want || stopped_; };
   mu_.AwaitWithDeadline(absl::Condition(&enough), deadline);
   return filled_;
+}
+
+void FillProgress::Stop() {
+  absl::MutexLock lock(&mu_);
+  stopped_ = true;
 }
 
 }  // namespace ps

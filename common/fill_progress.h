@@ -22,13 +22,17 @@ class FillProgress {
   int64_t total() const { return total_; }
   // `n` more values are in place (in order, from the start); at most total() in all.
   void Add(int64_t n);
-  // Waits until at least min(n, total()) values are in place, or `deadline`; returns how many are.
+  // Waits until at least min(n, total()) values are in place, or `deadline`, or Stop; returns
+  // how many are.
   int64_t WaitFor(int64_t n, absl::Time deadline) const;
+  // No more values will come (the filler gave up): waits end at once.
+  void Stop();
 
  private:
   const int64_t total_;
   mutable absl::Mutex mu_;
   int64_t filled_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ps

@@ -83,7 +83,7 @@ absl::Status FrameInbox::ReadAnswer(const FrameHeader& h) {
 }
 
 absl::Status FrameInbox::ReadCallValues(uint64_t transfer, absl::Span<float> dst, WireType type,
-                                        ValuesSeen seen, absl::Time deadline) {
+                                        ValuesSeen seen, absl::Time deadline, ValuesOrder order) {
   absl::StatusOr<FrameHeader> h = ReceiveHeader(*socket_, deadline);
   absl::Status status = h.status();
   if (status.ok() && (h->kind != kind_ || h->transfer != transfer || h->bytes > max_bytes_)) {
@@ -92,7 +92,7 @@ absl::Status FrameInbox::ReadCallValues(uint64_t transfer, absl::Span<float> dst
                                          " where the tensor of push call ", transfer, " was due"));
   }
   if (status.ok()) {
-    status = ReceiveValues(*socket_, h->bytes, dst, type, deadline, seen);
+    status = ReceiveValues(*socket_, h->bytes, dst, type, deadline, seen, order);
   }
   if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) End();
   return status;

@@ -44,12 +44,13 @@ class FrameInbox {
   using OnCall =
       absl::AnyInvocable<absl::Status(FrameKind kind, uint64_t transfer, std::string payload)>;
   void TakeCalls(OnCall on_call) { on_call_ = std::move(on_call); }
-  // From the call handler: reads the next frame, which must be the tensor of call `transfer`,
-  // into `dst` as `type` values, telling `seen` of each run of them on this thread, before
-  // `deadline`. INVALID_ARGUMENT for a tensor of another size (the connection goes on); any other
-  // failure (another frame, a cut, the deadline) ends the connection.
+  // From the call handler: reads the next frame, which must be the tensor of call `transfer`
+  // sent in `order`, into `dst` as `type` values, telling `seen` of each run of them on this
+  // thread, before `deadline`. INVALID_ARGUMENT for a tensor of another size (the connection goes
+  // on); any other failure (another frame, a cut, the deadline) ends the connection.
   absl::Status ReadCallValues(uint64_t transfer, absl::Span<float> dst, WireType type,
-                              ValuesSeen seen, absl::Time deadline);
+                              ValuesSeen seen, absl::Time deadline,
+                              ValuesOrder order = ValuesOrder::kInOrder);
   // The Answer frame to call `transfer` goes into `answer` (which must stay valid until
   // AwaitAnswer returned); AwaitAnswer waits for it as Await does for values, and forgets it.
   // FAILED_PRECONDITION once the connection ended, INVALID_ARGUMENT for an answer already

@@ -595,8 +595,9 @@ TEST(DataPlaneTest, APushCallGoesToTheHandlerAndIsAnsweredOnTheConnection) {
     got.assign(call.request == "short" ? 10 : 1000, 0.0f);
     const WireType type = call.request == "bf16" ? WireType::kBFloat16 : WireType::kFloat32;
     size_t seen = 0;
-    absl::Status read = read_values(absl::MakeSpan(got), type,
-                                    [&](absl::Span<const float> run) { seen += run.size(); });
+    absl::Status read = read_values(
+        absl::MakeSpan(got), type, [&](absl::Span<const float> run) { seen += run.size(); },
+        ValuesOrder::kInOrder);
     answer.status = ToGrpcStatus(read);
     answer.response = absl::StrCat("seen ", seen);
     return answer;
@@ -669,6 +670,60 @@ TEST(DataPlaneTest, APushCallGoesToTheHandlerAndIsAnsweredOnTheConnection) {
 // A pull made on the connection itself goes to the handler, which answers later (from another
 // thread): its values, striped over the lanes when large, come before the answer; a refused one
 // sends none, and its place is forgotten.
+// A push whose values a backward pass still fills in, from the end: sent last piece first as they
+// become final, each piece read into its place as it comes, the scan told of every value once.
+TEST(DataPlaneTest, APushCallSentLastPieceFirstArrivesWhileItsFirstPiecesAreStillComing) {
+  std::unique_ptr<DataPlane> plane = StartPlane();
+  ASSERT_NE(plane, nullptr);
+  const size_t n = 2 * kFillPiece + 12345;  // three pieces, the last one short
+  std::vector<float> got(n, -1.0f);
+  std::vector<int> told(n, 0);
+  absl::Notification last_piece_in;
+  DataPlane::PushHandler push = [&](const DataPlane::Call&, DataPlane::ReadValues read_values) {
+    absl::Status read = read_values(
+        absl::MakeSpan(got), WireType::kFloat32,
+        [&](absl::Span<const float> run) {
+          const size_t at = run.data() - got.data();
+          for (size_t i = at; i < at + run.size(); ++i) ++told[i];
+          if (at + run.size() == n) last_piece_in.Notify();
+        },
+        ValuesOrder::kLastPieceFirst);
+    return DataPlane::CallAnswer{ToGrpcStatus(read), "read"};
+  };
+  plane->TakeCalls({push, nullptr, nullptr, nullptr});
+  std::unique_ptr<DataConnection> client = OpenClient(*plane, 3);
+  ASSERT_NE(client, nullptr);
+  std::vector<float> values(n, 0.0f);
+  FillProgress filled(static_cast<int64_t>(n));  // counted from the end
+  absl::StatusOr<DataConnection::Answered> answered;
+  std::thread call([&] {
+    answered = client->PushCall(5, "read", values, WireType::kFloat32, Soon(), FrameKind::kPushCall,
+                                &filled, ValuesOrder::kLastPieceFirst);
+  });
+  // The last piece, final: it arrives while the rest is not even computed.
+  for (size_t i = 2 * kFillPiece; i < n; ++i) values[i] = 0.25f * i;
+  filled.Add(n - 2 * kFillPiece);
+  ASSERT_TRUE(last_piece_in.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_EQ(got[n - 1], 0.25f * (n - 1));
+  EXPECT_EQ(got[0], -1.0f);
+  for (size_t i = 0; i < 2 * kFillPiece; ++i) values[i] = 0.25f * i;
+  filled.Add(2 * kFillPiece - 1000);  // values come in runs that end anywhere
+  filled.Add(1000);
+  call.join();
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_TRUE(answered->status.ok()) << answered->status.error_message();
+  EXPECT_EQ(got, values);
+  EXPECT_EQ(std::count(told.begin(), told.end(), 1), static_cast<int64_t>(n));
+
+  // Last piece first is float32's alone: refused before anything is sent.
+  Socket unused;
+  EXPECT_EQ(SendValues(unused, FrameKind::kPush, 1, values, WireType::kBFloat16, Soon(), nullptr, 0,
+                       ValuesOrder::kLastPieceFirst)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(DataPlaneTest, APullCallIsAnsweredAfterItsValues) {
   std::unique_ptr<DataPlane> plane = StartPlane(absl::Seconds(5), absl::Seconds(10), 2);
   ASSERT_NE(plane, nullptr);
@@ -731,8 +786,8 @@ TEST(DataPlaneTest, AMalformedOrCutPushCallEndsItsConnection) {
   std::atomic<int> read_failures{0};
   plane->TakeCalls({[&](const DataPlane::Call&, DataPlane::ReadValues read_values) {
                       std::vector<float> dst(1000);
-                      absl::Status read =
-                          read_values(absl::MakeSpan(dst), WireType::kFloat32, IgnoreValues);
+                      absl::Status read = read_values(absl::MakeSpan(dst), WireType::kFloat32,
+                                                      IgnoreValues, ValuesOrder::kInOrder);
                       read_failures += !read.ok();
                       return DataPlane::CallAnswer{ToGrpcStatus(read), ""};
                     },
@@ -1059,6 +1114,7 @@ class DataPlaneShardTest : public ::testing::Test {
     ASSERT_TRUE(out->registered->Register().ok());
     v1::AttachDataPlaneResponse ticket;
     ASSERT_TRUE(Attach(worker, "", &ticket, primary, model).ok());
+    EXPECT_FALSE(ticket.last_piece_first()) << "a primary forwarding pushes takes them in order";
     absl::StatusOr<std::unique_ptr<DataConnection>> c = DataConnection::Open(
         {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), 1, true},
         model.total_params * sizeof(float), Soon(), absl::Seconds(10));
@@ -1712,6 +1768,93 @@ TEST_F(DataPlaneShardTest, APushWhoseWorkerStallsLeavesForwardingOn) {
 
 // A shard whose clients open three lanes: its 13 MB tensors go in three parts, with the same
 // results as over gRPC.
+// A held push told how far a backward pass has filled its gradient in (Pending::Filled) sends its
+// part as a data-plane call, last piece first, before the rest is final, and is applied as the
+// whole gradient pushed at once is. Cancelled while its values are still coming, it ends
+// CANCELLED at once, nothing applied, and the next push goes as usual.
+TEST_F(DataPlaneShardTest, APushFilledFromItsEndIsAppliedAsTheWholeGradientOrNotAtAll) {
+  std::vector<float> weights(kParams);
+  ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(weights)).ok());  // its data-plane connection opens
+  std::vector<float> gradient(kParams, std::nanf(""));        // what backward has not written yet
+  ShardedClient::Pending<ShardedClient::PushSummary> push =
+      worker0_->StartPush(gradient, ShardedClient::kNextSequence, ShardedClient::Parts::kHeld);
+  for (int from : {kParams - 1000, kParams / 2, 1000, 0}) {  // backward's layers, the last first
+    for (int i = from; i < kParams && std::isnan(gradient[i]); ++i) gradient[i] = 0.001f * (i % 7);
+    push.Filled(from);
+  }
+  absl::StatusOr<ShardedClient::PushSummary> pushed = push.Wait();
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(pushed->max_staleness, 0);
+  ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(weights)).ok());
+  for (int i = 0; i < kParams; ++i) {
+    ASSERT_EQ(weights[i], initial_[i] - 0.5f * gradient[i]) << i;  // SGD, lr 0.5, bit for bit
+  }
+  v1::StatsResponse stats = ShardStats();
+  EXPECT_EQ(stats.version(), 1);
+  EXPECT_EQ(stats.pushes_rejected(), 0);
+  EXPECT_EQ(stats.data_plane_pushes(), 1);
+
+  std::fill(gradient.begin(), gradient.end(), std::nanf(""));
+  push = worker0_->StartPush(gradient, ShardedClient::kNextSequence, ShardedClient::Parts::kHeld);
+  std::fill(gradient.begin() + kParams / 2, gradient.end(), 0.5f);
+  push.Filled(kParams / 2);
+  const absl::Time start = absl::Now();
+  worker0_->CancelPending();
+  absl::StatusOr<ShardedClient::PushSummary> cancelled = push.Wait();
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "it waited for values to come";
+  EXPECT_EQ(ShardStats().version(), 1);
+  std::fill(gradient.begin(), gradient.end(), 0.5f);
+  pushed = worker0_->Push(gradient);  // over gRPC now (the cancel ended the connection)
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(ShardStats().version(), 2);
+}
+
+// A push whose values come last piece first is a float32 call on the data plane: over gRPC, or
+// as bf16, it is refused, saying why, and nothing is applied.
+TEST_F(DataPlaneShardTest, APushLastPieceFirstIsRefusedWhereItCannotBeRead) {
+  std::unique_ptr<ShardedClient> worker1 = Client(1, /*data_plane=*/false);
+  ASSERT_TRUE(worker1->Register().ok());
+  v1::AttachDataPlaneResponse ticket;
+  ASSERT_TRUE(Attach(1, token_, &ticket).ok());
+  EXPECT_TRUE(ticket.last_piece_first());
+  absl::StatusOr<std::unique_ptr<DataConnection>> c = DataConnection::Open(
+      {"127.0.0.1", ticket.port(), ticket.connection(), ticket.secret(), 1, true},
+      kParams * sizeof(float), Soon(), absl::Seconds(10));
+  ASSERT_TRUE(c.ok()) << c.status();
+  v1::PushHeader h = RawPushCall(1, worker1->incarnation(0), kParams, (*c)->id());
+  h.set_last_piece_first(true);
+  h.set_dtype(v1::BFLOAT16);
+  const std::vector<float> gradient(kParams, 1.0f);
+  absl::StatusOr<DataConnection::Answered> answered =
+      (*c)->PushCall(1, h.SerializeAsString(), gradient, WireType::kBFloat16, Soon());
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_EQ(answered->status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(answered->status.error_message().find("last piece first"), std::string::npos)
+      << answered->status.error_message();
+
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(cluster_->ShardAddress(0), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(In(absl::Seconds(10)));
+  context.AddMetadata("authorization", "Bearer " + token_);
+  v1::PushResponse response;
+  auto writer = stub->Push(&context, &response);
+  v1::PushChunk chunk;
+  *chunk.mutable_header() = RawPushCall(1, worker1->incarnation(0), kParams, 0);
+  chunk.mutable_header()->set_last_piece_first(true);
+  chunk.mutable_header()->set_data_transfer(0);
+  writer->Write(chunk);
+  writer->WritesDone();
+  grpc::Status refused = writer->Finish();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.error_message().find("data plane"), std::string::npos)
+      << refused.error_message();
+  v1::StatsResponse stats = ShardStats();
+  EXPECT_EQ(stats.version(), 0);
+  EXPECT_EQ(stats.pushes_rejected(), 2);
+}
+
 TEST_F(DataPlaneShardTest, TensorsStripedOverSeveralLanesGiveTheSameResults) {
   constexpr int kBig = 3300000;
   const ModelIdentity big{"flat:3300000", kBig, 1};

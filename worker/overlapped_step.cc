@@ -51,10 +51,9 @@ absl::Status OverlappedStep::GradientFinal(int64_t begin) {
     push_ =
         client_->StartPush(gradient_, ShardedClient::kNextSequence, ShardedClient::Parts::kHeld);
   }
-  // A shard's part is final once backward passed its first element.
-  for (int s = static_cast<int>(ranges_.size()) - 1; s >= 0 && ranges_[s].begin >= begin; --s) {
-    push_.Send(s);
-  }
+  // Values [begin, end) are final: a shard's part goes as they come where the shard takes that,
+  // else once backward passed its first element.
+  push_.Filled(begin);
   return absl::OkStatus();
 }
 

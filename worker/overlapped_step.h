@@ -1,10 +1,11 @@
 // One training step whose communication overlaps its computation, as BytePS and PyTorch DDP
 // overlap theirs: the forward pass starts each layer as soon as the shards holding that layer's
 // weights have answered the step's pull (first layer first, while the later shards' parts are
-// still arriving), and the backward pass sends each shard its part of the gradient as soon as
-// that part's range is final (last layer first), while the earlier layers' gradients are still
-// being computed. The push keeps one sequence and one base (the versions the whole pull saw) over
-// its parts, so a step's staleness is counted exactly as for a step that did not overlap.
+// still arriving), and the backward pass sends each shard its part of the gradient as it becomes
+// final (last layer first; over the data plane a piece at a time, Pending::Filled, else each part
+// once its range is final), while the earlier layers' gradients are still being computed. The push
+// keeps one sequence and one base (the versions the whole pull saw) over its parts, so a step's
+// staleness is counted exactly as for a step that did not overlap.
 //
 // Use: construct it with the step's pull in flight, pass Hooks() to
 // Network::GradientOfExamples, then TakePush() and wait for it. Not thread-safe: one step, on one

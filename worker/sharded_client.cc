@@ -26,6 +26,7 @@
 #include "common/consistency_spec.h"
 #include "common/data_connection.h"
 #include "common/data_frames.h"
+#include "common/fill_progress.h"
 #include "common/grpc_method.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
@@ -255,6 +256,81 @@ class ShardedClient::Call {
   int pending_ ABSL_GUARDED_BY(mu_);
 };
 
+// A held push's gradient as a backward pass fills it in from its end (Pending::Filled): by shard,
+// the values of its range in place, counted from the range's end, which a part sending its values
+// as they come waits on. Thread-safe.
+class ShardedClient::PushFill {
+ public:
+  // `streams(shard)`: whether shard's part may start before its range is final.
+  PushFill(const std::vector<Range>& ranges, std::function<bool(int)> streams)
+      : ranges_(ranges), streams_(std::move(streams)), in_place_(ranges.size(), 0) {
+    for (const Range& r : ranges_) progress_.push_back(std::make_unique<FillProgress>(r.size()));
+  }
+  // Values [from, end) are final; returns the shards whose part may start now.
+  std::vector<int> From(int64_t from) {
+    std::vector<int> whole, some;
+    {
+      absl::MutexLock lock(&mu_);
+      for (size_t s = 0; s < ranges_.size(); ++s) {
+        const Range& r = ranges_[s];
+        const int64_t n = std::clamp<int64_t>(r.end - std::max(from, r.begin), 0, r.size());
+        if (n > in_place_[s]) progress_[s]->Add(n - std::exchange(in_place_[s], n));
+        if (n == r.size()) {
+          whole.push_back(static_cast<int>(s));
+        } else if (n > 0) {
+          some.push_back(static_cast<int>(s));
+        }
+      }
+    }
+    for (int s : some) {
+      if (streams_(s)) whole.push_back(s);
+    }
+    return whole;
+  }
+  // Shard `shard`'s range is final (shard < 0: every range).
+  void Final(int shard) {
+    absl::MutexLock lock(&mu_);
+    for (size_t s = 0; s < ranges_.size(); ++s) {
+      if (shard >= 0 && static_cast<size_t>(shard) != s) continue;
+      progress_[s]->Add(ranges_[s].size() - std::exchange(in_place_[s], ranges_[s].size()));
+    }
+  }
+  // No more values come (the push was dropped, or the client cancelled): waits end.
+  void Stop() {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+    for (const auto& p : progress_) p->Stop();
+  }
+  bool stopped() {
+    absl::MutexLock lock(&mu_);
+    return stopped_;
+  }
+  // Whether shard `shard`'s part will never be final: stopped before its range was.
+  bool Dropped(int shard) {
+    absl::MutexLock lock(&mu_);
+    return stopped_ && in_place_[shard] < ranges_[shard].size();
+  }
+  FillProgress& progress(int shard) { return *progress_[shard]; }
+
+ private:
+  const std::vector<Range> ranges_;
+  const std::function<bool(int)> streams_;
+  std::vector<std::unique_ptr<FillProgress>> progress_;
+  absl::Mutex mu_;
+  std::vector<int64_t> in_place_ ABSL_GUARDED_BY(mu_);
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+void ShardedClient::FillFrom(PushFill& fill, Call& call, int64_t from) {
+  for (int shard : fill.From(from)) call.Send(shard);
+}
+void ShardedClient::FillFinal(PushFill* fill, int shard) {
+  if (fill != nullptr) fill->Final(shard);
+}
+void ShardedClient::FillStop(PushFill* fill) {
+  if (fill != nullptr) fill->Stop();
+}
+
 absl::Status ShardedClient::Await(Call& call) { return call.Wait(); }
 bool ShardedClient::Ended(Call& call, absl::Duration timeout) { return call.Ended(timeout); }
 std::optional<absl::Status> ShardedClient::AwaitPart(Call& call, int shard,
@@ -412,10 +488,20 @@ class ShardedClient::Impl {
   // Records what a pull of shard `shard` made as `request` served, once its values are in.
   void Pulled(int shard, const v1::PullRequest& request, Versions* versions);
   // One attempt at pushing shard `shard`'s part of `gradient`, or `compressed` (that part
-  // compressed) when not null; returns the values saturated.
+  // compressed) when not null; returns the values saturated. With `fill` (a held push's), the
+  // part's values may still be coming: sent as they come where the shard takes that
+  // (StreamsPush), else once all of them are in (AwaitFinal).
   grpc::Status PushTo(int shard, grpc::ClientContext* context, absl::Span<const float> gradient,
                       const std::shared_ptr<const CompressedTensor>& compressed, int64_t sequence,
-                      const Versions& base, v1::PushResponse* response, int64_t* saturated);
+                      const Versions& base, v1::PushResponse* response, int64_t* saturated,
+                      PushFill* fill);
+  // Whether shard `shard`'s part of a push may go as its values come (Pending::Filled): over an
+  // open data-plane connection that takes them last piece first, in one part, as float32,
+  // uncompressed.
+  bool StreamsPush(int shard) const;
+  // Waits until shard `shard`'s part of `fill` is final, until the call's deadline: CANCELLED if
+  // the push was dropped (or the client cancelled) meanwhile.
+  static grpc::Status AwaitFinal(PushFill& fill, int shard, const grpc::ClientContext& context);
 
   struct Replica {
     std::string address;
@@ -483,6 +569,7 @@ class ShardedClient::Impl {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
   std::vector<std::weak_ptr<Call>> holding_ ABSL_GUARDED_BY(mu_);  // calls started kHeld
+  std::vector<std::weak_ptr<PushFill>> fills_ ABSL_GUARDED_BY(mu_);  // their pushes' fills
 
   // Last: destroyed (its threads joined) before the state they use.
   CallThreads threads_;
@@ -886,11 +973,12 @@ absl::StatusOr<std::shared_ptr<DataConnection>> ShardedClient::Impl::ConnectTo(
   if (!why.ok()) return why;
   std::string host, port;
   SplitHostPort(Address(shard), &host, &port);
-  absl::StatusOr<std::unique_ptr<DataConnection>> connection = DataConnection::Open(
-      {host, response.port(), response.connection(), response.secret(),
-       std::max(response.lanes(), 1), response.calls(), options_.security.plane_tls},
-      static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
-      absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
+  absl::StatusOr<std::unique_ptr<DataConnection>> connection =
+      DataConnection::Open({host, response.port(), response.connection(), response.secret(),
+                            std::max(response.lanes(), 1), response.calls(),
+                            options_.security.plane_tls, response.last_piece_first()},
+                           static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
+                           absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
   if (!connection.ok()) return connection.status();
   return std::shared_ptr<DataConnection>(*std::move(connection));
 }
@@ -1281,11 +1369,42 @@ ShardedClient::Versions ShardedClient::last_pull() const {
   return impl_->steps_->last_pull;
 }
 
+bool ShardedClient::Impl::StreamsPush(int shard) const {
+  if (compressor_ != nullptr || options_.push_type != WireType::kFloat32) return false;
+  const Session session = SessionOf(shard);
+  const std::shared_ptr<DataConnection> data = DataOf(session, shard);
+  return session.shared == nullptr && data != nullptr && !data->ended() &&
+         data->last_piece_first() &&
+         StripeCount(ranges_[shard].size(), WireType::kFloat32, data->lanes()) == 1;
+}
+
+grpc::Status ShardedClient::Impl::AwaitFinal(PushFill& fill, int shard,
+                                             const grpc::ClientContext& context) {
+  FillProgress& progress = fill.progress(shard);
+  if (progress.WaitFor(progress.total(), absl::FromChrono(context.deadline())) >=
+      progress.total()) {
+    return grpc::Status::OK;
+  }
+  if (fill.stopped()) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "the push was dropped before this shard's part was final");
+  }
+  return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                      "this shard's part of the gradient was not final by the call's deadline");
+}
+
 grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context,
                                          absl::Span<const float> gradient,
                                          const std::shared_ptr<const CompressedTensor>& compressed,
                                          int64_t sequence, const Versions& base,
-                                         v1::PushResponse* response, int64_t* saturated) {
+                                         v1::PushResponse* response, int64_t* saturated,
+                                         PushFill* fill) {
+  // A part whose values are still coming goes as they come only as a data-plane call below;
+  // every other way waits for them first.
+  const bool stream = fill != nullptr && compressed == nullptr && StreamsPush(shard);
+  if (fill != nullptr && !stream) {
+    if (grpc::Status s = AwaitFinal(*fill, shard, *context); !s.ok()) return s;
+  }
   const Range& r = ranges_[shard];
   const Session session = SessionOf(shard);
   int64_t base_version = base.version[shard];
@@ -1319,6 +1438,9 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
        static_cast<int64_t>(compressed->bytes.size()) <= shared->segment.push().capacity())) {
     turn = std::unique_lock<std::mutex>(shared->push_mu, std::try_to_lock);
   }
+  if (turn.owns_lock() && stream) {  // shared memory came since StreamsPush
+    if (grpc::Status s = AwaitFinal(*fill, shard, *context); !s.ok()) return s;
+  }
   if (turn.owns_lock()) {
     SharedRegion region = shared->segment.push();
     const uint64_t ticket = shared->next_ticket++;
@@ -1348,10 +1470,18 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
   if (data != nullptr && data->calls() &&
       StripeCount(part.size(), options_.push_type, data->lanes()) == 1) {
     // A tensor in one part: the push is a call on the connection itself, with no gRPC call's
-    // round trips (as long as its bytes' time at a few MiB).
+    // round trips (as long as its bytes' time at a few MiB). Its values go as a backward pass
+    // makes them final, the last piece first, when they are still coming.
+    const bool last_piece_first = stream && data->last_piece_first();
+    if (stream && !last_piece_first) {
+      if (grpc::Status s = AwaitFinal(*fill, shard, *context); !s.ok()) return s;
+    }
+    header.set_last_piece_first(last_piece_first);
     absl::StatusOr<DataConnection::Answered> made =
         data->PushCall(transfer, header.SerializeAsString(), part, options_.push_type,
-                       absl::FromChrono(context->deadline()));
+                       absl::FromChrono(context->deadline()), FrameKind::kPushCall,
+                       last_piece_first ? &fill->progress(shard) : nullptr,
+                       last_piece_first ? ValuesOrder::kLastPieceFirst : ValuesOrder::kInOrder);
     if (!made.ok()) return PlaneCallFailed(shard, data, made.status());
     if (made->status.ok() && !response->ParseFromString(made->response)) {
       return grpc::Status(grpc::StatusCode::INTERNAL,
@@ -1360,6 +1490,9 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
     if (made->status.ok()) *saturated = made->saturated;
     if (IsDataPlaneLost(made->status)) DropData(shard, data, made->status.error_message());
     return made->status;
+  }
+  if (stream) {  // it was to go as a call on the data plane: that connection is gone
+    if (grpc::Status s = AwaitFinal(*fill, shard, *context); !s.ok()) return s;
   }
   const Replica& replica = CurrentReplicaOf(shard);
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
@@ -1429,12 +1562,31 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::BeginPush(
     steps->pushed_since_pull = true;
     answers->base = steps->last_pull;
   }
+  // A held push may be told how far its gradient is final (Pending::Filled); CancelPending stops
+  // the parts waiting for more of it.
+  std::shared_ptr<PushFill> fill;
+  if (launch == Launch::kHeld) {
+    fill = std::make_shared<PushFill>(impl->ranges_,
+                                      [impl](int shard) { return impl->StreamsPush(shard); });
+    absl::MutexLock lock(&impl->mu_);
+    impl->fills_.erase(std::remove_if(impl->fills_.begin(), impl->fills_.end(),
+                                      [](const std::weak_ptr<PushFill>& f) { return f.expired(); }),
+                       impl->fills_.end());
+    impl->fills_.push_back(fill);
+  }
   std::shared_ptr<Call> call = impl->Start(
-      [impl, gradient, sequence, answers](int shard, grpc::ClientContext* context) {
+      [impl, gradient, sequence, answers, fill](int shard, grpc::ClientContext* context) {
+        if (fill != nullptr && fill->Dropped(shard)) {
+          return grpc::Status(grpc::StatusCode::CANCELLED,
+                              "the push was dropped before this shard's part was final");
+        }
         // Compressed once, at the part's first attempt (its range is final then, also when
         // held): a retry resends the same bytes, and the residual moves once.
         std::shared_ptr<const CompressedTensor>& compressed = answers->compressed[shard];
         if (impl->compressor_ != nullptr && compressed == nullptr) {
+          if (fill != nullptr) {
+            if (grpc::Status s = Impl::AwaitFinal(*fill, shard, *context); !s.ok()) return s;
+          }
           const Range& r = impl->ranges_[shard];
           absl::StatusOr<std::shared_ptr<const CompressedTensor>> c =
               impl->compressor_->Compress(shard, gradient.subspan(r.begin, r.size()));
@@ -1442,7 +1594,7 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::BeginPush(
           compressed = *std::move(c);
         }
         return impl->PushTo(shard, context, gradient, compressed, sequence, answers->base,
-                            &answers->responses[shard], &answers->saturated[shard]);
+                            &answers->responses[shard], &answers->saturated[shard], fill.get());
       },
       /*retry=*/true, impl->options_.rpc_timeout,
       [steps, sequence] {
@@ -1450,17 +1602,20 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::BeginPush(
         steps->pushing.erase(steps->pushing.find(sequence));
       },
       launch);
-  return Pending<PushSummary>(std::move(call), [answers, sequence] {
-    PushSummary summary;
-    summary.sequence = sequence;
-    for (int64_t n : answers->saturated) summary.saturated += n;
-    for (const v1::PushResponse& r : answers->responses) {
-      summary.max_staleness = std::max(summary.max_staleness, r.staleness());
-      summary.duplicates += r.duplicate();
-      summary.dropped += r.dropped();
-    }
-    return summary;
-  });
+  return Pending<PushSummary>(
+      std::move(call),
+      [answers, sequence] {
+        PushSummary summary;
+        summary.sequence = sequence;
+        for (int64_t n : answers->saturated) summary.saturated += n;
+        for (const v1::PushResponse& r : answers->responses) {
+          summary.max_staleness = std::max(summary.max_staleness, r.staleness());
+          summary.duplicates += r.duplicate();
+          summary.dropped += r.dropped();
+        }
+        return summary;
+      },
+      fill);
 }
 
 absl::StatusOr<std::vector<v1::StatsResponse>> ShardedClient::Impl::Stats() {
@@ -1530,11 +1685,13 @@ void ShardedClient::LimitCallsTo(absl::Duration timeout) {
 
 void ShardedClient::CancelPending() {
   std::vector<std::weak_ptr<Call>> holding;
+  std::vector<std::weak_ptr<PushFill>> fills;
   {
     absl::MutexLock lock(&impl_->mu_);
     ++impl_->generation_;
     for (grpc::ClientContext* c : impl_->in_flight_) c->TryCancel();
     holding.swap(impl_->holding_);
+    fills.swap(impl_->fills_);
   }
   {
     // Calls made on a data-plane connection wait on it, not on a context: it ends, and they fail
@@ -1548,6 +1705,9 @@ void ShardedClient::CancelPending() {
     if (std::shared_ptr<Call> call = c.lock()) {
       call->Abandon(absl::CancelledError("cancelled before this shard's part was sent"));
     }
+  }
+  for (const std::weak_ptr<PushFill>& f : fills) {  // parts waiting for more of their values
+    if (std::shared_ptr<PushFill> fill = f.lock()) fill->Stop();
   }
 }
 

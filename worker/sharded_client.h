@@ -112,7 +112,8 @@ struct ClientOptions {
 class ShardedClient {
  private:
   class Impl;
-  class Call;  // one call to every shard, in progress or done
+  class Call;      // one call to every shard, in progress or done
+  class PushFill;  // how far a held push's gradient is final (Pending::Filled)
   // How a call's shard parts start: all at once on the client's threads, each held until the
   // call's Send, or the last one on the caller's thread once the others are started (a call that
   // is waited for at once: it is not handed to a thread and back).
@@ -145,7 +146,9 @@ class ShardedClient {
   // A call whose parts are held (StartPush with Parts::kHeld) sends shard s's part at Send(s);
   // Wait sends the parts still held first. Destroyed before Wait, it sends none of them: they
   // end CANCELLED (a backward pass that failed midway left their ranges unfinished), as they do
-  // at CancelPending and Close.
+  // at CancelPending and Close. Such a push may also be told how far a backward pass has filled
+  // its gradient in (Filled), and then starts each part before its range is final where the
+  // shard takes its values as they come.
   template <typename T>
   class Pending {
    public:
@@ -156,18 +159,33 @@ class ShardedClient {
         Finish();
         call_ = std::move(o.call_);
         result_ = std::move(o.result_);
+        fill_ = std::move(o.fill_);
       }
       return *this;
     }
     ~Pending() { Finish(); }
     bool valid() const { return call_ != nullptr; }
-    // Sends shard `shard`'s part of a call whose parts are held; nothing if it was sent already.
+    // Sends shard `shard`'s part of a call whose parts are held (its range of the gradient is
+    // final); nothing if it was sent already.
     void Send(int shard) {
-      if (call_ != nullptr) SendPart(*call_, shard);
+      if (call_ == nullptr) return;
+      FillFinal(fill_.get(), shard);
+      SendPart(*call_, shard);
     }
     // Sends every part still held (Wait does so first).
     void SendAll() {
-      if (call_ != nullptr) SendRest(*call_);
+      if (call_ == nullptr) return;
+      FillFinal(fill_.get(), -1);
+      SendRest(*call_);
+    }
+    // A push whose parts are held, its gradient filled in from the end by a backward pass: values
+    // [from, end) are final now (`from` only goes down). A part whose range is all final is sent
+    // as at Send; one with final values starts already where its shard takes a push's values as
+    // they come (a data-plane call, float32, uncompressed: common/data_frames.h's
+    // ValuesOrder::kLastPieceFirst), its values going out as they become final. Nothing for other
+    // calls.
+    void Filled(int64_t from) {
+      if (call_ != nullptr && fill_ != nullptr) FillFrom(*fill_, *call_, from);
     }
     // Waits for shard `shard`'s part of the call and returns how it ended (a pull's part is in the
     // caller's buffer once this is OK), while the others may go on; Wait still gives the result.
@@ -177,6 +195,7 @@ class ShardedClient {
     // The same, waiting at most `timeout`: nullopt while the part is still in progress.
     std::optional<absl::Status> WaitPart(int shard, absl::Duration timeout) {
       if (call_ == nullptr) return absl::FailedPreconditionError("no call to wait for");
+      FillFinal(fill_.get(), shard);
       SendPart(*call_, shard);
       return AwaitPart(*call_, shard, timeout);
     }
@@ -185,6 +204,7 @@ class ShardedClient {
     absl::StatusOr<T> Wait() {
       if (call_ == nullptr) return absl::FailedPreconditionError("no call to wait for");
       std::shared_ptr<Call> call = std::move(call_);
+      FillFinal(fill_.get(), -1);
       SendRest(*call);
       absl::Status s = Await(*call);
       if (!s.ok()) return s;
@@ -193,16 +213,19 @@ class ShardedClient {
 
    private:
     friend class ShardedClient;
-    Pending(std::shared_ptr<Call> call, std::function<T()> result)
-        : call_(std::move(call)), result_(std::move(result)) {}
+    Pending(std::shared_ptr<Call> call, std::function<T()> result,
+            std::shared_ptr<PushFill> fill = nullptr)
+        : call_(std::move(call)), result_(std::move(result)), fill_(std::move(fill)) {}
     void Finish() {
       if (call_ == nullptr) return;
       std::shared_ptr<Call> call = std::exchange(call_, nullptr);
+      FillStop(fill_.get());  // parts sending as the gradient fills get no more of it
       Abandon(*call);
       Await(*call).IgnoreError();
     }
     std::shared_ptr<Call> call_;
-    std::function<T()> result_;  // the call's value, once it succeeded
+    std::function<T()> result_;       // the call's value, once it succeeded
+    std::shared_ptr<PushFill> fill_;  // a held push's: how far its gradient is final
   };
 
   // `model.num_shards` must equal addresses.size(); an address may list a shard's two replicas
@@ -297,6 +320,9 @@ class ShardedClient {
   static void SendPart(Call& call, int shard);
   static void SendRest(Call& call);
   static void Abandon(Call& call);
+  static void FillFrom(PushFill& fill, Call& call, int64_t from);
+  static void FillFinal(PushFill* fill, int shard);  // shard < 0: every part; fill may be null
+  static void FillStop(PushFill* fill);              // fill may be null
   Pending<Versions> BeginPull(absl::Span<float> params, bool prefetch, Launch launch);
   Pending<PushSummary> BeginPush(absl::Span<const float> gradient, int64_t sequence, Launch launch);
   std::unique_ptr<Impl> impl_;

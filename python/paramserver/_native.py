@@ -55,6 +55,7 @@ def _load():
         "ps_client_push": (ctypes.c_int, [client_p, f32p, i64, i64, ctypes.c_int,
                                           ctypes.POINTER(op_p)]),
         "ps_op_send": (ctypes.c_int, [op_p, ctypes.c_int]),
+        "ps_op_filled": (ctypes.c_int, [op_p, i64]),
         "ps_op_wait": (ctypes.c_int, [op_p, ctypes.c_double]),
         "ps_op_wait_part": (ctypes.c_int, [op_p, ctypes.c_int, ctypes.c_double]),
         "ps_op_versions": (ctypes.c_int, [op_p, ctypes.POINTER(i64), ctypes.c_int]),

@@ -102,6 +102,16 @@ class Handle:
             if code != 0:
                 _raise_last(code)
 
+    def filled(self, start):
+        """A push started held whose gradient a backward pass fills in from its end: values from
+        `start` to the end are final now (`start` only goes down). Each shard's part with final
+        values starts already where the shard takes a push's values as they come (over the data
+        plane), and goes whole once its range is final."""
+        if self._op is not None:
+            code = lib.ps_op_filled(self._op, int(start))
+            if code != 0:
+                _raise_last(code)
+
     def abandon(self):
         """Drops a push started held: its parts not sent yet are never sent (they end
         Cancelled); waits for those sent. The handle is done afterwards."""

@@ -293,8 +293,10 @@ class DistributedModel(torch.nn.Module):
 class _BackwardPush:
     """Pushes a DistributedModel's gradient while backward runs: a hook on each parameter's
     gradient accumulation counts the parameters of each shard's range still to come, and sends
-    that shard its part of a held push (Client.push_async(held=True)) once none are left.
-    Parameters that get no gradient (unused, frozen) hold their shards' parts until step()."""
+    that shard its part of a held push (Client.push_async(held=True)) once none are left; it also
+    tells the push how far from the end every gradient is in (Handle.filled), so that a shard's
+    part starts going while backward still computes the start of its range. Parameters that get
+    no gradient (unused, frozen) hold their shards' parts until step()."""
 
     def __init__(self, model):
         self._model = model
@@ -312,6 +314,7 @@ class _BackwardPush:
         self._push = None  # the held push of this step's gradient, once a hook started it
         self._waiting = None  # by shard: parameters still to come
         self._seen = None  # by parameter: its gradient came in this step
+        self._final = None  # parameters from this one on have their gradients
         self.hooks = []
         for i, p in enumerate(params):
             if p.requires_grad:
@@ -338,9 +341,17 @@ class _BackwardPush:
             model._finish_pull()  # a forward pass run as model.module(x) left parts in flight
             self._push = model.client.push_async(model._grads, held=True)
             self._waiting = list(self._needed)
-            self._seen = bytearray(len(self._shards_of))
+            # Frozen parameters' gradients stay zero: final from the start.
+            self._seen = bytearray(0 if p.requires_grad else 1 for p in model._params)
+            self._final = len(self._seen)
         self._seen[index] = 1
         model._collect_gradient(index)
+        final = self._final
+        while final > 0 and self._seen[final - 1]:
+            final -= 1
+        if final < self._final:
+            self._final = final
+            self._push.filled(model._views[final][0])  # values from its offset on
         for s in self._shards_of[index]:
             self._waiting[s] -= 1
             if self._waiting[s] == 0:

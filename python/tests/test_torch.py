@@ -129,7 +129,7 @@ def test_parameters_and_gradients_are_views_into_the_flat_buffers(start_shards):
         assert model.steps == 1
 
 
-def test_backward_sends_each_shard_its_part_once_its_gradients_are_in(start_shards):
+def test_backward_sends_each_shard_its_part_once_its_gradients_are_in(start_shards, monkeypatch):
     first, last = torch.nn.Linear(2, 2), torch.nn.Linear(2, 20)
     module = torch.nn.Sequential(first, last)  # 6 + 60 values: shard 1 holds last's only
     shards = start_shards(2, layout(module), flags=("--optimizer=sgd", "--lr=1"))
@@ -146,11 +146,18 @@ def test_backward_sends_each_shard_its_part_once_its_gradients_are_in(start_shar
             time.sleep(0.01)
         seen.append(versions())
 
+    filled = []  # how far from the end the gradient was final, as backward told the push
+    tell = paramserver.client.Handle.filled
+    monkeypatch.setattr(paramserver.client.Handle, "filled",
+                        lambda handle, start: filled.append(start) or tell(handle, start))
     with paramserver.torch.DistributedModel(module, ps=shards.addresses, rank=0) as model:
         assert model.client.shard_ranges == [(0, 33), (33, 66)]
         first.weight.register_hook(at_first_layer)
         model(torch.ones(1, 2)).sum().backward()
         assert seen == [[0, 1]]
+        # last's 60 values (from offset 6) before first's 6, each told once it was in.
+        assert 6 in filled and filled[-1] == 0, filled
+        assert filled == sorted(set(filled), reverse=True), filled
         model.step()
         model(torch.ones(1, 2))  # waits for the push and the pull
         assert versions() == [1, 1]

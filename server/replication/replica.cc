@@ -573,11 +573,13 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
     read.emplace(change_values_.Acquire(m.change().length()));
     // Each run of values that comes counts as hearing from the primary, as each chunk on the
     // stream does (a large change on a slow link takes longer than the failover time).
-    absl::Status status =
-        read_values(read->span(), WireType::kFloat32, [&](absl::Span<const float>) {
+    absl::Status status = read_values(
+        read->span(), WireType::kFloat32,
+        [&](absl::Span<const float>) {
           absl::MutexLock lock(&mu_);
           last_heard_ = absl::Now();
-        });
+        },
+        ValuesOrder::kInOrder);
     if (!status.ok()) return {ToGrpcStatus(status), ""};
     change->values = read->span();
   }
@@ -623,11 +625,13 @@ grpc::Status Replica::OnPlaneStage(const DataPlane::Call& call, const v1::Replic
     ++stages_arriving_;
   }
   BufferPool::Lease values = change_values_.Acquire(stage.length());
-  absl::Status status =
-      read_values(values.span(), WireType::kFloat32, [&](absl::Span<const float>) {
+  absl::Status status = read_values(
+      values.span(), WireType::kFloat32,
+      [&](absl::Span<const float>) {
         absl::MutexLock lock(&mu_);
         last_heard_ = absl::Now();
-      });
+      },
+      ValuesOrder::kInOrder);
   absl::MutexLock lock(&mu_);
   --stages_arriving_;
   if (!status.ok()) return ToGrpcStatus(status);

@@ -147,6 +147,9 @@ class Replica {
 
   // INVALID_ARGUMENT naming the ps flag for options out of range (forward_at_once).
   static absl::Status CheckOptions(const Options& options);
+  // Whether pushes are forwarded to the backup as they come in (Options::forward): their values
+  // must then come in order.
+  bool forwards() const { return options_.forward; }
   // Reads the epoch file (if any), then starts settling the role. Fails if the file cannot be
   // read, or CheckOptions fails. Stop ends every stream and the thread; idempotent.
   absl::Status Start();

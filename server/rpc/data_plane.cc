@@ -437,9 +437,9 @@ absl::Status DataPlane::OnCall(const std::shared_ptr<Lane>& lane, const Connecti
   }
   // Its tensor follows at once: read by the call's deadline, or a minute.
   const absl::Time read_by = std::min(call.deadline, absl::Now() + absl::Minutes(1));
-  CallAnswer answer =
-      (*with_values)(call, [&](absl::Span<float> dst, WireType type, ValuesSeen seen) {
-        return lane->inbox.ReadCallValues(transfer, dst, type, seen, read_by);
+  CallAnswer answer = (*with_values)(
+      call, [&](absl::Span<float> dst, WireType type, ValuesSeen seen, ValuesOrder order) {
+        return lane->inbox.ReadCallValues(transfer, dst, type, seen, read_by, order);
       });
   {
     absl::MutexLock lock(&mu_);

@@ -151,10 +151,11 @@ class DataPlane {
     grpc::Status status;
     std::string response;
   };
-  // A push's tensor is still on the lane: `read_values` reads it into the call's buffer
-  // (FrameInbox::ReadCallValues; at most once: one not read is dropped). It is answered with what
-  // the handler returns.
-  using ReadValues = absl::FunctionRef<absl::Status(absl::Span<float>, WireType, ValuesSeen)>;
+  // A push's tensor is still on the lane: `read_values` reads it, sent in the order given, into
+  // the call's buffer (FrameInbox::ReadCallValues; at most once: one not read is dropped). It is
+  // answered with what the handler returns.
+  using ReadValues =
+      absl::FunctionRef<absl::Status(absl::Span<float>, WireType, ValuesSeen, ValuesOrder)>;
   using PushHandler = std::function<CallAnswer(const Call&, ReadValues read_values)>;
   // A pull is answered by calling `answer` once, from any thread, once its values were sent
   // (Send, as the call's transfer) or could not be.

@@ -84,7 +84,7 @@ absl::Status PlaneCallPayload::ReadInto(absl::Span<float> dst, const PayloadForm
   if (format.compressor != Compressor::kNone) {
     return absl::InvalidArgumentError("a compressed push travels over gRPC, not the data plane");
   }
-  return read_values_(dst, format.type, seen);
+  return read_values_(dst, format.type, seen, order_);
 }
 
 absl::StatusOr<int64_t> WriteSharedPull(SharedSegments& segments, int64_t segment, int worker_id,

@@ -181,9 +181,11 @@ class DataPlanePayload final : public PayloadSource {
 // comes in.
 class PlaneCallPayload final : public PayloadSource {
  public:
-  using ReadValues = absl::FunctionRef<absl::Status(absl::Span<float>, WireType, ValuesSeen)>;
-  // `read_values` must outlive this.
-  explicit PlaneCallPayload(ReadValues read_values) : read_values_(read_values) {}
+  using ReadValues =
+      absl::FunctionRef<absl::Status(absl::Span<float>, WireType, ValuesSeen, ValuesOrder)>;
+  // `read_values` must outlive this; the values come in `order`.
+  PlaneCallPayload(ReadValues read_values, ValuesOrder order)
+      : read_values_(read_values), order_(order) {}
   // FrameInbox::ReadCallValues's errors; INVALID_ARGUMENT for a compressed payload (those travel
   // over gRPC).
   absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format,
@@ -191,6 +193,7 @@ class PlaneCallPayload final : public PayloadSource {
 
  private:
   const ReadValues read_values_;
+  const ValuesOrder order_;
 };
 
 // Writes `values` as `type` into the pull region of segment `segment` of `segments`, if it waits

@@ -619,6 +619,11 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
     return ToGrpcStatus(s);
   }
   const v1::PushHeader& h = chunk.header();
+  if (h.last_piece_first()) {
+    shard_->RecordRejectedPush();
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "a push sent last piece first is made on the data plane itself");
+  }
   // A push made as another worker counts as rejected; one for an earlier process of this shard
   // does not (the client registers again and sends it anew).
   if (grpc::Status s = Admit(context,
@@ -651,9 +656,10 @@ grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<Pa
   if (!format.ok()) return ToGrpcStatus(format.status());
   // A data-plane tensor, never compressed, tells of every run as it comes. Declared after the
   // slot: it is done with the slot's buffer before the buffer goes.
-  std::unique_ptr<Replica::Forward> forwarding = h.data_connection() != 0 && replica_ != nullptr
-                                                     ? replica_->StartForward(slot->gradient())
-                                                     : nullptr;
+  std::unique_ptr<Replica::Forward> forwarding =
+      h.data_connection() != 0 && !h.last_piece_first() && replica_ != nullptr
+          ? replica_->StartForward(slot->gradient())
+          : nullptr;
   absl::Status read = source->ReadInto(slot->gradient(), *format, [&](absl::Span<const float> run) {
     slot->Seen(run);
     if (forwarding != nullptr) forwarding->Seen(run);
@@ -719,6 +725,11 @@ DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
     answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "a push made on the data plane carries its tensor there, "
                                  "uncompressed");
+  } else if (h.last_piece_first() &&
+             (h.dtype() != v1::FLOAT32 || (replica_ != nullptr && replica_->forwards()))) {
+    answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "a push sent last piece first is float32, to a shard that "
+                                 "said it takes one");
   } else {
     answer.status = CheckPlaneCaller(call, h.worker_id(), h.data_connection(), h.data_transfer());
   }
@@ -729,7 +740,11 @@ DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
   answer.status = CheckServing(h.shard_incarnation());
   if (!answer.status.ok()) return answer;
   v1::PushResponse response;
-  answer.status = ApplyPush(h, std::make_unique<PlaneCallPayload>(read_values), start, &response);
+  answer.status = ApplyPush(
+      h,
+      std::make_unique<PlaneCallPayload>(
+          read_values, h.last_piece_first() ? ValuesOrder::kLastPieceFirst : ValuesOrder::kInOrder),
+      start, &response);
   if (answer.status.ok()) answer.status = WaitReplicated(call.deadline);
   if (answer.status.ok()) answer.response = response.SerializeAsString();
   return answer;
@@ -1076,6 +1091,7 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
         response->set_secret(ticket->secret);
         response->set_lanes(ticket->lanes);
         response->set_calls(true);
+        response->set_last_piece_first(replica_ == nullptr || !replica_->forwards());
         return grpc::Status::OK;
       });
 }
