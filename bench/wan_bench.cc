@@ -57,6 +57,9 @@ ABSL_FLAG(int, repeats, 1,
           "Runs of every configuration, all of them in turn before the next round (so that a "
           "drift of the machine spreads over them); the schedules' table takes medians.");
 ABSL_FLAG(bool, error_feedback, true, "The workers' --error_feedback with a compressor.");
+ABSL_FLAG(bool, data_plane, true,
+          "Workers and the evaluator move tensors over the shards' data plane (their "
+          "--data_plane); false: over gRPC's streams, to measure the plane against them.");
 ABSL_FLAG(double, behind, 0.01,
           "With several --push_dtypes: report each one's time to the first one's final accuracy "
           "minus this.");
@@ -194,15 +197,17 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   if (!wire.ok()) return absl::FailedPreconditionError(wire.status().message());
   absl::StatusOr<std::string> schedule = ScheduleSettings(run.schedule);
   if (!schedule.ok()) return absl::FailedPreconditionError(schedule.status().message());
+  const char* plane = absl::GetFlag(FLAGS_data_plane) ? "true" : "false";
   std::ofstream(spec) << absl::StrFormat(
       R"({"hidden": "%s", "workers": %d, "shards": [%s],
   "ps": {"optimizer": "momentum", "lr": %g, "consistency": "%s"},
   "worker": {"steps": %d, "batch_size": %d, "device": "%s", "shared_memory": false,
-             "retry_seconds": 120, "rpc_timeout_seconds": 60, %s, %s},
-  "evaluator": {"interval_seconds": %g, "shared_memory": false},
+             "data_plane": %s, "retry_seconds": 120, "rpc_timeout_seconds": 60, %s, %s},
+  "evaluator": {"interval_seconds": %g, "shared_memory": false, "data_plane": %s},
   "security": {"token_file": "%s/token"}})",
       hidden, W, shards, absl::GetFlag(FLAGS_lr), run.mode, steps, absl::GetFlag(FLAGS_batch_size),
-      absl::GetFlag(FLAGS_device), *wire, *schedule, absl::GetFlag(FLAGS_eval_interval_seconds), dir);
+      absl::GetFlag(FLAGS_device), plane, *wire, *schedule,
+      absl::GetFlag(FLAGS_eval_interval_seconds), plane, dir);
   std::vector<Subprocess> daemons;
   auto start = [&](int host, const std::string& program, const std::string& role,
                    const std::string& output_flag) -> absl::Status {
