@@ -1794,6 +1794,30 @@ TEST_F(DataPlaneShardTest, APushFilledFromItsEndIsAppliedAsTheWholeGradientOrNot
   EXPECT_EQ(stats.pushes_rejected(), 0);
   EXPECT_EQ(stats.data_plane_pushes(), 1);
 
+  // Its connection replaced (as by a newer one of this worker's) while the values come, or before
+  // they start: the part goes again once all of them are in, over gRPC, applied once and whole.
+  ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(weights)).ok());
+  std::fill(gradient.begin(), gradient.end(), std::nanf(""));
+  push = worker0_->StartPush(gradient, ShardedClient::kNextSequence, ShardedClient::Parts::kHeld);
+  for (int i = kParams / 2; i < kParams; ++i) gradient[i] = 0.002f * (i % 5);
+  push.Filled(kParams / 2);
+  v1::AttachDataPlaneResponse ticket;
+  ASSERT_TRUE(Attach(0, token_, &ticket).ok());
+  absl::StatusOr<Socket> newer =
+      Socket::Connect("127.0.0.1", ticket.port(), Soon(), absl::Seconds(5));
+  ASSERT_TRUE(newer.ok()) << newer.status();
+  absl::StatusOr<FrameHeader> welcome = Hello(*newer, ticket.connection(), ticket.secret());
+  ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
+  for (int i = 0; i < kParams / 2; ++i) gradient[i] = 0.002f * (i % 5);
+  push.Filled(0);
+  pushed = push.Wait();
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(pushed->duplicates, 0);
+  const std::vector<float> before = weights;
+  ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(weights)).ok());
+  for (int i = 0; i < kParams; ++i) ASSERT_EQ(weights[i], before[i] - 0.5f * gradient[i]) << i;
+  EXPECT_EQ(ShardStats().version(), 2);
+
   std::fill(gradient.begin(), gradient.end(), std::nanf(""));
   push = worker0_->StartPush(gradient, ShardedClient::kNextSequence, ShardedClient::Parts::kHeld);
   std::fill(gradient.begin() + kParams / 2, gradient.end(), 0.5f);
@@ -1803,11 +1827,11 @@ TEST_F(DataPlaneShardTest, APushFilledFromItsEndIsAppliedAsTheWholeGradientOrNot
   absl::StatusOr<ShardedClient::PushSummary> cancelled = push.Wait();
   EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "it waited for values to come";
-  EXPECT_EQ(ShardStats().version(), 1);
+  EXPECT_EQ(ShardStats().version(), 2);
   std::fill(gradient.begin(), gradient.end(), 0.5f);
   pushed = worker0_->Push(gradient);  // over gRPC now (the cancel ended the connection)
   ASSERT_TRUE(pushed.ok()) << pushed.status();
-  EXPECT_EQ(ShardStats().version(), 2);
+  EXPECT_EQ(ShardStats().version(), 3);
 }
 
 // A push whose values come last piece first is a float32 call on the data plane: over gRPC, or
