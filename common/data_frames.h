@@ -142,10 +142,10 @@ absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t tran
                                    absl::Time deadline, const FillProgress* filling = nullptr,
                                    int64_t filled_from = 0,
                                    ValuesOrder order = ValuesOrder::kInOrder);
-// How long SendValues waits for the next piece of values being filled: a copy in memory, or a
-// push forwarded to a replica as it comes (server/replication/replica.h): longer than a data
-// plane's stall (10 s), so that a push whose worker stalls fails there first and its stage is
-// padded out, not failed.
+// How long SendValues waits for the next piece of values being filled: a copy in memory, a push
+// forwarded to a replica as it comes (server/replication/replica.h), or a gradient as backward
+// makes it: longer than a data plane's stall (10 s), so that a push whose worker stalls fails
+// there first and its stage is padded out, not failed.
 inline constexpr absl::Duration kMaxFillWait = absl::Seconds(30);
 // The bytes of a run ValuesSeen is told of (the last may be shorter): a quarter of a usual L2.
 inline constexpr uint64_t kSeenRunBytes = 256 << 10;

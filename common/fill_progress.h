@@ -20,7 +20,8 @@ class FillProgress {
   // A buffer of `total` values, none of them in place yet.
   explicit FillProgress(int64_t total) : total_(total) {}
   int64_t total() const { return total_; }
-  // `n` more values are in place (in order, from the start); at most total() in all.
+  // `n` more values are in place (in the order the sender takes them: from the start, or from
+  // the end for ValuesOrder::kLastPieceFirst); at most total() in all.
   void Add(int64_t n);
   // Waits until at least min(n, total()) values are in place, or `deadline`, or Stop; returns
   // how many are.

@@ -1794,6 +1794,24 @@ TEST_F(DataPlaneShardTest, APushFilledFromItsEndIsAppliedAsTheWholeGradientOrNot
   EXPECT_EQ(stats.pushes_rejected(), 0);
   EXPECT_EQ(stats.data_plane_pushes(), 1);
 
+  // Dropped midway (backward failed: the Pending destroyed unwaited): at once, nothing applied,
+  // and the next push still goes over the data plane.
+  absl::Time start = absl::Now();
+  {
+    std::fill(gradient.begin(), gradient.end(), std::nanf(""));
+    ShardedClient::Pending<ShardedClient::PushSummary> dropped =
+        worker0_->StartPush(gradient, ShardedClient::kNextSequence, ShardedClient::Parts::kHeld);
+    std::fill(gradient.begin() + kParams / 2, gradient.end(), 0.5f);
+    dropped.Filled(kParams / 2);
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "the dropped part was retried";
+  stats = ShardStats();
+  EXPECT_EQ(stats.version(), 1);
+  ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(weights)).ok());
+  std::fill(gradient.begin(), gradient.end(), 0.0f);
+  ASSERT_TRUE(worker0_->Push(gradient).ok());
+  EXPECT_EQ(ShardStats().data_plane_pushes(), stats.data_plane_pushes() + 1);
+
   // Its connection replaced (as by a newer one of this worker's) while the values come, or before
   // they start: the part goes again once all of them are in, over gRPC, applied once and whole.
   ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(weights)).ok());
@@ -1816,22 +1834,22 @@ TEST_F(DataPlaneShardTest, APushFilledFromItsEndIsAppliedAsTheWholeGradientOrNot
   const std::vector<float> before = weights;
   ASSERT_TRUE(worker0_->Pull(absl::MakeSpan(weights)).ok());
   for (int i = 0; i < kParams; ++i) ASSERT_EQ(weights[i], before[i] - 0.5f * gradient[i]) << i;
-  EXPECT_EQ(ShardStats().version(), 2);
+  EXPECT_EQ(ShardStats().version(), 3);
 
   std::fill(gradient.begin(), gradient.end(), std::nanf(""));
   push = worker0_->StartPush(gradient, ShardedClient::kNextSequence, ShardedClient::Parts::kHeld);
   std::fill(gradient.begin() + kParams / 2, gradient.end(), 0.5f);
   push.Filled(kParams / 2);
-  const absl::Time start = absl::Now();
+  start = absl::Now();
   worker0_->CancelPending();
   absl::StatusOr<ShardedClient::PushSummary> cancelled = push.Wait();
   EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "it waited for values to come";
-  EXPECT_EQ(ShardStats().version(), 2);
-  std::fill(gradient.begin(), gradient.end(), 0.5f);
-  pushed = worker0_->Push(gradient);  // over gRPC now (the cancel ended the connection)
-  ASSERT_TRUE(pushed.ok()) << pushed.status();
   EXPECT_EQ(ShardStats().version(), 3);
+  std::fill(gradient.begin(), gradient.end(), 0.5f);
+  pushed = worker0_->Push(gradient);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(ShardStats().version(), 4);
 }
 
 // A push whose values come last piece first is a float32 call on the data plane: over gRPC, or

@@ -9,7 +9,8 @@
 //
 // Use: construct it with the step's pull in flight, pass Hooks() to
 // Network::GradientOfExamples, then TakePush() and wait for it. Not thread-safe: one step, on one
-// thread. Destroyed before TakePush, it waits for the pull and sends no part not sent yet.
+// thread. Destroyed before TakePush, it waits for the pull and sends no part not sent yet (one
+// going as backward made it is cut off: the shard applies nothing of it).
 #pragma once
 
 #include <functional>

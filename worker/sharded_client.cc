@@ -267,10 +267,12 @@ class ShardedClient::PushFill {
     for (const Range& r : ranges_) progress_.push_back(std::make_unique<FillProgress>(r.size()));
   }
   // Values [from, end) are final; returns the shards whose part may start now.
+  // Nothing once stopped: the client may be gone (Close stops its fills).
   std::vector<int> From(int64_t from) {
     std::vector<int> whole, some;
     {
       absl::MutexLock lock(&mu_);
+      if (stopped_) return {};
       for (size_t s = 0; s < ranges_.size(); ++s) {
         const Range& r = ranges_[s];
         const int64_t n = std::clamp<int64_t>(r.end - std::max(from, r.begin), 0, r.size());
@@ -320,6 +322,16 @@ class ShardedClient::PushFill {
   std::vector<int64_t> in_place_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+namespace {
+// A held push's part dropped by this client (Pending destroyed unwaited, or a cancel) before its
+// range was final: CANCELLED, which the retry loop does not take for the shard's.
+constexpr char kDroppedHere[] = "ps.client.push-dropped";
+grpc::Status DroppedHereStatus() {
+  return grpc::Status(grpc::StatusCode::CANCELLED,
+                      "the push was dropped before this shard's part was final", kDroppedHere);
+}
+}  // namespace
 
 void ShardedClient::FillFrom(PushFill& fill, Call& call, int64_t from) {
   for (int shard : fill.From(from)) call.Send(shard);
@@ -430,6 +442,11 @@ class ShardedClient::Impl {
   // A data-plane connection with that process, if ClientOptions::data_plane and it has one; else
   // why not.
   absl::StatusOr<std::shared_ptr<DataConnection>> ConnectTo(int shard, int64_t shard_incarnation);
+  // Puts a new data-plane connection in the place of `data`, which this client ended itself
+  // (a push it dropped midway); drops it (DropData) if none can be made.
+  void RenewData(int shard, const std::shared_ptr<DataConnection>& data);
+  // How much longer than an attempt a push part sent as backward makes it may take.
+  static constexpr absl::Duration kStreamedPushSlack = absl::Seconds(40);
   // What a call made on the data-plane connection `data` with `shard` that failed (`why`, not
   // the shard's answer) returns: DEADLINE_EXCEEDED if no answer came in time on a connection
   // still open, else the connection is dropped (DropData) and "data plane lost".
@@ -807,8 +824,8 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
     }
     // A shard's CANCELLED (it is shutting down: a restart, a fenced primary) is as transient as
     // UNAVAILABLE; a push sent again is applied once whatever the first attempt did.
-    const bool cancelled =
-        s.error_code() == grpc::StatusCode::CANCELLED && CancelledHere(generation);
+    const bool cancelled = s.error_code() == grpc::StatusCode::CANCELLED &&
+                           (CancelledHere(generation) || s.error_details() == kDroppedHere);
     const bool transient =
         IsTransient(s) || (s.error_code() == grpc::StatusCode::CANCELLED && !cancelled);
     if (retry && !cancelled && s.error_code() == grpc::StatusCode::ABORTED) {
@@ -1005,6 +1022,17 @@ void ShardedClient::Impl::DropData(int shard, const std::shared_ptr<DataConnecti
   PS_LOG(WARNING) << "shard " << shard << " (" << Address(shard)
                   << "): the data plane stopped working (" << why
                   << "); its tensors go over gRPC until this client registers there again";
+}
+
+void ShardedClient::Impl::RenewData(int shard, const std::shared_ptr<DataConnection>& data) {
+  absl::StatusOr<std::shared_ptr<DataConnection>> fresh =
+      ConnectTo(shard, SessionOf(shard).shard_incarnation);
+  if (!fresh.ok()) {
+    DropData(shard, data, fresh.status().message());
+    return;
+  }
+  absl::MutexLock lock(&sessions_mu_);
+  if (sessions_[shard].data == data) sessions_[shard].data = *std::move(fresh);
 }
 
 void ShardedClient::Impl::DropShared(int shard, const std::shared_ptr<SharedPath>& shared,
@@ -1385,10 +1413,7 @@ grpc::Status ShardedClient::Impl::AwaitFinal(PushFill& fill, int shard,
       progress.total()) {
     return grpc::Status::OK;
   }
-  if (fill.stopped()) {
-    return grpc::Status(grpc::StatusCode::CANCELLED,
-                        "the push was dropped before this shard's part was final");
-  }
+  if (fill.stopped()) return DroppedHereStatus();
   return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                       "this shard's part of the gradient was not final by the call's deadline");
 }
@@ -1477,11 +1502,20 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
       if (grpc::Status s = AwaitFinal(*fill, shard, *context); !s.ok()) return s;
     }
     header.set_last_piece_first(last_piece_first);
+    // A part sent as backward makes it also waits for backward: it may take kStreamedPushSlack
+    // more than an attempt (the shard reads a call's values for a minute at most).
+    const absl::Time deadline = absl::FromChrono(context->deadline()) +
+                                (last_piece_first ? kStreamedPushSlack : absl::ZeroDuration());
     absl::StatusOr<DataConnection::Answered> made =
-        data->PushCall(transfer, header.SerializeAsString(), part, options_.push_type,
-                       absl::FromChrono(context->deadline()), FrameKind::kPushCall,
-                       last_piece_first ? &fill->progress(shard) : nullptr,
+        data->PushCall(transfer, header.SerializeAsString(), part, options_.push_type, deadline,
+                       FrameKind::kPushCall, last_piece_first ? &fill->progress(shard) : nullptr,
                        last_piece_first ? ValuesOrder::kLastPieceFirst : ValuesOrder::kInOrder);
+    if (!made.ok() && last_piece_first && fill->Dropped(shard)) {
+      // This client cut its own frame (the push was dropped midway): the connection is gone, but
+      // nothing is wrong with the plane, so another takes its place.
+      RenewData(shard, data);
+      return DroppedHereStatus();
+    }
     if (!made.ok()) return PlaneCallFailed(shard, data, made.status());
     if (made->status.ok() && !response->ParseFromString(made->response)) {
       return grpc::Status(grpc::StatusCode::INTERNAL,
@@ -1576,10 +1610,7 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::BeginPush(
   }
   std::shared_ptr<Call> call = impl->Start(
       [impl, gradient, sequence, answers, fill](int shard, grpc::ClientContext* context) {
-        if (fill != nullptr && fill->Dropped(shard)) {
-          return grpc::Status(grpc::StatusCode::CANCELLED,
-                              "the push was dropped before this shard's part was final");
-        }
+        if (fill != nullptr && fill->Dropped(shard)) return DroppedHereStatus();
         // Compressed once, at the part's first attempt (its range is final then, also when
         // held): a retry resends the same bytes, and the residual moves once.
         std::shared_ptr<const CompressedTensor>& compressed = answers->compressed[shard];

@@ -148,7 +148,12 @@ class ShardedClient {
   // end CANCELLED (a backward pass that failed midway left their ranges unfinished), as they do
   // at CancelPending and Close. Such a push may also be told how far a backward pass has filled
   // its gradient in (Filled), and then starts each part before its range is final where the
-  // shard takes its values as they come.
+  // shard takes its values as they come; dropped then (destroyed unwaited, CancelPending), such
+  // a part is cut off midway (the shard applies nothing of it) and ends CANCELLED too, not
+  // retried, its data-plane connection replaced by a new one. A part sent as backward makes it
+  // may take 40 s more than an attempt (ClientOptions::rpc_timeout); the shard's data plane ends a
+  // connection that moves no byte for its stall limit (10 s), so a gap that long between two
+  // final pieces fails the attempt, and the part goes again once whole.
   template <typename T>
   class Pending {
    public:

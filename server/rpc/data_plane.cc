@@ -27,8 +27,8 @@ class DataPlane::Lane {
   void Close(absl::string_view why = "") {
     inbox.End();
     absl::MutexLock lock(&mu);
+    if (!closed) why_closed = std::string(why);  // the first reason is the cause
     closed = true;
-    if (why_closed.empty()) why_closed = std::string(why);
   }
 
   // A part of a Pull's tensor, or a pull call's Answer (`answer`, its payload; `sent` null).

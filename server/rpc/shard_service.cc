@@ -72,7 +72,9 @@ Access AccessFor(int worker_id) { return worker_id < 0 ? Access::kRead : Access:
 class ShardService::PlaneSend {
  public:
   using Done = absl::AnyInvocable<void(grpc::Status lost, int64_t saturated)>;
-  // The values must be out by `deadline`, the client's (DataPlane::Send).
+  // The values must be out kLateGrace after `deadline`, the client's (DataPlane::Send): a pull
+  // released at a barrier just before it still goes out (the client drops it) rather than
+  // cutting the connection, and a client reading a trickle holds the lane that long at most.
   PlaneSend(DataPlane* plane, uint64_t connection, int owner, uint64_t transfer, WireType type,
             absl::Time deadline)
       : plane_(plane),
@@ -80,7 +82,8 @@ class ShardService::PlaneSend {
         owner_(owner),
         transfer_(transfer),
         type_(type),
-        deadline_(deadline) {}
+        deadline_(deadline + kLateGrace) {}
+  static constexpr absl::Duration kLateGrace = absl::Seconds(30);
   // Queues `buffer` as the shard starts copying into it (under the values' lock: it only queues),
   // so that each piece goes out once copied. Returns what the copy tells of its progress; null if
   // the connection is gone. Runs on the thread that then calls Answered, as filling_ and lost_ are
