@@ -898,61 +898,57 @@ TEST(DataPlaneTest, ACallThatGivesUpMidTensorEndsTheConnectionAndIsNotWrittenAft
   EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
 }
 
-TEST(DataPlaneTest, AClientThatStopsReadingEndsItsConnectionWithinTheStall) {
-  std::unique_ptr<DataPlane> plane =
-      StartPlane(absl::Seconds(5), /*stall=*/absl::Milliseconds(300));
-  ASSERT_NE(plane, nullptr);
-  uint64_t id = 0;
-  Socket s = Open(*plane, 0, &id);                                     // never read from
-  auto values = std::make_shared<std::vector<float>>(16 << 20, 1.0f);  // 64 MiB
-  absl::Notification done;
-  absl::StatusOr<int64_t> outcome;
-  const absl::Time start = absl::Now();
-  ASSERT_TRUE(plane
-                  ->Send(
-                      id, 0, 1, values, *values, WireType::kFloat32,
-                      [&](absl::StatusOr<int64_t> sent) {
-                        outcome = sent;
-                        done.Notify();
-                      },
-                      absl::InfiniteFuture())
-                  .ok());
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable) << outcome.status();
-  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
-  EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
+// Sends 64 MiB of a pull's values on connection `id` (worker 0's) of `plane`, to be out by
+// `deadline`; how the send ended, waiting up to 90 s for it (DEADLINE_EXCEEDED then).
+absl::StatusOr<int64_t> SendPull(DataPlane& plane, uint64_t id, absl::Time deadline) {
+  struct Sent {
+    absl::Notification done;
+    absl::StatusOr<int64_t> outcome;
+  };
+  auto sent = std::make_shared<Sent>();  // the callback may come after this returned
+  auto values = std::make_shared<std::vector<float>>(16 << 20, 1.0f);
+  absl::Status queued = plane.Send(
+      id, 0, 1, values, *values, WireType::kFloat32,
+      [sent](absl::StatusOr<int64_t> outcome) {
+        sent->outcome = std::move(outcome);
+        sent->done.Notify();
+      },
+      deadline);
+  if (!queued.ok()) return queued;
+  if (!sent->done.WaitForNotificationWithTimeout(absl::Seconds(90))) {
+    return absl::DeadlineExceededError("the send went on 90 s");
+  }
+  return sent->outcome;
 }
 
-// A client that keeps reading, but a trickle, never stalls the connection: the call's deadline
-// ends the send, and the connection with it, so the lane and the values are not held for longer.
-TEST(DataPlaneTest, AClientReadingATrickleEndsItsConnectionAtTheCallsDeadline) {
+// A client that stops reading ends its connection within the stall; one that keeps reading, but
+// a trickle, never stalls it: the call's deadline ends the send, and the connection with it, so
+// the lane and the values are held that long at most.
+TEST(DataPlaneTest, AClientReadingSlowlyEndsItsConnectionAtTheStallOrTheCallsDeadline) {
+  std::unique_ptr<DataPlane> stalled =
+      StartPlane(absl::Seconds(5), /*stall=*/absl::Milliseconds(300));
+  ASSERT_NE(stalled, nullptr);
+  uint64_t id = 0;
+  Socket never_read = Open(*stalled, 0, &id);
+  absl::Time start = absl::Now();
+  absl::StatusOr<int64_t> outcome = SendPull(*stalled, id, absl::InfiniteFuture());
+  EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable) << outcome.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  EXPECT_EQ(ConnectionsSoon(*stalled, 0), 0);
+
   std::unique_ptr<DataPlane> plane = StartPlane(absl::Seconds(5), /*stall=*/absl::Seconds(5));
   ASSERT_NE(plane, nullptr);
-  uint64_t id = 0;
   Socket s = Open(*plane, 0, &id);
   std::atomic<bool> stop{false};
-  std::thread trickle([&] {  // 64 KiB every 50 ms: 1.3 MB/s, never a stall
+  std::thread trickle([&] {  // 64 KiB every 50 ms: 1.3 MB/s (64 MiB in 51 s), never a stall
     std::vector<char> sink(64 << 10);
     while (!stop.load() && s.Receive(sink.data(), sink.size(), Soon()).ok()) {
       absl::SleepFor(absl::Milliseconds(50));
     }
   });
-  auto values = std::make_shared<std::vector<float>>(16 << 20, 1.0f);  // 64 MiB: 51 s at that
-  absl::Notification done;
-  absl::StatusOr<int64_t> outcome;
-  const absl::Time start = absl::Now();
-  ASSERT_TRUE(plane
-                  ->Send(
-                      id, 0, 1, values, *values, WireType::kFloat32,
-                      [&](absl::StatusOr<int64_t> sent) {
-                        outcome = sent;
-                        done.Notify();
-                      },
-                      start + absl::Seconds(3))
-                  .ok());
-  const bool ended = done.WaitForNotificationWithTimeout(absl::Seconds(90));
+  start = absl::Now();
+  outcome = SendPull(*plane, id, start + absl::Seconds(3));
   stop.store(true);
-  ASSERT_TRUE(ended) << "the send outlived its deadline by 90 s";
   EXPECT_EQ(outcome.status().code(), absl::StatusCode::kUnavailable) << outcome.status();
   EXPECT_GE(absl::Now() - start, absl::Seconds(3));
   EXPECT_LT(absl::Now() - start, absl::Seconds(25)) << "the send went on past its deadline";
@@ -1082,6 +1078,28 @@ class DataPlaneShardTest : public ::testing::Test {
     EXPECT_TRUE(stats.ok()) << stats.status();
     return stats.ok() ? (*stats)[0] : v1::StatsResponse();
   }
+  // A raw gRPC Push to the shard with the job's token, on `context` (given a 10 s deadline).
+  std::unique_ptr<grpc::ClientWriter<v1::PushChunk>> RawGrpcPush(grpc::ClientContext* context,
+                                                                 v1::PushResponse* response) {
+    if (stub_ == nullptr) {
+      stub_ = v1::ParameterServer::NewStub(
+          grpc::CreateChannel(cluster_->ShardAddress(0), grpc::InsecureChannelCredentials()));
+    }
+    context->set_deadline(In(absl::Seconds(10)));
+    context->AddMetadata("authorization", "Bearer " + token_);
+    return stub_->Push(context, response);
+  }
+  // A raw data-plane connection of worker `worker`'s (the job's token), its hello said: it takes
+  // the place of the worker's own.
+  void OpenRawConnection(int worker, v1::AttachDataPlaneResponse* ticket, Socket* out) {
+    ASSERT_TRUE(Attach(worker, token_, ticket).ok());
+    absl::StatusOr<Socket> raw =
+        Socket::Connect("127.0.0.1", ticket->port(), Soon(), absl::Seconds(5));
+    ASSERT_TRUE(raw.ok()) << raw.status();
+    absl::StatusOr<FrameHeader> welcome = Hello(*raw, ticket->connection(), ticket->secret());
+    ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
+    *out = *std::move(raw);
+  }
   // A raw AttachDataPlane as `worker` of `model` with `token` ("": none).
   grpc::Status Attach(int worker, const std::string& token, v1::AttachDataPlaneResponse* response,
                       const std::string& address = "", const ModelIdentity& model = kModel) {
@@ -1129,6 +1147,7 @@ class DataPlaneShardTest : public ::testing::Test {
   std::unique_ptr<LocalCluster> cluster_;
   std::unique_ptr<ShardedClient> worker0_;
   std::vector<float> initial_ = std::vector<float>(kParams);
+  std::unique_ptr<v1::ParameterServer::Stub> stub_;  // RawGrpcPush's
 };
 
 TEST_F(DataPlaneShardTest, RemoteClientsMoveTensorsOverItWithTheSameResults) {
@@ -1200,19 +1219,13 @@ TEST_F(DataPlaneShardTest, ATicketNeedsTheJobsTokenAndOpensThisShardOnly) {
 TEST_F(DataPlaneShardTest, APushCutMidTensorAppliesNothingAndTheClientFallsBackToGrpc) {
   // A raw connection of worker 0's, and a raw push naming it whose tensor stops halfway.
   v1::AttachDataPlaneResponse ticket;
-  ASSERT_TRUE(Attach(0, token_, &ticket).ok());
-  absl::StatusOr<Socket> raw =
-      Socket::Connect("127.0.0.1", ticket.port(), Soon(), absl::Seconds(5));
-  ASSERT_TRUE(raw.ok()) << raw.status();
-  absl::StatusOr<FrameHeader> welcome = Hello(*raw, ticket.connection(), ticket.secret());
-  ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
-  auto stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(cluster_->ShardAddress(0), grpc::InsecureChannelCredentials()));
+  Socket raw_socket;
+  OpenRawConnection(0, &ticket, &raw_socket);
+  if (HasFatalFailure()) return;
+  Socket* raw = &raw_socket;
   grpc::ClientContext context;
-  context.set_deadline(In(absl::Seconds(10)));
-  context.AddMetadata("authorization", "Bearer " + token_);
   v1::PushResponse response;
-  auto writer = stub->Push(&context, &response);
+  auto writer = RawGrpcPush(&context, &response);
   v1::PushChunk chunk;
   v1::PushHeader* h = chunk.mutable_header();
   h->set_worker_id(0);
@@ -1820,12 +1833,9 @@ TEST_F(DataPlaneShardTest, APushFilledFromItsEndIsAppliedAsTheWholeGradientOrNot
   for (int i = kParams / 2; i < kParams; ++i) gradient[i] = 0.002f * (i % 5);
   push.Filled(kParams / 2);
   v1::AttachDataPlaneResponse ticket;
-  ASSERT_TRUE(Attach(0, token_, &ticket).ok());
-  absl::StatusOr<Socket> newer =
-      Socket::Connect("127.0.0.1", ticket.port(), Soon(), absl::Seconds(5));
-  ASSERT_TRUE(newer.ok()) << newer.status();
-  absl::StatusOr<FrameHeader> welcome = Hello(*newer, ticket.connection(), ticket.secret());
-  ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
+  Socket newer;
+  OpenRawConnection(0, &ticket, &newer);
+  if (HasFatalFailure()) return;
   for (int i = 0; i < kParams / 2; ++i) gradient[i] = 0.002f * (i % 5);
   push.Filled(0);
   pushed = push.Wait();
@@ -1875,13 +1885,9 @@ TEST_F(DataPlaneShardTest, APushLastPieceFirstIsRefusedWhereItCannotBeRead) {
   EXPECT_NE(answered->status.error_message().find("last piece first"), std::string::npos)
       << answered->status.error_message();
 
-  auto stub = v1::ParameterServer::NewStub(
-      grpc::CreateChannel(cluster_->ShardAddress(0), grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
-  context.set_deadline(In(absl::Seconds(10)));
-  context.AddMetadata("authorization", "Bearer " + token_);
   v1::PushResponse response;
-  auto writer = stub->Push(&context, &response);
+  auto writer = RawGrpcPush(&context, &response);
   v1::PushChunk chunk;
   *chunk.mutable_header() = RawPushCall(1, worker1->incarnation(0), kParams, 0);
   chunk.mutable_header()->set_last_piece_first(true);
