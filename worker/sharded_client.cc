@@ -506,8 +506,8 @@ class ShardedClient::Impl {
   void Pulled(int shard, const v1::PullRequest& request, Versions* versions);
   // One attempt at pushing shard `shard`'s part of `gradient`, or `compressed` (that part
   // compressed) when not null; returns the values saturated. With `fill` (a held push's), the
-  // part's values may still be coming: sent as they come where the shard takes that
-  // (StreamsPush), else once all of them are in (AwaitFinal).
+  // part's values may still be coming: sent as they come as a data-plane call where the shard
+  // takes that, else once all of them are in (AwaitFinal).
   grpc::Status PushTo(int shard, grpc::ClientContext* context, absl::Span<const float> gradient,
                       const std::shared_ptr<const CompressedTensor>& compressed, int64_t sequence,
                       const Versions& base, v1::PushResponse* response, int64_t* saturated,
@@ -1424,12 +1424,6 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
                                          int64_t sequence, const Versions& base,
                                          v1::PushResponse* response, int64_t* saturated,
                                          PushFill* fill) {
-  // A part whose values are still coming goes as they come only as a data-plane call below;
-  // every other way waits for them first.
-  const bool stream = fill != nullptr && compressed == nullptr && StreamsPush(shard);
-  if (fill != nullptr && !stream) {
-    if (grpc::Status s = AwaitFinal(*fill, shard, *context); !s.ok()) return s;
-  }
   const Range& r = ranges_[shard];
   const Session session = SessionOf(shard);
   int64_t base_version = base.version[shard];
@@ -1463,7 +1457,19 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
        static_cast<int64_t>(compressed->bytes.size()) <= shared->segment.push().capacity())) {
     turn = std::unique_lock<std::mutex>(shared->push_mu, std::try_to_lock);
   }
-  if (turn.owns_lock() && stream) {  // shared memory came since StreamsPush
+  // Else over the data plane, if there is a connection (below: the gradient goes from `part`).
+  // A compressed one, a fraction of the bytes, goes over gRPC.
+  const std::shared_ptr<DataConnection> data =
+      turn.owns_lock() || compressed != nullptr ? nullptr : DataOf(session, shard);
+  // A tensor in one part goes as a call on the connection itself, with no gRPC call's round trips
+  // (as long as its bytes' time at a few MiB). A held push's part whose values are still coming
+  // goes so as they come, the last piece first, where the shard takes that; every other way
+  // waits for them first.
+  const bool call = data != nullptr && data->calls() &&
+                    StripeCount(part.size(), options_.push_type, data->lanes()) == 1;
+  const bool last_piece_first = fill != nullptr && call && data->last_piece_first() &&
+                                options_.push_type == WireType::kFloat32;
+  if (fill != nullptr && !last_piece_first) {
     if (grpc::Status s = AwaitFinal(*fill, shard, *context); !s.ok()) return s;
   }
   if (turn.owns_lock()) {
@@ -1482,25 +1488,13 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
     header.set_shm_segment(shared->id);
     header.set_shm_ticket(ticket);
   }
-  // Else over the data plane, if there is a connection: the gradient goes from `part` once the
-  // shard says it waits for it. A compressed one, a fraction of the bytes, goes over gRPC.
-  const std::shared_ptr<DataConnection> data =
-      turn.owns_lock() || compressed != nullptr ? nullptr : DataOf(session, shard);
   uint64_t transfer = 0;
   if (data != nullptr) {
     transfer = data->NextTransfer();
     header.set_data_connection(data->id());
     header.set_data_transfer(transfer);
   }
-  if (data != nullptr && data->calls() &&
-      StripeCount(part.size(), options_.push_type, data->lanes()) == 1) {
-    // A tensor in one part: the push is a call on the connection itself, with no gRPC call's
-    // round trips (as long as its bytes' time at a few MiB). Its values go as a backward pass
-    // makes them final, the last piece first, when they are still coming.
-    const bool last_piece_first = stream && data->last_piece_first();
-    if (stream && !last_piece_first) {
-      if (grpc::Status s = AwaitFinal(*fill, shard, *context); !s.ok()) return s;
-    }
+  if (call) {
     header.set_last_piece_first(last_piece_first);
     // A part sent as backward makes it also waits for backward: it may take kStreamedPushSlack
     // more than an attempt (the shard reads a call's values for a minute at most).
@@ -1524,9 +1518,6 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
     if (made->status.ok()) *saturated = made->saturated;
     if (IsDataPlaneLost(made->status)) DropData(shard, data, made->status.error_message());
     return made->status;
-  }
-  if (stream) {  // it was to go as a call on the data plane: that connection is gone
-    if (grpc::Status s = AwaitFinal(*fill, shard, *context); !s.ok()) return s;
   }
   const Replica& replica = CurrentReplicaOf(shard);
   std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
