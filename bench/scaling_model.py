@@ -50,10 +50,13 @@ class Model:
     sync:   T = E[max of W compute times] + t_pull + t_push  (a round waits for its slowest;
             its W pulls and W pushes reach a shard's link at once: each at least W n / (S B))
     How the step's communication is scheduled (wan_bench --schedules) changes C + t_pull + t_push:
-    overlap:  backward (2/3 of C for dense layers; forward 1/3) makes the gradient final from the
-              last parameter to the first at an even rate, and each of the S shards' parts goes
-              as soon as it is final, one after another on the worker's link (push_end below);
-              the pull's parts arrive together (they share the link), so the pull is not hidden.
+    overlap:  forward (1/3 of C for dense layers) starts each layer once its weights are in:
+              the pull's S parts share the worker's link and arrive together, each from its
+              start, so forward goes through the first shard's layers as they come and the
+              others' once the pull is in (forward_end); backward (2/3 of C) then makes the
+              gradient final from the last parameter to the first at an even rate, and the push
+              goes 1 MiB piece by piece as backward makes them, one after another on the
+              worker's link (push_end).
     prefetch: the next step's pull runs during this one's compute and push (the other direction
               of a full-duplex link): T = max(C + t_push, t_pull).
     overlap+prefetch: max(push_end, t_pull).
@@ -89,7 +92,8 @@ class Model:
             # shard's link carries k = 1 + (W - 1) pull / T pulls at once, each at link / k, and
             # the worker's S streams take k / S of its own link's time. Likewise pushes. A fixed
             # point in T, damped.
-            step = scheduled_step(schedule, compute, pull, push, shards)
+            pieces = pieces_of(nbytes, shards)
+            step = scheduled_step(schedule, compute, pull, push, shards, pieces)
             for _ in range(200):
                 def share(t):
                     return (1 + (workers - 1) * min(1.0, t / step)) / shards
@@ -97,7 +101,8 @@ class Model:
                                  share(pull))
                 push = self.call(self.o_push, self.g_push, nbytes, link, latency, paced,
                                  share(push))
-                step = 0.5 * step + 0.5 * scheduled_step(schedule, compute, pull, push, shards)
+                step = 0.5 * step + 0.5 * scheduled_step(schedule, compute, pull, push, shards,
+                                                         pieces)
             step = max(step, workers * nbytes / (shards * link))
             updates = workers / step
             staleness = (workers - 1) * max(0.0, step - 2 * latency) / step
@@ -105,28 +110,44 @@ class Model:
                 "staleness": staleness}
 
 
-def push_end(compute, push, parts):
-    """When a push whose `parts` go as backward makes them final ends, from the step's start:
-    forward takes a third of `compute`, backward the rest, finishing part k (last shard first)
-    at forward + backward * (k + 1) / parts; each part then takes push / parts on the link, in
-    turn."""
-    forward, backward = compute / 3, 2 * compute / 3
-    end = forward
-    for k in range(parts):
-        end = max(end, forward + backward * (k + 1) / parts) + push / parts
+PIECE_BYTES = 1 << 20  # what a push sent as backward makes it goes in (worker --overlap)
+
+
+def pieces_of(nbytes, shards):
+    """The pieces an overlapping worker's push goes in: 1 MiB each, at least one per shard."""
+    return max(shards, math.ceil(nbytes / PIECE_BYTES))
+
+
+def forward_end(compute, pull, shards):
+    """When an overlapping step's forward pass (a third of `compute`) ends, from the step's start:
+    the pull's parts share the worker's link and arrive together, each from its start, so the
+    pass keeps up with the first shard's values (or they with it) and does the other shards'
+    layers once the whole pull is in."""
+    forward = compute / 3
+    return max(forward, pull + forward * (shards - 1) / shards)
+
+
+def push_end(start, compute, push, pieces):
+    """When a push whose `pieces` go as backward makes them final ends: backward (two thirds of
+    `compute`) runs from `start` and finishes piece k (the last first) at start + backward (k + 1)
+    / pieces; each piece then takes push / pieces on the link, in turn."""
+    backward = 2 * compute / 3
+    end = start
+    for k in range(pieces):
+        end = max(end, start + backward * (k + 1) / pieces) + push / pieces
     return end
 
 
-def scheduled_step(schedule, compute, pull, push, parts):
+def scheduled_step(schedule, compute, pull, push, shards, pieces):
     """A worker's step time (no link shared with others) under a wan_bench --schedules entry."""
     if schedule == "serial":
         return compute + pull + push
     if schedule == "overlap":
-        return pull + push_end(compute, push, parts)
+        return push_end(forward_end(compute, pull, shards), compute, push, pieces)
     if schedule == "prefetch":
         return max(compute + push, pull)
     if schedule == "overlap+prefetch":
-        return max(push_end(compute, push, parts), pull)
+        return max(push_end(compute / 3, compute, push, pieces), pull)
     raise ValueError("unknown schedule " + schedule)
 
 
@@ -237,7 +258,8 @@ def predict(args):
                 pull = args.o_ms / 1000 + 2 * latency + nbytes / min(link, streams * args.g_pull * 1e9)
                 push = args.o_ms / 1000 + 2 * latency + nbytes / min(link, streams * args.g_push * 1e9)
                 shard_bound = workers * nbytes / (shards * shard_rate)
-                step = scheduled_step(schedule, compute, pull, push, shards)
+                step = scheduled_step(schedule, compute, pull, push, shards,
+                                      pieces_of(nbytes, shards))
                 return max(step, shard_bound), pull, push, streams
             # The fewest shards within 1% of the best step time of the fastest schedule.
             def fastest(k):

@@ -391,6 +391,19 @@ int ps_op_wait_part(ps_op* op, int shard, double timeout_seconds) {
   return part->ok() ? Ok() : Report(*part);
 }
 
+int ps_op_wait_values(ps_op* op, int64_t begin, int64_t end, double timeout_seconds) {
+  if (op->result.has_value()) return op->result->ok() ? Ok() : Report(*op->result);
+  if (!op->is_pull) return Report(absl::FailedPreconditionError("not a pull"));
+  const absl::Duration timeout =
+      timeout_seconds < 0 ? absl::InfiniteDuration() : absl::Seconds(timeout_seconds);
+  std::optional<absl::Status> in = op->pull.WaitValues(begin, end, timeout);
+  if (!in.has_value()) {
+    last_error = "in progress";
+    return PS_NOT_DONE;
+  }
+  return in->ok() ? Ok() : Report(*in);
+}
+
 int ps_op_versions(const ps_op* op, int64_t* versions, int num_shards) {
   if (!op->is_pull || !op->result.has_value() || !op->result->ok()) {
     return Report(absl::FailedPreconditionError("not a pull that succeeded"));

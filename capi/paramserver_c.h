@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PS_C_API_VERSION 3
+#define PS_C_API_VERSION 4
 #define PS_EXPORT __attribute__((visibility("default")))
 #define PS_NOT_DONE (-1) /* ps_op_wait: the call is still in progress */
 
@@ -108,6 +108,13 @@ PS_EXPORT int ps_op_wait(ps_op* op, double timeout_seconds);
  * error. A held push's part is sent first. After the operation ended (ps_op_wait): what it
  * ended with. */
 PS_EXPORT int ps_op_wait_part(ps_op* op, int shard, double timeout_seconds);
+/* Waits up to `timeout_seconds` (< 0: until they are in) for a pull's values [begin, end) of
+ * `values`, the rest going on: 0 once they are in place (each shard's part arrives from its start,
+ * so a forward pass may start on a layer's weights before its shard's whole part is in),
+ * PS_NOT_DONE while they are still coming, else the error of a part that failed first. Values used
+ * so are kept: should the attempt that brought them fail, the pull ends ABORTED instead of being
+ * tried again (compute again on a new pull). After the operation ended: what it ended with. */
+PS_EXPORT int ps_op_wait_values(ps_op* op, int64_t begin, int64_t end, double timeout_seconds);
 /* After a successful pull: the version each shard served (num_shards values). */
 PS_EXPORT int ps_op_versions(const ps_op* op, int64_t* versions, int num_shards);
 /* After a successful push: its sequence, largest staleness over shards, shards that answered

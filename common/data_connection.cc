@@ -175,14 +175,12 @@ absl::StatusOr<DataConnection::Answered> DataConnection::PushCall(
   return answered;
 }
 
-absl::StatusOr<DataConnection::Answered> DataConnection::PullCall(uint64_t transfer,
-                                                                  const std::string& request,
-                                                                  absl::Span<float> dst,
-                                                                  WireType type,
-                                                                  absl::Time deadline) {
+absl::StatusOr<DataConnection::Answered> DataConnection::PullCall(
+    uint64_t transfer, const std::string& request, absl::Span<float> dst, WireType type,
+    absl::Time deadline, ValuesSeen on_read) {
   FrameInbox& first = lanes_.front()->inbox;
   std::string answer;
-  if (absl::Status s = ExpectStriped(inboxes_, transfer, dst, type); !s.ok()) return s;
+  if (absl::Status s = ExpectStriped(inboxes_, transfer, dst, type, on_read); !s.ok()) return s;
   absl::Status expected = first.ExpectAnswer(transfer, &answer);
   absl::Status sent =
       expected.ok() ? SendCall(FrameKind::kPullCall, transfer, request, {}, type, deadline).status()

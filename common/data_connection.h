@@ -96,13 +96,17 @@ class DataConnection {
   // serialized PullChunk that says what they are, is waited for until `deadline` (the values
   // too, once it said OK). A failure to send, an answer or values that do not come by `deadline`
   // or an answer that does not parse is this function's error instead. `dst` is not written once
-  // this returned.
+  // this returned. `on_read` is told of each run of values as it is in place, on the lanes'
+  // reading threads (ExpectStriped): a forward pass may start on a pull's first values.
   absl::StatusOr<Answered> PullCall(uint64_t transfer, const std::string& request,
-                                    absl::Span<float> dst, WireType type, absl::Time deadline);
-  // The values of pulled transfer `transfer` go into `dst` as `type` values (ExpectStriped);
-  // Await waits for them (the same `dst` and `type`) and forgets the transfer (AwaitStriped).
-  absl::Status Expect(uint64_t transfer, absl::Span<float> dst, WireType type) {
-    return ExpectStriped(inboxes_, transfer, dst, type);
+                                    absl::Span<float> dst, WireType type, absl::Time deadline,
+                                    ValuesSeen on_read = IgnoreValues);
+  // The values of pulled transfer `transfer` go into `dst` as `type` values, `on_read` told of
+  // each run as it is in place (ExpectStriped); Await waits for them (the same `dst` and `type`)
+  // and forgets the transfer (AwaitStriped).
+  absl::Status Expect(uint64_t transfer, absl::Span<float> dst, WireType type,
+                      ValuesSeen on_read = IgnoreValues) {
+    return ExpectStriped(inboxes_, transfer, dst, type, on_read);
   }
   absl::Status Await(uint64_t transfer, absl::Span<const float> dst, WireType type,
                      absl::Time deadline) {

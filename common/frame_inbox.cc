@@ -171,12 +171,12 @@ bool FrameInbox::ended() const {
 }
 
 absl::Status ExpectStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer,
-                           absl::Span<float> dst, WireType type, ValuesSeen seen) {
+                           absl::Span<float> dst, WireType type, ValuesSeen on_read) {
   const int parts = StripeCount(dst.size(), type, static_cast<int>(lanes.size()));
   for (int i = 0; i < parts; ++i) {
     const Stripe part = StripeOf(dst.size(), parts, i);
-    if (absl::Status s = lanes[i]->Expect(transfer, dst.subspan(part.offset, part.size), type,
-                                          parts > 1 ? seen : IgnoreValues);
+    if (absl::Status s =
+            lanes[i]->Expect(transfer, dst.subspan(part.offset, part.size), type, on_read);
         !s.ok()) {
       for (int j = 0; j < i; ++j) lanes[j]->Await(transfer, absl::InfinitePast()).IgnoreError();
       return s;

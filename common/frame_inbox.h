@@ -106,13 +106,15 @@ class FrameInbox {
 
 // A tensor striped over the lanes of a connection (common/data_frames.h), part i expected on
 // lane i's inbox (on as many lanes as StripeCount says). ExpectStriped expects the parts of
-// `transfer` (it forgets those it expected when one cannot be); AwaitStriped waits for them and
-// returns the first failure (one that ended its lane ends every lane, so that the other parts'
-// waits end at once; a part forgotten before it came leaves the connection be). Both are given the same `seen`, told of each run of values as soon
-// as it is in place: every value once when all came, in order within a part (a run is a part of
-// dst), on the waiting thread when the tensor is one part, else on each part's reading thread.
+// `transfer` (it forgets those it expected when one cannot be), `on_read` told of each run of
+// values on its part's reading thread as soon as it is in place (in order within a part; the
+// parts at once, on threads of their own; a run is a part of dst). AwaitStriped waits for them
+// and returns the first failure (one that ended its lane ends every lane, so that the other
+// parts' waits end at once; a part forgotten before it came leaves the connection be), telling
+// `seen` of each run on the waiting thread as it is in place when the tensor is one part (every
+// value once when all came), and of none otherwise.
 absl::Status ExpectStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer,
-                           absl::Span<float> dst, WireType type, ValuesSeen seen = IgnoreValues);
+                           absl::Span<float> dst, WireType type, ValuesSeen on_read = IgnoreValues);
 absl::Status AwaitStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer, size_t values,
                           WireType type, absl::Time deadline, ValuesSeen seen = IgnoreValues);
 

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -1950,6 +1951,71 @@ TEST_F(DataPlaneShardTest, AShardWithoutADataPlaneIsUsedOverGrpc) {
   EXPECT_EQ(stats.pushes_applied(), 1);
   EXPECT_EQ(stats.data_plane_pushes(), 0);
   EXPECT_EQ(stats.data_plane_connections(), 0);
+}
+
+// A pull's values serve as they arrive, over the data plane and over gRPC's stream: its first
+// values are in (and usable) while the rest of the same shard's part is held up behind its
+// stopped shard. Values used so are never rewritten: when the attempt that brought them fails,
+// the pull ends ABORTED rather than being retried; one whose values were not used is retried.
+TEST(PullValuesTest, TheFirstServeWhileTheRestComeAndUsedOnesAreNeverRewrittenByARetry) {
+  // 128 MiB: several times what the sockets and HTTP/2 windows between shard and client hold.
+  constexpr int64_t kBig = int64_t{1} << 25;
+  constexpr int64_t kFirst = 1000;
+  const ModelIdentity model{absl::StrCat("flat:", kBig), kBig, 1};
+  LocalCluster cluster(ExecutableDir(), NewRunDir("pull-values"));
+  ASSERT_TRUE(cluster.StartShards(1, model.fingerprint, 4, {"--optimizer=sgd"}).ok());
+  Subprocess& shard = cluster.shards()[0];
+  std::vector<float> initial(kBig);
+  for (int64_t i = 0; i < kBig; ++i) initial[i] = static_cast<float>(i % 1000);
+  std::vector<float> got(kBig);
+  for (bool data_plane : {true, false}) {
+    SCOPED_TRACE(data_plane ? "data plane" : "gRPC");
+    ClientOptions options = Remote();
+    options.data_plane = data_plane;
+    // A patient client, whose attempts outlast the shard's stop, and a hasty one, whose do not.
+    options.rpc_timeout = absl::Seconds(30);
+    ShardedClient patient({cluster.ShardAddress(0)}, model, data_plane ? 0 : 1, options);
+    options.rpc_timeout = absl::Seconds(3);
+    ShardedClient hasty({cluster.ShardAddress(0)}, model, data_plane ? 2 : 3, options);
+    ASSERT_TRUE(patient.Register().ok());
+    ASSERT_TRUE(hasty.Register().ok());
+    if (data_plane) {
+      ASSERT_TRUE(patient.Initialize(initial).ok());
+    }
+
+    std::fill(got.begin(), got.end(), -1.0f);
+    ShardedClient::Pending<ShardedClient::Versions> pull = patient.StartPull(absl::MakeSpan(got));
+    ASSERT_TRUE(pull.WaitValues(0, kFirst).ok());
+    shard.Signal(SIGSTOP);
+    EXPECT_TRUE(std::equal(got.begin(), got.begin() + kFirst, initial.begin()));
+    EXPECT_FALSE(pull.WaitValues(0, kBig, absl::Seconds(1)).has_value());
+    EXPECT_FALSE(pull.Done(absl::ZeroDuration()));
+    EXPECT_EQ(pull.WaitValues(0, kBig + 1, absl::ZeroDuration())->code(),
+              absl::StatusCode::kInvalidArgument);
+    shard.Signal(SIGCONT);
+    ASSERT_TRUE(pull.Wait().ok());
+    EXPECT_EQ(got, initial);
+
+    // The same, but the shard stays stopped past the attempt's deadline.
+    std::fill(got.begin(), got.end(), -1.0f);
+    pull = hasty.StartPull(absl::MakeSpan(got));
+    ASSERT_TRUE(pull.WaitValues(0, kFirst).ok());
+    shard.Signal(SIGSTOP);
+    absl::SleepFor(absl::Seconds(4));
+    shard.Signal(SIGCONT);
+    absl::StatusOr<ShardedClient::Versions> aborted = pull.Wait();
+    EXPECT_EQ(aborted.status().code(), absl::StatusCode::kAborted) << aborted.status();
+    EXPECT_TRUE(std::equal(got.begin(), got.begin() + kFirst, initial.begin()));
+
+    // Nothing used: the part that failed at its deadline is tried again, and the pull succeeds.
+    std::fill(got.begin(), got.end(), -1.0f);
+    pull = hasty.StartPull(absl::MakeSpan(got));
+    shard.Signal(SIGSTOP);
+    absl::SleepFor(absl::Seconds(4));
+    shard.Signal(SIGCONT);
+    ASSERT_TRUE(pull.Wait().ok());
+    EXPECT_EQ(got, initial);
+  }
 }
 
 // A job with mutual TLS and a token keeps both on the data plane: its remote clients' tensors go

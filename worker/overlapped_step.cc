@@ -12,9 +12,7 @@ OverlappedStep::OverlappedStep(ShardedClient* client,
     : client_(client),
       pull_(std::move(pull)),
       gradient_(gradient),
-      callbacks_(std::move(callbacks)) {
-  for (int s = 0; s < client_->num_shards(); ++s) ranges_.push_back(client_->shard_range(s));
-}
+      callbacks_(std::move(callbacks)) {}
 
 Network::LayerHooks OverlappedStep::Hooks() {
   return {.weights_needed = [this](int64_t end) { return WeightsNeeded(end); },
@@ -22,22 +20,21 @@ Network::LayerHooks OverlappedStep::Hooks() {
 }
 
 absl::Status OverlappedStep::WeightsNeeded(int64_t end) {
+  if (pulled_) return absl::OkStatus();
   const absl::Time start = absl::Now();
   failed_call_ = "pull";
-  const int shards = static_cast<int>(ranges_.size());
-  // Shards hold consecutive ranges: params[0, end) is in every shard that begins before end.
-  for (; arrived_ < shards && ranges_[arrived_].begin < end; ++arrived_) {
-    if (absl::Status s = pull_.WaitPart(arrived_); !s.ok()) return s;
-  }
-  if (arrived_ == shards && !pulled_) {
-    absl::StatusOr<ShardedClient::Versions> versions = pull_.Wait();  // every part is in: at once
-    if (!versions.ok()) return versions.status();
-    versions_ = *std::move(versions);
-    pulled_ = true;
-    if (callbacks_.pulled) callbacks_.pulled();
+  absl::Status s = pull_.WaitValues(0, end);
+  if (s.ok() && end >= client_->model().total_params) {
+    absl::StatusOr<ShardedClient::Versions> versions = pull_.Wait();  // the answers, at once
+    s = versions.status();
+    if (s.ok()) {
+      versions_ = *std::move(versions);
+      pulled_ = true;
+      if (callbacks_.pulled) callbacks_.pulled();
+    }
   }
   pull_wait_ += absl::Now() - start;
-  return absl::OkStatus();
+  return s;
 }
 
 absl::Status OverlappedStep::GradientFinal(int64_t begin) {

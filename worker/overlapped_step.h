@@ -1,16 +1,18 @@
 // One training step whose communication overlaps its computation, as BytePS and PyTorch DDP
-// overlap theirs: the forward pass starts each layer as soon as the shards holding that layer's
-// weights have answered the step's pull (first layer first, while the later shards' parts are
-// still arriving), and the backward pass sends each shard its part of the gradient as it becomes
+// overlap theirs: the forward pass starts each layer as soon as that layer's weights are in
+// (Pending::WaitValues: first layer first, while the later ones are still arriving), and the
+// backward pass sends each shard its part of the gradient as it becomes
 // final (last layer first; over the data plane a piece at a time, Pending::Filled, else each part
 // once its range is final), while the earlier layers' gradients are still being computed. The push
 // keeps one sequence and one base (the versions the whole pull saw) over its parts, so a step's
 // staleness is counted exactly as for a step that did not overlap.
 //
 // Use: construct it with the step's pull in flight, pass Hooks() to
-// Network::GradientOfExamples, then TakePush() and wait for it. Not thread-safe: one step, on one
-// thread. Destroyed before TakePush, it waits for the pull and sends no part not sent yet (one
-// going as backward made it is cut off: the shard applies nothing of it).
+// Network::GradientOfExamples, then TakePush() and wait for it. Should the pull fail ABORTED (an
+// attempt failed after the forward pass used values it brought), compute the step again on a new
+// pull. Not thread-safe: one step, on one thread. Destroyed before TakePush, it waits for the pull
+// and sends no part not sent yet (one going as backward made it is cut off: the shard applies
+// nothing of it).
 #pragma once
 
 #include <functional>
@@ -63,9 +65,7 @@ class OverlappedStep {
   ShardedClient::Pending<ShardedClient::Versions> pull_;
   const absl::Span<const float> gradient_;
   const Callbacks callbacks_;
-  std::vector<Range> ranges_;  // each shard's part of the flat vector
-  int arrived_ = 0;            // shards [0, arrived_) of the pull were waited for
-  bool pulled_ = false;        // the whole pull was waited for
+  bool pulled_ = false;  // the whole pull was waited for
   ShardedClient::Versions versions_;
   ShardedClient::Pending<ShardedClient::PushSummary> push_;
   const char* failed_call_ = "pull";

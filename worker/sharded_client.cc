@@ -35,6 +35,7 @@
 #include "common/shutdown.h"
 #include "common/tensor_codec.h"
 #include "proto/ps.grpc.pb.h"
+#include "worker/pull_fill.h"
 #include "worker/push_compressor.h"
 
 namespace ps {
@@ -155,13 +156,14 @@ class CallThreads {
 // One call to every shard: each shard's attempts run on a CallThreads thread (or the caller's,
 // Launch::kLastHere) and report here. `on_end` runs once every shard reported (succeeded or not),
 // before Wait returns, on the thread that reported last (so while the client exists: a Pending
-// may outlive it).
+// may outlive it); `on_part`, if any, after each shard's report, on the thread that reported.
 // A shard's start may be held (Hold) until Send, or abandoned: it then reports `why`.
 class ShardedClient::Call {
  public:
-  Call(int shards, std::function<void()> on_end)
+  Call(int shards, std::function<void()> on_end, std::function<void(int)> on_part)
       : shards_(shards),
         on_end_(std::move(on_end)),
+        on_part_(std::move(on_part)),
         held_(shards),
         results_(shards),
         reported_(shards, 0),
@@ -203,9 +205,13 @@ class ShardedClient::Call {
     for (int shard : abandoned) Done(shard, why);
   }
   void Done(int shard, absl::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      results_[shard] = std::move(status);
+      reported_[shard] = 1;
+    }
+    if (on_part_) on_part_(shard);
     absl::MutexLock lock(&mu_);
-    results_[shard] = std::move(status);
-    reported_[shard] = 1;
     if (pending_ == 1 && on_end_) {
       mu_.Unlock();
       on_end_();
@@ -249,6 +255,7 @@ class ShardedClient::Call {
  private:
   const int shards_;
   const std::function<void()> on_end_;
+  const std::function<void(int)> on_part_;  // told of each shard's report, once it is recorded
   absl::Mutex mu_;
   std::vector<std::function<void()>> held_ ABSL_GUARDED_BY(mu_);  // by shard: null once started
   std::vector<absl::Status> results_ ABSL_GUARDED_BY(mu_);
@@ -324,6 +331,16 @@ class ShardedClient::PushFill {
 };
 
 namespace {
+// A pull's part whose attempt failed after the caller used values it had brought: not retried
+// (ABORTED), which the retry loop does not take for a shard holding the pull back.
+constexpr char kPulledValuesUsed[] = "ps.client.pull-used";
+grpc::Status PulledValuesUsedStatus() {
+  return grpc::Status(grpc::StatusCode::ABORTED,
+                      "values of this shard's part were used by the time its attempt failed: "
+                      "a retry would rewrite them (compute again on a new pull)",
+                      kPulledValuesUsed);
+}
+
 // A held push's part dropped by this client (Pending destroyed unwaited, or a cancel) before its
 // range was final: CANCELLED, which the retry loop does not take for the shard's.
 constexpr char kDroppedHere[] = "ps.client.push-dropped";
@@ -349,6 +366,28 @@ std::optional<absl::Status> ShardedClient::AwaitPart(Call& call, int shard,
                                                      absl::Duration timeout) {
   return call.WaitFor(shard, timeout);
 }
+std::optional<absl::Status> ShardedClient::AwaitValues(Call& call, PullFill& fill, int64_t begin,
+                                                       int64_t end, absl::Duration timeout) {
+  const int64_t total = fill.ranges().empty() ? 0 : fill.ranges().back().end;
+  if (begin < 0 || begin > end || end > total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("values [", begin, ", ", end, ") are not within the pull's ", total));
+  }
+  if (begin == end) return absl::OkStatus();
+  const absl::Time deadline = absl::Now() + timeout;
+  for (int shard = 0; shard < static_cast<int>(fill.ranges().size()); ++shard) {
+    const Range& r = fill.ranges()[shard];
+    if (r.end <= begin || end <= r.begin) continue;
+    // A part comes from its start: values up to min(end, r.end) of it.
+    if (fill.WaitFor(shard, std::min(end, r.end) - r.begin, deadline - absl::Now()) ==
+        PullFill::Found::kInPlace) {
+      continue;
+    }
+    std::optional<absl::Status> part = call.WaitFor(shard, deadline - absl::Now());
+    if (!part.has_value() || !part->ok()) return part;
+  }
+  return absl::OkStatus();
+}
 void ShardedClient::SendPart(Call& call, int shard) { call.Send(shard); }
 void ShardedClient::SendRest(Call& call) { call.SendAll(); }
 void ShardedClient::Abandon(Call& call) {
@@ -370,7 +409,8 @@ class ShardedClient::Impl {
   // abandon those not sent). kLastHere: returns once the last shard's part, run on this thread,
   // ended.
   std::shared_ptr<Call> Start(ShardFn fn, bool retry, absl::Duration timeout,
-                              std::function<void()> on_end = nullptr, Launch launch = Launch::kNow);
+                              std::function<void()> on_end = nullptr, Launch launch = Launch::kNow,
+                              std::function<void(int)> on_part = nullptr);
   absl::Status ForEachShard(ShardFn fn, bool retry, absl::Duration timeout) {
     return Start(std::move(fn), retry, timeout, nullptr, Launch::kLastHere)->Wait();
   }
@@ -492,13 +532,15 @@ class ShardedClient::Impl {
         /*retry=*/false, timeout);
   }
   // One attempt at pulling shard `shard`'s range into `params`, recording what it served.
+  // `seen`: told of each run of values as it is in place, where they come as a stream (over the
+  // data plane or gRPC's; a run is a part of `params`).
   grpc::Status PullFrom(int shard, grpc::ClientContext* context, absl::Span<float> params,
-                        int64_t after_sequence, Versions* versions);
+                        int64_t after_sequence, Versions* versions, ValuesSeen seen);
   // The same, as a call on the shard's data-plane connection `data` (one that takes calls), for a
   // request PullFrom prepared.
   grpc::Status PullCall(int shard, const grpc::ClientContext& context,
                         const std::shared_ptr<DataConnection>& data, absl::Span<float> params,
-                        v1::PullRequest& request, Versions* versions);
+                        v1::PullRequest& request, Versions* versions, ValuesSeen seen);
   // The same, compressed (ClientOptions::pull_compression), for a request PullFrom prepared.
   grpc::Status PullCompressed(int shard, grpc::ClientContext* context, absl::Span<float> params,
                               v1::PullRequest& request, Versions* versions);
@@ -734,8 +776,9 @@ grpc::Status ShardedClient::Impl::Attempt(
 std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(ShardFn fn, bool retry,
                                                                 absl::Duration timeout,
                                                                 std::function<void()> on_end,
-                                                                Launch launch) {
-  auto call = std::make_shared<Call>(num_shards(), std::move(on_end));
+                                                                Launch launch,
+                                                                std::function<void(int)> on_part) {
+  auto call = std::make_shared<Call>(num_shards(), std::move(on_end), std::move(on_part));
   int64_t generation;
   {
     absl::MutexLock lock(&mu_);
@@ -828,7 +871,8 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
                            (CancelledHere(generation) || s.error_details() == kDroppedHere);
     const bool transient =
         IsTransient(s) || (s.error_code() == grpc::StatusCode::CANCELLED && !cancelled);
-    if (retry && !cancelled && s.error_code() == grpc::StatusCode::ABORTED) {
+    if (retry && !cancelled && s.error_code() == grpc::StatusCode::ABORTED &&
+        s.error_details() != kPulledValuesUsed) {
       // Held back (a barrier, the SSP bound; bounded by the shard's progress timeout): the
       // shard is alive and waiting is the protocol, so ask again at once without spending the
       // retry budget.
@@ -1163,7 +1207,7 @@ absl::StatusOr<int> ShardedClient::Impl::Initialize(absl::Span<const float> para
 
 grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* context,
                                            absl::Span<float> params, int64_t after_sequence,
-                                           Versions* versions) {
+                                           Versions* versions, ValuesSeen seen) {
   const Range& r = ranges_[shard];
   const Session session = SessionOf(shard);
   v1::PullRequest request;
@@ -1192,12 +1236,12 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
   // Else over the data plane, if there is a connection: the values go straight into `params`.
   const std::shared_ptr<DataConnection> data = DataOf(session, shard);
   if (!turn.owns_lock() && data != nullptr && data->calls()) {
-    return PullCall(shard, *context, data, params, request, versions);
+    return PullCall(shard, *context, data, params, request, versions, seen);
   }
   uint64_t transfer = 0;
   if (!turn.owns_lock() && data != nullptr) {
     transfer = data->NextTransfer();
-    if (data->Expect(transfer, params.subspan(r.begin, r.size()), options_.pull_type).ok()) {
+    if (data->Expect(transfer, params.subspan(r.begin, r.size()), options_.pull_type, seen).ok()) {
       request.set_data_connection(data->id());
       request.set_data_transfer(transfer);
     } else {
@@ -1226,7 +1270,11 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
         bad = absl::DataLossError("a pull over the data plane is one chunk naming the values");
       }
     } else {
+      const int64_t before = assembler.received();
       bad = assembler.Append(chunk.data());
+      if (bad.ok()) {
+        seen(params.subspan(r.begin + before, assembler.received() - before));
+      }
     }
   }
   grpc::Status status = reader->Finish();
@@ -1262,14 +1310,14 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
 grpc::Status ShardedClient::Impl::PullCall(int shard, const grpc::ClientContext& context,
                                            const std::shared_ptr<DataConnection>& data,
                                            absl::Span<float> params, v1::PullRequest& request,
-                                           Versions* versions) {
+                                           Versions* versions, ValuesSeen seen) {
   const Range& r = ranges_[shard];
   const uint64_t transfer = data->NextTransfer();
   request.set_data_connection(data->id());
   request.set_data_transfer(transfer);
   absl::StatusOr<DataConnection::Answered> made =
       data->PullCall(transfer, request.SerializeAsString(), params.subspan(r.begin, r.size()),
-                     options_.pull_type, absl::FromChrono(context.deadline()));
+                     options_.pull_type, absl::FromChrono(context.deadline()), seen);
   if (!made.ok()) return PlaneCallFailed(shard, data, made.status());
   if (IsDataPlaneLost(made->status)) DropData(shard, data, made->status.error_message());
   if (!made->status.ok()) return made->status;
@@ -1379,17 +1427,30 @@ ShardedClient::Pending<ShardedClient::Versions> ShardedClient::BeginPull(absl::S
     absl::MutexLock lock(&steps->mu);
     after_sequence = steps->pushed_since_pull ? steps->last_started : steps->next;
   }
+  auto fill = std::make_shared<PullFill>(impl->ranges_);
   std::shared_ptr<Call> call = impl->Start(
-      [impl, params, after_sequence, versions](int shard, grpc::ClientContext* context) {
-        return impl->PullFrom(shard, context, params, after_sequence, versions.get());
+      [impl, params, after_sequence, versions, fill](int shard, grpc::ClientContext* context) {
+        if (!fill->Attempt(shard)) return PulledValuesUsedStatus();
+        const float* part = params.data() + impl->ranges_[shard].begin;
+        auto in_place = [&](absl::Span<const float> run) {
+          fill->InPlace(shard, run.data() - part, static_cast<int64_t>(run.size()));
+        };
+        grpc::Status s =
+            impl->PullFrom(shard, context, params, after_sequence, versions.get(), in_place);
+        if (!s.ok()) fill->Failed(shard);
+        return s;
       },
-      /*retry=*/true, impl->options_.rpc_timeout, nullptr, launch);
-  return Pending<Versions>(std::move(call), [versions, steps] {
-    absl::MutexLock lock(&steps->mu);
-    steps->last_pull = *versions;
-    steps->pushed_since_pull = false;
-    return *versions;
-  });
+      /*retry=*/true, impl->options_.rpc_timeout, nullptr, launch,
+      [fill](int shard) { fill->Ended(shard); });
+  return Pending<Versions>(
+      std::move(call),
+      [versions, steps] {
+        absl::MutexLock lock(&steps->mu);
+        steps->last_pull = *versions;
+        steps->pushed_since_pull = false;
+        return *versions;
+      },
+      nullptr, std::move(fill));
 }
 
 ShardedClient::Versions ShardedClient::last_pull() const {

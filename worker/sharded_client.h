@@ -47,8 +47,8 @@
 // A push can be sent shard by shard (Parts::kHeld): a worker whose backward pass produces the
 // gradient's last layers first sends each shard's part as soon as its range is final, so that
 // communication overlaps the rest of backward (as DDP and Horovod do); the push keeps one
-// sequence and one base over its parts. Likewise a pull's parts can be waited for one by one
-// (Pending::WaitPart), so that a forward pass starts on the first shards' weights
+// sequence and one base over its parts. Likewise a pull's values can be waited for as they
+// arrive (Pending::WaitValues), so that a forward pass starts on the first layers' weights
 // (worker/overlapped_step.h does both).
 //
 // Thread-safe, with one rule: pushes take increasing sequences in the order they start, so start
@@ -76,6 +76,7 @@
 #include "common/wire_type.h"
 
 namespace ps {
+class PullFill;  // worker/pull_fill.h: how far a pull's values are in place
 namespace v1 {
 class CheckpointResponse;  // proto/ps.pb.h
 class StatsResponse;
@@ -165,6 +166,7 @@ class ShardedClient {
         call_ = std::move(o.call_);
         result_ = std::move(o.result_);
         fill_ = std::move(o.fill_);
+        arrival_ = std::move(o.arrival_);
       }
       return *this;
     }
@@ -204,6 +206,24 @@ class ShardedClient {
       SendPart(*call_, shard);
       return AwaitPart(*call_, shard, timeout);
     }
+    // A pull's values [begin, end) of the caller's buffer hold what the pull brought, while the
+    // rest may still be coming: each shard's part arrives from its start (over the data plane or
+    // gRPC's stream; through shared memory or compressed, whole), so a forward pass starts on a
+    // layer's weights as soon as they are in, not its shard's whole part. Waits for that, at
+    // most `timeout` (nullopt while they are still coming), and returns the error of a part that
+    // failed first. Values used so are kept: should the attempt that brought them fail, their
+    // part is not tried again (a retry would rewrite them and the versions they came with), and
+    // the call fails ABORTED: compute again on a new pull. FAILED_PRECONDITION for a push, or
+    // after Wait; INVALID_ARGUMENT for a range outside the buffer.
+    std::optional<absl::Status> WaitValues(int64_t begin, int64_t end, absl::Duration timeout) {
+      if (call_ == nullptr || arrival_ == nullptr) {
+        return absl::FailedPreconditionError("no pull to wait for");
+      }
+      return AwaitValues(*call_, *arrival_, begin, end, timeout);
+    }
+    absl::Status WaitValues(int64_t begin, int64_t end) {
+      return *WaitValues(begin, end, absl::InfiniteDuration());
+    }
     // Whether the call has ended, waiting up to `timeout` for it (Wait then returns at once).
     bool Done(absl::Duration timeout) const { return call_ == nullptr || Ended(*call_, timeout); }
     absl::StatusOr<T> Wait() {
@@ -219,8 +239,11 @@ class ShardedClient {
    private:
     friend class ShardedClient;
     Pending(std::shared_ptr<Call> call, std::function<T()> result,
-            std::shared_ptr<PushFill> fill = nullptr)
-        : call_(std::move(call)), result_(std::move(result)), fill_(std::move(fill)) {}
+            std::shared_ptr<PushFill> fill = nullptr, std::shared_ptr<PullFill> arrival = nullptr)
+        : call_(std::move(call)),
+          result_(std::move(result)),
+          fill_(std::move(fill)),
+          arrival_(std::move(arrival)) {}
     void Finish() {
       if (call_ == nullptr) return;
       std::shared_ptr<Call> call = std::exchange(call_, nullptr);
@@ -231,6 +254,7 @@ class ShardedClient {
     std::shared_ptr<Call> call_;
     std::function<T()> result_;       // the call's value, once it succeeded
     std::shared_ptr<PushFill> fill_;  // a held push's: how far its gradient is final
+    std::shared_ptr<PullFill> arrival_;  // a pull's: how far its values are in place
   };
 
   // `model.num_shards` must equal addresses.size(); an address may list a shard's two replicas
@@ -322,6 +346,8 @@ class ShardedClient {
   static absl::Status Await(Call& call);
   static bool Ended(Call& call, absl::Duration timeout);
   static std::optional<absl::Status> AwaitPart(Call& call, int shard, absl::Duration timeout);
+  static std::optional<absl::Status> AwaitValues(Call& call, PullFill& fill, int64_t begin,
+                                                 int64_t end, absl::Duration timeout);
   static void SendPart(Call& call, int shard);
   static void SendRest(Call& call);
   static void Abandon(Call& call);

@@ -187,21 +187,31 @@ absl::StatusOr<int64_t> TrainOnGradients(Run& run, int64_t step, bool prefetch, 
     ShardedClient::Pending<ShardedClient::PushSummary> push;
     absl::Duration pull_time, compute_time;
     float loss = 0;
-    if (overlap) {  // the pull's parts feed the forward pass, and backward starts the push's
+    bool overlapped = false;
+    if (overlap) {  // the pull's values feed the forward pass, and backward starts the push's
       OverlappedStep exchange(&run.client, std::move(pull), grad.span(),
                               {.pulled = start_prefetch, .before_push = push_delay});
       absl::StatusOr<float> computed = run.net.GradientOfExamples(
           params->span(), indices.data(), run.batch, grad.span(), exchange.Hooks());
-      if (!computed.ok()) {
-        if (ShutdownRequested()) break;
+      if (computed.ok()) {
+        overlapped = true;
+        loss = *computed;
+        pull_time = exchange.pull_wait();
+        compute_time = absl::Now() - pull_start - pull_time;
+        versions = exchange.versions();
+        push = exchange.TakePush();
+      } else if (ShutdownRequested()) {
+        break;
+      } else if (!absl::IsAborted(computed.status()) ||
+                 absl::string_view(exchange.failed_call()) != "pull") {
         return failed(exchange.failed_call(), computed.status());
+      } else {  // the pull failed under values the forward pass used: once more, on a new one
+        PS_LOG(WARNING) << "step " << step << ": " << computed.status().message()
+                        << "; computing the step again on a new pull";
       }
-      loss = *computed;
-      pull_time = exchange.pull_wait();
-      compute_time = absl::Now() - pull_start - pull_time;
-      versions = exchange.versions();
-      push = exchange.TakePush();
-    } else {
+    }  // (the step's pull has ended here: nothing writes into the weights any more)
+    if (!overlapped && overlap) pull = run.client.StartPull(params->span());
+    if (!overlapped) {
       absl::StatusOr<ShardedClient::Versions> pulled = pull.Wait();
       pull_time = absl::Now() - pull_start;
       if (!pulled.ok()) {

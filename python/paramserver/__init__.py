@@ -6,10 +6,10 @@
         ...
 """
 from .client import Client, Handle, PushSummary
-from .errors import (Cancelled, DeadlineExceeded, Error, FailedPrecondition, InvalidArgument,
-                     Unauthenticated, Unavailable)
+from .errors import (Aborted, Cancelled, DeadlineExceeded, Error, FailedPrecondition,
+                     InvalidArgument, Unauthenticated, Unavailable)
 from .model_file import load_file, read_file
 
-__all__ = ["Client", "Handle", "PushSummary", "Error", "Cancelled", "DeadlineExceeded",
+__all__ = ["Client", "Handle", "PushSummary", "Error", "Aborted", "Cancelled", "DeadlineExceeded",
            "FailedPrecondition", "InvalidArgument", "Unauthenticated", "Unavailable", "load_file",
            "read_file"]

@@ -6,7 +6,7 @@ shards, and the library depends on no interpreter's ABI: one build serves every 
 import ctypes
 import os
 
-API_VERSION = 3
+API_VERSION = 4
 NOT_DONE = -1
 
 
@@ -58,6 +58,7 @@ def _load():
         "ps_op_filled": (ctypes.c_int, [op_p, i64]),
         "ps_op_wait": (ctypes.c_int, [op_p, ctypes.c_double]),
         "ps_op_wait_part": (ctypes.c_int, [op_p, ctypes.c_int, ctypes.c_double]),
+        "ps_op_wait_values": (ctypes.c_int, [op_p, i64, i64, ctypes.c_double]),
         "ps_op_versions": (ctypes.c_int, [op_p, ctypes.POINTER(i64), ctypes.c_int]),
         "ps_op_push_summary": (ctypes.c_int, [op_p, ctypes.POINTER(PushSummary)]),
         "ps_op_free": (None, [op_p]),

@@ -160,6 +160,20 @@ class Handle:
         self._sliced(lambda left: lib.ps_op_wait_part(self._op, shard, left), timeout,
                      f"{self._kind}'s part of shard {shard}")
 
+    def wait_values(self, begin, end, timeout=None):
+        """Waits for a pull's values [begin, end) of its buffer only (at most `timeout` seconds:
+        then TimeoutError), the rest going on: each shard's part arrives from its start, so a
+        forward pass can start on a layer's weights before its shard's whole part is in. Raises
+        a paramserver.Error if a part failed first. Values used so are kept: should the attempt
+        that brought them fail, the pull raises Aborted rather than being tried again (compute
+        again on a new pull)."""
+        if self._result is not None:
+            return
+        if self._op is None:
+            raise errors.Cancelled("CANCELLED", "the call was abandoned")
+        self._sliced(lambda left: lib.ps_op_wait_values(self._op, int(begin), int(end), left),
+                     timeout, f"pull's values [{begin}, {end})")
+
     @staticmethod
     def _sliced(wait, timeout, what):
         """Calls wait(seconds) in short slices (Ctrl-C, KeyboardInterrupt, is seen between them)

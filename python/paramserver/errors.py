@@ -39,6 +39,11 @@ class DeadlineExceeded(Error, TimeoutError):
     pass
 
 
+class Aborted(Error):
+    """A pull failed after some of its values were used (Handle.wait_values): a retry would have
+    rewritten them, so none was made. Compute again on a new pull."""
+
+
 class Cancelled(Error):
     """The call was ended by close() (or the shard shutting down, after the retries)."""
 
@@ -48,6 +53,7 @@ _CLASSES = {
     "NOT_FOUND": InvalidArgument, "FAILED_PRECONDITION": FailedPrecondition,
     "UNAUTHENTICATED": Unauthenticated, "PERMISSION_DENIED": Unauthenticated,
     "UNAVAILABLE": Unavailable, "DEADLINE_EXCEEDED": DeadlineExceeded, "CANCELLED": Cancelled,
+    "ABORTED": Aborted,
 }
 
 

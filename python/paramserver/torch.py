@@ -74,9 +74,11 @@ class DistributedModel(torch.nn.Module):
     local:H and easgd (required there, unused otherwise). `csv`: append a row per step here
     (step,wall_time,loss; default $PS_CSV). `slowdown`: compute this many times slower, sleeping
     in step() (a straggler; default $PS_SLOWDOWN, else 1). `overlap`: push during backward and
-    wait for each layer's weights as the forward pass reaches it (default); False pushes the
-    whole gradient at step() and waits for all weights before the forward pass (needed by a
-    module that reads another's parameters without calling it: see _ForwardPull).
+    wait for each layer's weights as the forward pass reaches it (default; should the pull fail
+    after the pass used some of its weights, the pass runs again on a new pull, and what it did
+    besides, such as BatchNorm's running statistics, it then did twice); False pushes the whole
+    gradient at step() and waits for all weights before the forward pass (needed by a module that
+    reads another's parameters without calling it: see _ForwardPull).
     """
 
     def __init__(self, module, *, client=None, optimizer=None, initialize=None, csv=None,
@@ -151,8 +153,16 @@ class DistributedModel(torch.nn.Module):
         self._compute_start = time.monotonic()
 
     def forward(self, *args, **kwargs):
-        out = self.module(*args, **kwargs)
-        self._finish_pull()  # the parts of parameters this pass did not use
+        try:
+            out = self.module(*args, **kwargs)
+            self._finish_pull()  # the parameters this pass did not use
+        except errors.Aborted:
+            # The pull failed under weights this pass had used (a retry would have rewritten
+            # them): once more, on a new pull. (What the first pass did besides, such as
+            # BatchNorm's running statistics, it did twice.)
+            self._finish_pull(failed=True)
+            self.client.pull(self._weights)
+            out = self.module(*args, **kwargs)
         return out
 
     def zero_grad(self, set_to_none=True):
@@ -185,14 +195,19 @@ class DistributedModel(torch.nn.Module):
             self._finish_pull()
         self._compute_start = time.monotonic()
 
-    def _finish_pull(self):
+    def _finish_pull(self, failed=False):
         """Waits for the rest of the pull step() left in flight. Before a push starts: its base
-        (the versions staleness is counted from) is the last pull waited for whole."""
+        (the versions staleness is counted from) is the last pull waited for whole. `failed`:
+        it failed already, and only its end is waited for."""
         if self._pending_pull is not None:
             pull, self._pending_pull = self._pending_pull, None
             if self._forward_pull is not None:
                 self._forward_pull.waited.clear()
-            pull.wait()
+            try:
+                pull.wait()
+            except errors.Error:
+                if not failed:
+                    raise
 
     def _collect_gradient(self, index):
         """Brings parameter `index`'s gradient, if autograd put it elsewhere (after
@@ -376,8 +391,8 @@ class _BackwardPush:
 class _ForwardPull:
     """Waits for a DistributedModel's pull layer by layer as the forward pass reaches them (the
     first layers first, while the later layers' weights are still arriving): a pre-hook on each
-    module that holds parameters of its own waits for the shards' parts that hold all the
-    parameters under it (nn.MultiheadAttention reads its out_proj's weights without calling it).
+    module that holds parameters of its own waits for the values of all the parameters under it
+    (Handle.wait_values; nn.MultiheadAttention reads its out_proj's weights without calling it).
     A module whose forward reads the parameters of a module it does not contain, without calling
     it, needs overlap=False."""
 
@@ -385,25 +400,35 @@ class _ForwardPull:
         self._model = model
         ranges = model.client.shard_ranges
         place = {id(p): view for p, view in zip(model._params, model._views)}
-        self.waited = set()  # shards whose part of the pull in flight is in
+        self.waited = {}  # by shard: the end of the values of the pull in flight waited for
         self.hooks = []
         for m in model.module.modules():
             if next(m.parameters(recurse=False), None) is None:
                 continue
-            shards = sorted({s for p in m.parameters() for s, (begin, end) in enumerate(ranges)
-                             if begin < place[id(p)][0] + place[id(p)][1]
-                             and place[id(p)][0] < end})
+            # By shard: the span of this module's values there (a part arrives from its start).
+            spans = {}
+            for p in m.parameters():
+                offset, k = place[id(p)]
+                for s, (begin, end) in enumerate(ranges):
+                    lo, hi = max(begin, offset), min(end, offset + k)
+                    if lo < hi:
+                        old = spans.get(s, (lo, hi))
+                        spans[s] = (min(old[0], lo), max(old[1], hi))
             self.hooks.append(m.register_forward_pre_hook(
-                lambda *_, shards=shards: self._wait(shards)))
+                lambda *_, spans=sorted(spans.items()): self._wait(spans)))
 
-    def _wait(self, shards):
+    def _wait(self, spans):
         pull = self._model._pending_pull
         if pull is None:
             return
-        for s in shards:
-            if s not in self.waited:
-                pull.wait_part(s)
-                self.waited.add(s)
+        for s, (begin, end) in spans:
+            if self.waited.get(s, -1) < end:
+                try:
+                    pull.wait_values(begin, end)
+                except errors.Aborted:
+                    self._model._finish_pull(failed=True)  # the next pass starts afresh
+                    raise
+                self.waited[s] = end
 
 
 def _after_accumulate(param, fn):

@@ -172,12 +172,13 @@ def test_forward_starts_on_the_first_layers_weights_while_the_last_shards_are_co
     initial = paramserver.torch.weights_of(module).copy()
     order = []
     wait_part = paramserver.client.Handle.wait_part
+    wait_values = paramserver.client.Handle.wait_values
 
-    def logged(handle, shard, timeout=None):
-        order.append(f"wait {shard}")
-        return wait_part(handle, shard, timeout)
+    def logged(handle, begin, end, timeout=None):
+        order.append(f"wait {begin}-{end}")
+        return wait_values(handle, begin, end, timeout)
 
-    monkeypatch.setattr(paramserver.client.Handle, "wait_part", logged)
+    monkeypatch.setattr(paramserver.client.Handle, "wait_values", logged)
     stopped = shards.processes[1]
     try:
         # A pass that waited for the whole pull would wait for the stopped shard: its retries
@@ -203,9 +204,59 @@ def test_forward_starts_on_the_first_layers_weights_while_the_last_shards_are_co
             last.register_forward_pre_hook(lambda *_: order.append("last"))
             order.clear()
             model(x)
-            assert order == ["wait 0", "first", "wait 1", "last"]
+            # last's values are [6, 66): shard 0 holds [0, 33), shard 1 the rest
+            assert order == ["wait 0-6", "first", "wait 6-33", "wait 33-66", "last"]
             assert model._pending_pull is None  # waited for whole at the pass's end
             assert np.allclose(paramserver.torch.weights_of(module), initial - grads, atol=1e-6)
+    finally:
+        stopped.send_signal(signal.SIGCONT)
+
+
+class _SmallThenLarge(torch.nn.Module):
+    """A small layer, then 128 MiB of weights in the same shard: several times what the sockets
+    between a shard and its client hold, so a stopped shard holds the pull's rest up."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(2, 2)
+        self.large = torch.nn.Embedding(1 << 23, 4)
+        self.between = lambda: None
+
+    def forward(self, x):
+        h = self.first(x).sum()
+        self.between()
+        return h + self.large(torch.tensor([1])).sum()
+
+
+def test_a_pull_failing_under_weights_the_forward_pass_used_is_made_again(start_shards):
+    module = _SmallThenLarge()
+    shards = start_shards(1, layout(module), flags=("--optimizer=sgd", "--lr=1"))
+    stopped = shards.processes[0]
+    initial = paramserver.torch.weights_of(module).copy()
+    passes = []
+
+    def between():
+        passes.append(model._pending_pull is not None)
+        if len(passes) == 1:
+            # The first layer ran on the pull's first values; the rest of its part cannot come
+            # while the shard is stopped, and its attempt fails at its deadline (3 s).
+            stopped.send_signal(signal.SIGSTOP)
+            assert not model._pending_pull.done(), "the pull was in before the shard stopped"
+            time.sleep(4)
+            stopped.send_signal(signal.SIGCONT)
+
+    try:
+        with paramserver.torch.DistributedModel(module, ps=shards.addresses, rank=0,
+                                                shared_memory=False, rpc_timeout_seconds=3,
+                                                retry_seconds=30) as model:
+            x = torch.ones(1, 2)
+            model(x).backward()
+            grads = model._grads.numpy().copy()
+            model.step()  # the next step's pull starts
+            module.between = between
+            model(x)  # large's weights would come from a retry: the pass runs again
+            assert passes == [True, False]  # the second on a pull waited for whole
+            assert np.array_equal(paramserver.torch.weights_of(module), initial - grads)
     finally:
         stopped.send_signal(signal.SIGCONT)
 

@@ -506,7 +506,11 @@ absl::Status DataPlane::Receive(uint64_t connection, int owner, uint64_t transfe
   absl::StatusOr<std::shared_ptr<Connection>> found = Find(connection, owner);
   if (!found.ok()) return found.status();
   const std::vector<FrameInbox*> lanes = (*found)->Inboxes();
-  if (absl::Status s = ExpectStriped(lanes, transfer, dst, type, seen); !s.ok()) {
+  // A tensor in one part is scanned on this thread (AwaitStriped), while the lane's reads on.
+  const bool striped = StripeCount(dst.size(), type, static_cast<int>(lanes.size())) > 1;
+  if (absl::Status s =
+          ExpectStriped(lanes, transfer, dst, type, striped ? seen : ValuesSeen(IgnoreValues));
+      !s.ok()) {
     return s.code() == absl::StatusCode::kFailedPrecondition ? Lost(s.message()) : s;
   }
   ready();
