@@ -1,5 +1,6 @@
 #include "common/data_connection.h"
 
+#include <algorithm>
 #include <system_error>
 #include <utility>
 
@@ -157,7 +158,8 @@ absl::StatusOr<grpc::Status> DataConnection::AwaitAnswer(uint64_t transfer,
 
 absl::StatusOr<DataConnection::Answered> DataConnection::PushCall(
     uint64_t transfer, const std::string& header, absl::Span<const float> values, WireType type,
-    absl::Time deadline, FrameKind kind, const FillProgress* filling, ValuesOrder order) {
+    absl::Time deadline, FrameKind kind, const FillProgress* filling, ValuesOrder order,
+    absl::Duration answer_within) {
   FrameInbox& first = lanes_.front()->inbox;
   std::string answer;
   if (absl::Status s = first.ExpectAnswer(transfer, &answer); !s.ok()) return s;
@@ -168,7 +170,8 @@ absl::StatusOr<DataConnection::Answered> DataConnection::PushCall(
     return saturated.status();
   }
   Answered answered;
-  absl::StatusOr<grpc::Status> status = AwaitAnswer(transfer, answer, &answered.response, deadline);
+  absl::StatusOr<grpc::Status> status = AwaitAnswer(
+      transfer, answer, &answered.response, std::min(deadline, absl::Now() + answer_within));
   if (!status.ok()) return status.status();
   answered.status = *std::move(status);
   answered.saturated = *saturated;

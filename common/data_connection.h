@@ -84,12 +84,14 @@ class DataConnection {
   // A replica's primary makes its changes on its backup's connection so, as kChangeCall frames
   // (`header` a serialized v1::ReplicationMessage). With `filling`, `values` are still being
   // filled: each piece goes once it is in place, in `order` (SendValues; kLastPieceFirst: the
-  // header says so, and the shard's ticket said it takes it).
+  // header says so, and the shard's ticket said it takes it), and the answer is waited for at
+  // most `answer_within` after the last one went (sending took what filling took).
   absl::StatusOr<Answered> PushCall(uint64_t transfer, const std::string& header,
                                     absl::Span<const float> values, WireType type,
                                     absl::Time deadline, FrameKind kind = FrameKind::kPushCall,
                                     const FillProgress* filling = nullptr,
-                                    ValuesOrder order = ValuesOrder::kInOrder);
+                                    ValuesOrder order = ValuesOrder::kInOrder,
+                                    absl::Duration answer_within = absl::InfiniteDuration());
   // Makes a pull on the connection itself (FrameKind::kPullCall): `request` (a serialized
   // v1::PullRequest naming this connection and `transfer`); its values go into `dst` as `type`
   // values (striped as any pull's), and the shard's answer, its status and, when OK, the

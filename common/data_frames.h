@@ -147,6 +147,10 @@ absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t tran
 // makes it: longer than a data plane's stall (10 s), so that a push whose worker stalls fails
 // there first and its stage is padded out, not failed.
 inline constexpr absl::Duration kMaxFillWait = absl::Seconds(30);
+// How long a call's values sent as they are made (ValuesOrder::kLastPieceFirst: a gradient as
+// backward makes it) may take to come in all: a backward pass's time. Each piece still comes
+// within the connection's stall (10 s) of the last.
+inline constexpr absl::Duration kMaxStreamedValues = absl::Minutes(10);
 // The bytes of a run ValuesSeen is told of (the last may be shorter): a quarter of a usual L2.
 inline constexpr uint64_t kSeenRunBytes = 256 << 10;
 // Called with each run of a tensor's values as soon as it is in the destination (decoded), each

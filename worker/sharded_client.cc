@@ -485,8 +485,6 @@ class ShardedClient::Impl {
   // Puts a new data-plane connection in the place of `data`, which this client ended itself
   // (a push it dropped midway); drops it (DropData) if none can be made.
   void RenewData(int shard, const std::shared_ptr<DataConnection>& data);
-  // How much longer than an attempt a push part sent as backward makes it may take.
-  static constexpr absl::Duration kStreamedPushSlack = absl::Seconds(40);
   // What a call made on the data-plane connection `data` with `shard` that failed (`why`, not
   // the shard's answer) returns: DEADLINE_EXCEEDED if no answer came in time on a connection
   // still open, else the connection is dropped (DropData) and "data plane lost".
@@ -1557,14 +1555,17 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
   }
   if (call) {
     header.set_last_piece_first(last_piece_first);
-    // A part sent as backward makes it also waits for backward: it may take kStreamedPushSlack
-    // more than an attempt (the shard reads a call's values for a minute at most).
-    const absl::Time deadline = absl::FromChrono(context->deadline()) +
-                                (last_piece_first ? kStreamedPushSlack : absl::ZeroDuration());
+    // A part sent as backward makes it takes what backward takes (up to kMaxStreamedValues, each
+    // piece within the connection's stall of the last); its answer, an attempt's time after its
+    // last piece went.
+    const absl::Time attempt_end = absl::FromChrono(context->deadline());
     absl::StatusOr<DataConnection::Answered> made =
-        data->PushCall(transfer, header.SerializeAsString(), part, options_.push_type, deadline,
-                       FrameKind::kPushCall, last_piece_first ? &fill->progress(shard) : nullptr,
-                       last_piece_first ? ValuesOrder::kLastPieceFirst : ValuesOrder::kInOrder);
+        last_piece_first ? data->PushCall(transfer, header.SerializeAsString(), part,
+                                          options_.push_type, absl::Now() + kMaxStreamedValues,
+                                          FrameKind::kPushCall, &fill->progress(shard),
+                                          ValuesOrder::kLastPieceFirst, attempt_end - absl::Now())
+                         : data->PushCall(transfer, header.SerializeAsString(), part,
+                                          options_.push_type, attempt_end);
     if (!made.ok() && last_piece_first && fill->Dropped(shard)) {
       // This client cut its own frame (the push was dropped midway): the connection is gone, but
       // nothing is wrong with the plane, so another takes its place.

@@ -152,7 +152,8 @@ class ShardedClient {
   // shard takes its values as they come; dropped then (destroyed unwaited, CancelPending), such
   // a part is cut off midway (the shard applies nothing of it) and ends CANCELLED too, not
   // retried, its data-plane connection replaced by a new one. A part sent as backward makes it
-  // may take 40 s more than an attempt (ClientOptions::rpc_timeout); the shard's data plane ends a
+  // takes what backward takes (up to 10 min; its answer is waited for an attempt's time,
+  // ClientOptions::rpc_timeout, after its last piece went); the shard's data plane ends a
   // connection that moves no byte for its stall limit (10 s), so a gap that long between two
   // final pieces fails the attempt, and the part goes again once whole.
   template <typename T>

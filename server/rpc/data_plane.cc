@@ -435,11 +435,15 @@ absl::Status DataPlane::OnCall(const std::shared_ptr<Lane>& lane, const Connecti
     });
     return absl::OkStatus();
   }
-  // Its tensor follows at once: read by the call's deadline, or a minute.
-  const absl::Time read_by = std::min(call.deadline, absl::Now() + absl::Minutes(1));
+  // Its tensor follows at once: read by the call's deadline, or a minute (one sent as a backward
+  // pass makes it: kMaxStreamedValues, each piece within the stall).
+  const absl::Time now = absl::Now();
   CallAnswer answer = (*with_values)(
       call, [&](absl::Span<float> dst, WireType type, ValuesSeen seen, ValuesOrder order) {
-        return lane->inbox.ReadCallValues(transfer, dst, type, seen, read_by, order);
+        const absl::Duration limit =
+            order == ValuesOrder::kLastPieceFirst ? kMaxStreamedValues : absl::Minutes(1);
+        return lane->inbox.ReadCallValues(transfer, dst, type, seen,
+                                          std::min(call.deadline, now + limit), order);
       });
   {
     absl::MutexLock lock(&mu_);
