@@ -1865,35 +1865,50 @@ TEST_F(DataPlaneShardTest, APushFilledFromItsEndIsAppliedAsTheWholeGradientOrNot
 
 // A push sent as backward makes it takes what backward takes: here longer than the client's
 // attempts and its whole retry budget, its pieces each within the shard's stall. It is applied
-// once, whole, over the data plane.
+// once, whole, over the data plane. Its retries count from the end of backward, as a part sent
+// once final does: a shard that stops as the last piece goes is waited for that long.
 TEST_F(DataPlaneShardTest, APushSentAsBackwardMakesItMayTakeLongerThanAnAttempt) {
   ClientOptions hasty = Remote();
   hasty.security.token = token_;
   hasty.rpc_timeout = absl::Seconds(1);
-  hasty.retry_for = absl::Seconds(1);
+  hasty.retry_for = absl::Seconds(3);
   ShardedClient worker1({cluster_->ShardAddress(0)}, kModel, 1, hasty);
   ASSERT_TRUE(worker1.Register().ok());
   std::vector<float> weights(kParams);
-  ASSERT_TRUE(worker1.Pull(absl::MakeSpan(weights)).ok());
   const int64_t pushes = ShardStats().data_plane_pushes();
-  std::vector<float> gradient(kParams, std::nanf(""));
-  ShardedClient::Pending<ShardedClient::PushSummary> push =
-      worker1.StartPush(gradient, ShardedClient::kNextSequence, ShardedClient::Parts::kHeld);
-  // Two pieces (256K values each at most): the last goes now, the first 3 s later.
-  for (int i = int{kFillPiece}; i < kParams; ++i) gradient[i] = 0.25f;
-  push.Filled(kFillPiece);
-  absl::SleepFor(absl::Seconds(3));
-  for (int i = 0; i < kFillPiece; ++i) gradient[i] = 0.5f;
-  push.Filled(0);
-  absl::StatusOr<ShardedClient::PushSummary> pushed = push.Wait();
-  ASSERT_TRUE(pushed.ok()) << pushed.status();
-  EXPECT_EQ(pushed->duplicates, 0);
-  const std::vector<float> before = weights;
-  ASSERT_TRUE(worker1.Pull(absl::MakeSpan(weights)).ok());
-  for (int i = 0; i < kParams; ++i) ASSERT_EQ(weights[i], before[i] - 0.5f * gradient[i]) << i;
-  v1::StatsResponse stats = ShardStats();
-  EXPECT_EQ(stats.version(), 1);
-  EXPECT_EQ(stats.data_plane_pushes(), pushes + 1);
+  std::vector<float> gradient(kParams);
+  Subprocess& shard = cluster_->shards()[0];
+  for (bool stopped : {false, true}) {
+    SCOPED_TRACE(stopped ? "the shard stopped as the last piece goes" : "");
+    ASSERT_TRUE(worker1.Pull(absl::MakeSpan(weights)).ok());
+    std::fill(gradient.begin(), gradient.end(), std::nanf(""));
+    ShardedClient::Pending<ShardedClient::PushSummary> push =
+        worker1.StartPush(gradient, ShardedClient::kNextSequence, ShardedClient::Parts::kHeld);
+    // Two pieces (256K values each at most): the last goes now, the first 4 s later.
+    for (int i = int{kFillPiece}; i < kParams; ++i) gradient[i] = 0.25f;
+    push.Filled(kFillPiece);
+    absl::SleepFor(absl::Seconds(4));
+    for (int i = 0; i < kFillPiece; ++i) gradient[i] = 0.5f;
+    std::thread resume;
+    if (stopped) {
+      shard.Signal(SIGSTOP);
+      resume = std::thread([&] {
+        absl::SleepFor(absl::Milliseconds(1500));
+        shard.Signal(SIGCONT);
+      });
+    }
+    push.Filled(0);
+    absl::StatusOr<ShardedClient::PushSummary> pushed = push.Wait();
+    if (resume.joinable()) resume.join();
+    ASSERT_TRUE(pushed.ok()) << pushed.status();
+    const std::vector<float> before = weights;
+    ASSERT_TRUE(worker1.Pull(absl::MakeSpan(weights)).ok());
+    for (int i = 0; i < kParams; ++i) ASSERT_EQ(weights[i], before[i] - 0.5f * gradient[i]) << i;
+    if (!stopped) {
+      EXPECT_EQ(ShardStats().data_plane_pushes(), pushes + 1);
+    }
+  }
+  EXPECT_EQ(ShardStats().version(), 2);  // each push applied once
 }
 
 // A push whose values come last piece first is a float32 call on the data plane: over gRPC, or

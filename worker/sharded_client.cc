@@ -270,7 +270,10 @@ class ShardedClient::PushFill {
  public:
   // `streams(shard)`: whether shard's part may start before its range is final.
   PushFill(const std::vector<Range>& ranges, std::function<bool(int)> streams)
-      : ranges_(ranges), streams_(std::move(streams)), in_place_(ranges.size(), 0) {
+      : ranges_(ranges),
+        streams_(std::move(streams)),
+        in_place_(ranges.size(), 0),
+        final_at_(ranges.size(), absl::InfinitePast()) {
     for (const Range& r : ranges_) progress_.push_back(std::make_unique<FillProgress>(r.size()));
   }
   // Values [from, end) are final; returns the shards whose part may start now.
@@ -283,7 +286,7 @@ class ShardedClient::PushFill {
       for (size_t s = 0; s < ranges_.size(); ++s) {
         const Range& r = ranges_[s];
         const int64_t n = std::clamp<int64_t>(r.end - std::max(from, r.begin), 0, r.size());
-        if (n > in_place_[s]) progress_[s]->Add(n - std::exchange(in_place_[s], n));
+        if (n > in_place_[s]) Add(s, n);
         if (n == r.size()) {
           whole.push_back(static_cast<int>(s));
         } else if (n > 0) {
@@ -301,8 +304,13 @@ class ShardedClient::PushFill {
     absl::MutexLock lock(&mu_);
     for (size_t s = 0; s < ranges_.size(); ++s) {
       if (shard >= 0 && static_cast<size_t>(shard) != s) continue;
-      progress_[s]->Add(ranges_[s].size() - std::exchange(in_place_[s], ranges_[s].size()));
+      if (in_place_[s] < ranges_[s].size()) Add(s, ranges_[s].size());
     }
+  }
+  // When shard `shard`'s range became final; InfinitePast while it is not.
+  absl::Time FinalAt(int shard) {
+    absl::MutexLock lock(&mu_);
+    return final_at_[shard];
   }
   // No more values come (the push was dropped, or the client cancelled): waits end.
   void Stop() {
@@ -322,11 +330,18 @@ class ShardedClient::PushFill {
   FillProgress& progress(int shard) { return *progress_[shard]; }
 
  private:
+  // Shard s's first n values from its range's end are in place now (n > in_place_[s]).
+  void Add(size_t s, int64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    progress_[s]->Add(n - std::exchange(in_place_[s], n));
+    if (n == ranges_[s].size()) final_at_[s] = absl::Now();
+  }
+
   const std::vector<Range> ranges_;
   const std::function<bool(int)> streams_;
   std::vector<std::unique_ptr<FillProgress>> progress_;
   absl::Mutex mu_;
   std::vector<int64_t> in_place_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> final_at_ ABSL_GUARDED_BY(mu_);
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -408,9 +423,12 @@ class ShardedClient::Impl {
   // `on_end`: see Call. kHeld: each shard starts at the call's Send (CancelPending and Close
   // abandon those not sent). kLastHere: returns once the last shard's part, run on this thread,
   // ended.
+  // `budget_from(shard)`, if given: a time from which shard's retry budget counts when later
+  // than its first attempt (a part sent as backward makes it: once backward finished it).
   std::shared_ptr<Call> Start(ShardFn fn, bool retry, absl::Duration timeout,
                               std::function<void()> on_end = nullptr, Launch launch = Launch::kNow,
-                              std::function<void(int)> on_part = nullptr);
+                              std::function<void(int)> on_part = nullptr,
+                              std::function<absl::Time(int)> budget_from = nullptr);
   absl::Status ForEachShard(ShardFn fn, bool retry, absl::Duration timeout) {
     return Start(std::move(fn), retry, timeout, nullptr, Launch::kLastHere)->Wait();
   }
@@ -419,7 +437,8 @@ class ShardedClient::Impl {
   }
   // One shard's attempts of a call started in `generation`, until one succeeds or the call fails.
   absl::Status Retry(int shard, const ShardFn& fn, bool retry, absl::Duration timeout,
-                     int64_t generation);
+                     int64_t generation,
+                     const std::function<absl::Time(int)>& budget_from = nullptr);
   // Runs one attempt of fn with a fresh context (deadline `timeout`, token), tracked for
   // CancelPending; CANCELLED if `generation` was cancelled already.
   grpc::Status Attempt(int shard, const ShardFn& fn, int64_t generation, absl::Duration timeout);
@@ -771,11 +790,9 @@ grpc::Status ShardedClient::Impl::Attempt(
   return s;
 }
 
-std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(ShardFn fn, bool retry,
-                                                                absl::Duration timeout,
-                                                                std::function<void()> on_end,
-                                                                Launch launch,
-                                                                std::function<void(int)> on_part) {
+std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(
+    ShardFn fn, bool retry, absl::Duration timeout, std::function<void()> on_end, Launch launch,
+    std::function<void(int)> on_part, std::function<absl::Time(int)> budget_from) {
   auto call = std::make_shared<Call>(num_shards(), std::move(on_end), std::move(on_part));
   int64_t generation;
   {
@@ -792,16 +809,20 @@ std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(ShardFn fn, bool
     }
   }
   auto shared_fn = std::make_shared<const ShardFn>(std::move(fn));
+  auto shared_budget =
+      std::make_shared<const std::function<absl::Time(int)>>(std::move(budget_from));
   const int here = launch == Launch::kLastHere ? num_shards() - 1 : -1;
   // Holds only a weak reference to the call: a held start must not keep its own call alive.
   std::weak_ptr<Call> weak = call;
   for (int shard = 0; shard < num_shards(); ++shard) {
     if (shard == here) continue;
-    auto start = [this, shared_fn, shard, retry, timeout, generation, weak] {
+    auto start = [this, shared_fn, shared_budget, shard, retry, timeout, generation, weak] {
       auto result = std::make_shared<absl::Status>();
-      threads_.Run([this, shared_fn, shard, retry, timeout, generation,
-                    result] { *result = Retry(shard, *shared_fn, retry, timeout, generation); },
-                   [call = weak.lock(), shard, result] { call->Done(shard, std::move(*result)); });
+      threads_.Run(
+          [this, shared_fn, shared_budget, shard, retry, timeout, generation, result] {
+            *result = Retry(shard, *shared_fn, retry, timeout, generation, *shared_budget);
+          },
+          [call = weak.lock(), shard, result] { call->Done(shard, std::move(*result)); });
     };
     if (launch == Launch::kHeld) {
       call->Hold(shard, std::move(start));
@@ -809,12 +830,15 @@ std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(ShardFn fn, bool
       start();
     }
   }
-  if (here >= 0) call->Done(here, Retry(here, *shared_fn, retry, timeout, generation));
+  if (here >= 0) {
+    call->Done(here, Retry(here, *shared_fn, retry, timeout, generation, *shared_budget));
+  }
   return call;
 }
 
 absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry,
-                                        absl::Duration timeout, int64_t generation) {
+                                        absl::Duration timeout, int64_t generation,
+                                        const std::function<absl::Time(int)>& budget_from) {
   // Waits up to `d`; true if CancelPending was called meanwhile.
   auto cancelled_within = [&](absl::Duration d) {
     absl::MutexLock lock(&mu_);
@@ -848,6 +872,7 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
       called.contact->reached.store(true, std::memory_order_relaxed);
       return absl::OkStatus();
     }
+    if (budget_from) give_up = std::max(give_up, budget_from(shard) + options_.retry_for);
     // Could not connect, and never reached: the TLS settings may not fit, which no retry heals.
     const bool not_connected =
         (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
@@ -1685,7 +1710,12 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::BeginPush(
         absl::MutexLock lock(&steps->mu);
         steps->pushing.erase(steps->pushing.find(sequence));
       },
-      launch);
+      launch, nullptr,
+      // A part sent as backward makes it was busy until backward finished: its retries count
+      // from there, as a part sent once final does.
+      fill == nullptr ? nullptr : std::function<absl::Time(int)>([fill](int shard) {
+        return fill->FinalAt(shard);
+      }));
   return Pending<PushSummary>(
       std::move(call),
       [answers, sequence] {
