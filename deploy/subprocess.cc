@@ -95,8 +95,27 @@ bool Subprocess::Reap(bool block) {
 
 bool Subprocess::running() { return pid_ > 0 && !Reap(/*block=*/false); }
 
+namespace {
+// Whether process `pid` is stopped: the state in /proc/<pid>/stat, the field after the name's
+// closing parenthesis.
+bool Stopped(pid_t pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t name_end = stat.rfind(')');
+  return name_end != std::string::npos && name_end + 2 < stat.size() &&
+         (stat[name_end + 2] == 'T' || stat[name_end + 2] == 't');
+}
+}  // namespace
+
 void Subprocess::Signal(int sig) {
-  if (running()) kill(pid_, sig);
+  if (!running()) return;
+  kill(pid_, sig);
+  // kill only asks: the child's threads run on until each is scheduled and stops, which on a
+  // busy machine is a while. Return once it stopped (or after 10 s).
+  for (absl::Time end = absl::Now() + absl::Seconds(10);
+       sig == SIGSTOP && !Stopped(pid_) && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
 }
 
 absl::StatusOr<int> Subprocess::Wait(absl::Duration timeout) {

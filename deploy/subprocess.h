@@ -32,7 +32,8 @@ class Subprocess {
   pid_t pid() const { return pid_; }
   const std::string& name() const { return name_; }
   bool running();
-  // Sends a signal (SIGTERM, SIGKILL, ...) if the child is still running.
+  // Sends a signal (SIGTERM, SIGKILL, ...) if the child is still running; SIGSTOP returns once
+  // the child stopped (at most 10 s later), since kill returns before its threads are stopped.
   void Signal(int sig);
   // Waits up to `timeout` for the child to exit; returns its exit code (128+signal when killed by
   // one), or DEADLINE_EXCEEDED.

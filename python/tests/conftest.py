@@ -21,6 +21,18 @@ def _tail(path, lines=20):
         return ""
 
 
+def pause(process):
+    """SIGSTOPs a subprocess and returns once it stopped: kill only asks, and the process's threads
+    run on until each is scheduled and stops, which on a busy machine is a while."""
+    process.send_signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{process.pid}/stat") as f:
+            if f.read().rpartition(")")[2].split()[0] in ("T", "t"):
+                return
+        time.sleep(0.001)
+
+
 class Shards:
     """`count` shards of a job of `model` and `workers` workers, each a ps process."""
 

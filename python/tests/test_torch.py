@@ -15,7 +15,7 @@ import torch
 
 import paramserver
 import paramserver.torch
-from conftest import BIN_DIR
+from conftest import BIN_DIR, pause
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "../../examples/pytorch/train.py")
 sys.path.insert(0, os.path.dirname(EXAMPLE))
@@ -190,7 +190,7 @@ def test_forward_starts_on_the_first_layers_weights_while_the_last_shards_are_co
             grads = model._grads.numpy().copy()
             for s in (0, 1):  # the push is in at both shards before shard 1 stops
                 model._backward._push.wait_part(s)
-            stopped.send_signal(signal.SIGSTOP)
+            pause(stopped)
             model.step()  # the next step's pull: shard 1 cannot answer its part yet
 
             def at_first(*_):
@@ -240,7 +240,7 @@ def test_a_pull_failing_under_weights_the_forward_pass_used_is_made_again(start_
         if len(passes) == 1:
             # The first layer ran on the pull's first values; the rest of its part cannot come
             # while the shard is stopped, and its attempt fails at its deadline (3 s).
-            stopped.send_signal(signal.SIGSTOP)
+            pause(stopped)
             assert not model._pending_pull.done(), "the pull was in before the shard stopped"
             time.sleep(4)
             stopped.send_signal(signal.SIGCONT)
