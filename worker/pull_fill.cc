@@ -9,11 +9,7 @@ PullFill::PullFill(std::vector<Range> ranges)
 
 bool PullFill::Attempt(int shard) {
   absl::MutexLock lock(&mu_);
-  Part& part = parts_[shard];
-  if (part.used) return false;
-  part.prefix = 0;
-  part.ahead.clear();
-  return true;
+  return !parts_[shard].used;  // a failed attempt's values were forgotten at Failed
 }
 
 void PullFill::Failed(int shard) {

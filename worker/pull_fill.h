@@ -23,11 +23,11 @@ class PullFill {
   explicit PullFill(std::vector<Range> ranges);
   const std::vector<Range>& ranges() const { return ranges_; }
 
-  // Shard `shard` starts an attempt at its part: false if values an earlier attempt brought were
-  // used; else its part counts from no value in place.
+  // Shard `shard` may start an attempt at its part: false if values an earlier attempt brought
+  // were used.
   bool Attempt(int shard);
   // The attempt at shard `shard`'s part failed: values it brought that were not used count no
-  // more (a retry rewrites them).
+  // more (a retry rewrites them). Call after every failed attempt.
   void Failed(int shard);
   // Values [offset, offset + n) of shard `shard`'s part are in place (each value once per
   // attempt).
