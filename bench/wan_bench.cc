@@ -70,7 +70,11 @@ ABSL_FLAG(double, jitter, 0, "Jitter as a fraction of the delay (0.5: 2 ms +- 1 
 ABSL_FLAG(double, loss, 0, "Fraction of packets each host drops on receipt.");
 ABSL_FLAG(double, rate_gbit, 1, "Every host's link, Gbit/s.");
 ABSL_FLAG(int, workers, 2, "Workers W, each on its own host.");
-ABSL_FLAG(int, shards, 2, "Shards S, each on its own host.");
+ABSL_FLAG(int, shards, 2, "Shards' hosts S.");
+ABSL_FLAG(int, shards_per_host, 1,
+          "Shards (ps processes) on each shard host, K: the job has S x K shards, listed host by "
+          "host in turn (shard i on host i % S), so that the flat vector's consecutive parts "
+          "alternate hosts.");
 ABSL_FLAG(std::string, hidden, "128,64", "The MLP's hidden layers.");
 ABSL_FLAG(int, batch_size, 64, "Each worker's minibatch.");
 ABSL_FLAG(std::string, device, "cpu", "Where the workers compute (worker --device: cpu, cuda).");
@@ -171,6 +175,7 @@ std::string TcpCongestionControl() {
 
 absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   const int S = absl::GetFlag(FLAGS_shards), W = absl::GetFlag(FLAGS_workers);
+  const int shards_n = S * absl::GetFlag(FLAGS_shards_per_host);
   const LinkShape shape{.rate_gbit = absl::GetFlag(FLAGS_rate_gbit),
                         .delay_ms = run.latency_ms,
                         .jitter_ms = run.latency_ms * absl::GetFlag(FLAGS_jitter),
@@ -189,8 +194,8 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   const std::string hidden = absl::GetFlag(FLAGS_hidden);
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   std::string shards;
-  for (int s = 0; s < S; ++s)
-    absl::StrAppend(&shards, s ? ", " : "", "\"", hosts.Address(s), ":50051\"");
+  for (int i = 0; i < shards_n; ++i)
+    absl::StrAppend(&shards, i ? ", " : "", "\"", hosts.Address(i % S), ":", 50051 + i / S, "\"");
   std::ofstream(dir + "/token") << "wan-bench-token-0123456789abcdef\n";
   const std::string spec = dir + "/cluster.json";
   absl::StatusOr<std::string> wire = WireSettings(run.push);
@@ -209,19 +214,21 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
       absl::GetFlag(FLAGS_device), plane, *wire, *schedule,
       absl::GetFlag(FLAGS_eval_interval_seconds), plane, dir);
   std::vector<Subprocess> daemons;
+  // Files are named by host, a shard's by its index.
   auto start = [&](int host, const std::string& program, const std::string& role,
-                   const std::string& output_flag) -> absl::Status {
+                   const std::string& output_flag, int index) -> absl::Status {
     absl::StatusOr<Subprocess> p = Subprocess::Start(
         hosts.On(host, {ExecutableDir() + "/" + program, "--cluster=" + spec, "--role=" + role,
-                        absl::StrCat(output_flag, dir, "/", program, "-", host, ".",
+                        absl::StrCat(output_flag, dir, "/", program, "-", index, ".",
                                      program == "ps" ? "json" : "csv")}),
-        absl::StrCat(dir, "/", program, "-", host, ".log"));
+        absl::StrCat(dir, "/", program, "-", index, ".log"));
     if (!p.ok()) return p.status();
     daemons.push_back(*std::move(p));
     return absl::OkStatus();
   };
-  for (int s = 0; s < S; ++s) {
-    if (absl::Status st = start(s, "ps", absl::StrCat("ps:", s), "--stats_json="); !st.ok()) {
+  for (int i = 0; i < shards_n; ++i) {
+    if (absl::Status st = start(i % S, "ps", absl::StrCat("ps:", i), "--stats_json=", i);
+        !st.ok()) {
       return st;
     }
   }
@@ -229,13 +236,16 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   for (int s = 0; s < S; ++s) received_before.push_back(hosts.ReceivedBytes(s));
   const double launched = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   for (int w = 0; w < W; ++w) {
-    if (absl::Status st = start(S + w, "worker", absl::StrCat("worker:", w), "--csv="); !st.ok()) {
+    if (absl::Status st = start(S + w, "worker", absl::StrCat("worker:", w), "--csv=", S + w);
+        !st.ok()) {
       return st;
     }
   }
-  if (absl::Status st = start(S + W, "evaluator", "evaluator", "--csv="); !st.ok()) return st;
+  if (absl::Status st = start(S + W, "evaluator", "evaluator", "--csv=", S + W); !st.ok()) {
+    return st;
+  }
   for (int w = 0; w < W; ++w) {
-    absl::StatusOr<int> code = daemons[S + w].Wait(absl::Minutes(20));
+    absl::StatusOr<int> code = daemons[shards_n + w].Wait(absl::Minutes(20));
     if (!code.ok() || *code != 0) {
       return absl::InternalError(absl::StrCat("worker ", w, " failed; see ", dir));
     }
@@ -271,10 +281,10 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   }
   // Shards: updates (version) and the staleness histogram of the whole run.
   double versions = 0, staleness_sum = 0, staleness_n = 0;
-  for (int s = 0; s < S; ++s) {
-    std::ifstream in(absl::StrCat(dir, "/ps-", s, ".json"));
+  for (int i = 0; i < shards_n; ++i) {
+    std::ifstream in(absl::StrCat(dir, "/ps-", i, ".json"));
     nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-    if (j.is_discarded()) return absl::InternalError(absl::StrCat("no statistics from shard ", s));
+    if (j.is_discarded()) return absl::InternalError(absl::StrCat("no statistics from shard ", i));
     versions += std::stod(j.value("version", std::string("0")));
     const nlohmann::json& counts = j["stalenessCounts"];
     for (size_t k = 0; k < counts.size(); ++k) {
@@ -305,6 +315,7 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
       {"repeat", run.repeat},
       {"workers", W},
       {"shards", S},
+      {"shards_per_host", shards_n / S},
       {"params", NumParams(hidden)},
       {"batch_size", absl::GetFlag(FLAGS_batch_size)},
       {"rate_gbit", shape.rate_gbit},
@@ -316,7 +327,7 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
       {"compute_ms", Mean(compute_ms)},
       {"compute_sd_ms", StdDev(compute_ms)},
       {"push_ms", Mean(push_ms)},
-      {"updates_per_s", versions / S / (last_wall - start_wall)},
+      {"updates_per_s", versions / shards_n / (last_wall - start_wall)},
       {"staleness_mean", staleness_n > 0 ? staleness_sum / staleness_n : 0},
       {"shard_rx_gbs", bytes / S / (last_wall - start_wall) / 1e9},  // bytes of every step
       // What the shards received per worker step (a push to every shard, and pull requests).
@@ -449,10 +460,11 @@ int Main(int argc, char** argv) {
   }
   const int64_t params = NumParams(absl::GetFlag(FLAGS_hidden));
   std::cout << absl::StrFormat(
-      "MLP 784-%s-10 (%d parameters, %.2f MB per push), W = %d, S = %d, %g Gbit/s links%s, "
-      "batch %d, %d steps each, target %.3f\n",
+      "MLP 784-%s-10 (%d parameters, %.2f MB per push), W = %d, S = %d x %d, %g Gbit/s "
+      "links%s, batch %d, %d steps each, target %.3f\n",
       absl::GetFlag(FLAGS_hidden), params, params * 4e-6, absl::GetFlag(FLAGS_workers),
-      absl::GetFlag(FLAGS_shards), absl::GetFlag(FLAGS_rate_gbit),
+      absl::GetFlag(FLAGS_shards), absl::GetFlag(FLAGS_shards_per_host),
+      absl::GetFlag(FLAGS_rate_gbit),
       absl::GetFlag(FLAGS_loss) > 0
           ? absl::StrFormat(", %g%% loss", absl::GetFlag(FLAGS_loss) * 100)
           : "",

@@ -29,7 +29,8 @@
 #      keep client, receive and apply off each other's cores; iperf3 over 1, 2 and 4 streams first
 #   8. wan: wan_bench, 4 workers x 2 shards on network namespaces at $WAN_RATE_GBIT Gbit/s (10), a
 #      20M-parameter MLP, each step schedule (serial, overlap, prefetch, both), workers on
-#      $WAN_DEVICE (cpu), $WAN_REPEATS time(s); skipped when network namespaces cannot be made
+#      $WAN_DEVICE (cpu), $WAN_REPEATS time(s), $WAN_SHARDS_PER_HOST ps processes on each of the
+#      two shard hosts (1); skipped when network namespaces cannot be made
 # Independent steps go on after a failure; the script then exits 1 naming every failed step.
 #
 # Output, in ${OUT:-/tmp/gpu-out} (the device tool returns at most 8 files, 2 folders deep, so the
@@ -52,6 +53,7 @@ WAN_RATE_GBIT=${WAN_RATE_GBIT:-10}
 WAN_STEPS=${WAN_STEPS:-30}
 WAN_DEVICE=${WAN_DEVICE:-cpu}
 WAN_REPEATS=${WAN_REPEATS:-1}
+WAN_SHARDS_PER_HOST=${WAN_SHARDS_PER_HOST:-1}
 mkdir -p "$OUT"
 WORK=$(mktemp -d /tmp/gpu-run.XXXXXX)
 mkdir -p "$WORK/logs" "$WORK/wan"
@@ -198,6 +200,7 @@ main() {
       done
       run_step wan 400 "${ours[@]}" ${coretype:+"OPENBLAS_CORETYPE=$coretype"} "$bin/wan_bench" \
         --latencies_ms=0 --modes=async --workers=4 --shards=2 --rate_gbit="$WAN_RATE_GBIT" \
+        --shards_per_host="$WAN_SHARDS_PER_HOST" \
         --hidden=2560,2048,2048,2048,2048 --steps="$WAN_STEPS" --eval_interval_seconds=60 \
         --target=0.5 --lr=0.002 --schedules=serial,overlap,prefetch,overlap+prefetch \
         --device="$WAN_DEVICE" --repeats="$WAN_REPEATS" \

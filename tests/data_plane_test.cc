@@ -2066,6 +2066,58 @@ TEST(PullValuesTest, TheFirstServeWhileTheRestComeAndUsedOnesAreNeverRewrittenBy
   }
 }
 
+// A pull started to be used as it arrives, where hosts hold several shards (listed "a:p0", "b:p1",
+// "a:p2", "b:p3": the flat vector's parts spread over the hosts), takes each host's parts one after
+// another in the list's order: with host a's first shard stopped, host b's two parts come in and
+// a's second waits. On 127.0.0.1 (a local cluster: no link between shards) every part goes at once.
+TEST(PullOrderTest, EachHostsPartsComeOneAfterAnotherInTheListsOrder) {
+  constexpr int64_t kN = int64_t{1} << 22;  // 4 MiB a part
+  const ModelIdentity model{absl::StrCat("flat:", kN), kN, 4};
+  LocalCluster cluster(ExecutableDir(), NewRunDir("pull-order"));
+  // Listening on every address, so that 127.0.0.2 and 127.0.0.3 stand for two hosts.
+  ASSERT_TRUE(
+      cluster
+          .StartShards(4, model.fingerprint, 2, {"--optimizer=sgd", "--host=0.0.0.0", "--insecure"})
+          .ok());
+  std::vector<std::string> spread_out, local;
+  for (int s = 0; s < 4; ++s) {
+    const std::string address = cluster.ShardAddress(s);
+    spread_out.push_back(
+        absl::StrCat(s % 2 == 0 ? "127.0.0.2" : "127.0.0.3", address.substr(address.rfind(':'))));
+    local.push_back(address);
+  }
+  std::vector<float> initial(kN);
+  for (int64_t i = 0; i < kN; ++i) initial[i] = static_cast<float>(i % 1000);
+  ShardedClient spread(spread_out, model, 0, Remote());
+  ShardedClient here(local, model, 1, Remote());
+  absl::StatusOr<int64_t> registered = spread.Register();
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  ASSERT_TRUE(here.Register().ok());
+  ASSERT_TRUE(spread.Initialize(initial).ok());
+  std::vector<float> got(kN);
+  for (ShardedClient* client : {&spread, &here}) {
+    SCOPED_TRACE(client == &spread ? "two hosts" : "127.0.0.1");
+    std::fill(got.begin(), got.end(), -1.0f);
+    cluster.shards()[0].Signal(SIGSTOP);
+    ShardedClient::Pending<ShardedClient::Versions> pull = client->StartPull(absl::MakeSpan(got));
+    for (int s : {1, 3}) {
+      const Range r = client->shard_range(s);
+      ASSERT_TRUE(pull.WaitValues(r.begin, r.end).ok()) << "shard " << s;
+    }
+    const Range second = client->shard_range(2);
+    std::optional<absl::Status> seen =
+        pull.WaitValues(second.begin, second.end, absl::Seconds(client == &spread ? 3 : 60));
+    if (client == &spread) {
+      EXPECT_FALSE(seen.has_value()) << "host a's second part came while its first was held up";
+    } else {
+      EXPECT_TRUE(seen.has_value() && seen->ok());
+    }
+    cluster.shards()[0].Signal(SIGCONT);
+    ASSERT_TRUE(pull.Wait().ok());
+    EXPECT_EQ(got, initial);
+  }
+}
+
 // A job with mutual TLS and a token keeps both on the data plane: its remote clients' tensors go
 // there (encrypted) with the same results as over gRPC, and a replicated shard's primary makes its
 // changes on its backup's plane, which takes over with the same weights.

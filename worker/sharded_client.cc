@@ -11,6 +11,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -604,6 +605,10 @@ class ShardedClient::Impl {
   int worker_id_;
   ClientOptions options_;
   std::vector<Range> ranges_;                   // shard i's range of the flat vector
+  // By shard: the next shard listed on the same host (its first replica's), -1: none. A
+  // started pull's parts on one host go one after another, in this order.
+  std::vector<int> next_on_host_;
+  bool hosts_shared_ = false;                   // whether a host holds several shards
   std::unique_ptr<PushCompressor> compressor_;  // null: pushes are not compressed
   // With compressed pulls, by shard: the view of its range this client holds (its id, 0: none,
   // and values) and room for a change, one pull at a time. Empty: pulls are whole.
@@ -691,6 +696,20 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
     ranges_.push_back(
         PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses.size())));
     register_mu_.push_back(std::make_unique<absl::Mutex>());
+  }
+  // Shards on this machine's own loopback address (a local cluster) share no link.
+  next_on_host_.assign(addresses.size(), -1);
+  std::map<std::string, int> last_on_host;
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    std::string host, port;
+    if (!SplitHostPort(replicas_[i][0].address, &host, &port)) host = replicas_[i][0].address;
+    if (host == "127.0.0.1" || host == "localhost" || host == "::1") continue;
+    auto [it, first] = last_on_host.try_emplace(host, static_cast<int>(i));
+    if (!first) {
+      next_on_host_[it->second] = static_cast<int>(i);
+      it->second = static_cast<int>(i);
+      hosts_shared_ = true;
+    }
   }
   if (options_.compression.compressor != Compressor::kNone) {
     std::vector<int64_t> sizes;
@@ -1451,6 +1470,11 @@ ShardedClient::Pending<ShardedClient::Versions> ShardedClient::BeginPull(absl::S
     after_sequence = steps->pushed_since_pull ? steps->last_started : steps->next;
   }
   auto fill = std::make_shared<PullFill>(impl->ranges_);
+  // A pull started to be used as it arrives, where hosts hold several shards: each host's parts
+  // go one after another in the flat order (the others held until the one before ends), so that
+  // the first values come first at every host's full rate. Otherwise every part starts at once.
+  const bool in_order = launch == Launch::kNow && impl->hosts_shared_;
+  auto started = std::make_shared<std::weak_ptr<Call>>();
   std::shared_ptr<Call> call = impl->Start(
       [impl, params, after_sequence, versions, fill](int shard, grpc::ClientContext* context) {
         if (!fill->Attempt(shard)) return PulledValuesUsedStatus();
@@ -1463,8 +1487,21 @@ ShardedClient::Pending<ShardedClient::Versions> ShardedClient::BeginPull(absl::S
         if (!s.ok()) fill->Failed(shard);
         return s;
       },
-      /*retry=*/true, impl->options_.rpc_timeout, nullptr, launch,
-      [fill](int shard) { fill->Ended(shard); });
+      /*retry=*/true, impl->options_.rpc_timeout, nullptr, in_order ? Launch::kHeld : launch,
+      [fill, started, next = impl->next_on_host_](int shard) {
+        fill->Ended(shard);
+        if (std::shared_ptr<Call> c = started->lock()) c->Send(next[shard]);
+      });
+  if (in_order) {
+    *started = call;
+    std::vector<bool> later(num_shards(), false);
+    for (int next : impl->next_on_host_) {
+      if (next >= 0) later[next] = true;
+    }
+    for (int shard = 0; shard < num_shards(); ++shard) {
+      if (!later[shard]) call->Send(shard);
+    }
+  }
   return Pending<Versions>(
       std::move(call),
       [versions, steps] {

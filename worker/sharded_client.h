@@ -1,6 +1,7 @@
 // The worker-side view of the parameter servers: one flat parameter vector split over S shards.
 //
-// Calls go to all shards at once. StartPull and StartPush return a Pending call at once (the
+// Calls go to all shards at once, but for a started pull where hosts hold several shards (see
+// StartPull). StartPull and StartPush return a Pending call at once (the
 // shape of ps-lite's Push/Pull/Wait): Wait() gives its result, and Pull and Push are Start + Wait.
 // The shards' calls run on threads the client keeps: one is made only when more shard calls are
 // in flight than threads are idle, and none ends before the client, so a worker's steady loop of
@@ -297,6 +298,12 @@ class ShardedClient {
   // served, which the client also keeps (last_pull()) once Wait returned it. `prefetch`: the
   // pull is of the weights for this worker's next step, made before its current step's push has
   // landed (started before that push, or while it is in flight: see PullRequest.after_sequence).
+  // Its values are for use as they arrive (Pending::WaitValues): where a host holds several shards
+  // (listed "a:1", "b:1", "a:2", "b:2", ...: the flat vector's parts spread over the hosts), the
+  // parts on each host go one after another in the list's order, so the first values come first
+  // at every host's whole rate; a push's parts go as backward makes them, the last first, which
+  // keeps every host's link busy from the start of backward. Shards on 127.0.0.1, localhost or
+  // ::1 (a local cluster: no link between them) are pulled at once.
   Pending<Versions> StartPull(absl::Span<float> params, bool prefetch = false);
   absl::StatusOr<Versions> Pull(absl::Span<float> params);
   // The versions of the last pull whose Wait returned them; before any, version 0 everywhere.
