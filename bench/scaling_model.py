@@ -51,9 +51,10 @@ class Model:
             its W pulls and W pushes reach a shard's link at once: each at least W n / (S B))
     How the step's communication is scheduled (wan_bench --schedules) changes C + t_pull + t_push:
     overlap:  forward (1/3 of C for dense layers) starts each layer once its weights are in:
-              the pull's S parts share the worker's link and arrive together, each from its
-              start, so forward goes through the first shard's layers as they come and the
-              others' once the pull is in (forward_end); backward (2/3 of C) then makes the
+              the pull's parts share the worker's link and arrive S at a time (one per host;
+              K shards per host go one after another), each from its start, so forward goes
+              through the first part of each round as it comes and the others' once the round
+              is in (forward_end); backward (2/3 of C) then makes the
               gradient final from the last parameter to the first at an even rate, and the push
               goes 1 MiB piece by piece as backward makes them, one after another on the
               worker's link (push_end).
@@ -76,7 +77,9 @@ class Model:
         return o + 2 * latency + max(transfer, latency if paced else 0) + nbytes / g
 
     def predict(self, mode, params, elem_bytes, workers, shards, link, latency, compute,
-                compute_sd, paced=False, schedule="serial"):
+                compute_sd, paced=False, schedule="serial", per_host=1):
+        """`shards`: the shards' hosts, each with its link; `per_host`: shards on each of them
+        (wan_bench --shards_per_host), whose parts of a pull go one after another."""
         nbytes = params * elem_bytes
         pull = self.call(self.o_pull, self.g_pull, nbytes, link, latency, paced)
         push = self.call(self.o_push, self.g_push, nbytes, link, latency, paced)
@@ -92,8 +95,8 @@ class Model:
             # shard's link carries k = 1 + (W - 1) pull / T pulls at once, each at link / k, and
             # the worker's S streams take k / S of its own link's time. Likewise pushes. A fixed
             # point in T, damped.
-            pieces = pieces_of(nbytes, shards)
-            step = scheduled_step(schedule, compute, pull, push, shards, pieces)
+            pieces = pieces_of(nbytes, shards * per_host)
+            step = scheduled_step(schedule, compute, pull, push, shards, pieces, per_host)
             for _ in range(200):
                 def share(t):
                     return (1 + (workers - 1) * min(1.0, t / step)) / shards
@@ -102,7 +105,7 @@ class Model:
                 push = self.call(self.o_push, self.g_push, nbytes, link, latency, paced,
                                  share(push))
                 step = 0.5 * step + 0.5 * scheduled_step(schedule, compute, pull, push, shards,
-                                                         pieces)
+                                                         pieces, per_host)
             step = max(step, workers * nbytes / (shards * link))
             updates = workers / step
             staleness = (workers - 1) * max(0.0, step - 2 * latency) / step
@@ -118,13 +121,14 @@ def pieces_of(nbytes, shards):
     return max(shards, math.ceil(nbytes / PIECE_BYTES))
 
 
-def forward_end(compute, pull, shards):
+def forward_end(compute, pull, shards, per_host=1):
     """When an overlapping step's forward pass (a third of `compute`) ends, from the step's start:
-    the pull's parts share the worker's link and arrive together, each from its start, so the
-    pass keeps up with the first shard's values (or they with it) and does the other shards'
-    layers once the whole pull is in."""
+    the pull's parts share the worker's link, one per host at a time (`per_host` parts each, one
+    after another), each from its start, so the pass keeps up with the first of each round of
+    `shards` parts and does the others' layers once that round is in: at the end, the last
+    round's other parts, (shards - 1) / (shards * per_host) of the model."""
     forward = compute / 3
-    return max(forward, pull + forward * (shards - 1) / shards)
+    return max(forward, pull + forward * (shards - 1) / (shards * per_host))
 
 
 def push_end(start, compute, push, pieces):
@@ -138,12 +142,12 @@ def push_end(start, compute, push, pieces):
     return end
 
 
-def scheduled_step(schedule, compute, pull, push, shards, pieces):
+def scheduled_step(schedule, compute, pull, push, shards, pieces, per_host=1):
     """A worker's step time (no link shared with others) under a wan_bench --schedules entry."""
     if schedule == "serial":
         return compute + pull + push
     if schedule == "overlap":
-        return push_end(forward_end(compute, pull, shards), compute, push, pieces)
+        return push_end(forward_end(compute, pull, shards, per_host), compute, push, pieces)
     if schedule == "prefetch":
         return max(compute + push, pull)
     if schedule == "overlap+prefetch":
@@ -202,7 +206,7 @@ def validate(paths):
         p = model.predict(r["mode"], r["params"], 4, r["workers"], r["shards"], link,
                           r["latency_ms"] / 1000, r["compute_ms"] / 1000,
                           r["compute_sd_ms"] / 1000, r.get("tcp_congestion_control") == "bbr",
-                          schedule)
+                          schedule, r.get("shards_per_host", 1))
         fitted = (r["latency_ms"] == 0 and r["mode"] == "async" and r["workers"] == 2
                   and schedule == "serial")
 

@@ -2069,7 +2069,8 @@ TEST(PullValuesTest, TheFirstServeWhileTheRestComeAndUsedOnesAreNeverRewrittenBy
 // A pull started to be used as it arrives, where hosts hold several shards (listed "a:p0", "b:p1",
 // "a:p2", "b:p3": the flat vector's parts spread over the hosts), takes each host's parts one after
 // another in the list's order: with host a's first shard stopped, host b's two parts come in and
-// a's second waits. On 127.0.0.1 (a local cluster: no link between shards) every part goes at once.
+// a's second waits. On 127.0.0.1 (a local cluster: no link between shards) every part goes at once,
+// and so do a prefetch's.
 TEST(PullOrderTest, EachHostsPartsComeOneAfterAnotherInTheListsOrder) {
   constexpr int64_t kN = int64_t{1} << 22;  // 4 MiB a part
   const ModelIdentity model{absl::StrCat("flat:", kN), kN, 4};
@@ -2116,6 +2117,19 @@ TEST(PullOrderTest, EachHostsPartsComeOneAfterAnotherInTheListsOrder) {
     ASSERT_TRUE(pull.Wait().ok());
     EXPECT_EQ(got, initial);
   }
+
+  // A prefetch runs while this step's push goes out on the same links: its parts all go at once.
+  std::fill(got.begin(), got.end(), -1.0f);
+  cluster.shards()[0].Signal(SIGSTOP);
+  ShardedClient::Pending<ShardedClient::Versions> prefetch =
+      spread.StartPull(absl::MakeSpan(got), /*prefetch=*/true);
+  const Range second = spread.shard_range(2);
+  // Within the client's 30 s retry budget, after which shard 0's part would fail and free the next.
+  std::optional<absl::Status> in = prefetch.WaitValues(second.begin, second.end, absl::Seconds(15));
+  EXPECT_TRUE(in.has_value() && in->ok()) << "host a's second part waited for its first";
+  cluster.shards()[0].Signal(SIGCONT);
+  ASSERT_TRUE(prefetch.Wait().ok());
+  EXPECT_EQ(got, initial);
 }
 
 // A job with mutual TLS and a token keeps both on the data plane: its remote clients' tensors go

@@ -407,7 +407,7 @@ std::optional<absl::Status> ShardedClient::AwaitValues(Call& call, PullFill& fil
 void ShardedClient::SendPart(Call& call, int shard) { call.Send(shard); }
 void ShardedClient::SendRest(Call& call) { call.SendAll(); }
 void ShardedClient::Abandon(Call& call) {
-  call.Abandon(absl::CancelledError("the push was dropped before this shard's part was sent"));
+  call.Abandon(absl::CancelledError("the call was dropped before this shard's part was sent"));
 }
 
 // Everything the client knows and holds: channels, sessions, the retry loop, the threads.
@@ -1472,8 +1472,11 @@ ShardedClient::Pending<ShardedClient::Versions> ShardedClient::BeginPull(absl::S
   auto fill = std::make_shared<PullFill>(impl->ranges_);
   // A pull started to be used as it arrives, where hosts hold several shards: each host's parts
   // go one after another in the flat order (the others held until the one before ends), so that
-  // the first values come first at every host's full rate. Otherwise every part starts at once.
-  const bool in_order = launch == Launch::kNow && impl->hosts_shared_;
+  // the first values come first at every host's full rate. Otherwise every part starts at once,
+  // a prefetch too: it runs while this step's push goes out on the same links, and in order its
+  // later parts came too late (steps 1.4-1.5x as long: bench/RESULTS.md "Shards spread over
+  // hosts").
+  const bool in_order = launch == Launch::kNow && !prefetch && impl->hosts_shared_;
   auto started = std::make_shared<std::weak_ptr<Call>>();
   std::shared_ptr<Call> call = impl->Start(
       [impl, params, after_sequence, versions, fill](int shard, grpc::ClientContext* context) {

@@ -300,7 +300,9 @@ class ShardedClient {
   // landed (started before that push, or while it is in flight: see PullRequest.after_sequence).
   // Its values are for use as they arrive (Pending::WaitValues): where a host holds several shards
   // (listed "a:1", "b:1", "a:2", "b:2", ...: the flat vector's parts spread over the hosts), the
-  // parts on each host go one after another in the list's order, so the first values come first
+  // parts of a pull but a prefetch (which runs while the step's push goes out on the same
+  // links: in order, its later parts came too late) on each host go one after another in the
+  // list's order (Wait and WaitPart send the rest at once), so the first values come first
   // at every host's whole rate; a push's parts go as backward makes them, the last first, which
   // keeps every host's link busy from the start of backward. Shards on 127.0.0.1, localhost or
   // ::1 (a local cluster: no link between them) are pulled at once.
