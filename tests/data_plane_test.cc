@@ -957,6 +957,45 @@ TEST(DataPlaneTest, AClientReadingSlowlyEndsItsConnectionAtTheStallOrTheCallsDea
   trickle.join();
 }
 
+// A client that reads nothing holds what the shard queued for it and no more: at most 16 sends a
+// lane wait (the rest are refused at once, their values the caller's to free), and once the
+// connection ends at the stall every queued send is told so and its values are let go.
+TEST(DataPlaneTest, AClientReadingNothingHoldsABoundedQueueWhoseValuesAreLetGoAtTheStall) {
+  std::unique_ptr<DataPlane> plane =
+      StartPlane(absl::Seconds(5), /*stall=*/absl::Milliseconds(300));
+  ASSERT_NE(plane, nullptr);
+  uint64_t id = 0;
+  Socket never_read = Open(*plane, 0, &id);
+  constexpr int kSends = 40;
+  std::vector<std::weak_ptr<std::vector<float>>> values;
+  auto told = std::make_shared<std::atomic<int>>(0);
+  int queued = 0;
+  for (int i = 0; i < kSends; ++i) {
+    auto v = std::make_shared<std::vector<float>>(2 << 20, 1.0f);  // 8 MiB
+    values.push_back(v);
+    queued += plane
+                  ->Send(
+                      id, 0, i + 1, v, *v, WireType::kFloat32,
+                      [told](absl::StatusOr<int64_t>) { ++*told; }, absl::InfiniteFuture())
+                  .ok();
+  }
+  // 16 waiting, one being written, and what the sockets' buffers took whole.
+  EXPECT_GE(queued, 16);
+  EXPECT_LE(queued, 20);
+  auto held = [&] {
+    return std::count_if(values.begin(), values.end(),
+                         [](const std::weak_ptr<std::vector<float>>& w) { return !w.expired(); });
+  };
+  EXPECT_LE(held(), queued);
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while ((held() > 0 || told->load() < queued) && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(held(), 0) << "values still held after the connection stalled";
+  EXPECT_EQ(told->load(), queued);
+  EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
+}
+
 // A pull's values go out while the shard still copies them (FillProgress): the client gets the
 // frame whole, the same as one sent after the copy, as float32 and as bf16, wherever the copy's
 // pieces end.
