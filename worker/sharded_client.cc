@@ -1477,7 +1477,11 @@ ShardedClient::Pending<ShardedClient::Versions> ShardedClient::BeginPull(absl::S
   // later parts came too late (steps 1.4-1.5x as long: bench/RESULTS.md "Shards spread over
   // hosts").
   const bool in_order = launch == Launch::kNow && !prefetch && impl->hosts_shared_;
-  auto started = std::make_shared<std::weak_ptr<Call>>();
+  struct Started {  // the call, once Start returned (a part may end on another thread before)
+    absl::Mutex mu;
+    std::weak_ptr<Call> call ABSL_GUARDED_BY(mu);
+  };
+  auto started = std::make_shared<Started>();
   std::shared_ptr<Call> call = impl->Start(
       [impl, params, after_sequence, versions, fill](int shard, grpc::ClientContext* context) {
         if (!fill->Attempt(shard)) return PulledValuesUsedStatus();
@@ -1493,10 +1497,18 @@ ShardedClient::Pending<ShardedClient::Versions> ShardedClient::BeginPull(absl::S
       /*retry=*/true, impl->options_.rpc_timeout, nullptr, in_order ? Launch::kHeld : launch,
       [fill, started, next = impl->next_on_host_](int shard) {
         fill->Ended(shard);
-        if (std::shared_ptr<Call> c = started->lock()) c->Send(next[shard]);
+        std::shared_ptr<Call> c;
+        {
+          absl::MutexLock lock(&started->mu);
+          c = started->call.lock();
+        }
+        if (c != nullptr) c->Send(next[shard]);
       });
   if (in_order) {
-    *started = call;
+    {
+      absl::MutexLock lock(&started->mu);
+      started->call = call;
+    }
     std::vector<bool> later(num_shards(), false);
     for (int next : impl->next_on_host_) {
       if (next >= 0) later[next] = true;
