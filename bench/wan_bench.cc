@@ -73,8 +73,8 @@ ABSL_FLAG(int, workers, 2, "Workers W, each on its own host.");
 ABSL_FLAG(int, shards, 2, "Shards' hosts S.");
 ABSL_FLAG(int, shards_per_host, 1,
           "Shards (ps processes) on each shard host, K: the job has S x K shards, listed host by "
-          "host in turn (shard i on host i % S), so that the flat vector's consecutive parts "
-          "alternate hosts.");
+          "host in turn (the cluster spec's shards_per_host: shard i on host i % S), so that the "
+          "flat vector's consecutive parts alternate hosts.");
 ABSL_FLAG(std::string, hidden, "128,64", "The MLP's hidden layers.");
 ABSL_FLAG(int, batch_size, 64, "Each worker's minibatch.");
 ABSL_FLAG(std::string, device, "cpu", "Where the workers compute (worker --device: cpu, cuda).");
@@ -194,8 +194,8 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   const std::string hidden = absl::GetFlag(FLAGS_hidden);
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   std::string shards;
-  for (int i = 0; i < shards_n; ++i)
-    absl::StrAppend(&shards, i ? ", " : "", "\"", hosts.Address(i % S), ":", 50051 + i / S, "\"");
+  for (int s = 0; s < S; ++s)
+    absl::StrAppend(&shards, s ? ", " : "", "\"", hosts.Address(s), ":50051\"");
   std::ofstream(dir + "/token") << "wan-bench-token-0123456789abcdef\n";
   const std::string spec = dir + "/cluster.json";
   absl::StatusOr<std::string> wire = WireSettings(run.push);
@@ -204,14 +204,14 @@ absl::StatusOr<nlohmann::json> RunJob(const Run& run, const std::string& dir) {
   if (!schedule.ok()) return absl::FailedPreconditionError(schedule.status().message());
   const char* plane = absl::GetFlag(FLAGS_data_plane) ? "true" : "false";
   std::ofstream(spec) << absl::StrFormat(
-      R"({"hidden": "%s", "workers": %d, "shards": [%s],
+      R"({"hidden": "%s", "workers": %d, "shards": [%s], "shards_per_host": %d,
   "ps": {"optimizer": "momentum", "lr": %g, "consistency": "%s"},
   "worker": {"steps": %d, "batch_size": %d, "device": "%s", "shared_memory": false,
              "data_plane": %s, "retry_seconds": 120, "rpc_timeout_seconds": 60, %s, %s},
   "evaluator": {"interval_seconds": %g, "shared_memory": false, "data_plane": %s},
   "security": {"token_file": "%s/token"}})",
-      hidden, W, shards, absl::GetFlag(FLAGS_lr), run.mode, steps, absl::GetFlag(FLAGS_batch_size),
-      absl::GetFlag(FLAGS_device), plane, *wire, *schedule,
+      hidden, W, shards, shards_n / S, absl::GetFlag(FLAGS_lr), run.mode, steps,
+      absl::GetFlag(FLAGS_batch_size), absl::GetFlag(FLAGS_device), plane, *wire, *schedule,
       absl::GetFlag(FLAGS_eval_interval_seconds), plane, dir);
   std::vector<Subprocess> daemons;
   // Files are named by host, a shard's by its index.

@@ -57,6 +57,26 @@ std::pair<std::string, std::string> HostPort(const std::string& address) {
   return {address.substr(0, colon), address.substr(colon + 1)};
 }
 
+// "shards_per_host": k: the entries (one per host), then each with every port one higher, and so
+// on, k times in all; shard i is then on entry i % entries.size()'s hosts. A port that is not a
+// number is left for ParseShardAddresses to name.
+std::vector<std::string> SpreadOverHosts(const std::vector<std::string>& entries, int k) {
+  std::vector<std::string> spread;
+  for (int round = 0; round < k; ++round) {
+    for (const std::string& entry : entries) {
+      std::vector<std::string> replicas;
+      for (const std::string& replica : ShardReplicas(entry)) {
+        auto [host, port] = HostPort(replica);
+        int number = 0;
+        replicas.push_back(absl::SimpleAtoi(port, &number) ? absl::StrCat(host, ":", number + round)
+                                                           : replica);
+      }
+      spread.push_back(absl::StrJoin(replicas, "/"));
+    }
+  }
+  return spread;
+}
+
 // Flags naming files a daemon reads, which travel with the spec: resolved against its directory.
 bool IsInputPathFlag(const std::string& name) {
   static const auto* const kInputs = new std::set<std::string>{
@@ -122,8 +142,9 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text, const std:
   Json root = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return Bad("not valid JSON");
   if (!root.is_object()) return Bad("the top level must be an object");
-  static const std::set<std::string> kKeys = {"hidden", "model",  "shards",    "workers",
-                                              "ps",     "worker", "evaluator", "security"};
+  static const std::set<std::string> kKeys = {"hidden",          "model",     "shards",
+                                              "shards_per_host", "workers",   "ps",
+                                              "worker",          "evaluator", "security"};
   for (const auto& [key, value] : root.items()) {
     if (kKeys.count(key) == 0) {
       return Bad(
@@ -176,6 +197,13 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text, const std:
       return Bad(absl::StrCat("shard entry \"", entries.back(),
                               "\" must be one \"host:port\" or \"host:port/host:port\""));
     }
+  }
+  if (root.contains("shards_per_host")) {
+    const Json& k = root["shards_per_host"];
+    if (!k.is_number_integer() || k.get<int64_t>() < 1 || k.get<int64_t>() > 64) {
+      return Bad("\"shards_per_host\" must be an integer from 1 to 64");
+    }
+    entries = SpreadOverHosts(entries, k.get<int>());
   }
   absl::StatusOr<std::vector<std::string>> shards =
       ParseShardAddresses(absl::StrJoin(entries, ","));

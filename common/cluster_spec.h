@@ -10,6 +10,10 @@
 //                                              tensor layout file "F.json" or object {"tensors":
 //                                              [...]} (common/tensor_layout.h)
 //     "shards": ["h1:50051", "h2:50051/h3:50051"],   in shard order; "a/b": two replicas
+//     "shards_per_host": 4,                    optional: each entry's host runs 4 shards, on its
+//                                              port and the next 3, listed host by host in turn
+//                                              (h1:50051, h2:50051/h3:50051, h1:50052, ...): the
+//                                              flat vector's parts spread over the hosts
 //     "workers": 4,
 //     "ps": {"consistency": "async", "optimizer": "momentum", "lr": 0.01},   flags of every ps
 //     "worker": {"batch_size": 64, "device": "auto"},                         of every worker

@@ -102,6 +102,41 @@ TEST(ClusterSpecTest, EachRoleGetsItsFlags) {
   EXPECT_FALSE(Has(*exporter, "--batch_size=32"));  // no daemon section of its own
 }
 
+// "shards_per_host": each entry's host runs that many shards on consecutive ports, listed host by
+// host in turn, replicas alike.
+TEST(ClusterSpecTest, ShardsPerHostSpreadsTheShardsOverTheHostsInTurn) {
+  absl::StatusOr<ClusterSpec> spec = ParseClusterSpec(R"({
+    "shards": ["10.0.0.1:5001", "10.0.0.2:5002/10.0.0.3:5003"], "shards_per_host": 2,
+    "workers": 1})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->shards,
+            (std::vector<std::string>{"10.0.0.1:5001", "10.0.0.2:5002/10.0.0.3:5003",
+                                      "10.0.0.1:5002", "10.0.0.2:5003/10.0.0.3:5004"}));
+  absl::StatusOr<std::vector<std::string>> ps2 = FlagsForRole(*spec, "ps", "ps:2");
+  ASSERT_TRUE(ps2.ok()) << ps2.status();
+  for (const char* f : {"--shard_index=2", "--num_shards=4", "--host=10.0.0.1", "--port=5002"}) {
+    EXPECT_TRUE(Has(*ps2, f)) << f;
+  }
+  absl::StatusOr<std::vector<std::string>> backup = FlagsForRole(*spec, "ps", "ps:3/1");
+  ASSERT_TRUE(backup.ok()) << backup.status();
+  for (const char* f :
+       {"--shard_index=3", "--host=10.0.0.3", "--port=5004", "--peer=10.0.0.2:5003"}) {
+    EXPECT_TRUE(Has(*backup, f)) << f;
+  }
+  for (const std::string& bad : {std::string("0"), std::string("65"), std::string("\"2\"")}) {
+    absl::StatusOr<ClusterSpec> refused = ParseClusterSpec(
+        R"({"shards": ["10.0.0.1:5001"], "workers": 1, "shards_per_host": )" + bad + "}");
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(std::string(refused.status().message()).find("\"shards_per_host\" must be"),
+              std::string::npos)
+        << refused.status();
+  }
+  absl::StatusOr<ClusterSpec> past =
+      ParseClusterSpec(R"({"shards": ["10.0.0.1:65535"], "workers": 1, "shards_per_host": 2})");
+  ASSERT_FALSE(past.ok());
+  EXPECT_NE(std::string(past.status().message()).find("65536"), std::string::npos) << past.status();
+}
+
 // "model" names a CNN (a preset here): the shards get its canonical spec, the clients --model.
 TEST(ClusterSpecTest, AModelSpecReachesEveryRole) {
   absl::StatusOr<ClusterSpec> spec =
