@@ -924,7 +924,7 @@ absl::StatusOr<int64_t> SendPull(DataPlane& plane, uint64_t id, absl::Time deadl
 
 // A client that stops reading ends its connection within the stall; one that keeps reading, but
 // a trickle, never stalls it: the call's deadline ends the send, and the connection with it, so
-// the lane and the values are held that long at most.
+// the lane and the values are held that long at most; and what waits for a client is bounded.
 TEST(DataPlaneTest, AClientReadingSlowlyEndsItsConnectionAtTheStallOrTheCallsDeadline) {
   std::unique_ptr<DataPlane> stalled =
       StartPlane(absl::Seconds(5), /*stall=*/absl::Milliseconds(300));
@@ -955,17 +955,11 @@ TEST(DataPlaneTest, AClientReadingSlowlyEndsItsConnectionAtTheStallOrTheCallsDea
   EXPECT_LT(absl::Now() - start, absl::Seconds(25)) << "the send went on past its deadline";
   EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
   trickle.join();
-}
 
-// A client that reads nothing holds what the shard queued for it and no more: at most 16 sends a
-// lane wait (the rest are refused at once, their values the caller's to free), and once the
-// connection ends at the stall every queued send is told so and its values are let go.
-TEST(DataPlaneTest, AClientReadingNothingHoldsABoundedQueueWhoseValuesAreLetGoAtTheStall) {
-  std::unique_ptr<DataPlane> plane =
-      StartPlane(absl::Seconds(5), /*stall=*/absl::Milliseconds(300));
-  ASSERT_NE(plane, nullptr);
-  uint64_t id = 0;
-  Socket never_read = Open(*plane, 0, &id);
+  // One that reads nothing holds what the shard queued for it and no more: at most 16 sends a lane
+  // wait (the rest are refused at once, their values the caller's to free), and once the
+  // connection ends at the stall every queued send is told so and its values are let go.
+  Socket none_read = Open(*stalled, 0, &id);
   constexpr int kSends = 40;
   std::vector<std::weak_ptr<std::vector<float>>> values;
   auto told = std::make_shared<std::atomic<int>>(0);
@@ -973,7 +967,7 @@ TEST(DataPlaneTest, AClientReadingNothingHoldsABoundedQueueWhoseValuesAreLetGoAt
   for (int i = 0; i < kSends; ++i) {
     auto v = std::make_shared<std::vector<float>>(2 << 20, 1.0f);  // 8 MiB
     values.push_back(v);
-    queued += plane
+    queued += stalled
                   ->Send(
                       id, 0, i + 1, v, *v, WireType::kFloat32,
                       [told](absl::StatusOr<int64_t>) { ++*told; }, absl::InfiniteFuture())
@@ -993,7 +987,7 @@ TEST(DataPlaneTest, AClientReadingNothingHoldsABoundedQueueWhoseValuesAreLetGoAt
   }
   EXPECT_EQ(held(), 0) << "values still held after the connection stalled";
   EXPECT_EQ(told->load(), queued);
-  EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
+  EXPECT_EQ(ConnectionsSoon(*stalled, 0), 0);
 }
 
 // A pull's values go out while the shard still copies them (FillProgress): the client gets the
