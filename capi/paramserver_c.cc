@@ -242,6 +242,8 @@ absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json)
 void Settle(ps_op* op, absl::Duration timeout) {
   if (op->result.has_value()) return;
   if (op->is_pull) {
+    // Waited for (not polled): the parts still held go at once, as at Pending::Wait.
+    if (timeout != absl::ZeroDuration()) op->pull.SendAll();
     if (!op->pull.Done(timeout)) return;
     absl::StatusOr<ps::ShardedClient::Versions> v = op->pull.Wait();
     op->result = v.status();

@@ -100,7 +100,9 @@ PS_EXPORT int ps_op_send(ps_op* op, int shard);
  * come (a data-plane call, float32, uncompressed), its values going out as they become final. */
 PS_EXPORT int ps_op_filled(ps_op* op, int64_t from);
 /* Waits up to `timeout_seconds` (< 0: until it ends) for an operation: 0 once it succeeded,
- * PS_NOT_DONE if it is still in progress, else its error (the same error on every later wait). */
+ * PS_NOT_DONE if it is still in progress, else its error (the same error on every later wait).
+ * A pull's parts still held (where hosts hold several shards, each host's go one after another)
+ * all go at once, unless `timeout_seconds` is 0 (a poll). */
 PS_EXPORT int ps_op_wait(ps_op* op, double timeout_seconds);
 /* Waits up to `timeout_seconds` (< 0: until it ends) for shard `shard`'s part of an operation,
  * the others going on: 0 once that part succeeded (a pull's part is then in `values`: a forward

@@ -57,19 +57,31 @@ std::pair<std::string, std::string> HostPort(const std::string& address) {
   return {address.substr(0, colon), address.substr(colon + 1)};
 }
 
-// "shards_per_host": k: the entries (one per host), then each with every port one higher, and so
-// on, k times in all; shard i is then on entry i % entries.size()'s hosts. A port that is not a
-// number is left for ParseShardAddresses to name.
-std::vector<std::string> SpreadOverHosts(const std::vector<std::string>& entries, int k) {
+// "shards_per_host": k: the entries (one per host, checked), then each with every port one higher,
+// and so on, k times in all; shard i is then on entry i % entries.size()'s hosts. Fails naming an
+// entry whose ports would pass 65535, or two shards that would share an address.
+absl::StatusOr<std::vector<std::string>> SpreadOverHosts(const std::vector<std::string>& entries,
+                                                         int k) {
   std::vector<std::string> spread;
+  std::map<std::string, size_t> taken;  // address -> the shard that has it
   for (int round = 0; round < k; ++round) {
     for (const std::string& entry : entries) {
       std::vector<std::string> replicas;
       for (const std::string& replica : ShardReplicas(entry)) {
         auto [host, port] = HostPort(replica);
         int number = 0;
-        replicas.push_back(absl::SimpleAtoi(port, &number) ? absl::StrCat(host, ":", number + round)
-                                                           : replica);
+        if (!absl::SimpleAtoi(port, &number) || number + k - 1 > 65535) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("shard entry \"", entry, "\": with \"shards_per_host\": ", k,
+                           " its ports run to ", port, " + ", k - 1, ", past 65535"));
+        }
+        replicas.push_back(absl::StrCat(host, ":", number + round));
+        auto [it, fresh] = taken.try_emplace(replicas.back(), spread.size());
+        if (!fresh) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("with \"shards_per_host\": ", k, ", shards ", it->second, " and ",
+                           spread.size(), " would both be at ", replicas.back()));
+        }
       }
       spread.push_back(absl::StrJoin(replicas, "/"));
     }
@@ -198,17 +210,19 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text, const std:
                               "\" must be one \"host:port\" or \"host:port/host:port\""));
     }
   }
+  absl::StatusOr<std::vector<std::string>> shards =
+      ParseShardAddresses(absl::StrJoin(entries, ","));
+  if (!shards.ok()) return Bad("\"shards\": " + std::string(shards.status().message()));
+  spec.shards = *std::move(shards);
   if (root.contains("shards_per_host")) {
     const Json& k = root["shards_per_host"];
     if (!k.is_number_integer() || k.get<int64_t>() < 1 || k.get<int64_t>() > 64) {
       return Bad("\"shards_per_host\" must be an integer from 1 to 64");
     }
-    entries = SpreadOverHosts(entries, k.get<int>());
+    absl::StatusOr<std::vector<std::string>> spread = SpreadOverHosts(spec.shards, k.get<int>());
+    if (!spread.ok()) return Bad(std::string(spread.status().message()));
+    spec.shards = *std::move(spread);
   }
-  absl::StatusOr<std::vector<std::string>> shards =
-      ParseShardAddresses(absl::StrJoin(entries, ","));
-  if (!shards.ok()) return Bad("\"shards\": " + std::string(shards.status().message()));
-  spec.shards = *std::move(shards);
   if (!root.contains("workers") || !root["workers"].is_number_integer() ||
       root["workers"].get<int64_t>() < 1 || root["workers"].get<int64_t>() > 1000000) {
     return Bad("\"workers\" must be a positive integer");

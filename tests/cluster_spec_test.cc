@@ -131,10 +131,18 @@ TEST(ClusterSpecTest, ShardsPerHostSpreadsTheShardsOverTheHostsInTurn) {
               std::string::npos)
         << refused.status();
   }
-  absl::StatusOr<ClusterSpec> past =
-      ParseClusterSpec(R"({"shards": ["10.0.0.1:65535"], "workers": 1, "shards_per_host": 2})");
-  ASSERT_FALSE(past.ok());
-  EXPECT_NE(std::string(past.status().message()).find("65536"), std::string::npos) << past.status();
+  for (auto [shards, reason] : std::vector<std::pair<std::string, std::string>>{
+           {R"(["10.0.0.1:65535"])",
+            "shard entry \"10.0.0.1:65535\": with \"shards_per_host\": 2 "
+            "its ports run to 65535 + 1, past 65535"},
+           {R"(["10.0.0.1:5001/10.0.0.1:5002"])", "shards 0 and 1 would both be at 10.0.0.1:5002"},
+           {R"(["50051"])", "\"shards\""}}) {
+    absl::StatusOr<ClusterSpec> refused =
+        ParseClusterSpec(R"({"workers": 1, "shards_per_host": 2, "shards": )" + shards + "}");
+    ASSERT_FALSE(refused.ok()) << shards;
+    EXPECT_NE(std::string(refused.status().message()).find(reason), std::string::npos)
+        << refused.status();
+  }
 }
 
 // "model" names a CNN (a preset here): the shards get its canonical spec, the clients --model.

@@ -697,7 +697,8 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
         PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses.size())));
     register_mu_.push_back(std::make_unique<absl::Mutex>());
   }
-  // Shards on this machine's own loopback address (a local cluster) share no link.
+  // Shards on this machine's own loopback address (a local cluster) share no link, nor do any
+  // this client reaches through shared memory (BeginPull).
   next_on_host_.assign(addresses.size(), -1);
   std::map<std::string, int> last_on_host;
   for (size_t i = 0; i < addresses.size(); ++i) {
@@ -817,15 +818,6 @@ std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(
   {
     absl::MutexLock lock(&mu_);
     generation = generation_;
-    if (launch == Launch::kHeld) {  // known to CancelPending from the generation it was started in
-      holding_.erase(std::remove_if(holding_.begin(), holding_.end(),
-                                    [](const std::weak_ptr<Call>& c) {
-                                      std::shared_ptr<Call> held = c.lock();
-                                      return held == nullptr || !held->Holding();
-                                    }),
-                     holding_.end());
-      holding_.push_back(call);
-    }
   }
   auto shared_fn = std::make_shared<const ShardFn>(std::move(fn));
   auto shared_budget =
@@ -848,6 +840,18 @@ std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(
     } else {
       start();
     }
+  }
+  // Known to CancelPending once its parts are held (after a CancelPending meanwhile, its parts, of
+  // an older generation, end CANCELLED as they start).
+  if (launch == Launch::kHeld) {
+    absl::MutexLock lock(&mu_);
+    holding_.erase(std::remove_if(holding_.begin(), holding_.end(),
+                                  [](const std::weak_ptr<Call>& c) {
+                                    std::shared_ptr<Call> held = c.lock();
+                                    return held == nullptr || !held->Holding();
+                                  }),
+                   holding_.end());
+    holding_.push_back(call);
   }
   if (here >= 0) {
     call->Done(here, Retry(here, *shared_fn, retry, timeout, generation, *shared_budget));
@@ -1476,7 +1480,10 @@ ShardedClient::Pending<ShardedClient::Versions> ShardedClient::BeginPull(absl::S
   // a prefetch too: it runs while this step's push goes out on the same links, and in order its
   // later parts came too late (steps 1.4-1.5x as long: bench/RESULTS.md "Shards spread over
   // hosts").
-  const bool in_order = launch == Launch::kNow && !prefetch && impl->hosts_shared_;
+  bool in_order = launch == Launch::kNow && !prefetch && impl->hosts_shared_;
+  for (int shard = 0; in_order && shard < num_shards(); ++shard) {
+    in_order = impl->SessionOf(shard).shared == nullptr;  // shared memory: this machine, no link
+  }
   struct Started {  // the call, once Start returned (a part may end on another thread before)
     absl::Mutex mu;
     std::weak_ptr<Call> call ABSL_GUARDED_BY(mu);

@@ -302,10 +302,12 @@ class ShardedClient {
   // (listed "a:1", "b:1", "a:2", "b:2", ...: the flat vector's parts spread over the hosts), the
   // parts of a pull but a prefetch (which runs while the step's push goes out on the same
   // links: in order, its later parts came too late) on each host go one after another in the
-  // list's order (Wait and WaitPart send the rest at once), so the first values come first
+  // list's order (Wait and SendAll send the rest at once, WaitPart its own part; Done and
+  // WaitValues send nothing), so the first values come first
   // at every host's whole rate; a push's parts go as backward makes them, the last first, which
   // keeps every host's link busy from the start of backward. Shards on 127.0.0.1, localhost or
-  // ::1 (a local cluster: no link between them) are pulled at once.
+  // ::1, or any reached through shared memory (this machine: no link between them), are pulled
+  // at once.
   Pending<Versions> StartPull(absl::Span<float> params, bool prefetch = false);
   absl::StatusOr<Versions> Pull(absl::Span<float> params);
   // The versions of the last pull whose Wait returned them; before any, version 0 everywhere.
