@@ -2,6 +2,7 @@
 Leave, credentials, and bad input that raises and changes no weight."""
 import json
 import os
+import signal
 import time
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 import paramserver
+from conftest import pause
 from paramserver import Client
 
 N = 1000
@@ -225,3 +227,30 @@ def test_compressed_pulls_bring_the_change_since_the_last_pull(start_shards):
         # int8: within half a step of 1/127 of the largest change in a block of 256
         np.testing.assert_allclose(out, expected, rtol=0, atol=0.25 / 127 / 2 + 1e-6)
         assert sum(int(s["compressed_pulls"]) for s in client.stats()) == 2
+
+
+def test_a_waited_pull_sends_the_parts_each_host_still_holds(start_shards):
+    """Where hosts hold several shards (127.0.0.2 and 127.0.0.3 stand for two: the shards listen on
+    every address), a started pull takes each host's parts one after another; wait() sends the
+    ones still held at once, as the C++ client's Wait does."""
+    n = 1 << 20
+    shards = start_shards(4, f"flat:{n}", flags=("--host=0.0.0.0", "--insecure", *SGD))
+    ps = ",".join(f"127.0.0.{2 + i % 2}:{port}" for i, port in enumerate(shards.ports))
+    initial = np.arange(n, dtype=np.float32) % 1000
+    with Client(ps=ps, model=shards.model, rank=0, num_workers=1, shared_memory=False) as client:
+        client.register()
+        client.initialize(initial)
+        begin, end = client.shard_ranges[2]  # host a's second part, behind shard 0
+        out = np.full(n, -1, np.float32)
+        pause(shards.processes[0])
+        try:
+            handle = client.pull_async(out)
+            with pytest.raises(TimeoutError):
+                handle.wait_values(begin, end, timeout=2)
+            with pytest.raises(TimeoutError):
+                handle.wait(timeout=0.5)
+            handle.wait_values(begin, end, timeout=20)  # within the client's retry budget
+        finally:
+            shards.processes[0].send_signal(signal.SIGCONT)
+        handle.wait()
+        assert np.array_equal(out, initial)
