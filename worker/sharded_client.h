@@ -298,16 +298,15 @@ class ShardedClient {
   // served, which the client also keeps (last_pull()) once Wait returned it. `prefetch`: the
   // pull is of the weights for this worker's next step, made before its current step's push has
   // landed (started before that push, or while it is in flight: see PullRequest.after_sequence).
-  // Its values are for use as they arrive (Pending::WaitValues): where a host holds several shards
+  // Its values are for use as they arrive (Pending::WaitValues). Where a host holds several shards
   // (listed "a:1", "b:1", "a:2", "b:2", ...: the flat vector's parts spread over the hosts), the
-  // parts of a pull but a prefetch (which runs while the step's push goes out on the same
-  // links: in order, its later parts came too late) on each host go one after another in the
-  // list's order (Wait and SendAll send the rest at once, WaitPart its own part; Done and
-  // WaitValues send nothing), so the first values come first
-  // at every host's whole rate; a push's parts go as backward makes them, the last first, which
-  // keeps every host's link busy from the start of backward. Shards on 127.0.0.1, localhost or
-  // ::1, or any reached through shared memory (this machine: no link between them), are pulled
-  // at once.
+  // parts on each host go one after another in the list's order, so the first values come first
+  // at every host's whole rate (Wait and SendAll send the rest at once, WaitPart its own part;
+  // Done and WaitValues send nothing); a push's parts go as backward makes them, the last first,
+  // which keeps every host's link busy from the start of backward. A prefetch's parts go at once
+  // (it runs while the step's push fills the same links: in order, its later parts came too
+  // late), and so do those of shards on 127.0.0.1, localhost or ::1, or reached through shared
+  // memory (this machine: no link between them).
   Pending<Versions> StartPull(absl::Span<float> params, bool prefetch = false);
   absl::StatusOr<Versions> Pull(absl::Span<float> params);
   // The versions of the last pull whose Wait returned them; before any, version 0 everywhere.
