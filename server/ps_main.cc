@@ -55,10 +55,12 @@ ABSL_FLAG(double, dc_lambda, 0, "DC-ASGD delay compensation lambda; 0: off.");
 ABSL_FLAG(double, clip_norm, 0,
           "Scale each push's gradient (this shard's part) down to this L2 norm; 0: off.");
 ABSL_FLAG(
-    double, max_norm_ratio, 1000,
+    double, max_norm_ratio, 5,
     "Drop a push (counted: pushes_dropped_norm; logged) whose L2 norm is more than this many "
-    "times the median of the last 64 pushes applied (judged from the 16th on): a guard "
-    "against absurd, finite gradients. async, ssp and easgd (not sync/local rounds). 0: off.");
+    "times the reference: each worker's median over its own last 16 pushes applied, and the "
+    "middle one of those (judged from the 16th push on; no worker can move it alone). A guard "
+    "against absurd gradients and against one token pushing ever larger ones. async, ssp and "
+    "easgd (not sync/local rounds). 0: off.");
 ABSL_FLAG(int32_t, apply_threads, 0,
           "Threads that apply one push together, each to a part of the shard (1..64); parts are "
           "at least 64k parameters, so small shards use fewer. 0: half the CPUs this process may "

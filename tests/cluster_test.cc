@@ -672,7 +672,7 @@ TEST_F(BadInputTest, FiniteGradientsThatWouldOverflowAreRefusedAndChangeNothing)
   std::cout << "refused after " << sequence << " pushes of 3e38\n";
 }
 
-// The guard against absurd gradients (ps --max_norm_ratio, 1000 by default): after 20 ordinary
+// The guard against absurd gradients (ps --max_norm_ratio, 5 by default): after 20 ordinary
 // pushes, one of 3e38 in every element (finite, so no non-finite check stops it; it would have
 // left the weights at ~3e36 for good) is dropped by both shards and counted, changing no weight
 // and no version; the worker carries on with its next step.

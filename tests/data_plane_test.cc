@@ -155,23 +155,64 @@ TEST(DataPlaneTest, ConnectionsTicketsAndAcceptedSocketsAreBounded) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(plane.Issue(2).status().code(), absl::StatusCode::kResourceExhausted);
 
-  // Sockets that say nothing: past the connections' lanes and 8 saying hello, each further one
-  // is closed at once, without waiting for its hello.
+  // Sockets that say nothing hold no place a client needs: past kMaxSayingHello of them, the
+  // oldest is closed for each new one, without waiting for its hello.
+  constexpr int kExtra = 8;
   std::vector<Socket> idle;
-  for (int i = 0; i < 16; ++i) idle.push_back(Connect(plane));
+  for (int i = 0; i < DataPlane::kMaxSayingHello + kExtra; ++i) idle.push_back(Connect(plane));
   std::vector<char> closed(idle.size(), 0);
-  for (absl::Time end = Soon();
-       std::count(closed.begin(), closed.end(), 1) < 8 && absl::Now() < end;
-       absl::SleepFor(absl::Milliseconds(10))) {
-    for (size_t i = 0; i < idle.size(); ++i) {
-      char byte;
-      closed[i] |= idle[i].Receive(&byte, 1, absl::Now() + absl::Milliseconds(1)).code() ==
-                   absl::StatusCode::kUnavailable;
+  auto count_closed = [&] {
+    for (absl::Time end = Soon();
+         std::count(closed.begin(), closed.end(), 1) < kExtra && absl::Now() < end;
+         absl::SleepFor(absl::Milliseconds(10))) {
+      for (size_t i = 0; i < idle.size(); ++i) {
+        char byte;
+        closed[i] |= idle[i].Receive(&byte, 1, absl::Now() + absl::Milliseconds(1)).code() ==
+                     absl::StatusCode::kUnavailable;
+      }
     }
-  }
-  EXPECT_EQ(std::count(closed.begin(), closed.end(), 1), 8)
-      << "accepted sockets beyond the bound stayed open";
+    return std::count(closed.begin(), closed.end(), 1);
+  };
+  EXPECT_EQ(count_closed(), kExtra) << "accepted sockets beyond the bound stayed open";
+  EXPECT_EQ(std::count(closed.begin(), closed.begin() + kExtra, 1), kExtra) << "oldest first";
   EXPECT_EQ(plane.connections(), 2);
+  // A client with a ticket still gets in (worker 0's new connection replaces its old one).
+  Socket newer = Connect(plane);
+  absl::StatusOr<FrameHeader> welcome = Hello(newer, again->connection, again->secret);
+  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  EXPECT_EQ(welcome->kind, FrameKind::kWelcome);
+  EXPECT_EQ(ConnectionsSoon(plane, 2), 2);
+}
+
+// Tickets per credential: observers hold kMaxObserverConnections between them, and a worker one
+// (its new ticket replaces its unused older one), so neither takes the others' places.
+TEST(DataPlaneTest, ObserversShareAFewPlacesAndAWorkerHoldsOneTicket) {
+  std::unique_ptr<DataPlane> plane = StartPlane();
+  ASSERT_NE(plane, nullptr);
+  std::vector<DataPlane::Ticket> observers;
+  for (int i = 0; i < DataPlane::kMaxObserverConnections; ++i) {
+    absl::StatusOr<DataPlane::Ticket> t = plane->Issue(-1);
+    ASSERT_TRUE(t.ok()) << t.status();
+    observers.push_back(*t);
+  }
+  absl::Status full = plane->Issue(-1).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("observers hold 4"), std::string::npos) << full;
+  absl::StatusOr<DataPlane::Ticket> first = plane->Issue(5), second = plane->Issue(5);
+  ASSERT_TRUE(first.ok() && second.ok());
+  Socket old_ticket = Connect(*plane);
+  absl::StatusOr<FrameHeader> refused = Hello(old_ticket, first->connection, first->secret);
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->kind, FrameKind::kRefused) << "replaced by the worker's newer ticket";
+  Socket new_ticket = Connect(*plane);
+  absl::StatusOr<FrameHeader> welcome = Hello(new_ticket, second->connection, second->secret);
+  ASSERT_TRUE(welcome.ok()) << welcome.status();
+  EXPECT_EQ(welcome->kind, FrameKind::kWelcome);
+  // An observer's connection counts among the observers' places as its ticket did.
+  Socket observer = Connect(*plane);
+  welcome = Hello(observer, observers[0].connection, observers[0].secret);
+  ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
+  EXPECT_EQ(plane->Issue(-2).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 TEST(DataPlaneTest, APushedTensorGoesIntoItsCallOnlyAndAStrayOneIsDropped) {

@@ -936,32 +936,63 @@ TEST(ParameterShardConcurrencyTest, PullsNeverSeeAPushHalfApplied) {
   EXPECT_EQ(shard->version(), kPushes);
 }
 
-// NormGuard: a norm above ratio x the median of the last 64 applied fails Check, from the 16th on.
+// NormGuard: a norm above ratio x the reference fails Check, from the 16th push applied on; alone,
+// a worker's reference is the median of its own last 16.
 TEST(NormGuardTest, RefusesNormsFarAboveTheRecentMedianOnceItHasSeenEnough) {
   NormGuard guard(1000);
   for (int i = 0; i < NormGuard::kMinimum - 1; ++i) {
-    EXPECT_TRUE(guard.Check(1e30).ok()) << "too few norms to judge by";
-    guard.Accept(1.0 + i % 3);  // median 2
+    EXPECT_TRUE(guard.Check(0, 1e30).ok()) << "too few norms to judge by";
+    guard.Accept(0, 1.0 + i % 3);  // median 2
   }
-  EXPECT_TRUE(guard.Check(1e30).ok());
-  guard.Accept(2);
-  EXPECT_TRUE(guard.Check(2000).ok());
-  absl::Status refused = guard.Check(2001);
+  EXPECT_TRUE(guard.Check(0, 1e30).ok());
+  guard.Accept(0, 2);
+  EXPECT_EQ(guard.reference(), 2);
+  EXPECT_TRUE(guard.Check(0, 2000).ok());
+  absl::Status refused = guard.Check(0, 2001);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(refused.message().find("2001 is 1e+03 times the median (2) of the last 16 pushes"),
+  EXPECT_NE(refused.message().find("2001 is 1e+03 times the reference (2: the middle of 1 "
+                                   "workers' median norms over their last 16 pushes applied)"),
             std::string::npos)
       << refused;
-  // The window moves: 64 norms of 100 replace the old ones.
-  for (int i = 0; i < NormGuard::kWindow; ++i) guard.Accept(100);
-  EXPECT_TRUE(guard.Check(1e5).ok());
-  EXPECT_FALSE(guard.Check(1.1e5).ok());
+  // The window moves: 16 norms of 100 replace the old ones.
+  for (int i = 0; i < NormGuard::kWindow; ++i) guard.Accept(0, 100);
+  EXPECT_TRUE(guard.Check(0, 1e5).ok());
+  EXPECT_FALSE(guard.Check(0, 1.1e5).ok());
   // Off, or nothing to judge by (all-zero pushes): anything passes.
   NormGuard off(0);
-  for (int i = 0; i < 100; ++i) off.Accept(1);
-  EXPECT_TRUE(off.Check(1e30).ok());
+  for (int i = 0; i < 100; ++i) off.Accept(0, 1);
+  EXPECT_TRUE(off.Check(0, 1e30).ok());
   NormGuard zeros(1000);
-  for (int i = 0; i < 100; ++i) zeros.Accept(0);
-  EXPECT_TRUE(zeros.Check(1).ok());
+  for (int i = 0; i < 100; ++i) zeros.Accept(0, 0);
+  EXPECT_TRUE(zeros.Check(0, 1).ok());
+}
+
+// The ratchet: a worker doubles its push's norm after each one applied and halves it after each
+// drop, keeping under the bound. Before, its own pushes raised the median of the last 64 that
+// bounded it, and its norm went from 0.05 to 1e11. Now, beside two workers pushing norms near 1,
+// its vote is never the middle one: its pushes stay under ratio x theirs, however many it makes,
+// and it cannot drag the reference down either.
+TEST(NormGuardTest, OneWorkersOwnPushesCannotWalkTheReferenceUpOrDown) {
+  NormGuard guard(1000);
+  double attack = 0.05, largest_applied = 0;
+  for (int step = 0; step < 400; ++step) {
+    guard.Accept(0, 1.0 + 0.1 * (step % 5));
+    guard.Accept(1, 0.8 + 0.1 * (step % 3));
+    if (guard.Check(2, attack).ok()) {
+      guard.Accept(2, attack);
+      largest_applied = std::max(largest_applied, attack);
+      attack *= 2;
+    } else {
+      attack /= 2;
+    }
+  }
+  EXPECT_LE(largest_applied, 1000 * 1.4);
+  EXPECT_GE(guard.reference(), 0.8);
+  EXPECT_LE(guard.reference(), 1.4);
+  // Tiny pushes as fast as it can: the others' pushes still pass.
+  for (int i = 0; i < 1000; ++i) guard.Accept(2, 1e-12);
+  EXPECT_GE(guard.reference(), 0.8);
+  EXPECT_TRUE(guard.Check(0, 5).ok());
 }
 
 }  // namespace

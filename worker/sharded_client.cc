@@ -484,7 +484,15 @@ class ShardedClient::Impl {
     std::shared_ptr<SharedPath> shared;
     std::shared_ptr<DataConnection> data;
     int data_replica = 0;  // the replica `data` connects to
+    // Without `data` where the shard may give one (it was refused a place, or the connection
+    // failed): when to ask again (InfiniteFuture: not to, or an attempt is under way), and the
+    // wait after a further failure.
+    absl::Time data_retry_at = absl::InfiniteFuture();
+    absl::Duration data_backoff = kDataRetryFirst;
   };
+  // The first wait before a data-plane connection is asked for again; it doubles up to the last.
+  static constexpr absl::Duration kDataRetryFirst = absl::Milliseconds(100);
+  static constexpr absl::Duration kDataRetryLast = absl::Seconds(10);
   Session SessionOf(int shard) const;
   // The session's data-plane connection if it is with the replica calls go to now, else null.
   std::shared_ptr<DataConnection> DataOf(const Session& session, int shard) const {
@@ -505,6 +513,11 @@ class ShardedClient::Impl {
   // Puts a new data-plane connection in the place of `data`, which this client ended itself
   // (a push it dropped midway); drops it (DropData) if none can be made.
   void RenewData(int shard, const std::shared_ptr<DataConnection>& data);
+  // Asks `shard` for a data-plane connection again, on a thread of its own, if the session has
+  // none and its retry is due (Session::data_retry_at); calls meanwhile go over gRPC.
+  void RetryData(int shard);
+  // After a failed attempt (`why`) to connect the data plane: whether to try again and when.
+  static void ScheduleDataRetry(Session& session, const absl::Status& why);
   // What a call made on the data-plane connection `data` with `shard` that failed (`why`, not
   // the shard's answer) returns: DEADLINE_EXCEEDED if no answer came in time on a connection
   // still open, else the connection is dropped (DropData) and "data plane lost".
@@ -1033,6 +1046,7 @@ grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* c
                     response.last_sequence(),    response.initialized() || session.initialized,
                     response.consistency(),      shared.ok() ? *shared : nullptr,
                     data.ok() ? *data : nullptr, replica};
+  if (!shared.ok() && !data.ok()) ScheduleDataRetry(session, data.status());
   return grpc::Status::OK;
 }
 
@@ -1106,12 +1120,61 @@ void ShardedClient::Impl::DropData(int shard, const std::shared_ptr<DataConnecti
                                    absl::string_view why) {
   {
     absl::MutexLock lock(&sessions_mu_);
-    if (sessions_[shard].data != data) return;  // dropped or replaced already
-    sessions_[shard].data = nullptr;
+    Session& session = sessions_[shard];
+    if (session.data != data) return;  // dropped or replaced already
+    session.data = nullptr;
+    ScheduleDataRetry(session, absl::UnavailableError(why));
   }
   PS_LOG(WARNING) << "shard " << shard << " (" << Address(shard)
                   << "): the data plane stopped working (" << why
-                  << "); its tensors go over gRPC until this client registers there again";
+                  << "); its tensors go over gRPC until a new connection is made";
+}
+
+void ShardedClient::Impl::ScheduleDataRetry(Session& session, const absl::Status& why) {
+  // Off here, absent there, or a shard of another version: asking again changes nothing.
+  const absl::StatusCode code = why.code();
+  if (code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kUnimplemented ||
+      code == absl::StatusCode::kInvalidArgument) {
+    session.data_retry_at = absl::InfiniteFuture();
+    return;
+  }
+  session.data_retry_at = absl::Now() + session.data_backoff;
+  session.data_backoff = std::min(2 * session.data_backoff, kDataRetryLast);
+}
+
+void ShardedClient::Impl::RetryData(int shard) {
+  int64_t shard_incarnation = 0;
+  int replica = 0;
+  {
+    absl::MutexLock lock(&sessions_mu_);
+    Session& session = sessions_[shard];
+    if (session.data != nullptr || absl::Now() < session.data_retry_at) return;
+    session.data_retry_at = absl::InfiniteFuture();  // this attempt's; the next set when it ends
+    shard_incarnation = session.shard_incarnation;
+    replica = current_[shard];
+  }
+  threads_.Run(
+      [this, shard, shard_incarnation, replica] {
+        absl::StatusOr<std::shared_ptr<DataConnection>> fresh = ConnectTo(shard, shard_incarnation);
+        {
+          absl::MutexLock lock(&sessions_mu_);
+          Session& session = sessions_[shard];
+          if (session.shard_incarnation != shard_incarnation || session.data != nullptr ||
+              current_[shard] != replica) {
+            return;  // registered again meanwhile, or another replica: that session decides
+          }
+          if (!fresh.ok()) {
+            ScheduleDataRetry(session, fresh.status());
+            return;
+          }
+          session.data = *std::move(fresh);
+          session.data_replica = replica;
+          session.data_backoff = kDataRetryFirst;
+        }
+        PS_LOG(INFO) << "shard " << shard << " (" << Address(shard)
+                     << "): tensors over the data plane again";
+      },
+      [] {});
 }
 
 void ShardedClient::Impl::RenewData(int shard, const std::shared_ptr<DataConnection>& data) {
@@ -1255,6 +1318,7 @@ grpc::Status ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* conte
                                            absl::Span<float> params, int64_t after_sequence,
                                            Versions* versions, ValuesSeen seen) {
   const Range& r = ranges_[shard];
+  RetryData(shard);
   const Session session = SessionOf(shard);
   v1::PullRequest request;
   request.set_offset(r.begin);
@@ -1568,6 +1632,7 @@ grpc::Status ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context
                                          v1::PushResponse* response, int64_t* saturated,
                                          PushFill* fill) {
   const Range& r = ranges_[shard];
+  RetryData(shard);
   const Session session = SessionOf(shard);
   int64_t base_version = base.version[shard];
   if (base.shard_incarnation[shard] != 0 &&

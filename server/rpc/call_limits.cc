@@ -28,6 +28,7 @@ CallLimit::Slot::~Slot() {
 absl::StatusOr<CallLimit::Slot> CallLimit::TryAcquire(int worker) {
   absl::MutexLock lock(&mu_);
   if (in_use_ >= max_calls_) {
+    ++refused_;
     return absl::ResourceExhaustedError(absl::StrCat("this shard already serves ", max_calls_, " ",
                                                      what_, " at once; try again later"));
   }
@@ -35,6 +36,7 @@ absl::StatusOr<CallLimit::Slot> CallLimit::TryAcquire(int worker) {
   if (counted && max_per_worker_ > 0) {
     auto it = by_worker_.find(worker);
     if (it != by_worker_.end() && it->second >= max_per_worker_) {
+      ++refused_;
       return absl::ResourceExhaustedError(
           absl::StrCat(worker >= 0 ? absl::StrCat("worker ", worker, " already has ")
                                    : std::string("the job's observers and operator already have "),
@@ -45,6 +47,11 @@ absl::StatusOr<CallLimit::Slot> CallLimit::TryAcquire(int worker) {
   ++in_use_;
   if (counted) ++by_worker_[worker];
   return Slot(this, counted ? worker : Caller::kAnyWorker);
+}
+
+int64_t CallLimit::refused() const {
+  absl::MutexLock lock(&mu_);
+  return refused_;
 }
 
 int CallLimit::in_use() const {

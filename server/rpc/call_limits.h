@@ -49,13 +49,17 @@ class CallLimit {
   // total); RESOURCE_EXHAUSTED saying which limit is reached if none is free.
   absl::StatusOr<Slot> TryAcquire(int worker = Caller::kAnyWorker);
   int max_calls() const { return max_calls_; }
+  const std::string& what() const { return what_; }
   int in_use() const;
+  // TryAcquire's refusals so far.
+  int64_t refused() const;
 
  private:
   const std::string what_;
   const int max_calls_, max_per_worker_;
   mutable absl::Mutex mu_;
   int in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<int, int> by_worker_ ABSL_GUARDED_BY(mu_);  // workers holding a place: how many
 };
 

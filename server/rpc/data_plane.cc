@@ -4,6 +4,7 @@
 #include <atomic>
 #include <deque>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -30,6 +31,10 @@ class DataPlane::Lane {
     if (!closed) why_closed = std::string(why);  // the first reason is the cause
     closed = true;
   }
+  bool IsClosed() {
+    absl::MutexLock lock(&mu);
+    return closed;
+  }
 
   // A part of a Pull's tensor, or a pull call's Answer (`answer`, its payload; `sent` null).
   struct Outgoing {
@@ -53,6 +58,9 @@ class DataPlane::Lane {
   FrameInbox inbox;
   std::thread reader, sender;      // sender: started by the reader once its connection is open
   std::atomic<bool> ended{false};  // the reader is done: the threads may be joined
+  // It showed a valid ticket: it holds its connection's place, not a place among those saying
+  // hello. Written under DataPlane::mu_.
+  bool admitted = false;
   // Held while a frame is sent: by the sender for a Pull's tensor, by others for a call's answer.
   absl::Mutex send_mu;
 
@@ -67,6 +75,7 @@ class DataPlane::Lane {
 struct DataPlane::Connection {
   uint64_t id = 0;
   int owner = 0;
+  Credential credential;
   std::vector<std::shared_ptr<Lane>> lanes;
   size_t joined = 0;    // lanes in place
   bool closed = false;  // its lanes were ended
@@ -81,8 +90,6 @@ struct DataPlane::Connection {
 namespace {
 // Pull answers queued on one connection at most (a worker has at most a few pulls in flight).
 constexpr size_t kMaxOutgoing = 16;
-// Connections accepted and still saying hello, beyond max_connections.
-constexpr int kAdmittingSlack = 8;
 
 // Compares secrets in time that does not depend on where they differ.
 bool SameSecret(const std::string& a, const std::string& b) {
@@ -142,17 +149,36 @@ int DataPlane::connections() const {
   return static_cast<int>(open_.size());
 }
 
-absl::StatusOr<DataPlane::Ticket> DataPlane::Issue(int owner) {
+absl::StatusOr<DataPlane::Ticket> DataPlane::Issue(int owner, Credential credential) {
   absl::MutexLock lock(&mu_);
   if (stopped_) return absl::FailedPreconditionError("the shard is shutting down");
   const absl::Time now = absl::Now();
-  for (auto it = tickets_.begin(); it != tickets_.end();) {
-    it = it->second.expires < now ? tickets_.erase(it) : std::next(it);
+  std::vector<std::shared_ptr<Connection>> unused;  // expired, or this worker's older ticket
+  for (const auto& [id, issued] : tickets_) {
+    if (issued.expires < now || (!ObserverOwner(owner) && issued.connection->owner == owner)) {
+      unused.push_back(issued.connection);
+    }
   }
-  int taken = static_cast<int>(tickets_.size());
-  const bool replaces = owner >= 0 || ReplicaOwner(owner);
-  for (const auto& [id, c] : open_) taken += !replaces || c->owner != owner;  // its own is replaced
-  if (taken >= options_.max_connections) {
+  for (const auto& c : unused) CloseLanes(*c, "its ticket expired or was replaced");
+  // The clients holding places: each worker once (this one's open connection is about to be
+  // replaced), each observer's connection or ticket apiece.
+  std::set<int> owners;
+  int observers = 0;
+  auto count = [&](const Connection& c) {
+    if (ObserverOwner(c.owner)) {
+      ++observers;
+    } else if (c.owner != owner) {
+      owners.insert(c.owner);
+    }
+  };
+  for (const auto& [id, issued] : tickets_) count(*issued.connection);
+  for (const auto& [id, c] : open_) count(*c);
+  if (ObserverOwner(owner) && observers >= kMaxObserverConnections) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("observers hold ", kMaxObserverConnections,
+                     " data-plane connections and tickets already (pull over gRPC meanwhile)"));
+  }
+  if (static_cast<int>(owners.size()) + observers >= options_.max_connections) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the data plane has ", options_.max_connections,
                      " connections and tickets already (ps --data_plane_clients)"));
@@ -160,6 +186,7 @@ absl::StatusOr<DataPlane::Ticket> DataPlane::Issue(int owner) {
   auto connection = std::make_shared<Connection>();
   connection->id = RandomId();
   connection->owner = owner;
+  connection->credential = credential;
   connection->lanes.resize(options_.lanes);
   Ticket ticket{connection->id, RandomSecret(), options_.lanes};
   tickets_[ticket.connection] = Issued{connection, ticket.secret, now + options_.hello};
@@ -177,8 +204,21 @@ void DataPlane::AcceptLoop() {
     }
     auto lane = std::make_shared<Lane>(*std::move(s), options_.max_frame_bytes);
     absl::MutexLock lock(&mu_);
-    const size_t most = static_cast<size_t>(options_.max_connections) * options_.lanes;
-    if (stopped_ || all_.size() >= most + kAdmittingSlack) continue;  // closed at once
+    if (stopped_) continue;  // closed at once
+    // Sockets that showed no ticket yet hold no place a client needs: they share
+    // kMaxSayingHello, and the oldest (in all_'s order) makes room for this one.
+    std::vector<Lane*> saying_hello;
+    for (const auto& l : all_) {
+      if (!l->admitted && !l->IsClosed()) saying_hello.push_back(l.get());
+    }
+    if (saying_hello.size() >= static_cast<size_t>(kMaxSayingHello)) {
+      saying_hello.front()->Close("closed before its hello to make room for a newer socket");
+      if (int64_t held_back = 0; evicted_.Allow(&held_back)) {
+        PS_LOG(INFO) << "data plane: " << kMaxSayingHello << " sockets are saying hello; the "
+                     << "oldest was closed to make room (and " << held_back
+                     << " more since the last such line)";
+      }
+    }
     all_.push_back(lane);
     lane->reader = std::thread([this, lane] { Serve(lane); });
   }
@@ -248,6 +288,7 @@ absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Admit(
     } else {
       connection = it->second.connection;
       c->lanes[index] = lane;
+      lane->admitted = true;
       if (c->owner >= kReplicaStages && ReplicaOwner(c->owner)) {
         socket.set_stall(kReplicaStagesStall);
       }
@@ -421,7 +462,8 @@ absl::Status DataPlane::OnCall(const std::shared_ptr<Lane>& lane, const Connecti
     return SendAnswer(*lane, transfer,
                       {DataPlaneLostStatus("this shard takes no calls on its data plane now"), ""});
   }
-  const Call call{c.id, transfer, c.owner, absl::Now() + frame->timeout, std::move(frame->request)};
+  const Call call{c.id,         transfer, c.owner, c.credential, absl::Now() + frame->timeout,
+                  std::move(frame->request)};
   if (pull) {
     // Answered from any thread, the shard's callbacks' included, which must not block: queued
     // for the lane's sender, after the values (a connection too far behind ends).

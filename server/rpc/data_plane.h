@@ -7,7 +7,8 @@
 // A client asks for a ticket over gRPC (AttachDataPlane, authorised like any call as the worker
 // it names), connects `lanes` times to port() and presents it on each: a ticket opens one
 // connection, once, within `hello` of being issued, and makes it that worker's (a worker's newer
-// connection replaces its older one). A tensor of several MiB is striped over the lanes
+// connection replaces its older one), carrying what the worker's token proved (its Credential),
+// by which the shard admits the calls made on it as it admits the same calls over gRPC. A tensor of several MiB is striped over the lanes
 // (common/data_frames.h), each read and sent by threads of its own. A Push call that names a
 // transfer on a connection takes its tensor from there (Receive): once the call has its buffer it
 // tells the client to send (gRPC initial metadata), and the frame is read straight into that
@@ -22,9 +23,12 @@
 // Every wait has an end: a hello within `hello`, a frame's bytes moving at least every `stall`.
 // Anything unexpected on a connection (a bad frame, a stalled peer, a call that gave up
 // mid-tensor) ends that connection only (all its lanes); its client sends over gRPC meanwhile.
-// At most `max_connections` connections (two threads a lane) and unused tickets; no buffer is
-// allocated for a frame: it goes into its call's buffer or is dropped a piece at a time.
-// Thread-safe.
+// Places are kept per credential, so that no caller shuts out the workers: each worker (and replica
+// owner) holds at most one ticket and one connection, observers kMaxObserverConnections between
+// them, and all of them at most `max_connections` (two threads a lane). A socket that has not
+// shown a ticket yet holds none of those places: such sockets share kMaxSayingHello places, the
+// oldest closed to make room for the next. No buffer is allocated for a frame: it goes into its
+// call's buffer or is dropped a piece at a time. Thread-safe.
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -48,11 +52,20 @@
 #include "absl/types/span.h"
 #include "common/data_frames.h"
 #include "common/log.h"
+#include "common/security.h"
 #include "common/socket.h"
 #include "common/tls.h"
 #include "common/wire_type.h"
 
 namespace ps {
+
+// What the token a data-plane ticket was asked with proved (AttachDataPlane): which worker's
+// places the calls made on its connection take and what they may do (ShardService admits them
+// by it). The default is a caller of a job without tokens.
+struct DataPlaneCredential {
+  Caller caller{Caller::kAnyWorker};
+  Access access = Access::kWrite;
+};
 
 class DataPlane {
  public:
@@ -102,10 +115,20 @@ class DataPlane {
   static bool ReplicaOwner(int owner) {
     return owner >= kReplicaPeer && owner < kReplicaStages + kMaxReplicaStageConnections;
   }
-  // A ticket for worker `owner` (negative: an observer; or a replica owner). RESOURCE_EXHAUSTED
-  // when as many connections and tickets as allowed exist. A worker's (or a replica owner's) newer
-  // connection replaces its older one.
-  absl::StatusOr<Ticket> Issue(int owner);
+  static bool ObserverOwner(int owner) { return owner < 0 && !ReplicaOwner(owner); }
+  // Connections and unused tickets that observers hold at most, all of them together: a
+  // read-only token cannot take the workers' places.
+  static constexpr int kMaxObserverConnections = 4;
+  // Sockets accepted that have not shown a valid ticket yet (TLS handshake, hello), at most.
+  static constexpr int kMaxSayingHello = 32;
+
+  using Credential = DataPlaneCredential;
+  // A ticket for worker `owner` (negative: an observer; or a replica owner) whose token proved
+  // `credential`. A worker's (or a replica owner's) new ticket replaces its unused older one, and
+  // its connection, once open, the older one. RESOURCE_EXHAUSTED when observers already hold
+  // kMaxObserverConnections (for an observer's), or when as many clients as `max_connections`
+  // hold connections or tickets (a worker counts once).
+  absl::StatusOr<Ticket> Issue(int owner, Credential credential = {});
 
   // The tensor a client sends on connection `connection` as `transfer`, into `dst` as `type`
   // values, `seen` told of each run of them as it comes in (AwaitStriped: on the calling thread
@@ -137,11 +160,12 @@ class DataPlane {
                     Sent sent, absl::Time deadline, const FillProgress* filling = nullptr);
 
   // A call made on a connection itself (FrameKind::kPushCall, kPullCall): the connection, the
-  // call's transfer, the connection's owner, when it must be answered by, and its request (a
-  // serialized v1::PushHeader or v1::PullRequest, not looked at here).
+  // call's transfer, the connection's owner and credential, when it must be answered by, and its
+  // request (a serialized v1::PushHeader or v1::PullRequest, not looked at here).
   struct Call {
     uint64_t connection = 0, transfer = 0;
     int owner = 0;
+    Credential credential;
     absl::Time deadline;
     std::string request;
   };
@@ -235,6 +259,7 @@ class DataPlane {
   std::shared_ptr<const CallHandlers> handlers_ ABSL_GUARDED_BY(mu_);
   int calls_running_ ABSL_GUARDED_BY(mu_) = 0;  // given to a handler and not yet answered
   std::thread accepting_;
+  LogLimiter evicted_{absl::Minutes(1)};  // sockets closed to make room for newer ones
 };
 
 }  // namespace ps

@@ -146,7 +146,14 @@ ServiceMetrics AddShardMetrics(MetricsEndpoint* endpoint, const ParameterShard* 
                     .Name("ps_payload_bytes_total")
                     .Help("Tensor bytes received by pushes (in) and sent by pulls (out).")
                     .Register(r);
+  auto& refused = prometheus::BuildCounter()
+                      .Name("ps_calls_refused_total")
+                      .Help("Calls refused for want of a place (--max_pulls, --max_streams, "
+                            "--max_calls_per_worker), by kind, over gRPC and the data plane.")
+                      .Register(r);
   ServiceMetrics m;
+  for (const char* kind : {"pulls", "streams"}) refused.Add({{"shard", index}, {"kind", kind}});
+  m.refused = &refused;
   m.push_seconds = &seconds.Add({{"shard", index}, {"call", "push"}}, LatencyBuckets());
   m.pull_seconds = &seconds.Add({{"shard", index}, {"call", "pull"}}, LatencyBuckets());
   m.push_bytes = &bytes.Add({{"shard", index}, {"direction", "in"}});

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <optional>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/chunking.h"
@@ -485,6 +486,12 @@ grpc::Status ShardService::Admit(grpc::ServerContextBase* context, const CallNee
   // A token that allows writing allows reading: checked once unless the call needs more.
   const bool covered = admission->authorized_ == access ||
                        (admission->authorized_ == Access::kWrite && access == Access::kRead);
+  if (!covered && context == nullptr) {  // a data-plane connection's token allows no more
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat(needs.call,
+                                     " needs the write token: this data-plane connection was "
+                                     "opened with a token that allows reading only"));
+  }
   if (!covered) {
     grpc::Status s = AuthorizeCall(tokens_, *context, access, needs.call, &admission->caller_);
     if (!s.ok()) return s;
@@ -500,11 +507,18 @@ grpc::Status ShardService::Admit(grpc::ServerContextBase* context, const CallNee
   }
   if (needs.limit != nullptr) {
     absl::StatusOr<CallLimit::Slot> slot = needs.limit->TryAcquire(admission->caller_.worker);
-    if (!slot.ok()) return ToGrpcStatus(slot.status());
+    if (!slot.ok()) {
+      if (metrics_.refused != nullptr) {
+        metrics_.refused
+            ->Add({{"shard", std::to_string(shard_->index())}, {"kind", needs.limit->what()}})
+            .Increment();
+      }
+      return ToGrpcStatus(slot.status());
+    }
     admission->slot_.emplace(*std::move(slot));
   }
   if (grpc::Status s = CheckShardIncarnation(needs.shard_incarnation); !s.ok()) return s;
-  if (needs.watched) admission->guard_.emplace(watchdog_.Watch(context));
+  if (needs.watched && context != nullptr) admission->guard_.emplace(watchdog_.Watch(context));
   return grpc::Status::OK;
 }
 
@@ -529,7 +543,13 @@ grpc::ServerUnaryReactor* ShardService::Unary(grpc::CallbackServerContext* conte
   if (status.ok()) {
     status = Admit(context, claims(request, CallNeeds(needs.call, needs.access)), &admission);
   }
-  if (status.ok()) status = handler(request, &response);
+  if (status.ok()) {
+    if constexpr (std::is_invocable_v<Handler, const Request&, Response*, const Admission&>) {
+      status = handler(request, &response, admission);
+    } else {
+      status = handler(request, &response);
+    }
+  }
   if (status.ok()) *out = Serialize(response);
   reactor->Finish(status);
   return reactor;
@@ -704,24 +724,17 @@ grpc::Status ShardService::CheckPlaneCaller(const DataPlane::Call& call, int wor
   return grpc::Status::OK;
 }
 
-grpc::Status ShardService::CheckServing(int64_t shard_incarnation) const {
-  if (replica_ != nullptr) {
-    if (absl::Status s = replica_->CheckServing(/*may_take_over=*/true); !s.ok()) {
-      return ToGrpcStatus(s);
-    }
-  }
-  return CheckShardIncarnation(shard_incarnation);
-}
-
 DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
                                                 DataPlane::ReadValues read_values) {
   const absl::Time start = absl::Now();
   DataPlane::CallAnswer answer;
   v1::PushHeader h;
-  if (call.owner < 0) {  // refused before its request is looked at, as by Push's Admit
-    answer.status = grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "an observer does not push");
-    return answer;
-  }
+  // As Push: the token (refused before the request is looked at), the replica serves, a place
+  // among the streams; then what the header claims.
+  Admission admission(call.credential);
+  answer.status =
+      Admit(nullptr, CallNeeds("Push", Access::kWrite).Serving().Limit(&streams_), &admission);
+  if (!answer.status.ok()) return answer;
   if (!h.ParseFromString(call.request)) {
     answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "cannot parse Push header");
   } else if (h.shm_segment() != 0 || h.topk_pairs() != 0) {
@@ -740,8 +753,14 @@ DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
     shard_->RecordRejectedPush();
     return answer;
   }
-  answer.status = CheckServing(h.shard_incarnation());
-  if (!answer.status.ok()) return answer;
+  answer.status = Admit(
+      nullptr,
+      CallNeeds("Push", Access::kWrite).ActsAs(h.worker_id()).ShardIncarnation(h.shard_incarnation()),
+      &admission);
+  if (!answer.status.ok()) {
+    if (!IsShardRestarted(answer.status)) shard_->RecordRejectedPush();
+    return answer;
+  }
   v1::PushResponse response;
   answer.status = ApplyPush(
       h,
@@ -759,11 +778,11 @@ DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
 class ShardService::PlanePull {
  public:
   PlanePull(ShardService* service, const DataPlane::Call& call, WireType type,
-            CallLimit::Slot place, DataPlane::Answer answer)
+            Admission admission, DataPlane::Answer answer)
       : service_(service),
         id_(service->HoldPlanePull(call.connection)),
         type_(type),
-        place_(std::move(place)),
+        admission_(std::move(admission)),
         answer_(std::move(answer)),
         plane_(service->data_plane_, call.connection, call.owner, call.transfer, type,
                call.deadline) {}
@@ -810,38 +829,50 @@ class ShardService::PlanePull {
   const int64_t id_;  // among the service's plane pulls
   const WireType type_;
   const absl::Time start_ = absl::Now();
-  const CallLimit::Slot place_;  // among the shard's pulls in progress
+  const Admission admission_;  // its place among the shard's pulls in progress
   DataPlane::Answer answer_;
   std::optional<ParameterShard::Snapshot> snapshot_;
   PlaneSend plane_;
 };
 
 void ShardService::PullOnPlane(const DataPlane::Call& call, DataPlane::Answer answer) {
+  // As Pull: the token and a place among the pulls (a worker's own token, and the observers and
+  // operator together, under their cap), then what the request claims. A connection's calls are
+  // read one at a time, but a held pull's answer comes later, holding its place until then.
+  Admission admission(call.credential);
   v1::PullRequest r;
   WireType type = WireType::kFloat32;
   grpc::Status checked =
-      r.ParseFromString(call.request)
-          ? CheckPlaneCaller(call, r.worker_id(), r.data_connection(), r.data_transfer())
-          : grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "cannot parse Pull request");
+      Admit(nullptr, CallNeeds("Pull", Access::kRead).Limit(&pulls_), &admission);
+  if (checked.ok() && !r.ParseFromString(call.request)) {
+    checked = InvalidArgument("cannot parse Pull request");
+  }
+  if (checked.ok()) {
+    checked = CheckPlaneCaller(call, r.worker_id(), r.data_connection(), r.data_transfer());
+  }
+  if (checked.ok()) {
+    checked = Admit(nullptr, CallNeeds("Pull", Access::kRead).ActsAs(r.worker_id()), &admission);
+  }
   if (checked.ok() && r.dtype() != v1::DTYPE_UNSPECIFIED) {
     absl::StatusOr<WireType> t = WireTypeOfDType(r.dtype());
     checked = ToGrpcStatus(t.status());
     if (t.ok()) type = *t;
   }
+  if (checked.ok()) {
+    checked = Admit(
+        nullptr,
+        CallNeeds("Pull", Access::kRead).Serving().ShardIncarnation(r.shard_incarnation()),
+        &admission);
+  }
   if (checked.ok() && (r.compress() != v1::DTYPE_UNSPECIFIED || r.shm_segment() != 0)) {
     checked = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                            "a pull made on the data plane takes its values there, uncompressed");
   }
-  if (checked.ok()) checked = CheckServing(r.shard_incarnation());
-  // A place among the pulls in progress, as a gRPC Pull takes (counted as a job-wide token's
-  // are): a connection's calls are read one at a time, but a held pull's answer comes later.
-  absl::StatusOr<CallLimit::Slot> place = pulls_.TryAcquire(Caller::kAnyWorker);
-  if (checked.ok()) checked = ToGrpcStatus(place.status());
   if (!checked.ok()) {
     answer({checked, ""});
     return;
   }
-  (new PlanePull(this, call, type, *std::move(place), std::move(answer)))
+  (new PlanePull(this, call, type, std::move(admission), std::move(answer)))
       ->Start(r, AnswerBy(call.deadline));
 }
 
@@ -1075,7 +1106,8 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
                                                         grpc::ByteBuffer* response) {
   return Unary<v1::AttachDataPlaneRequest, v1::AttachDataPlaneResponse>(
       context, request, response, CallNeeds("AttachDataPlane", Access::kRead),
-      AttachClaims<v1::AttachDataPlaneRequest>, [&](const auto& request, auto* response) {
+      AttachClaims<v1::AttachDataPlaneRequest>,
+      [&](const auto& request, auto* response, const Admission& admission) {
         const int worker = request.worker_id();
         if (DataPlane::ReplicaOwner(worker)) {  // their tickets come from a backup's join only
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -1087,7 +1119,8 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                               "this shard has no data plane (ps --data_plane_port=-1)");
         }
-        absl::StatusOr<DataPlane::Ticket> ticket = data_plane_->Issue(worker);
+        absl::StatusOr<DataPlane::Ticket> ticket =
+            data_plane_->Issue(worker, admission.credential());
         if (!ticket.ok()) return ToGrpcStatus(ticket.status());
         response->set_port(data_plane_->port());
         response->set_connection(ticket->connection);
@@ -1151,6 +1184,8 @@ v1::StatsResponse ShardService::StatsProto(const ShardStats& s) const {
   r.set_data_plane_pulls(data_plane_pulls_.load(std::memory_order_relaxed));
   if (data_plane_ != nullptr) r.set_data_plane_connections(data_plane_->connections());
   r.set_compressed_pulls(compressed_pulls_.load(std::memory_order_relaxed));
+  r.set_pulls_refused(pulls_.refused());
+  r.set_streams_refused(streams_.refused());
   r.set_pull_views(pull_views_.size());
   if (checkpointer_ != nullptr) {
     const Checkpointer::Health health = checkpointer_->health();

@@ -142,16 +142,20 @@ class ShardService final : public ShardServiceBase {
   template <typename Response>
   void ReadRawBytes(absl::string_view method, RawStream<Response> handle);
 
-  // What a call needs to be let in. Admit checks what is asked, in this order:
+  // What a call needs to be let in, whichever transport it came by (gRPC, or a data-plane
+  // connection, whose calls go through the same checks and caps). Admit checks what is asked, in
+  // this order:
   //   1. the caller's token allows `access` (kWrite for a call made as a worker: `acts_as` >= 0),
   //      once per call and before its request is parsed, so that a stranger's bytes are never
-  //      looked at (the API itself is public, and reflection describes it);
+  //      looked at (the API itself is public, and reflection describes it); a call made on the
+  //      data plane has what its connection's token proved when its ticket was issued;
   //   2. the caller may act as worker `acts_as` (per-worker identity; negative: an observer);
   //   3. the replica serves clients (`serving`: Replica::CheckServing, may take over);
   //   4. a place among `limit`'s calls, which the caller's own worker token counts against its
   //      cap (so the token is checked before the place is taken);
   //   5. the request's `shard_incarnation` is 0 (unchecked) or this process's;
-  //   6. the call's stream is watched from then on (`watched`: StreamWatchdog).
+  //   6. the call's gRPC stream is watched from then on (`watched`: StreamWatchdog; a data-plane
+  //      connection has its own bounds: a call's values are out by its deadline, or it ends).
   // What is known only once the request is parsed goes to a second Admit of the same call.
   struct CallNeeds {
     CallNeeds(const char* call, Access access) : call(call), access(access) {}
@@ -187,10 +191,17 @@ class ShardService final : public ShardServiceBase {
   // until it ends. Not thread-safe (one call's).
   class Admission {
    public:
+    // A gRPC call's: its token is yet to be checked.
     Admission() = default;
+    // A call made on a data-plane connection: its token was checked when the connection's ticket
+    // was issued.
+    explicit Admission(const DataPlane::Credential& credential)
+        : authorized_(credential.access), caller_(credential.caller) {}
     Admission(Admission&&) = default;
     // REQUIRES: admitted Watched().
     StreamWatchdog::Guard& guard() { return *guard_; }
+    // What its token proved, for a data-plane connection opened by this call. REQUIRES: admitted.
+    DataPlane::Credential credential() const { return {caller_, *authorized_}; }
 
    private:
     friend class ShardService;
@@ -203,6 +214,7 @@ class ShardService final : public ShardServiceBase {
   // otherwise the refusal as the client sees it: UNAUTHENTICATED or PERMISSION_DENIED (token,
   // identity), UNAVAILABLE (this replica does not serve), RESOURCE_EXHAUSTED (no place),
   // ShardRestartedStatus (the client registered with an earlier process of this shard).
+  // `context`: the gRPC call's, or null for a call made on the data plane.
   grpc::Status Admit(grpc::ServerContextBase* context, const CallNeeds& needs,
                      Admission* admission);
   // The payload of the push whose header is `h` and whose first message's data is `data`, from
@@ -228,10 +240,10 @@ class ShardService final : public ShardServiceBase {
   // (Replica::StartForward).
   grpc::Status ApplyPush(const v1::PushHeader& h, std::unique_ptr<PayloadSource> source,
                          absl::Time start, v1::PushResponse* response);
-  // A push made on a data-plane connection (DataPlane::Call): admitted as its connection's owner
-  // (whose token AttachDataPlane checked), then applied as Push's.
+  // A push made on a data-plane connection (DataPlane::Call): admitted as Push is (its token's
+  // credential from the connection), then applied as Push's.
   DataPlane::CallAnswer PushOnPlane(const DataPlane::Call& call, DataPlane::ReadValues read_values);
-  // A pull made on a data-plane connection: admitted likewise, answered (`answer`) once its
+  // A pull made on a data-plane connection: admitted as Pull is, answered (`answer`) once its
   // values were sent there, or at once if it is refused; cancelled (its place let go) when the
   // connection ends while the shard still holds it (PlanePullEnded), as gRPC's Pull is.
   void PullOnPlane(const DataPlane::Call& call, DataPlane::Answer answer);
@@ -243,13 +255,11 @@ class ShardService final : public ShardServiceBase {
   void PlanePullWaits(int64_t id, int64_t ticket);
   void ForgetPlanePull(int64_t id);
   void PlanePullEnded(uint64_t connection);
-  // OK if a call made on the data plane is its connection owner's (PERMISSION_DENIED otherwise)
-  // and names the connection and transfer it came as (INVALID_ARGUMENT otherwise).
+  // OK if a call made on the data plane is made as its connection's owner (PERMISSION_DENIED
+  // otherwise: a connection stands for one worker, whatever its token may act as) and names the
+  // connection and transfer it came as (INVALID_ARGUMENT otherwise).
   static grpc::Status CheckPlaneCaller(const DataPlane::Call& call, int worker_id,
                                        uint64_t connection, uint64_t transfer);
-  // OK if this replica serves clients (Replica::CheckServing, may take over) and the client
-  // registered with this process (CheckShardIncarnation).
-  grpc::Status CheckServing(int64_t shard_incarnation) const;
   // ShardRestartedStatus unless `claimed` (a client's shard incarnation, 0: unchecked) is this
   // process's.
   grpc::Status CheckShardIncarnation(std::optional<int64_t> claimed) const;
@@ -262,7 +272,8 @@ class ShardService final : public ShardServiceBase {
   // A unary call on raw bytes: admits `needs` (the token) before parsing, parses the request
   // (INVALID_ARGUMENT naming the call if it does not), admits what the request claims
   // (claims(request, needs of the same call and access): a CallNeeds), runs
-  // handler(request, &response) (a grpc::Status), serialises the response and finishes.
+  // handler(request, &response) (a grpc::Status; or handler(request, &response, admission) for
+  // one that needs to know whom it admitted), serialises the response and finishes.
   template <typename Request, typename Response, typename Claims, typename Handler>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const grpc::ByteBuffer* in,
                                   grpc::ByteBuffer* out, const CallNeeds& needs, Claims claims,

@@ -464,7 +464,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   // Taken (applied, added to the round, or dropped by policy).
   pushes_clipped_ += clipped;
   const bool dropped = change->kind == ShardChange::Kind::kTaken;
-  if (!dropped) norm_guard_.Accept(norm);
+  if (!dropped) norm_guard_.Accept(h.worker_id, norm);
   if (change->kind == ShardChange::Kind::kJoinRound) MaybeCloseRound();
   AnswerWaiters(&answers);
   return PushOutcome{version_, change->staleness, false, dropped, change->stage != 0};
@@ -492,7 +492,7 @@ absl::StatusOr<ShardChange> ParameterShard::Decide(const PushHeaderInfo& h,
     c.values = gradient;
   } else if (config_.max_staleness >= 0 && c.staleness > config_.max_staleness) {
     c.drop = Drop::kStale;
-  } else if (absl::Status absurd = norm_guard_.Check(norm); !absurd.ok()) {
+  } else if (absl::Status absurd = norm_guard_.Check(h.worker_id, norm); !absurd.ok()) {
     // Dropped like a stale push (the worker carries on), not refused: its other shards may
     // have applied their parts, and one absurd slice is no reason to end a worker.
     c.drop = Drop::kNorm;

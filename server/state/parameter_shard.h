@@ -97,9 +97,10 @@ struct ShardConfig {
   bool scale_lr_by_workers = false;  // lr * number of active workers
   // Scale each push's gradient (this shard's part of it) down to this L2 norm; 0: off.
   float clip_norm = 0;
-  // Drop (and count) a push whose L2 norm is more than this many times the median of the recent
-  // pushes' (NormGuard); applied at once only (async, ssp, easgd: not to a sync or local round's
-  // contributions, whose drop would hold the round). 0: off (ps --max_norm_ratio: 1000).
+  // Drop (and count) a push whose L2 norm is more than this many times the workers' reference
+  // (NormGuard: one vote per worker); applied at once only (async, ssp, easgd: not to a sync or
+  // local round's contributions, whose drop would hold the round). 0: off (ps --max_norm_ratio:
+  // 5).
   double max_norm_ratio = 0;
   // Threads that apply one push together, each to its part of the range (ApplyThreads).
   int apply_threads = 1;
@@ -155,7 +156,7 @@ struct ShardStats {
   int64_t pushes_duplicate = 0;
   int64_t pushes_dropped_late = 0;
   int64_t pushes_dropped_stale = 0;
-  int64_t pushes_dropped_norm = 0;  // over --max_norm_ratio times the recent median (NormGuard)
+  int64_t pushes_dropped_norm = 0;  // over --max_norm_ratio times the reference (NormGuard)
   // Updates refused because they would have made a weight or optimizer state non-finite (a push,
   // or under sync a whole round, which is then discarded).
   int64_t updates_nonfinite = 0;
