@@ -117,12 +117,14 @@ absl::Status ShardServer::Start() {
                                          data_plane_.get());
   }
   // Every change from here on reaches the parts that keep it (a checkpoint's restore above
-  // needed no copy); both outlive the shard's use of them (Stop ends the shard first).
-  shard_->SetChangeListener(
-      [checkpointer = checkpointer_.get(), replica = replica_.get()](const ShardChange& change) {
-        if (checkpointer != nullptr) checkpointer->OnUpdate(change.version);
-        if (replica != nullptr) replica->OnChange(change);
-      });
+  // needed no copy); both outlive the shard's use of them (Stop ends the shard first). Health
+  // hears of the initialisation in the same step, before any pull sees it.
+  shard_->SetChangeListener([this, checkpointer = checkpointer_.get(),
+                             replica = replica_.get()](const ShardChange& change) {
+    if (checkpointer != nullptr) checkpointer->OnUpdate(change.version);
+    if (replica != nullptr) replica->OnChange(change);
+    if (change.kind == ShardChange::Kind::kInitialize) UpdateHealth(true);
+  });
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetrics(c.metrics);
   if (!metrics.ok()) return metrics.status();
   metrics_ = *std::move(metrics);
@@ -153,7 +155,11 @@ absl::Status ShardServer::Start() {
         absl::StrCat("cannot listen on ", address, ": ", CannotListenReason(c.host, c.port)));
   }
   // Health says SERVING only while the shard can serve: once initialised, until shutdown.
-  server_->GetHealthCheckService()->SetServingStatus(false);
+  {
+    absl::MutexLock lock(&health_mu_);
+    health_ = server_->GetHealthCheckService();
+    health_->SetServingStatus(false);  // gRPC starts it SERVING
+  }
   const Range& range = shard_->range();
   PS_LOG(INFO) << "shard " << c.shard.shard_index << "/" << c.shard.num_shards << " of "
                << shard_->model().fingerprint << " (" << shard_->model().total_params
@@ -168,6 +174,7 @@ absl::Status ShardServer::Start() {
                  << "; its peer is " << c.replica->peer;
     if (absl::Status s = replica_->Start(); !s.ok()) return s;
   }
+  UpdateHealth(shard_->initialized());  // resumed from a checkpoint: serving at once
   if (!c.port_file.empty() && !WriteFileAtomically(c.port_file, absl::StrCat(port_, "\n"))) {
     return absl::UnavailableError("cannot write --port_file " + c.port_file);
   }
@@ -204,23 +211,31 @@ absl::Status ShardServer::StartDataPlane() {
   return absl::OkStatus();
 }
 
+void ShardServer::UpdateHealth(bool initialized) {
+  absl::MutexLock lock(&health_mu_);
+  initialized_ |= initialized;
+  const bool primary = replica_ == nullptr || replica_->role() == Replica::Role::kPrimary;
+  const bool serving = initialized_ && primary && !health_closed_;
+  if (health_ == nullptr || serving == serving_) return;
+  serving_ = serving;
+  health_->SetServingStatus(serving);
+  PS_LOG(INFO) << (serving ? "serving clients" : "not serving clients");
+}
+
 void ShardServer::Wait(absl::FunctionRef<bool(absl::Duration)> stop_requested) {
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   absl::Time next_status = absl::Now() + absl::Seconds(30);
   bool serving = false;
-  // Checked every 100 ms until the shard serves (for health), then every second.
+  // Checked every 100 ms until the shard serves, then every second. The initialisation shows in
+  // health at once (UpdateHealth from the change listener); a change of role shows here.
   while (!stop_requested(serving ? absl::Seconds(1) : absl::Milliseconds(100))) {
     if (replica_ != nullptr && replica_->role() == Replica::Role::kFenced) {
       fenced_ = replica_->fenced_reason();
       return;
     }
     const bool primary = replica_ == nullptr || replica_->role() == Replica::Role::kPrimary;
-    const bool can_serve = shard_->initialized() && primary;
-    if (serving != can_serve) {
-      serving = can_serve;
-      health->SetServingStatus(serving);
-      PS_LOG(INFO) << (serving ? "serving clients" : "not serving clients");
-    }
+    const bool initialized = shard_->initialized();
+    UpdateHealth(initialized);
+    serving = initialized && primary;
     // A backup hears no heartbeats: leases are the primary's business.
     std::vector<int> expired = primary ? shard_->ExpireLeases(MonotonicNow()) : std::vector<int>();
     if (!expired.empty()) {
@@ -242,7 +257,11 @@ void ShardServer::Wait(absl::FunctionRef<bool(absl::Duration)> stop_requested) {
 void ShardServer::ShutDown() {
   if (shut_down_) return;
   shut_down_ = true;
-  if (server_ != nullptr) server_->GetHealthCheckService()->SetServingStatus(false);
+  {
+    absl::MutexLock lock(&health_mu_);
+    health_closed_ = true;
+  }
+  UpdateHealth(false);
   if (replica_ != nullptr) replica_->Stop();
   if (shard_ != nullptr) shard_->Shutdown();  // null when Create failed
   if (data_plane_ != nullptr) data_plane_->Stop();  // calls waiting on it end

@@ -18,15 +18,18 @@
 // down as Stop does, without the output files.
 #pragma once
 
+#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/server.h>
 
 #include <memory>
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/metrics.h"
 #include "common/security.h"
@@ -90,6 +93,12 @@ class ShardServer {
   void WriteOutputs(const ShardStats& stats) const;
   // Starts the data plane unless it is off.
   absl::Status StartDataPlane();
+  // Sets health to SERVING while the shard can serve clients (initialised, and the primary when
+  // replicated), NOT_SERVING otherwise or once shut down. `initialized`: the shard is known to be
+  // initialised (which it stays). Thread-safe; calls nothing on the shard, so that the shard's
+  // change listener can call it, under the shard's lock, as the initialisation happens: health
+  // says SERVING before the shard answers a pull or the Initialize call.
+  void UpdateHealth(bool initialized) ABSL_LOCKS_EXCLUDED(health_mu_);
 
   const ShardServerConfig config_;
   ShardProcess process_;
@@ -103,6 +112,11 @@ class ShardServer {
   std::unique_ptr<ShardService> service_;
   std::unique_ptr<ReplicationService> replication_service_;
   std::unique_ptr<grpc::Server> server_;
+  absl::Mutex health_mu_;
+  grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(health_mu_) = nullptr;  // server_'s
+  bool initialized_ ABSL_GUARDED_BY(health_mu_) = false;    // seen initialised
+  bool serving_ ABSL_GUARDED_BY(health_mu_) = false;        // what health says
+  bool health_closed_ ABSL_GUARDED_BY(health_mu_) = false;  // shut down: NOT_SERVING for good
   int port_ = 0;
   std::string fenced_;  // why this replica must stop, once it must
   bool shut_down_ = false;

@@ -4,10 +4,12 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <zlib.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -389,9 +391,13 @@ TEST(ShardCheckpointTest, ATornNewestCheckpointFallsBackToThePreviousAndOnlyKOfT
   ASSERT_TRUE(shard->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
   ShardState c;
   ASSERT_TRUE(shard->Checkpoint(&c).ok());
+  v1::WorkerState* worker = c.header.add_workers();  // whose pushes made the versions
   std::vector<std::string> paths;
   for (int64_t v : {10, 20, 30}) {
     c.header.set_version(v);
+    worker->set_pushes_applied(v);
+    worker->set_clock(v);
+    worker->set_last_sequence(v - 1);
     paths.push_back(*store.Write(c));
   }
   EXPECT_FALSE(std::filesystem::exists(paths[0])) << "only the newest 2 are kept";
@@ -399,6 +405,142 @@ TEST(ShardCheckpointTest, ATornNewestCheckpointFallsBackToThePreviousAndOnlyKOfT
   absl::StatusOr<std::optional<ShardState>> newest = store.LoadNewest();
   ASSERT_TRUE(newest.ok() && newest->has_value());
   EXPECT_EQ((*newest)->header.version(), 20);
+}
+
+// The invariants hold for every state the system makes, under each consistency model: a
+// primary's, its backup's (which repeats a round's update without its pushes), and a shard's
+// restored from a checkpoint and trained on.
+TEST(ShardCheckpointTest, EveryStateAPrimaryItsBackupOrARestoredShardHoldsAgreesWithItself) {
+  for (const char* consistency : {"async", "ssp:1", "easgd:1", "sync", "local:1"}) {
+    SCOPED_TRACE(consistency);
+    ShardConfig config = AdamSsp();
+    config.consistency = consistency;
+    std::unique_ptr<ParameterShard> primary = *ParameterShard::Create(config);
+    std::unique_ptr<ParameterShard> backup = *ParameterShard::Create(config);
+    primary->SetChangeListener(
+        [&](const ShardChange& c) { EXPECT_TRUE(backup->ApplyChange(c).ok()); });
+    ASSERT_TRUE(primary->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
+    std::unique_ptr<ParameterShard> restored = *ParameterShard::Create(config);
+    auto train = [&](ParameterShard& shard, int64_t first_step) {
+      for (int w = 0; w < 3; ++w) ASSERT_TRUE(shard.Register(w, kModel).ok());
+      for (int64_t s = first_step; s < first_step + 3; ++s) {
+        for (int w = 0; w < 3; ++w) {
+          ASSERT_TRUE(shard
+                          .Push({w, s, shard.version(), 0, 6, Inc(shard, w)},
+                                std::vector<float>(6, 0.01f * (w + 1)))
+                          .ok());
+        }
+      }
+      // Worker 0 once more: a round left open, or a push applied alone.
+      ASSERT_TRUE(shard
+                      .Push({0, first_step + 3, shard.version(), 0, 6, Inc(shard, 0)},
+                            std::vector<float>(6, 0.02f))
+                      .ok());
+    };
+    train(*primary, 0);
+    for (ParameterShard* shard : {primary.get(), backup.get()}) {
+      ShardState state;
+      ASSERT_TRUE(shard->Checkpoint(&state).ok());
+      EXPECT_TRUE(CheckStateInvariants(state).ok()) << CheckStateInvariants(state);
+      if (shard == backup.get()) {
+        ASSERT_TRUE(restored->Restore(state).ok());
+      }
+    }
+    train(*restored, 10);
+    ShardState state;
+    ASSERT_TRUE(restored->Checkpoint(&state).ok());
+    EXPECT_TRUE(CheckStateInvariants(state).ok()) << CheckStateInvariants(state);
+  }
+}
+
+// Replaces the one occurrence of `from` in the file at `path` by `to`, as long: the JSON stays
+// valid, as after an edit by hand. False if `from` is not there exactly once.
+bool Edit(const std::string& path, const std::string& from, const std::string& to) {
+  std::string bytes = ReadFile(path);
+  const size_t at = bytes.find(from);
+  if (at == std::string::npos || bytes.find(from, at + 1) != std::string::npos ||
+      from.size() != to.size()) {
+    return false;
+  }
+  bytes.replace(at, from.size(), to);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  return true;
+}
+
+// Recomputes the file_crc32 of the checkpoint at `path` as README shows (its 8 digits blanked,
+// zlib's CRC-32 of the whole file), as after an edit by someone who knows the format.
+void RecomputeChecksum(const std::string& path) {
+  std::string bytes = ReadFile(path);
+  const std::string key = R"("file_crc32":")";
+  const size_t at = bytes.find(key);
+  ASSERT_NE(at, std::string::npos) << path;
+  bytes.replace(at + key.size(), 8, "00000000");
+  const uLong crc = crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size());
+  bytes.replace(at + key.size(), 8, absl::StrFormat("%08x", crc));
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
+// A checkpoint edited with its checksum recomputed reads back whole, but a state no shard could
+// have written (here its version against the pushes its workers applied) is refused like a
+// corrupt file: LoadNewest skips it for the previous one, naming the file and the disagreement,
+// and Restore (which a backup's state transfer goes through too) refuses it as DATA_LOSS.
+TEST(ShardCheckpointTest, ACheckpointWhoseStateDisagreesWithItselfIsRefusedLikeACorruptOne) {
+  ShardConfig async = AdamSsp();
+  async.consistency = "async";
+  std::unique_ptr<ParameterShard> shard = *ParameterShard::Create(async);
+  ASSERT_TRUE(shard->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
+  for (int w = 0; w < 2; ++w) ASSERT_TRUE(shard->Register(w, kModel).ok());
+  const std::string dir = NewRunDir("checkpoint");
+  CheckpointStore store(dir, 0, 3);
+  ShardState saved;
+  std::vector<std::string> paths;
+  for (int64_t s = 0; s < 2; ++s) {
+    for (int w = 0; w < 2; ++w) {
+      ASSERT_TRUE(
+          shard->Push({w, s, shard->version(), 0, 6, Inc(*shard, w)}, std::vector<float>(6, 0.5f))
+              .ok());
+    }
+    ASSERT_TRUE(shard->Checkpoint(&saved).ok());
+    paths.push_back(*store.Write(saved));  // versions 2 and 4
+  }
+  ASSERT_TRUE(Edit(paths[1], R"("version":"4")", R"("version":"3")"));
+  RecomputeChecksum(paths[1]);
+  absl::StatusOr<ShardState> edited = ReadShardState(paths[1]);
+  ASSERT_TRUE(edited.ok()) << edited.status();  // the file itself reads back whole
+  ASSERT_EQ(edited->header.version(), 3);
+  std::string skipped;
+  absl::StatusOr<std::optional<ShardState>> newest = store.LoadNewest(&skipped);
+  ASSERT_TRUE(newest.ok() && newest->has_value());
+  EXPECT_EQ((*newest)->header.version(), 2);
+  EXPECT_EQ(skipped, paths[1] +
+                         ": version 3 disagrees with the 4 pushes its workers applied (under "
+                         "async each applied push is one update)");
+  std::unique_ptr<ParameterShard> restored = *ParameterShard::Create(async);
+  EXPECT_EQ(restored->Restore(*edited).code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(restored->initialized());
+
+  // The other invariants, each broken in a state the shard wrote: refused the same way.
+  ASSERT_TRUE(shard->Checkpoint(&saved).ok());
+  ASSERT_TRUE(restored->Restore(saved).ok()) << "the unedited state is fine";
+  auto refused = [&](const std::function<void(ShardState*)>& edit, const std::string& says) {
+    ShardState state = saved;
+    edit(&state);
+    std::unique_ptr<ParameterShard> fresh = *ParameterShard::Create(async);
+    const absl::Status s = fresh->Restore(state);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << says << ": " << s;
+    EXPECT_NE(s.message().find(says), std::string::npos) << s;
+  };
+  refused([](ShardState* s) { *s->header.add_workers() = s->header.workers(0); },
+          "worker 0 is listed twice");
+  refused([](ShardState* s) { s->header.mutable_workers(1)->set_clock(1); },
+          "worker 1 applied 2 pushes but its clock is 1");
+  refused([](ShardState* s) { s->header.mutable_workers(0)->set_joined_at_version(5); },
+          "worker 0 joined at version 5, outside [0, 4]");
+  refused([](ShardState* s) { s->header.mutable_workers(0)->set_last_sequence(-2); },
+          "worker 0 has a last_sequence below -1");
+  refused([](ShardState* s) { s->header.add_round_contributors(0); },
+          "a round is open under async");
+  refused([](ShardState* s) { s->header.set_changes(-1); }, "change count -1 is negative");
 }
 
 // Waits until the newest valid checkpoint of shard 0 in `dir` holds `version`.
@@ -418,20 +560,6 @@ grpc::Status CheckpointNow(const std::string& address, v1::CheckpointResponse* r
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   return stub->Checkpoint(&context, v1::CheckpointRequest(), response);
-}
-
-// Replaces the one occurrence of `from` in the file at `path` by `to`, as long: the JSON stays
-// valid, as after an edit by hand. False if `from` is not there exactly once.
-bool Edit(const std::string& path, const std::string& from, const std::string& to) {
-  std::string bytes = ReadFile(path);
-  const size_t at = bytes.find(from);
-  if (at == std::string::npos || bytes.find(from, at + 1) != std::string::npos ||
-      from.size() != to.size()) {
-    return false;
-  }
-  bytes.replace(at, from.size(), to);
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-  return true;
 }
 
 const ModelIdentity kSmallMlp{"mlp:784-8-10", 784 * 8 + 8 + 8 * 10 + 10, 1};
@@ -501,6 +629,51 @@ TEST(CheckpointDaemonTest, ACheckpointChangedInItsHeaderOrItsDataIsRefused) {
               std::string::npos)
         << exported.status();
   }
+}
+
+// A checkpoint whose version was edited and its checksum recomputed (README shows how) reads
+// back whole but disagrees with the pushes its workers applied: the shard refuses it like a
+// corrupt one, resuming from the previous checkpoint with a log line naming the file and the
+// disagreement, and export takes the previous one too.
+TEST(CheckpointDaemonTest, ACheckpointEditedWithItsChecksumRecomputedIsRefusedIfItDisagrees) {
+  const std::string run_dir = NewRunDir("checkpoint"), checkpoints = run_dir + "/checkpoints";
+  LocalCluster cluster(ExecutableDir(), run_dir);
+  ASSERT_TRUE(cluster
+                  .StartShards(1, kSmallMlp.fingerprint, 1,
+                               {"--checkpoint_dir=" + checkpoints, "--checkpoint_seconds=0"})
+                  .ok());
+  const std::string address = cluster.ShardAddress(0);
+  ShardedClient worker({address}, kSmallMlp, 0);
+  ASSERT_TRUE(worker.Register().ok());
+  ASSERT_EQ(*worker.Initialize(std::vector<float>(kSmallMlp.total_params, 0.25f)), 1);
+  ASSERT_TRUE(WaitForCheckpoint(checkpoints, 0));
+  const std::vector<float> gradient(kSmallMlp.total_params, 0.5f);
+  for (int64_t step = 0; step < 4; ++step) {
+    ASSERT_TRUE(worker.Push(gradient).ok());
+    if (step == 1) {
+      v1::CheckpointResponse written;
+      ASSERT_TRUE(CheckpointNow(address, &written).ok());
+      ASSERT_EQ(written.version(), 2);
+    }
+  }
+  cluster.shards()[0].Signal(SIGTERM);
+  ASSERT_EQ(*cluster.shards()[0].Wait(absl::Seconds(30)), 0);
+  const std::string newest = absl::StrFormat("%s/shard-0-%012d.safetensors", checkpoints, 4);
+  ASSERT_TRUE(Edit(newest, R"("version":"4")", R"("version":"1")"));
+  RecomputeChecksum(newest);
+  ASSERT_TRUE(ReadShardState(newest).ok()) << "the checksum was recomputed";
+
+  ASSERT_TRUE(cluster.RestartShard(0).ok());
+  EXPECT_EQ(Stats(address).resumed_version(), 2);
+  const std::string log = ReadFile(run_dir + "/ps-0.log");
+  EXPECT_NE(log.find(newest + ": version 1 disagrees with the 4 pushes its workers applied"),
+            std::string::npos)
+      << log;
+  absl::StatusOr<ModelFile> exported = ModelFromCheckpoints(checkpoints, kSmallMlp.fingerprint);
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->versions, std::vector<int64_t>{2});
+  cluster.shards()[0].Signal(SIGTERM);
+  ASSERT_EQ(*cluster.shards()[0].Wait(absl::Seconds(30)), 0);
 }
 
 // The scrape of the metrics endpoint that `log` (a daemon's, --metrics_port=0) says it serves.

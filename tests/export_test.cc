@@ -165,6 +165,10 @@ void WriteCheckpoint(const std::string& dir, int shard, int num_shards, int64_t 
   c.header.set_optimizer(optimizer);
   c.header.set_consistency("async");
   c.header.set_version(version);
+  v1::WorkerState* worker = c.header.add_workers();  // whose pushes made the version
+  worker->set_pushes_applied(version);
+  worker->set_clock(version);
+  worker->set_last_sequence(version - 1);
   c.AddTensor(kValuesTensor)
       .assign(PartRange(ParseModelSpec(kSmallModel, num_shards)->total_params, shard, num_shards)
                   .size(),

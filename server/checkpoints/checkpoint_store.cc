@@ -167,8 +167,12 @@ absl::StatusOr<std::optional<ShardState>> CheckpointStore::LoadNewest(std::strin
   if (!files.ok()) return files.status();
   for (auto it = files->rbegin(); it != files->rend(); ++it) {
     absl::StatusOr<ShardState> c = ReadShardState(*it);
-    if (c.ok()) return std::optional<ShardState>(*std::move(c));
-    PS_LOG(WARNING) << "skipping a checkpoint that does not read back: " << c.status().message();
+    if (c.ok()) {
+      absl::Status s = CheckStateInvariants(*c);
+      if (s.ok()) return std::optional<ShardState>(*std::move(c));
+      c = absl::DataLossError(absl::StrCat(*it, ": ", s.message()));
+    }
+    PS_LOG(WARNING) << "skipping a torn, corrupt or edited checkpoint: " << c.status().message();
     if (skipped != nullptr) {
       absl::StrAppend(skipped, skipped->empty() ? "" : "; ", c.status().message());
     }

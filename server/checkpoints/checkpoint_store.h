@@ -8,8 +8,10 @@
 // and "file_crc32" (the whole file's checksum: common/safetensors.h). A field added to the schema
 // is written and read without a change here.
 // A file changed anywhere after it was written (a tensor, or metadata such as "version" or a
-// worker's "last_sequence") is refused like a torn one, and so are files of versions before the
-// whole-file checksum (their "crc32" covered the tensors only).
+// worker's "last_sequence") is refused like a torn one, and so is one whose checksum was
+// recomputed after such an edit if its state no longer agrees with itself (CheckStateInvariants).
+// Files written before the whole-file checksum (their "crc32" covered the tensors only) still
+// read: common/safetensors.h.
 // Not thread-safe.
 #pragma once
 
@@ -30,10 +32,11 @@ class CheckpointStore {
   // Writes `state` (which holds a model) atomically, then deletes the oldest beyond `keep`.
   // Returns the path.
   absl::StatusOr<std::string> Write(const ShardState& state);
-  // The newest checkpoint that reads back whole, skipping (and logging) torn, corrupt or edited
-  // ones (see ReadShardState); nullopt if there is none. `skipped` (if not null) gets why
-  // each newer file was skipped, naming it, "; "-joined. Fails only if the directory cannot be
-  // read.
+  // The newest checkpoint that reads back whole and agrees with itself, skipping (and logging)
+  // torn, corrupt or edited ones (see ReadShardState) and those whose state breaks an invariant
+  // (CheckStateInvariants, DATA_LOSS naming the file: e.g. an edited version, its checksum
+  // recomputed); nullopt if there is none. `skipped` (if not null) gets why each newer file was
+  // skipped, naming it, "; "-joined. Fails only if the directory cannot be read.
   absl::StatusOr<std::optional<ShardState>> LoadNewest(std::string* skipped = nullptr);
 
  private:

@@ -209,11 +209,6 @@ void Replica::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-Replica::Role Replica::role() const {
-  absl::MutexLock lock(&mu_);
-  return role_;
-}
-
 int64_t Replica::epoch() const {
   absl::MutexLock lock(&mu_);
   return epoch_;

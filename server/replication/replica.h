@@ -40,6 +40,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -180,7 +181,8 @@ class Replica {
   DataPlane::CallAnswer OnPlaneChange(const DataPlane::Call& call,
                                       DataPlane::ReadValues read_values);
 
-  Role role() const;
+  // Takes no lock: may be called under the shard's (e.g. from its change listener).
+  Role role() const { return role_.load(); }
   int64_t epoch() const;
   // A primary: changes made on the backup naming a stage (see Forwarding), so far.
   int64_t changes_forwarded() const;
@@ -249,7 +251,8 @@ class Replica {
   ReplicationLog log_;
 
   mutable absl::Mutex mu_;
-  Role role_ ABSL_GUARDED_BY(mu_) = Role::kJoining;
+  // Changed under mu_ only; atomic so that role() needs no lock (it is read under the shard's).
+  std::atomic<Role> role_{Role::kJoining};
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
   // A primary that took over serves alone until a backup joins it.
   bool alone_ ABSL_GUARDED_BY(mu_) = false;

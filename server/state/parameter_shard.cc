@@ -821,9 +821,9 @@ absl::Status ParameterShard::Restore(const ShardState& state) {
       theirs->rounds() != policy_->spec().rounds()) {
     return differs("consistency", h.consistency(), policy_->Name());
   }
-  if (h.version() < 0) return absl::InvalidArgumentError("the state's version is negative");
   if (!state.has_model()) return absl::InvalidArgumentError("the state holds no model");
   if (absl::Status s = CheckStateShape(state, range_.size()); !s.ok()) return s;
+  if (absl::Status s = CheckStateInvariants(state); !s.ok()) return s;
   for (const std::string& name : h.tensors()) {
     if (name != kValuesTensor && name != kRoundSumTensor &&
         name.rfind(kOptimizerTensorPrefix, 0) != 0) {

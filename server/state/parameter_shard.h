@@ -353,9 +353,11 @@ class ParameterShard {
   absl::Status Checkpoint(ShardState* out) const;
   // Resumes from `state`, which must be of this shard (model, index, count, optimizer, a
   // consistency model whose pushes mean the same, sizes, known tensors; INVALID_ARGUMENT naming
-  // what differs) and hold a model. Workers come back active with a fresh lease: a shard restarted
-  // within the lease loses none of them. Replaces whatever state the shard had (a backup joining
-  // its primary again starts over from the primary's). Changes nothing when it fails.
+  // what differs), hold a model and agree with itself (CheckStateInvariants; DATA_LOSS naming the
+  // disagreement, as for a corrupt checkpoint). Workers come back active with a fresh lease: a
+  // shard restarted within the lease loses none of them. Replaces whatever state the shard had (a
+  // backup joining its primary again starts over from the primary's). Changes nothing when it
+  // fails.
   absl::Status Restore(const ShardState& state);
   // A backup: repeats `change`, made by its primary, which must be the next one (its index one
   // past the shard's change count; FAILED_PRECONDITION otherwise, and on a change that does not

@@ -46,4 +46,24 @@ inline constexpr int kMaxStateTensors = 8;
 // names, each tensor present and of `size` values. INVALID_ARGUMENT naming the problem.
 absl::Status CheckStateShape(const ShardState& state, int64_t size);
 
+// Checks what every state a shard holds satisfies, whatever its history (initialisation, pushes,
+// restores from older checkpoints, a backup repeating its primary), so that a state edited or
+// damaged yet whole (its checksum recomputed) is refused like a corrupt one. DATA_LOSS naming the
+// first disagreement. The invariants:
+//   - a model: "values", and every tensor as long as it;
+//   - version and changes >= 0; a consistency model that parses;
+//   - each worker listed once, with last_sequence >= -1, clock, pushes_applied and incarnation
+//     >= 0, pushes_applied <= clock (the clock counts every push taken, applied or not, and only
+//     ever moves up), joined_at_version in [0, version];
+//   - async, ssp, easgd: version == the sum of the workers' pushes_applied. Only a push applied
+//     at once is an update there, and it counts for its worker in the same step, on a primary
+//     and on a backup repeating it alike; a restore carries both over, and these models are
+//     restored only from each other's states (ParameterShard::Restore). Under sync and local no
+//     such relation holds: a round counts a push per contributor and one update when it closes,
+//     a discarded (non-finite) round counts its pushes and no update, and a backup repeats a
+//     round's update without its pushes;
+//   - round contributors: listed workers, under sync or local only.
+// Needs no shard: ParameterShard::Restore checks what this shard's settings require on top.
+absl::Status CheckStateInvariants(const ShardState& state);
+
 }  // namespace ps
