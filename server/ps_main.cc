@@ -55,12 +55,16 @@ ABSL_FLAG(double, dc_lambda, 0, "DC-ASGD delay compensation lambda; 0: off.");
 ABSL_FLAG(double, clip_norm, 0,
           "Scale each push's gradient (this shard's part) down to this L2 norm; 0: off.");
 ABSL_FLAG(
-    double, max_norm_ratio, 5,
+    double, max_norm_ratio, 1000,
     "Drop a push (counted: pushes_dropped_norm; logged) whose L2 norm is more than this many "
     "times the reference: each worker's median over its own last 16 pushes applied, and the "
     "middle one of those (judged from the 16th push on; no worker can move it alone). A guard "
-    "against absurd gradients and against one token pushing ever larger ones. async, ssp and "
-    "easgd (not sync/local rounds). 0: off.");
+    "against absurd, finite gradients. async, ssp and easgd (not sync/local rounds). 0: off.");
+ABSL_FLAG(double, clip_norm_ratio, 3,
+          "Scale a push's gradient down to this many times the same reference where its L2 norm "
+          "is above it (counted: pushes_clipped), for the same pushes as --max_norm_ratio: one "
+          "worker's, or one token's, pushes weigh at most this much more than the others' "
+          "however large they are. 0: off.");
 ABSL_FLAG(int32_t, apply_threads, 0,
           "Threads that apply one push together, each to a part of the shard (1..64); parts are "
           "at least 64k parameters, so small shards use fewer. 0: half the CPUs this process may "
@@ -196,6 +200,7 @@ absl::StatusOr<ShardConfig> ConfigFromFlags() {
   c.dc_lambda = static_cast<float>(absl::GetFlag(FLAGS_dc_lambda));
   c.clip_norm = static_cast<float>(absl::GetFlag(FLAGS_clip_norm));
   c.max_norm_ratio = absl::GetFlag(FLAGS_max_norm_ratio);
+  c.clip_norm_ratio = absl::GetFlag(FLAGS_clip_norm_ratio);
   c.apply_threads = absl::GetFlag(FLAGS_apply_threads);
   if (c.apply_threads == 0) c.apply_threads = ApplyThreads::Auto();
   c.progress_timeout = absl::Seconds(absl::GetFlag(FLAGS_progress_timeout_seconds));

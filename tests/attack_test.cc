@@ -221,19 +221,23 @@ TEST_F(AttackTest, AReadOnlyTicketLoopCannotKeepANewWorkerOffThePlane) {
 
 // The ratchet: two workers train (async, kSteps each) and an attacker pushes 200 times as worker
 // 2 over the first 60% of the run (one push per few of worker 0's steps), a gradient of equal
-// elements whose norm it doubles after each push applied and halves after each dropped, to keep
-// just under the norm guard's bound. Returns the test accuracy of the final weights (the
-// evaluator's), and the largest norm the shard applied from the attacker in `largest`. Before,
-// the ratchet left the weights at 1e8 and the accuracy at 0.1 for good.
+// elements whose norm it doubles after each push the shard took and halves after each it
+// dropped, to keep just under the norm guard's bound. Before, the ratchet went from norm 0.05 to
+// 1e11, left the weights at 1e8 and the accuracy at 0.1 for good.
 class RatchetTest : public AttackTest {
  protected:
   static constexpr int kSteps = 2500;
   enum class Attacker { kNone, kWriteToken, kWorkersOwnToken };
-  double Train(Attacker attacker, double* largest) {
+  struct Outcome {
+    double accuracy = 0;        // of the final weights (the evaluator's)
+    float largest_weight = 0;   // the largest |w| right after the attack
+    int64_t clipped = 0, dropped = 0;  // the shard's, of pushes beyond the guard's bounds
+  };
+  Outcome Train(Attacker attacker) {
     StartJob(3, /*worker_identity=*/attacker == Attacker::kWorkersOwnToken);
     EXPECT_TRUE(cluster_->StartEvaluator({"--hidden=128,64", "--interval_seconds=5"}).ok());
     for (int r = 0; r < 2; ++r) StartWorker(r, 3, kSteps);
-    *largest = 0;
+    Outcome outcome;
     if (attacker != Attacker::kNone) {
       ClientOptions options;
       options.security.token = attacker == Attacker::kWriteToken
@@ -245,7 +249,6 @@ class RatchetTest : public AttackTest {
       EXPECT_TRUE(evil.Register().ok());
       std::vector<float> weights(model_.total_params);
       double norm = 0.05;
-      int applied = 0;
       for (int i = 0; i < 200; ++i) {
         EXPECT_TRUE(WaitForStep(Csv(0), 50 + i * (kSteps * 6 / 10) / 200, absl::Minutes(2)));
         EXPECT_TRUE(evil.Pull(absl::MakeSpan(weights)).ok());
@@ -253,42 +256,41 @@ class RatchetTest : public AttackTest {
         absl::StatusOr<ShardedClient::PushSummary> pushed =
             evil.Push(std::vector<float>(weights.size(), element));
         EXPECT_TRUE(pushed.ok()) << pushed.status();
-        if (pushed.ok() && pushed->dropped == 0) {
-          *largest = std::max(*largest, norm);
-          ++applied;
-          norm *= 2;
-        } else {
-          norm /= 2;
-        }
+        norm = pushed.ok() && pushed->dropped == 0 ? norm * 2 : norm / 2;
       }
-      std::cout << "the attacker had " << applied << " of 200 pushes applied, the largest of norm "
-                << *largest << "; " << Stats().pushes_dropped_norm() << " dropped by the guard\n";
+      EXPECT_TRUE(evil.Pull(absl::MakeSpan(weights)).ok());
+      for (float w : weights) outcome.largest_weight = std::max(outcome.largest_weight, std::abs(w));
+      const v1::StatsResponse stats = Stats();
+      outcome.clipped = stats.pushes_clipped();
+      outcome.dropped = stats.pushes_dropped_norm();
     }
     for (int r = 0; r < 2; ++r) {
       absl::StatusOr<int> code = cluster_->worker(r)->Wait(absl::Minutes(4));
       EXPECT_TRUE(code.ok() && *code == 0) << ReadFile(Csv(r));
     }
     EXPECT_EQ(cluster_->Stop(), "");
-    const std::string last = LastLine(dir_ + "/evaluator.csv");
-    return Column(last, 3);
+    outcome.accuracy = Column(LastLine(dir_ + "/evaluator.csv"), 3);
+    return outcome;
   }
 };
 
 TEST_F(RatchetTest, NoTokenCanWalkTheNormGuardUpAndTheModelStillLearns) {
-  double largest = 0;
-  const double honest = Train(Attacker::kNone, &largest);
-  const double with_write_token = Train(Attacker::kWriteToken, &largest);
-  const double with_the_job_token_largest = largest;
-  const double with_own_token = Train(Attacker::kWorkersOwnToken, &largest);
-  std::cout << "test accuracy after " << 2 * kSteps << " honest steps: " << honest
-            << "; beside the write token's ratchet: " << with_write_token
-            << "; beside worker 2's own token's: " << with_own_token << "\n";
-  EXPECT_GE(honest, 0.75);
-  EXPECT_GE(with_write_token, honest - 0.02);
-  EXPECT_GE(with_own_token, honest - 0.02);
-  // Before, the ratchet's norm went from 0.05 to 1e11 within 200 pushes.
-  EXPECT_LT(with_the_job_token_largest, 1e4);
-  EXPECT_LT(largest, 1e4);
+  const Outcome honest = Train(Attacker::kNone);
+  const Outcome job_token = Train(Attacker::kWriteToken);
+  const Outcome own_token = Train(Attacker::kWorkersOwnToken);
+  std::cout << "test accuracy after " << 2 * kSteps << " honest steps: " << honest.accuracy
+            << "; beside the write token's ratchet: " << job_token.accuracy << " (largest |w| "
+            << job_token.largest_weight << ", " << job_token.clipped << " pushes clipped, "
+            << job_token.dropped << " dropped); beside worker 2's own token's: "
+            << own_token.accuracy << " (largest |w| " << own_token.largest_weight << ", "
+            << own_token.clipped << " clipped, " << own_token.dropped << " dropped)\n";
+  EXPECT_GE(honest.accuracy, 0.75);
+  for (const Outcome& attacked : {job_token, own_token}) {
+    EXPECT_GE(attacked.accuracy, honest.accuracy - 0.02);
+    EXPECT_LT(attacked.largest_weight, 5.0f);
+    EXPECT_GE(attacked.clipped, 50);  // the attacker's pushes beyond 3x the others'
+    EXPECT_GE(attacked.dropped, 50);  // and beyond 1000x
+  }
 }
 
 absl::Duration AttackTest::Flood(bool sockets, bool tickets, std::function<void()> during) {

@@ -645,6 +645,40 @@ TEST(ClipNormTest, GradientsAboveTheNormAreScaledDownAndCounted) {
   EXPECT_EQ(shard->Stats().pushes_clipped, 1);
 }
 
+// ps --clip_norm_ratio: once the norm guard has a reference, a push above ratio x the reference
+// (the middle of the workers' median norms) is scaled down to it and counted; a round's are not.
+TEST(ClipNormTest, GradientsAboveTheRatioOfTheReferenceAreScaledDownToItAndCounted) {
+  ShardConfig c = Config("sgd");
+  c.learning_rate.base = 1.0f;
+  c.num_workers = 3;
+  c.clip_norm_ratio = 3;
+  c.max_norm_ratio = 1000;
+  std::unique_ptr<ParameterShard> shard = Started(c);
+  ASSERT_TRUE(shard->Register(2, {c.model, 4, 1}).ok());
+  int64_t sequence[3] = {0, 0, 0};
+  auto push = [&](int worker, std::vector<float> g) {
+    return shard->Push({worker, sequence[worker]++, shard->Stats().version, 0, 4,
+                        Inc(*shard, worker)},
+                       g);
+  };
+  for (int i = 0; i < NormGuard::kMinimum; ++i) {  // norm 1 from both workers: the reference
+    ASSERT_TRUE(push(i % 2, {1, 0, 0, 0}).ok());
+  }
+  const std::vector<float> before = Weights(*shard);
+  ASSERT_TRUE(push(2, {0, 300, 0, 400}).ok());  // norm 500: scaled to 3
+  const std::vector<float> after = Weights(*shard);
+  EXPECT_FLOAT_EQ(before[1] - after[1], 3 * 0.6f);
+  EXPECT_FLOAT_EQ(before[3] - after[3], 3 * 0.8f);
+  EXPECT_EQ(shard->Stats().pushes_clipped, 1);
+  ASSERT_TRUE(push(2, {0, 0, 2.5f, 0}).ok());  // within 3x: as is
+  EXPECT_FLOAT_EQ(after[2] - Weights(*shard)[2], 2.5f);
+  EXPECT_EQ(shard->Stats().pushes_clipped, 1);
+  absl::StatusOr<PushOutcome> absurd = push(2, {0, 0, 0, 2000});  // over 1000x: dropped
+  ASSERT_TRUE(absurd.ok());
+  EXPECT_TRUE(absurd->dropped);
+  EXPECT_EQ(shard->Stats().pushes_dropped_norm, 1);
+}
+
 TEST(MembershipBoundsTest, WorkerIdsOutsideTheJobAreRefusedAndNothingIsKept) {
   std::unique_ptr<ParameterShard> shard = Started(Config("sgd"));
   for (int id : {4, 5, 666, 100000, std::numeric_limits<int>::max()}) {

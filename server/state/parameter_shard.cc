@@ -77,6 +77,9 @@ absl::StatusOr<std::unique_ptr<ParameterShard>> ParameterShard::Create(const Sha
   if (!(c.max_norm_ratio == 0 || c.max_norm_ratio >= 1) || !std::isfinite(c.max_norm_ratio)) {
     return absl::InvalidArgumentError("--max_norm_ratio must be 0 (off) or a number >= 1");
   }
+  if (!(c.clip_norm_ratio == 0 || c.clip_norm_ratio >= 1) || !std::isfinite(c.clip_norm_ratio)) {
+    return absl::InvalidArgumentError("--clip_norm_ratio must be 0 (off) or a number >= 1");
+  }
   if (c.apply_threads < 1 || c.apply_threads > ApplyThreads::kMaxThreads) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--apply_threads must be in [1, ", ApplyThreads::kMaxThreads, "] (0: automatic)"));
@@ -397,8 +400,14 @@ absl::StatusOr<ParameterShard::PushSlot> ParameterShard::BeginPush(const PushHea
 }
 
 bool ParameterShard::Clip(absl::Span<float> gradient, double norm) const {
-  if (config_.clip_norm <= 0 || norm <= config_.clip_norm) return false;
-  const float scale = static_cast<float>(config_.clip_norm / norm);
+  double bound = config_.clip_norm > 0 ? config_.clip_norm : HUGE_VAL;
+  // A round's contributions are summed as they are (NormGuard judges none of them either).
+  const double reference = norm_reference_.load(std::memory_order_relaxed);
+  if (config_.clip_norm_ratio > 0 && reference > 0 && !policy_->spec().rounds()) {
+    bound = std::min(bound, config_.clip_norm_ratio * reference);
+  }
+  if (norm <= bound) return false;
+  const float scale = static_cast<float>(bound / norm);
   for (float& g : gradient) g *= scale;
   return true;
 }
@@ -464,7 +473,10 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   // Taken (applied, added to the round, or dropped by policy).
   pushes_clipped_ += clipped;
   const bool dropped = change->kind == ShardChange::Kind::kTaken;
-  if (!dropped) norm_guard_.Accept(h.worker_id, norm);
+  if (!dropped) {
+    norm_guard_.Accept(h.worker_id, norm);
+    norm_reference_.store(norm_guard_.reference(), std::memory_order_relaxed);
+  }
   if (change->kind == ShardChange::Kind::kJoinRound) MaybeCloseRound();
   AnswerWaiters(&answers);
   return PushOutcome{version_, change->staleness, false, dropped, change->stage != 0};

@@ -13,6 +13,7 @@
 // (ShardValues): copies run side by side and never see a push half applied.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -98,10 +99,14 @@ struct ShardConfig {
   // Scale each push's gradient (this shard's part of it) down to this L2 norm; 0: off.
   float clip_norm = 0;
   // Drop (and count) a push whose L2 norm is more than this many times the workers' reference
-  // (NormGuard: one vote per worker); applied at once only (async, ssp, easgd: not to a sync or
-  // local round's contributions, whose drop would hold the round). 0: off (ps --max_norm_ratio:
-  // 5).
+  // norm (NormGuard: one vote per worker); applied at once only (async, ssp, easgd: not to a sync
+  // or local round's contributions, whose drop would hold the round). 0: off (ps
+  // --max_norm_ratio: 1000).
   double max_norm_ratio = 0;
+  // Scale a push's gradient down to this many times the same reference where it is above it
+  // (counted as clipped), for the same pushes: one worker's pushes then weigh at most that much
+  // more than the others', however large it makes them. 0: off (ps --clip_norm_ratio: 3).
+  double clip_norm_ratio = 0;
   // Threads that apply one push together, each to its part of the range (ApplyThreads).
   int apply_threads = 1;
 };
@@ -160,7 +165,7 @@ struct ShardStats {
   // Updates refused because they would have made a weight or optimizer state non-finite (a push,
   // or under sync a whole round, which is then discarded).
   int64_t updates_nonfinite = 0;
-  int64_t pushes_clipped = 0;  // gradients scaled down to --clip_norm
+  int64_t pushes_clipped = 0;  // gradients scaled down to --clip_norm or --clip_norm_ratio
   int64_t pulls = 0;
   int pulls_waiting = 0;  // held back right now
   int registered_workers = 0;
@@ -394,11 +399,14 @@ class ParameterShard {
     return {members_, round_, version_};
   }
   float LearningRate() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // Scales `gradient` down to clip_norm in place if its L2 norm (`norm`) is above it; returns
+  // Scales `gradient` down in place if its L2 norm (`norm`) is above clip_norm, or above
+  // clip_norm_ratio times the norm guard's latest reference (pushes applied at once only); returns
   // whether it did.
   bool Clip(absl::Span<float> gradient, double norm) const;
   // Whether a push's scan needs the gradient's sum of squares (clipping, the norm guard).
-  bool NeedsSquares() const { return config_.clip_norm > 0 || config_.max_norm_ratio > 0; }
+  bool NeedsSquares() const {
+    return config_.clip_norm > 0 || config_.clip_norm_ratio > 0 || config_.max_norm_ratio > 0;
+  }
   // Decides how the push of `h` (whose gradient is `gradient`, with `norm`) is taken: the change
   // to apply, or an error that rejects it.
   absl::StatusOr<ShardChange> Decide(const PushHeaderInfo& h, absl::Span<const float> gradient,
@@ -449,6 +457,8 @@ class ParameterShard {
   Membership members_ ABSL_GUARDED_BY(mu_);
   Round round_ ABSL_GUARDED_BY(mu_);  // sync, local: the open round
   NormGuard norm_guard_ ABSL_GUARDED_BY(mu_);
+  // norm_guard_.reference() as of the last push applied, for Clip outside the lock.
+  std::atomic<double> norm_reference_{0};
   StalenessHistogram staleness_ ABSL_GUARDED_BY(mu_);
   // DC-ASGD: each active worker's copies of the weights at its last two whole-shard pulls (a
   // prefetching worker computes on the older one), by version: at most 2 * num_workers copies.
