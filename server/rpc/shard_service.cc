@@ -489,8 +489,9 @@ grpc::Status ShardService::Admit(grpc::ServerContextBase* context, const CallNee
   if (!covered && context == nullptr) {  // a data-plane connection's token allows no more
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         absl::StrCat(needs.call,
-                                     " needs the write token: this data-plane connection was "
-                                     "opened with a token that allows reading only"));
+                                     " needs write access: this data-plane connection was asked "
+                                     "for with reading rights only (as an observer, or with the "
+                                     "read-only token)"));
   }
   if (!covered) {
     grpc::Status s = AuthorizeCall(tokens_, *context, access, needs.call, &admission->caller_);
