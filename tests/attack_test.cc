@@ -135,34 +135,43 @@ TEST_F(AttackTest, AReadOnlyTokensUnreadPlanePullsCannotStallTraining) {
   const int64_t attack_from = LastStep(0);
   std::vector<Socket> attackers;
   int calls = 0;
-  for (int c = 0; c < 4; ++c) {  // as many as observers may hold (DataPlane)
+  // A connection with 17 pull calls (one being sent and 16 queued behind it, the most a
+  // connection queues); false once the shard gives the observers no more tickets.
+  auto open_and_call = [&]() {
     v1::AttachDataPlaneResponse ticket;
     grpc::Status asked = AskTicket(read_token_, -1, &ticket);
-    ASSERT_TRUE(asked.ok()) << asked.error_message();
-    ASSERT_EQ(ticket.lanes(), 1);
+    if (asked.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) return false;
+    EXPECT_TRUE(asked.ok()) << asked.error_message();
     absl::StatusOr<Socket> s = RawConnect(ticket.port(), /*receive_buffer=*/1024);
-    ASSERT_TRUE(s.ok()) << s.status();
-    ASSERT_TRUE(SendFrame(*s, {FrameKind::kHello, ticket.connection()},
+    EXPECT_TRUE(s.ok()) << s.status();
+    if (!asked.ok() || !s.ok()) return false;
+    EXPECT_TRUE(SendFrame(*s, {FrameKind::kHello, ticket.connection()},
                           HelloPayload(ticket.secret(), 0), Soon())
                     .ok());
     absl::StatusOr<FrameHeader> welcome = ReceiveHeader(*s, Soon());
-    ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
-    // 16: its answers all fit in the connection's queue, unsent.
-    for (uint64_t transfer = 1; transfer <= 16; ++transfer) {
+    EXPECT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome);
+    for (uint64_t transfer = 1; transfer <= 17; ++transfer) {
       v1::PullRequest pull;
       pull.set_worker_id(-1);
       *pull.mutable_model() = ModelProto();
       pull.set_data_connection(ticket.connection());
       pull.set_data_transfer(transfer);
-      ASSERT_TRUE(SendFrame(*s, {FrameKind::kPullCall, transfer},
+      EXPECT_TRUE(SendFrame(*s, {FrameKind::kPullCall, transfer},
                             EncodeCall({absl::Seconds(60), pull.SerializeAsString()}), Soon())
                       .ok());
       ++calls;
     }
     attackers.push_back(*std::move(s));
+    return true;
+  };
+  // Bursts of calls, each every 10 of worker 0's steps (or 2 s), so that places a worker's pull
+  // held at one burst are taken at a later one; the shard gives observers 4 connections.
+  for (int burst = 0; burst < 8 && open_and_call(); ++burst) {
+    WaitForStep(Csv(0), LastStep(0) + 10, absl::Seconds(2));
   }
   // Beyond the observers' 4 places at once, the calls were refused, and counted. (Pulls whose
-  // values fit in the kernel's socket buffers end and give their place back.)
+  // values fit in the kernel's socket buffers end and give their place back, and a connection
+  // whose queue overflows ends, giving its ticket's place to a later burst.)
   v1::StatsResponse stats;
   for (absl::Time end = Soon(); absl::Now() < end; absl::SleepFor(absl::Milliseconds(20))) {
     stats = Stats();
@@ -170,7 +179,6 @@ TEST_F(AttackTest, AReadOnlyTokensUnreadPlanePullsCannotStallTraining) {
   }
   std::cout << stats.pulls_refused() << " of the " << calls << " unread pulls refused\n";
   EXPECT_GE(stats.pulls_refused(), calls / 2);
-  EXPECT_LE(stats.pulls_refused(), calls - 4);
   // The workers train on meanwhile, with no step waiting a second, while the unread pulls hold
   // their places (until the shard's send stall cuts their connections, 10 s on).
   ASSERT_TRUE(WaitForStep(Csv(0), attack_from + 400, absl::Minutes(2)));
