@@ -564,13 +564,11 @@ grpc::Status CheckpointNow(const std::string& address, v1::CheckpointResponse* r
 
 const ModelIdentity kSmallMlp{"mlp:784-8-10", 784 * 8 + 8 + 8 * 10 + 10, 1};
 
-// A checkpoint changed after it was written, in its metadata (the version, a worker's last
-// sequence) or in its tensors, is refused like a torn one: the shard resumes from the newest
-// intact one, its log naming the refused file and the checksum, and export takes the same one
-// (and, with none left, refuses naming the files).
-TEST(CheckpointDaemonTest, ACheckpointChangedInItsHeaderOrItsDataIsRefused) {
-  const std::string run_dir = NewRunDir("checkpoint"), checkpoints = run_dir + "/checkpoints";
-  LocalCluster cluster(ExecutableDir(), run_dir);
+// Starts one shard of kSmallMlp in `cluster` keeping checkpoints in `checkpoints`, trains it to
+// version 4 and stops it with SIGTERM. It writes its initialised state by itself, then only when
+// asked (no timed or counted checkpoints): at version 2 by psctl checkpoint's call, at 4 on
+// SIGTERM.
+void CheckpointAt0And2And4(LocalCluster& cluster, const std::string& checkpoints) {
   ASSERT_TRUE(cluster
                   .StartShards(1, kSmallMlp.fingerprint, 1,
                                {"--checkpoint_dir=" + checkpoints, "--checkpoint_seconds=0"})
@@ -579,8 +577,6 @@ TEST(CheckpointDaemonTest, ACheckpointChangedInItsHeaderOrItsDataIsRefused) {
   ShardedClient worker({address}, kSmallMlp, 0);
   ASSERT_TRUE(worker.Register().ok());
   ASSERT_EQ(*worker.Initialize(std::vector<float>(kSmallMlp.total_params, 0.25f)), 1);
-  // The shard writes its initialised state by itself, then only when asked (no timed or
-  // counted checkpoints): at version 2 by psctl checkpoint's call, at 4 on SIGTERM.
   ASSERT_TRUE(WaitForCheckpoint(checkpoints, 0));
   const std::vector<float> gradient(kSmallMlp.total_params, 0.5f);
   for (int64_t step = 0; step < 4; ++step) {
@@ -593,6 +589,17 @@ TEST(CheckpointDaemonTest, ACheckpointChangedInItsHeaderOrItsDataIsRefused) {
   }
   cluster.shards()[0].Signal(SIGTERM);
   ASSERT_EQ(*cluster.shards()[0].Wait(absl::Seconds(30)), 0);
+}
+
+// A checkpoint changed after it was written, in its metadata (the version, a worker's last
+// sequence) or in its tensors, is refused like a torn one: the shard resumes from the newest
+// intact one, its log naming the refused file and the checksum, and export takes the same one
+// (and, with none left, refuses naming the files).
+TEST(CheckpointDaemonTest, ACheckpointChangedInItsHeaderOrItsDataIsRefused) {
+  const std::string run_dir = NewRunDir("checkpoint"), checkpoints = run_dir + "/checkpoints";
+  LocalCluster cluster(ExecutableDir(), run_dir);
+  ASSERT_NO_FATAL_FAILURE(CheckpointAt0And2And4(cluster, checkpoints));
+  const std::string address = cluster.ShardAddress(0);  // its port again once restarted
   auto file = [&](int version) {
     return absl::StrFormat("%s/shard-0-%012d.safetensors", checkpoints, version);
   };
@@ -638,26 +645,8 @@ TEST(CheckpointDaemonTest, ACheckpointChangedInItsHeaderOrItsDataIsRefused) {
 TEST(CheckpointDaemonTest, ACheckpointEditedWithItsChecksumRecomputedIsRefusedIfItDisagrees) {
   const std::string run_dir = NewRunDir("checkpoint"), checkpoints = run_dir + "/checkpoints";
   LocalCluster cluster(ExecutableDir(), run_dir);
-  ASSERT_TRUE(cluster
-                  .StartShards(1, kSmallMlp.fingerprint, 1,
-                               {"--checkpoint_dir=" + checkpoints, "--checkpoint_seconds=0"})
-                  .ok());
-  const std::string address = cluster.ShardAddress(0);
-  ShardedClient worker({address}, kSmallMlp, 0);
-  ASSERT_TRUE(worker.Register().ok());
-  ASSERT_EQ(*worker.Initialize(std::vector<float>(kSmallMlp.total_params, 0.25f)), 1);
-  ASSERT_TRUE(WaitForCheckpoint(checkpoints, 0));
-  const std::vector<float> gradient(kSmallMlp.total_params, 0.5f);
-  for (int64_t step = 0; step < 4; ++step) {
-    ASSERT_TRUE(worker.Push(gradient).ok());
-    if (step == 1) {
-      v1::CheckpointResponse written;
-      ASSERT_TRUE(CheckpointNow(address, &written).ok());
-      ASSERT_EQ(written.version(), 2);
-    }
-  }
-  cluster.shards()[0].Signal(SIGTERM);
-  ASSERT_EQ(*cluster.shards()[0].Wait(absl::Seconds(30)), 0);
+  ASSERT_NO_FATAL_FAILURE(CheckpointAt0And2And4(cluster, checkpoints));
+  const std::string address = cluster.ShardAddress(0);  // its port again once restarted
   const std::string newest = absl::StrFormat("%s/shard-0-%012d.safetensors", checkpoints, 4);
   ASSERT_TRUE(Edit(newest, R"("version":"4")", R"("version":"1")"));
   RecomputeChecksum(newest);
