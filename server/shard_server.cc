@@ -119,10 +119,9 @@ absl::Status ShardServer::Start() {
   // Every change from here on reaches the parts that keep it (a checkpoint's restore above
   // needed no copy); both outlive the shard's use of them (Stop ends the shard first). Health
   // hears of the initialisation in the same step, before any pull sees it.
-  shard_->SetChangeListener([this, checkpointer = checkpointer_.get(),
-                             replica = replica_.get()](const ShardChange& change) {
-    if (checkpointer != nullptr) checkpointer->OnUpdate(change.version);
-    if (replica != nullptr) replica->OnChange(change);
+  shard_->SetChangeListener([this](const ShardChange& change) {
+    if (checkpointer_ != nullptr) checkpointer_->OnUpdate(change.version);
+    if (replica_ != nullptr) replica_->OnChange(change);
     if (change.kind == ShardChange::Kind::kInitialize) UpdateHealth(true);
   });
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> metrics = StartMetrics(c.metrics);
@@ -154,11 +153,11 @@ absl::Status ShardServer::Start() {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", address, ": ", CannotListenReason(c.host, c.port)));
   }
-  // Health says SERVING only while the shard can serve: once initialised, until shutdown.
+  // Health says SERVING only while the shard can serve: once initialised, until shutdown (gRPC
+  // starts it SERVING).
   {
     absl::MutexLock lock(&health_mu_);
-    health_ = server_->GetHealthCheckService();
-    health_->SetServingStatus(false);  // gRPC starts it SERVING
+    (health_ = server_->GetHealthCheckService())->SetServingStatus(false);
   }
   const Range& range = shard_->range();
   PS_LOG(INFO) << "shard " << c.shard.shard_index << "/" << c.shard.num_shards << " of "
