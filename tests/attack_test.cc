@@ -35,22 +35,33 @@ const std::vector<std::string> kShardFlags = {"--optimizer=momentum", "--lr=0.01
 absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 
 // A job of one shard for `num_workers` with a write token and a read-only one (and per-worker
-// identity if asked), and worker processes that train until stopped.
+// identity, mutual TLS if asked), and worker processes that train until stopped.
 class AttackTest : public ::testing::Test {
  protected:
-  void StartJob(int num_workers, bool worker_identity = false) {
+  void StartJob(int num_workers, bool worker_identity = false, bool tls = false) {
     dir_ = NewRunDir("attack");
     std::ofstream(dir_ + "/token") << write_token_ << "\n";
     std::ofstream(dir_ + "/read-token") << read_token_ << "\n";
     ClusterSecurity security;
+    if (tls) {
+      const std::string certs = dir_ + "/certs";
+      ASSERT_TRUE(MakeTestCertificates(certs));
+      security = ClusterSecurity::MutualTls(certs);
+      absl::StatusOr<ClientSecurity> client = LoadClientSecurity(
+          {certs + "/client.pem", certs + "/client.key", certs + "/ca.pem"}, "");
+      ASSERT_TRUE(client.ok()) << client.status();
+      client_ = *client;
+    }
     security.token_file = dir_ + "/token";
     security.read_token_file = dir_ + "/read-token";
     security.worker_identity = worker_identity;
     cluster_ = std::make_unique<LocalCluster>(ExecutableDir(), dir_, security);
     ASSERT_TRUE(cluster_->StartShards(1, kMlp, num_workers, kShardFlags).ok());
     model_ = *ParseModelSpec(kMlp, 1);
-    stub_ = v1::ParameterServer::NewStub(
-        grpc::CreateChannel(cluster_->ShardAddress(0), grpc::InsecureChannelCredentials()));
+    stub_ = v1::ParameterServer::NewStub(grpc::CreateChannel(
+        cluster_->ShardAddress(0), client_.credentials != nullptr
+                                       ? client_.credentials
+                                       : grpc::InsecureChannelCredentials()));
   }
   // Worker `rank` of `num_workers`, over the data plane (not shared memory), for `steps`.
   void StartWorker(int rank, int num_workers, int steps) {
@@ -120,6 +131,7 @@ class AttackTest : public ::testing::Test {
   std::unique_ptr<LocalCluster> cluster_;
   ModelIdentity model_;
   std::unique_ptr<v1::ParameterServer::Stub> stub_;
+  ClientSecurity client_;  // TLS (no token) where the job has it
 };
 
 // Before: pulls made as calls on the data plane took the shard's pull places as the job's token
@@ -206,6 +218,16 @@ TEST_F(AttackTest, SocketsWithoutACredentialCannotKeepANewWorkerOffThePlane) {
   StartJob(3);
   const absl::Duration took = Flood(/*sockets=*/true, /*tickets=*/false);
   std::cout << "a worker started during the flood of sockets had its connection in " << took
+            << "\n";
+  EXPECT_LT(took, absl::Seconds(2));
+}
+
+TEST_F(AttackTest, SocketsWithoutACredentialCannotKeepANewWorkerOffAPlaneWithTls) {
+  // The same under mutual TLS: the sockets never finish a handshake, and the new worker's lane
+  // makes its own before its hello.
+  StartJob(3, /*worker_identity=*/false, /*tls=*/true);
+  const absl::Duration took = Flood(/*sockets=*/true, /*tickets=*/false);
+  std::cout << "a worker started during the flood of sockets (TLS) had its connection in " << took
             << "\n";
   EXPECT_LT(took, absl::Seconds(2));
 }
@@ -342,6 +364,7 @@ absl::Duration AttackTest::Flood(bool sockets, bool tickets, std::function<void(
   EXPECT_GE(opened.load() + asked.load(), 300);
   during();
   ClientOptions options;
+  options.security = client_;
   options.security.token = write_token_;
   options.shared_memory = false;
   options.num_workers = 3;
