@@ -92,6 +92,12 @@ TEST(MetricsTest, PromtoolAcceptsEveryDaemonAndARealPrometheusScrapesTheJob) {
       Shell(absl::StrCat("curl -sf http://127.0.0.1:", metrics_ports[1], "/metrics"), dir);
   EXPECT_NE(exposition.find("worker_step_seconds_bucket{phase=\"compute\""), std::string::npos)
       << exposition;
+  // Calls refused for want of a place, over gRPC and the data plane alike (none here).
+  auto [ps_code, ps_exposition] =
+      Shell(absl::StrCat("curl -sf http://127.0.0.1:", metrics_ports[0], "/metrics"), dir);
+  EXPECT_NE(ps_exposition.find("ps_calls_refused_total{kind=\"pulls\",shard=\"0\"} 0"),
+            std::string::npos)
+      << ps_exposition;
 
   // A real Prometheus scraping the three every second.
   const std::string config = dir + "/prometheus.yml";
