@@ -40,8 +40,8 @@
 #include "common/log.h"
 #include "common/network_spec.h"
 #include "kernels/backend.h"
-#include "worker/batch_sampler.h"
-#include "worker/network.h"
+#include "trainer/batch_sampler.h"
+#include "trainer/network.h"
 
 ABSL_FLAG(std::string, device, "cpu", "Backend: cpu | cuda | cuda:N | auto.");
 ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");

@@ -23,10 +23,10 @@
 #include "bench/proc_status.h"
 #include "common/cluster.h"
 #include "common/log.h"
-#include "common/security.h"
+#include "transport/security.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.pb.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 ABSL_FLAG(int, clients, 64, "Concurrent clients, worker ids 0 .. clients-1.");
 ABSL_FLAG(double, seconds, 60, "How long the clients push and pull.");

@@ -18,7 +18,7 @@
 #include "bench/proc_status.h"
 #include "deploy/local_cluster.h"
 #include "server/state/parameter_shard.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 ABSL_FLAG(int64_t, params, 100'000'000, "Parameters in the (single) shard.");
 ABSL_FLAG(std::string, optimizer, "momentum", "sgd | momentum | nesterov | adam | adagrad.");

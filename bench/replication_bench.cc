@@ -30,7 +30,7 @@
 #include "common/log.h"
 #include "deploy/subprocess.h"
 #include "tests/netns/virtual_hosts.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 ABSL_FLAG(double, rate_gbit, 1, "Every host's link, Gbit/s.");
 ABSL_FLAG(int64_t, params, 10'000'000, "The tensor pushed: float32 values (one shard's).");

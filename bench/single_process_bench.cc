@@ -13,9 +13,9 @@
 #include "absl/strings/str_format.h"
 #include "kernels/backend.h"
 #include "server/state/optimizer.h"
-#include "worker/batch_sampler.h"
-#include "worker/idx_dataset.h"
-#include "worker/network.h"
+#include "trainer/batch_sampler.h"
+#include "trainer/idx_dataset.h"
+#include "trainer/network.h"
 
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size (the demo's workers use 64).");

@@ -7,10 +7,10 @@
 // (--dtype): the same pushes and pulls with gradients and weights travelling as bf16 or fp16, as
 // parameters per second against float32's. And whether striping would pay (issue: a bulk data
 // plane): the raw streams split over --stripes connections at once. And the co-located data plane:
-// the same pushes and pulls through shared memory (common/shared_memory.h), against memcpy and
+// the same pushes and pulls through shared memory (transport/shared_memory.h), against memcpy and
 // against the same push and pull made on a ParameterShard in this process (the shard's own work
 // with no transport at all: one copy, the scan and the SGD apply for a push; one copy for a pull).
-// And the bulk data plane (server/rpc/data_plane.h): pushes and pulls whose tensors go on a TCP
+// And the bulk data plane (transport/data_plane.h): pushes and pulls whose tensors go on a TCP
 // connection of their own beside the gRPC calls ("plane"), against the TCP ceiling. The other
 // columns are gRPC streams. With --tls_dir, every shard and client speaks mutual TLS (gRPC and
 // the data plane; the ceilings stay plaintext).
@@ -42,13 +42,13 @@
 #include "bench/iperf3.h"
 #include "bench/median_seconds.h"
 #include "bench/raw_bytes.grpc.pb.h"
-#include "common/chunking.h"
-#include "common/security.h"
+#include "transport/chunking.h"
+#include "transport/security.h"
 #include "deploy/local_cluster.h"
 #include "deploy/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "server/state/parameter_shard.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 ABSL_FLAG(std::vector<std::string>, sizes_mib, std::vector<std::string>({"1", "16", "64"}),
           "Tensor sizes to move, in MiB (fractions too: 0.0625 is 64 KiB).");

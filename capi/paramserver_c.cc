@@ -23,12 +23,12 @@
 #include "common/cluster_spec.h"
 #include "common/log.h"
 #include "common/model_spec.h"
-#include "common/security.h"
+#include "transport/security.h"
 #include "common/wire_type.h"
 #include "nlohmann/json.hpp"
 #include "proto/ps.pb.h"
-#include "worker/sharded_client.h"
-#include "worker/worker_session.h"
+#include "client/sharded_client.h"
+#include "client/worker_session.h"
 
 struct ps_client {
   std::unique_ptr<ps::ShardedClient> client;

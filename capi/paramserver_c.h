@@ -1,7 +1,7 @@
 /* The parameter servers' client as a C API (libparamserver_c.so), for languages that load C
  * libraries: the Python package (python/paramserver) loads it through ctypes, which depends on no
  * interpreter's ABI, so one build serves every Python version. It wraps the C++ client
- * (worker/sharded_client.h) and a worker's session (worker/worker_session.h): the same protocol,
+ * (client/sharded_client.h) and a worker's session (client/worker_session.h): the same protocol,
  * retries, TLS, tokens, shared memory and wire types as the C++ daemons.
  *
  * Errors: a function returning int returns 0 on success, else an absl::StatusCode (1-16: 3

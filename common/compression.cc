@@ -81,7 +81,7 @@ float RoundToInt(float x) {
 void CompressBlock(Compressor c, float* v, int64_t m, char* out) {
   float scale = Scale(c, v, m);
   // An int8 block of values below ~1e-36 goes as zeros (they stay in `v`): 1 / scale would
-  // overflow, and with denormals flushed (common/denormals.h) scale would read as 0.
+  // overflow, and with denormals flushed (server/state/denormals.h) scale would read as 0.
   if (c == Compressor::kInt8 && scale < std::numeric_limits<float>::min()) scale = 0;
   std::memcpy(out, &scale, sizeof(scale));
   char* data = out + kScaleBytes;

@@ -7,8 +7,8 @@
 //   int8    per block of 256 values, a scale = max |value| / 127 and an int8 q each, rounded to
 //           nearest: each value becomes q * scale; about 3.9x fewer bytes.
 // Each loses part of the gradient; a worker keeps that part and adds it to its next push (error
-// feedback: worker/push_compressor.h). A shard decodes the payload into its float32 gradient
-// buffer (ChunkAssembler, common/chunking.h, which uses CompressedDecoder) and applies it as any
+// feedback: client/push_compressor.h). A shard decodes the payload into its float32 gradient
+// buffer (ChunkAssembler, transport/chunking.h, which uses CompressedDecoder) and applies it as any
 // other. A pull's change is compressed and decoded the same way, over gRPC only.
 //
 // Wire formats (ps.v1.DType ONEBIT, TOPK, INT8; little-endian) of n values:

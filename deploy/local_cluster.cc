@@ -21,8 +21,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/grpc_status.h"
-#include "common/security.h"
+#include "transport/grpc_status.h"
+#include "transport/security.h"
 
 namespace ps {
 

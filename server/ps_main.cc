@@ -9,11 +9,11 @@
 #include "common/cluster_spec.h"
 #include "common/consistency_spec.h"
 #include "common/log.h"
-#include "common/metrics.h"
-#include "common/reflection.h"
-#include "common/security.h"
+#include "transport/metrics.h"
+#include "transport/reflection.h"
+#include "transport/security.h"
 #include "common/shutdown.h"
-#include "server/rpc/data_plane.h"
+#include "transport/data_plane.h"
 #include "server/shard_server.h"
 
 ABSL_FLAG(

@@ -31,8 +31,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/metrics.h"
-#include "common/security.h"
+#include "transport/metrics.h"
+#include "transport/security.h"
 #include "server/checkpoints/checkpointer.h"
 #include "server/replication/replica.h"
 #include "server/rpc/shard_service.h"
@@ -48,7 +48,7 @@ struct ShardServerConfig {
   std::optional<Checkpointer::Options> checkpoints;  // ps --checkpoint_dir; none: no checkpoints
   std::string host = "127.0.0.1";
   int port = 0;  // 0: a free one (port())
-  // The bulk data plane's port on `host` (server/rpc/data_plane.h; 0: a free one, -1: none); it
+  // The bulk data plane's port on `host` (transport/data_plane.h; 0: a free one, -1: none); it
   // speaks TLS when `security` does.
   int data_plane_port = 0;
   // TCP connections per client on the data plane, a large tensor striped over them (1..8).

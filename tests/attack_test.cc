@@ -16,15 +16,15 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/data_frames.h"
+#include "transport/data_frames.h"
 #include "common/model_spec.h"
-#include "common/security.h"
-#include "common/socket.h"
+#include "transport/security.h"
+#include "transport/socket.h"
 #include "deploy/local_cluster.h"
 #include "deploy/subprocess.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/run_dir.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker/batch_sampler.h"
+#include "trainer/batch_sampler.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "common/buffer_pool.h"
+#include "server/state/buffer_pool.h"
 
 #include <gtest/gtest.h>
 

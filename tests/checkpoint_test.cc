@@ -21,8 +21,8 @@
 #include "server/state/parameter_shard.h"
 #include "tests/run_dir.h"
 #include "tools/model_export.h"
-#include "worker/model_file.h"
-#include "worker/sharded_client.h"
+#include "trainer/model_file.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {

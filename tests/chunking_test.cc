@@ -1,4 +1,4 @@
-#include "common/chunking.h"
+#include "transport/chunking.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "common/tensor_codec.h"
+#include "transport/tensor_codec.h"
 #include "proto/ps.pb.h"
 
 namespace ps {

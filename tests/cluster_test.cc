@@ -20,13 +20,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
-#include "common/chunking.h"
-#include "common/grpc_status.h"
+#include "transport/chunking.h"
+#include "transport/grpc_status.h"
 #include "deploy/local_cluster.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/run_dir.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {

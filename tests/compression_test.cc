@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "common/chunking.h"
-#include "common/tensor_codec.h"
+#include "transport/chunking.h"
+#include "transport/tensor_codec.h"
 #include "proto/ps.pb.h"
-#include "worker/push_compressor.h"
+#include "client/push_compressor.h"
 
 namespace ps {
 namespace {

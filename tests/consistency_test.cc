@@ -19,10 +19,10 @@
 #include "kernels/backend.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/run_dir.h"
-#include "worker/idx_dataset.h"
-#include "worker/network.h"
-#include "worker/overlapped_step.h"
-#include "worker/sharded_client.h"
+#include "trainer/idx_dataset.h"
+#include "trainer/network.h"
+#include "trainer/overlapped_step.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {
@@ -37,7 +37,7 @@ std::vector<v1::StatsResponse> AllStats(LocalCluster& cluster, int shards) {
 
 // Trains `steps` synchronous steps with one client thread per batch slice and returns the
 // final weights. Thread w at step s uses examples [(s*W + w)*B, (s*W + w + 1)*B). With `overlap`,
-// each step's pull and push overlap its compute layer by layer (worker/overlapped_step.h).
+// each step's pull and push overlap its compute layer by layer (trainer/overlapped_step.h).
 std::vector<float> TrainSync(int workers, int batch, int steps, const Examples& data,
                              bool overlap = false) {
   LocalCluster cluster(ExecutableDir(), NewRunDir());

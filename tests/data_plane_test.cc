@@ -1,8 +1,8 @@
-// The bulk data plane (server/rpc/data_plane.h, common/data_connection.h): on its own in this
+// The bulk data plane (transport/data_plane.h, transport/data_connection.h): on its own in this
 // process, then real `ps` processes on 127.0.0.1 whose remote-style clients (no shared memory)
 // move tensors over it. Who may connect, what a cut or a stalled peer does (the call fails,
 // nothing is applied, the shard goes on), and that the client falls back to gRPC by itself.
-#include "server/rpc/data_plane.h"
+#include "transport/data_plane.h"
 
 #include <arpa/inet.h>
 #include <grpcpp/create_channel.h>
@@ -24,18 +24,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
-#include "common/chunking.h"
-#include "common/data_connection.h"
-#include "common/data_frames.h"
+#include "transport/chunking.h"
+#include "transport/data_connection.h"
+#include "transport/data_frames.h"
 #include "common/fill_progress.h"
-#include "common/grpc_status.h"
-#include "common/security.h"
+#include "transport/grpc_status.h"
+#include "transport/security.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/replication/replica.h"
 #include "tests/run_dir.h"
 #include "tests/steps_in_turn.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {
@@ -494,7 +494,7 @@ TEST(DataPlaneTest, AClientForgettingATransferThatNeverCameKeepsItsConnection) {
   EXPECT_EQ(plane->connections(), 1);
 }
 
-// TLS (common/tls.h) from a job's PEM files, mutual: every lane's handshake comes before its
+// TLS (transport/tls.h) from a job's PEM files, mutual: every lane's handshake comes before its
 // hello, so a client without TLS, one trusting another CA, one without the client certificate
 // the job asks for, and one that expects another name on the shard's certificate get no
 // connection, and the plane goes on; one with the job's files moves a tensor striped over two

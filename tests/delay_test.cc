@@ -1,4 +1,4 @@
-#include "worker/delay.h"
+#include "trainer/delay.h"
 
 #include <gtest/gtest.h>
 

@@ -16,8 +16,8 @@
 #include "server/checkpoints/checkpoint_store.h"
 #include "tests/run_dir.h"
 #include "tools/model_export.h"
-#include "worker/model_file.h"
-#include "worker/network.h"
+#include "trainer/model_file.h"
+#include "trainer/network.h"
 
 namespace ps {
 namespace {

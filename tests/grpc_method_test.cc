@@ -1,8 +1,8 @@
-// The gRPC methods found by name (common/grpc_method.h) are the ones the generated code serves and
+// The gRPC methods found by name (transport/grpc_method.h) are the ones the generated code serves and
 // calls: a client calling the path it gives reaches the generated service's method, and a handler
 // installed at the index it gives answers the generated stub's call. In-process servers on
 // 127.0.0.1, ports chosen at run time.
-#include "common/grpc_method.h"
+#include "transport/grpc_method.h"
 
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/client_unary_call.h>

@@ -1,4 +1,4 @@
-#include "worker/idx_dataset.h"
+#include "trainer/idx_dataset.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -12,8 +12,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/chunking.h"
-#include "common/security.h"
+#include "transport/chunking.h"
+#include "transport/security.h"
 #include "deploy/local_cluster.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
@@ -21,7 +21,7 @@
 #include "server/rpc/call_limits.h"
 #include "tests/in_process_shard.h"
 #include "tests/run_dir.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {

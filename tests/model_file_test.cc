@@ -1,6 +1,6 @@
 // Model files: the model's own tensor names and shapes over the flat layout, the orientation the
 // forward pass uses, and clear refusals of other models, shapes and files.
-#include "worker/model_file.h"
+#include "trainer/model_file.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include "common/model_spec.h"
 #include "common/safetensors.h"
 #include "tests/run_dir.h"
-#include "worker/network.h"
+#include "trainer/network.h"
 
 namespace ps {
 namespace {

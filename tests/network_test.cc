@@ -1,7 +1,7 @@
 // The network's tests (MLPs and CNNs) run on every backend this machine has: the CPU always, and
 // CUDA (GPU 0) where the build has it and a GPU is there; none of them skips. MlpOnCudaTest
 // compares the two. Also the model spec grammar (common/network_spec.h).
-#include "worker/network.h"
+#include "trainer/network.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-// A training step that overlaps its communication with its compute (worker/overlapped_step.h),
+// A training step that overlaps its communication with its compute (trainer/overlapped_step.h),
 // against three shards served in the test's process over gRPC on 127.0.0.1: each shard's part of
 // the gradient reaches its shard while backward is still computing the earlier layers, and the
 // step's update is exactly the one of a step that did not overlap.
-#include "worker/overlapped_step.h"
+#include "trainer/overlapped_step.h"
 
 #include <gtest/gtest.h>
 
@@ -17,8 +17,8 @@
 #include "kernels/backend.h"
 #include "tests/in_process_shard.h"
 #include "tests/run_dir.h"
-#include "worker/network.h"
-#include "worker/sharded_client.h"
+#include "trainer/network.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {

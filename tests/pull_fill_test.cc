@@ -1,5 +1,5 @@
-// How far a pull's values are in place as its parts' runs arrive (worker/pull_fill.h).
-#include "worker/pull_fill.h"
+// How far a pull's values are in place as its parts' runs arrive (client/pull_fill.h).
+#include "client/pull_fill.h"
 
 #include <gtest/gtest.h>
 

@@ -13,7 +13,7 @@
 #include "common/partition.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/in_process_shard.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {

@@ -164,7 +164,7 @@ TEST(RecoveryTest, ARollingRestartOfEveryShardIsInvisibleToTheWorkers) {
 
 // A shard that was down for a while (3 s: long enough for gRPC's default reconnect backoff to
 // have grown past 2 s) is used again within about a second of its return: clients' channels and
-// retries try at most 0.5 s apart (common/channel_options.h). Measured from the moment the
+// retries try at most 0.5 s apart (transport/channel_options.h). Measured from the moment the
 // restarted shard serves to the worker's next finished step.
 TEST(RecoveryTest, AShardBackFromAnOutageIsUsedAgainWithinASecond) {
   const std::string run_dir = NewRunDir("recovery");

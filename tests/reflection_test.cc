@@ -1,4 +1,4 @@
-// Server reflection on the daemons (common/reflection.h): a real ps and an evaluator's health
+// Server reflection on the daemons (transport/reflection.h): a real ps and an evaluator's health
 // server list their services, and the ps hands out the descriptor of ps.v1.ParameterServer, so
 // grpcurl-like tools can call a daemon without the .proto files.
 #include <grpcpp/create_channel.h>

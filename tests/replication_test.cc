@@ -15,7 +15,7 @@
 #include "server/replication/replication_log.h"
 #include "server/state/parameter_shard.h"
 #include "tests/run_dir.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {
@@ -372,7 +372,7 @@ TEST(ReplicationTest, AStoppedPrimaryIsReplacedAndAcknowledgesNothingAfterwards)
   std::cout << "took over at version " << taken_over_at << "; longest stall of a step: " << stall
             << " s" << std::endl;
   // The backup takes over after --failover_seconds (1) of silence; the worker's calls to the
-  // stopped primary fail within 3 s (keepalive, common/channel_options.h), not at their 10 s
+  // stopped primary fail within 3 s (keepalive, transport/channel_options.h), not at their 10 s
   // deadline. Generous for a loaded machine.
   EXPECT_LT(stall, 1 + 3 + 3);
   cluster.Stop();

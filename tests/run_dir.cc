@@ -17,7 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
-#include "common/security.h"
+#include "transport/security.h"
 #include "deploy/local_cluster.h"
 #include "deploy/subprocess.h"
 #include "proto/ps.grpc.pb.h"

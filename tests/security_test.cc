@@ -1,7 +1,7 @@
 // Who gets in: real ps processes on 127.0.0.1 (ports chosen at run time) guarded by tokens and TLS,
 // with certificates made at run time by deploy/make_test_certs.sh in a temporary directory. Every
 // refused call must leave the weights bit-identical.
-#include "common/security.h"
+#include "transport/security.h"
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/generic/generic_stub.h>
@@ -18,14 +18,14 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "common/shared_memory.h"
+#include "transport/shared_memory.h"
 #include "deploy/local_cluster.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
 #include "proto/ps.grpc.pb.h"
 #include "tests/run_dir.h"
 #include "tests/scoped_env.h"
 #include "proto/ps.pb.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {

@@ -13,7 +13,7 @@
 #include "absl/synchronization/notification.h"
 #include "tests/in_process_shard.h"
 #include "tests/run_dir.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {

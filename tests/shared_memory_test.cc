@@ -1,7 +1,7 @@
-// The shared-memory data plane (common/shared_memory.h): segments and their regions' turns on
+// The shared-memory data plane (transport/shared_memory.h): segments and their regions' turns on
 // their own, then a real `ps` on 127.0.0.1 whose co-located clients move tensors through
 // shared memory, and raw requests that misuse a segment, which change nothing.
-#include "common/shared_memory.h"
+#include "transport/shared_memory.h"
 
 #include <fcntl.h>
 #include <grpcpp/create_channel.h>
@@ -13,16 +13,16 @@
 #include <limits>
 #include <thread>
 
-#include "common/chunking.h"
+#include "transport/chunking.h"
 #include "common/compression.h"
-#include "common/grpc_status.h"
+#include "transport/grpc_status.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.grpc.pb.h"
 #include "proto/ps.pb.h"
-#include "server/rpc/shared_segments.h"
+#include "transport/shared_segments.h"
 #include "tests/run_dir.h"
 #include "tests/steps_in_turn.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {
@@ -431,7 +431,7 @@ TEST_F(SharedMemoryShardTest, AClientScribblingOnItsSegmentGetsNothingPastTheChe
   absl::StatusOr<SharedSegment> segment = Open(a);
   ASSERT_TRUE(segment.ok()) << segment.status();
   SharedRegion push = segment->push();
-  // Its state word, where common/shared_memory.cc puts it (byte 64 of the header page).
+  // Its state word, where transport/shared_memory.cc puts it (byte 64 of the header page).
   auto* state = reinterpret_cast<std::atomic<uint64_t>*>(push.data() - 4096 + 64);
   const std::vector<float> ones(kParams, 1.0f);
   const std::vector<float> nans(kParams, std::numeric_limits<float>::quiet_NaN());

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-FOLDERS = ("common", "kernels", "server", "worker", "deploy", "tools", "tests", "bench")
+FOLDERS = ("common", "transport", "kernels", "server", "client", "trainer", "deploy", "tools", "tests", "bench")
 # GCC options clang rejects (unknown -W options are only warned about, and silenced below).
 GCC_ONLY = ("-fconcepts", "-fext-numeric-literals", "-fmax-errors=", "-fipa-", "-fno-ipa-",
             "-ftree-", "-fno-tree-", "-fvar-tracking", "-fno-var-tracking",

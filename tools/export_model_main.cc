@@ -1,5 +1,5 @@
 // export_model: writes a job's model as one safetensors file under the model's own tensor names
-// (worker/model_file.h), from the shards' checkpoints or from the live shards.
+// (trainer/model_file.h), from the shards' checkpoints or from the live shards.
 #include <cstdio>
 
 #include "absl/flags/flag.h"
@@ -11,7 +11,7 @@
 #include "common/log.h"
 #include "common/model_spec.h"
 #include "tools/model_export.h"
-#include "worker/client_flags.h"
+#include "client/client_flags.h"
 
 ABSL_FLAG(std::string, checkpoint_dir, "",
           "Export the newest readable checkpoint of every shard in this directory (ps "

@@ -1,5 +1,5 @@
 // A job's whole model gathered for export (export_model): from the shards' checkpoint files or
-// from the live shards, as a ModelFile (worker/model_file.h) ready to be written. Free functions
+// from the live shards, as a ModelFile (trainer/model_file.h) ready to be written. Free functions
 // without shared state: safe to call from several threads.
 #pragma once
 
@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/model_file.h"
-#include "worker/sharded_client.h"
+#include "trainer/model_file.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 

@@ -24,13 +24,13 @@
 #include "common/cluster_spec.h"
 #include "common/log.h"
 #include "common/model_spec.h"
-#include "common/security.h"
+#include "transport/security.h"
 #include "common/shutdown.h"
 #include "deploy/subprocess.h"
 #include "proto/ps.pb.h"
 #include "tools/job_status.h"
 #include "tools/model_export.h"
-#include "worker/client_flags.h"
+#include "client/client_flags.h"
 #include "proto/ps.pb.h"
 
 ABSL_DECLARE_FLAG(std::string, cluster);  // common/cluster_spec.cc

@@ -46,7 +46,7 @@ def load(split, data_dir):
 
 
 class CppMlp(torch.nn.Module):
-    """The C++ workers' MLP (worker/network.h): x W + b per layer, W stored [in, out], ReLU
+    """The C++ workers' MLP (trainer/network.h): x W + b per layer, W stored [in, out], ReLU
     between layers; the parameters in the flat layout of mlp:784-H-...-10."""
 
     def __init__(self, sizes, seed):

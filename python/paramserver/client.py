@@ -1,6 +1,6 @@
 """The client of the parameter servers: one flat float32 vector of total_params values, split over
 the shards, pulled into and pushed from the caller's own NumPy arrays or PyTorch CPU tensors
-without a copy. It wraps the C++ client (worker/sharded_client.h) through capi/paramserver_c.h:
+without a copy. It wraps the C++ client (client/sharded_client.h) through capi/paramserver_c.h:
 the same retries, deadlines, replicas, TLS, tokens, shared memory and wire types as the daemons.
 """
 import ctypes

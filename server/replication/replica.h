@@ -54,13 +54,13 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/buffer_pool.h"
-#include "common/data_connection.h"
+#include "server/state/buffer_pool.h"
+#include "transport/data_connection.h"
 #include "common/fill_progress.h"
-#include "common/security.h"
+#include "transport/security.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/replication/replication_log.h"
-#include "server/rpc/data_plane.h"
+#include "transport/data_plane.h"
 #include "server/state/parameter_shard.h"
 
 namespace ps {
@@ -169,7 +169,7 @@ class Replica {
   absl::Status WaitReplicated(absl::Time deadline);
 
   // The Replication service's calls (see ps.proto). The primary writes ReplicationMessages as raw
-  // bytes, so that values go out without a copy (common/tensor_codec.h).
+  // bytes, so that values go out without a copy (transport/tensor_codec.h).
   using BackupStream = grpc::ServerReaderWriter<grpc::ByteBuffer, v1::BackupMessage>;
   grpc::Status ServeBackup(grpc::ServerContext* context, BackupStream* stream);
   v1::ReplicaStatusResponse Status(bool take_over);

@@ -18,7 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/buffer_pool.h"
+#include "server/state/buffer_pool.h"
 #include "server/state/parameter_shard.h"
 
 namespace ps {

@@ -1,7 +1,7 @@
 #include "server/replication/state_transfer.h"
 
-#include "common/chunking.h"
-#include "common/tensor_codec.h"
+#include "transport/chunking.h"
+#include "transport/tensor_codec.h"
 
 namespace ps {
 

@@ -1,7 +1,7 @@
 // How a shard's state and its changes travel on the replication stream (ps.v1.Replication in
 // proto/ps.proto): a ReplicationMessage carrying a header (the ShardState's, or a change's), then
 // the tensors' values as data messages of at most kChunkBytes each. The primary writes raw bytes
-// that reference its own memory (common/tensor_codec.h); the backup reads parsed messages.
+// that reference its own memory (transport/tensor_codec.h); the backup reads parsed messages.
 // Functions only: thread-safe as far as their callbacks are.
 #pragma once
 

@@ -17,7 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "common/security.h"
+#include "transport/security.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 

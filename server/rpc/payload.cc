@@ -2,7 +2,7 @@
 
 #include <string_view>
 
-#include "common/data_frames.h"
+#include "transport/data_frames.h"
 #include "server/state/optimizer.h"
 
 namespace ps {

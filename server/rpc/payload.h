@@ -1,8 +1,8 @@
 // Where a call's tensor travels, chosen once per call. A Push or Initialize reads its payload from
 // a PayloadSource: the rest of its gRPC client stream (StreamPayload: chunks of raw bytes, decoded
 // straight from gRPC's slices), the push region of the client's shared-memory segment
-// (SharedPayload, common/shared_memory.h) or the client's data-plane connection
-// (DataPlanePayload, server/rpc/data_plane.h), or the data-plane call the push itself is
+// (SharedPayload, transport/shared_memory.h) or the client's data-plane connection
+// (DataPlanePayload, transport/data_plane.h), or the data-plane call the push itself is
 // (PlaneCallPayload). A Pull's values go out as gRPC chunks (the
 // service's PullWriter), into the segment's pull region (WriteSharedPull) or on the data plane
 // (DataPlane::Send).
@@ -22,13 +22,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "common/chunking.h"
-#include "common/shared_memory.h"
-#include "common/tensor_codec.h"
+#include "transport/chunking.h"
+#include "transport/shared_memory.h"
+#include "transport/tensor_codec.h"
 #include "common/wire_type.h"
 #include "server/rpc/call_limits.h"
-#include "server/rpc/data_plane.h"
-#include "server/rpc/shared_segments.h"
+#include "transport/data_plane.h"
+#include "transport/shared_segments.h"
 
 namespace ps {
 
@@ -143,7 +143,7 @@ class SharedPayload final : public PayloadSource {
 
 // The payload of a push on the client's data-plane connection: the stream carries only the header;
 // once the call waits for the payload it says so in its initial metadata (kDataPlaneReady,
-// common/data_frames.h), the client sends the frame, and it is read straight into the call's
+// transport/data_frames.h), the client sends the frame, and it is read straight into the call's
 // buffer, in runs that are told of as each comes in.
 class DataPlanePayload final : public PayloadSource {
  public:

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string>
 
-#include "common/data_frames.h"
+#include "transport/data_frames.h"
 
 namespace ps {
 

@@ -23,7 +23,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "common/buffer_pool.h"
+#include "server/state/buffer_pool.h"
 #include "common/compression.h"
 #include "common/wire_type.h"
 

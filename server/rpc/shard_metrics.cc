@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/staleness_histogram.h"
+#include "server/state/staleness_histogram.h"
 #include "server/checkpoints/checkpointer.h"
 
 namespace ps {

@@ -11,7 +11,7 @@
 #include <prometheus/family.h>
 #include <prometheus/histogram.h>
 
-#include "common/metrics.h"
+#include "transport/metrics.h"
 #include "server/state/parameter_shard.h"
 
 namespace ps {

@@ -8,11 +8,11 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
-#include "common/chunking.h"
-#include "common/grpc_method.h"
-#include "common/grpc_status.h"
+#include "transport/chunking.h"
+#include "transport/grpc_method.h"
+#include "transport/grpc_status.h"
 #include "common/log.h"
-#include "common/shared_memory.h"
+#include "transport/shared_memory.h"
 #include "server/rpc/payload.h"
 
 namespace ps {
@@ -387,7 +387,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
   const absl::Time start_ = absl::Now();
   Admission admission_;
   int64_t ticket_ = 0;
-  // Shared with the slices that reference it on the wire (common/tensor_codec.h).
+  // Shared with the slices that reference it on the wire (transport/tensor_codec.h).
   std::shared_ptr<ParameterShard::Snapshot> snapshot_;
   std::optional<StreamWatchdog::Guard> guard_;
   int64_t next_ = 0;                    // index of the next value to write; -1: all written

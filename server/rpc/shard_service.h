@@ -11,8 +11,8 @@
 #include <atomic>
 #include <optional>
 
-#include "common/security.h"
-#include "common/tensor_codec.h"
+#include "transport/security.h"
+#include "transport/tensor_codec.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/checkpoints/checkpointer.h"
 #include "server/replication/replica.h"
@@ -20,7 +20,7 @@
 #include "server/rpc/payload.h"
 #include "server/rpc/pull_views.h"
 #include "server/rpc/shard_metrics.h"
-#include "server/rpc/shared_segments.h"
+#include "transport/shared_segments.h"
 #include "server/state/parameter_shard.h"
 
 namespace ps {
@@ -52,9 +52,9 @@ struct ServiceLimits {
   absl::Duration stream_idle = absl::Seconds(30);   // a stream moving no message this long ends
   absl::Duration stream_total = absl::Minutes(10);  // and none lasts longer than this
   // Clients on this host that may move tensors through shared memory at once (0: none); each
-  // costs up to 2 x S of shared memory once used (server/rpc/shared_segments.h).
+  // costs up to 2 x S of shared memory once used (transport/shared_segments.h).
   int shm_clients = 16;
-  // Clients that may hold a data-plane connection at once (server/rpc/data_plane.h); each costs
+  // Clients that may hold a data-plane connection at once (transport/data_plane.h); each costs
   // two threads, no buffer.
   int data_plane_clients = 64;
   // Workers whose compressed pulls the shard follows at once (server/rpc/pull_views.h); each

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "common/cpus.h"
-#include "common/denormals.h"
+#include "server/state/cpus.h"
+#include "server/state/denormals.h"
 
 namespace ps {
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "common/staleness_histogram.h"
+#include "server/state/staleness_histogram.h"
 
 namespace ps {
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/denormals.h"
+#include "server/state/denormals.h"
 
 namespace ps {
 namespace {
@@ -306,7 +306,7 @@ GradientSummary GradientScan::Finish() const {
 }
 
 GradientSummary ScanGradient(absl::Span<const float> g, ApplyThreads* threads, bool squares) {
-  ScopedFlushDenormals flush;  // here and in Apply (see common/denormals.h)
+  ScopedFlushDenormals flush;  // here and in Apply (see server/state/denormals.h)
   const int parts = threads != nullptr ? threads->Parts(g.size()) : 1;
   std::vector<GradientSummary> found(parts);
   auto scan = [&](int part, int64_t begin, int64_t end) {

@@ -15,7 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "common/buffer_pool.h"
+#include "server/state/buffer_pool.h"
 #include "common/fill_progress.h"
 #include "common/partition.h"
 #include "server/state/apply_threads.h"

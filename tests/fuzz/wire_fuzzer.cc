@@ -16,13 +16,13 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
-#include "common/chunking.h"
+#include "transport/chunking.h"
 #include "common/partition.h"
-#include "common/shared_memory.h"
+#include "transport/shared_memory.h"
 #include "common/wire_type.h"
 #include "proto/ps.grpc.pb.h"
 #include "proto/ps.pb.h"
-#include "worker/sharded_client.h"
+#include "client/sharded_client.h"
 
 namespace ps {
 namespace {

@@ -1,9 +1,0 @@
-#include "common/reflection.h"
-
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-
-namespace ps {
-
-void EnableServerReflection() { grpc::reflection::InitProtoReflectionServerBuilderPlugin(); }
-
-}  // namespace ps

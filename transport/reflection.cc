@@ -1,0 +1,9 @@
+#include "transport/reflection.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+
+namespace ps {
+
+void EnableServerReflection() { grpc::reflection::InitProtoReflectionServerBuilderPlugin(); }
+
+}  // namespace ps
