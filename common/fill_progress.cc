@@ -23,4 +23,9 @@ void FillProgress::Stop() {
   stopped_ = true;
 }
 
+bool FillProgress::stopped() const {
+  absl::MutexLock lock(&mu_);
+  return stopped_;
+}
+
 }  // namespace ps

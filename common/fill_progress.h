@@ -28,6 +28,7 @@ class FillProgress {
   int64_t WaitFor(int64_t n, absl::Time deadline) const;
   // No more values will come (the filler gave up): waits end at once.
   void Stop();
+  bool stopped() const;
 
  private:
   const int64_t total_;

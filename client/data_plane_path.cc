@@ -1,0 +1,105 @@
+#include "client/data_plane_path.h"
+
+#include "client/grpc_path.h"
+#include "transport/data_frames.h"
+#include "transport/grpc_status.h"
+
+namespace ps {
+
+bool DataPlanePath::CallTakes(int64_t values, WireType type) const {
+  return connection_->calls() && StripeCount(values, type, connection_->lanes()) == 1;
+}
+
+bool DataPlanePath::SendsAsFilled(int64_t values) const {
+  return !connection_->ended() && connection_->last_piece_first() &&
+         CallTakes(values, WireType::kFloat32);
+}
+
+AttemptEnd DataPlanePath::CallFailed(const absl::Status& why) const {
+  if (why.code() == absl::StatusCode::kDeadlineExceeded && !connection_->ended()) {
+    return AttemptEnd::Answered(why);
+  }
+  return AttemptEnd::PathLost(why);
+}
+
+AttemptEnd DataPlanePath::Push(const PushPart& part, const PathCall& call, PushDone* done) {
+  if (part.compressed != nullptr) return AttemptEnd::NotTaken();
+  const int64_t n = static_cast<int64_t>(part.values.size());
+  const bool as_call = CallTakes(n, part.type);
+  // A held push's part whose values are still coming goes as they come, the last piece first,
+  // where the shard takes that; every other way waits for them first.
+  const bool last_piece_first = part.filling != nullptr && as_call &&
+                                connection_->last_piece_first() &&
+                                part.type == WireType::kFloat32;
+  if (part.filling != nullptr && !last_piece_first) {
+    if (std::optional<AttemptEnd> end = AwaitFinal(part, *call.context)) return *end;
+  }
+  v1::PushHeader header = part.header;
+  header.set_data_connection(connection_->id());
+  header.set_data_transfer(connection_->NextTransfer());
+  if (!as_call) return PushNamed(part, header, call, done);
+  header.set_last_piece_first(last_piece_first);
+  // A part sent as backward makes it takes what backward takes (up to kMaxStreamedValues, each
+  // piece within the connection's stall of the last); its answer, an attempt's time after its
+  // last piece went.
+  const absl::Time attempt_end = absl::FromChrono(call.context->deadline());
+  absl::StatusOr<DataConnection::Answered> made =
+      last_piece_first
+          ? connection_->PushCall(header.data_transfer(), header.SerializeAsString(),
+                                  part.values, part.type, absl::Now() + kMaxStreamedValues,
+                                  FrameKind::kPushCall, part.filling, ValuesOrder::kLastPieceFirst,
+                                  attempt_end - absl::Now())
+          : connection_->PushCall(header.data_transfer(), header.SerializeAsString(),
+                                  part.values, part.type, attempt_end);
+  // This client cut its own frame (the push was dropped midway): the connection is gone, but
+  // nothing is wrong with the plane (the session replaces the connection).
+  if (!made.ok() && last_piece_first && part.filling->stopped() &&
+      part.filling->WaitFor(n, absl::InfinitePast()) < n) {
+    return AttemptEnd::DroppedHere();
+  }
+  if (!made.ok()) return CallFailed(made.status());
+  if (made->status.ok() && !done->response.ParseFromString(made->response)) {
+    return AttemptEnd::Answered(
+        absl::InternalError("the shard's answer to a push on the data plane does not parse"));
+  }
+  if (made->status.ok()) done->saturated = made->saturated;
+  return AttemptEnd::FromShard(made->status);
+}
+
+AttemptEnd DataPlanePath::PushNamed(const PushPart& part, v1::PushHeader& header,
+                                    const PathCall& call, PushDone* done) {
+  absl::Status sent;
+  grpc::Status status = call.rpc->PushHeader(header, call.context, &done->response, [&] {
+    if (call.context->GetServerInitialMetadata().count(kDataPlaneReady) == 0) return;
+    absl::StatusOr<int64_t> pushed =
+        connection_->Push(header.data_transfer(), part.values, part.type,
+                          absl::FromChrono(call.context->deadline()));
+    if (pushed.ok()) done->saturated = *pushed;
+    sent = pushed.status();
+    if (!sent.ok()) call.context->TryCancel();
+  });
+  if (!sent.ok()) return AttemptEnd::PathLost(sent);
+  return AttemptEnd::FromShard(status);
+}
+
+AttemptEnd DataPlanePath::Pull(PullPart& part, const PathCall& call, v1::PullChunk* answer) {
+  if (!connection_->calls()) return AttemptEnd::NotTaken();
+  v1::PullRequest request = part.request;
+  request.set_data_connection(connection_->id());
+  request.set_data_transfer(connection_->NextTransfer());
+  absl::StatusOr<DataConnection::Answered> made = connection_->PullCall(
+      request.data_transfer(), request.SerializeAsString(), part.values, part.type,
+      absl::FromChrono(call.context->deadline()), part.seen);
+  if (!made.ok()) return CallFailed(made.status());
+  AttemptEnd end = AttemptEnd::FromShard(made->status);
+  if (!end.ok()) return end;
+  if (!answer->ParseFromString(made->response) || answer->dtype() != request.dtype() ||
+      answer->offset() != request.offset() ||
+      answer->data_values() != static_cast<int64_t>(part.values.size())) {
+    return AttemptEnd::Answered(absl::DataLossError(
+        "the shard's answer to a pull on the data plane is not the values asked for"));
+  }
+  return end;
+}
+
+}  // namespace ps
