@@ -22,6 +22,7 @@
 #include "client/push_compressor.h"
 #include "client/retry_policy.h"
 #include "client/shard_call.h"
+#include "client/shard_session.h"
 #include "client/shared_memory_path.h"
 #include "client/tensor_path.h"
 #include "common/cluster.h"
@@ -91,12 +92,11 @@ void ShardedClient::Abandon(Call& call) {
 // Everything the client knows and holds: channels, sessions, the retry loop, the threads.
 class ShardedClient::Impl {
  public:
-  struct Replica;  // one process serving a shard (below)
   using ShardFn = std::function<AttemptEnd(int shard, grpc::ClientContext*)>;
   Impl(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
        ClientOptions options);
 
-  int num_shards() const { return static_cast<int>(replicas_.size()); }
+  int num_shards() const { return static_cast<int>(sessions_.size()); }
 
   // Starts fn(shard) for every shard, each on a CallThreads thread, retrying transient failures
   // (the one retry loop); the call reports the first error, prefixed with the shard's address.
@@ -126,7 +126,7 @@ class ShardedClient::Impl {
   bool BackOff(int shard, absl::Duration backoff, int64_t generation);
   // What a failed attempt at `called` says, for the call's error: the probe's finding where it
   // explains a failure to connect, how long retries went on.
-  std::string Failure(int shard, const Replica& called, const AttemptEnd& end,
+  std::string Failure(int shard, const ShardSession::Replica& called, const AttemptEnd& end,
                       const std::optional<ProbeFinding>& probed, bool not_connected,
                       absl::Duration retried);
   // Runs one attempt of fn with a fresh context (deadline `timeout`, token), tracked for
@@ -143,71 +143,15 @@ class ShardedClient::Impl {
   int64_t Generation();
   v1::ModelIdentity ModelProto() const;
 
-  // The replica of `shard` calls go to now, its stub and its address.
-  int CurrentReplica(int shard) const;
+  // The shard's replica calls go to now: its stub and its address.
   v1::ParameterServer::Stub* Stub(int shard) const;
   std::string Address(int shard) const;
-  // After a transient failure at `replica` of `shard`: calls go to the other replica, if the
-  // shard has one and no other thread switched already. Returns whether it switched.
-  bool SwitchReplica(int shard, int replica, const absl::Status& failure);
-
-  // What this client knows of one shard since it last registered there.
-  struct Session {
-    int64_t incarnation = 0;         // this process's, at the shard
-    int64_t shard_incarnation = 0;   // the shard process's
-    int64_t registered_version = 0;  // the shard's, at registration
-    int64_t version = 0;             // the shard's, at registration or the last pull since
-    int64_t last_sequence = -1;      // this worker's last push the shard applied
-    bool initialized = false;        // the shard held the model (at a registration or pull)
-    std::string consistency;
-    // How tensors travel: through shared memory, else over the data plane, else over gRPC (the
-    // replica's GrpcPath, always there).
-    std::shared_ptr<SharedMemoryPath> shared;
-    std::shared_ptr<DataPlanePath> data;
-    // Without `data` where the shard may give one (it was refused a place, or the connection
-    // failed): when to ask again (InfiniteFuture: not to, or an attempt is under way), and the
-    // wait after a further failure.
-    absl::Time data_retry_at = absl::InfiniteFuture();
-    absl::Duration data_backoff = kDataRetryFirst;
-  };
-  // The first wait before a data-plane connection is asked for again; it doubles up to the last.
-  static constexpr absl::Duration kDataRetryFirst = absl::Milliseconds(100);
-  static constexpr absl::Duration kDataRetryLast = absl::Seconds(10);
-  Session SessionOf(int shard) const;
-  // The session's data-plane path if it is with the replica calls go to now, else null.
-  std::shared_ptr<DataPlanePath> DataOf(const Session& session, int shard) const {
-    return session.data != nullptr && session.data->replica() == CurrentReplica(shard)
-               ? session.data
-               : nullptr;
-  }
-  // One attempt of `fn` on the first of `shard`'s paths that takes it (shared memory, the data
-  // plane, gRPC); a path lost is dropped (later attempts take the next), a data-plane connection
-  // this client cut (a push dropped midway) replaced.
-  AttemptEnd OnPaths(int shard, grpc::ClientContext* context,
-                     const std::function<AttemptEnd(TensorPath&, const PathCall&)>& fn);
-  // One Register call to `shard`; records the session. `resume_sequence` >= 0 when registering
-  // again with a restarted shard. Fails if the shard lost the model it held before.
-  grpc::Status RegisterWith(int shard, grpc::ClientContext* context, int64_t resume_sequence);
-  // Registers again with `shard`, which said it restarted, unless another thread already did since
-  // the session whose shard_incarnation was `stale`.
+  // The session's own calls' attempts (registering, attaching paths), as the calls of
+  // `generation`.
+  ShardSession::Attempter AttempterFor(int shard, int64_t generation);
+  // Registers again with `shard`, which said it restarted (the session whose shard incarnation
+  // was `stale`), resuming at the push in progress.
   AttemptEnd Reregister(int shard, int64_t stale, int64_t generation);
-  // A segment of shared memory with the process of `shard` registered as `shard_incarnation`,
-  // if ClientOptions::shared_memory and it is on this host; else why not.
-  absl::StatusOr<std::shared_ptr<SharedMemoryPath>> AttachTo(int shard, int64_t shard_incarnation);
-  // A data-plane connection with that process, if ClientOptions::data_plane and it has one; else
-  // why not.
-  absl::StatusOr<std::shared_ptr<DataPlanePath>> ConnectTo(int shard, int64_t shard_incarnation);
-  // Puts a new data-plane connection in the place of `data`, whose connection this client ended
-  // itself (a push it dropped midway); drops it (Drop) if none can be made.
-  void RenewData(int shard, const std::shared_ptr<DataPlanePath>& data);
-  // Asks `shard` for a data-plane connection again, on a thread of its own, if the session has
-  // none and its retry is due (Session::data_retry_at); calls meanwhile go over gRPC.
-  void RetryData(int shard);
-  // After a failed attempt (`why`) to connect the data plane: whether to try again and when.
-  static void ScheduleDataRetry(Session& session, const absl::Status& why);
-  // Stops using `path` (shared memory or the data plane) with `shard`: it failed (`why`); later
-  // calls take the next path (the data plane is asked for again).
-  void Drop(int shard, const TensorPath* path, absl::string_view why);
   // Register, Initialize and Stats of the class.
   absl::StatusOr<int64_t> Register();
   absl::StatusOr<int> Initialize(absl::Span<const float> params);
@@ -234,7 +178,7 @@ class ShardedClient::Impl {
     return ForEachShard(
         [&](int shard, grpc::ClientContext* context) {
           Request request;
-          const Session session = SessionOf(shard);
+          const ShardSession::State session = sessions_[shard]->state();
           request.set_worker_id(worker_id_);
           request.set_incarnation(session.incarnation);
           request.set_shard_incarnation(session.shard_incarnation);
@@ -248,10 +192,6 @@ class ShardedClient::Impl {
   // data plane or gRPC's; a run is a part of `params`).
   AttemptEnd PullFrom(int shard, grpc::ClientContext* context, absl::Span<float> params,
                       int64_t after_sequence, Versions* versions, ValuesSeen seen);
-  // Records what a pull of shard `shard` made as `request` served (`answer`), once its values
-  // are in.
-  void Pulled(int shard, const v1::PullRequest& request, const v1::PullChunk& answer,
-              Versions* versions);
   // One attempt at pushing shard `shard`'s part of `gradient`, or `compressed` (that part
   // compressed) when not null. With `fill` (a held push's), the part's values may still be
   // coming: sent as they come where a path takes that, else once all of them are in.
@@ -262,23 +202,6 @@ class ShardedClient::Impl {
   // path that sends them so, as float32, uncompressed.
   bool StreamsPush(int shard) const;
 
-  struct Replica {
-    std::string address;
-    std::unique_ptr<GrpcPath> rpc;  // its channel and stub, which every call to it uses
-    // Whether a call reached it once (failures since are outages, not settings that do not
-    // fit), and what the last probe found (connection_probe.h), used for 5 s.
-    struct Contact {
-      std::atomic<bool> reached{false};
-      absl::Mutex mu;
-      absl::Time probed_at ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-      ProbeFinding finding ABSL_GUARDED_BY(mu);
-    };
-    std::unique_ptr<Contact> contact = std::make_unique<Contact>();
-  };
-  // What probing `replica` finds, probed again only 5 s after the last probe.
-  static ProbeFinding ProbeOf(const Replica& replica, const ClientSecurity& security);
-  const Replica& CurrentReplicaOf(int shard) const;
-  std::vector<std::vector<Replica>> replicas_;  // by shard: one, or two with replication
   std::string authorization_;                   // the metadata value every call carries; "" : none
   ModelIdentity model_;
   int worker_id_;
@@ -292,13 +215,7 @@ class ShardedClient::Impl {
   std::unique_ptr<CompressedPulls> compressed_pulls_;  // null: pulls are whole
   std::string consistency_;
 
-  // One per shard: held while registering again, so that two threads noticing one restart do
-  // not register twice (the second registration would supersede the first).
-  std::vector<std::unique_ptr<absl::Mutex>> register_mu_;
-  mutable absl::Mutex sessions_mu_;
-  std::vector<Session> sessions_ ABSL_GUARDED_BY(sessions_mu_);
-  std::vector<int> current_ ABSL_GUARDED_BY(sessions_mu_);  // by shard: the replica called
-  int reregistrations_ ABSL_GUARDED_BY(sessions_mu_) = 0;
+  std::vector<std::unique_ptr<ShardSession>> sessions_;  // by shard
   // The worker's pushes and pulls as the client numbers them. Shared with the calls' results,
   // which may outlive the client.
   struct Steps {
@@ -343,25 +260,14 @@ const std::string& ShardedClient::consistency() const { return impl_->consistenc
 
 ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
                           ClientOptions options)
-    : model_(std::move(model)),
-      worker_id_(worker_id),
-      options_(std::move(options)),
-      sessions_(addresses.size()),
-      current_(addresses.size(), 0) {
-  std::shared_ptr<grpc::ChannelCredentials> credentials = options_.security.credentials;
-  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+    : model_(std::move(model)), worker_id_(worker_id), options_(std::move(options)) {
   if (!options_.security.token.empty()) authorization_ = BearerValue(options_.security.token);
-  for (size_t i = 0; i < addresses.size(); ++i) {
-    std::vector<Replica>& replicas = replicas_.emplace_back();
-    for (const std::string& address : ShardReplicas(addresses[i])) {
-      std::shared_ptr<grpc::Channel> channel =
-          grpc::CreateCustomChannel(address, credentials, ShardChannelArguments());
-      replicas.push_back({address, std::make_unique<GrpcPath>(channel),
-                          std::make_unique<Replica::Contact>()});
-    }
-    ranges_.push_back(
-        PartRange(model_.total_params, static_cast<int>(i), static_cast<int>(addresses.size())));
-    register_mu_.push_back(std::make_unique<absl::Mutex>());
+  const int shards = static_cast<int>(addresses.size());
+  for (int i = 0; i < shards; ++i) {
+    ranges_.push_back(PartRange(model_.total_params, i, shards));
+    sessions_.push_back(std::make_unique<ShardSession>(
+        i, addresses[i], ranges_[i].size(),
+        ShardSession::Client{worker_id_, ModelProto(), &options_, &threads_}));
   }
   // Shards on this machine's own loopback address (a local cluster) share no link, nor do any
   // this client reaches through shared memory (BeginPull).
@@ -369,7 +275,8 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
   std::map<std::string, int> last_on_host;
   for (size_t i = 0; i < addresses.size(); ++i) {
     std::string host, port;
-    if (!SplitHostPort(replicas_[i][0].address, &host, &port)) host = replicas_[i][0].address;
+    const std::string& address = sessions_[i]->replica(0).address;
+    if (!SplitHostPort(address, &host, &port)) host = address;
     if (host == "127.0.0.1" || host == "localhost" || host == "::1") continue;
     auto [it, first] = last_on_host.try_emplace(host, static_cast<int>(i));
     if (!first) {
@@ -393,44 +300,24 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
   steps_->last_pull.shard_incarnation.assign(addresses.size(), 0);
 }
 
-int ShardedClient::Impl::CurrentReplica(int shard) const {
-  absl::MutexLock lock(&sessions_mu_);
-  return current_[shard];
-}
-
-const ShardedClient::Impl::Replica& ShardedClient::Impl::CurrentReplicaOf(int shard) const {
-  return replicas_[shard][CurrentReplica(shard)];
-}
-
 v1::ParameterServer::Stub* ShardedClient::Impl::Stub(int shard) const {
-  return CurrentReplicaOf(shard).rpc->stub();
+  return sessions_[shard]->current_replica().rpc->stub();
 }
 
 std::string ShardedClient::Impl::Address(int shard) const {
-  return replicas_[shard][CurrentReplica(shard)].address;
+  return sessions_[shard]->current_replica().address;
 }
 
-bool ShardedClient::Impl::SwitchReplica(int shard, int replica, const absl::Status& failure) {
-  const int count = static_cast<int>(replicas_[shard].size());
-  if (count < 2) return false;
-  {
-    absl::MutexLock lock(&sessions_mu_);
-    if (current_[shard] != replica) return false;
-    current_[shard] = (replica + 1) % count;
-  }
-  PS_LOG(WARNING) << "shard " << shard << " (" << replicas_[shard][replica].address
-                  << "): " << failure.message() << "; trying its other replica, "
-                  << replicas_[shard][(replica + 1) % count].address;
-  return true;
+ShardSession::Attempter ShardedClient::Impl::AttempterFor(int shard, int64_t generation) {
+  return [this, shard, generation](const std::function<AttemptEnd(grpc::ClientContext*)>& fn) {
+    return Attempt(
+        shard, [&](int, grpc::ClientContext* context) { return fn(context); }, generation,
+        options_.rpc_timeout);
+  };
 }
 
 int64_t ShardedClient::Versions::Min() const {
   return version.empty() ? 0 : *std::min_element(version.begin(), version.end());
-}
-
-ShardedClient::Impl::Session ShardedClient::Impl::SessionOf(int shard) const {
-  absl::MutexLock lock(&sessions_mu_);
-  return sessions_[shard];
 }
 
 v1::ModelIdentity ShardedClient::Impl::ModelProto() const {
@@ -538,9 +425,10 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
   // With two replicas, a failure is tried at the other at once, then again after the backoff.
   bool switched_at_once = false;
   for (;;) {
-    const int64_t shard_incarnation = SessionOf(shard).shard_incarnation;
-    const int replica = CurrentReplica(shard);
-    const Replica& called = replicas_[shard][replica];
+    ShardSession& session = *sessions_[shard];
+    const int64_t shard_incarnation = session.state().shard_incarnation;
+    const int replica = session.current();
+    ShardSession::Replica& called = session.replica(replica);
     AttemptEnd end = Attempt(shard, fn, generation, timeout);
     facts.cancelled_here = CancelledHere(generation);
     RetryAction action = DecideRetry(end, facts);
@@ -554,7 +442,7 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
       action = DecideRetry(end, facts);
     }
     if (action == RetryAction::kDone) {
-      called.contact->reached.store(true, std::memory_order_relaxed);
+      called.reached.store(true, std::memory_order_relaxed);
       return absl::OkStatus();
     }
     if (action == RetryAction::kAgainNow) {
@@ -575,8 +463,8 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
          code == absl::StatusCode::kDeadlineExceeded) &&
         called.rpc->channel().GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
     // A mismatch ends the call at once, naming it.
-    if (!probed && not_connected && !called.contact->reached.load(std::memory_order_relaxed)) {
-      probed = ProbeOf(called, options_.security);
+    if (!probed && not_connected && !called.reached.load(std::memory_order_relaxed)) {
+      probed = session.Probe(called, options_.security);
       if (probed->misconfigured) {
         return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " (", called.address,
                                                           "): ", probed->cause,
@@ -584,7 +472,7 @@ absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry
       }
     }
     // A call that is not retried (a heartbeat) leaves the choice of replica to those that are.
-    if (action == RetryAction::kFailOver && SwitchReplica(shard, replica, end.status) &&
+    if (action == RetryAction::kFailOver && session.SwitchReplica(replica, end.status) &&
         !switched_at_once && absl::Now() < give_up) {
       switched_at_once = true;
       continue;
@@ -611,7 +499,7 @@ bool ShardedClient::Impl::BackOff(int shard, absl::Duration backoff, int64_t gen
     auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return generation_ != generation; };
     return mu_.AwaitWithTimeout(absl::Condition(&changed), d);
   };
-  grpc::Channel& channel = CurrentReplicaOf(shard).rpc->channel();
+  grpc::Channel& channel = sessions_[shard]->current_replica().rpc->channel();
   if (channel.GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
     return cancelled_within(backoff);
   }
@@ -625,7 +513,8 @@ bool ShardedClient::Impl::BackOff(int shard, absl::Duration backoff, int64_t gen
   return cancelled_within(absl::ZeroDuration());
 }
 
-std::string ShardedClient::Impl::Failure(int shard, const Replica& called, const AttemptEnd& end,
+std::string ShardedClient::Impl::Failure(int shard, const ShardSession::Replica& called,
+                                         const AttemptEnd& end,
                                          const std::optional<ProbeFinding>& probed,
                                          bool not_connected, absl::Duration retried) {
   // A call that kept failing says for how long, and what the probe found.
@@ -642,243 +531,13 @@ std::string ShardedClient::Impl::Failure(int shard, const Replica& called, const
                       found ? absl::StrCat(" [gRPC: ", end.status.message(), "]") : "");
 }
 
-ProbeFinding ShardedClient::Impl::ProbeOf(const Replica& replica, const ClientSecurity& security) {
-  Replica::Contact& c = *replica.contact;
-  {
-    absl::MutexLock lock(&c.mu);
-    if (absl::Now() - c.probed_at < absl::Seconds(5)) return c.finding;
-  }
-  // Calls that meet the same replica meanwhile may probe it too: a few probes, no lock held.
-  ProbeFinding finding = ProbeShard(replica.address, security);
-  absl::MutexLock lock(&c.mu);
-  c.probed_at = absl::Now();
-  c.finding = finding;
-  return finding;
-}
-
-grpc::Status ShardedClient::Impl::RegisterWith(int shard, grpc::ClientContext* context,
-                                               int64_t resume_sequence) {
-  v1::RegisterRequest request;
-  request.set_worker_id(worker_id_);
-  *request.mutable_model() = ModelProto();
-  if (resume_sequence >= 0) request.set_resume_sequence(resume_sequence);
-  request.set_num_workers(options_.num_workers);
-  v1::RegisterResponse response;
-  grpc::Status status = Stub(shard)->Register(context, request, &response);
-  if (!status.ok()) return status;
-  if (response.shard_index() != shard) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("this address serves shard ", response.shard_index(),
-                                     ", listed as shard ", shard, " in --ps"));
-  }
-  // Shared memory with a shard on this host, else the data plane, else gRPC.
-  absl::StatusOr<std::shared_ptr<SharedMemoryPath>> shared =
-      AttachTo(shard, response.shard_incarnation());
-  absl::StatusOr<std::shared_ptr<DataPlanePath>> data =
-      shared.ok() ? nullptr : ConnectTo(shard, response.shard_incarnation());
-  PS_LOG(INFO) << "shard " << shard << " (" << Address(shard) << "): tensors "
-               << (shared.ok() ? "through shared memory"
-                   : data.ok()
-                       ? "over the data plane"
-                       : absl::StrCat("over gRPC (no shared memory: ", shared.status().message(),
-                                      "; no data plane: ", data.status().message(), ")"));
-  absl::MutexLock lock(&sessions_mu_);
-  Session& session = sessions_[shard];
-  if (session.initialized && !response.initialized()) {
-    return grpc::Status(
-        grpc::StatusCode::FAILED_PRECONDITION,
-        absl::StrCat("shard ", shard,
-                     " restarted without the model it held (it had reached "
-                     "version ",
-                     session.version, "); the job cannot go on without it. ", kLostModelFix));
-  }
-  session = Session{response.incarnation(),      response.shard_incarnation(),
-                    response.version(),          response.version(),
-                    response.last_sequence(),    response.initialized() || session.initialized,
-                    response.consistency(),      shared.ok() ? *shared : nullptr,
-                    data.ok() ? *data : nullptr};
-  if (!shared.ok() && !data.ok()) ScheduleDataRetry(session, data.status());
-  return grpc::Status::OK;
-}
-
-absl::StatusOr<std::shared_ptr<SharedMemoryPath>> ShardedClient::Impl::AttachTo(
-    int shard, int64_t shard_incarnation) {
-  if (!options_.shared_memory) return absl::FailedPreconditionError("off");
-  if (ProcessSpaceId().empty()) return absl::FailedPreconditionError("no process space id");
-  v1::AttachSharedMemoryRequest request;
-  request.set_worker_id(worker_id_);
-  *request.mutable_model() = ModelProto();
-  request.set_process_space(ProcessSpaceId());
-  request.set_shard_incarnation(shard_incarnation);
-  v1::AttachSharedMemoryResponse response;
-  // One attempt, cancelled with the others (CancelPending); a failure only means another path.
-  AttemptEnd attached = Attempt(
-      shard,
-      [&](int i, grpc::ClientContext* context) {
-        return AttemptEnd::FromShard(Stub(i)->AttachSharedMemory(context, request, &response));
-      },
-      Generation(), options_.rpc_timeout);
-  if (!attached.status.ok()) return attached.status;
-  if (response.region_bytes() < ranges_[shard].size() * WireBytes(WireType::kFloat32)) {
-    return absl::FailedPreconditionError("its segment is smaller than its range");
-  }
-  absl::StatusOr<SharedSegment> segment =
-      SharedSegment::Open(response.pid(), response.fd(), response.nonce(), response.region_bytes());
-  if (!segment.ok()) return segment.status();
-  return std::make_shared<SharedMemoryPath>(response.segment(), *std::move(segment));
-}
-
-absl::StatusOr<std::shared_ptr<DataPlanePath>> ShardedClient::Impl::ConnectTo(
-    int shard, int64_t shard_incarnation) {
-  if (!options_.data_plane) return absl::FailedPreconditionError("off");
-  const int replica = CurrentReplica(shard);
-  v1::AttachDataPlaneRequest request;
-  request.set_worker_id(worker_id_);
-  *request.mutable_model() = ModelProto();
-  request.set_shard_incarnation(shard_incarnation);
-  v1::AttachDataPlaneResponse response;
-  AttemptEnd attached = Attempt(
-      shard,
-      [&](int i, grpc::ClientContext* context) {
-        return AttemptEnd::FromShard(Stub(i)->AttachDataPlane(context, request, &response));
-      },
-      Generation(), options_.rpc_timeout);
-  if (!attached.status.ok()) return attached.status;
-  std::string host, port;
-  SplitHostPort(replicas_[shard][replica].address, &host, &port);
-  absl::StatusOr<std::unique_ptr<DataConnection>> connection =
-      DataConnection::Open({host, response.port(), response.connection(), response.secret(),
-                            std::max(response.lanes(), 1), response.calls(),
-                            options_.security.plane_tls, response.last_piece_first()},
-                           static_cast<uint64_t>(ranges_[shard].size()) * sizeof(float),
-                           absl::Now() + options_.rpc_timeout, options_.rpc_timeout);
-  if (!connection.ok()) return connection.status();
-  return std::make_shared<DataPlanePath>(*std::move(connection), replica);
-}
-
-AttemptEnd ShardedClient::Impl::OnPaths(
-    int shard, grpc::ClientContext* context,
-    const std::function<AttemptEnd(TensorPath&, const PathCall&)>& fn) {
-  const Session session = SessionOf(shard);
-  GrpcPath* rpc = CurrentReplicaOf(shard).rpc.get();
-  const std::shared_ptr<DataPlanePath> data = DataOf(session, shard);
-  TensorPath* const order[] = {session.shared.get(), data.get(), rpc};
-  for (TensorPath* path : order) {
-    if (path == nullptr) continue;
-    AttemptEnd end = fn(*path, PathCall{context, rpc});
-    if (end.kind == AttemptEnd::Kind::kNotTaken) continue;
-    if (end.kind == AttemptEnd::Kind::kPathLost) Drop(shard, path, end.status.message());
-    if (end.kind == AttemptEnd::Kind::kDroppedHere && path == data.get() &&
-        data->connection().ended()) {
-      RenewData(shard, data);
-    }
-    return end;
-  }
-  return AttemptEnd::Answered(absl::InternalError("no path took the part"));  // gRPC always does
-}
-
-void ShardedClient::Impl::Drop(int shard, const TensorPath* path, absl::string_view why) {
-  const char* after;
-  {
-    absl::MutexLock lock(&sessions_mu_);
-    Session& session = sessions_[shard];
-    if (session.shared.get() == path) {
-      session.shared = nullptr;
-      after = "from now on";
-    } else if (session.data.get() == path) {
-      session.data = nullptr;
-      ScheduleDataRetry(session, absl::UnavailableError(why));
-      after = "until a new connection is made";
-    } else {
-      return;  // dropped or replaced already
-    }
-  }
-  PS_LOG(WARNING) << "shard " << shard << " (" << Address(shard) << "): " << path->name()
-                  << " stopped working (" << why << "); its tensors go over gRPC " << after;
-}
-
-void ShardedClient::Impl::ScheduleDataRetry(Session& session, const absl::Status& why) {
-  // Off here, absent there, or a shard of another version: asking again changes nothing.
-  const absl::StatusCode code = why.code();
-  if (code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kUnimplemented ||
-      code == absl::StatusCode::kInvalidArgument) {
-    session.data_retry_at = absl::InfiniteFuture();
-    return;
-  }
-  session.data_retry_at = absl::Now() + session.data_backoff;
-  session.data_backoff = std::min(2 * session.data_backoff, kDataRetryLast);
-}
-
-void ShardedClient::Impl::RetryData(int shard) {
-  int64_t shard_incarnation = 0;
-  int replica = 0;
-  {
-    absl::MutexLock lock(&sessions_mu_);
-    Session& session = sessions_[shard];
-    if (session.data != nullptr || absl::Now() < session.data_retry_at) return;
-    session.data_retry_at = absl::InfiniteFuture();  // this attempt's; the next set when it ends
-    shard_incarnation = session.shard_incarnation;
-    replica = current_[shard];
-  }
-  threads_.Run(
-      [this, shard, shard_incarnation, replica] {
-        absl::StatusOr<std::shared_ptr<DataPlanePath>> fresh = ConnectTo(shard, shard_incarnation);
-        {
-          absl::MutexLock lock(&sessions_mu_);
-          Session& session = sessions_[shard];
-          if (session.shard_incarnation != shard_incarnation || session.data != nullptr ||
-              current_[shard] != replica || (fresh.ok() && (*fresh)->replica() != replica)) {
-            return;  // registered again meanwhile, or another replica: that session decides
-          }
-          if (!fresh.ok()) {
-            ScheduleDataRetry(session, fresh.status());
-            return;
-          }
-          session.data = *std::move(fresh);
-          session.data_backoff = kDataRetryFirst;
-        }
-        PS_LOG(INFO) << "shard " << shard << " (" << Address(shard)
-                     << "): tensors over the data plane again";
-      },
-      [] {});
-}
-
-void ShardedClient::Impl::RenewData(int shard, const std::shared_ptr<DataPlanePath>& data) {
-  absl::StatusOr<std::shared_ptr<DataPlanePath>> fresh =
-      ConnectTo(shard, SessionOf(shard).shard_incarnation);
-  if (!fresh.ok()) {
-    Drop(shard, data.get(), fresh.status().message());
-    return;
-  }
-  absl::MutexLock lock(&sessions_mu_);
-  if (sessions_[shard].data == data) sessions_[shard].data = *std::move(fresh);
-}
-
 AttemptEnd ShardedClient::Impl::Reregister(int shard, int64_t stale, int64_t generation) {
-  absl::MutexLock registering(register_mu_[shard].get());
   int64_t resume_sequence = -1;
-  {
-    absl::MutexLock lock(&sessions_mu_);
-    if (sessions_[shard].shard_incarnation != stale) return AttemptEnd();  // done already
-  }
   if (worker_id_ >= 0) {
     absl::MutexLock lock(&steps_->mu);
     resume_sequence = steps_->Resume();
   }
-  AttemptEnd end = Attempt(
-      shard,
-      [&](int i, grpc::ClientContext* context) {
-        return AttemptEnd::FromShard(RegisterWith(i, context, resume_sequence));
-      },
-      generation, options_.rpc_timeout);
-  if (end.ok()) {
-    const std::string address = Address(shard);
-    absl::MutexLock lock(&sessions_mu_);
-    ++reregistrations_;
-    PS_LOG(INFO) << "registered again with shard " << shard << " (" << address
-                 << "), now at version " << sessions_[shard].version;
-  }
-  return end;
+  return sessions_[shard]->Reregister(stale, resume_sequence, AttempterFor(shard, generation));
 }
 
 CancelOnShutdown::CancelOnShutdown(ShardedClient* client)
@@ -901,21 +560,22 @@ absl::StatusOr<int64_t> ShardedClient::Impl::Register() {
   std::vector<bool> ask(num_shards(), true);
   for (int pass = 0;; ++pass) {
     absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
-      return AttemptEnd::FromShard(ask[shard] ? RegisterWith(shard, context, -1)
-                                              : grpc::Status::OK);
+      if (!ask[shard]) return AttemptEnd();
+      return AttemptEnd::FromShard(sessions_[shard]->Register(
+          context, /*resume_sequence=*/-1, AttempterFor(shard, Generation())));
     });
     if (!s.ok()) return s;
     // Shards without the model beside trained ones: some shard lost its state (a restart without
     // its checkpoints). Initialising it would silently reset part of the model. Or this client
     // asked them before the job's first worker initialised them, and the others once it had
     // trained: those are asked once more (one that lost its model still has none).
-    absl::MutexLock lock(&sessions_mu_);
     int64_t trained = 0;
     std::vector<int> empty;
     for (int i = 0; i < num_shards(); ++i) {
-      if (!sessions_[i].initialized) empty.push_back(i);
-      trained = std::max(trained, sessions_[i].version);
-      ask[i] = !sessions_[i].initialized;
+      const ShardSession::State state = sessions_[i]->state();
+      if (!state.initialized) empty.push_back(i);
+      trained = std::max(trained, state.version);
+      ask[i] = !state.initialized;
     }
     if (empty.empty() || trained == 0) break;
     if (pass > 0) {
@@ -926,10 +586,9 @@ absl::StatusOr<int64_t> ShardedClient::Impl::Register() {
                        trained, "): a shard restarted without its checkpoints. ", kLostModelFix));
     }
   }
-  absl::MutexLock lock(&sessions_mu_);
-  consistency_ = sessions_[0].consistency;
+  consistency_ = sessions_[0]->state().consistency;
   std::vector<int64_t> last;
-  for (const Session& session : sessions_) last.push_back(session.last_sequence);
+  for (const auto& session : sessions_) last.push_back(session->state().last_sequence);
   // In rounds (sync, local) a step that reached only some shards is not sent again: its round has
   // closed (the others would drop it as late), and a duplicate on one shard with a contribution
   // on another would put this worker in different rounds on different shards, which deadlocks the
@@ -954,7 +613,7 @@ absl::StatusOr<int> ShardedClient::Impl::Initialize(absl::Span<const float> para
     header.set_length(r.size());
     header.set_dtype(v1::FLOAT32);
     v1::InitializeResponse response;
-    grpc::Status status = CurrentReplicaOf(shard).rpc->Initialize(
+    grpc::Status status = sessions_[shard]->current_replica().rpc->Initialize(
         header, params.subspan(r.begin, r.size()), context, &response);
     applied[shard] = response.applied();
     return AttemptEnd::FromShard(status);
@@ -967,37 +626,32 @@ AttemptEnd ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* context
                                          absl::Span<float> params, int64_t after_sequence,
                                          Versions* versions, ValuesSeen seen) {
   const Range& r = ranges_[shard];
-  RetryData(shard);
+  ShardSession& session = *sessions_[shard];
+  session.RetryData(AttempterFor(shard, Generation()));
   PullPart part{{}, params.subspan(r.begin, r.size()), options_.pull_type, seen};
   v1::PullRequest& request = part.request;
   request.set_offset(r.begin);
   request.set_length(r.size());
   request.set_worker_id(worker_id_);
   if (after_sequence >= 0) request.set_after_sequence(after_sequence);
-  request.set_shard_incarnation(SessionOf(shard).shard_incarnation);
+  request.set_shard_incarnation(session.state().shard_incarnation);
   request.set_dtype(static_cast<v1::DType>(options_.pull_type));
   *request.mutable_model() = ModelProto();
   v1::PullChunk answer;
   AttemptEnd end =
       compressed_pulls_ != nullptr
-          ? compressed_pulls_->Pull(shard, part, *CurrentReplicaOf(shard).rpc, context, &answer)
-          : OnPaths(shard, context, [&](TensorPath& path, const PathCall& call) {
-              return path.Pull(part, call, &answer);
-            });
-  if (end.ok()) Pulled(shard, request, answer, versions);
-  return end;
-}
-
-void ShardedClient::Impl::Pulled(int shard, const v1::PullRequest& request,
-                                 const v1::PullChunk& answer, Versions* versions) {
+          ? compressed_pulls_->Pull(shard, part, *session.current_replica().rpc, context, &answer)
+          : session.OnPaths(
+                context,
+                [&](TensorPath& path, const PathCall& call) {
+                  return path.Pull(part, call, &answer);
+                },
+                AttempterFor(shard, Generation()));
+  if (!end.ok()) return end;
   versions->version[shard] = answer.version();
   versions->shard_incarnation[shard] = request.shard_incarnation();
-  absl::MutexLock lock(&sessions_mu_);
-  Session& now = sessions_[shard];
-  if (now.shard_incarnation == request.shard_incarnation()) {
-    now.initialized = true;
-    now.version = std::max(now.version, versions->version[shard]);
-  }
+  session.Pulled(request, answer);
+  return end;
 }
 
 ShardedClient::Pending<ShardedClient::Versions> ShardedClient::StartPull(absl::Span<float> params,
@@ -1031,7 +685,8 @@ ShardedClient::Pending<ShardedClient::Versions> ShardedClient::BeginPull(absl::S
   // hosts").
   bool in_order = launch == Launch::kNow && !prefetch && impl->hosts_shared_;
   for (int shard = 0; in_order && shard < num_shards(); ++shard) {
-    in_order = impl->SessionOf(shard).shared == nullptr;  // shared memory: this machine, no link
+    // Shared memory: this machine, no link.
+    in_order = !impl->sessions_[shard]->state().shared_memory;
   }
   struct Started {  // the call, once Start returned (a part may end on another thread before)
     absl::Mutex mu;
@@ -1090,11 +745,8 @@ ShardedClient::Versions ShardedClient::last_pull() const {
 }
 
 bool ShardedClient::Impl::StreamsPush(int shard) const {
-  if (compressor_ != nullptr || options_.push_type != WireType::kFloat32) return false;
-  const Session session = SessionOf(shard);
-  const std::shared_ptr<DataPlanePath> data = DataOf(session, shard);
-  return session.shared == nullptr && data != nullptr &&
-         data->SendsAsFilled(ranges_[shard].size());
+  return compressor_ == nullptr && options_.push_type == WireType::kFloat32 &&
+         sessions_[shard]->StreamsPush();
 }
 
 AttemptEnd ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context,
@@ -1103,8 +755,9 @@ AttemptEnd ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context,
                                        int64_t sequence, const Versions& base, PushDone* done,
                                        PushFill* fill) {
   const Range& r = ranges_[shard];
-  RetryData(shard);
-  const Session session = SessionOf(shard);
+  ShardSession& shard_session = *sessions_[shard];
+  shard_session.RetryData(AttempterFor(shard, Generation()));
+  const ShardSession::State session = shard_session.state();
   int64_t base_version = base.version[shard];
   if (base.shard_incarnation[shard] != 0 &&
       base.shard_incarnation[shard] != session.shard_incarnation) {
@@ -1127,9 +780,9 @@ AttemptEnd ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context,
     header.set_dtype(static_cast<v1::DType>(compressed->compressor));
     header.set_topk_pairs(compressed->pairs);
   }
-  return OnPaths(shard, context, [&](TensorPath& path, const PathCall& call) {
-    return path.Push(part, call, done);
-  });
+  return shard_session.OnPaths(
+      context, [&](TensorPath& path, const PathCall& call) { return path.Push(part, call, done); },
+      AttempterFor(shard, Generation()));
 }
 
 ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
@@ -1268,11 +921,14 @@ absl::StatusOr<std::vector<v1::CheckpointResponse>> ShardedClient::Checkpoint() 
   return impl_->CallEachShard(&v1::ParameterServer::Stub::Checkpoint, v1::CheckpointRequest());
 }
 
-int64_t ShardedClient::incarnation(int shard) const { return impl_->SessionOf(shard).incarnation; }
+int64_t ShardedClient::incarnation(int shard) const {
+  return impl_->sessions_[shard]->state().incarnation;
+}
 
 int ShardedClient::reregistrations() const {
-  absl::MutexLock lock(&impl_->sessions_mu_);
-  return impl_->reregistrations_;
+  int n = 0;
+  for (const auto& session : impl_->sessions_) n += session->reregistrations();
+  return n;
 }
 
 absl::Status ShardedClient::Heartbeat(absl::Duration timeout) {
@@ -1298,14 +954,9 @@ void ShardedClient::CancelPending() {
     holding.swap(impl_->holding_);
     fills.swap(impl_->fills_);
   }
-  {
-    // Calls made on a data-plane connection wait on it, not on a context: it ends, and they fail
-    // at once (later calls go over gRPC).
-    absl::MutexLock lock(&impl_->sessions_mu_);
-    for (const Impl::Session& s : impl_->sessions_) {
-      if (s.data != nullptr) s.data->connection().End();
-    }
-  }
+  // Calls made on a data-plane connection wait on it, not on a context: it ends, and they fail
+  // at once (later calls go over gRPC).
+  for (const auto& session : impl_->sessions_) session->EndData();
   for (const std::weak_ptr<Call>& c : holding) {
     if (std::shared_ptr<Call> call = c.lock()) {
       call->Abandon(absl::CancelledError("cancelled before this shard's part was sent"));

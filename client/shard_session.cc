@@ -1,0 +1,324 @@
+#include "client/shard_session.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/cluster.h"
+#include "common/log.h"
+#include "transport/channel_options.h"
+
+namespace ps {
+namespace {
+
+// How to get a job whose shard lost its model going again.
+constexpr char kLostModelFix[] =
+    "Restart it with the --checkpoint_dir it wrote checkpoints to, or start the whole job again";
+
+}  // namespace
+
+ShardSession::ShardSession(int index, const std::string& addresses, int64_t values, Client client)
+    : index_(index), values_(values), client_(std::move(client)) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = client_.options->security.credentials;
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  for (const std::string& address : ShardReplicas(addresses)) {
+    auto replica = std::make_unique<Replica>();
+    replica->address = address;
+    replica->rpc = std::make_unique<GrpcPath>(
+        grpc::CreateCustomChannel(address, credentials, ShardChannelArguments()));
+    replicas_.push_back(std::move(replica));
+  }
+}
+
+int ShardSession::current() const {
+  absl::MutexLock lock(&mu_);
+  return current_;
+}
+
+bool ShardSession::SwitchReplica(int replica, const absl::Status& failure) {
+  const int count = replicas();
+  if (count < 2) return false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (current_ != replica) return false;
+    current_ = (replica + 1) % count;
+  }
+  PS_LOG(WARNING) << "shard " << index_ << " (" << replicas_[replica]->address
+                  << "): " << failure.message() << "; trying its other replica, "
+                  << replicas_[(replica + 1) % count]->address;
+  return true;
+}
+
+ProbeFinding ShardSession::Probe(Replica& replica, const ClientSecurity& security) const {
+  {
+    absl::MutexLock lock(&replica.mu);
+    if (absl::Now() - replica.probed_at < absl::Seconds(5)) return replica.finding;
+  }
+  // Calls that meet the same replica meanwhile may probe it too: a few probes, no lock held.
+  ProbeFinding finding = ProbeShard(replica.address, security);
+  absl::MutexLock lock(&replica.mu);
+  replica.probed_at = absl::Now();
+  replica.finding = finding;
+  return finding;
+}
+
+ShardSession::State ShardSession::state() const {
+  absl::MutexLock lock(&mu_);
+  State s = state_;
+  s.shared_memory = shared_ != nullptr;
+  return s;
+}
+
+int ShardSession::reregistrations() const {
+  absl::MutexLock lock(&mu_);
+  return reregistrations_;
+}
+
+grpc::Status ShardSession::Register(grpc::ClientContext* context, int64_t resume_sequence,
+                                    const Attempter& attempt) {
+  v1::RegisterRequest request;
+  request.set_worker_id(client_.worker_id);
+  *request.mutable_model() = client_.model;
+  if (resume_sequence >= 0) request.set_resume_sequence(resume_sequence);
+  request.set_num_workers(client_.options->num_workers);
+  v1::RegisterResponse response;
+  grpc::Status status = current_replica().rpc->stub()->Register(context, request, &response);
+  if (!status.ok()) return status;
+  if (response.shard_index() != index_) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("this address serves shard ", response.shard_index(),
+                                     ", listed as shard ", index_, " in --ps"));
+  }
+  // Shared memory with a shard on this host, else the data plane, else gRPC.
+  absl::StatusOr<std::shared_ptr<SharedMemoryPath>> shared =
+      AttachSharedMemory(response.shard_incarnation(), attempt);
+  absl::StatusOr<std::shared_ptr<DataPlanePath>> data =
+      shared.ok() ? nullptr : ConnectDataPlane(response.shard_incarnation(), attempt);
+  PS_LOG(INFO) << "shard " << index_ << " (" << address() << "): tensors "
+               << (shared.ok() ? "through shared memory"
+                   : data.ok()
+                       ? "over the data plane"
+                       : absl::StrCat("over gRPC (no shared memory: ", shared.status().message(),
+                                      "; no data plane: ", data.status().message(), ")"));
+  absl::MutexLock lock(&mu_);
+  if (state_.initialized && !response.initialized()) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("shard ", index_,
+                     " restarted without the model it held (it had reached "
+                     "version ",
+                     state_.version, "); the job cannot go on without it. ", kLostModelFix));
+  }
+  state_ = State{response.incarnation(),   response.shard_incarnation(),
+                 response.version(),       response.version(),
+                 response.last_sequence(), response.initialized() || state_.initialized,
+                 response.consistency()};
+  shared_ = shared.ok() ? *shared : nullptr;
+  data_ = data.ok() ? *data : nullptr;
+  data_retry_at_ = absl::InfiniteFuture();
+  data_backoff_ = kDataRetryFirst;
+  if (!shared.ok() && !data.ok()) ScheduleDataRetry(data.status());
+  return grpc::Status::OK;
+}
+
+AttemptEnd ShardSession::Reregister(int64_t stale, int64_t resume_sequence,
+                                    const Attempter& attempt) {
+  absl::MutexLock registering(&register_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (state_.shard_incarnation != stale) return AttemptEnd();  // done already
+  }
+  AttemptEnd end = attempt([&](grpc::ClientContext* context) {
+    return AttemptEnd::FromShard(Register(context, resume_sequence, attempt));
+  });
+  if (end.ok()) {
+    absl::MutexLock lock(&mu_);
+    ++reregistrations_;
+    PS_LOG(INFO) << "registered again with shard " << index_ << " ("
+                 << replicas_[current_]->address << "), now at version " << state_.version;
+  }
+  return end;
+}
+
+void ShardSession::Pulled(const v1::PullRequest& request, const v1::PullChunk& answer) {
+  absl::MutexLock lock(&mu_);
+  if (state_.shard_incarnation == request.shard_incarnation()) {
+    state_.initialized = true;
+    state_.version = std::max(state_.version, answer.version());
+  }
+}
+
+absl::StatusOr<std::shared_ptr<SharedMemoryPath>> ShardSession::AttachSharedMemory(
+    int64_t shard_incarnation, const Attempter& attempt) {
+  if (!client_.options->shared_memory) return absl::FailedPreconditionError("off");
+  if (ProcessSpaceId().empty()) return absl::FailedPreconditionError("no process space id");
+  v1::AttachSharedMemoryRequest request;
+  request.set_worker_id(client_.worker_id);
+  *request.mutable_model() = client_.model;
+  request.set_process_space(ProcessSpaceId());
+  request.set_shard_incarnation(shard_incarnation);
+  v1::AttachSharedMemoryResponse response;
+  // One attempt, cancelled with the others (CancelPending); a failure only means another path.
+  AttemptEnd attached = attempt([&](grpc::ClientContext* context) {
+    return AttemptEnd::FromShard(
+        current_replica().rpc->stub()->AttachSharedMemory(context, request, &response));
+  });
+  if (!attached.status.ok()) return attached.status;
+  if (response.region_bytes() < values_ * WireBytes(WireType::kFloat32)) {
+    return absl::FailedPreconditionError("its segment is smaller than its range");
+  }
+  absl::StatusOr<SharedSegment> segment =
+      SharedSegment::Open(response.pid(), response.fd(), response.nonce(), response.region_bytes());
+  if (!segment.ok()) return segment.status();
+  return std::make_shared<SharedMemoryPath>(response.segment(), *std::move(segment));
+}
+
+absl::StatusOr<std::shared_ptr<DataPlanePath>> ShardSession::ConnectDataPlane(
+    int64_t shard_incarnation, const Attempter& attempt) {
+  const ClientOptions& options = *client_.options;
+  if (!options.data_plane) return absl::FailedPreconditionError("off");
+  const int replica = current();
+  v1::AttachDataPlaneRequest request;
+  request.set_worker_id(client_.worker_id);
+  *request.mutable_model() = client_.model;
+  request.set_shard_incarnation(shard_incarnation);
+  v1::AttachDataPlaneResponse response;
+  AttemptEnd attached = attempt([&](grpc::ClientContext* context) {
+    return AttemptEnd::FromShard(
+        replicas_[replica]->rpc->stub()->AttachDataPlane(context, request, &response));
+  });
+  if (!attached.status.ok()) return attached.status;
+  std::string host, port;
+  SplitHostPort(replicas_[replica]->address, &host, &port);
+  absl::StatusOr<std::unique_ptr<DataConnection>> connection =
+      DataConnection::Open({host, response.port(), response.connection(), response.secret(),
+                            std::max(response.lanes(), 1), response.calls(),
+                            options.security.plane_tls, response.last_piece_first()},
+                           static_cast<uint64_t>(values_) * sizeof(float),
+                           absl::Now() + options.rpc_timeout, options.rpc_timeout);
+  if (!connection.ok()) return connection.status();
+  return std::make_shared<DataPlanePath>(*std::move(connection), replica);
+}
+
+std::shared_ptr<DataPlanePath> ShardSession::DataNow() const {
+  return data_ != nullptr && data_->replica() == current_ ? data_ : nullptr;
+}
+
+AttemptEnd ShardSession::OnPaths(grpc::ClientContext* context,
+                                 const std::function<AttemptEnd(TensorPath&, const PathCall&)>& fn,
+                                 const Attempter& attempt) {
+  std::shared_ptr<SharedMemoryPath> shared;
+  std::shared_ptr<DataPlanePath> data;
+  GrpcPath* rpc;
+  {
+    absl::MutexLock lock(&mu_);
+    shared = shared_;
+    data = DataNow();
+    rpc = replicas_[current_]->rpc.get();
+  }
+  TensorPath* const order[] = {shared.get(), data.get(), rpc};
+  for (TensorPath* path : order) {
+    if (path == nullptr) continue;
+    AttemptEnd end = fn(*path, PathCall{context, rpc});
+    if (end.kind == AttemptEnd::Kind::kNotTaken) continue;
+    if (end.kind == AttemptEnd::Kind::kPathLost) Drop(path, end.status.message());
+    if (end.kind == AttemptEnd::Kind::kDroppedHere && path == data.get() &&
+        data->connection().ended()) {
+      RenewData(data, attempt);
+    }
+    return end;
+  }
+  return AttemptEnd::Answered(absl::InternalError("no path took the part"));  // gRPC always does
+}
+
+bool ShardSession::StreamsPush() const {
+  absl::MutexLock lock(&mu_);
+  const std::shared_ptr<DataPlanePath> data = DataNow();
+  return shared_ == nullptr && data != nullptr && data->SendsAsFilled(values_);
+}
+
+void ShardSession::Drop(const TensorPath* path, absl::string_view why) {
+  const char* after;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shared_.get() == path) {
+      shared_ = nullptr;
+      after = "from now on";
+    } else if (data_.get() == path) {
+      data_ = nullptr;
+      ScheduleDataRetry(absl::UnavailableError(why));
+      after = "until a new connection is made";
+    } else {
+      return;  // dropped or replaced already
+    }
+  }
+  PS_LOG(WARNING) << "shard " << index_ << " (" << address() << "): " << path->name()
+                  << " stopped working (" << why << "); its tensors go over gRPC " << after;
+}
+
+void ShardSession::ScheduleDataRetry(const absl::Status& why) {
+  // Off here, absent there, or a shard of another version: asking again changes nothing.
+  const absl::StatusCode code = why.code();
+  if (code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kUnimplemented ||
+      code == absl::StatusCode::kInvalidArgument) {
+    data_retry_at_ = absl::InfiniteFuture();
+    return;
+  }
+  data_retry_at_ = absl::Now() + data_backoff_;
+  data_backoff_ = std::min(2 * data_backoff_, kDataRetryLast);
+}
+
+void ShardSession::RetryData(const Attempter& attempt) {
+  int64_t shard_incarnation = 0;
+  int replica = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (data_ != nullptr || absl::Now() < data_retry_at_) return;
+    data_retry_at_ = absl::InfiniteFuture();  // this attempt's; the next set when it ends
+    shard_incarnation = state_.shard_incarnation;
+    replica = current_;
+  }
+  client_.threads->Run(
+      [this, shard_incarnation, replica, attempt] {
+        absl::StatusOr<std::shared_ptr<DataPlanePath>> fresh =
+            ConnectDataPlane(shard_incarnation, attempt);
+        {
+          absl::MutexLock lock(&mu_);
+          if (state_.shard_incarnation != shard_incarnation || data_ != nullptr ||
+              current_ != replica || (fresh.ok() && (*fresh)->replica() != replica)) {
+            return;  // registered again meanwhile, or another replica: that session decides
+          }
+          if (!fresh.ok()) {
+            ScheduleDataRetry(fresh.status());
+            return;
+          }
+          data_ = *std::move(fresh);
+          data_backoff_ = kDataRetryFirst;
+        }
+        PS_LOG(INFO) << "shard " << index_ << " (" << address()
+                     << "): tensors over the data plane again";
+      },
+      [] {});
+}
+
+void ShardSession::RenewData(const std::shared_ptr<DataPlanePath>& data,
+                             const Attempter& attempt) {
+  absl::StatusOr<std::shared_ptr<DataPlanePath>> fresh =
+      ConnectDataPlane(state().shard_incarnation, attempt);
+  if (!fresh.ok()) {
+    Drop(data.get(), fresh.status().message());
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  if (data_ == data) data_ = *std::move(fresh);
+}
+
+void ShardSession::EndData() {
+  absl::MutexLock lock(&mu_);
+  if (data_ != nullptr) data_->connection().End();
+}
+
+}  // namespace ps
