@@ -21,6 +21,7 @@
 #include "client/pull_fill.h"
 #include "client/push_compressor.h"
 #include "client/retry_policy.h"
+#include "client/shard_attempts.h"
 #include "client/shard_call.h"
 #include "client/shard_session.h"
 #include "client/shared_memory_path.h"
@@ -92,7 +93,7 @@ void ShardedClient::Abandon(Call& call) {
 // Everything the client knows and holds: channels, sessions, the retry loop, the threads.
 class ShardedClient::Impl {
  public:
-  using ShardFn = std::function<AttemptEnd(int shard, grpc::ClientContext*)>;
+  using ShardFn = ShardAttempts::ShardFn;
   Impl(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
        ClientOptions options);
 
@@ -115,43 +116,11 @@ class ShardedClient::Impl {
   absl::Status ForEachShard(ShardFn fn) {
     return ForEachShard(std::move(fn), /*retry=*/true, options_.rpc_timeout);
   }
-  // One shard's attempts of a call started in `generation`, until one succeeds or the call fails
-  // (client/retry_policy.h decides).
-  absl::Status Retry(int shard, const ShardFn& fn, bool retry, absl::Duration timeout,
-                     int64_t generation,
-                     const std::function<absl::Time(int)>& budget_from = nullptr);
-  // The backoff of Retry: waits `backoff`, cut short (to at least 50 ms) when the shard's
-  // channel, down meanwhile, connects again (a shard back from a restart is used at once).
-  // True if the call was cancelled meanwhile (checked every 50 ms).
-  bool BackOff(int shard, absl::Duration backoff, int64_t generation);
-  // What a failed attempt at `called` says, for the call's error: the probe's finding where it
-  // explains a failure to connect, how long retries went on.
-  std::string Failure(int shard, const ShardSession::Replica& called, const AttemptEnd& end,
-                      const std::optional<ProbeFinding>& probed, bool not_connected,
-                      absl::Duration retried);
-  // Runs one attempt of fn with a fresh context (deadline `timeout`, token), tracked for
-  // CancelPending; CANCELLED if `generation` was cancelled already.
-  AttemptEnd Attempt(int shard, const ShardFn& fn, int64_t generation, absl::Duration timeout);
-  // Tracks contexts in flight so that CancelPending can reach them; false if the call's
-  // generation was cancelled already.
-  bool Track(grpc::ClientContext* context, int64_t generation);
-  void Untrack(grpc::ClientContext* context);
-  // Whether this client cancelled the calls of `generation` (CancelPending, Close). A CANCELLED
-  // it did not cause came from the shard: one shutting down cancels the calls it did not finish.
-  bool CancelledHere(int64_t generation);
-  // The generation calls started now belong to (CancelPending starts the next).
-  int64_t Generation();
   v1::ModelIdentity ModelProto() const;
 
   // The shard's replica calls go to now: its stub and its address.
   v1::ParameterServer::Stub* Stub(int shard) const;
   std::string Address(int shard) const;
-  // The session's own calls' attempts (registering, attaching paths), as the calls of
-  // `generation`.
-  ShardSession::Attempter AttempterFor(int shard, int64_t generation);
-  // Registers again with `shard`, which said it restarted (the session whose shard incarnation
-  // was `stale`), resuming at the push in progress.
-  AttemptEnd Reregister(int shard, int64_t stale, int64_t generation);
   // Register, Initialize and Stats of the class.
   absl::StatusOr<int64_t> Register();
   absl::StatusOr<int> Initialize(absl::Span<const float> params);
@@ -202,7 +171,6 @@ class ShardedClient::Impl {
   // path that sends them so, as float32, uncompressed.
   bool StreamsPush(int shard) const;
 
-  std::string authorization_;                   // the metadata value every call carries; "" : none
   ModelIdentity model_;
   int worker_id_;
   ClientOptions options_;
@@ -216,6 +184,7 @@ class ShardedClient::Impl {
   std::string consistency_;
 
   std::vector<std::unique_ptr<ShardSession>> sessions_;  // by shard
+  ShardAttempts attempts_;
   // The worker's pushes and pulls as the client numbers them. Shared with the calls' results,
   // which may outlive the client.
   struct Steps {
@@ -235,9 +204,6 @@ class ShardedClient::Impl {
   const std::shared_ptr<Steps> steps_ = std::make_shared<Steps>();
 
   absl::Mutex mu_;
-  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // incremented by CancelPending
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
   std::vector<std::weak_ptr<Call>> holding_ ABSL_GUARDED_BY(mu_);  // calls started kHeld
   std::vector<std::weak_ptr<PushFill>> fills_ ABSL_GUARDED_BY(mu_);  // their pushes' fills
 
@@ -260,8 +226,14 @@ const std::string& ShardedClient::consistency() const { return impl_->consistenc
 
 ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity model, int worker_id,
                           ClientOptions options)
-    : model_(std::move(model)), worker_id_(worker_id), options_(std::move(options)) {
-  if (!options_.security.token.empty()) authorization_ = BearerValue(options_.security.token);
+    : model_(std::move(model)),
+      worker_id_(worker_id),
+      options_(std::move(options)),
+      attempts_(&sessions_, &options_, [this] {
+        if (worker_id_ < 0) return int64_t{-1};
+        absl::MutexLock lock(&steps_->mu);
+        return steps_->Resume();
+      }) {
   const int shards = static_cast<int>(addresses.size());
   for (int i = 0; i < shards; ++i) {
     ranges_.push_back(PartRange(model_.total_params, i, shards));
@@ -308,14 +280,6 @@ std::string ShardedClient::Impl::Address(int shard) const {
   return sessions_[shard]->current_replica().address;
 }
 
-ShardSession::Attempter ShardedClient::Impl::AttempterFor(int shard, int64_t generation) {
-  return [this, shard, generation](const std::function<AttemptEnd(grpc::ClientContext*)>& fn) {
-    return Attempt(
-        shard, [&](int, grpc::ClientContext* context) { return fn(context); }, generation,
-        options_.rpc_timeout);
-  };
-}
-
 int64_t ShardedClient::Versions::Min() const {
   return version.empty() ? 0 : *std::min_element(version.begin(), version.end());
 }
@@ -328,50 +292,11 @@ v1::ModelIdentity ShardedClient::Impl::ModelProto() const {
   return m;
 }
 
-bool ShardedClient::Impl::Track(grpc::ClientContext* context, int64_t generation) {
-  absl::MutexLock lock(&mu_);
-  if (generation != generation_ || closed_) return false;
-  in_flight_.insert(context);
-  return true;
-}
-
-void ShardedClient::Impl::Untrack(grpc::ClientContext* context) {
-  absl::MutexLock lock(&mu_);
-  in_flight_.erase(context);
-}
-
-int64_t ShardedClient::Impl::Generation() {
-  absl::MutexLock lock(&mu_);
-  return generation_;
-}
-
-bool ShardedClient::Impl::CancelledHere(int64_t generation) {
-  absl::MutexLock lock(&mu_);
-  return generation != generation_ || closed_;
-}
-
-AttemptEnd ShardedClient::Impl::Attempt(int shard, const ShardFn& fn, int64_t generation,
-                                        absl::Duration timeout) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  if (!authorization_.empty()) context.AddMetadata(kAuthorizationMetadata, authorization_);
-  if (!Track(&context, generation)) {
-    return AttemptEnd::Answered(absl::CancelledError("cancelled at shutdown"));
-  }
-  AttemptEnd end = fn(shard, &context);
-  Untrack(&context);
-  return end;
-}
-
 std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(
     ShardFn fn, bool retry, absl::Duration timeout, std::function<void()> on_end, Launch launch,
     std::function<void(int)> on_part, std::function<absl::Time(int)> budget_from) {
   auto call = std::make_shared<Call>(num_shards(), std::move(on_end), std::move(on_part));
-  int64_t generation;
-  {
-    absl::MutexLock lock(&mu_);
-    generation = generation_;
-  }
+  const int64_t generation = attempts_.generation();
   auto shared_fn = std::make_shared<const ShardFn>(std::move(fn));
   auto shared_budget =
       std::make_shared<const std::function<absl::Time(int)>>(std::move(budget_from));
@@ -384,7 +309,7 @@ std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(
       auto result = std::make_shared<absl::Status>();
       threads_.Run(
           [this, shared_fn, shared_budget, shard, retry, timeout, generation, result] {
-            *result = Retry(shard, *shared_fn, retry, timeout, generation, *shared_budget);
+            *result = attempts_.Retry(shard, *shared_fn, retry, timeout, generation, *shared_budget);
           },
           [call = weak.lock(), shard, result] { call->Done(shard, std::move(*result)); });
     };
@@ -407,137 +332,10 @@ std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(
     holding_.push_back(call);
   }
   if (here >= 0) {
-    call->Done(here, Retry(here, *shared_fn, retry, timeout, generation, *shared_budget));
+    call->Done(here,
+              attempts_.Retry(here, *shared_fn, retry, timeout, generation, *shared_budget));
   }
   return call;
-}
-
-absl::Status ShardedClient::Impl::Retry(int shard, const ShardFn& fn, bool retry,
-                                        absl::Duration timeout, int64_t generation,
-                                        const std::function<absl::Time(int)>& budget_from) {
-  const absl::Time start = absl::Now();
-  absl::Time give_up = start + options_.retry_for;
-  absl::Duration backoff = absl::Milliseconds(50);
-  // What a probe found about a replica this client has not reached yet (connection_probe.h).
-  std::optional<ProbeFinding> probed;
-  RetryFacts facts;
-  facts.retry = retry;
-  // With two replicas, a failure is tried at the other at once, then again after the backoff.
-  bool switched_at_once = false;
-  for (;;) {
-    ShardSession& session = *sessions_[shard];
-    const int64_t shard_incarnation = session.state().shard_incarnation;
-    const int replica = session.current();
-    ShardSession::Replica& called = session.replica(replica);
-    AttemptEnd end = Attempt(shard, fn, generation, timeout);
-    facts.cancelled_here = CancelledHere(generation);
-    RetryAction action = DecideRetry(end, facts);
-    if (action == RetryAction::kRegisterAgain) {
-      ++facts.reregistrations;
-      PS_LOG(WARNING) << "shard " << shard << " (" << Address(shard)
-                      << ") is another process than the one this client registered with: "
-                         "registering again";
-      end = Reregister(shard, shard_incarnation, generation);
-      if (end.ok()) continue;
-      action = DecideRetry(end, facts);
-    }
-    if (action == RetryAction::kDone) {
-      called.reached.store(true, std::memory_order_relaxed);
-      return absl::OkStatus();
-    }
-    if (action == RetryAction::kAgainNow) {
-      // A path lost goes again on the next at once; a call held back is asked again at once,
-      // without spending the retry budget.
-      if (end.kind == AttemptEnd::Kind::kPathLost) {
-        ++facts.paths_lost;
-      } else {
-        give_up = absl::Now() + options_.retry_for;
-      }
-      continue;
-    }
-    if (budget_from) give_up = std::max(give_up, budget_from(shard) + options_.retry_for);
-    // Could not connect, and never reached: the TLS settings may not fit, which no retry heals.
-    const absl::StatusCode code = end.status.code();
-    const bool not_connected =
-        (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kUnknown ||
-         code == absl::StatusCode::kDeadlineExceeded) &&
-        called.rpc->channel().GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
-    // A mismatch ends the call at once, naming it.
-    if (!probed && not_connected && !called.reached.load(std::memory_order_relaxed)) {
-      probed = session.Probe(called, options_.security);
-      if (probed->misconfigured) {
-        return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " (", called.address,
-                                                          "): ", probed->cause,
-                                                          " [gRPC: ", end.status.message(), "]"));
-      }
-    }
-    // A call that is not retried (a heartbeat) leaves the choice of replica to those that are.
-    if (action == RetryAction::kFailOver && session.SwitchReplica(replica, end.status) &&
-        !switched_at_once && absl::Now() < give_up) {
-      switched_at_once = true;
-      continue;
-    }
-    switched_at_once = false;
-    if (action == RetryAction::kFail || absl::Now() + backoff > give_up ||
-        BackOff(shard, backoff, generation)) {
-      const bool out_of_time = action != RetryAction::kFail && absl::Now() + backoff > give_up;
-      return absl::Status(code, Failure(shard, called, end, probed, not_connected,
-                                        out_of_time ? absl::Now() - start : absl::ZeroDuration()));
-    }
-    PS_LOG(WARNING) << "shard " << shard << " (" << called.address
-                    << "): " << end.status.message() << "; retried after " << backoff;
-    // At most kMaxReconnectBackoffMs apart, like the channel's own attempts: a shard back from a
-    // restart is used within about a second.
-    backoff = std::min(backoff * 2, absl::Milliseconds(kMaxReconnectBackoffMs));
-  }
-}
-
-bool ShardedClient::Impl::BackOff(int shard, absl::Duration backoff, int64_t generation) {
-  // Waits up to `d`; true if CancelPending was called meanwhile.
-  auto cancelled_within = [&](absl::Duration d) {
-    absl::MutexLock lock(&mu_);
-    auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return generation_ != generation; };
-    return mu_.AwaitWithTimeout(absl::Condition(&changed), d);
-  };
-  grpc::Channel& channel = sessions_[shard]->current_replica().rpc->channel();
-  if (channel.GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
-    return cancelled_within(backoff);
-  }
-  const absl::Duration slice = absl::Milliseconds(50);
-  for (absl::Time end = absl::Now() + backoff; absl::Now() < end;) {
-    if (cancelled_within(absl::ZeroDuration())) return true;
-    if (channel.WaitForConnected(absl::ToChronoTime(std::min(end, absl::Now() + slice)))) {
-      return cancelled_within(slice);  // a shard that drops every call is not hammered
-    }
-  }
-  return cancelled_within(absl::ZeroDuration());
-}
-
-std::string ShardedClient::Impl::Failure(int shard, const ShardSession::Replica& called,
-                                         const AttemptEnd& end,
-                                         const std::optional<ProbeFinding>& probed,
-                                         bool not_connected, absl::Duration retried) {
-  // A call that kept failing says for how long, and what the probe found.
-  const std::string tried =
-      retried > absl::ZeroDuration()
-          ? absl::StrCat(" (still failing after ",
-                         absl::FormatDuration(absl::Trunc(retried, absl::Milliseconds(100))),
-                         " of retries; the client's limit: --retry_seconds)")
-          : "";
-  // What the probe found explains this failure only if it is still one to connect.
-  const bool found = probed && !probed->cause.empty() && not_connected;
-  return absl::StrCat("shard ", shard, " (", called.address,
-                      "): ", found ? probed->cause : end.status.message(), tried,
-                      found ? absl::StrCat(" [gRPC: ", end.status.message(), "]") : "");
-}
-
-AttemptEnd ShardedClient::Impl::Reregister(int shard, int64_t stale, int64_t generation) {
-  int64_t resume_sequence = -1;
-  if (worker_id_ >= 0) {
-    absl::MutexLock lock(&steps_->mu);
-    resume_sequence = steps_->Resume();
-  }
-  return sessions_[shard]->Reregister(stale, resume_sequence, AttempterFor(shard, generation));
 }
 
 CancelOnShutdown::CancelOnShutdown(ShardedClient* client)
@@ -562,7 +360,7 @@ absl::StatusOr<int64_t> ShardedClient::Impl::Register() {
     absl::Status s = ForEachShard([&](int shard, grpc::ClientContext* context) {
       if (!ask[shard]) return AttemptEnd();
       return AttemptEnd::FromShard(sessions_[shard]->Register(
-          context, /*resume_sequence=*/-1, AttempterFor(shard, Generation())));
+          context, /*resume_sequence=*/-1, attempts_.AttempterFor(shard, attempts_.generation())));
     });
     if (!s.ok()) return s;
     // Shards without the model beside trained ones: some shard lost its state (a restart without
@@ -627,7 +425,7 @@ AttemptEnd ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* context
                                          Versions* versions, ValuesSeen seen) {
   const Range& r = ranges_[shard];
   ShardSession& session = *sessions_[shard];
-  session.RetryData(AttempterFor(shard, Generation()));
+  session.RetryData(attempts_.AttempterFor(shard, attempts_.generation()));
   PullPart part{{}, params.subspan(r.begin, r.size()), options_.pull_type, seen};
   v1::PullRequest& request = part.request;
   request.set_offset(r.begin);
@@ -646,7 +444,7 @@ AttemptEnd ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* context
                 [&](TensorPath& path, const PathCall& call) {
                   return path.Pull(part, call, &answer);
                 },
-                AttempterFor(shard, Generation()));
+                attempts_.AttempterFor(shard, attempts_.generation()));
   if (!end.ok()) return end;
   versions->version[shard] = answer.version();
   versions->shard_incarnation[shard] = request.shard_incarnation();
@@ -756,7 +554,7 @@ AttemptEnd ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context,
                                        PushFill* fill) {
   const Range& r = ranges_[shard];
   ShardSession& shard_session = *sessions_[shard];
-  shard_session.RetryData(AttempterFor(shard, Generation()));
+  shard_session.RetryData(attempts_.AttempterFor(shard, attempts_.generation()));
   const ShardSession::State session = shard_session.state();
   int64_t base_version = base.version[shard];
   if (base.shard_incarnation[shard] != 0 &&
@@ -782,7 +580,7 @@ AttemptEnd ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context,
   }
   return shard_session.OnPaths(
       context, [&](TensorPath& path, const PathCall& call) { return path.Push(part, call, done); },
-      AttempterFor(shard, Generation()));
+      attempts_.AttempterFor(shard, attempts_.generation()));
 }
 
 ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::StartPush(
@@ -948,9 +746,8 @@ void ShardedClient::CancelPending() {
   std::vector<std::weak_ptr<Call>> holding;
   std::vector<std::weak_ptr<PushFill>> fills;
   {
+    impl_->attempts_.CancelAll();
     absl::MutexLock lock(&impl_->mu_);
-    ++impl_->generation_;
-    for (grpc::ClientContext* c : impl_->in_flight_) c->TryCancel();
     holding.swap(impl_->holding_);
     fills.swap(impl_->fills_);
   }
@@ -968,10 +765,7 @@ void ShardedClient::CancelPending() {
 }
 
 void ShardedClient::Close() {
-  {
-    absl::MutexLock lock(&impl_->mu_);
-    impl_->closed_ = true;
-  }
+  impl_->attempts_.Close();  // no call started later gets through
   CancelPending();
 }
 
