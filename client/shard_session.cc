@@ -12,16 +12,8 @@
 #include "transport/channel_options.h"
 
 namespace ps {
-namespace {
-
-// How to get a job whose shard lost its model going again.
-constexpr char kLostModelFix[] =
-    "Restart it with the --checkpoint_dir it wrote checkpoints to, or start the whole job again";
-
-}  // namespace
-
-ShardSession::ShardSession(int index, const std::string& addresses, int64_t values, Client client)
-    : index_(index), values_(values), client_(std::move(client)) {
+ShardSession::ShardSession(int index, const std::string& addresses, Range range, Client client)
+    : index_(index), range_(range), client_(std::move(client)) {
   std::shared_ptr<grpc::ChannelCredentials> credentials = client_.options->security.credentials;
   if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
   for (const std::string& address : ShardReplicas(addresses)) {
@@ -143,14 +135,6 @@ AttemptEnd ShardSession::Reregister(int64_t stale, int64_t resume_sequence,
   return end;
 }
 
-void ShardSession::Pulled(const v1::PullRequest& request, const v1::PullChunk& answer) {
-  absl::MutexLock lock(&mu_);
-  if (state_.shard_incarnation == request.shard_incarnation()) {
-    state_.initialized = true;
-    state_.version = std::max(state_.version, answer.version());
-  }
-}
-
 absl::StatusOr<std::shared_ptr<SharedMemoryPath>> ShardSession::AttachSharedMemory(
     int64_t shard_incarnation, const Attempter& attempt) {
   if (!client_.options->shared_memory) return absl::FailedPreconditionError("off");
@@ -167,7 +151,7 @@ absl::StatusOr<std::shared_ptr<SharedMemoryPath>> ShardSession::AttachSharedMemo
         current_replica().rpc->stub()->AttachSharedMemory(context, request, &response));
   });
   if (!attached.status.ok()) return attached.status;
-  if (response.region_bytes() < values_ * WireBytes(WireType::kFloat32)) {
+  if (response.region_bytes() < range_.size() * WireBytes(WireType::kFloat32)) {
     return absl::FailedPreconditionError("its segment is smaller than its range");
   }
   absl::StatusOr<SharedSegment> segment =
@@ -197,7 +181,7 @@ absl::StatusOr<std::shared_ptr<DataPlanePath>> ShardSession::ConnectDataPlane(
       DataConnection::Open({host, response.port(), response.connection(), response.secret(),
                             std::max(response.lanes(), 1), response.calls(),
                             options.security.plane_tls, response.last_piece_first()},
-                           static_cast<uint64_t>(values_) * sizeof(float),
+                           static_cast<uint64_t>(range_.size()) * sizeof(float),
                            absl::Now() + options.rpc_timeout, options.rpc_timeout);
   if (!connection.ok()) return connection.status();
   return std::make_shared<DataPlanePath>(*std::move(connection), replica);
@@ -207,19 +191,18 @@ std::shared_ptr<DataPlanePath> ShardSession::DataNow() const {
   return data_ != nullptr && data_->replica() == current_ ? data_ : nullptr;
 }
 
+ShardSession::Paths ShardSession::paths() const {
+  absl::MutexLock lock(&mu_);
+  return {shared_, DataNow(), replicas_[current_]->rpc.get()};
+}
+
 AttemptEnd ShardSession::OnPaths(grpc::ClientContext* context,
                                  const std::function<AttemptEnd(TensorPath&, const PathCall&)>& fn,
                                  const Attempter& attempt) {
-  std::shared_ptr<SharedMemoryPath> shared;
-  std::shared_ptr<DataPlanePath> data;
-  GrpcPath* rpc;
-  {
-    absl::MutexLock lock(&mu_);
-    shared = shared_;
-    data = DataNow();
-    rpc = replicas_[current_]->rpc.get();
-  }
-  TensorPath* const order[] = {shared.get(), data.get(), rpc};
+  const Paths paths = this->paths();
+  const std::shared_ptr<DataPlanePath>& data = paths.data;
+  GrpcPath* rpc = paths.rpc;
+  TensorPath* const order[] = {paths.shared.get(), data.get(), rpc};
   for (TensorPath* path : order) {
     if (path == nullptr) continue;
     AttemptEnd end = fn(*path, PathCall{context, rpc});
@@ -234,10 +217,76 @@ AttemptEnd ShardSession::OnPaths(grpc::ClientContext* context,
   return AttemptEnd::Answered(absl::InternalError("no path took the part"));  // gRPC always does
 }
 
+AttemptEnd ShardSession::Pull(grpc::ClientContext* context, absl::Span<float> values,
+                              int64_t after_sequence, ValuesSeen seen,
+                              CompressedPulls* compressed, const Attempter& attempt,
+                              Served* served) {
+  RetryData(attempt);
+  const ClientOptions& options = *client_.options;
+  PullPart part{{}, values, options.pull_type, seen};
+  v1::PullRequest& request = part.request;
+  request.set_offset(range_.begin);
+  request.set_length(range_.size());
+  request.set_worker_id(client_.worker_id);
+  if (after_sequence >= 0) request.set_after_sequence(after_sequence);
+  request.set_shard_incarnation(state().shard_incarnation);
+  request.set_dtype(static_cast<v1::DType>(options.pull_type));
+  *request.mutable_model() = client_.model;
+  v1::PullChunk answer;
+  AttemptEnd end =
+      compressed != nullptr
+          ? compressed->Pull(index_, part, *current_replica().rpc, context, &answer)
+          : OnPaths(
+                context,
+                [&](TensorPath& path, const PathCall& call) {
+                  return path.Pull(part, call, &answer);
+                },
+                attempt);
+  if (!end.ok()) return end;
+  *served = {answer.version(), request.shard_incarnation()};
+  absl::MutexLock lock(&mu_);
+  if (state_.shard_incarnation == request.shard_incarnation()) {
+    state_.initialized = true;
+    state_.version = std::max(state_.version, answer.version());
+  }
+  return end;
+}
+
+AttemptEnd ShardSession::Push(grpc::ClientContext* context, absl::Span<const float> values,
+                              const std::shared_ptr<const CompressedTensor>& compressed,
+                              int64_t sequence, Served base, FillProgress* filling,
+                              const Attempter& attempt, PushDone* done) {
+  RetryData(attempt);
+  const State session = state();
+  if (base.shard_incarnation != 0 && base.shard_incarnation != session.shard_incarnation) {
+    // Computed from an earlier process of this shard, whose updates since its checkpoint are
+    // lost: the gradient is taken as computed from the version the shard came back at.
+    base.version = std::min(base.version, session.registered_version);
+  }
+  const WireType type = client_.options->push_type;
+  PushPart part{{}, values, type, compressed, filling};
+  v1::PushHeader& header = part.header;
+  header.set_worker_id(client_.worker_id);
+  header.set_incarnation(session.incarnation);
+  header.set_shard_incarnation(session.shard_incarnation);
+  header.set_sequence(sequence);
+  header.set_base_version(base.version);
+  header.set_offset(range_.begin);
+  header.set_length(range_.size());
+  header.set_dtype(static_cast<v1::DType>(type));
+  if (compressed != nullptr) {
+    header.set_dtype(static_cast<v1::DType>(compressed->compressor));
+    header.set_topk_pairs(compressed->pairs);
+  }
+  return OnPaths(
+      context, [&](TensorPath& path, const PathCall& call) { return path.Push(part, call, done); },
+      attempt);
+}
+
 bool ShardSession::StreamsPush() const {
   absl::MutexLock lock(&mu_);
   const std::shared_ptr<DataPlanePath> data = DataNow();
-  return shared_ == nullptr && data != nullptr && data->SendsAsFilled(values_);
+  return shared_ == nullptr && data != nullptr && data->SendsAsFilled(range_.size());
 }
 
 void ShardSession::Drop(const TensorPath* path, absl::string_view why) {

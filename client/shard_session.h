@@ -22,13 +22,19 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/connection_probe.h"
+#include "client/compressed_pulls.h"
 #include "client/data_plane_path.h"
 #include "client/grpc_path.h"
 #include "client/shard_call.h"
 #include "client/shared_memory_path.h"
 #include "client/sharded_client.h"
+#include "common/partition.h"
 
 namespace ps {
+
+// How to get a job whose shard lost its model going again.
+inline constexpr char kLostModelFix[] =
+    "Restart it with the --checkpoint_dir it wrote checkpoints to, or start the whole job again";
 
 class ShardSession {
  public:
@@ -65,9 +71,9 @@ class ShardSession {
     CallThreads* threads;
   };
 
-  // Shard `index` at `addresses` (one, or "primary/backup": common/cluster.h), its range of
-  // `values` values.
-  ShardSession(int index, const std::string& addresses, int64_t values, Client client);
+  // Shard `index` at `addresses` (one, or "primary/backup": common/cluster.h), its `range` of
+  // the flat vector.
+  ShardSession(int index, const std::string& addresses, Range range, Client client);
 
   // The replica calls go to now, and the others.
   int current() const;
@@ -90,14 +96,31 @@ class ShardSession {
   AttemptEnd Reregister(int64_t stale, int64_t resume_sequence, const Attempter& attempt);
   // How many times this client registered again with the shard.
   int reregistrations() const;
-  // Records a pull's answer (made as `request`): the shard held the model, at that version.
-  void Pulled(const v1::PullRequest& request, const v1::PullChunk& answer);
 
-  // One attempt of `fn` on the first path that takes it; a path lost is dropped (later attempts
-  // take the next), a data-plane connection this client cut (a push dropped midway) replaced.
-  AttemptEnd OnPaths(grpc::ClientContext* context,
-                     const std::function<AttemptEnd(TensorPath&, const PathCall&)>& fn,
-                     const Attempter& attempt);
+  // One attempt at pulling the shard's range into `values` (its part of the caller's buffer),
+  // `seen` told of each run as it is in place; through `compressed` if not null. What the pull
+  // served: the version, of which shard process.
+  struct Served {
+    int64_t version = 0;
+    int64_t shard_incarnation = 0;
+  };
+  AttemptEnd Pull(grpc::ClientContext* context, absl::Span<float> values, int64_t after_sequence,
+                  ValuesSeen seen, CompressedPulls* compressed, const Attempter& attempt,
+                  Served* served);
+  // One attempt at pushing the shard's part `values` (or `compressed`, when not null), computed
+  // from `base` (a version of the process `base.shard_incarnation`, 0: this one), as `sequence`;
+  // `filling`, if not null, says how far the values are final (client/tensor_path.h).
+  AttemptEnd Push(grpc::ClientContext* context, absl::Span<const float> values,
+                  const std::shared_ptr<const CompressedTensor>& compressed, int64_t sequence,
+                  Served base, FillProgress* filling, const Attempter& attempt, PushDone* done);
+  // The paths a part takes now, in fallback order: shared memory or the data plane (null where
+  // there is none), and gRPC to the replica called now (always).
+  struct Paths {
+    std::shared_ptr<SharedMemoryPath> shared;
+    std::shared_ptr<DataPlanePath> data;
+    GrpcPath* rpc;
+  };
+  Paths paths() const;
   // Whether a push part may go as its values come: over the data plane, as float32 (the caller
   // checks the type and compression).
   bool StreamsPush() const;
@@ -108,6 +131,11 @@ class ShardSession {
   void EndData();
 
  private:
+  // One attempt of `fn` on the first path that takes it; a path lost is dropped (later attempts
+  // take the next), a data-plane connection this client cut (a push dropped midway) replaced.
+  AttemptEnd OnPaths(grpc::ClientContext* context,
+                     const std::function<AttemptEnd(TensorPath&, const PathCall&)>& fn,
+                     const Attempter& attempt);
   // The data-plane path if it is with the replica called now, else null.
   std::shared_ptr<DataPlanePath> DataNow() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<SharedMemoryPath>> AttachSharedMemory(
@@ -128,7 +156,7 @@ class ShardSession {
   static constexpr absl::Duration kDataRetryLast = absl::Seconds(10);
 
   const int index_;
-  const int64_t values_;
+  const Range range_;
   const Client client_;
   std::vector<std::unique_ptr<Replica>> replicas_;
   // Held while registering again, so that two threads noticing one restart do not register
