@@ -43,7 +43,6 @@ ABSL_FLAG(std::vector<std::string>, workers, {}, "Worker counts, e.g. 2,4,8.");
 ABSL_FLAG(std::vector<std::string>, stragglers, {},
           "Straggler settings: none, or RANK:FACTOR (worker RANK computes FACTOR times slower).");
 ABSL_FLAG(std::vector<std::string>, seeds, {}, "Seeds.");
-ABSL_FLAG(int, shards, 2, "Parameter-server shards.");
 ABSL_FLAG(double, max_seconds, 0,
           "Training time per run; with --epochs, its limit. 0: 60 s without --epochs, no limit "
           "with them.");
@@ -53,15 +52,9 @@ ABSL_FLAG(double, epochs, 0,
 ABSL_FLAG(double, target_accuracy, 0.85, "Accuracy whose time-to is reported.");
 ABSL_FLAG(std::string, optimizer, "momentum", "Server optimizer.");
 ABSL_FLAG(double, lr, 0.01, "Learning rate.");
-ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
 ABSL_FLAG(std::string, model, "",
           "A model spec or preset instead of the --hidden MLP; with --worker_cmd also a tensor "
           "layout (F.json).");
-ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
-ABSL_FLAG(std::string, device, "cpu", "Workers' device: auto | cpu | cuda | cuda:N.");
-ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
-ABSL_FLAG(std::string, worker_flags, "",
-          "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
 ABSL_FLAG(std::string, report_dir, "", "Report directory (default reports/<date-time>).");
 
 namespace ps {
@@ -111,8 +104,7 @@ double ExamplesPerUpdate(const std::string& mode, int workers, int batch) {
 struct RunMatrix {
   std::vector<std::string> modes, workers, stragglers, seeds;
   double epochs = 0;
-  int batch = 0;
-  double max_seconds = 0;  // 0: see --max_seconds
+  JobSpec job;  // what every run's job shares (max_seconds 0: see --max_seconds)
 };
 
 // The matrix with the preset's values and the defaults filled in; fails on an unknown preset or
@@ -124,8 +116,9 @@ absl::StatusOr<RunMatrix> MatrixFromFlags() {
   m.stragglers = absl::GetFlag(FLAGS_stragglers);
   m.seeds = absl::GetFlag(FLAGS_seeds);
   m.epochs = absl::GetFlag(FLAGS_epochs);
-  m.batch = absl::GetFlag(FLAGS_batch_size);
-  m.max_seconds = absl::GetFlag(FLAGS_max_seconds);
+  JobFromSharedFlags(&m.job);
+  m.job.model = absl::GetFlag(FLAGS_model);
+  m.job.max_seconds = absl::GetFlag(FLAGS_max_seconds);
   const std::string preset = absl::GetFlag(FLAGS_preset);
   if (preset == "straggler") {
     if (m.modes.empty())
@@ -178,7 +171,7 @@ absl::StatusOr<std::vector<ExperimentRun>> PlanRuns(const RunMatrix& m) {
           run.config = absl::StrReplaceAll(
               absl::StrCat(mode, "_w", w, s == "none" ? "" : "_strag" + s), {{":", "-"}});
           run.name = m.seeds.size() > 1 ? run.config + "_seed" + seed : run.config;
-          run.examples_per_update = ExamplesPerUpdate(mode, count, m.batch);
+          run.examples_per_update = ExamplesPerUpdate(mode, count, m.job.batch_size);
           runs.push_back(run);
         }
       }
@@ -187,24 +180,17 @@ absl::StatusOr<std::vector<ExperimentRun>> PlanRuns(const RunMatrix& m) {
   return runs;
 }
 
-// The job of one run: the flags' model, data and optimizer, with the run's workers, seed, mode
-// and straggler.
+// The job of one run: what every run shares, with the run's workers, seed, mode and straggler.
 JobSpec RunJob(const RunMatrix& m, const ExperimentRun& run) {
   const double lr = absl::GetFlag(FLAGS_lr);
-  JobSpec job;
-  job.shards = absl::GetFlag(FLAGS_shards);
+  const int batch = m.job.batch_size;
+  JobSpec job = m.job;
   job.workers = run.workers;
-  job.hidden = absl::GetFlag(FLAGS_hidden);
-  job.model = absl::GetFlag(FLAGS_model);
-  job.batch_size = m.batch;
-  job.max_seconds = m.max_seconds;
   // --epochs: every configuration sees as many training examples.
   if (m.epochs > 0) {
-    job.steps = static_cast<int64_t>(std::ceil(m.epochs * 60000 / (run.workers * m.batch)));
+    job.steps = static_cast<int64_t>(std::ceil(m.epochs * 60000 / (run.workers * batch)));
   }
   job.seed = run.seed;
-  job.device = absl::GetFlag(FLAGS_device);
-  job.data_dir = absl::GetFlag(FLAGS_data_dir);
   job.ps_flags = *ModeFlags(run.mode);
   job.ps_flags.push_back("--optimizer=" + absl::GetFlag(FLAGS_optimizer));
   // sync-linear (Goyal et al. 2017): the rate scaled with the workers, reached by a linear
@@ -212,12 +198,10 @@ JobSpec RunJob(const RunMatrix& m, const ExperimentRun& run) {
   const bool linear = run.mode == "sync-linear";
   job.ps_flags.push_back(absl::StrCat("--lr=", linear ? lr * run.workers : lr));
   if (linear && run.workers > 1) {
-    job.ps_flags.push_back(absl::StrCat("--warmup_updates=", 60000 / (run.workers * m.batch)));
+    job.ps_flags.push_back(absl::StrCat("--warmup_updates=", 60000 / (run.workers * batch)));
   }
   job.worker_flags = LocalModelFlags(run.mode, lr, 0.9, false);
-  job.extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
   if (run.straggler != "none") job.straggler = run.straggler;
-  CommandsFromFlags(&job);
   return job;
 }
 
@@ -264,13 +248,12 @@ int RunAll(std::vector<ExperimentRun>& runs, const std::vector<TrainingConfig>& 
 
 // The report's sentence on what every run shared.
 std::string Settings(const RunMatrix& m) {
-  const std::string model = absl::GetFlag(FLAGS_model).empty()
-                                ? "MLP " + absl::GetFlag(FLAGS_hidden)
-                                : "model " + absl::GetFlag(FLAGS_model);
+  const JobSpec& job = m.job;
+  const std::string model = job.model.empty() ? "MLP " + job.hidden : "model " + job.model;
   return absl::StrCat(
-      absl::GetFlag(FLAGS_shards), " shards, optimizer ", absl::GetFlag(FLAGS_optimizer), " lr ",
-      absl::GetFlag(FLAGS_lr), ", ", model, ", batch ", m.batch, " per worker, ",
-      m.epochs > 0 ? absl::StrCat(m.epochs, " epochs") : absl::StrCat(m.max_seconds, " s"),
+      job.shards, " shards, optimizer ", absl::GetFlag(FLAGS_optimizer), " lr ",
+      absl::GetFlag(FLAGS_lr), ", ", model, ", batch ", job.batch_size, " per worker, ",
+      m.epochs > 0 ? absl::StrCat(m.epochs, " epochs") : absl::StrCat(job.max_seconds, " s"),
       " per run.");
 }
 
@@ -306,11 +289,11 @@ int Main(int argc, char** argv) {
   SetLogTag("experiment");
   InstallShutdownHandler();
 
-  if (m->batch < 1) return Fail("--batch_size must be positive");
+  if (m->job.batch_size < 1) return Fail("--batch_size must be positive");
   absl::StatusOr<std::vector<ExperimentRun>> runs = PlanRuns(*m);
   if (!runs.ok()) return Fail(std::string(runs.status().message()));
-  if (!(m->max_seconds >= 0)) return Fail("--max_seconds must be >= 0");
-  if (m->max_seconds == 0 && m->epochs == 0) m->max_seconds = 60;
+  if (!(m->job.max_seconds >= 0)) return Fail("--max_seconds must be >= 0");
+  if (m->job.max_seconds == 0 && m->epochs == 0) m->job.max_seconds = 60;
   const std::string command = absl::StrJoin(std::vector<std::string>(argv, argv + argc), " ");
   absl::StatusOr<std::vector<TrainingConfig>> configs = MakeConfigs(*m, *runs, report, command);
   if (!configs.ok()) return Fail(std::string(configs.status().message()));

@@ -24,7 +24,6 @@
 #include "common/shutdown.h"
 #include "deploy/training_run.h"
 
-ABSL_FLAG(int, shards, 2, "Parameter-server shards.");
 ABSL_FLAG(int, workers, 4, "Workers.");
 ABSL_FLAG(std::string, run_dir, "", "Run directory (default runs/<date-time>).");
 ABSL_FLAG(double, max_seconds, 600, "Stop training after this many seconds; 0: no limit.");
@@ -43,19 +42,13 @@ ABSL_FLAG(std::string, lr_schedule, "auto",
           "best), else constant | constant | cosine (needs --steps) | step (ps --lr_step_updates "
           "and --lr_gamma through --ps_flags).");
 ABSL_FLAG(double, momentum, 0.9, "Momentum coefficient.");
-ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
 ABSL_FLAG(std::string, model, "",
           "The model instead of the --hidden MLP: a spec (cnn:1x28x28-conv32k5-pool2-fc128-10, "
           "grammar in common/network_spec.h), a preset (cnn-small, cnn-large), or with "
           "--worker_cmd a tensor layout (F.json, common/tensor_layout.h).");
-ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of initial weights and batch order.");
-ABSL_FLAG(std::string, device, "cpu", "Workers' device: auto | cpu | cuda | cuda:N.");
-ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
 ABSL_FLAG(std::string, straggler, "", "RANK:FACTOR makes worker RANK compute FACTOR times slower.");
 ABSL_FLAG(std::string, ps_flags, "", "More flags for every ps, e.g. \"--lr_schedule=cosine\".");
-ABSL_FLAG(std::string, worker_flags, "",
-          "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
 ABSL_FLAG(double, eval_interval_seconds, 2, "Seconds between evaluations.");
 ABSL_FLAG(double, progress_seconds, 5, "Seconds between progress lines.");
 ABSL_FLAG(std::string, tls_dir, "",
@@ -141,23 +134,19 @@ absl::StatusOr<std::vector<std::string>> ScheduleFlags(const std::string& schedu
   return std::vector<std::string>{"--lr_schedule=" + schedule};
 }
 
-// The job the flags describe: its sizes, model and data, the shards' consistency, optimizer and
-// schedule, and the workers' own flags.
+// The job the flags describe: the shared ones' (JobFromSharedFlags), the model, limits, the
+// shards' consistency, optimizer and schedule, and the workers' own flags.
 absl::StatusOr<JobSpec> JobFromFlags() {
   JobSpec job;
-  job.shards = absl::GetFlag(FLAGS_shards);
+  JobFromSharedFlags(&job);
   job.workers = absl::GetFlag(FLAGS_workers);
   if (job.shards < 1 || job.workers < 1) {
     return absl::InvalidArgumentError("--shards and --workers must be positive");
   }
-  job.hidden = absl::GetFlag(FLAGS_hidden);
   job.model = absl::GetFlag(FLAGS_model);
-  job.batch_size = absl::GetFlag(FLAGS_batch_size);
   job.steps = absl::GetFlag(FLAGS_steps);
   job.max_seconds = absl::GetFlag(FLAGS_max_seconds);
   job.seed = absl::GetFlag(FLAGS_seed);
-  job.device = absl::GetFlag(FLAGS_device);
-  job.data_dir = absl::GetFlag(FLAGS_data_dir);
   job.eval_interval_seconds = absl::GetFlag(FLAGS_eval_interval_seconds);
   job.ps_flags = {"--consistency=" + absl::GetFlag(FLAGS_consistency),
                   absl::StrCat("--backup_workers=", absl::GetFlag(FLAGS_backup_workers)),
@@ -172,9 +161,7 @@ absl::StatusOr<JobSpec> JobFromFlags() {
       absl::GetFlag(FLAGS_consistency), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum),
       absl::c_linear_search(*schedule, std::string("--lr_schedule=cosine")));
   job.extra_ps_flags = absl::GetFlag(FLAGS_ps_flags);
-  job.extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
   job.straggler = absl::GetFlag(FLAGS_straggler);
-  CommandsFromFlags(&job);
   return job;
 }
 

@@ -22,6 +22,13 @@
 #include "common/shutdown.h"
 #include "deploy/local_cluster.h"
 
+ABSL_FLAG(int, shards, 2, "Parameter-server shards.");
+ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
+ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
+ABSL_FLAG(std::string, device, "cpu", "Workers' device: auto | cpu | cuda | cuda:N.");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
+ABSL_FLAG(std::string, worker_flags, "",
+          "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
 ABSL_FLAG(std::string, worker_cmd, "",
           "Run this command as each worker instead of the worker daemon (a program and its "
           "arguments, quoted as sh quotes and exec'd; variables through env NAME=value ...; "
@@ -106,7 +113,13 @@ std::vector<std::string> LocalModelFlags(const std::string& consistency, double 
   return flags;
 }
 
-void CommandsFromFlags(JobSpec* job) {
+void JobFromSharedFlags(JobSpec* job) {
+  job->shards = absl::GetFlag(FLAGS_shards);
+  job->hidden = absl::GetFlag(FLAGS_hidden);
+  job->batch_size = absl::GetFlag(FLAGS_batch_size);
+  job->device = absl::GetFlag(FLAGS_device);
+  job->data_dir = absl::GetFlag(FLAGS_data_dir);
+  job->extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
   job->worker_command = absl::GetFlag(FLAGS_worker_cmd);
   job->evaluator_command = absl::GetFlag(FLAGS_eval_cmd);
 }
