@@ -126,34 +126,16 @@ void AddSecurity(const ClusterSpec& spec, const std::string& program, bool repli
   add("tls_cert", get("client_cert"));
   add("tls_key", get("client_key"));
   const std::string read_token = get("read_token_file");
-  const bool reads_only = program != "worker";  // the evaluator and the tools
+  const bool reads_only = program != "worker";             // the evaluator and the tools
   if (!reads_only && !get("worker_token_file").empty()) {  // the worker's own token
-    add("token_file", absl::StrReplaceAll(get("worker_token_file"), {{"{rank}", absl::StrCat(rank)}}));
+    add("token_file",
+        absl::StrReplaceAll(get("worker_token_file"), {{"{rank}", absl::StrCat(rank)}}));
     return;
   }
   add("token_file", reads_only && !read_token.empty() ? read_token : get("token_file"));
 }
 
-// Scans argv for --name=VALUE or --name VALUE (also with one dash); "" if absent.
-std::string ArgValue(int argc, char** argv, const std::string& name) {
-  std::string value;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--") break;
-    for (const std::string& prefix : {"--" + name, "-" + name}) {
-      if (arg.rfind(prefix + "=", 0) == 0) value = arg.substr(prefix.size() + 1);
-      if (arg == prefix && i + 1 < argc) value = argv[++i];
-    }
-  }
-  return value;
-}
-
-}  // namespace
-
-absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text, const std::string& dir) {
-  Json root = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return Bad("not valid JSON");
-  if (!root.is_object()) return Bad("the top level must be an object");
+absl::Status CheckTopLevelKeys(const Json& root) {
   static const std::set<std::string> kKeys = {"hidden",          "model",     "shards",
                                               "shards_per_host", "workers",   "ps",
                                               "worker",          "evaluator", "security"};
@@ -163,41 +145,54 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text, const std:
           absl::StrCat("unknown key \"", key, "\" (expected ", absl::StrJoin(kKeys, ", "), ")"));
     }
   }
-  ClusterSpec spec;
-  if (root.contains("hidden")) {
-    const Json& h = root["hidden"];
-    if (h.is_string()) {
-      spec.hidden = h.get<std::string>();
-    } else if (h.is_array()) {
-      std::vector<std::string> sizes;
-      for (const Json& n : h) {
-        if (!n.is_number_integer()) return Bad("\"hidden\" must hold integers");
-        sizes.push_back(n.dump());
-      }
-      spec.hidden = absl::StrJoin(sizes, ",");
-    } else {
-      return Bad("\"hidden\" must be a string like \"256,128\" or an array of sizes");
+  return absl::OkStatus();
+}
+
+// "hidden": "256,128" or [256, 128], checked as the MLP's sizes.
+absl::Status ParseHidden(const Json& root, ClusterSpec* spec) {
+  if (!root.contains("hidden")) return absl::OkStatus();
+  const Json& h = root["hidden"];
+  if (h.is_string()) {
+    spec->hidden = h.get<std::string>();
+  } else if (h.is_array()) {
+    std::vector<std::string> sizes;
+    for (const Json& n : h) {
+      if (!n.is_number_integer()) return Bad("\"hidden\" must hold integers");
+      sizes.push_back(n.dump());
     }
-    if (absl::Status s = MlpLayerSizes(784, spec.hidden, 10).status(); !s.ok()) {
-      return Bad("\"hidden\": " + std::string(s.message()));
-    }
+    spec->hidden = absl::StrJoin(sizes, ",");
+  } else {
+    return Bad("\"hidden\" must be a string like \"256,128\" or an array of sizes");
   }
-  if (root.contains("model")) {
-    if (root.contains("hidden")) return Bad("give \"model\" or \"hidden\", not both");
-    const Json& m = root["model"];
-    if (!m.is_string() && !m.is_object()) {
-      return Bad("\"model\" must be a spec or preset string (common/network_spec.h), a layout "
-                 "file name (F.json) or a layout object (common/tensor_layout.h)");
-    }
-    std::string model = m.is_object() ? m.dump() : m.get<std::string>();
-    if (m.is_string() && IsLayoutSpec(model) && !IsInlineLayout(model) && !dir.empty() &&
-        model.front() != '/') {
-      model = dir + "/" + model;  // a layout file beside the spec
-    }
-    absl::StatusOr<std::string> canonical = ResolveModelSpec(model, "");
-    if (!canonical.ok()) return Bad("\"model\": " + std::string(canonical.status().message()));
-    spec.model = *std::move(canonical);
+  if (absl::Status s = MlpLayerSizes(784, spec->hidden, 10).status(); !s.ok()) {
+    return Bad("\"hidden\": " + std::string(s.message()));
   }
+  return absl::OkStatus();
+}
+
+// "model": a spec, preset, layout file (relative to `dir`) or layout object, made canonical.
+absl::Status ParseModel(const Json& root, const std::string& dir, ClusterSpec* spec) {
+  if (!root.contains("model")) return absl::OkStatus();
+  if (root.contains("hidden")) return Bad("give \"model\" or \"hidden\", not both");
+  const Json& m = root["model"];
+  if (!m.is_string() && !m.is_object()) {
+    return Bad(
+        "\"model\" must be a spec or preset string (common/network_spec.h), a layout "
+        "file name (F.json) or a layout object (common/tensor_layout.h)");
+  }
+  std::string model = m.is_object() ? m.dump() : m.get<std::string>();
+  if (m.is_string() && IsLayoutSpec(model) && !IsInlineLayout(model) && !dir.empty() &&
+      model.front() != '/') {
+    model = dir + "/" + model;  // a layout file beside the spec
+  }
+  absl::StatusOr<std::string> canonical = ResolveModelSpec(model, "");
+  if (!canonical.ok()) return Bad("\"model\": " + std::string(canonical.status().message()));
+  spec->model = *std::move(canonical);
+  return absl::OkStatus();
+}
+
+// "shards", spread over the hosts when "shards_per_host" says so.
+absl::Status ParseShards(const Json& root, ClusterSpec* spec) {
   if (!root.contains("shards") || !root["shards"].is_array() || root["shards"].empty()) {
     return Bad("\"shards\" must be a non-empty array of \"host:port\" (or \"a:port/b:port\")");
   }
@@ -213,22 +208,20 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text, const std:
   absl::StatusOr<std::vector<std::string>> shards =
       ParseShardAddresses(absl::StrJoin(entries, ","));
   if (!shards.ok()) return Bad("\"shards\": " + std::string(shards.status().message()));
-  spec.shards = *std::move(shards);
-  if (root.contains("shards_per_host")) {
-    const Json& k = root["shards_per_host"];
-    if (!k.is_number_integer() || k.get<int64_t>() < 1 || k.get<int64_t>() > 64) {
-      return Bad("\"shards_per_host\" must be an integer from 1 to 64");
-    }
-    absl::StatusOr<std::vector<std::string>> spread = SpreadOverHosts(spec.shards, k.get<int>());
-    if (!spread.ok()) return Bad(std::string(spread.status().message()));
-    spec.shards = *std::move(spread);
+  spec->shards = *std::move(shards);
+  if (!root.contains("shards_per_host")) return absl::OkStatus();
+  const Json& k = root["shards_per_host"];
+  if (!k.is_number_integer() || k.get<int64_t>() < 1 || k.get<int64_t>() > 64) {
+    return Bad("\"shards_per_host\" must be an integer from 1 to 64");
   }
-  if (!root.contains("workers") || !root["workers"].is_number_integer() ||
-      root["workers"].get<int64_t>() < 1 || root["workers"].get<int64_t>() > 1000000) {
-    return Bad("\"workers\" must be a positive integer");
-  }
-  spec.workers = root["workers"].get<int>();
-  // Flags the spec derives itself for each role: a section may not set them.
+  absl::StatusOr<std::vector<std::string>> spread = SpreadOverHosts(spec->shards, k.get<int>());
+  if (!spread.ok()) return Bad(std::string(spread.status().message()));
+  spec->shards = *std::move(spread);
+  return absl::OkStatus();
+}
+
+// The "ps", "worker" and "evaluator" sections: scalar flags, none the spec derives itself.
+absl::Status ParseRoleSections(const Json& root, ClusterSpec* spec) {
   static const std::map<std::string, std::set<std::string>> kDerived = {
       {"ps", {"shard_index", "num_shards", "num_workers", "model", "port", "peer", "replica"}},
       {"worker", {"ps", "rank", "num_workers", "hidden", "model"}},
@@ -243,34 +236,51 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text, const std:
       }
       absl::StatusOr<std::string> text = ScalarText(value, absl::StrCat(role, ".", name));
       if (!text.ok()) return text.status();
-      spec.role_flags[role][name] = *text;
+      spec->role_flags[role][name] = *text;
     }
   }
-  if (root.contains("security")) {
-    static const std::set<std::string> kSecurity = {
-        "ca",         "server_cert", "server_key",      "client_cert",
-        "client_key", "token_file",  "read_token_file", "replication_token_file",
-        "worker_token_file"};
-    if (!root["security"].is_object()) return Bad("\"security\" must be an object");
-    for (const auto& [name, value] : root["security"].items()) {
-      if (kSecurity.count(name) == 0) {
-        return Bad(absl::StrCat("unknown security key \"", name, "\" (expected ",
-                                absl::StrJoin(kSecurity, ", "), ")"));
-      }
-      if (!value.is_string()) return Bad(absl::StrCat("security.", name, " must be a path"));
-      spec.security[name] = value.get<std::string>();
+  return absl::OkStatus();
+}
+
+absl::Status ParseSecurity(const Json& root, ClusterSpec* spec) {
+  if (!root.contains("security")) return absl::OkStatus();
+  static const std::set<std::string> kSecurity = {"ca",
+                                                  "server_cert",
+                                                  "server_key",
+                                                  "client_cert",
+                                                  "client_key",
+                                                  "token_file",
+                                                  "read_token_file",
+                                                  "replication_token_file",
+                                                  "worker_token_file"};
+  if (!root["security"].is_object()) return Bad("\"security\" must be an object");
+  for (const auto& [name, value] : root["security"].items()) {
+    if (kSecurity.count(name) == 0) {
+      return Bad(absl::StrCat("unknown security key \"", name, "\" (expected ",
+                              absl::StrJoin(kSecurity, ", "), ")"));
+    }
+    if (!value.is_string()) return Bad(absl::StrCat("security.", name, " must be a path"));
+    spec->security[name] = value.get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+// A file the workers write is one per worker ({rank}) when there are several.
+absl::Status CheckWorkerOutputs(const ClusterSpec& spec) {
+  auto worker = spec.role_flags.find("worker");
+  if (worker == spec.role_flags.end()) return absl::OkStatus();
+  for (const auto& [name, value] : worker->second) {
+    if (IsWorkerOutputFlag(name) && spec.workers > 1 && value.find("{rank}") == std::string::npos) {
+      return Bad(absl::StrCat("worker.", name, " \"", value, "\" would be one file for all ",
+                              spec.workers, " workers: put {rank} in it (e.g. \"worker-{rank}.",
+                              name == "csv" ? "csv" : "json", "\")"));
     }
   }
-  if (auto worker = spec.role_flags.find("worker"); worker != spec.role_flags.end()) {
-    for (const auto& [name, value] : worker->second) {
-      if (IsWorkerOutputFlag(name) && spec.workers > 1 &&
-          value.find("{rank}") == std::string::npos) {
-        return Bad(absl::StrCat("worker.", name, " \"", value, "\" would be one file for all ",
-                                spec.workers, " workers: put {rank} in it (e.g. \"worker-{rank}.",
-                                name == "csv" ? "csv" : "json", "\")"));
-      }
-    }
-  }
+  return absl::OkStatus();
+}
+
+// What the security files need of each other and of replicated shards.
+absl::Status CheckSecurity(const ClusterSpec& spec) {
   if (auto it = spec.security.find("worker_token_file"); it != spec.security.end()) {
     if (it->second.find("{rank}") == std::string::npos) {
       return Bad(
@@ -302,6 +312,107 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text, const std:
         "replicated shards with a token or mutual TLS need security.replication_token_file (the "
         "token the replicas of a shard prove themselves to each other with)");
   }
+  return absl::OkStatus();
+}
+
+// The clients get the model as the spec gave it: --model, or the MLP's --hidden sizes.
+std::string ClientModelFlag(const ClusterSpec& spec) {
+  return spec.model.empty() ? "--hidden=" + spec.hidden : "--model=" + spec.model;
+}
+
+// The flags of "ps:S" or "ps:S/R" (replica R of shard S); *replicated when the shard has two
+// replicas. Fails naming a shard or replica the spec does not have.
+absl::StatusOr<std::vector<std::string>> ShardRoleFlags(const ClusterSpec& spec,
+                                                        const std::string& role, bool* replicated) {
+  const size_t colon = role.find(':');
+  const int shards = static_cast<int>(spec.shards.size());
+  std::string index_text = colon == std::string::npos ? "" : role.substr(colon + 1);
+  int replica = -1;
+  if (size_t slash = index_text.find('/'); slash != std::string::npos) {
+    if (!absl::SimpleAtoi(index_text.substr(slash + 1), &replica) || replica < 0 || replica > 1) {
+      return absl::InvalidArgumentError("role '" + role + "': the replica must be 0 or 1");
+    }
+    index_text = index_text.substr(0, slash);
+  }
+  int shard = -1;
+  if (!absl::SimpleAtoi(index_text, &shard) || shard < 0 || shard >= shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("role '", role, "': the spec has shards 0..", shards - 1));
+  }
+  std::vector<std::string> replicas = ShardReplicas(spec.shards[shard]);
+  if (replicas.size() == 2 && replica < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("role '", role, "': shard ", shard,
+                                                   " is replicated: give ps:", shard,
+                                                   "/0 or ps:", shard, "/1"));
+  }
+  if (replicas.size() == 1 && replica > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("role '", role, "': shard ", shard, " has one replica"));
+  }
+  const int r = std::max(replica, 0);
+  auto [host, port] = HostPort(replicas[r]);
+  std::vector<std::string> flags = {absl::StrCat("--shard_index=", shard),
+                                    absl::StrCat("--num_shards=", shards),
+                                    absl::StrCat("--num_workers=", spec.workers),
+                                    "--model=" + ModelOf(spec),
+                                    "--host=" + host,
+                                    "--port=" + port};
+  *replicated = replicas.size() == 2;
+  if (*replicated) {
+    flags.push_back("--peer=" + replicas[1 - r]);
+    flags.push_back(absl::StrCat("--replica=", r));
+  }
+  return flags;
+}
+
+// The flags of "worker:R", R in *rank. Fails naming a worker the spec does not have.
+absl::StatusOr<std::vector<std::string>> WorkerRoleFlags(const ClusterSpec& spec,
+                                                         const std::string& role, int* rank) {
+  const size_t colon = role.find(':');
+  if (colon == std::string::npos || !absl::SimpleAtoi(role.substr(colon + 1), rank) || *rank < 0 ||
+      *rank >= spec.workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("role '", role, "': the spec has workers 0..", spec.workers - 1));
+  }
+  return std::vector<std::string>{
+      "--ps=" + absl::StrJoin(spec.shards, ","), absl::StrCat("--rank=", *rank),
+      absl::StrCat("--num_workers=", spec.workers), ClientModelFlag(spec)};
+}
+
+// Scans argv for --name=VALUE or --name VALUE (also with one dash); "" if absent.
+std::string ArgValue(int argc, char** argv, const std::string& name) {
+  std::string value;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--") break;
+    for (const std::string& prefix : {"--" + name, "-" + name}) {
+      if (arg.rfind(prefix + "=", 0) == 0) value = arg.substr(prefix.size() + 1);
+      if (arg == prefix && i + 1 < argc) value = argv[++i];
+    }
+  }
+  return value;
+}
+
+}  // namespace
+
+absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text, const std::string& dir) {
+  Json root = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return Bad("not valid JSON");
+  if (!root.is_object()) return Bad("the top level must be an object");
+  ClusterSpec spec;
+  if (absl::Status s = CheckTopLevelKeys(root); !s.ok()) return s;
+  if (absl::Status s = ParseHidden(root, &spec); !s.ok()) return s;
+  if (absl::Status s = ParseModel(root, dir, &spec); !s.ok()) return s;
+  if (absl::Status s = ParseShards(root, &spec); !s.ok()) return s;
+  if (!root.contains("workers") || !root["workers"].is_number_integer() ||
+      root["workers"].get<int64_t>() < 1 || root["workers"].get<int64_t>() > 1000000) {
+    return Bad("\"workers\" must be a positive integer");
+  }
+  spec.workers = root["workers"].get<int>();
+  if (absl::Status s = ParseRoleSections(root, &spec); !s.ok()) return s;
+  if (absl::Status s = ParseSecurity(root, &spec); !s.ok()) return s;
+  if (absl::Status s = CheckWorkerOutputs(spec); !s.ok()) return s;
+  if (absl::Status s = CheckSecurity(spec); !s.ok()) return s;
   return spec;
 }
 
@@ -358,71 +469,27 @@ absl::StatusOr<std::vector<std::string>> FlagsForRole(const ClusterSpec& spec,
         absl::StrCat("role '", role, "' is not one of ", program, "'s (expected ",
                      program == "ps" || program == "worker" ? program + ":N" : program, ")"));
   }
-  std::vector<std::string> flags;
+  absl::StatusOr<std::vector<std::string>> flags;
   bool replicated = false;  // a replica of a replicated shard (ps --peer)
   int worker_rank = -1;
-  // The clients get the model as the spec gave it: --model, or the MLP's --hidden sizes.
-  const std::string model_flag =
-      spec.model.empty() ? "--hidden=" + spec.hidden : "--model=" + spec.model;
-  const int shards = static_cast<int>(spec.shards.size());
   if (program == "ps") {
-    std::string index_text = colon == std::string::npos ? "" : role.substr(colon + 1);
-    int replica = -1;
-    if (size_t slash = index_text.find('/'); slash != std::string::npos) {
-      if (!absl::SimpleAtoi(index_text.substr(slash + 1), &replica) || replica < 0 || replica > 1) {
-        return absl::InvalidArgumentError("role '" + role + "': the replica must be 0 or 1");
-      }
-      index_text = index_text.substr(0, slash);
-    }
-    int shard = -1;
-    if (!absl::SimpleAtoi(index_text, &shard) || shard < 0 || shard >= shards) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("role '", role, "': the spec has shards 0..", shards - 1));
-    }
-    std::vector<std::string> replicas = ShardReplicas(spec.shards[shard]);
-    if (replicas.size() == 2 && replica < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("role '", role, "': shard ", shard,
-                                                     " is replicated: give ps:", shard,
-                                                     "/0 or ps:", shard, "/1"));
-    }
-    if (replicas.size() == 1 && replica > 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("role '", role, "': shard ", shard, " has one replica"));
-    }
-    const int r = std::max(replica, 0);
-    auto [host, port] = HostPort(replicas[r]);
-    flags = {absl::StrCat("--shard_index=", shard),
-             absl::StrCat("--num_shards=", shards),
-             absl::StrCat("--num_workers=", spec.workers),
-             "--model=" + ModelOf(spec),
-             "--host=" + host,
-             "--port=" + port};
-    if (replicas.size() == 2) {
-      replicated = true;
-      flags.push_back("--peer=" + replicas[1 - r]);
-      flags.push_back(absl::StrCat("--replica=", r));
-    }
+    flags = ShardRoleFlags(spec, role, &replicated);
   } else if (program == "worker") {
-    int& rank = worker_rank;
-    if (colon == std::string::npos || !absl::SimpleAtoi(role.substr(colon + 1), &rank) ||
-        rank < 0 || rank >= spec.workers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("role '", role, "': the spec has workers 0..", spec.workers - 1));
-    }
-    flags = {"--ps=" + absl::StrJoin(spec.shards, ","), absl::StrCat("--rank=", rank),
-             absl::StrCat("--num_workers=", spec.workers), model_flag};
+    flags = WorkerRoleFlags(spec, role, &worker_rank);
   } else if (program == "evaluator" || program == "export_model" || program == "psctl") {
     if (role != program) {
       return absl::InvalidArgumentError("role '" + role + "': expected " + program);
     }
-    flags = {"--ps=" + absl::StrJoin(spec.shards, ","), model_flag};
+    flags =
+        std::vector<std::string>{"--ps=" + absl::StrJoin(spec.shards, ","), ClientModelFlag(spec)};
   } else {
     return absl::InvalidArgumentError("no cluster-spec role for program " + program);
   }
-  AddSecurity(spec, program, replicated, worker_rank, &flags);
+  if (!flags.ok()) return flags.status();
+  AddSecurity(spec, program, replicated, worker_rank, &*flags);
   if (auto it = spec.role_flags.find(program); it != spec.role_flags.end()) {
     for (const auto& [name, value] : it->second) {
-      flags.push_back(absl::StrCat(
+      flags->push_back(absl::StrCat(
           "--", name, "=",
           absl::StrReplaceAll(value, {{"{rank}", absl::StrCat(std::max(worker_rank, 0))}})));
     }
@@ -463,8 +530,9 @@ absl::StatusOr<ClusterArgs> ExpandClusterArgs(int argc, char** argv, const std::
   for (std::string& flag : shown) {
     if (absl::StartsWith(flag, "--model=")) flag = "--model=" + model;
   }
-  out.summary = absl::StrCat(role, " of ", path, " (", spec->shards.size(), " shard(s), ",
-                             spec->workers, " worker(s), ", model, "): ", absl::StrJoin(shown, " "));
+  out.summary =
+      absl::StrCat(role, " of ", path, " (", spec->shards.size(), " shard(s), ", spec->workers,
+                   " worker(s), ", model, "): ", absl::StrJoin(shown, " "));
   return out;
 }
 

@@ -59,6 +59,131 @@ bool ParseConv(absl::string_view text, LayerSpec* layer) {
   return i == text.size();
 }
 
+// Parses a spec's layers in order, tracking the shape each one sees and the parameters so far.
+class LayerParser {
+ public:
+  explicit LayerParser(const std::string& spec) : spec_(spec) {}
+
+  // The words of the layers after the input ("fc" put before an mlp's sizes and a cnn's
+  // classes); sets net->convolutional and the input's shape. Fails naming a bad input.
+  absl::StatusOr<std::vector<std::string>> SplitInput(NetworkSpec* net) {
+    std::vector<std::string> parts;
+    if (absl::StartsWith(spec_, "mlp:")) {
+      parts = absl::StrSplit(spec_.substr(4), '-');
+      if (parts.size() < 2) return Bad(spec_, "an mlp needs at least inputs and outputs");
+      if (!ParsePositive(parts[0], &channels_)) {
+        return Bad(spec_, absl::StrCat("inputs '", parts[0], "' is not a positive number"));
+      }
+      for (size_t i = 1; i < parts.size(); ++i) parts[i] = "fc" + parts[i];
+    } else if (absl::StartsWith(spec_, "cnn:")) {
+      net->convolutional = true;
+      parts = absl::StrSplit(spec_.substr(4), '-');
+      std::vector<std::string> input = absl::StrSplit(parts[0], 'x');
+      if (input.size() != 3 || !ParsePositive(input[0], &channels_) ||
+          !ParsePositive(input[1], &height_) || !ParsePositive(input[2], &width_)) {
+        return Bad(spec_, absl::StrCat("input '", parts[0], "' is not CxHxW"));
+      }
+      if (parts.size() < 2) return Bad(spec_, "no classes");
+      parts.back() = "fc" + parts.back();
+    } else {
+      return Bad(spec_, "not a network");
+    }
+    parts.erase(parts.begin());
+    return parts;
+  }
+
+  // The layer `word` ("conv32k5", "pool2", "fc128") on the current shape, which becomes its
+  // output; `last`: the classes' layer. Fails naming the word.
+  absl::StatusOr<LayerSpec> Next(const std::string& word, bool last) {
+    absl::string_view text = word;
+    LayerSpec l;
+    l.in_height = height_;
+    l.in_width = width_;
+    l.in_channels = channels_;
+    absl::Status parsed;
+    if (absl::ConsumePrefix(&text, "conv")) {
+      parsed = Conv(word, text, &l);
+    } else if (absl::ConsumePrefix(&text, "pool")) {
+      parsed = Pool(word, text, &l);
+    } else if (absl::ConsumePrefix(&text, "fc")) {
+      parsed = Dense(word, text, last, &l);
+    } else {
+      parsed = Bad(spec_, absl::StrCat("unknown layer '", word, "'"));
+    }
+    if (!parsed.ok()) return parsed;
+    l.out_height = height_;
+    l.out_width = width_;
+    l.out_channels = channels_;
+    if (l.out_size() > kMaxWidth || l.in_size() > kMaxWidth) {
+      return Bad(spec_, absl::StrCat("layer '", word, "' is wider than 2^31 - 1"));
+    }
+    // Each factor is < 2^31, so products fit in 128 bits; compare before narrowing.
+    const __int128 weights =
+        l.kind == LayerSpec::Kind::kConv
+            ? static_cast<__int128>(l.kernel) * l.kernel * l.in_channels * l.size
+            : static_cast<__int128>(l.in_size()) * l.size;
+    if (weights + total_ > kMaxParams) return Bad(spec_, "more than 2^40 parameters");
+    total_ += l.num_weights();
+    return l;
+  }
+
+ private:
+  absl::Status Conv(const std::string& word, absl::string_view text, LayerSpec* l) {
+    l->kind = LayerSpec::Kind::kConv;
+    if (dense_seen_ || !ParseConv(text, l)) {
+      return Bad(spec_, absl::StrCat("layer '", word, "' is not convO[kK][sS][pP]",
+                                     dense_seen_ ? " before the dense layers" : ""));
+    }
+    l->relu = true;
+    if (l->pad >= l->kernel) {
+      return Bad(spec_, absl::StrCat("layer '", word, "': padding must be below the kernel"));
+    }
+    if (int64_t{height_} + 2 * l->pad < l->kernel || int64_t{width_} + 2 * l->pad < l->kernel) {
+      return Bad(spec_, absl::StrCat("layer '", word, "': kernel larger than its input ", height_,
+                                     "x", width_));
+    }
+    if (int64_t{l->kernel} * l->kernel * channels_ > kMaxWidth) {
+      return Bad(spec_, absl::StrCat("layer '", word, "' is wider than 2^31 - 1"));
+    }
+    height_ = static_cast<int>((int64_t{height_} + 2 * l->pad - l->kernel) / l->stride + 1);
+    width_ = static_cast<int>((int64_t{width_} + 2 * l->pad - l->kernel) / l->stride + 1);
+    channels_ = l->size;
+    return absl::OkStatus();
+  }
+
+  absl::Status Pool(const std::string& word, absl::string_view text, LayerSpec* l) {
+    l->kind = LayerSpec::Kind::kPool;
+    if (dense_seen_ || !ParsePositive(text, &l->size)) {
+      return Bad(spec_, absl::StrCat("layer '", word, "' is not poolN",
+                                     dense_seen_ ? " before the dense layers" : ""));
+    }
+    if (l->size > height_ || l->size > width_) {
+      return Bad(spec_, absl::StrCat("layer '", word, "': window larger than its input ", height_,
+                                     "x", width_));
+    }
+    height_ /= l->size;
+    width_ /= l->size;
+    return absl::OkStatus();
+  }
+
+  absl::Status Dense(const std::string& word, absl::string_view text, bool last, LayerSpec* l) {
+    l->kind = LayerSpec::Kind::kDense;
+    if (!ParsePositive(text, &l->size)) {
+      return Bad(spec_, absl::StrCat("size '", word, "' is not a positive number"));
+    }
+    dense_seen_ = true;
+    l->relu = !last;
+    height_ = width_ = 1;
+    channels_ = l->size;
+    return absl::OkStatus();
+  }
+
+  const std::string& spec_;
+  int height_ = 1, width_ = 1, channels_ = 0;  // the input of the next layer
+  bool dense_seen_ = false;                    // no conv or pool after a dense layer
+  int64_t total_ = 0;                          // parameters so far
+};
+
 }  // namespace
 
 int64_t LayerSpec::num_weights() const {
@@ -136,96 +261,13 @@ std::string NetworkSpec::ToString() const {
 
 absl::StatusOr<NetworkSpec> ParseNetworkSpec(const std::string& spec) {
   NetworkSpec net;
-  std::vector<std::string> parts;
-  int height = 1, width = 1, channels = 0;
-  if (absl::StartsWith(spec, "mlp:")) {
-    parts = absl::StrSplit(spec.substr(4), '-');
-    if (parts.size() < 2) return Bad(spec, "an mlp needs at least inputs and outputs");
-    if (!ParsePositive(parts[0], &channels)) {
-      return Bad(spec, absl::StrCat("inputs '", parts[0], "' is not a positive number"));
-    }
-    for (size_t i = 1; i < parts.size(); ++i) parts[i] = "fc" + parts[i];
-  } else if (absl::StartsWith(spec, "cnn:")) {
-    net.convolutional = true;
-    parts = absl::StrSplit(spec.substr(4), '-');
-    std::vector<std::string> input = absl::StrSplit(parts[0], 'x');
-    if (input.size() != 3 || !ParsePositive(input[0], &channels) ||
-        !ParsePositive(input[1], &height) || !ParsePositive(input[2], &width)) {
-      return Bad(spec, absl::StrCat("input '", parts[0], "' is not CxHxW"));
-    }
-    if (parts.size() < 2) return Bad(spec, "no classes");
-    parts.back() = "fc" + parts.back();
-  } else {
-    return Bad(spec, "not a network");
-  }
-  bool dense_seen = false;
-  int64_t total = 0;
-  for (size_t i = 1; i < parts.size(); ++i) {
-    absl::string_view text = parts[i];
-    LayerSpec l;
-    l.in_height = height;
-    l.in_width = width;
-    l.in_channels = channels;
-    if (absl::ConsumePrefix(&text, "conv")) {
-      l.kind = LayerSpec::Kind::kConv;
-      if (dense_seen || !ParseConv(text, &l)) {
-        return Bad(spec, absl::StrCat("layer '", parts[i], "' is not convO[kK][sS][pP]",
-                                      dense_seen ? " before the dense layers" : ""));
-      }
-      l.relu = true;
-      if (l.pad >= l.kernel) {
-        return Bad(spec, absl::StrCat("layer '", parts[i], "': padding must be below the kernel"));
-      }
-      if (int64_t{height} + 2 * l.pad < l.kernel || int64_t{width} + 2 * l.pad < l.kernel) {
-        return Bad(spec, absl::StrCat("layer '", parts[i], "': kernel larger than its input ",
-                                      height, "x", width));
-      }
-      if (int64_t{l.kernel} * l.kernel * channels > kMaxWidth) {
-        return Bad(spec, absl::StrCat("layer '", parts[i], "' is wider than 2^31 - 1"));
-      }
-      const int64_t h = (int64_t{height} + 2 * l.pad - l.kernel) / l.stride + 1;
-      const int64_t w = (int64_t{width} + 2 * l.pad - l.kernel) / l.stride + 1;
-      height = static_cast<int>(h);
-      width = static_cast<int>(w);
-      channels = l.size;
-    } else if (absl::ConsumePrefix(&text, "pool")) {
-      l.kind = LayerSpec::Kind::kPool;
-      if (dense_seen || !ParsePositive(text, &l.size)) {
-        return Bad(spec, absl::StrCat("layer '", parts[i], "' is not poolN",
-                                      dense_seen ? " before the dense layers" : ""));
-      }
-      if (l.size > height || l.size > width) {
-        return Bad(spec, absl::StrCat("layer '", parts[i], "': window larger than its input ",
-                                      height, "x", width));
-      }
-      height /= l.size;
-      width /= l.size;
-    } else if (absl::ConsumePrefix(&text, "fc")) {
-      l.kind = LayerSpec::Kind::kDense;
-      if (!ParsePositive(text, &l.size)) {
-        return Bad(spec, absl::StrCat("size '", parts[i], "' is not a positive number"));
-      }
-      dense_seen = true;
-      l.relu = i + 1 < parts.size();
-      height = width = 1;
-      channels = l.size;
-    } else {
-      return Bad(spec, absl::StrCat("unknown layer '", parts[i], "'"));
-    }
-    l.out_height = height;
-    l.out_width = width;
-    l.out_channels = channels;
-    if (l.out_size() > kMaxWidth || l.in_size() > kMaxWidth) {
-      return Bad(spec, absl::StrCat("layer '", parts[i], "' is wider than 2^31 - 1"));
-    }
-    // Each factor is < 2^31, so products fit in 128 bits; compare before narrowing.
-    const __int128 weights =
-        l.kind == LayerSpec::Kind::kConv
-            ? static_cast<__int128>(l.kernel) * l.kernel * l.in_channels * l.size
-            : static_cast<__int128>(l.in_size()) * l.size;
-    if (weights + total > kMaxParams) return Bad(spec, "more than 2^40 parameters");
-    net.layers.push_back(l);
-    total += l.num_weights();
+  LayerParser parser(spec);
+  absl::StatusOr<std::vector<std::string>> layers = parser.SplitInput(&net);
+  if (!layers.ok()) return layers.status();
+  for (size_t i = 0; i < layers->size(); ++i) {
+    absl::StatusOr<LayerSpec> layer = parser.Next((*layers)[i], i + 1 == layers->size());
+    if (!layer.ok()) return layer.status();
+    net.layers.push_back(*layer);
   }
   return net;
 }

@@ -43,7 +43,6 @@ ABSL_FLAG(std::vector<std::string>, workers, {}, "Worker counts, e.g. 2,4,8.");
 ABSL_FLAG(std::vector<std::string>, stragglers, {},
           "Straggler settings: none, or RANK:FACTOR (worker RANK computes FACTOR times slower).");
 ABSL_FLAG(std::vector<std::string>, seeds, {}, "Seeds.");
-ABSL_FLAG(int, shards, 2, "Parameter-server shards.");
 ABSL_FLAG(double, max_seconds, 0,
           "Training time per run; with --epochs, its limit. 0: 60 s without --epochs, no limit "
           "with them.");
@@ -53,15 +52,9 @@ ABSL_FLAG(double, epochs, 0,
 ABSL_FLAG(double, target_accuracy, 0.85, "Accuracy whose time-to is reported.");
 ABSL_FLAG(std::string, optimizer, "momentum", "Server optimizer.");
 ABSL_FLAG(double, lr, 0.01, "Learning rate.");
-ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
 ABSL_FLAG(std::string, model, "",
           "A model spec or preset instead of the --hidden MLP; with --worker_cmd also a tensor "
           "layout (F.json).");
-ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
-ABSL_FLAG(std::string, device, "cpu", "Workers' device: auto | cpu | cuda | cuda:N.");
-ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
-ABSL_FLAG(std::string, worker_flags, "",
-          "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
 ABSL_FLAG(std::string, report_dir, "", "Report directory (default reports/<date-time>).");
 
 namespace ps {
@@ -106,131 +99,137 @@ double ExamplesPerUpdate(const std::string& mode, int workers, int batch) {
   }
 }
 
-int Main(int argc, char** argv) {
-  std::vector<char*> args = ParseFlagsOrHelp(
-      argc, argv, "experiment",
-      "Runs a matrix of training configurations and writes a report.\n"
-      "Example: experiment --preset=straggler   or   experiment --modes=async,sync,ssp:2 "
-      "--workers=2,4 --stragglers=none,0:4 --seeds=1,2");
-  if (args.size() > 1) return Fail(absl::StrCat("unexpected argument '", args[1], "'"));
-  std::vector<std::string> modes = absl::GetFlag(FLAGS_modes),
-                           workers = absl::GetFlag(FLAGS_workers),
-                           stragglers = absl::GetFlag(FLAGS_stragglers),
-                           seeds = absl::GetFlag(FLAGS_seeds);
-  double epochs = absl::GetFlag(FLAGS_epochs);
+// What the flags ask for, a preset's values where a flag is not given: the matrix's axes and how
+// long each run trains.
+struct RunMatrix {
+  std::vector<std::string> modes, workers, stragglers, seeds;
+  double epochs = 0;
+  JobSpec job;  // what every run's job shares (max_seconds 0: see --max_seconds)
+};
+
+// The matrix with the preset's values and the defaults filled in; fails on an unknown preset or
+// mode, or bad --epochs.
+absl::StatusOr<RunMatrix> MatrixFromFlags() {
+  RunMatrix m;
+  m.modes = absl::GetFlag(FLAGS_modes);
+  m.workers = absl::GetFlag(FLAGS_workers);
+  m.stragglers = absl::GetFlag(FLAGS_stragglers);
+  m.seeds = absl::GetFlag(FLAGS_seeds);
+  m.epochs = absl::GetFlag(FLAGS_epochs);
+  JobFromSharedFlags(&m.job);
+  m.job.model = absl::GetFlag(FLAGS_model);
+  m.job.max_seconds = absl::GetFlag(FLAGS_max_seconds);
   const std::string preset = absl::GetFlag(FLAGS_preset);
   if (preset == "straggler") {
-    if (modes.empty())
-      modes = {"sync", "sync-backup1", "async", "async-slr", "ssp:1", "ssp:4", "dcasgd"};
-    if (workers.empty()) workers = {"4"};
-    if (stragglers.empty()) stragglers = {"3:4"};
+    if (m.modes.empty())
+      m.modes = {"sync", "sync-backup1", "async", "async-slr", "ssp:1", "ssp:4", "dcasgd"};
+    if (m.workers.empty()) m.workers = {"4"};
+    if (m.stragglers.empty()) m.stragglers = {"3:4"};
   } else if (preset == "batch-scaling") {
-    if (modes.empty()) modes = {"sync", "sync-linear", "async"};
-    if (workers.empty()) workers = {"1", "2", "4"};
-    if (epochs == 0) epochs = 3;
+    if (m.modes.empty()) m.modes = {"sync", "sync-linear", "async"};
+    if (m.workers.empty()) m.workers = {"1", "2", "4"};
+    if (m.epochs == 0) m.epochs = 3;
   } else if (!preset.empty()) {
-    return Fail("unknown --preset '" + preset + "': expected straggler or batch-scaling");
+    return absl::InvalidArgumentError("unknown --preset '" + preset +
+                                      "': expected straggler or batch-scaling");
   }
-  if (!preset.empty() && seeds.empty()) seeds = {"1", "2", "3"};
-  if (modes.empty()) modes = {"async", "sync"};
-  if (workers.empty()) workers = {"4"};
-  if (stragglers.empty()) stragglers = {"none"};
-  if (seeds.empty()) seeds = {"1"};
-  if (!(epochs >= 0)) return Fail("--epochs must be >= 0");
-  for (const std::string& m : modes) {
-    if (absl::StatusOr<std::vector<std::string>> f = ModeFlags(m); !f.ok()) {
-      return Fail(std::string(f.status().message()));
-    }
+  if (!preset.empty() && m.seeds.empty()) m.seeds = {"1", "2", "3"};
+  if (m.modes.empty()) m.modes = {"async", "sync"};
+  if (m.workers.empty()) m.workers = {"4"};
+  if (m.stragglers.empty()) m.stragglers = {"none"};
+  if (m.seeds.empty()) m.seeds = {"1"};
+  if (!(m.epochs >= 0)) return absl::InvalidArgumentError("--epochs must be >= 0");
+  for (const std::string& mode : m.modes) {
+    if (absl::StatusOr<std::vector<std::string>> f = ModeFlags(mode); !f.ok()) return f.status();
   }
-  std::string report = absl::GetFlag(FLAGS_report_dir);
-  if (report.empty()) {
-    report = "reports/" + absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone());
-  }
-  SetLogTag("experiment");
-  InstallShutdownHandler();
+  return m;
+}
 
-  const int batch = absl::GetFlag(FLAGS_batch_size);
-  if (batch < 1) return Fail("--batch_size must be positive");
+// The matrix's runs, worker count by worker count, then mode, straggler and seed. One worker
+// makes every gradient mode the same SGD: only the first of them runs.
+absl::StatusOr<std::vector<ExperimentRun>> PlanRuns(const RunMatrix& m) {
   std::vector<ExperimentRun> runs;
-  for (const std::string& w : workers) {
+  for (const std::string& w : m.workers) {
     int count = 0;
-    if (!absl::SimpleAtoi(w, &count) || count < 1) return Fail("bad --workers entry '" + w + "'");
-    // One worker makes every gradient mode the same SGD: only the first of them runs.
+    if (!absl::SimpleAtoi(w, &count) || count < 1) {
+      return absl::InvalidArgumentError("bad --workers entry '" + w + "'");
+    }
     bool one_sgd_run = false;
-    for (const std::string& m : modes) {
-      const absl::StatusOr<ConsistencySpec> spec = ParseConsistencySpec(m);
+    for (const std::string& mode : m.modes) {
+      const absl::StatusOr<ConsistencySpec> spec = ParseConsistencySpec(mode);
       const bool local_models = spec.ok() && spec->local_models();
       if (count == 1 && !local_models && std::exchange(one_sgd_run, true)) continue;
-      for (const std::string& s : stragglers) {
-        for (const std::string& seed : seeds) {
+      for (const std::string& s : m.stragglers) {
+        for (const std::string& seed : m.seeds) {
           ExperimentRun run;
-          run.mode = m;
+          run.mode = mode;
           run.straggler = s;
           run.workers = count;
-          if (!absl::SimpleAtoi(seed, &run.seed)) return Fail("bad --seeds entry '" + seed + "'");
+          if (!absl::SimpleAtoi(seed, &run.seed)) {
+            return absl::InvalidArgumentError("bad --seeds entry '" + seed + "'");
+          }
           run.config = absl::StrReplaceAll(
-              absl::StrCat(m, "_w", w, s == "none" ? "" : "_strag" + s), {{":", "-"}});
-          run.name = seeds.size() > 1 ? run.config + "_seed" + seed : run.config;
-          run.examples_per_update = ExamplesPerUpdate(m, count, batch);
+              absl::StrCat(mode, "_w", w, s == "none" ? "" : "_strag" + s), {{":", "-"}});
+          run.name = m.seeds.size() > 1 ? run.config + "_seed" + seed : run.config;
+          run.examples_per_update = ExamplesPerUpdate(mode, count, m.job.batch_size);
           runs.push_back(run);
         }
       }
     }
   }
-  const double target = absl::GetFlag(FLAGS_target_accuracy);
+  return runs;
+}
+
+// The job of one run: what every run shares, with the run's workers, seed, mode and straggler.
+JobSpec RunJob(const RunMatrix& m, const ExperimentRun& run) {
   const double lr = absl::GetFlag(FLAGS_lr);
-  double max_seconds = absl::GetFlag(FLAGS_max_seconds);
-  if (!(max_seconds >= 0)) return Fail("--max_seconds must be >= 0");
-  if (max_seconds == 0 && epochs == 0) max_seconds = 60;
-  // Every run's configuration, made and checked by the daemons (--dry_run) before any starts.
+  const int batch = m.job.batch_size;
+  JobSpec job = m.job;
+  job.workers = run.workers;
+  // --epochs: every configuration sees as many training examples.
+  if (m.epochs > 0) {
+    job.steps = static_cast<int64_t>(std::ceil(m.epochs * 60000 / (run.workers * batch)));
+  }
+  job.seed = run.seed;
+  job.ps_flags = *ModeFlags(run.mode);
+  job.ps_flags.push_back("--optimizer=" + absl::GetFlag(FLAGS_optimizer));
+  // sync-linear (Goyal et al. 2017): the rate scaled with the workers, reached by a linear
+  // warm-up over the first epoch's updates.
+  const bool linear = run.mode == "sync-linear";
+  job.ps_flags.push_back(absl::StrCat("--lr=", linear ? lr * run.workers : lr));
+  if (linear && run.workers > 1) {
+    job.ps_flags.push_back(absl::StrCat("--warmup_updates=", 60000 / (run.workers * batch)));
+  }
+  job.worker_flags = LocalModelFlags(run.mode, lr, 0.9, false);
+  if (run.straggler != "none") job.straggler = run.straggler;
+  return job;
+}
+
+// Every run's configuration, made and checked by the daemons (--dry_run) before any starts.
+absl::StatusOr<std::vector<TrainingConfig>> MakeConfigs(const RunMatrix& m,
+                                                        const std::vector<ExperimentRun>& runs,
+                                                        const std::string& report,
+                                                        const std::string& command) {
   std::vector<TrainingConfig> configs;
   for (size_t i = 0; i < runs.size(); ++i) {
-    ExperimentRun& run = runs[i];
-    const std::string& mode = run.mode;
-    JobSpec job;
-    job.shards = absl::GetFlag(FLAGS_shards);
-    job.workers = run.workers;
-    job.hidden = absl::GetFlag(FLAGS_hidden);
-    job.model = absl::GetFlag(FLAGS_model);
-    job.batch_size = batch;
-    job.max_seconds = max_seconds;
-    // --epochs: every configuration sees as many training examples.
-    if (epochs > 0) {
-      job.steps = static_cast<int64_t>(std::ceil(epochs * 60000 / (run.workers * batch)));
+    const ExperimentRun& run = runs[i];
+    absl::StatusOr<TrainingConfig> c = MakeTrainingConfig(RunJob(m, run));
+    if (!c.ok()) return c.status();
+    c->run_dir = report + "/" + run.name;
+    c->progress_seconds = 10;
+    c->progress_prefix = absl::StrFormat("[%d/%d %s] ", i + 1, runs.size(), run.name);
+    c->command = command;
+    if (absl::Status s = CheckTrainingConfig(*c); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(run.name, ": ", s.message()));
     }
-    job.seed = run.seed;
-    job.device = absl::GetFlag(FLAGS_device);
-    job.data_dir = absl::GetFlag(FLAGS_data_dir);
-    job.ps_flags = *ModeFlags(mode);
-    job.ps_flags.push_back("--optimizer=" + absl::GetFlag(FLAGS_optimizer));
-    // sync-linear (Goyal et al. 2017): the rate scaled with the workers, reached by a linear
-    // warm-up over the first epoch's updates.
-    const bool linear = mode == "sync-linear";
-    job.ps_flags.push_back(absl::StrCat("--lr=", linear ? lr * run.workers : lr));
-    if (linear && run.workers > 1) {
-      job.ps_flags.push_back(absl::StrCat("--warmup_updates=", 60000 / (run.workers * batch)));
-    }
-    job.worker_flags = LocalModelFlags(mode, lr, 0.9, false);
-    job.extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
-    if (run.straggler != "none") job.straggler = run.straggler;
-    CommandsFromFlags(&job);
-    absl::StatusOr<TrainingConfig> made = MakeTrainingConfig(job);
-    if (!made.ok()) return Fail(std::string(made.status().message()));
-    TrainingConfig c = *std::move(made);
-    c.run_dir = report + "/" + run.name;
-    c.progress_seconds = 10;
-    c.progress_prefix = absl::StrFormat("[%d/%d %s] ", i + 1, runs.size(), run.name);
-    c.command = absl::StrJoin(std::vector<std::string>(argv, argv + argc), " ");
-    if (absl::Status s = CheckTrainingConfig(c); !s.ok()) {
-      return Fail(absl::StrCat(run.name, ": ", s.message()));
-    }
-    configs.push_back(std::move(c));
+    configs.push_back(*std::move(c));
   }
-  std::error_code made_report;
-  std::filesystem::create_directories(report, made_report);
-  if (made_report) {
-    return Fail(absl::StrCat("cannot create --report_dir=", report, ": ", made_report.message()));
-  }
+  return configs;
+}
+
+// Runs each configuration in turn until all ran or a shutdown; returns how many failed.
+int RunAll(std::vector<ExperimentRun>& runs, const std::vector<TrainingConfig>& configs,
+           double target) {
   int failed = 0;
   for (size_t i = 0; i < runs.size() && !ShutdownRequested(); ++i) {
     ExperimentRun& run = runs[i];
@@ -244,20 +243,23 @@ int Main(int argc, char** argv) {
     }
     SummariseRun(c.run_dir, target, run);
   }
-  if (ShutdownRequested()) {
-    while (!runs.empty() && runs.back().result.start_unix_seconds == 0) runs.pop_back();
-  }
-  std::vector<std::string> command(argv, argv + argc);
-  const std::string model = absl::GetFlag(FLAGS_model).empty()
-                                ? "MLP " + absl::GetFlag(FLAGS_hidden)
-                                : "model " + absl::GetFlag(FLAGS_model);
-  WriteReport(
-      report, runs, target, absl::StrJoin(command, " "),
-      absl::StrCat(absl::GetFlag(FLAGS_shards), " shards, optimizer ",
-                   absl::GetFlag(FLAGS_optimizer), " lr ", lr, ", ", model, ", batch ", batch,
-                   " per worker, ",
-                   epochs > 0 ? absl::StrCat(epochs, " epochs") : absl::StrCat(max_seconds, " s"),
-                   " per run."));
+  return failed;
+}
+
+// The report's sentence on what every run shared.
+std::string Settings(const RunMatrix& m) {
+  const JobSpec& job = m.job;
+  const std::string model = job.model.empty() ? "MLP " + job.hidden : "model " + job.model;
+  return absl::StrCat(
+      job.shards, " shards, optimizer ", absl::GetFlag(FLAGS_optimizer), " lr ",
+      absl::GetFlag(FLAGS_lr), ", ", model, ", batch ", job.batch_size, " per worker, ",
+      m.epochs > 0 ? absl::StrCat(m.epochs, " epochs") : absl::StrCat(job.max_seconds, " s"),
+      " per run.");
+}
+
+// Prints the report's summary.md; returns main's exit status: 130 after a shutdown, 1 when a run
+// failed or the report is missing.
+int PrintReport(const std::string& report, size_t runs, int failed) {
   std::ifstream in(report + "/summary.md");
   if (!in && !ShutdownRequested()) {
     return Fail("the report was not written: cannot read " + report + "/summary.md");
@@ -265,10 +267,48 @@ int Main(int argc, char** argv) {
   if (in) std::cout << "report: " << report << "/summary.md" << std::endl << in.rdbuf();
   if (ShutdownRequested()) return 130;
   if (failed > 0) {
-    return Fail(absl::StrCat(failed, " of ", runs.size(), " runs FAILED (see ", report,
+    return Fail(absl::StrCat(failed, " of ", runs, " runs FAILED (see ", report,
                              "/summary.md and their logs)"));
   }
   return 0;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<char*> args = ParseFlagsOrHelp(
+      argc, argv, "experiment",
+      "Runs a matrix of training configurations and writes a report.\n"
+      "Example: experiment --preset=straggler   or   experiment --modes=async,sync,ssp:2 "
+      "--workers=2,4 --stragglers=none,0:4 --seeds=1,2");
+  if (args.size() > 1) return Fail(absl::StrCat("unexpected argument '", args[1], "'"));
+  absl::StatusOr<RunMatrix> m = MatrixFromFlags();
+  if (!m.ok()) return Fail(std::string(m.status().message()));
+  std::string report = absl::GetFlag(FLAGS_report_dir);
+  if (report.empty()) {
+    report = "reports/" + absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone());
+  }
+  SetLogTag("experiment");
+  InstallShutdownHandler();
+
+  if (m->job.batch_size < 1) return Fail("--batch_size must be positive");
+  absl::StatusOr<std::vector<ExperimentRun>> runs = PlanRuns(*m);
+  if (!runs.ok()) return Fail(std::string(runs.status().message()));
+  if (!(m->job.max_seconds >= 0)) return Fail("--max_seconds must be >= 0");
+  if (m->job.max_seconds == 0 && m->epochs == 0) m->job.max_seconds = 60;
+  const std::string command = absl::StrJoin(std::vector<std::string>(argv, argv + argc), " ");
+  absl::StatusOr<std::vector<TrainingConfig>> configs = MakeConfigs(*m, *runs, report, command);
+  if (!configs.ok()) return Fail(std::string(configs.status().message()));
+  std::error_code made_report;
+  std::filesystem::create_directories(report, made_report);
+  if (made_report) {
+    return Fail(absl::StrCat("cannot create --report_dir=", report, ": ", made_report.message()));
+  }
+  const double target = absl::GetFlag(FLAGS_target_accuracy);
+  const int failed = RunAll(*runs, *configs, target);
+  if (ShutdownRequested()) {
+    while (!runs->empty() && runs->back().result.start_unix_seconds == 0) runs->pop_back();
+  }
+  WriteReport(report, *runs, target, command, Settings(*m));
+  return PrintReport(report, runs->size(), failed);
 }
 
 }  // namespace

@@ -24,7 +24,6 @@
 #include "common/shutdown.h"
 #include "deploy/training_run.h"
 
-ABSL_FLAG(int, shards, 2, "Parameter-server shards.");
 ABSL_FLAG(int, workers, 4, "Workers.");
 ABSL_FLAG(std::string, run_dir, "", "Run directory (default runs/<date-time>).");
 ABSL_FLAG(double, max_seconds, 600, "Stop training after this many seconds; 0: no limit.");
@@ -43,19 +42,13 @@ ABSL_FLAG(std::string, lr_schedule, "auto",
           "best), else constant | constant | cosine (needs --steps) | step (ps --lr_step_updates "
           "and --lr_gamma through --ps_flags).");
 ABSL_FLAG(double, momentum, 0.9, "Momentum coefficient.");
-ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
 ABSL_FLAG(std::string, model, "",
           "The model instead of the --hidden MLP: a spec (cnn:1x28x28-conv32k5-pool2-fc128-10, "
           "grammar in common/network_spec.h), a preset (cnn-small, cnn-large), or with "
           "--worker_cmd a tensor layout (F.json, common/tensor_layout.h).");
-ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
 ABSL_FLAG(uint64_t, seed, 1, "Seed of initial weights and batch order.");
-ABSL_FLAG(std::string, device, "cpu", "Workers' device: auto | cpu | cuda | cuda:N.");
-ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
 ABSL_FLAG(std::string, straggler, "", "RANK:FACTOR makes worker RANK compute FACTOR times slower.");
 ABSL_FLAG(std::string, ps_flags, "", "More flags for every ps, e.g. \"--lr_schedule=cosine\".");
-ABSL_FLAG(std::string, worker_flags, "",
-          "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
 ABSL_FLAG(double, eval_interval_seconds, 2, "Seconds between evaluations.");
 ABSL_FLAG(double, progress_seconds, 5, "Seconds between progress lines.");
 ABSL_FLAG(std::string, tls_dir, "",
@@ -141,24 +134,19 @@ absl::StatusOr<std::vector<std::string>> ScheduleFlags(const std::string& schedu
   return std::vector<std::string>{"--lr_schedule=" + schedule};
 }
 
-int Main(int argc, char** argv) {
-  std::vector<char*> args = ParseFlagsOrHelp(
-      argc, argv, "launch",
-      "Starts a local cluster (shards, workers, evaluator) training Fashion-MNIST.\n"
-      "Example: launch --shards=2 --workers=4 --consistency=ssp:2 --straggler=3:4");
-  if (args.size() > 1) return Fail(absl::StrCat("unexpected argument '", args[1], "'"));
+// The job the flags describe: the shared ones' (JobFromSharedFlags), the model, limits, the
+// shards' consistency, optimizer and schedule, and the workers' own flags.
+absl::StatusOr<JobSpec> JobFromFlags() {
   JobSpec job;
-  job.shards = absl::GetFlag(FLAGS_shards);
+  JobFromSharedFlags(&job);
   job.workers = absl::GetFlag(FLAGS_workers);
-  if (job.shards < 1 || job.workers < 1) return Fail("--shards and --workers must be positive");
-  job.hidden = absl::GetFlag(FLAGS_hidden);
+  if (job.shards < 1 || job.workers < 1) {
+    return absl::InvalidArgumentError("--shards and --workers must be positive");
+  }
   job.model = absl::GetFlag(FLAGS_model);
-  job.batch_size = absl::GetFlag(FLAGS_batch_size);
   job.steps = absl::GetFlag(FLAGS_steps);
   job.max_seconds = absl::GetFlag(FLAGS_max_seconds);
   job.seed = absl::GetFlag(FLAGS_seed);
-  job.device = absl::GetFlag(FLAGS_device);
-  job.data_dir = absl::GetFlag(FLAGS_data_dir);
   job.eval_interval_seconds = absl::GetFlag(FLAGS_eval_interval_seconds);
   job.ps_flags = {"--consistency=" + absl::GetFlag(FLAGS_consistency),
                   absl::StrCat("--backup_workers=", absl::GetFlag(FLAGS_backup_workers)),
@@ -167,37 +155,39 @@ int Main(int argc, char** argv) {
                   absl::StrCat("--momentum=", absl::GetFlag(FLAGS_momentum))};
   absl::StatusOr<std::vector<std::string>> schedule =
       ScheduleFlags(absl::GetFlag(FLAGS_lr_schedule), absl::GetFlag(FLAGS_consistency), job);
-  if (!schedule.ok()) return Fail(std::string(schedule.status().message()));
+  if (!schedule.ok()) return schedule.status();
   job.ps_flags.insert(job.ps_flags.end(), schedule->begin(), schedule->end());
   job.worker_flags = LocalModelFlags(
       absl::GetFlag(FLAGS_consistency), absl::GetFlag(FLAGS_lr), absl::GetFlag(FLAGS_momentum),
       absl::c_linear_search(*schedule, std::string("--lr_schedule=cosine")));
   job.extra_ps_flags = absl::GetFlag(FLAGS_ps_flags);
-  job.extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
   job.straggler = absl::GetFlag(FLAGS_straggler);
-  CommandsFromFlags(&job);
-  absl::StatusOr<TrainingConfig> made = MakeTrainingConfig(job);
-  if (!made.ok()) return Fail(std::string(made.status().message()));
-  TrainingConfig c = *std::move(made);
-  c.command = absl::StrJoin(std::vector<std::string>(argv, argv + argc), " ");
-  c.target_accuracy = absl::GetFlag(FLAGS_target_accuracy);
-  c.progress_seconds = absl::GetFlag(FLAGS_progress_seconds);
+  return job;
+}
+
+// TLS (--tls_dir) and the tokens.
+ClusterSecurity SecurityFromFlags() {
+  ClusterSecurity security;
   if (std::string dir = absl::GetFlag(FLAGS_tls_dir); !dir.empty()) {
-    c.security = ClusterSecurity::MutualTls(dir);
+    security = ClusterSecurity::MutualTls(dir);
   }
-  c.security.token_file = absl::GetFlag(FLAGS_token_file);
-  c.security.worker_identity = absl::GetFlag(FLAGS_worker_identity);
-  c.security.read_token_file = absl::GetFlag(FLAGS_read_token_file);
-  c.security.replication_token_file = absl::GetFlag(FLAGS_replication_token_file);
-  c.run_dir = absl::GetFlag(FLAGS_run_dir);
-  if (c.run_dir.empty()) {
-    c.run_dir = "runs/" + absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone());
-  }
+  security.token_file = absl::GetFlag(FLAGS_token_file);
+  security.worker_identity = absl::GetFlag(FLAGS_worker_identity);
+  security.read_token_file = absl::GetFlag(FLAGS_read_token_file);
+  security.replication_token_file = absl::GetFlag(FLAGS_replication_token_file);
+  return security;
+}
+
+// How the run survives deaths: replicas or checkpoints (by default in the run directory), the
+// kills to inject, which need one of them for a shard, and the restarts allowed.
+absl::Status SetRecoveryFromFlags(TrainingConfig& c) {
   c.replicas = absl::GetFlag(FLAGS_replicas);
-  if (c.replicas != 1 && c.replicas != 2) return Fail("--replicas must be 1 or 2");
+  if (c.replicas != 1 && c.replicas != 2) {
+    return absl::InvalidArgumentError("--replicas must be 1 or 2");
+  }
   c.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   if (c.replicas > 1 && !c.checkpoint_dir.empty() && c.checkpoint_dir != "none") {
-    return Fail(
+    return absl::InvalidArgumentError(
         "--replicas=2 replaces checkpoints in launch (both replicas of a shard would "
         "write one directory); drop --checkpoint_dir");
   }
@@ -207,31 +197,47 @@ int Main(int argc, char** argv) {
                     absl::StrCat("--checkpoint_seconds=", absl::GetFlag(FLAGS_checkpoint_seconds)));
   absl::StatusOr<std::vector<Kill>> kills =
       ParseKillPlan(absl::GetFlag(FLAGS_kill), c.shards, c.workers);
-  if (!kills.ok()) return Fail(std::string(kills.status().message()));
+  if (!kills.ok()) return kills.status();
   for (const Kill& k : *kills) {
     if (k.role == Kill::Role::kShard && c.checkpoint_dir.empty() && c.replicas == 1) {
-      return Fail("--kill=ps:... needs checkpoints (not --checkpoint_dir=none) or --replicas=2");
+      return absl::InvalidArgumentError(
+          "--kill=ps:... needs checkpoints (not --checkpoint_dir=none) or --replicas=2");
     }
   }
   c.kills = *std::move(kills);
   c.max_restarts = absl::GetFlag(FLAGS_max_restarts);
-  SetLogTag("launch");
-  // Every daemon's flags checked by the daemon itself before anything starts (or is created).
-  if (absl::Status s = CheckTrainingConfig(c); !s.ok()) return Fail(std::string(s.message()));
-  InstallShutdownHandler();
+  return absl::OkStatus();
+}
 
-  std::cout << "run directory: " << c.run_dir << "\n"
-            << c.shards << " shards, " << c.workers << " workers, "
-            << absl::GetFlag(FLAGS_consistency) << ", optimizer " << absl::GetFlag(FLAGS_optimizer)
-            << " lr " << absl::GetFlag(FLAGS_lr) << std::endl;
-  TrainingResult r = RunTraining(c, std::cout);
-  if (r.shard_stats.empty() && !r.failure.empty()) return Fail(r.failure);
+// The run the command line asks for; fails with a one-line reason.
+absl::StatusOr<TrainingConfig> ConfigFromFlags(int argc, char** argv) {
+  absl::StatusOr<JobSpec> job = JobFromFlags();
+  if (!job.ok()) return job.status();
+  absl::StatusOr<TrainingConfig> c = MakeTrainingConfig(*job);
+  if (!c.ok()) return c.status();
+  c->command = absl::StrJoin(std::vector<std::string>(argv, argv + argc), " ");
+  c->target_accuracy = absl::GetFlag(FLAGS_target_accuracy);
+  c->progress_seconds = absl::GetFlag(FLAGS_progress_seconds);
+  c->security = SecurityFromFlags();
+  c->run_dir = absl::GetFlag(FLAGS_run_dir);
+  if (c->run_dir.empty()) {
+    c->run_dir = "runs/" + absl::FormatTime("%Y%m%d-%H%M%S", absl::Now(), absl::LocalTimeZone());
+  }
+  if (absl::Status s = SetRecoveryFromFlags(*c); !s.ok()) return s;
+  return c;
+}
 
+// Writes plot.gp into the run directory and runs gnuplot on it (training.png).
+void Plot(const TrainingConfig& c, const TrainingResult& r) {
   std::ofstream(c.run_dir + "/plot.gp") << PlotScript(r.start_unix_seconds, c.workers);
   if (std::system(absl::StrCat("cd '", c.run_dir, "' && gnuplot plot.gp 2> plot.log").c_str()) !=
       0) {
     PS_LOG(WARNING) << "plotting failed (is gnuplot installed?); see " << c.run_dir << "/plot.log";
   }
+}
+
+// The run's outcome on stdout: steps, test accuracy against the published baseline, recoveries.
+void PrintSummary(const TrainingConfig& c, const TrainingResult& r) {
   const double baseline = 0.8833;  // the dataset's published MLP 256-128-100 result
   AccuracySummary a =
       SummariseAccuracy(c.run_dir + "/evaluator.csv", r.start_unix_seconds, baseline);
@@ -244,14 +250,36 @@ int Main(int argc, char** argv) {
                                            : absl::StrFormat("after %.0f s", a.target_at),
                    c.run_dir)
             << std::endl;
-  if (!r.recoveries.empty()) {
-    int64_t lost = 0;
-    for (const v1::StatsResponse& s : r.shard_stats) lost += std::max<int64_t>(s.updates_lost(), 0);
-    std::cout << "recovered " << r.recoveries.size() << " time(s) (" << lost
-              << " update(s) lost with restarted shards):\n";
-    for (const std::string& line : r.recoveries) std::cout << "  " << line << "\n";
-    std::cout << std::flush;
-  }
+  if (r.recoveries.empty()) return;
+  int64_t lost = 0;
+  for (const v1::StatsResponse& s : r.shard_stats) lost += std::max<int64_t>(s.updates_lost(), 0);
+  std::cout << "recovered " << r.recoveries.size() << " time(s) (" << lost
+            << " update(s) lost with restarted shards):\n";
+  for (const std::string& line : r.recoveries) std::cout << "  " << line << "\n";
+  std::cout << std::flush;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<char*> args = ParseFlagsOrHelp(
+      argc, argv, "launch",
+      "Starts a local cluster (shards, workers, evaluator) training Fashion-MNIST.\n"
+      "Example: launch --shards=2 --workers=4 --consistency=ssp:2 --straggler=3:4");
+  if (args.size() > 1) return Fail(absl::StrCat("unexpected argument '", args[1], "'"));
+  absl::StatusOr<TrainingConfig> c = ConfigFromFlags(argc, argv);
+  if (!c.ok()) return Fail(std::string(c.status().message()));
+  SetLogTag("launch");
+  // Every daemon's flags checked by the daemon itself before anything starts (or is created).
+  if (absl::Status s = CheckTrainingConfig(*c); !s.ok()) return Fail(std::string(s.message()));
+  InstallShutdownHandler();
+
+  std::cout << "run directory: " << c->run_dir << "\n"
+            << c->shards << " shards, " << c->workers << " workers, "
+            << absl::GetFlag(FLAGS_consistency) << ", optimizer " << absl::GetFlag(FLAGS_optimizer)
+            << " lr " << absl::GetFlag(FLAGS_lr) << std::endl;
+  TrainingResult r = RunTraining(*c, std::cout);
+  if (r.shard_stats.empty() && !r.failure.empty()) return Fail(r.failure);
+  Plot(*c, r);
+  PrintSummary(*c, r);
   if (!r.failure.empty()) return Fail(r.failure);
   return r.interrupted ? 130 : 0;
 }

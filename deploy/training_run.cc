@@ -22,6 +22,13 @@
 #include "common/shutdown.h"
 #include "deploy/local_cluster.h"
 
+ABSL_FLAG(int, shards, 2, "Parameter-server shards.");
+ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
+ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
+ABSL_FLAG(std::string, device, "cpu", "Workers' device: auto | cpu | cuda | cuda:N.");
+ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
+ABSL_FLAG(std::string, worker_flags, "",
+          "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
 ABSL_FLAG(std::string, worker_cmd, "",
           "Run this command as each worker instead of the worker daemon (a program and its "
           "arguments, quoted as sh quotes and exec'd; variables through env NAME=value ...; "
@@ -106,7 +113,13 @@ std::vector<std::string> LocalModelFlags(const std::string& consistency, double 
   return flags;
 }
 
-void CommandsFromFlags(JobSpec* job) {
+void JobFromSharedFlags(JobSpec* job) {
+  job->shards = absl::GetFlag(FLAGS_shards);
+  job->hidden = absl::GetFlag(FLAGS_hidden);
+  job->batch_size = absl::GetFlag(FLAGS_batch_size);
+  job->device = absl::GetFlag(FLAGS_device);
+  job->data_dir = absl::GetFlag(FLAGS_data_dir);
+  job->extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
   job->worker_command = absl::GetFlag(FLAGS_worker_cmd);
   job->evaluator_command = absl::GetFlag(FLAGS_eval_cmd);
 }
@@ -228,176 +241,12 @@ absl::Status CheckTrainingConfig(const TrainingConfig& c) {
                                 : std::nullopt);
 }
 
-TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
-  TrainingResult result;
-  LocalCluster cluster(ExecutableDir(), c.run_dir, c.security);
-  const absl::Time start = absl::Now();
-  result.start_unix_seconds = absl::ToDoubleSeconds(start - absl::UnixEpoch());
-  std::vector<std::string> ps_flags = ShardFlags(c);
-  if (absl::Status s = cluster.StartShards(c.shards, c.model, c.workers, ps_flags, c.replicas);
-      !s.ok()) {
-    result.failure = std::string(s.message());
-    return result;
-  }
-  WriteConfig(c, cluster, start);
-  // Worker r's flags; a worker started again gets the time left of the run.
-  auto worker_flags = [&](int r) {
-    std::vector<std::string> flags = WorkerFlags(c, r);
-    if (c.max_seconds > 0) {
-      double left = c.max_seconds - absl::ToDoubleSeconds(absl::Now() - start);
-      flags.push_back(absl::StrCat("--max_seconds=", std::max(left, 0.1)));  // the last one counts
-    }
-    return flags;
-  };
-  if (absl::Status s = cluster.StartEvaluator(c.evaluator_flags, c.evaluator_command); !s.ok()) {
-    result.failure = std::string(s.message());
-  }
-  for (int r = 0; r < c.workers && result.failure.empty(); ++r) {
-    if (absl::Status s = cluster.StartWorker(r, c.workers, worker_flags(r), c.worker_command);
-        !s.ok()) {
-      result.failure = std::string(s.message());
-    }
-  }
+namespace {
 
-  auto stamp = [&](absl::Time t) {
-    return absl::StrFormat("%s[%6.1fs] ", c.progress_prefix, absl::ToDoubleSeconds(t - start));
-  };
-  // Starts a process that died (exit `code`) again with `start_again`, unless it has been
-  // restarted max_restarts times already: then the run ends with the reason.
-  std::map<std::string, int> restarts;
-  auto recover = [&](const std::string& name, int code, const std::string& how,
-                     const std::function<absl::Status()>& start_again) {
-    int& n = restarts[name];
-    if (n >= c.max_restarts) {
-      result.failure = absl::StrCat(name, " exited with status ", code, " again after ", n,
-                                    " restart(s); see its log in ", c.run_dir);
-      return;
-    }
-    ++n;
-    std::string line = absl::StrCat(name, " exited with status ", code, ": ", how, " (restart ", n,
-                                    " of at most ", c.max_restarts, ")");
-    progress << stamp(absl::Now()) << line << std::endl;
-    if (absl::Status s = start_again(); !s.ok()) {
-      result.failure = absl::StrCat("cannot restart ", name, ": ", s.message());
-      return;
-    }
-    result.recoveries.push_back(line);
-  };
-
-  int64_t last_steps = 0;
-  double last_version = 0;
-  absl::Time last_time = start;
-  std::vector<Kill> kills = c.kills;  // those not yet done
-  // Processes are watched every 200 ms, every 20 ms while a kill waits for progress (a run 5x
-  // faster than this machine's does ~1,000 updates in 200 ms); a progress line is printed every
-  // progress_seconds.
-  while (result.failure.empty()) {
-    const bool by_progress = std::any_of(
-        kills.begin(), kills.end(), [](const Kill& k) { return k.unit != Kill::Unit::kSeconds; });
-    result.interrupted = WaitForShutdown(absl::Milliseconds(by_progress ? 20 : 200));
-    absl::Time now = absl::Now();
-    if (!kills.empty()) {
-      RunProgress at{absl::ToDoubleSeconds(now - start), StepsDone(c.run_dir, c.workers), -1};
-      auto read_updates = [&] {
-        if (at.updates < 0) at.updates = cluster.UpdatesApplied(absl::Milliseconds(500));
-      };
-      if (std::any_of(kills.begin(), kills.end(),
-                      [](const Kill& k) { return k.unit == Kill::Unit::kUpdates; })) {
-        read_updates();
-      }
-      for (auto k = kills.begin(); k != kills.end();) {
-        if (!k->Due(at)) {
-          ++k;
-          continue;
-        }
-        read_updates();  // for the progress line
-        (k->role == Kill::Role::kWorker ? *cluster.worker(k->index)
-                                        : cluster.shards()[k->index * c.replicas])  // replica 0
-            .Signal(SIGKILL);
-        progress << stamp(now)
-                 << absl::StrFormat("killed %s (--kill %s): %d steps, %d updates", k->Name(),
-                                    k->When(), at.steps, at.updates)
-                 << std::endl;
-        k = kills.erase(k);
-      }
-    }
-    bool any_running = false;
-    for (int r = 0; r < c.workers && result.failure.empty(); ++r) {
-      Subprocess* w = cluster.worker(r);
-      if (w->running()) {
-        any_running = true;
-      } else if (int code = *w->Wait(absl::ZeroDuration()); code != 0) {
-        any_running = true;
-        recover(absl::StrCat("worker ", r), code, "starting it again (it rejoins and resumes)",
-                [&] { return cluster.StartWorker(r, c.workers, worker_flags(r), c.worker_command); });
-      }
-    }
-    for (int i = 0; i < c.shards * c.replicas && result.failure.empty(); ++i) {
-      if (cluster.shards()[i].running()) continue;
-      int code = *cluster.shards()[i].Wait(absl::ZeroDuration());
-      if (c.replicas > 1) {
-        recover(absl::StrCat("shard ", i / c.replicas, " replica ", i % c.replicas), code,
-                "starting it again (it joins its peer as the backup)",
-                [&] { return cluster.RestartShard(i); });
-        continue;
-      }
-      if (c.checkpoint_dir.empty()) {
-        result.failure = absl::StrCat("shard ", i, " exited with status ", code,
-                                      " and checkpoints are off: the run cannot go on");
-        break;
-      }
-      recover(absl::StrCat("shard ", i), code, "starting it again from its checkpoints",
-              [&] { return cluster.RestartShard(i); });
-    }
-    if (result.failure.empty() && !cluster.evaluator()->running()) {
-      int code = *cluster.evaluator()->Wait(absl::ZeroDuration());
-      recover("evaluator", code, "starting it again",
-              [&] { return cluster.StartEvaluator(c.evaluator_flags, c.evaluator_command); });
-    }
-    // The evaluator's last row: the version it scored (applied updates) and the accuracy.
-    std::string evaluation = LastLine(c.run_dir + "/evaluator.csv");
-    double accuracy = CsvField(evaluation, 3);
-    if (now - last_time >= absl::Seconds(c.progress_seconds) || result.interrupted ||
-        !any_running) {
-      int64_t steps = StepsDone(c.run_dir, c.workers);
-      // Read from the shards now (the evaluator's last row lags by its interval). A shard that
-      // does not answer within 200 ms counts 0, so the line keeps the highest count seen.
-      double version =
-          static_cast<double>(cluster.UpdatesApplied(absl::Milliseconds(200))) / c.shards;
-      version = std::max(version, last_version);
-      double dt = absl::ToDoubleSeconds(now - last_time);
-      progress << stamp(now)
-               << absl::StrFormat("%8d steps (%6.1f/s), %7.0f updates/shard (%6.1f/s), test accuracy %s",
-                                  steps, (steps - last_steps) / dt, version,
-                                  (version - last_version) / dt,
-                                  std::isnan(accuracy) ? "-" : absl::StrFormat("%.4f", accuracy))
-               << std::endl;
-      last_steps = steps;
-      last_version = version;
-      last_time = now;
-    }
-    if (result.interrupted) {
-      progress << "interrupted: stopping the cluster" << std::endl;
-      break;
-    }
-    if (c.target_accuracy > 0 && accuracy >= c.target_accuracy) {
-      progress << c.progress_prefix << "reached target accuracy " << c.target_accuracy << std::endl;
-      break;
-    }
-    if (!any_running) break;
-    // Workers stop themselves at --max_seconds, but one held at a sync barrier may not.
-    if (c.max_seconds > 0 && now - start > absl::Seconds(c.max_seconds)) break;
-  }
-  std::string stop_problems = cluster.Stop();
-  if (result.failure.empty() && !result.interrupted) result.failure = stop_problems;
-  // A fault that was asked for and never happened makes the run not the experiment asked for.
-  if (result.failure.empty() && !result.interrupted && !kills.empty()) {
-    result.failure = absl::StrCat("--kill: ", kills[0].Name(), " ", kills[0].When(),
-                                  " never happened: the run ended first (at ",
-                                  StepsDone(c.run_dir, c.workers), " steps); trigger it earlier");
-  }
-  result.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  result.worker_steps = StepsDone(c.run_dir, c.workers);
+// The stats each shard wrote at shutdown; of a replicated shard, the replica that ended furthest
+// on. Shards without a readable file are left out.
+std::vector<v1::StatsResponse> ShardStats(const TrainingConfig& c) {
+  std::vector<v1::StatsResponse> all;
   for (int s = 0; s < c.shards; ++s) {
     std::optional<v1::StatsResponse> furthest;
     for (int r = 0; r < c.replicas; ++r) {
@@ -411,9 +260,248 @@ TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
         furthest = stats;
       }
     }
-    if (furthest) result.shard_stats.push_back(*furthest);
+    if (furthest) all.push_back(*furthest);
   }
-  return result;
+  return all;
+}
+
+// One run of RunTraining: starts the cluster, watches it (restarts, kills, progress lines) until
+// it ends, stops it and collects the result.
+class ClusterRun {
+ public:
+  ClusterRun(const TrainingConfig& c, std::ostream& progress)
+      : c_(c),
+        progress_(progress),
+        cluster_(ExecutableDir(), c.run_dir, c.security),
+        start_(absl::Now()),
+        kills_(c.kills),
+        last_time_(start_) {
+    result_.start_unix_seconds = absl::ToDoubleSeconds(start_ - absl::UnixEpoch());
+  }
+
+  TrainingResult Run() {
+    if (absl::Status s =
+            cluster_.StartShards(c_.shards, c_.model, c_.workers, ShardFlags(c_), c_.replicas);
+        !s.ok()) {
+      result_.failure = std::string(s.message());
+      return result_;
+    }
+    WriteConfig(c_, cluster_, start_);
+    if (absl::Status s = cluster_.StartEvaluator(c_.evaluator_flags, c_.evaluator_command);
+        !s.ok()) {
+      result_.failure = std::string(s.message());
+    }
+    for (int r = 0; r < c_.workers && result_.failure.empty(); ++r) {
+      if (absl::Status s = StartWorker(r); !s.ok()) result_.failure = std::string(s.message());
+    }
+    Supervise();
+    Finish();
+    return result_;
+  }
+
+ private:
+  // Watches the processes every 200 ms, every 20 ms while a kill waits for progress (a run 5x
+  // faster than this machine's does ~1,000 updates in 200 ms), and prints a progress line every
+  // progress_seconds, until the run ends or fails.
+  void Supervise() {
+    while (result_.failure.empty()) {
+      const bool by_progress = std::any_of(kills_.begin(), kills_.end(), [](const Kill& k) {
+        return k.unit != Kill::Unit::kSeconds;
+      });
+      result_.interrupted = WaitForShutdown(absl::Milliseconds(by_progress ? 20 : 200));
+      const absl::Time now = absl::Now();
+      if (!kills_.empty()) InjectKills(now);
+      const bool any_running = WatchWorkers();
+      WatchShards();
+      WatchEvaluator();
+      // The evaluator's last row: the version it scored (applied updates) and the accuracy.
+      const double accuracy = CsvField(LastLine(c_.run_dir + "/evaluator.csv"), 3);
+      if (now - last_time_ >= absl::Seconds(c_.progress_seconds) || result_.interrupted ||
+          !any_running) {
+        PrintProgress(now, accuracy);
+      }
+      if (Ended(now, accuracy, any_running)) break;
+    }
+  }
+
+  // Whether the run is over: interrupted, the target accuracy reached, no worker left, or out of
+  // time.
+  bool Ended(absl::Time now, double accuracy, bool any_running) {
+    if (result_.interrupted) {
+      progress_ << "interrupted: stopping the cluster" << std::endl;
+      return true;
+    }
+    if (c_.target_accuracy > 0 && accuracy >= c_.target_accuracy) {
+      progress_ << c_.progress_prefix << "reached target accuracy " << c_.target_accuracy
+                << std::endl;
+      return true;
+    }
+    if (!any_running) return true;
+    // Workers stop themselves at --max_seconds, but one held at a sync barrier may not.
+    return c_.max_seconds > 0 && now - start_ > absl::Seconds(c_.max_seconds);
+  }
+
+  // Stops the cluster and collects what the run left behind.
+  void Finish() {
+    std::string stop_problems = cluster_.Stop();
+    if (result_.failure.empty() && !result_.interrupted) result_.failure = stop_problems;
+    // A fault that was asked for and never happened makes the run not the experiment asked for.
+    if (result_.failure.empty() && !result_.interrupted && !kills_.empty()) {
+      result_.failure =
+          absl::StrCat("--kill: ", kills_[0].Name(), " ", kills_[0].When(),
+                       " never happened: the run ended first (at ",
+                       StepsDone(c_.run_dir, c_.workers), " steps); trigger it earlier");
+    }
+    result_.seconds = absl::ToDoubleSeconds(absl::Now() - start_);
+    result_.worker_steps = StepsDone(c_.run_dir, c_.workers);
+    result_.shard_stats = ShardStats(c_);
+  }
+
+  // Worker r, started with the time left of the run.
+  absl::Status StartWorker(int r) {
+    std::vector<std::string> flags = WorkerFlags(c_, r);
+    if (c_.max_seconds > 0) {
+      double left = c_.max_seconds - absl::ToDoubleSeconds(absl::Now() - start_);
+      flags.push_back(absl::StrCat("--max_seconds=", std::max(left, 0.1)));  // the last one counts
+    }
+    return cluster_.StartWorker(r, c_.workers, flags, c_.worker_command);
+  }
+
+  // Kills the processes whose kill is due (SIGKILL), each with a progress line.
+  void InjectKills(absl::Time now) {
+    RunProgress at{absl::ToDoubleSeconds(now - start_), StepsDone(c_.run_dir, c_.workers), -1};
+    auto read_updates = [&] {
+      if (at.updates < 0) at.updates = cluster_.UpdatesApplied(absl::Milliseconds(500));
+    };
+    if (std::any_of(kills_.begin(), kills_.end(),
+                    [](const Kill& k) { return k.unit == Kill::Unit::kUpdates; })) {
+      read_updates();
+    }
+    for (auto k = kills_.begin(); k != kills_.end();) {
+      if (!k->Due(at)) {
+        ++k;
+        continue;
+      }
+      read_updates();  // for the progress line
+      (k->role == Kill::Role::kWorker ? *cluster_.worker(k->index)
+                                      : cluster_.shards()[k->index * c_.replicas])  // replica 0
+          .Signal(SIGKILL);
+      progress_ << Stamp(now)
+                << absl::StrFormat("killed %s (--kill %s): %d steps, %d updates", k->Name(),
+                                   k->When(), at.steps, at.updates)
+                << std::endl;
+      k = kills_.erase(k);
+    }
+  }
+
+  // Restarts the workers that failed; returns whether any worker is running (or restarted).
+  bool WatchWorkers() {
+    bool any_running = false;
+    for (int r = 0; r < c_.workers && result_.failure.empty(); ++r) {
+      Subprocess* w = cluster_.worker(r);
+      if (w->running()) {
+        any_running = true;
+      } else if (int code = *w->Wait(absl::ZeroDuration()); code != 0) {
+        any_running = true;
+        Recover(absl::StrCat("worker ", r), code, "starting it again (it rejoins and resumes)",
+                [&] { return StartWorker(r); });
+      }
+    }
+    return any_running;
+  }
+
+  // Restarts the shards that died: a replica joins its peer, a shard with checkpoints resumes
+  // from them; without either the run fails.
+  void WatchShards() {
+    for (int i = 0; i < c_.shards * c_.replicas && result_.failure.empty(); ++i) {
+      if (cluster_.shards()[i].running()) continue;
+      int code = *cluster_.shards()[i].Wait(absl::ZeroDuration());
+      if (c_.replicas > 1) {
+        Recover(absl::StrCat("shard ", i / c_.replicas, " replica ", i % c_.replicas), code,
+                "starting it again (it joins its peer as the backup)",
+                [&] { return cluster_.RestartShard(i); });
+        continue;
+      }
+      if (c_.checkpoint_dir.empty()) {
+        result_.failure = absl::StrCat("shard ", i, " exited with status ", code,
+                                       " and checkpoints are off: the run cannot go on");
+        return;
+      }
+      Recover(absl::StrCat("shard ", i), code, "starting it again from its checkpoints",
+              [&] { return cluster_.RestartShard(i); });
+    }
+  }
+
+  void WatchEvaluator() {
+    if (!result_.failure.empty() || cluster_.evaluator()->running()) return;
+    int code = *cluster_.evaluator()->Wait(absl::ZeroDuration());
+    Recover("evaluator", code, "starting it again",
+            [&] { return cluster_.StartEvaluator(c_.evaluator_flags, c_.evaluator_command); });
+  }
+
+  // Starts a process that died (exit `code`) again with `start_again`, unless it has been
+  // restarted max_restarts times already: then the run ends with the reason.
+  void Recover(const std::string& name, int code, const std::string& how,
+               const std::function<absl::Status()>& start_again) {
+    int& n = restarts_[name];
+    if (n >= c_.max_restarts) {
+      result_.failure = absl::StrCat(name, " exited with status ", code, " again after ", n,
+                                     " restart(s); see its log in ", c_.run_dir);
+      return;
+    }
+    ++n;
+    std::string line = absl::StrCat(name, " exited with status ", code, ": ", how, " (restart ", n,
+                                    " of at most ", c_.max_restarts, ")");
+    progress_ << Stamp(absl::Now()) << line << std::endl;
+    if (absl::Status s = start_again(); !s.ok()) {
+      result_.failure = absl::StrCat("cannot restart ", name, ": ", s.message());
+      return;
+    }
+    result_.recoveries.push_back(line);
+  }
+
+  // The progress line: steps and updates since the last one, and the evaluator's last accuracy.
+  void PrintProgress(absl::Time now, double accuracy) {
+    int64_t steps = StepsDone(c_.run_dir, c_.workers);
+    // Read from the shards now (the evaluator's last row lags by its interval). A shard that
+    // does not answer within 200 ms counts 0, so the line keeps the highest count seen.
+    double version =
+        static_cast<double>(cluster_.UpdatesApplied(absl::Milliseconds(200))) / c_.shards;
+    version = std::max(version, last_version_);
+    double dt = absl::ToDoubleSeconds(now - last_time_);
+    progress_ << Stamp(now)
+              << absl::StrFormat(
+                     "%8d steps (%6.1f/s), %7.0f updates/shard (%6.1f/s), test accuracy %s", steps,
+                     (steps - last_steps_) / dt, version, (version - last_version_) / dt,
+                     std::isnan(accuracy) ? "-" : absl::StrFormat("%.4f", accuracy))
+              << std::endl;
+    last_steps_ = steps;
+    last_version_ = version;
+    last_time_ = now;
+  }
+
+  // "[prefix][  12.3s] ": the time since the start, before each line.
+  std::string Stamp(absl::Time t) const {
+    return absl::StrFormat("%s[%6.1fs] ", c_.progress_prefix, absl::ToDoubleSeconds(t - start_));
+  }
+
+  const TrainingConfig& c_;
+  std::ostream& progress_;
+  LocalCluster cluster_;
+  const absl::Time start_;
+  TrainingResult result_;
+  std::vector<Kill> kills_;              // those not yet done
+  std::map<std::string, int> restarts_;  // per process name
+  // At the last progress line.
+  int64_t last_steps_ = 0;
+  double last_version_ = 0;
+  absl::Time last_time_;
+};
+
+}  // namespace
+
+TrainingResult RunTraining(const TrainingConfig& c, std::ostream& progress) {
+  return ClusterRun(c, progress).Run();
 }
 
 }  // namespace ps

@@ -74,9 +74,10 @@ struct JobSpec {
 // `cosine`); none otherwise.
 std::vector<std::string> LocalModelFlags(const std::string& consistency, double lr, double momentum,
                                          bool cosine);
-// The job's worker and evaluator commands from --worker_cmd and --eval_cmd (flags of launch and
-// experiment, defined with this).
-void CommandsFromFlags(JobSpec* job);
+// What launch and experiment take alike from the flags they share (defined with this): shards,
+// hidden, batch_size, device, data_dir, extra_worker_flags (--worker_flags), and the worker and
+// evaluator commands (--worker_cmd, --eval_cmd).
+void JobFromSharedFlags(JobSpec* job);
 // Fails with a one-line reason on bad sizes, a bad straggler, or a model the workers cannot train
 // (a layout without a worker command) or no evaluator can score. Leaves run_dir, limits other than
 // max_seconds, security, checkpoints and replicas at their defaults.

@@ -76,6 +76,83 @@ int ScoreModelFile(const ClientStart& started) {
   return 0;
 }
 
+// The evaluator's Prometheus gauges (--metrics_port): the last evaluation's accuracy, loss and
+// version. Without an endpoint, nothing.
+class EvaluationMetrics {
+ public:
+  explicit EvaluationMetrics(MetricsEndpoint* endpoint) {
+    if (endpoint == nullptr) return;
+    prometheus::Registry& r = endpoint->registry();
+    accuracy_ = &prometheus::BuildGauge()
+                     .Name("evaluator_test_accuracy")
+                     .Help("Test accuracy of the last weights evaluated.")
+                     .Register(r)
+                     .Add({});
+    loss_ = &prometheus::BuildGauge()
+                 .Name("evaluator_test_loss")
+                 .Help("Mean test loss of the last weights evaluated.")
+                 .Register(r)
+                 .Add({});
+    version_ = &prometheus::BuildGauge()
+                    .Name("evaluator_version")
+                    .Help("Version (lowest over the shards) of the last weights evaluated.")
+                    .Register(r)
+                    .Add({});
+  }
+  void Set(int64_t version, const Network::Score& score) {
+    if (accuracy_ == nullptr) return;
+    accuracy_->Set(score.accuracy);
+    loss_->Set(score.loss);
+    version_->Set(static_cast<double>(version));
+  }
+
+ private:
+  prometheus::Gauge* accuracy_ = nullptr;
+  prometheus::Gauge* loss_ = nullptr;
+  prometheus::Gauge* version_ = nullptr;
+};
+
+// Pulls and scores the shards' weights every --interval_seconds, a CSV row and a log line for
+// each new version, until shutdown; then scores the weights once more (if there are any yet), so
+// that the last row is the run's result. Returns main's exit status.
+int EvaluateUntilShutdown(ShardedClient& client, CancelOnShutdown& cancel_on_shutdown, Network& mlp,
+                          const Examples& test, CsvWriter& csv, EvaluationMetrics& metrics) {
+  std::vector<float> params(mlp.num_params());
+  int64_t last_version = -1;
+  bool pulled = false;  // once: the model exists
+  for (bool stopping = false; !stopping;) {
+    stopping = ShutdownRequested();
+    if (stopping && !pulled) break;  // never initialised: nothing to score
+    if (stopping) {
+      cancel_on_shutdown.Join();              // so that it cannot cancel the final pull
+      client.LimitCallsTo(absl::Seconds(1));  // which must not wait on a dead shard
+    }
+    absl::StatusOr<ShardedClient::Versions> versions = client.Pull(absl::MakeSpan(params));
+    if (!versions.ok()) {
+      if (stopping) break;                // the shards may already be gone at shutdown
+      if (ShutdownRequested()) continue;  // cancelled by the shutdown: go round for the last pull
+      return Fail(absl::StrCat("pull failed: ", versions.status().message()));
+    }
+    pulled = true;
+    int64_t version = versions->Min();
+    if (version != last_version) {
+      // A periodic evaluation gives way to a shutdown (the final one, which is not stopped,
+      // follows at once: scoring a CNN takes a while).
+      Network::Score score =
+          mlp.Evaluate(params, test.features.data(), test.labels.data(), test.count,
+                       stopping ? std::function<bool()>() : ShutdownRequested);
+      if (score.rows < test.count) continue;
+      csv.Row(CsvRow(version, score));
+      metrics.Set(version, score);
+      PS_LOG(INFO) << absl::StrFormat("version %d: test loss %.4f, accuracy %.4f", version,
+                                      score.loss, score.accuracy);
+      last_version = version;
+    }
+    if (!stopping) WaitForShutdown(absl::Seconds(absl::GetFlag(FLAGS_interval_seconds)));
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   EnableServerReflection();
   absl::StatusOr<ParsedCommandLine> parsed = ParseDaemonFlags(
@@ -111,69 +188,10 @@ int Main(int argc, char** argv) {
   }
   absl::StatusOr<CsvWriter> csv = OpenCsv(started->csv);
   if (!csv.ok()) return Fail(std::string(csv.status().message()));
-
-  // Prometheus (--metrics_port): the last evaluation's accuracy, loss and version.
-  prometheus::Gauge *accuracy = nullptr, *loss = nullptr, *evaluated_version = nullptr;
-  if (started->metrics != nullptr) {
-    prometheus::Registry& r = started->metrics->registry();
-    accuracy = &prometheus::BuildGauge()
-                    .Name("evaluator_test_accuracy")
-                    .Help("Test accuracy of the last weights evaluated.")
-                    .Register(r)
-                    .Add({});
-    loss = &prometheus::BuildGauge()
-                .Name("evaluator_test_loss")
-                .Help("Mean test loss of the last weights evaluated.")
-                .Register(r)
-                .Add({});
-    evaluated_version =
-        &prometheus::BuildGauge()
-             .Name("evaluator_version")
-             .Help("Version (lowest over the shards) of the last weights evaluated.")
-             .Register(r)
-             .Add({});
-  }
-  std::vector<float> params(mlp.num_params());
-  int64_t last_version = -1;
-  bool pulled = false;  // once: the model exists
-  // At shutdown, the weights are scored once more (if there are any yet): the last row is the
-  // run's result.
-  for (bool stopping = false; !stopping;) {
-    stopping = ShutdownRequested();
-    if (stopping && !pulled) break;  // never initialised: nothing to score
-    if (stopping) {
-      cancel_on_shutdown.Join();              // so that it cannot cancel the final pull
-      client.LimitCallsTo(absl::Seconds(1));  // which must not wait on a dead shard
-    }
-    absl::StatusOr<ShardedClient::Versions> versions = client.Pull(absl::MakeSpan(params));
-    if (!versions.ok()) {
-      if (stopping) break;                // the shards may already be gone at shutdown
-      if (ShutdownRequested()) continue;  // cancelled by the shutdown: go round for the last pull
-      return Fail(absl::StrCat("pull failed: ", versions.status().message()));
-    }
-    pulled = true;
-    int64_t version = versions->Min();
-    if (version != last_version) {
-      // A periodic evaluation gives way to a shutdown (the final one, which is not stopped,
-      // follows at once: scoring a CNN takes a while).
-      Network::Score score =
-          mlp.Evaluate(params, test->features.data(), test->labels.data(), test->count,
-                       stopping ? std::function<bool()>() : ShutdownRequested);
-      if (score.rows < test->count) continue;
-      csv->Row(CsvRow(version, score));
-      if (accuracy != nullptr) {
-        accuracy->Set(score.accuracy);
-        loss->Set(score.loss);
-        evaluated_version->Set(static_cast<double>(version));
-      }
-      PS_LOG(INFO) << absl::StrFormat("version %d: test loss %.4f, accuracy %.4f", version,
-                                      score.loss, score.accuracy);
-      last_version = version;
-    }
-    if (!stopping) WaitForShutdown(absl::Seconds(absl::GetFlag(FLAGS_interval_seconds)));
-  }
-  if (started->health != nullptr) started->health->Shutdown();
-  return 0;
+  EvaluationMetrics metrics(started->metrics.get());
+  const int status = EvaluateUntilShutdown(client, cancel_on_shutdown, mlp, *test, *csv, metrics);
+  if (status == 0 && started->health != nullptr) started->health->Shutdown();
+  return status;
 }
 
 }  // namespace

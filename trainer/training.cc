@@ -88,8 +88,8 @@ class StepMetrics {
   prometheus::Gauge* staleness_ = nullptr;
 };
 
-// What both training loops share: the run's bounds, the straggler and delay injections, and each
-// step's record (CSV row, metrics, a progress line every 10 s).
+// What both training loops share: the run's bounds, the straggler and delay injections, how a
+// step ends the run, and each step's record (CSV row, metrics, a progress line every 10 s).
 struct Run {
   ShardedClient& client;
   Network& net;
@@ -112,9 +112,25 @@ struct Run {
   bool More(int64_t step) const {
     return (steps == 0 || step < steps) && !ShutdownRequested() && absl::Now() < time_limit;
   }
+  // The delay injected before a pull or a push; false if stopped.
+  static bool Wait(Delay& delay) { return !(delay.enabled() && WaitForShutdown(delay.Next())); }
   // The straggler injection after a compute that took `compute`; false if stopped.
   bool SlowDown(absl::Duration compute) const {
     return !(slowdown > 1 && WaitForShutdown((slowdown - 1) * compute));
+  }
+  // After `call` failed at `step`: false (stop) when the process is stopping, which cancels
+  // calls; else the run's end, UNAVAILABLE with the reason (the client closed).
+  absl::StatusOr<bool> StopOrFail(absl::string_view call, int64_t step, const absl::Status& s) {
+    if (ShutdownRequested()) return false;
+    client.Close();
+    return absl::UnavailableError(absl::StrCat(call, " failed at step ", step, ": ", s.message()));
+  }
+  // OK for a finite loss; else the run's end (the client closed), suggesting `remedy`.
+  absl::Status CheckLoss(float loss, int64_t step, absl::string_view remedy) {
+    if (std::isfinite(loss)) return absl::OkStatus();
+    client.Close();
+    return absl::InternalError(absl::StrCat("training diverged: loss is ", loss, " at step ", step,
+                                            " (lower ", remedy, ")"));
   }
   // Notes what a push's shards said.
   void Pushed(int64_t step, const ShardedClient::PushSummary& push) {
@@ -144,197 +160,324 @@ struct Run {
   }
 };
 
-// async, sync, ssp: each step pulls the weights, computes a minibatch's gradient and pushes it.
-// With `prefetch`, the next step's pull is in flight while this step computes; with `overlap`,
-// the step's own pull and push are, layer by layer (trainer/overlapped_step.h). Returns the step
-// it stopped at.
-absl::StatusOr<int64_t> TrainOnGradients(Run& run, int64_t step, bool prefetch, bool overlap) {
-  const int64_t n = run.net.num_params();
-  // Two weight buffers: with prefetch, one is filled for the next step while the other is used.
-  HostBuffer<float> params_a(run.backend, n), params_b(run.backend, n), grad(run.backend, n);
-  HostBuffer<float>*params = &params_a, *next_params = &params_b;
-  // With prefetch, the pull of the next step's weights into next_params, in flight while this
-  // step computes. Destroyed (waiting for it) before the buffers it writes into; a failure
-  // cancels it first (it could otherwise wait on a shard for a long time).
-  ShardedClient::Pending<ShardedClient::Versions> prefetched;
-  auto fail = [&](absl::Status status) {
-    run.client.Close();
-    prefetched = {};
-    return status;
-  };
-  auto failed = [&](absl::string_view call, const absl::Status& s) {
-    return fail(
-        absl::UnavailableError(absl::StrCat(call, " failed at step ", step, ": ", s.message())));
-  };
-  auto start_prefetch = [&] {
-    if (prefetch && (run.steps == 0 || step + 1 < run.steps)) {
-      prefetched = run.client.StartPull(next_params->span(), /*prefetch=*/true);
-    }
-  };
-  auto push_delay = [&] {
-    return run.push_delay.enabled() && WaitForShutdown(run.push_delay.Next())
-               ? absl::CancelledError("stopping")
-               : absl::OkStatus();
-  };
-  std::vector<int32_t> indices;
+// The step loop of both kinds of training: `steps.Step(step)` from `step` on while the run's
+// bounds allow it; Step returns true to go on, false when the process is stopping, or the error
+// that ends the run. Returns the step the run stopped at.
+template <typename Steps>
+absl::StatusOr<int64_t> RunSteps(Run& run, int64_t step, Steps& steps) {
   for (; run.More(step); ++step) {
-    if (run.pull_delay.enabled() && WaitForShutdown(run.pull_delay.Next())) break;
-    const absl::Time pull_start = absl::Now();
-    ShardedClient::Pending<ShardedClient::Versions> pull =
-        prefetched.valid() ? std::move(prefetched) : run.client.StartPull(params->span());
-    run.sampler.Indices(step, &indices);
-    ShardedClient::Versions versions;
-    ShardedClient::Pending<ShardedClient::PushSummary> push;
-    absl::Duration pull_time, compute_time;
-    float loss = 0;
-    bool overlapped = false;
-    if (overlap) {  // the pull's values feed the forward pass, and backward starts the push's
-      OverlappedStep exchange(&run.client, std::move(pull), grad.span(),
-                              {.pulled = start_prefetch, .before_push = push_delay});
-      absl::StatusOr<float> computed = run.net.GradientOfExamples(
-          params->span(), indices.data(), run.batch, grad.span(), exchange.Hooks());
-      if (computed.ok()) {
-        overlapped = true;
-        loss = *computed;
-        pull_time = exchange.pull_wait();
-        compute_time = absl::Now() - pull_start - pull_time;
-        versions = exchange.versions();
-        push = exchange.TakePush();
-      } else if (ShutdownRequested()) {
-        break;
-      } else if (!absl::IsAborted(computed.status()) ||
-                 absl::string_view(exchange.failed_call()) != "pull") {
-        return failed(exchange.failed_call(), computed.status());
-      } else {  // the pull failed under values the forward pass used: once more, on a new one
-        PS_LOG(WARNING) << "step " << step << ": " << computed.status().message()
-                        << "; computing the step again on a new pull";
-      }
-    }  // (the step's pull has ended here: nothing writes into the weights any more)
-    if (!overlapped && overlap) pull = run.client.StartPull(params->span());
-    if (!overlapped) {
-      absl::StatusOr<ShardedClient::Versions> pulled = pull.Wait();
-      pull_time = absl::Now() - pull_start;
-      if (!pulled.ok()) {
-        if (ShutdownRequested()) break;
-        return failed("pull", pulled.status());
-      }
-      versions = *std::move(pulled);
-      start_prefetch();
-      const absl::Time compute_start = absl::Now();
-      loss = run.net.GradientOfExamples(params->span(), indices.data(), run.batch, grad.span());
-      compute_time = absl::Now() - compute_start;
-    }
-    run.metrics.Observe(StepMetrics::kPull, pull_time);
-    run.metrics.Observe(StepMetrics::kCompute, compute_time);
-    if (!std::isfinite(loss)) {
-      return fail(absl::InternalError(absl::StrCat("training diverged: loss is ", loss, " at step ",
-                                                   step, " (lower the learning rate)")));
-    }
-    if (!run.SlowDown(compute_time)) break;
-    if (!push.valid()) {
-      if (!push_delay().ok()) break;
-      push = run.client.StartPush(grad.span());
-    }
-    const absl::Time push_start = absl::Now();
-    absl::StatusOr<ShardedClient::PushSummary> pushed = push.Wait();
-    if (!pushed.ok()) {
-      if (ShutdownRequested()) break;
-      return failed("push", pushed.status());
-    }
-    const absl::Duration push_time = absl::Now() - push_start;
-    run.metrics.Observe(StepMetrics::kPush, push_time);
-    run.Pushed(step, *pushed);
-    run.Record(step, loss, versions.Min(), *pushed, pull_time, compute_time, push_time);
-    if (prefetched.valid()) std::swap(params, next_params);
+    absl::StatusOr<bool> more = steps.Step(step);
+    if (!more.ok()) return more.status();
+    if (!*more) break;
   }
-  prefetched = {};  // waits for a pull in flight: it writes into buffers that die with this scope
   return step;
 }
+
+// async, sync, ssp: each step pulls the weights, computes a minibatch's gradient and pushes it.
+// With `prefetch`, the next step's pull is in flight while this step computes; with `overlap`,
+// the step's own pull and push are, layer by layer (trainer/overlapped_step.h).
+class GradientSteps {
+ public:
+  GradientSteps(Run& run, bool prefetch, bool overlap)
+      : run_(run),
+        prefetch_(prefetch),
+        overlap_(overlap),
+        params_a_(run.backend, run.net.num_params()),
+        params_b_(run.backend, run.net.num_params()),
+        grad_(run.backend, run.net.num_params()) {}
+
+  // As RunSteps says.
+  absl::StatusOr<bool> Step(int64_t step) {
+    if (!Run::Wait(run_.pull_delay)) return false;
+    const absl::Time pull_start = absl::Now();
+    ShardedClient::Pending<ShardedClient::Versions> pull =
+        prefetched_.valid() ? std::move(prefetched_) : run_.client.StartPull(params_->span());
+    run_.sampler.Indices(step, &indices_);
+    Gradient g;
+    absl::StatusOr<bool> computed = overlap_
+                                        ? ComputeOverlapped(step, std::move(pull), pull_start, g)
+                                        : Compute(step, std::move(pull), pull_start, g);
+    if (!computed.ok() || !*computed) return computed;
+    run_.metrics.Observe(StepMetrics::kPull, g.pull_time);
+    run_.metrics.Observe(StepMetrics::kCompute, g.compute_time);
+    if (absl::Status s = run_.CheckLoss(g.loss, step, "the learning rate"); !s.ok()) return s;
+    if (!run_.SlowDown(g.compute_time)) return false;
+    return Push(step, g);
+  }
+
+ private:
+  // A step's gradient (in grad_) and how it was computed.
+  struct Gradient {
+    float loss = 0;
+    ShardedClient::Versions versions;  // of the weights it was computed on
+    absl::Duration pull_time, compute_time;
+    ShardedClient::Pending<ShardedClient::PushSummary> push;  // started by an overlapped step
+  };
+
+  // Waits for `pull`, starts the prefetch, computes. True when computed; else as RunSteps says.
+  absl::StatusOr<bool> Compute(int64_t step, ShardedClient::Pending<ShardedClient::Versions> pull,
+                               absl::Time pull_start, Gradient& g) {
+    absl::StatusOr<ShardedClient::Versions> pulled = pull.Wait();
+    g.pull_time = absl::Now() - pull_start;
+    if (!pulled.ok()) return run_.StopOrFail("pull", step, pulled.status());
+    g.versions = *std::move(pulled);
+    StartPrefetch(step);
+    const absl::Time compute_start = absl::Now();
+    g.loss =
+        run_.net.GradientOfExamples(params_->span(), indices_.data(), run_.batch, grad_.span());
+    g.compute_time = absl::Now() - compute_start;
+    return true;
+  }
+
+  // The pull's values feed the forward pass, and backward starts the push's. A pull that failed
+  // under values the forward pass used: the step is computed once more, on a new pull.
+  absl::StatusOr<bool> ComputeOverlapped(int64_t step,
+                                         ShardedClient::Pending<ShardedClient::Versions> pull,
+                                         absl::Time pull_start, Gradient& g) {
+    {
+      OverlappedStep exchange(&run_.client, std::move(pull), grad_.span(),
+                              {.pulled = [this, step] { StartPrefetch(step); },
+                               .before_push =
+                                   [this] {
+                                     return Run::Wait(run_.push_delay)
+                                                ? absl::OkStatus()
+                                                : absl::CancelledError("stopping");
+                                   }});
+      absl::StatusOr<float> computed = run_.net.GradientOfExamples(
+          params_->span(), indices_.data(), run_.batch, grad_.span(), exchange.Hooks());
+      if (computed.ok()) {
+        g.loss = *computed;
+        g.pull_time = exchange.pull_wait();
+        g.compute_time = absl::Now() - pull_start - g.pull_time;
+        g.versions = exchange.versions();
+        g.push = exchange.TakePush();
+        return true;
+      }
+      if (ShutdownRequested() || !absl::IsAborted(computed.status()) ||
+          absl::string_view(exchange.failed_call()) != "pull") {
+        return run_.StopOrFail(exchange.failed_call(), step, computed.status());
+      }
+      PS_LOG(WARNING) << "step " << step << ": " << computed.status().message()
+                      << "; computing the step again on a new pull";
+    }  // (the step's pull has ended here: nothing writes into the weights any more)
+    return Compute(step, run_.client.StartPull(params_->span()), pull_start, g);
+  }
+
+  // Pushes the gradient (or waits for the push the overlapped step started) and records the step.
+  absl::StatusOr<bool> Push(int64_t step, Gradient& g) {
+    if (!g.push.valid()) {
+      if (!Run::Wait(run_.push_delay)) return false;
+      g.push = run_.client.StartPush(grad_.span());
+    }
+    const absl::Time push_start = absl::Now();
+    absl::StatusOr<ShardedClient::PushSummary> pushed = g.push.Wait();
+    if (!pushed.ok()) return run_.StopOrFail("push", step, pushed.status());
+    const absl::Duration push_time = absl::Now() - push_start;
+    run_.metrics.Observe(StepMetrics::kPush, push_time);
+    run_.Pushed(step, *pushed);
+    run_.Record(step, g.loss, g.versions.Min(), *pushed, g.pull_time, g.compute_time, push_time);
+    if (prefetched_.valid()) std::swap(params_, next_params_);
+    return true;
+  }
+
+  // With prefetch, the pull of the next step's weights into next_params_, while this one computes.
+  void StartPrefetch(int64_t step) {
+    if (prefetch_ && (run_.steps == 0 || step + 1 < run_.steps)) {
+      prefetched_ = run_.client.StartPull(next_params_->span(), /*prefetch=*/true);
+    }
+  }
+
+  Run& run_;
+  const bool prefetch_, overlap_;
+  // Two weight buffers: with prefetch, one is filled for the next step while the other is used.
+  HostBuffer<float> params_a_, params_b_, grad_;
+  HostBuffer<float>*params_ = &params_a_, *next_params_ = &params_b_;
+  std::vector<int32_t> indices_;
+  // The prefetch in flight. Declared after the buffers it writes into, so destroyed (waiting for
+  // it) before them; after a failure the client is closed first, which cancels it.
+  ShardedClient::Pending<ShardedClient::Versions> prefetched_;
+};
 
 // easgd and local: the worker trains its own model (LocalModel) with SGD and exchanges it with
 // the shards every spec.period steps. easgd: pulls the centre and pushes the elastic difference;
 // local: pulls the centre to start each period from, and at its end pushes the model's change
 // (the shards average a round of them). Starting (or restarted), it pulls the centre first.
-absl::StatusOr<int64_t> TrainLocalModel(Run& run, int64_t step, const ConsistencySpec& spec,
-                                        float lr, float momentum, bool cosine) {
-  const int64_t n = run.net.num_params();
-  HostBuffer<float> x(run.backend, n), centre(run.backend, n), vec(run.backend, n);
-  LocalModel model(x.span(), momentum);
-  const bool easgd = spec.kind == ConsistencySpec::Kind::kEasgd;
-  bool started = false;
-  ShardedClient::Versions versions;
-  std::vector<int32_t> indices;
-  auto failed = [&](absl::string_view what, const absl::Status& s) {
-    run.client.Close();
-    return absl::UnavailableError(absl::StrCat(what, " failed at step ", step, ": ", s.message()));
-  };
-  for (; run.More(step); ++step) {
+class LocalModelSteps {
+ public:
+  LocalModelSteps(Run& run, const ConsistencySpec& spec, float lr, float momentum, bool cosine)
+      : run_(run),
+        spec_(spec),
+        easgd_(spec.kind == ConsistencySpec::Kind::kEasgd),
+        lr_(lr),
+        cosine_(cosine),
+        x_(run.backend, run.net.num_params()),
+        centre_(run.backend, run.net.num_params()),
+        vec_(run.backend, run.net.num_params()),
+        model_(x_.span(), momentum) {}
+
+  // As RunSteps says.
+  absl::StatusOr<bool> Step(int64_t step) {
+    Exchanged exchanged;
+    if (!started_ || step % spec_.period == 0) {
+      absl::StatusOr<bool> more = PullCentre(step, exchanged);
+      if (!more.ok() || !*more) return more;
+    }
+    run_.sampler.Indices(step, &indices_);
+    const absl::Time compute_start = absl::Now();
+    float loss = run_.net.GradientOfExamples(x_.span(), indices_.data(), run_.batch, vec_.span());
+    model_.Step(vec_.span(), Rate(step));
+    const absl::Duration compute_time = absl::Now() - compute_start;
+    run_.metrics.Observe(StepMetrics::kCompute, compute_time);
+    if (absl::Status s = run_.CheckLoss(loss, step, "--local_lr"); !s.ok()) return s;
+    if (!run_.SlowDown(compute_time)) return false;
+    if (!easgd_ && ((step + 1) % spec_.period == 0 || step + 1 == run_.steps)) {
+      model_.Change(vec_.span());
+      absl::StatusOr<bool> more = Push(step, vec_.span(), exchanged);
+      if (!more.ok() || !*more) return more;
+    }
+    run_.Record(step, loss, versions_.Min(), exchanged.push, exchanged.pull_time, compute_time,
+                exchanged.push_time);
+    return true;
+  }
+
+ private:
+  // What a step exchanged with the shards (nothing, most steps).
+  struct Exchanged {
     absl::Duration pull_time, push_time;
     ShardedClient::PushSummary push;
-    auto push_to_shards = [&](absl::Span<const float> values) -> absl::Status {
-      if (run.push_delay.enabled() && WaitForShutdown(run.push_delay.Next())) {
-        return absl::CancelledError("stopping");
-      }
-      const absl::Time push_start = absl::Now();
-      absl::StatusOr<ShardedClient::PushSummary> pushed =
-          run.client.Push(values, /*sequence=*/step);
-      if (!pushed.ok()) return pushed.status();
-      push_time = absl::Now() - push_start;
-      run.metrics.Observe(StepMetrics::kPush, push_time);
-      run.Pushed(step, *pushed);
-      push = *pushed;
-      return absl::OkStatus();
-    };
-    if (!started || step % spec.period == 0) {
-      if (run.pull_delay.enabled() && WaitForShutdown(run.pull_delay.Next())) break;
-      const absl::Time pull_start = absl::Now();
-      const bool elastic = easgd && started;
-      absl::StatusOr<ShardedClient::Versions> pulled =
-          run.client.Pull(elastic ? centre.span() : x.span());
-      pull_time = absl::Now() - pull_start;
-      run.metrics.Observe(StepMetrics::kPull, pull_time);
-      if (!pulled.ok()) {
-        if (ShutdownRequested()) break;
-        return failed("pull", pulled.status());
-      }
-      versions = *std::move(pulled);
-      if (elastic) {
-        model.Elastic(centre.span(), static_cast<float>(spec.alpha), vec.span());
-        if (absl::Status s = push_to_shards(vec.span()); !s.ok()) {
-          if (ShutdownRequested()) break;
-          return failed("push", s);
-        }
-      } else {
-        model.Restart();
-      }
-      started = true;
+  };
+
+  // The start of a period: pulls the centre; easgd (once started) pushes the elastic difference,
+  // else the model restarts from the centre. True when done; else as RunSteps says.
+  absl::StatusOr<bool> PullCentre(int64_t step, Exchanged& exchanged) {
+    if (!Run::Wait(run_.pull_delay)) return false;
+    const absl::Time pull_start = absl::Now();
+    const bool elastic = easgd_ && started_;
+    absl::StatusOr<ShardedClient::Versions> pulled =
+        run_.client.Pull(elastic ? centre_.span() : x_.span());
+    exchanged.pull_time = absl::Now() - pull_start;
+    run_.metrics.Observe(StepMetrics::kPull, exchanged.pull_time);
+    if (!pulled.ok()) return run_.StopOrFail("pull", step, pulled.status());
+    versions_ = *std::move(pulled);
+    if (elastic) {
+      model_.Elastic(centre_.span(), static_cast<float>(spec_.alpha), vec_.span());
+      absl::StatusOr<bool> more = Push(step, vec_.span(), exchanged);
+      if (!more.ok() || !*more) return more;
+    } else {
+      model_.Restart();
     }
-    run.sampler.Indices(step, &indices);
-    const absl::Time compute_start = absl::Now();
-    float loss = run.net.GradientOfExamples(x.span(), indices.data(), run.batch, vec.span());
-    const float rate =
-        cosine && run.steps > 0
-            ? lr * 0.5f * (1 + std::cos(3.14159265f * static_cast<float>(step) / run.steps))
-            : lr;
-    model.Step(vec.span(), rate);
-    const absl::Duration compute_time = absl::Now() - compute_start;
-    run.metrics.Observe(StepMetrics::kCompute, compute_time);
-    if (!std::isfinite(loss)) {
-      run.client.Close();
-      return absl::InternalError(absl::StrCat("training diverged: loss is ", loss, " at step ",
-                                              step, " (lower --local_lr)"));
-    }
-    if (!run.SlowDown(compute_time)) break;
-    if (!easgd && ((step + 1) % spec.period == 0 || step + 1 == run.steps)) {
-      model.Change(vec.span());
-      if (absl::Status s = push_to_shards(vec.span()); !s.ok()) {
-        if (ShutdownRequested()) break;
-        return failed("push", s);
-      }
-    }
-    run.Record(step, loss, versions.Min(), push, pull_time, compute_time, push_time);
+    started_ = true;
+    return true;
   }
-  return step;
+
+  // Pushes `values` (sequence: the step). True when pushed; else as RunSteps says.
+  absl::StatusOr<bool> Push(int64_t step, absl::Span<const float> values, Exchanged& exchanged) {
+    if (!Run::Wait(run_.push_delay)) return false;
+    const absl::Time push_start = absl::Now();
+    absl::StatusOr<ShardedClient::PushSummary> pushed = run_.client.Push(values, /*sequence=*/step);
+    if (!pushed.ok()) return run_.StopOrFail("push", step, pushed.status());
+    exchanged.push_time = absl::Now() - push_start;
+    run_.metrics.Observe(StepMetrics::kPush, exchanged.push_time);
+    run_.Pushed(step, *pushed);
+    exchanged.push = *pushed;
+    return true;
+  }
+
+  // The local SGD's rate at `step`: lr, or with the cosine schedule decaying over the run's steps.
+  float Rate(int64_t step) const {
+    return cosine_ && run_.steps > 0
+               ? lr_ * 0.5f * (1 + std::cos(3.14159265f * static_cast<float>(step) / run_.steps))
+               : lr_;
+  }
+
+  Run& run_;
+  const ConsistencySpec& spec_;
+  const bool easgd_;
+  const float lr_;
+  const bool cosine_;
+  HostBuffer<float> x_, centre_, vec_;
+  LocalModel model_;
+  bool started_ = false;
+  ShardedClient::Versions versions_;  // of the last pull
+  std::vector<int32_t> indices_;
+};
+
+// The client options of a worker: the connection's, with the options' wire and timeout settings.
+ClientOptions WorkerClientOptions(const TrainingOptions& options, const ClientOptions& connection) {
+  ClientOptions client_options = connection;
+  client_options.push_type = options.push_type;
+  client_options.compression = options.compression;
+  client_options.error_feedback = options.error_feedback;
+  client_options.pull_compression = options.pull_compression;
+  client_options.rpc_timeout = options.rpc_timeout;
+  client_options.num_workers = options.num_workers;
+  return client_options;
+}
+
+// The shards' consistency model, which the options must fit (a local model pulls every few
+// steps, and pushes no gradient: no prefetch, no overlap).
+absl::StatusOr<ConsistencySpec> ShardConsistency(const ShardedClient& client,
+                                                 const TrainingOptions& options) {
+  absl::StatusOr<ConsistencySpec> consistency = ParseConsistencySpec(client.consistency());
+  if (!consistency.ok()) {
+    return absl::FailedPreconditionError("the shards run " +
+                                         std::string(consistency.status().message()));
+  }
+  if ((options.prefetch || options.overlap) && consistency->local_models()) {
+    return absl::InvalidArgumentError(absl::StrCat(options.prefetch ? "--prefetch" : "--overlap",
+                                                   " needs async, ssp:S or sync shards; these run ",
+                                                   client.consistency()));
+  }
+  return consistency;
+}
+
+// The time limit ends the run even in the middle of a wait on a shard: at `limit` a thread
+// requests the process's shutdown. Destroying it requests shutdown too (the run is over).
+class Deadline {
+ public:
+  explicit Deadline(absl::Time limit)
+      : thread_([limit] {
+          if (!WaitForShutdown(limit - absl::Now())) {
+            PS_LOG(INFO) << "--max_seconds reached: stopping";
+            RequestShutdown();
+          }
+        }) {}
+  ~Deadline() {
+    RequestShutdown();
+    thread_.join();
+  }
+
+ private:
+  std::thread thread_;
+};
+
+// Rank 0's initialisation of the shards with the seed's weights.
+absl::Status InitializeShards(ShardedClient& client, Network& net, uint64_t seed) {
+  absl::StatusOr<int> applied = client.Initialize(net.InitialParams(seed));
+  if (!applied.ok()) return applied.status();
+  PS_LOG(INFO) << "initialised " << *applied << " of " << client.num_shards()
+               << " shards (the others already held the model)";
+  return absl::OkStatus();
+}
+
+// The worker's CSV, a row per step (Run::Record); "": none.
+absl::StatusOr<CsvWriter> OpenStepCsv(const std::string& path) {
+  return CsvWriter::Open(path.empty() ? "/dev/null" : path,
+                         {"step", "wall_time", "loss", "base_version", "staleness", "epoch",
+                          "dropped", "pull_ms", "compute_ms", "push_ms"});
+}
+
+// Trains from the run's first step as the shards' consistency model says. Returns the step it
+// stopped at, or the error that ended the run.
+absl::StatusOr<int64_t> TrainFrom(Run& run, const ConsistencySpec& consistency,
+                                  const TrainingOptions& options) {
+  if (consistency.local_models()) {
+    LocalModelSteps steps(run, consistency, options.local_lr, options.local_momentum,
+                          options.local_cosine);
+    return RunSteps(run, run.first_step, steps);
+  }
+  GradientSteps steps(run, options.prefetch, options.overlap);
+  return RunSteps(run, run.first_step, steps);
 }
 
 }  // namespace
@@ -355,17 +498,9 @@ absl::Status Train(const TrainingOptions& options, ClientStart& start) {
   Backend* backend = start.backend.get();
   if (absl::Status s = start.network.FitsBatch(batch); !s.ok()) return s;
   Network mlp(start.network, batch, backend);
-
-  ClientOptions client_options = shards.options;
-  client_options.push_type = options.push_type;
-  client_options.compression = options.compression;
-  client_options.error_feedback = options.error_feedback;
-  client_options.pull_compression = options.pull_compression;
-  client_options.rpc_timeout = options.rpc_timeout;
-  client_options.num_workers = options.num_workers;
   ModelIdentity model{mlp.Fingerprint(), mlp.num_params(),
                       static_cast<int>(shards.addresses.size())};
-  ShardedClient client(shards.addresses, model, rank, client_options);
+  ShardedClient client(shards.addresses, model, rank, WorkerClientOptions(options, shards.options));
   CancelOnShutdown cancel_on_shutdown(&client);
   // Heartbeats keep this worker in the shards' active set while it computes or waits at a
   // barrier; each has a deadline of one interval, so a stalled shard does not delay the others.
@@ -374,47 +509,20 @@ absl::Status Train(const TrainingOptions& options, ClientStart& start) {
   if (!session.ok() && ShutdownRequested()) return absl::OkStatus();
   if (!session.ok()) return session.status();
   const int64_t first_step = (*session)->first_step();
-  absl::StatusOr<ConsistencySpec> consistency = ParseConsistencySpec(client.consistency());
-  if (!consistency.ok()) {
-    return absl::FailedPreconditionError("the shards run " +
-                                         std::string(consistency.status().message()));
-  }
-  if ((options.prefetch || options.overlap) && consistency->local_models()) {
-    // A local model pulls every few steps, and pushes no gradient.
-    return absl::InvalidArgumentError(absl::StrCat(options.prefetch ? "--prefetch" : "--overlap",
-                                                   " needs async, ssp:S or sync shards; these run ",
-                                                   client.consistency()));
-  }
-  // The time limit ends the run even in the middle of a wait on a shard.
+  absl::StatusOr<ConsistencySpec> consistency = ShardConsistency(client, options);
+  if (!consistency.ok()) return consistency.status();
   const absl::Time start_time = absl::Now();
   const absl::Time time_limit = start_time + options.time_limit;
-  struct Deadline {
-    std::thread thread;
-    ~Deadline() {
-      RequestShutdown();
-      thread.join();
-    }
-  } deadline{std::thread([time_limit] {
-    if (!WaitForShutdown(time_limit - absl::Now())) {
-      PS_LOG(INFO) << "--max_seconds reached: stopping";
-      RequestShutdown();
-    }
-  })};
+  Deadline deadline(time_limit);
   if (rank == 0) {
-    absl::StatusOr<int> applied = client.Initialize(mlp.InitialParams(options.seed));
-    if (!applied.ok() && ShutdownRequested()) return absl::OkStatus();
-    if (!applied.ok()) return applied.status();
-    PS_LOG(INFO) << "initialised " << *applied << " of " << client.num_shards()
-                 << " shards (the others already held the model)";
+    absl::Status s = InitializeShards(client, mlp, options.seed);
+    if (!s.ok()) return ShutdownRequested() ? absl::OkStatus() : s;
   }
   PS_LOG(INFO) << mlp.Fingerprint() << " (" << mlp.num_params() << " parameters) on "
                << backend->Name() << ", examples [" << slice.begin << ", " << slice.end
                << "), starting at step " << first_step;
 
-  absl::StatusOr<CsvWriter> csv =
-      CsvWriter::Open(start.csv.empty() ? "/dev/null" : start.csv,
-                      {"step", "wall_time", "loss", "base_version", "staleness", "epoch", "dropped",
-                       "pull_ms", "compute_ms", "push_ms"});
+  absl::StatusOr<CsvWriter> csv = OpenStepCsv(start.csv);
   if (!csv.ok()) return csv.status();
 
   // The data shard lives in backend memory (the GPU's, with CUDA); each step sends indices only.
@@ -426,11 +534,7 @@ absl::Status Train(const TrainingOptions& options, ClientStart& start) {
   Run run{client,        mlp,        backend,    sampler,          metrics,
           *csv,          pull_delay, push_delay, options.slowdown, batch,
           options.steps, start_time, time_limit, first_step};
-  absl::StatusOr<int64_t> stopped =
-      consistency->local_models()
-          ? TrainLocalModel(run, first_step, *consistency, options.local_lr, options.local_momentum,
-                            options.local_cosine)
-          : TrainOnGradients(run, first_step, options.prefetch, options.overlap);
+  absl::StatusOr<int64_t> stopped = TrainFrom(run, *consistency, options);
   if (!stopped.ok()) return stopped.status();
   PS_LOG(INFO) << "done at step " << *stopped << " after "
                << absl::ToDoubleSeconds(absl::Now() - start_time) << " s; " << run.duplicate_pushes
