@@ -459,7 +459,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
     // A compensated gradient (DC-ASGD) has no known bound.
     const bool scanned = change->values.data() == gradient.data();
     if (scanned && !clipped && change->kind == ShardChange::Kind::kUpdate) {
-      change->stage = slot.stage_;
+      change->forward_tag = slot.forward_tag_;
     }
     status = Apply(*change, scanned ? scan.max_abs : std::numeric_limits<float>::infinity());
     if (!status.ok()) ++updates_nonfinite_;
@@ -479,7 +479,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   }
   if (change->kind == ShardChange::Kind::kJoinRound) MaybeCloseRound();
   AnswerWaiters(&answers);
-  return PushOutcome{version_, change->staleness, false, dropped, change->stage != 0};
+  return PushOutcome{version_, change->staleness, false, dropped, change->forward_tag != 0};
 }
 
 absl::StatusOr<ShardChange> ParameterShard::Decide(const PushHeaderInfo& h,
