@@ -167,8 +167,8 @@ TEST(RoleMachineTest, ASilentPrimaryIsTakenOverAfterTheFailoverTimeAtAHigherEpoc
   m.machine.Heard(kStart + absl::Milliseconds(500));
   EXPECT_FALSE(m.machine.TakeOver(kStart + kFailover));
   EXPECT_EQ(m.machine.role(), Role::kBackup);
-  EXPECT_FALSE(m.machine.TakeOver(kStart + absl::Milliseconds(500) + kFailover -
-                                  absl::Milliseconds(1)));
+  EXPECT_FALSE(
+      m.machine.TakeOver(kStart + absl::Milliseconds(500) + kFailover - absl::Milliseconds(1)));
   EXPECT_TRUE(m.machine.TakeOver(kStart + absl::Milliseconds(500) + kFailover));
   EXPECT_EQ(m.machine.role(), Role::kPrimary);
   EXPECT_EQ(m.machine.epoch(), 2);

@@ -15,8 +15,7 @@ constexpr absl::Duration kChangeTimeout = absl::Seconds(30);
 
 bool StreamChangeSink::Ship(v1::ReplicationMessage& message,
                             const std::shared_ptr<const ReplicationLog::Entry>& entry) {
-  return WriteMessage(message, write_) &&
-         WriteValues(entry->change.values, epoch_, entry, write_);
+  return WriteMessage(message, write_) && WriteValues(entry->change.values, epoch_, entry, write_);
 }
 
 bool PlaneChangeSink::Ship(v1::ReplicationMessage& message,
@@ -42,8 +41,7 @@ bool PlaneChangeSink::Call(const v1::ReplicationMessage& change, absl::Span<cons
   const absl::Status status = answered.ok() ? FromGrpcStatus(answered->status) : answered.status();
   if (!status.ok()) {
     PS_LOG(WARNING) << "shard " << shard_index_ << ": the backup did not take change "
-                    << change.change().index() << " on its data plane (" << status.message()
-                    << ")";
+                    << change.change().index() << " on its data plane (" << status.message() << ")";
     return false;
   }
   log_->Acknowledge(attachment_, change.change().index());

@@ -214,8 +214,7 @@ void Replica::Run() {
   }
 }
 
-void Replica::Act(RoleMachine::Action action, v1::ReplicaStatusResponse& peer,
-                  Complain complain) {
+void Replica::Act(RoleMachine::Action action, v1::ReplicaStatusResponse& peer, Complain complain) {
   const std::string shard = absl::StrCat("shard ", shard_->index());
   switch (action) {
     case RoleMachine::Action::kWaitForBackup:
@@ -472,8 +471,7 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
   return {ToGrpcStatus(shard_->ApplyChange(*change)), ""};
 }
 
-absl::Status Replica::ReadFromPrimary(DataPlane::ReadValues read_values,
-                                      absl::Span<float> values) {
+absl::Status Replica::ReadFromPrimary(DataPlane::ReadValues read_values, absl::Span<float> values) {
   return read_values(
       values, WireType::kFloat32,
       [&](absl::Span<const float>) {
@@ -491,11 +489,11 @@ grpc::Status Replica::FromFollowedLocked(const DataPlane::Call& call,
                           call.connection == stages_connections_[stages]
                     : call.owner == DataPlane::kReplicaPeer && call.connection == plane_connection_;
   if (on_its_connection && machine_.Follows(m.epoch())) return grpc::Status::OK;
-  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                      absl::StrCat("shard ", shard_->index(), ": this replica (",
-                                   RoleMachine::RoleName(machine_.role()), ", epoch ",
-                                   machine_.epoch(), ") does not follow a primary at epoch ",
-                                   m.epoch(), " on this connection"));
+  return grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      absl::StrCat("shard ", shard_->index(), ": this replica (",
+                   RoleMachine::RoleName(machine_.role()), ", epoch ", machine_.epoch(),
+                   ") does not follow a primary at epoch ", m.epoch(), " on this connection"));
 }
 
 grpc::Status Replica::OnPlaneStage(const DataPlane::Call& call, const v1::ReplicationMessage& m,
@@ -529,9 +527,8 @@ void Replica::OnChange(const ShardChange& change) {
   // A change whose stage its backup holds is sent without values (PlaneChangeSink), so they need
   // not be kept: the stage stays held until then (only ForwardTo forgets it, once that backup's
   // attachment, and with it this change, is gone).
-  log_.Append(change, [&](int64_t attachment) {
-    return forwarder_.Holds(change.forward_tag, attachment);
-  });
+  log_.Append(change,
+              [&](int64_t attachment) { return forwarder_.Holds(change.forward_tag, attachment); });
 }
 
 absl::StatusOr<int64_t> Replica::AcceptJoin(const v1::BackupMessage& join) {

@@ -34,10 +34,11 @@
 // applied exactly as it came is named (not one clipped or compensated: those changes carry their
 // values); a stage no change names is dropped on the backup with the next one. One stage is being
 // sent on each of those connections at a time (Options::forward_at_once of them: pushes from
-// several workers at once are forwarded together), and the backup holds StageRoom of them at
-// most; a push that finds no connection free or no room is replicated as before, and so is every
-// push once a stage failed (until a backup joins again). The primary's stages are
-// StageForwarder's (stage_forwarder.h); the shard knows a stage only as its push's forward tag.
+// several workers at once are forwarded together), and the backup holds
+// StageForwarder::StageRoom of them at most; a push that finds no connection free or no room is
+// replicated as before, and so is every push once a stage failed (until a backup joins again).
+// The primary's stages are StageForwarder's (stage_forwarder.h); the shard knows a stage only as
+// its push's forward tag.
 //
 // The gRPC service ps.v1.Replication over this is server/rpc/replication_service.h.
 //
@@ -46,7 +47,6 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>

@@ -90,8 +90,8 @@ RoleMachine::Action RoleMachine::Next(const Peer& peer, bool backup_attached) {
 }
 
 bool RoleMachine::TakeOver(absl::Time now) {
-  if (role_ != Role::kBackup || !caught_up_ || transferring_ ||
-      silence(now) < options_.failover || !SetEpoch(epoch_ + 1)) {
+  if (role_ != Role::kBackup || !caught_up_ || transferring_ || silence(now) < options_.failover ||
+      !SetEpoch(epoch_ + 1)) {
     return false;
   }
   role_ = Role::kPrimary;
@@ -167,9 +167,9 @@ absl::Status RoleMachine::Serving(bool backup_attached, absl::Time now) const {
     case Role::kFenced:
       return absl::UnavailableError(fenced_reason_);
     default:
-      return absl::UnavailableError(absl::StrCat(
-          "shard ", options_.shard_index, ": this replica is joining its primary at ",
-          options_.peer));
+      return absl::UnavailableError(absl::StrCat("shard ", options_.shard_index,
+                                                 ": this replica is joining its primary at ",
+                                                 options_.peer));
   }
 }
 

@@ -53,14 +53,14 @@ class RoleMachine {
   };
   // What the replica should do after probing its peer (Next).
   enum class Action {
-    kNothing,          // serving, following, or waiting for the failover time
-    kFenced,           // a lone primary found its replacement: fenced now (fenced_reason())
-    kWaitForBackup,    // a lone primary: no push is acknowledged until a backup joins
-    kJoin,             // join the peer, a primary (BeginFollow, then Followed)
-    kNotTheFollowed,   // the peer is a primary at this epoch that this backup did not follow
-    kAskToTakeOver,    // the peer is a caught-up backup whose primary is gone: ask it to take over
-    kStartedPrimary,   // no primary anywhere: this replica became it (epoch raised)
-    kWaitForPrimary,   // nothing to join yet, and not this replica's to start
+    kNothing,         // serving, following, or waiting for the failover time
+    kFenced,          // a lone primary found its replacement: fenced now (fenced_reason())
+    kWaitForBackup,   // a lone primary: no push is acknowledged until a backup joins
+    kJoin,            // join the peer, a primary (BeginFollow, then Followed)
+    kNotTheFollowed,  // the peer is a primary at this epoch that this backup did not follow
+    kAskToTakeOver,   // the peer is a caught-up backup whose primary is gone: ask it to take over
+    kStartedPrimary,  // no primary anywhere: this replica became it (epoch raised)
+    kWaitForPrimary,  // nothing to join yet, and not this replica's to start
   };
 
   // Whether the replica should probe its peer now, given whether a backup is attached to it:

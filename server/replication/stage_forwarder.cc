@@ -66,9 +66,8 @@ std::unique_ptr<StageForwarder::Forward> StageForwarder::Start(absl::Span<const 
   }
   Forward* f = forward.get();
   try {
-    f->thread_ = std::thread([this, f, plane, stage = std::move(stage), dropped] {
-      Send(f, plane, stage, dropped);
-    });
+    f->thread_ = std::thread(
+        [this, f, plane, stage = std::move(stage), dropped] { Send(f, plane, stage, dropped); });
   } catch (const std::system_error&) {  // no thread: as if not forwarded
     absl::MutexLock lock(&mu_);
     staged_.erase(f->id_);
@@ -91,7 +90,7 @@ void StageForwarder::Send(Forward* f, std::shared_ptr<DataConnection> plane,
   const absl::Status status = answered.ok() ? FromGrpcStatus(answered->status) : answered.status();
   absl::MutexLock lock(&mu_);
   auto it = staged_.find(f->id_);
-  if (it == staged_.end()) return;  // forwarded to an earlier backup
+  if (it == staged_.end()) return;               // forwarded to an earlier backup
   for (int64_t id : dropped) staged_.erase(id);  // (or given up with the connections below)
   if (status.ok()) {
     it->second.state = StageState::kHeld;
@@ -168,8 +167,7 @@ void StageForwarder::Stop(int64_t attachment) {
 bool StageForwarder::Holds(uint64_t tag, int64_t attachment) const {
   absl::MutexLock lock(&mu_);
   auto it = staged_.find(static_cast<int64_t>(tag));
-  return attachment == attachment_ && it != staged_.end() &&
-         it->second.state == StageState::kHeld;
+  return attachment == attachment_ && it != staged_.end() && it->second.state == StageState::kHeld;
 }
 
 bool StageForwarder::Name(uint64_t tag, int64_t attachment) {

@@ -4,9 +4,9 @@
 
 #include <utility>
 
+#include "server/rpc/shard_service.h"
 #include "transport/grpc_method.h"
 #include "transport/grpc_status.h"
-#include "server/rpc/shard_service.h"
 
 namespace ps {
 namespace {
