@@ -21,6 +21,10 @@ namespace {
 constexpr absl::Duration kHeartbeat = absl::Milliseconds(100);  // primary to backup, when idle
 constexpr absl::Duration kTick = absl::Milliseconds(100);       // the role thread's pace
 constexpr absl::Duration kProbeTimeout = absl::Milliseconds(500);
+// The stall limit of a stage connection, past kMaxFillWait (30 s): its frames come as the push
+// they forward arrives at the primary, which waits up to that for each piece (past a worker's
+// `stall`, after which that push fails and the primary sends the rest of the stage as it is).
+constexpr absl::Duration kStagesStall = absl::Seconds(40);
 
 // The role thread's warnings, at most every 10 s: roles take a few ticks to settle at start, so
 // nothing is worth one before 5 s.
@@ -43,6 +47,12 @@ RoleMachine::Peer PeerOf(const grpc::Status& probed, const v1::ReplicaStatusResp
 }
 
 }  // namespace
+
+std::vector<DataPlane::OwnerKind> Replica::PlaneOwners() {
+  constexpr char kWho[] = "the replica's primary", kReleased[] = "the backup stopped following";
+  return {{kPeerOwner, 1, kWho, absl::ZeroDuration(), kReleased},
+          {kStagesOwner, kMaxStageConnections, kWho, kStagesStall, kReleased}};
+}
 
 Replica::Replica(ParameterShard* shard, int64_t shard_incarnation, Options options,
                  DataPlane* plane)
@@ -67,10 +77,9 @@ Replica::Replica(ParameterShard* shard, int64_t shard_incarnation, Options optio
 Replica::~Replica() { Stop(); }
 
 absl::Status Replica::CheckOptions(const Options& options) {
-  if (options.forward_at_once < 1 ||
-      options.forward_at_once > DataPlane::kMaxReplicaStageConnections) {
+  if (options.forward_at_once < 1 || options.forward_at_once > kMaxStageConnections) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--forward_at_once must be 1 to ", DataPlane::kMaxReplicaStageConnections));
+        absl::StrCat("--forward_at_once must be 1 to ", kMaxStageConnections));
   }
   return absl::OkStatus();
 }
@@ -274,9 +283,9 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
       stages_.clear();
     }
     if (plane_ != nullptr) {
-      plane_->Release(DataPlane::kReplicaPeer);
+      plane_->Release(kPeerOwner);
       for (int i = 0; i < options_.forward_at_once; ++i) {
-        plane_->Release(DataPlane::kReplicaStages + i);
+        plane_->Release(kStagesOwner + i);
       }
     }
   };
@@ -323,7 +332,7 @@ Replica::Tickets Replica::OfferTickets(v1::BackupMessage* join) {
   };
   Tickets tickets;
   if (plane_ == nullptr) return tickets;
-  absl::StatusOr<uint64_t> changes = offer(DataPlane::kReplicaPeer, join->mutable_data_plane());
+  absl::StatusOr<uint64_t> changes = offer(kPeerOwner, join->mutable_data_plane());
   if (!changes.ok()) {
     join->clear_data_plane();
     PS_LOG(WARNING) << "shard " << shard_->index() << ": the primary's changes come on the "
@@ -333,7 +342,7 @@ Replica::Tickets Replica::OfferTickets(v1::BackupMessage* join) {
   tickets.changes = *changes;
   for (int i = 0; i < options_.forward_at_once; ++i) {
     v1::AttachDataPlaneResponse ticket;
-    absl::StatusOr<uint64_t> stages = offer(DataPlane::kReplicaStages + i, &ticket);
+    absl::StatusOr<uint64_t> stages = offer(kStagesOwner + i, &ticket);
     if (!stages.ok()) break;  // (then fewer stages at once)
     tickets.stages.push_back(*stages);
     *join->add_stages() = std::move(ticket);
@@ -428,7 +437,7 @@ DataPlane::CallAnswer Replica::OnPlaneChange(const DataPlane::Call& call,
   auto refuse = [](grpc::StatusCode code, std::string why) {
     return DataPlane::CallAnswer{grpc::Status(code, std::move(why)), ""};
   };
-  if (!DataPlane::ReplicaOwner(call.owner)) {
+  if (!PlaneOwner(call.owner)) {
     return refuse(grpc::StatusCode::PERMISSION_DENIED, "only a replica's primary makes changes");
   }
   v1::ReplicationMessage m;
@@ -483,11 +492,11 @@ absl::Status Replica::ReadFromPrimary(DataPlane::ReadValues read_values, absl::S
 
 grpc::Status Replica::FromFollowedLocked(const DataPlane::Call& call,
                                          const v1::ReplicationMessage& m) const {
-  const int64_t stages = static_cast<int64_t>(call.owner) - DataPlane::kReplicaStages;
+  const int64_t stages = static_cast<int64_t>(call.owner) - kStagesOwner;
   const bool on_its_connection =
       m.has_stage() ? stages >= 0 && stages < static_cast<int64_t>(stages_connections_.size()) &&
                           call.connection == stages_connections_[stages]
-                    : call.owner == DataPlane::kReplicaPeer && call.connection == plane_connection_;
+                    : call.owner == kPeerOwner && call.connection == plane_connection_;
   if (on_its_connection && machine_.Follows(m.epoch())) return grpc::Status::OK;
   return grpc::Status(
       grpc::StatusCode::FAILED_PRECONDITION,
@@ -607,7 +616,7 @@ Replica::BackupPlanes Replica::OpenBackupPlanes(const v1::BackupMessage& join) {
   if (!join.has_data_plane()) return planes;
   planes.changes = OpenBackupPlane(join.data_plane(), "its changes go on the replication stream");
   for (int i = 0; planes.changes != nullptr && options_.forward && i < join.stages_size() &&
-                  i < DataPlane::kMaxReplicaStageConnections;
+                  i < kMaxStageConnections;
        ++i) {
     std::shared_ptr<DataConnection> opened =
         OpenBackupPlane(join.stages(i), "stages go on the others only (none: not forwarded)");

@@ -91,9 +91,9 @@ class Replica {
     std::string epoch_file;
     // Whether a primary forwards pushes to its backup as they come in (see above).
     bool forward = true;
-    // As a backup: the stage connections it gives its primary (1 to
-    // DataPlane::kMaxReplicaStageConnections), i.e. how many pushes arriving at once are
-    // forwarded; each stage held costs the backup a buffer of the shard's size.
+    // As a backup: the stage connections it gives its primary (1 to kMaxStageConnections), i.e. how
+    // many pushes arriving at once are forwarded; each stage held costs the backup a buffer of the
+    // shard's size.
     int forward_at_once = 2;
   };
 
@@ -103,6 +103,14 @@ class Replica {
   std::unique_ptr<StageForwarder::Forward> StartForward(absl::Span<const float> buffer) {
     return forwarder_.Start(buffer);
   }
+
+  // The data-plane owners of the connections a backup gives its primary tickets for, reserved
+  // ones (DataPlane::ReservedOwner): its changes' (kPeerOwner) and its stages' (kStagesOwner + i,
+  // i < kMaxStageConnections). PlaneOwners: their kinds, for DataPlane::Options::owner_kinds.
+  static constexpr int kPeerOwner = DataPlane::kFirstReservedOwner;
+  static constexpr int kStagesOwner = kPeerOwner + 1;
+  static constexpr int kMaxStageConnections = DataPlane::kMaxReservedOwners - 1;
+  static std::vector<DataPlane::OwnerKind> PlaneOwners();
 
   // `shard` must outlive this object; `shard_incarnation` is this process's (ShardProcess).
   // `plane`, this process's data plane (null: none), too: as a backup, its primary makes its
@@ -164,6 +172,9 @@ class Replica {
 
  private:
   using Complain = absl::FunctionRef<void(const std::string&)>;
+  static bool PlaneOwner(int owner) {
+    return owner >= kPeerOwner && owner < kStagesOwner + kMaxStageConnections;
+  }
   // The role thread: joins, follows, takes over, checks a lone primary for its replacement.
   void Run();
   // What the role thread does on the role machine's word, about `peer` (its status).
@@ -257,7 +268,7 @@ class Replica {
   uint64_t plane_connection_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // A backup: the stages its primary forwarded, by id, and those being read; they come on
-  // `stages_connections_` (its further tickets' connections, by owner from kReplicaStages on;
+  // `stages_connections_` (its further tickets' connections, by owner from kStagesOwner on;
   // none: no stage comes).
   std::map<int64_t, BufferPool::Lease> stages_ ABSL_GUARDED_BY(mu_);
   int stages_arriving_ ABSL_GUARDED_BY(mu_) = 0;

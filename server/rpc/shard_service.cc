@@ -711,8 +711,8 @@ grpc::Status ShardService::CheckPlaneCaller(const DataPlane::Call& call, int wor
                                             uint64_t connection, uint64_t transfer) {
   // Its connection, opened with a ticket AttachDataPlane gave the owner's token, stands for the
   // token: the call must be made as that worker (or observer) and name this connection and
-  // transfer. The replica peer's connection carries its changes only.
-  if (worker_id != call.owner || DataPlane::ReplicaOwner(call.owner)) {
+  // transfer. A reserved owner's connection (the replica peer's) carries no client's call.
+  if (worker_id != call.owner || DataPlane::ReservedOwner(call.owner)) {
     return grpc::Status(
         grpc::StatusCode::PERMISSION_DENIED,
         absl::StrCat("a call as worker ", worker_id, " on a data-plane connection of ",
@@ -1110,7 +1110,7 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
       AttachClaims<v1::AttachDataPlaneRequest>,
       [&](const auto& request, auto* response, const Admission& admission) {
         const int worker = request.worker_id();
-        if (DataPlane::ReplicaOwner(worker)) {  // their tickets come from a backup's join only
+        if (DataPlane::ReservedOwner(worker)) {  // the server's own (a backup's join gives them)
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                               absl::StrCat("worker id ", worker, " is no client's"));
         }
