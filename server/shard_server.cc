@@ -194,6 +194,7 @@ absl::Status ShardServer::StartDataPlane() {
   o.lanes = c.data_plane_lanes;
   o.max_frame_bytes = static_cast<uint64_t>(shard_->range().size()) * sizeof(float);
   o.tls = c.security.plane_tls;
+  if (c.replica.has_value()) o.owner_kinds = Replica::PlaneOwners();
   absl::StatusOr<std::unique_ptr<DataPlane>> plane = DataPlane::Start(o);
   if (plane.ok() && o.port == 0 && c.port != 0 && (*plane)->port() == c.port) {
     // The system handed out the port the gRPC server is about to listen on (free until then):

@@ -35,6 +35,7 @@
 #include "transport/security.h"
 #include "server/checkpoints/checkpointer.h"
 #include "server/replication/replica.h"
+#include "server/rpc/replication_service.h"
 #include "server/rpc/shard_service.h"
 #include "server/state/parameter_shard.h"
 

@@ -176,11 +176,11 @@ TEST(ReplicationLogTest, AChangeCountsAsReplicatedOnlyOnceTheBackupAcknowledgedI
   EXPECT_TRUE(log.WaitReplicated(absl::Now()).ok());
   // A change naming a stage: its values are kept unless the attached backup holds that stage.
   ShardChange staged = Change(4, values);
-  staged.stage = 9;
+  staged.forward_tag = 9;
   log.Append(staged, [&](int64_t a) { return a == attachment; });
   next = log.Next(attachment, 3, absl::ZeroDuration());
   ASSERT_TRUE(next.ok() && next->has_value());
-  EXPECT_EQ((**next)->change.stage, 9);
+  EXPECT_EQ((**next)->change.forward_tag, 9u);
   EXPECT_TRUE((**next)->change.values.empty());
   EXPECT_EQ((**next)->length, 3);
   staged.index = 5;

@@ -99,11 +99,6 @@ bool SameSecret(const std::string& a, const std::string& b) {
   return differ == 0;
 }
 
-std::string Who(int owner) {
-  if (DataPlane::ReplicaOwner(owner)) return "the replica's primary";
-  return absl::StrCat(owner >= 0 ? "worker " : "observer ", owner);
-}
-
 absl::Status Lost(absl::string_view why) {
   return absl::FailedPreconditionError(
       absl::StrCat("data plane: ", why, "; the tensor goes over gRPC"));
@@ -113,6 +108,13 @@ absl::Status Lost(absl::string_view why) {
 int DataPlane::AutoLanes() { return std::clamp(UsableCpus() / 4, 1, 4); }
 
 absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Start(Options options) {
+  for (const OwnerKind& kind : options.owner_kinds) {
+    if (kind.count < 1 || !ReservedOwner(kind.first) ||
+        !ReservedOwner(kind.first + kind.count - 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data plane: the owners of ", kind.who, " are not reserved ones"));
+    }
+  }
   absl::StatusOr<std::unique_ptr<Listener>> listener = Listener::Listen(options.host, options.port);
   if (!listener.ok()) return listener.status();
   std::unique_ptr<DataPlane> plane(new DataPlane(std::move(options), *std::move(listener)));
@@ -122,6 +124,20 @@ absl::StatusOr<std::unique_ptr<DataPlane>> DataPlane::Start(Options options) {
 
 DataPlane::DataPlane(Options options, std::unique_ptr<Listener> listener)
     : options_(std::move(options)), listener_(std::move(listener)) {}
+
+const DataPlane::OwnerKind* DataPlane::KindOf(int owner) const {
+  if (!ReservedOwner(owner)) return nullptr;
+  for (const OwnerKind& kind : options_.owner_kinds) {
+    if (owner >= kind.first && owner - kind.first < kind.count) return &kind;
+  }
+  return nullptr;
+}
+
+std::string DataPlane::Who(int owner) const {
+  if (const OwnerKind* kind = KindOf(owner); kind != nullptr) return kind->who;
+  if (ReservedOwner(owner)) return absl::StrCat("reserved owner ", owner);
+  return absl::StrCat(owner >= 0 ? "worker " : "observer ", owner);
+}
 
 void DataPlane::Stop() {
   listener_->Shutdown();
@@ -289,12 +305,13 @@ absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Admit(
       connection = it->second.connection;
       c->lanes[index] = lane;
       lane->admitted = true;
-      if (c->owner >= kReplicaStages && ReplicaOwner(c->owner)) {
-        socket.set_stall(kReplicaStagesStall);
+      if (const OwnerKind* kind = KindOf(c->owner);
+          kind != nullptr && kind->stall > absl::ZeroDuration()) {
+        socket.set_stall(kind->stall);
       }
       if (++c->joined == c->lanes.size()) {
         tickets_.erase(it);
-        if (c->owner >= 0 || ReplicaOwner(c->owner)) {  // a newer one replaces the older
+        if (c->owner >= 0 || ReservedOwner(c->owner)) {  // a newer one replaces the older
           for (const auto& [id, other] : open_) {
             if (other->owner == c->owner) CloseLanes(*other, "replaced by a newer one");
           }
@@ -625,9 +642,8 @@ void DataPlane::Release(int owner) {
   for (const auto& [id, issued] : tickets_) {
     if (issued.connection->owner == owner) ending.push_back(issued.connection);
   }
-  for (const auto& c : ending) {
-    CloseLanes(*c, ReplicaOwner(owner) ? "the backup stopped following" : "the worker left");
-  }
+  const OwnerKind* kind = KindOf(owner);
+  for (const auto& c : ending) CloseLanes(*c, kind != nullptr ? kind->released : "the worker left");
 }
 
 }  // namespace ps

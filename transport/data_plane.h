@@ -16,19 +16,19 @@
 // sent there (Send) and is answered once they are written. A client of this version makes its
 // pulls, and its pushes of a tensor in one part, on the connection itself instead (PushCall,
 // PullCall frames): they go to the shard's handlers (TakeCalls) and are answered on the
-// connection, with no gRPC call's round trips. A backup replica's primary makes its changes so
-// too (ChangeCall), on a connection the backup gave it a ticket for (owner kReplicaPeer), and
-// forwards pushes as they arrive on further ones (kReplicaStages + i).
+// connection, with no gRPC call's round trips. The server may keep owners of its own
+// (ReservedOwner, of the kinds Options::owner_kinds names: a backup replica's primary makes its
+// changes so, ChangeCall, on connections the backup gave it tickets for).
 //
 // Every wait has an end: a hello within `hello`, a frame's bytes moving at least every `stall`.
 // Anything unexpected on a connection (a bad frame, a stalled peer, a call that gave up
 // mid-tensor) ends that connection only (all its lanes); its client sends over gRPC meanwhile.
-// Places are kept per credential, so that no caller shuts out the workers: each worker (and replica
-// owner) holds at most one ticket and one connection, observers kMaxObserverConnections between
-// them, and all of them at most `max_connections` (two threads a lane). A socket that has not
-// shown a ticket yet holds none of those places: such sockets share kMaxSayingHello places, the
-// oldest closed to make room for the next. No buffer is allocated for a frame: it goes into its
-// call's buffer or is dropped a piece at a time. Thread-safe.
+// Places are kept per credential, so that no caller shuts out the workers: each worker (and
+// reserved owner) holds at most one ticket and one connection, observers kMaxObserverConnections
+// between them, and all of them at most `max_connections` (two threads a lane). A socket that has
+// not shown a ticket yet holds none of those places: such sockets share kMaxSayingHello places,
+// the oldest closed to make room for the next. No buffer is allocated for a frame: it goes into
+// its call's buffer or is dropped a piece at a time. Thread-safe.
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -75,6 +75,16 @@ class DataPlane {
   static constexpr int kMaxLanes = ps::kMaxLanes;
   static int AutoLanes();
 
+  // A kind of the owners the server keeps for itself (ReservedOwner): `count` of them from
+  // `first`, called `who` in messages, whose sockets may stall for `stall` (zero: Options::stall),
+  // and whose connections end saying `released` when Release ends them.
+  struct OwnerKind {
+    int first = 0;
+    int count = 1;
+    std::string who;
+    absl::Duration stall = absl::ZeroDuration();
+    std::string released;
+  };
   struct Options {
     std::string host = "127.0.0.1";
     int port = 0;  // 0: a free one
@@ -86,8 +96,11 @@ class DataPlane {
     // The job's TLS (a server's context): every lane's handshake comes before its hello, within
     // `hello`. Null: plain TCP.
     std::shared_ptr<const TlsContext> tls;
+    // The kinds of the reserved owners the server uses, each within them.
+    std::vector<OwnerKind> owner_kinds;
   };
-  // Listens (UNAVAILABLE naming host:port and why if it cannot) and starts accepting.
+  // Listens (UNAVAILABLE naming host:port and why if it cannot) and starts accepting;
+  // INVALID_ARGUMENT for an owner kind not within the reserved owners.
   static absl::StatusOr<std::unique_ptr<DataPlane>> Start(Options options);
   // Stops accepting and ends every connection: calls waiting on one fail, later ones are refused
   // (FAILED_PRECONDITION). For a shard shutting down, before its calls are cancelled.
@@ -101,21 +114,15 @@ class DataPlane {
     std::string secret;
     int lanes = 1;
   };
-  // The owners of the connections a backup replica gives its primary tickets for: they carry the
-  // primary's changes (kReplicaPeer), and the stages it forwards (kReplicaStages + i, i <
-  // kMaxReplicaStageConnections; ChangeCall frames, server/replication/replica.h), and nothing of
-  // a worker's or an observer's.
-  static constexpr int kReplicaPeer = std::numeric_limits<int>::min();
-  static constexpr int kReplicaStages = kReplicaPeer + 1;
-  static constexpr int kMaxReplicaStageConnections = 16;
-  // The stall limit of a stage connection, past kMaxFillWait (30 s): its frames come as the push
-  // they forward arrives at the primary, which waits up to that for each piece (past a worker's
-  // `stall`, after which that push fails and the primary sends the rest of the stage as it is).
-  static constexpr absl::Duration kReplicaStagesStall = absl::Seconds(40);
-  static bool ReplicaOwner(int owner) {
-    return owner >= kReplicaPeer && owner < kReplicaStages + kMaxReplicaStageConnections;
+  // Owners the server keeps for connections of its own, which carry nothing of a worker's or an
+  // observer's (a client asking for a ticket as one is refused): kMaxReservedOwners of them from
+  // kFirstReservedOwner, of the kinds Options::owner_kinds names.
+  static constexpr int kFirstReservedOwner = std::numeric_limits<int>::min();
+  static constexpr int kMaxReservedOwners = 17;
+  static bool ReservedOwner(int owner) {
+    return owner >= kFirstReservedOwner && owner < kFirstReservedOwner + kMaxReservedOwners;
   }
-  static bool ObserverOwner(int owner) { return owner < 0 && !ReplicaOwner(owner); }
+  static bool ObserverOwner(int owner) { return owner < 0 && !ReservedOwner(owner); }
   // Connections and unused tickets that observers hold at most, all of them together: a
   // read-only token cannot take the workers' places.
   static constexpr int kMaxObserverConnections = 4;
@@ -123,8 +130,8 @@ class DataPlane {
   static constexpr int kMaxSayingHello = 32;
 
   using Credential = DataPlaneCredential;
-  // A ticket for worker `owner` (negative: an observer; or a replica owner) whose token proved
-  // `credential`. A worker's (or a replica owner's) new ticket replaces its unused older one, and
+  // A ticket for worker `owner` (negative: an observer; or a reserved owner) whose token proved
+  // `credential`. A worker's (or a reserved owner's) new ticket replaces its unused older one, and
   // its connection, once open, the older one. RESOURCE_EXHAUSTED when observers already hold
   // kMaxObserverConnections (for an observer's), or when as many clients as `max_connections`
   // hold connections or tickets (a worker counts once).
@@ -200,7 +207,8 @@ class DataPlane {
   // owner going away.
   void TakeCalls(CallHandlers handlers);
 
-  // Ends worker `owner`'s connection (it left), and forgets its unused tickets.
+  // Ends worker `owner`'s connection (it left; or a reserved owner's), and forgets its unused
+  // tickets.
   void Release(int owner);
   // Connections open now.
   int connections() const;
@@ -236,6 +244,10 @@ class DataPlane {
   // Sends a push call's answer on `lane`, from its reading thread (the lane is closed if it
   // cannot).
   static absl::Status SendAnswer(Lane& lane, uint64_t transfer, const CallAnswer& answer);
+  // The kind of reserved owner `owner` (null: none, or not a reserved owner), and what messages
+  // call it.
+  const OwnerKind* KindOf(int owner) const;
+  std::string Who(int owner) const;
   // Open connection `connection`, if it is `owner`'s (FAILED_PRECONDITION otherwise).
   absl::StatusOr<std::shared_ptr<Connection>> Find(uint64_t connection, int owner);
   // Joins the threads of lanes that ended (all of them with `all`).

@@ -15,11 +15,15 @@
 // an older primary (whose state misses pushes acknowledged since; it fences it instead) nor starts
 // one by itself.
 //
-// The changes after the state go on the backup's data plane when it has one (server/rpc/
+// The roles and epochs are RoleMachine's (role_machine.h: the decisions, without threads, sockets
+// or clocks); Replica does the talking, keeps the epoch file (epoch_file.h), and owns the thread.
+//
+// The changes after the state go on the backup's data plane when it has one (transport/
 // data_plane.h): the backup gives its primary a ticket in its join, and the primary makes each
 // change a call on that connection (ChangeCall: header, values, answered once applied; no gRPC
-// stream's copies and flow control on the way), the stream carrying the rest. A change the
-// backup does not take ends the stream there too (the backup joins again).
+// stream's copies and flow control on the way), the stream carrying the rest; either way a
+// ChangeSink (change_sink.h) ships them. A change the backup does not take ends the stream there
+// too (the backup joins again).
 //
 // Forwarding. A push's gradient of several MiB that comes on the data plane crosses to the
 // backup while it still comes in from the worker, rather than after the push was applied (which
@@ -30,19 +34,20 @@
 // applied exactly as it came is named (not one clipped or compensated: those changes carry their
 // values); a stage no change names is dropped on the backup with the next one. One stage is being
 // sent on each of those connections at a time (Options::forward_at_once of them: pushes from
-// several workers at once are forwarded together), and the backup holds StageRoom of them at
-// most; a push that finds no connection free or no room is replicated as before, and so is every
-// push once a stage failed (until a backup joins again).
+// several workers at once are forwarded together), and the backup holds
+// StageForwarder::StageRoom of them at most; a push that finds no connection free or no room is
+// replicated as before, and so is every push once a stage failed (until a backup joins again).
+// The primary's stages are StageForwarder's (stage_forwarder.h); the shard knows a stage only as
+// its push's forward tag.
+//
+// The gRPC service ps.v1.Replication over this is server/rpc/replication_service.h.
 //
 // Thread-safe. Owns a thread that settles the role and follows the primary.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
-#include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -51,24 +56,27 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "server/state/buffer_pool.h"
-#include "transport/data_connection.h"
-#include "common/fill_progress.h"
-#include "transport/security.h"
 #include "proto/ps.grpc.pb.h"
+#include "server/replication/change_sink.h"
 #include "server/replication/replication_log.h"
-#include "transport/data_plane.h"
+#include "server/replication/role_machine.h"
+#include "server/replication/stage_forwarder.h"
+#include "server/state/buffer_pool.h"
 #include "server/state/parameter_shard.h"
+#include "transport/data_connection.h"
+#include "transport/data_plane.h"
+#include "transport/security.h"
 
 namespace ps {
 
 class Replica {
  public:
-  enum class Role { kJoining, kBackup, kPrimary, kFenced };
-  static const char* RoleName(Role role);
+  using Role = RoleMachine::Role;
 
   struct Options {
     std::string peer;  // the other replica's address
@@ -83,59 +91,26 @@ class Replica {
     std::string epoch_file;
     // Whether a primary forwards pushes to its backup as they come in (see above).
     bool forward = true;
-    // As a backup: the stage connections it gives its primary (1 to
-    // DataPlane::kMaxReplicaStageConnections), i.e. how many pushes arriving at once are
-    // forwarded; each stage held costs the backup a buffer of the shard's size.
+    // As a backup: the stage connections it gives its primary (1 to kMaxStageConnections), i.e. how
+    // many pushes arriving at once are forwarded; each stage held costs the backup a buffer of the
+    // shard's size.
     int forward_at_once = 2;
   };
 
-  // The stages a backup with `connections` stage connections holds at most: those being sent,
-  // and two more (one for one connection) whose bytes came and whose changes have not yet; the
-  // smallest gradient worth forwarding (a smaller one takes about as long to forward as to send
-  // after it was applied).
-  static int StageRoom(int connections) { return connections + std::min(connections, 2); }
-  static constexpr uint64_t kMinForwardBytes = 4 << 20;
-
-  // A push's gradient being forwarded to the backup as it comes in (the primary's side). Thread-
-  // compatible: the push's reading thread feeds it. Destroying it pads the stage if Finish was
-  // not called, and drops it on the backup unless the push's change named it.
-  class Forward {
-   public:
-    ~Forward();
-    Forward(const Forward&) = delete;
-    Forward& operator=(const Forward&) = delete;
-    // A run of the buffer's values is in place (a ValuesSeen: each value once; the runs of a
-    // striped tensor's parts from their lanes' threads at once). Sent once every value before it
-    // is in place too.
-    void Seen(absl::Span<const float> run);
-    // The buffer was read, whole or not (what was not seen then goes as it is, so that the
-    // connection stays usable). Waits until the backup holds the stage or refused it, and
-    // returns its id if it holds it and every value was seen (for PushSlot::Forwarded), 0
-    // otherwise. The buffer may change once this returned.
-    int64_t Finish();
-    // The push's change named the stage (PushOutcome::staged): the backup keeps it for that.
-    void Named() { named_ = true; }
-
-   private:
-    friend class Replica;
-    Forward(Replica* replica, int64_t id, absl::Span<const float> buffer)
-        : replica_(replica), id_(id), buffer_(buffer), progress_(buffer.size()) {}
-    Replica* const replica_;
-    const int64_t id_;
-    const absl::Span<const float> buffer_;
-    FillProgress progress_;
-    absl::Mutex mu_;
-    int64_t prefix_ ABSL_GUARDED_BY(mu_) = 0;                // values in place from the start
-    std::map<int64_t, int64_t> ahead_ ABSL_GUARDED_BY(mu_);  // runs past it: offset -> end
-    bool whole_ = false, held_ = false, named_ = false;
-    std::thread thread_;  // sends the stage; joined by Finish
-  };
   // Starts forwarding `buffer`, which a push's values are read into, if this replica is a primary
-  // with a backup that takes stages on its data plane, one of their connections sends no other
-  // stage, the backup has room, and `buffer` is large enough; null otherwise (the push is
-  // replicated as before).
-  // `buffer` must stay as it is until Finish returned.
-  std::unique_ptr<Forward> StartForward(absl::Span<const float> buffer);
+  // with a backup that takes stages on its data plane (StageForwarder::Start); null otherwise
+  // (the push is replicated as before). `buffer` must stay as it is until Finish returned.
+  std::unique_ptr<StageForwarder::Forward> StartForward(absl::Span<const float> buffer) {
+    return forwarder_.Start(buffer);
+  }
+
+  // The data-plane owners of the connections a backup gives its primary tickets for, reserved
+  // ones (DataPlane::ReservedOwner): its changes' (kPeerOwner) and its stages' (kStagesOwner + i,
+  // i < kMaxStageConnections). PlaneOwners: their kinds, for DataPlane::Options::owner_kinds.
+  static constexpr int kPeerOwner = DataPlane::kFirstReservedOwner;
+  static constexpr int kStagesOwner = kPeerOwner + 1;
+  static constexpr int kMaxStageConnections = DataPlane::kMaxReservedOwners - 1;
+  static std::vector<DataPlane::OwnerKind> PlaneOwners();
 
   // `shard` must outlive this object; `shard_incarnation` is this process's (ShardProcess).
   // `plane`, this process's data plane (null: none), too: as a backup, its primary makes its
@@ -168,10 +143,14 @@ class Replica {
   // backup goes away.
   absl::Status WaitReplicated(absl::Time deadline);
 
-  // The Replication service's calls (see ps.proto). The primary writes ReplicationMessages as raw
-  // bytes, so that values go out without a copy (transport/tensor_codec.h).
+  // The Replication service's calls (see ps.proto), once the caller was let in. ServeBackup
+  // serves the backup joining on `stream` until it goes away (OK then): INVALID_ARGUMENT without
+  // a join message, FAILED_PRECONDITION for a backup of another shard or model, or when this
+  // replica is not the primary; UNAVAILABLE when stopping. The primary writes
+  // ReplicationMessages as raw bytes, so that values go out without a copy
+  // (transport/tensor_codec.h).
   using BackupStream = grpc::ServerReaderWriter<grpc::ByteBuffer, v1::BackupMessage>;
-  grpc::Status ServeBackup(grpc::ServerContext* context, BackupStream* stream);
+  absl::Status ServeBackup(grpc::ServerContext* context, BackupStream* stream);
   v1::ReplicaStatusResponse Status(bool take_over);
   // A change the primary this backup follows made on its data plane (DataPlane::CallHandlers's
   // `change`): applied once the state it follows is in place, and answered OK then.
@@ -182,64 +161,93 @@ class Replica {
                                       DataPlane::ReadValues read_values);
 
   // Takes no lock: may be called under the shard's (e.g. from its change listener).
-  Role role() const { return role_.load(); }
+  Role role() const ABSL_NO_THREAD_SAFETY_ANALYSIS { return machine_.role(); }  // atomic
   int64_t epoch() const;
   // A primary: changes made on the backup naming a stage (see Forwarding), so far.
-  int64_t changes_forwarded() const;
+  int64_t changes_forwarded() const { return forwarder_.changes_forwarded(); }
   // A primary: the stages being sent to its backup now.
-  int stages_sending() const;
+  int stages_sending() const { return forwarder_.stages_sending(); }
   // Why this process was fenced; "" if it was not.
   std::string fenced_reason() const;
 
  private:
+  using Complain = absl::FunctionRef<void(const std::string&)>;
+  static bool PlaneOwner(int owner) {
+    return owner >= kPeerOwner && owner < kStagesOwner + kMaxStageConnections;
+  }
   // The role thread: joins, follows, takes over, checks a lone primary for its replacement.
   void Run();
+  // What the role thread does on the role machine's word, about `peer` (its status).
+  void Act(RoleMachine::Action action, v1::ReplicaStatusResponse& peer, Complain complain);
   // Asks the peer for its status (one attempt, short deadline).
   grpc::Status ProbePeer(bool take_over, v1::ReplicaStatusResponse* status);
-  // Joins the primary described by `peer` and applies its stream until it ends.
+
+  // The backup's side. Follow joins the primary described by `peer` and applies its stream until
+  // it ends.
   absl::Status Follow(const v1::ReplicaStatusResponse& peer);
   using Stream = grpc::ClientReaderWriter<v1::BackupMessage, v1::ReplicationMessage>;
+  // The data-plane connections this backup gives its primary tickets for, in `join`: one for
+  // its changes (0: none, they come on the stream), and one per stage sent at once.
+  struct Tickets {
+    uint64_t changes = 0;
+    std::vector<uint64_t> stages;
+  };
+  Tickets OfferTickets(v1::BackupMessage* join);
   // Receives the state transfer that starts a stream (its first message is `first`); nullopt
   // when the primary holds no model yet. FAILED_PRECONDITION if the primary runs another
   // consistency model than this replica.
   absl::StatusOr<std::optional<ShardState>> ReceiveState(const v1::ReplicationMessage& first,
                                                          Stream* stream);
+  // Puts the state of the primary of `incarnation` at `epoch` in place, with the role and the
+  // tickets' connections together, and only if this replica did not take over (or stop)
+  // meanwhile: what it acknowledged as primary must not be overwritten.
+  absl::Status PutStateInPlace(const std::optional<ShardState>& state, int64_t epoch,
+                               int64_t incarnation, const Tickets& tickets);
+  // Applies the stream's changes of `epoch`, acknowledging from `applied` on, until the stream
+  // ends (OK) or a change does not apply.
+  absl::Status ApplyChanges(Stream* stream, int64_t epoch, int64_t applied);
   // Reads the stream's next message; each counts as hearing from the primary.
   std::function<bool(v1::ReplicationMessage*)> Next(Stream* stream);
-  // The primary's side: a connection to the data plane the joining backup gave `ticket` for
-  // (null when it cannot be opened: logged, saying what happens `otherwise`), and a change made
-  // on it (acknowledged in the log once answered OK; false, logged, if it was not).
-  std::shared_ptr<DataConnection> OpenBackupPlane(const v1::AttachDataPlaneResponse& ticket,
-                                                  absl::string_view otherwise);
-  bool SendOnPlane(DataConnection& plane, const v1::ReplicationMessage& change,
-                   absl::Span<const float> values, int64_t attachment);
-  // The primary's: forwards go on `planes` from now on, at `epoch`, for the backup of log
-  // attachment `attachment` (not if a newer one's go already); the stages of an earlier one are
-  // forgotten. StopForwarding: none go, if they went to `attachment`'s backup.
-  void ForwardTo(std::vector<std::shared_ptr<DataConnection>> planes, int64_t epoch,
-                 int64_t attachment);
-  void StopForwarding(int64_t attachment);
-  // The primary's: whether the backup of `attachment` holds `stage`, for the change about to
-  // name it; false: the change carries its values. The stage counts as held until StageUsed
-  // (once that change was answered, `applied` or not).
-  bool NameStage(int64_t stage, int64_t attachment);
-  void StageUsed(int64_t stage, bool applied);
-  // The backup's: OK if `m`, made on its data plane, comes from the primary it follows, on the
+  // OK if `m`, made on this backup's data plane, comes from the primary it follows, on the
   // connection it gave it for that (its state in place: the primary makes no change before the
   // backup's first acknowledgement, sent after it); FAILED_PRECONDITION otherwise.
   grpc::Status FromFollowedLocked(const DataPlane::Call& call,
                                   const v1::ReplicationMessage& m) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  // The backup's: a stage `m` its primary forwards (OnPlaneChange's, once it passed
-  // FromFollowedLocked): held until a change names it.
+  // A stage `m` its primary forwards (OnPlaneChange's, once it passed FromFollowedLocked): held
+  // until a change names it.
   grpc::Status OnPlaneStage(const DataPlane::Call& call, const v1::ReplicationMessage& m,
                             DataPlane::ReadValues read_values);
-  // Moves to `epoch`, after writing it to the epoch file; false (logged) if that failed.
-  bool SetEpochLocked(int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reads the values of a change or stage into `values`, each run counting as hearing from the
+  // primary (a large change on a slow link takes longer than the failover time).
+  absl::Status ReadFromPrimary(DataPlane::ReadValues read_values, absl::Span<float> values);
+
+  // The primary's side. The epoch a backup joining with `join` is served at; the error
+  // ServeBackup returns otherwise.
+  absl::StatusOr<int64_t> AcceptJoin(const v1::BackupMessage& join);
+  // The backup's data-plane connections: its changes' (null: they go on the stream) and its
+  // stages'.
+  struct BackupPlanes {
+    std::shared_ptr<DataConnection> changes;
+    std::vector<std::shared_ptr<DataConnection>> stages;
+  };
+  BackupPlanes OpenBackupPlanes(const v1::BackupMessage& join);
+  // A connection to the data plane the joining backup gave `ticket` for (null when it cannot be
+  // opened: logged, saying what happens `otherwise`).
+  std::shared_ptr<DataConnection> OpenBackupPlane(const v1::AttachDataPlaneResponse& ticket,
+                                                  absl::string_view otherwise);
+  // Reads the backup's acknowledgements until its stream ends, then ends the attachment and the
+  // planes; `state_in_place` once the first came (its state is in place) or the stream ended.
+  void ReadAcks(BackupStream* stream, int64_t attachment, const BackupPlanes& planes,
+                absl::Notification* state_in_place);
+  // Ships the changes after `sent` to the backup of `attachment` through `sink`, with heartbeats
+  // on the stream (`write`) while idle, until it goes away.
+  void ShipChanges(int64_t attachment, int64_t epoch, int64_t sent, ChangeSink& sink,
+                   const StreamChangeSink::Write& write);
+
+  // The role machine's transitions, with what goes with them here.
   bool TakeOverLocked(absl::string_view why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FenceLocked(std::string reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Duration SilenceLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  bool veteran() const;
+  void FencedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   ParameterShard* const shard_;
   const int64_t shard_incarnation_;
@@ -249,73 +257,23 @@ class Replica {
   BufferPool change_values_;
   std::unique_ptr<v1::Replication::Stub> peer_;
   ReplicationLog log_;
+  // The primary's stages, under a lock of their own: taken under the shard's lock (never the
+  // other way round) and never with mu_ held.
+  StageForwarder forwarder_;
 
   mutable absl::Mutex mu_;
-  // Changed under mu_ only; atomic so that role() needs no lock (it is read under the shard's).
-  std::atomic<Role> role_{Role::kJoining};
-  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
-  // A primary that took over serves alone until a backup joins it.
-  bool alone_ ABSL_GUARDED_BY(mu_) = false;
-  // A backup: holds the state of the primary it followed (incarnation `followed_`), with every
-  // change that primary acknowledged, and may take over.
-  bool caught_up_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t followed_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time last_heard_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  RoleMachine machine_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* follow_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   // A backup: the data-plane connection its primary makes changes on (its ticket's); 0: none.
   uint64_t plane_connection_ ABSL_GUARDED_BY(mu_) = 0;
-  // A state transfer is being received: no takeover meanwhile (its end replaces the state).
-  bool transferring_ ABSL_GUARDED_BY(mu_) = false;
-  // Took part in the job before (an epoch from the epoch file): never starts a primary itself.
-  bool veteran_ ABSL_GUARDED_BY(mu_) = false;
-  std::string fenced_reason_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // A backup: the stages its primary forwarded, by id, and those being read; they come on
-  // `stages_connections_` (its further tickets' connections, by owner from kReplicaStages on;
+  // `stages_connections_` (its further tickets' connections, by owner from kStagesOwner on;
   // none: no stage comes).
   std::map<int64_t, BufferPool::Lease> stages_ ABSL_GUARDED_BY(mu_);
   int stages_arriving_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint64_t> stages_connections_ ABSL_GUARDED_BY(mu_);
-
-  // The primary's forwarding, under a lock of its own: taken under the shard's lock (never the
-  // other way round) and never with mu_ held.
-  mutable absl::Mutex forward_mu_;
-  std::vector<std::shared_ptr<DataConnection>> forward_planes_ ABSL_GUARDED_BY(forward_mu_);
-  int64_t forward_epoch_ ABSL_GUARDED_BY(forward_mu_) = 0;
-  int64_t forward_attachment_ ABSL_GUARDED_BY(forward_mu_) = 0;  // the newest forwarded to
-  int64_t next_stage_ ABSL_GUARDED_BY(forward_mu_) = 1;
-  // The stages the backup may hold (one being sent on forward_planes_[plane], held, named by a
-  // change, or being dropped by a stage sent since), and those of them no change names, dropped
-  // with the next stage.
-  enum class StageState { kSending, kHeld, kNamed, kDropping };
-  struct Staged {
-    StageState state = StageState::kHeld;
-    int plane = -1;  // while kSending
-  };
-  std::map<int64_t, Staged> staged_ ABSL_GUARDED_BY(forward_mu_);
-  std::vector<int64_t> drops_ ABSL_GUARDED_BY(forward_mu_);
-  int64_t changes_forwarded_ ABSL_GUARDED_BY(forward_mu_) = 0;
   std::thread thread_;
-};
-
-// The Replication service over a Replica: checks that the caller holds the replication token
-// (Access::kReplicate: a backup receives the model, makes the primary acknowledge pushes, and
-// claims epochs that fence a primary or make a backup take over, so only the replica peer may
-// call), then hands the call over. Status reads raw bytes, so that the token is checked before
-// anything is parsed and a request that does not parse gets INVALID_ARGUMENT naming the method.
-class ReplicationService final
-    : public v1::Replication::WithRawCallbackMethod_Status<v1::Replication::Service> {
- public:
-  ReplicationService(Replica* replica, TokenAuthenticator tokens);
-  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* context,
-                                   const grpc::ByteBuffer* request,
-                                   grpc::ByteBuffer* response) override;
-  // Replaces the generated handler of Replicate, writing raw bytes.
-  grpc::Status Replicate(grpc::ServerContext* context, Replica::BackupStream* stream);
-
- private:
-  Replica* replica_;
-  const TokenAuthenticator tokens_;
 };
 
 }  // namespace ps

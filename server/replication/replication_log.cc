@@ -11,7 +11,7 @@ void ReplicationLog::Append(const ShardChange& change,
   absl::MutexLock lock(&mu_);
   appended_ = change.index;
   if (attachment_ == 0) return;
-  const bool kept = change.stage == 0 || !held(attachment_);
+  const bool kept = change.forward_tag == 0 || !held(attachment_);
   auto entry =
       std::make_shared<Entry>(Entry{change, buffers_.Acquire(kept ? change.values.size() : 0),
                                     static_cast<int64_t>(change.values.size())});

@@ -26,7 +26,7 @@ namespace ps {
 class ReplicationLog {
  public:
   // A change as kept: ShardChange's fields, its values copied, unless the backup holds them
-  // already as the change's stage (a push forwarded as it came: server/replication/replica.h).
+  // already as the stage its forward tag names (a push forwarded as it came: stage_forwarder.h).
   struct Entry {
     ShardChange change;  // change.values points into `values`; empty when not kept
     BufferPool::Lease values;
@@ -34,7 +34,7 @@ class ReplicationLog {
   };
 
   // For the shard's change listener (under the shard's lock): copies `change` while a backup is
-  // attached, its values unless `held(attachment)` says that backup holds them as change.stage
+  // attached, its values unless `held(attachment)` says that backup holds them (change.forward_tag)
   // (called under this log's lock). Without a backup, only counts it.
   void Append(const ShardChange& change, absl::FunctionRef<bool(int64_t attachment)> held);
 

@@ -4,6 +4,61 @@
 #include "transport/tensor_codec.h"
 
 namespace ps {
+namespace {
+
+v1::ChangeHeader::Kind ToProto(ShardChange::Kind kind) {
+  switch (kind) {
+    case ShardChange::Kind::kInitialize:
+      return v1::ChangeHeader::INITIALIZE;
+    case ShardChange::Kind::kTaken:
+      return v1::ChangeHeader::TAKEN;
+    case ShardChange::Kind::kUpdate:
+      return v1::ChangeHeader::UPDATE;
+    default:  // a round's contribution is not a change the shard passes on
+      return v1::ChangeHeader::KIND_UNSPECIFIED;
+  }
+}
+
+v1::ChangeHeader::Drop ToProto(ShardChange::Drop drop) {
+  switch (drop) {
+    case ShardChange::Drop::kLate:
+      return v1::ChangeHeader::LATE;
+    case ShardChange::Drop::kStale:
+      return v1::ChangeHeader::STALE;
+    case ShardChange::Drop::kNorm:
+      return v1::ChangeHeader::NORM;
+    default:
+      return v1::ChangeHeader::DROP_UNSPECIFIED;
+  }
+}
+
+ShardChange::Drop FromProto(v1::ChangeHeader::Drop drop) {
+  switch (drop) {
+    case v1::ChangeHeader::LATE:
+      return ShardChange::Drop::kLate;
+    case v1::ChangeHeader::STALE:
+      return ShardChange::Drop::kStale;
+    case v1::ChangeHeader::NORM:
+      return ShardChange::Drop::kNorm;
+    default:
+      return ShardChange::Drop::kNone;
+  }
+}
+
+absl::StatusOr<ShardChange::Kind> FromProto(v1::ChangeHeader::Kind kind) {
+  switch (kind) {
+    case v1::ChangeHeader::INITIALIZE:
+      return ShardChange::Kind::kInitialize;
+    case v1::ChangeHeader::UPDATE:
+      return ShardChange::Kind::kUpdate;
+    case v1::ChangeHeader::TAKEN:
+      return ShardChange::Kind::kTaken;
+    default:
+      return absl::DataLossError("a change of unknown kind");
+  }
+}
+
+}  // namespace
 
 bool WriteMessage(const v1::ReplicationMessage& message,
                   absl::FunctionRef<bool(grpc::ByteBuffer)> write) {
@@ -67,6 +122,31 @@ absl::StatusOr<ShardState> ReadState(const v1::ReplicationMessage& first, int64_
   }
   if (absl::Status s = CheckStateShape(state, size); !s.ok()) return s;
   return state;
+}
+
+v1::ChangeHeader HeaderOf(const ShardChange& change, int64_t length) {
+  v1::ChangeHeader header;
+  header.set_index(change.index);
+  header.set_kind(ToProto(change.kind));
+  header.set_drop(ToProto(change.drop));
+  header.set_version(change.version);
+  header.set_worker_id(change.worker_id);
+  header.set_sequence(change.sequence);
+  header.set_clock(change.clock);
+  header.set_staleness(change.staleness);
+  header.set_learning_rate(change.learning_rate);
+  header.set_length(length);
+  return header;
+}
+
+absl::StatusOr<ShardChange> ChangeOf(const v1::ChangeHeader& h, int64_t size) {
+  absl::StatusOr<ShardChange::Kind> kind = FromProto(h.kind());
+  if (!kind.ok()) return kind.status();
+  if (h.length() < 0 || h.length() > size) {
+    return absl::DataLossError("a change longer than the shard");
+  }
+  return ShardChange{h.index(),    *kind,     FromProto(h.drop()), h.version(),      h.worker_id(),
+                     h.sequence(), h.clock(), h.staleness(),       h.learning_rate()};
 }
 
 }  // namespace ps

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "proto/ps.pb.h"
+#include "server/state/parameter_shard.h"
 #include "server/state/shard_state.h"
 
 namespace ps {
@@ -41,5 +42,12 @@ absl::Status ReadValues(NextMessage next, int64_t epoch, absl::Span<float> dst);
 // state has (kMaxStateTensors) or one twice; ReadValues' errors.
 absl::StatusOr<ShardState> ReadState(const v1::ReplicationMessage& first, int64_t size,
                                      NextMessage next);
+
+// The header of `change`, whose values are `length` long (kept or not); a change's forward tag
+// is not part of it (the primary names a stage its backup holds: ChangeHeader.staged).
+v1::ChangeHeader HeaderOf(const ShardChange& change, int64_t length);
+// The change `header` heads, its values still to come (values empty): DATA_LOSS for an unknown
+// kind or more values than a shard of `size` holds.
+absl::StatusOr<ShardChange> ChangeOf(const v1::ChangeHeader& header, int64_t size);
 
 }  // namespace ps

@@ -115,8 +115,8 @@ grpc::Status ShardService::CheckPlaneCaller(const DataPlane::Call& call, int wor
                                             uint64_t connection, uint64_t transfer) {
   // Its connection, opened with a ticket AttachDataPlane gave the owner's token, stands for the
   // token: the call must be made as that worker (or observer) and name this connection and
-  // transfer. The replica peer's connection carries its changes only.
-  if (worker_id != call.owner || DataPlane::ReplicaOwner(call.owner)) {
+  // transfer. A reserved owner's connection (the replica peer's) carries no client's call.
+  if (worker_id != call.owner || DataPlane::ReservedOwner(call.owner)) {
     return grpc::Status(
         grpc::StatusCode::PERMISSION_DENIED,
         absl::StrCat("a call as worker ", worker_id, " on a data-plane connection of ",

@@ -290,7 +290,7 @@ grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<Pa
   if (!format.ok()) return ToGrpcStatus(format.status());
   // A data-plane tensor, never compressed, tells of every run as it comes. Declared after the
   // slot: it is done with the slot's buffer before the buffer goes.
-  std::unique_ptr<Replica::Forward> forwarding =
+  std::unique_ptr<StageForwarder::Forward> forwarding =
       h.data_connection() != 0 && !h.last_piece_first() && replica_ != nullptr
           ? replica_->StartForward(slot->gradient())
           : nullptr;
@@ -299,7 +299,7 @@ grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<Pa
     if (forwarding != nullptr) forwarding->Seen(run);
   });
   source.reset();  // a shared region is given back: the client may reuse it now
-  if (forwarding != nullptr) slot->Forwarded(forwarding->Finish());
+  if (forwarding != nullptr) slot->set_forward_tag(forwarding->Finish());
   if (!read.ok()) {
     // A data-plane payload that did not come is the plane's failure: the client sends over gRPC.
     const bool lost = h.data_connection() != 0 && read.code() != absl::StatusCode::kInvalidArgument;
@@ -308,7 +308,7 @@ grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<Pa
   const int64_t payload = PayloadBytes(*format, static_cast<int64_t>(slot->gradient().size()));
   absl::StatusOr<PushOutcome> outcome = shard_->Commit(*std::move(slot));
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
-  if (outcome->staged) forwarding->Named();
+  if (outcome->forward_tag_kept) forwarding->Named();
   RecordPush(h, payload, start);
   response->set_version(outcome->version);
   response->set_staleness(outcome->staleness);
@@ -494,7 +494,7 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
       AttachClaims<v1::AttachDataPlaneRequest>,
       [&](const auto& request, auto* response, const Admission& admission) {
         const int worker = request.worker_id();
-        if (DataPlane::ReplicaOwner(worker)) {  // their tickets come from a backup's join only
+        if (DataPlane::ReservedOwner(worker)) {  // the server's own (a backup's join gives them)
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                               absl::StrCat("worker id ", worker, " is no client's"));
         }
@@ -520,7 +520,7 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
 v1::StatsResponse ShardService::StatsProto(const ShardStats& s) const {
   v1::StatsResponse r;
   if (replica_ != nullptr) {
-    r.set_replica_role(Replica::RoleName(replica_->role()));
+    r.set_replica_role(RoleMachine::RoleName(replica_->role()));
     r.set_replica_epoch(replica_->epoch());
     r.set_replica_changes_forwarded(replica_->changes_forwarded());
     r.set_replica_stages_sending(replica_->stages_sending());

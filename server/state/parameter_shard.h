@@ -71,9 +71,9 @@ struct ShardChange {
   float learning_rate = 0;
   absl::Span<const float> values = {};  // valid during the call it is passed to
   // kUpdate: `values` are exactly the push's gradient as it came in (not clipped or compensated),
-  // which the primary forwarded to its backup as it came as this stage (PushSlot::Forwarded); 0:
-  // not forwarded.
-  int64_t stage = 0;
+  // whose slot was given this tag (PushSlot::set_forward_tag); 0: none, or values changed. The
+  // shard only passes it on: replication names its forwarded pushes so (server/replication/).
+  uint64_t forward_tag = 0;
 };
 
 struct ShardConfig {
@@ -127,7 +127,7 @@ struct PushOutcome {
   int64_t staleness = 0;
   bool duplicate = false;
   bool dropped = false;
-  bool staged = false;  // the change names the slot's stage (ShardChange::stage)
+  bool forward_tag_kept = false;  // the change carried the slot's tag (ShardChange::forward_tag)
 };
 
 struct Registration {
@@ -282,7 +282,7 @@ class ParameterShard {
           header_(o.header_),
           buffer_(std::move(o.buffer_)),
           scan_(std::move(o.scan_)),
-          stage_(o.stage_) {}
+          forward_tag_(o.forward_tag_) {}
     PushSlot& operator=(PushSlot&&) = delete;
     ~PushSlot();
     absl::Span<float> gradient() { return buffer_.span(); }
@@ -290,9 +290,10 @@ class ParameterShard {
     // in the cache. Once every value was seen once, Commit scans no more. Runs of different
     // GradientScan blocks may be seen on different threads at once (GradientScan::Add).
     void Seen(absl::Span<const float> run) { scan_.Add(run); }
-    // The whole gradient, as it came in, was forwarded to the backup as stage `stage`: the
-    // change names it if it applies exactly these values (ShardChange::stage).
-    void Forwarded(int64_t stage) { stage_ = stage; }
+    // An opaque tag for the whole gradient as it came in (replication's: the push was forwarded
+    // to the backup as it came), which the push's change carries if it applies exactly these
+    // values (ShardChange::forward_tag); 0: none.
+    void set_forward_tag(uint64_t tag) { forward_tag_ = tag; }
 
    private:
     friend class ParameterShard;
@@ -306,7 +307,7 @@ class ParameterShard {
     PushHeaderInfo header_;
     BufferPool::Lease buffer_;
     GradientScan scan_;
-    int64_t stage_ = 0;
+    uint64_t forward_tag_ = 0;
   };
   // Checks a push's header before its payload is read (so no buffer is sized by a bad request):
   // worker, incarnation, sequence, base version, and a range that is the shard's whole range.
