@@ -110,9 +110,9 @@ grpc::Status ShardSession::Register(grpc::ClientContext* context, int64_t resume
                  response.consistency()};
   shared_ = shared.ok() ? *shared : nullptr;
   data_ = data.ok() ? *data : nullptr;
-  data_retry_at_ = absl::InfiniteFuture();
-  data_backoff_ = kDataRetryFirst;
-  if (!shared.ok() && !data.ok()) ScheduleDataRetry(data.status());
+  retry_at_ = absl::InfiniteFuture();
+  backoff_ = kRetryFirst;
+  if (!shared.ok() && !data.ok()) ScheduleRetry(data.status());
   return grpc::Status::OK;
 }
 
@@ -221,7 +221,7 @@ AttemptEnd ShardSession::Pull(grpc::ClientContext* context, absl::Span<float> va
                               int64_t after_sequence, ValuesSeen seen,
                               CompressedPulls* compressed, const Attempter& attempt,
                               Served* served) {
-  RetryData(attempt);
+  RetryPaths(attempt);
   const ClientOptions& options = *client_.options;
   PullPart part{{}, values, options.pull_type, seen};
   v1::PullRequest& request = part.request;
@@ -256,7 +256,7 @@ AttemptEnd ShardSession::Push(grpc::ClientContext* context, absl::Span<const flo
                               const std::shared_ptr<const CompressedTensor>& compressed,
                               int64_t sequence, Served base, FillProgress* filling,
                               const Attempter& attempt, PushDone* done) {
-  RetryData(attempt);
+  RetryPaths(attempt);
   const State session = state();
   if (base.shard_incarnation != 0 && base.shard_incarnation != session.shard_incarnation) {
     // Computed from an earlier process of this shard, whose updates since its checkpoint are
@@ -295,60 +295,66 @@ void ShardSession::Drop(const TensorPath* path, absl::string_view why) {
     absl::MutexLock lock(&mu_);
     if (shared_.get() == path) {
       shared_ = nullptr;
-      after = "from now on";
     } else if (data_.get() == path) {
       data_ = nullptr;
-      ScheduleDataRetry(absl::UnavailableError(why));
-      after = "until a new connection is made";
     } else {
       return;  // dropped or replaced already
     }
+    ScheduleRetry(absl::UnavailableError(why));
   }
   PS_LOG(WARNING) << "shard " << index_ << " (" << address() << "): " << path->name()
-                  << " stopped working (" << why << "); its tensors go over gRPC " << after;
+                  << " stopped working (" << why
+                  << "); its tensors go over gRPC until it is attached again";
 }
 
-void ShardSession::ScheduleDataRetry(const absl::Status& why) {
+void ShardSession::ScheduleRetry(const absl::Status& why) {
   // Off here, absent there, or a shard of another version: asking again changes nothing.
   const absl::StatusCode code = why.code();
   if (code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kUnimplemented ||
       code == absl::StatusCode::kInvalidArgument) {
-    data_retry_at_ = absl::InfiniteFuture();
+    retry_at_ = absl::InfiniteFuture();
     return;
   }
-  data_retry_at_ = absl::Now() + data_backoff_;
-  data_backoff_ = std::min(2 * data_backoff_, kDataRetryLast);
+  retry_at_ = absl::Now() + backoff_;
+  backoff_ = std::min(2 * backoff_, kRetryLast);
 }
 
-void ShardSession::RetryData(const Attempter& attempt) {
+void ShardSession::RetryPaths(const Attempter& attempt) {
   int64_t shard_incarnation = 0;
   int replica = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (data_ != nullptr || absl::Now() < data_retry_at_) return;
-    data_retry_at_ = absl::InfiniteFuture();  // this attempt's; the next set when it ends
+    if (shared_ != nullptr || data_ != nullptr || absl::Now() < retry_at_) return;
+    retry_at_ = absl::InfiniteFuture();  // this attempt's; the next set when it ends
     shard_incarnation = state_.shard_incarnation;
     replica = current_;
   }
   client_.threads->Run(
       [this, shard_incarnation, replica, attempt] {
-        absl::StatusOr<std::shared_ptr<DataPlanePath>> fresh =
-            ConnectDataPlane(shard_incarnation, attempt);
+        // Shared memory again where the shard is on this host (its segment may have been freed:
+        // the lease expired), else the data plane.
+        absl::StatusOr<std::shared_ptr<SharedMemoryPath>> shared =
+            AttachSharedMemory(shard_incarnation, attempt);
+        absl::StatusOr<std::shared_ptr<DataPlanePath>> data =
+            shared.ok() ? nullptr : ConnectDataPlane(shard_incarnation, attempt);
         {
           absl::MutexLock lock(&mu_);
-          if (state_.shard_incarnation != shard_incarnation || data_ != nullptr ||
-              current_ != replica || (fresh.ok() && (*fresh)->replica() != replica)) {
+          if (state_.shard_incarnation != shard_incarnation || shared_ != nullptr ||
+              data_ != nullptr || current_ != replica ||
+              (data.ok() && *data != nullptr && (*data)->replica() != replica)) {
             return;  // registered again meanwhile, or another replica: that session decides
           }
-          if (!fresh.ok()) {
-            ScheduleDataRetry(fresh.status());
+          if (!shared.ok() && !data.ok()) {
+            ScheduleRetry(data.status());
             return;
           }
-          data_ = *std::move(fresh);
-          data_backoff_ = kDataRetryFirst;
+          shared_ = shared.ok() ? *std::move(shared) : nullptr;
+          data_ = data.ok() ? *std::move(data) : nullptr;
+          backoff_ = kRetryFirst;
         }
-        PS_LOG(INFO) << "shard " << index_ << " (" << address()
-                     << "): tensors over the data plane again";
+        PS_LOG(INFO) << "shard " << index_ << " (" << address() << "): tensors "
+                     << (shared.ok() ? "through shared memory" : "over the data plane")
+                     << " again";
       },
       [] {});
 }

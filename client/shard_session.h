@@ -2,8 +2,8 @@
 // stub) and which of them calls go to, this client's registration there (incarnations, versions,
 // the consistency model), and the paths its tensors take, in fallback order: shared memory with a
 // shard on this host, else the data plane, else gRPC (client/tensor_path.h). A path that stops
-// working is dropped; a data-plane connection is asked for again with backoff (100 ms doubling to
-// 10 s) while tensors go over gRPC.
+// working is dropped, and shared memory (else a data-plane connection) asked for again with
+// backoff (100 ms doubling to 10 s) while tensors go over gRPC.
 //
 // Thread-safe. The calls it makes itself (Register, AttachSharedMemory, AttachDataPlane) run
 // through the client's Attempter: deadline, token, and cancellation as every call of the client.
@@ -124,9 +124,9 @@ class ShardSession {
   // Whether a push part may go as its values come: over the data plane, as float32 (the caller
   // checks the type and compression).
   bool StreamsPush() const;
-  // Asks for a data-plane connection again, on a thread of the client's, if there is none and
-  // its retry is due; calls meanwhile go over gRPC.
-  void RetryData(const Attempter& attempt);
+  // Asks for shared memory, else a data-plane connection, again, on a thread of the client's, if
+  // there is neither and the retry is due; calls meanwhile go over gRPC.
+  void RetryPaths(const Attempter& attempt);
   // Ends the data-plane connection (CancelPending): calls waiting on it fail at once.
   void EndData();
 
@@ -147,13 +147,13 @@ class ShardSession {
   // Puts a new data-plane connection in the place of `data`, whose connection this client ended
   // itself; drops it if none can be made.
   void RenewData(const std::shared_ptr<DataPlanePath>& data, const Attempter& attempt);
-  // After a failed attempt (`why`) to connect the data plane: whether to try again and when.
-  void ScheduleDataRetry(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a path was lost or could not be had (`why`): whether to ask again and when.
+  void ScheduleRetry(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string address() const { return current_replica().address; }
 
-  // The first wait before a data-plane connection is asked for again; it doubles up to the last.
-  static constexpr absl::Duration kDataRetryFirst = absl::Milliseconds(100);
-  static constexpr absl::Duration kDataRetryLast = absl::Seconds(10);
+  // The first wait before a path is asked for again; it doubles up to the last.
+  static constexpr absl::Duration kRetryFirst = absl::Milliseconds(100);
+  static constexpr absl::Duration kRetryLast = absl::Seconds(10);
 
   const int index_;
   const Range range_;
@@ -168,11 +168,11 @@ class ShardSession {
   int reregistrations_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<SharedMemoryPath> shared_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<DataPlanePath> data_ ABSL_GUARDED_BY(mu_);
-  // Without `data_` where the shard may give one (it was refused a place, or the connection
-  // failed): when to ask again (InfiniteFuture: not to, or an attempt is under way), and the
-  // wait after a further failure.
-  absl::Time data_retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  absl::Duration data_backoff_ ABSL_GUARDED_BY(mu_) = kDataRetryFirst;
+  // Without `shared_` or `data_` where the shard may give one (refused a place, a path lost):
+  // when to ask again (InfiniteFuture: not to, or an attempt is under way), and the wait after a
+  // further failure.
+  absl::Time retry_at_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Duration backoff_ ABSL_GUARDED_BY(mu_) = kRetryFirst;
 };
 
 }  // namespace ps

@@ -35,7 +35,8 @@
 // plane, opened with a ticket from the shard at registration. The calls still go over gRPC
 // (deadlines, token, retries as above). A shard that offers neither, or a path that stopped
 // working: tensors go over gRPC's streams, as they always can (a failed call is repeated there at
-// once; the data plane is tried again at the next registration).
+// once; shared memory, else the data plane, is asked for again with backoff: client/
+// shard_session.h).
 //
 // With ClientOptions::pull_compression, a worker's pulls bring only the change since its last
 // pull, compressed; the shard keeps the worker's view of its range to compute it, the client its

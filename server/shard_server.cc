@@ -241,8 +241,9 @@ void ShardServer::Wait(absl::FunctionRef<bool(absl::Duration)> stop_requested) {
     if (!expired.empty()) {
       PS_LOG(WARNING) << "worker(s) " << absl::StrJoin(expired, ",")
                       << " left the active set (lease expired, or no push while others waited): "
-                         "no longer waited for";
+                         "no longer waited for, their resources here freed";
     }
+    for (int worker : expired) service_->ReleaseWorker(worker);
     service_->TrimSharedMemory(absl::Now());
     if (absl::Now() >= next_status) {
       ShardStats s = shard_->Stats();

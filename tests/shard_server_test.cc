@@ -14,6 +14,7 @@
 #include "tests/in_process_shard.h"
 #include "tests/run_dir.h"
 #include "client/sharded_client.h"
+#include "proto/ps.pb.h"
 
 namespace ps {
 namespace {
@@ -83,6 +84,81 @@ TEST(ShardServerTest, ABadConfigurationIsRefusedBeforeAnythingIsServed) {
   config.limits.shm_clients = -1;
   EXPECT_EQ(ShardServer::Create(config).status().message(),
             "--shm_clients must be >= 0 (0: no shared memory)");
+}
+
+// What a worker holds on a shard beside its membership (a shared-memory segment, or data-plane
+// connections; a compressed pull's view) is freed alike whether it leaves or its lease expires.
+TEST(ShardServerTest, AWorkerThatLeavesAndOneWhoseLeaseExpiresFreeTheSameResources) {
+  const ModelIdentity model{"flat:4096", 4096, 1};
+  ShardServerConfig config = ShardOf(model.fingerprint, 4);
+  config.shard.lease = absl::Seconds(1);
+  absl::StatusOr<std::unique_ptr<InProcessShard>> shard = InProcessShard::Start(config);
+  ASSERT_TRUE(shard.ok()) << shard.status();
+  // Workers 0 and 1 through shared memory, 2 and 3 over the data plane, each with a pull view.
+  std::vector<std::unique_ptr<ShardedClient>> workers;
+  std::vector<float> values(model.total_params, 1.0f);
+  for (int w = 0; w < 4; ++w) {
+    ClientOptions options;
+    options.shared_memory = w < 2;
+    options.data_plane = w >= 2;
+    options.pull_compression = {Compressor::kInt8, 0};
+    workers.push_back(
+        std::make_unique<ShardedClient>(std::vector<std::string>{(*shard)->address()}, model, w,
+                                        options));
+    ASSERT_TRUE(workers[w]->Register().ok());
+    if (w == 0) ASSERT_TRUE(workers[w]->Initialize(values).ok());
+    ASSERT_TRUE(workers[w]->Pull(absl::MakeSpan(values)).ok());
+  }
+  ClientOptions grpc_only;
+  grpc_only.shared_memory = false;
+  grpc_only.data_plane = false;
+  ShardedClient observer({(*shard)->address()}, model, -1, grpc_only);
+  ASSERT_TRUE(observer.Register().ok());
+  auto stats = [&] {
+    absl::StatusOr<std::vector<v1::StatsResponse>> s = observer.Stats();
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? (*s)[0] : v1::StatsResponse();
+  };
+  v1::StatsResponse held = stats();
+  EXPECT_EQ(held.shm_segments(), 2);
+  EXPECT_EQ(held.data_plane_connections(), 2);
+  EXPECT_EQ(held.pull_views(), 4);
+  EXPECT_EQ(held.workers_released(), 0);
+
+  // Worker 0 (shared memory) and 2 (data plane) leave: their share is freed at once.
+  ASSERT_TRUE(workers[0]->Leave(absl::Seconds(5)).ok());
+  ASSERT_TRUE(workers[2]->Leave(absl::Seconds(5)).ok());
+  v1::StatsResponse left = stats();
+  EXPECT_EQ(left.shm_segments(), 1);
+  EXPECT_EQ(left.data_plane_connections(), 1);
+  EXPECT_EQ(left.pull_views(), 2);
+  EXPECT_EQ(left.workers_released(), 2);
+
+  // Workers 1 and 3 go silent: once their leases expired, the same is freed for them.
+  v1::StatsResponse expired;
+  for (absl::Time end = absl::Now() + absl::Seconds(60); absl::Now() < end;
+       absl::SleepFor(absl::Milliseconds(50))) {
+    expired = stats();
+    if (expired.workers_released() >= 4) break;
+  }
+  EXPECT_EQ(expired.workers_released(), 4);
+  EXPECT_EQ(expired.shm_segments(), 0);
+  EXPECT_EQ(expired.data_plane_connections(), 0);
+  EXPECT_EQ(expired.pull_views(), 0);
+
+  // A worker whose resources were freed goes on: its push finds its segment gone, goes over gRPC
+  // at once, and a later one through shared memory again (attached anew).
+  const std::vector<float> gradient(model.total_params, 0.0f);
+  ASSERT_TRUE(workers[1]->Push(gradient).ok());
+  for (absl::Time end = absl::Now() + absl::Seconds(30);
+       stats().shm_segments() < 1 && absl::Now() < end;) {
+    ASSERT_TRUE(workers[1]->Push(gradient).ok());
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(stats().shm_segments(), 1);
+  const int64_t through_shared = stats().shm_pushes();
+  ASSERT_TRUE(workers[1]->Push(gradient).ok());
+  EXPECT_EQ(stats().shm_pushes(), through_shared + 1);
 }
 
 }  // namespace

@@ -402,11 +402,16 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* conte
       },
       [&](const auto& request, auto*) {
         absl::Status left = shard_->Leave(request.worker_id(), request.incarnation());
-        if (left.ok()) segments_.Release(request.worker_id());
-        if (left.ok()) pull_views_.Forget(request.worker_id());
-        if (left.ok() && data_plane_ != nullptr) data_plane_->Release(request.worker_id());
+        if (left.ok()) ReleaseWorker(request.worker_id());
         return ToGrpcStatus(left);
       });
+}
+
+void ShardService::ReleaseWorker(int worker) {
+  segments_.Release(worker);
+  pull_views_.Forget(worker);
+  if (data_plane_ != nullptr) data_plane_->Release(worker);
+  workers_released_.fetch_add(1, std::memory_order_relaxed);
 }
 
 grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* context,
@@ -571,6 +576,7 @@ v1::StatsResponse ShardService::StatsProto(const ShardStats& s) const {
   r.set_compressed_pulls(compressed_pulls_.load(std::memory_order_relaxed));
   r.set_pulls_refused(pulls_.refused());
   r.set_streams_refused(streams_.refused());
+  r.set_workers_released(workers_released_.load(std::memory_order_relaxed));
   r.set_pull_views(pull_views_.size());
   if (checkpointer_ != nullptr) {
     const Checkpointer::Health health = checkpointer_->health();

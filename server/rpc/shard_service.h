@@ -126,6 +126,12 @@ class ShardService final : public ShardServiceBase {
   // Gives back the shared memory of co-located clients idle for kSharedMemoryUnused (call it
   // every second or so): a shard at rest holds its values and optimizer state, no more.
   void TrimSharedMemory(absl::Time now) { segments_.Trim(now, kSharedMemoryUnused); }
+  // Frees what `worker` holds here beside its membership: its shared-memory segment, its pull
+  // view, its data-plane ticket and connections (whose held pulls end CANCELLED). Leave calls it,
+  // and the shard's housekeeping for a worker whose lease expired (ShardServer::Wait); counted in
+  // StatsResponse.workers_released. Its client attaches again at its next calls (its shared
+  // memory and data plane lost, it asks for them anew).
+  void ReleaseWorker(int worker);
   static constexpr absl::Duration kSharedMemoryUnused = absl::Seconds(5);
 
  private:
@@ -295,7 +301,7 @@ class ShardService final : public ShardServiceBase {
   DataPlane* const data_plane_;
   PullViews pull_views_;
   std::atomic<int64_t> shm_pushes_{0}, shm_pulls_{0}, data_plane_pushes_{0}, data_plane_pulls_{0},
-      compressed_pulls_{0};
+      compressed_pulls_{0}, workers_released_{0};
   std::atomic<bool> pull_saturated_{false};  // a 16-bit pull had to saturate a weight (logged)
   struct HeldPlanePull {
     uint64_t connection = 0;
