@@ -35,21 +35,21 @@ AttemptEnd DataPlanePath::Push(const PushPart& part, const PathCall& call, PushD
     if (std::optional<AttemptEnd> end = AwaitFinal(part, *call.context)) return *end;
   }
   v1::PushHeader header = part.header;
-  header.set_data_connection(connection_->id());
-  header.set_data_transfer(connection_->NextTransfer());
+  header.mutable_path()->set_data_connection(connection_->id());
+  header.mutable_path()->set_data_transfer(connection_->NextTransfer());
   if (!as_call) return PushNamed(part, header, call, done);
-  header.set_last_piece_first(last_piece_first);
+  header.mutable_path()->set_last_piece_first(last_piece_first);
   // A part sent as backward makes it takes what backward takes (up to kMaxStreamedValues, each
   // piece within the connection's stall of the last); its answer, an attempt's time after its
   // last piece went.
   const absl::Time attempt_end = absl::FromChrono(call.context->deadline());
   absl::StatusOr<DataConnection::Answered> made =
       last_piece_first
-          ? connection_->PushCall(header.data_transfer(), header.SerializeAsString(),
+          ? connection_->PushCall(header.path().data_transfer(), header.SerializeAsString(),
                                   part.values, part.type, absl::Now() + kMaxStreamedValues,
                                   FrameKind::kPushCall, part.filling, ValuesOrder::kLastPieceFirst,
                                   attempt_end - absl::Now())
-          : connection_->PushCall(header.data_transfer(), header.SerializeAsString(),
+          : connection_->PushCall(header.path().data_transfer(), header.SerializeAsString(),
                                   part.values, part.type, attempt_end);
   // This client cut its own frame (the push was dropped midway): the connection is gone, but
   // nothing is wrong with the plane (the session replaces the connection).
@@ -72,7 +72,7 @@ AttemptEnd DataPlanePath::PushNamed(const PushPart& part, v1::PushHeader& header
   grpc::Status status = call.rpc->PushHeader(header, call.context, &done->response, [&] {
     if (call.context->GetServerInitialMetadata().count(kDataPlaneReady) == 0) return;
     absl::StatusOr<int64_t> pushed =
-        connection_->Push(header.data_transfer(), part.values, part.type,
+        connection_->Push(header.path().data_transfer(), part.values, part.type,
                           absl::FromChrono(call.context->deadline()));
     if (pushed.ok()) done->saturated = *pushed;
     sent = pushed.status();
@@ -85,10 +85,10 @@ AttemptEnd DataPlanePath::PushNamed(const PushPart& part, v1::PushHeader& header
 AttemptEnd DataPlanePath::Pull(PullPart& part, const PathCall& call, v1::PullChunk* answer) {
   if (!connection_->calls()) return AttemptEnd::NotTaken();
   v1::PullRequest request = part.request;
-  request.set_data_connection(connection_->id());
-  request.set_data_transfer(connection_->NextTransfer());
+  request.mutable_path()->set_data_connection(connection_->id());
+  request.mutable_path()->set_data_transfer(connection_->NextTransfer());
   absl::StatusOr<DataConnection::Answered> made = connection_->PullCall(
-      request.data_transfer(), request.SerializeAsString(), part.values, part.type,
+      request.path().data_transfer(), request.SerializeAsString(), part.values, part.type,
       absl::FromChrono(call.context->deadline()), part.seen);
   if (!made.ok()) return CallFailed(made.status());
   AttemptEnd end = AttemptEnd::FromShard(made->status);

@@ -39,8 +39,8 @@ AttemptEnd SharedMemoryPath::Push(const PushPart& part, const PathCall& call, Pu
   }
   region.Move(SharedRegion::kBusy, SharedRegion::kReady, ticket);
   v1::PushHeader header = part.header;
-  header.set_shm_segment(id_);
-  header.set_shm_ticket(ticket);
+  header.mutable_path()->set_shm_segment(id_);
+  header.mutable_path()->set_shm_ticket(ticket);
   return AttemptEnd::FromShard(call.rpc->PushHeader(header, call.context, &done->response));
 }
 
@@ -53,8 +53,8 @@ AttemptEnd SharedMemoryPath::Pull(PullPart& part, const PathCall& call, v1::Pull
     return AttemptEnd::PathLost(absl::FailedPreconditionError("its pull region stayed busy"));
   }
   v1::PullRequest request = part.request;
-  request.set_shm_segment(id_);
-  request.set_shm_ticket(ticket);
+  request.mutable_path()->set_shm_segment(id_);
+  request.mutable_path()->set_shm_ticket(ticket);
   AttemptEnd end = AttemptEnd::FromShard(call.rpc->PullHead(request, call.context, answer));
   if (!end.ok()) return end;
   const int64_t n = static_cast<int64_t>(part.values.size());

@@ -166,8 +166,8 @@ TEST_F(AttackTest, AReadOnlyTokensUnreadPlanePullsCannotStallTraining) {
       v1::PullRequest pull;
       pull.set_worker_id(-1);
       *pull.mutable_model() = ModelProto();
-      pull.set_data_connection(ticket.connection());
-      pull.set_data_transfer(transfer);
+      pull.mutable_path()->set_data_connection(ticket.connection());
+      pull.mutable_path()->set_data_transfer(transfer);
       EXPECT_TRUE(SendFrame(*s, {FrameKind::kPullCall, transfer},
                             EncodeCall({absl::Seconds(60), pull.SerializeAsString()}), Soon())
                       .ok());

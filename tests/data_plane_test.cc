@@ -287,8 +287,8 @@ v1::PushHeader RawPushCall(int worker, int64_t incarnation, int64_t length, uint
   h.set_sequence(1);
   h.set_length(length);
   h.set_dtype(v1::FLOAT32);
-  h.set_data_connection(connection);
-  h.set_data_transfer(1);
+  h.mutable_path()->set_data_connection(connection);
+  h.mutable_path()->set_data_transfer(1);
   return h;
 }
 
@@ -1310,8 +1310,8 @@ TEST_F(DataPlaneShardTest, APushCutMidTensorAppliesNothingAndTheClientFallsBackT
   h->set_offset(0);
   h->set_length(kParams);
   h->set_dtype(v1::FLOAT32);
-  h->set_data_connection(ticket.connection());
-  h->set_data_transfer(1);
+  h->mutable_path()->set_data_connection(ticket.connection());
+  h->mutable_path()->set_data_transfer(1);
   ASSERT_TRUE(writer->Write(chunk));
   writer->WaitForInitialMetadata();
   ASSERT_EQ(context.GetServerInitialMetadata().count(kDataPlaneReady), 1u);
@@ -1377,8 +1377,8 @@ TEST_F(DataPlaneShardTest, APushMadeOnTheConnectionIsItsOwnersAndAppliedWholeOrN
     h.set_offset(0);
     h.set_length(kParams);
     h.set_dtype(v1::FLOAT32);
-    h.set_data_connection(c.id());
-    h.set_data_transfer(transfer);
+    h.mutable_path()->set_data_connection(c.id());
+    h.mutable_path()->set_data_transfer(transfer);
     change(h);
     absl::StatusOr<DataConnection::Answered> answered =
         c.PushCall(transfer, h.SerializeAsString(), gradient, WireType::kFloat32, Soon());
@@ -1387,7 +1387,7 @@ TEST_F(DataPlaneShardTest, APushMadeOnTheConnectionIsItsOwnersAndAppliedWholeOrN
   };
   EXPECT_EQ(push(1, [](v1::PushHeader& h) { h.set_worker_id(1); }).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(push(2, [](v1::PushHeader& h) { h.set_data_transfer(7); }).error_code(),
+  EXPECT_EQ(push(2, [](v1::PushHeader& h) { h.mutable_path()->set_data_transfer(7); }).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(push(3, [](v1::PushHeader& h) { h.set_dtype(v1::TOPK); }).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
@@ -1430,8 +1430,8 @@ TEST_F(DataPlaneShardTest, APushMadeOnTheConnectionIsItsOwnersAndAppliedWholeOrN
     r.mutable_model()->set_fingerprint(kModel.fingerprint);
     r.mutable_model()->set_total_params(kModel.total_params);
     r.mutable_model()->set_num_shards(kModel.num_shards);
-    r.set_data_connection(c.id());
-    r.set_data_transfer(transfer);
+    r.mutable_path()->set_data_connection(c.id());
+    r.mutable_path()->set_data_transfer(transfer);
     absl::StatusOr<DataConnection::Answered> answered = c.PullCall(
         transfer, r.SerializeAsString(), absl::MakeSpan(*into), WireType::kFloat32, Soon());
     EXPECT_TRUE(answered.ok()) << answered.status();
@@ -1486,8 +1486,8 @@ TEST_F(DataPlaneShardTest, PullCallsHeldAtASyncBarrierAreBoundedAndAnsweredWhenT
       r.mutable_model()->set_fingerprint(kModel.fingerprint);
       r.mutable_model()->set_total_params(kModel.total_params);
       r.mutable_model()->set_num_shards(kModel.num_shards);
-      r.set_data_connection(c.id());
-      r.set_data_transfer(i + 1);
+      r.mutable_path()->set_data_connection(c.id());
+      r.mutable_path()->set_data_transfer(i + 1);
       absl::StatusOr<DataConnection::Answered> answered =
           c.PullCall(i + 1, r.SerializeAsString(), absl::MakeSpan(got[i]), WireType::kFloat32,
                      absl::Now() + absl::Seconds(30));
@@ -1818,8 +1818,10 @@ TEST_F(DataPlaneShardTest, APushWhoseWorkerStallsLeavesForwardingOn) {
   const ModelIdentity& big = kForwarded;
   const std::string run_dir = NewRunDir("stalled-forward");
   LocalCluster replicated(ExecutableDir(), run_dir);
+  // Worker 0 sends no heartbeat while worker 1 stalls: a lease that outlasts the stall keeps its
+  // connection (an expired lease frees it).
   StartReplicated(replicated, big.fingerprint,
-                  {"--optimizer=sgd", "--lr=0.1", "--data_plane_lanes=1"});
+                  {"--optimizer=sgd", "--lr=0.1", "--data_plane_lanes=1", "--lease_seconds=600"});
   const std::string primary = replicated.ProcessAddress(0);
   ShardedClient worker0({replicated.ShardAddress(0)}, big, 0, Remote());
   ASSERT_TRUE(worker0.Register().ok());
@@ -1999,7 +2001,7 @@ TEST_F(DataPlaneShardTest, APushLastPieceFirstIsRefusedWhereItCannotBeRead) {
       kParams * sizeof(float), Soon(), absl::Seconds(10));
   ASSERT_TRUE(c.ok()) << c.status();
   v1::PushHeader h = RawPushCall(1, worker1->incarnation(0), kParams, (*c)->id());
-  h.set_last_piece_first(true);
+  h.mutable_path()->set_last_piece_first(true);
   h.set_dtype(v1::BFLOAT16);
   const std::vector<float> gradient(kParams, 1.0f);
   absl::StatusOr<DataConnection::Answered> answered =
@@ -2014,8 +2016,8 @@ TEST_F(DataPlaneShardTest, APushLastPieceFirstIsRefusedWhereItCannotBeRead) {
   auto writer = RawGrpcPush(&context, &response);
   v1::PushChunk chunk;
   *chunk.mutable_header() = RawPushCall(1, worker1->incarnation(0), kParams, 0);
-  chunk.mutable_header()->set_last_piece_first(true);
-  chunk.mutable_header()->set_data_transfer(0);
+  chunk.mutable_header()->mutable_path()->set_last_piece_first(true);
+  chunk.mutable_header()->mutable_path()->set_data_transfer(0);
   writer->Write(chunk);
   writer->WritesDone();
   grpc::Status refused = writer->Finish();

@@ -216,8 +216,8 @@ class SharedMemoryShardTest : public ::testing::Test {
     h->set_offset(0);
     h->set_length(kParams);
     h->set_dtype(dtype);
-    h->set_shm_segment(segment);
-    h->set_shm_ticket(ticket);
+    h->mutable_path()->set_shm_segment(segment);
+    h->mutable_path()->set_shm_ticket(ticket);
     chunk.set_data(data);
     writer->Write(chunk);
     writer->WritesDone();
@@ -335,8 +335,8 @@ TEST_F(SharedMemoryShardTest, MisusedSegmentsChangeNothing) {
     r.mutable_model()->set_fingerprint(kModel.fingerprint);
     r.mutable_model()->set_total_params(kModel.total_params);
     r.mutable_model()->set_num_shards(1);
-    r.set_shm_segment(a.segment());
-    r.set_shm_ticket(1);
+    r.mutable_path()->set_shm_segment(a.segment());
+    r.mutable_path()->set_shm_ticket(1);
     auto reader = stub_->Pull(&context, r);
     v1::PullChunk chunk;
     while (reader->Read(&chunk)) {

@@ -41,16 +41,16 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
           &admission_);
     }
     if (checked.ok() && r.compress() != v1::DTYPE_UNSPECIFIED) checked = CheckCompressed(r);
-    if (checked.ok() && r.shm_segment() != 0) {
+    if (checked.ok() && r.path().shm_segment() != 0) {
       // Looked up now to refuse at once, and again when the values are written: a pull waiting
       // at a barrier holds no segment.
-      absl::Status found = service_->segments_.Find(r.shm_segment(), r.worker_id()).status();
+      absl::Status found = service_->segments_.Find(r.path().shm_segment(), r.worker_id()).status();
       checked =
           found.ok() ? grpc::Status::OK : SharedMemoryLostStatus(std::string(found.message()));
-      shm_segment_ = r.shm_segment();
-      shm_ticket_ = r.shm_ticket();
+      shm_segment_ = r.path().shm_segment();
+      shm_ticket_ = r.path().shm_ticket();
       worker_id_ = r.worker_id();
-    } else if (checked.ok() && r.data_connection() != 0) {
+    } else if (checked.ok() && r.path().data_connection() != 0) {
       checked = InvalidArgument(
           "a pull on the data plane is a call made on it (PullCall), not a gRPC Pull naming it");
     }
@@ -82,7 +82,7 @@ class ShardService::PullWriter : public grpc::ServerWriteReactor<grpc::ByteBuffe
       return invalid(absl::StrCat("compress is dtype ", c, ", not ONEBIT, TOPK or INT8"));
     }
     if (r.worker_id() < 0) return invalid("an observer pulls whole values (no view is kept)");
-    if (r.shm_segment() != 0 || r.data_connection() != 0) {
+    if (r.path().shm_segment() != 0 || r.path().data_connection() != 0) {
       return invalid("it goes over gRPC, not shared memory or the data plane");
     }
     if (c == v1::TOPK && !(r.topk_fraction() > 0 && r.topk_fraction() <= 1)) {

@@ -142,17 +142,17 @@ DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
   if (!answer.status.ok()) return answer;
   if (!h.ParseFromString(call.request)) {
     answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "cannot parse Push header");
-  } else if (h.shm_segment() != 0 || h.topk_pairs() != 0) {
+  } else if (h.path().shm_segment() != 0 || h.topk_pairs() != 0) {
     answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "a push made on the data plane carries its tensor there, "
                                  "uncompressed");
-  } else if (h.last_piece_first() &&
+  } else if (h.path().last_piece_first() &&
              (h.dtype() != v1::FLOAT32 || (replica_ != nullptr && replica_->forwards()))) {
     answer.status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                  "a push sent last piece first is float32, to a shard that "
                                  "said it takes one");
   } else {
-    answer.status = CheckPlaneCaller(call, h.worker_id(), h.data_connection(), h.data_transfer());
+    answer.status = CheckPlaneCaller(call, h.worker_id(), h.path().data_connection(), h.path().data_transfer());
   }
   if (!answer.status.ok()) {
     shard_->RecordRejectedPush();
@@ -170,7 +170,7 @@ DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
   answer.status = ApplyPush(
       h,
       std::make_unique<PlaneCallPayload>(
-          read_values, h.last_piece_first() ? ValuesOrder::kLastPieceFirst : ValuesOrder::kInOrder),
+          read_values, h.path().last_piece_first() ? ValuesOrder::kLastPieceFirst : ValuesOrder::kInOrder),
       start, &response);
   if (answer.status.ok()) answer.status = WaitReplicated(call.deadline);
   if (answer.status.ok()) answer.response = response.SerializeAsString();
@@ -253,7 +253,7 @@ void ShardService::PullOnPlane(const DataPlane::Call& call, DataPlane::Answer an
     checked = InvalidArgument("cannot parse Pull request");
   }
   if (checked.ok()) {
-    checked = CheckPlaneCaller(call, r.worker_id(), r.data_connection(), r.data_transfer());
+    checked = CheckPlaneCaller(call, r.worker_id(), r.path().data_connection(), r.path().data_transfer());
   }
   if (checked.ok()) {
     checked = Admit(nullptr, CallNeeds("Pull", Access::kRead).ActsAs(r.worker_id()), &admission);
@@ -269,7 +269,7 @@ void ShardService::PullOnPlane(const DataPlane::Call& call, DataPlane::Answer an
         CallNeeds("Pull", Access::kRead).Serving().ShardIncarnation(r.shard_incarnation()),
         &admission);
   }
-  if (checked.ok() && (r.compress() != v1::DTYPE_UNSPECIFIED || r.shm_segment() != 0)) {
+  if (checked.ok() && (r.compress() != v1::DTYPE_UNSPECIFIED || r.path().shm_segment() != 0)) {
     checked = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                            "a pull made on the data plane takes its values there, uncompressed");
   }

@@ -253,7 +253,7 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
     return ToGrpcStatus(s);
   }
   const v1::PushHeader& h = chunk.header();
-  if (h.last_piece_first()) {
+  if (h.path().last_piece_first()) {
     shard_->RecordRejectedPush();
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "a push sent last piece first is made on the data plane itself");
@@ -291,7 +291,7 @@ grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<Pa
   // A data-plane tensor, never compressed, tells of every run as it comes. Declared after the
   // slot: it is done with the slot's buffer before the buffer goes.
   std::unique_ptr<StageForwarder::Forward> forwarding =
-      h.data_connection() != 0 && !h.last_piece_first() && replica_ != nullptr
+      h.path().data_connection() != 0 && !h.path().last_piece_first() && replica_ != nullptr
           ? replica_->StartForward(slot->gradient())
           : nullptr;
   absl::Status read = source->ReadInto(slot->gradient(), *format, [&](absl::Span<const float> run) {
@@ -302,7 +302,7 @@ grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<Pa
   if (forwarding != nullptr) slot->set_forward_tag(forwarding->Finish());
   if (!read.ok()) {
     // A data-plane payload that did not come is the plane's failure: the client sends over gRPC.
-    const bool lost = h.data_connection() != 0 && read.code() != absl::StatusCode::kInvalidArgument;
+    const bool lost = h.path().data_connection() != 0 && read.code() != absl::StatusCode::kInvalidArgument;
     return lost ? DataPlaneLostStatus(std::string(read.message())) : ToGrpcStatus(read);
   }
   const int64_t payload = PayloadBytes(*format, static_cast<int64_t>(slot->gradient().size()));
@@ -322,12 +322,12 @@ grpc::Status ShardService::OpenPushPayload(grpc::ServerContext* context,
                                            const v1::PushHeader& h,
                                            std::optional<TensorMessage> data, Admission* admission,
                                            std::unique_ptr<PayloadSource>* source) {
-  if (h.data_connection() != 0) {
+  if (h.path().data_connection() != 0) {
     if (data_plane_ == nullptr) return DataPlaneLostStatus("this shard has no data plane");
     const absl::Time deadline = AnswerBy(absl::FromChrono(context->deadline()));
     absl::StatusOr<std::unique_ptr<DataPlanePayload>> opened =
-        DataPlanePayload::Open(data_plane_, context, reader, *data, h.data_connection(),
-                               h.data_transfer(), h.worker_id(), deadline);
+        DataPlanePayload::Open(data_plane_, context, reader, *data, h.path().data_connection(),
+                               h.path().data_transfer(), h.worker_id(), deadline);
     if (!opened.ok()) {
       shard_->RecordRejectedPush();
       return ToGrpcStatus(opened.status());
@@ -335,13 +335,13 @@ grpc::Status ShardService::OpenPushPayload(grpc::ServerContext* context,
     *source = *std::move(opened);
     return grpc::Status::OK;
   }
-  if (h.shm_segment() == 0) {
+  if (h.path().shm_segment() == 0) {
     *source = std::make_unique<StreamPayload<v1::PushChunk>>(reader, *std::move(data),
                                                              &admission->guard());
     return grpc::Status::OK;
   }
   absl::StatusOr<std::unique_ptr<SharedPayload>> taken =
-      SharedPayload::Take(segments_, reader, *data, h.shm_segment(), h.shm_ticket(), h.worker_id());
+      SharedPayload::Take(segments_, reader, *data, h.path().shm_segment(), h.path().shm_ticket(), h.worker_id());
   if (taken.ok()) {
     *source = *std::move(taken);
     return grpc::Status::OK;
@@ -354,8 +354,8 @@ grpc::Status ShardService::OpenPushPayload(grpc::ServerContext* context,
 }
 
 void ShardService::RecordPush(const v1::PushHeader& h, int64_t payload, absl::Time start) {
-  if (h.shm_segment() != 0) shm_pushes_.fetch_add(1, std::memory_order_relaxed);
-  if (h.data_connection() != 0) data_plane_pushes_.fetch_add(1, std::memory_order_relaxed);
+  if (h.path().shm_segment() != 0) shm_pushes_.fetch_add(1, std::memory_order_relaxed);
+  if (h.path().data_connection() != 0) data_plane_pushes_.fetch_add(1, std::memory_order_relaxed);
   if (metrics_.push_seconds != nullptr) {
     metrics_.push_bytes->Increment(static_cast<double>(payload));
     metrics_.push_seconds->Observe(absl::ToDoubleSeconds(absl::Now() - start));

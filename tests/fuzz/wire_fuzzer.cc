@@ -325,8 +325,8 @@ v1::AttachSharedMemoryRequest WireFuzzer::MakeAttach() {
 template <typename Message>
 void WireFuzzer::MaybeNameSegment(Message* m) {
   if (!rng_.OneIn(5)) return;
-  m->set_shm_segment(rng_.Pick<int64_t>({1, -1, kInt64Max, static_cast<int64_t>(rng_.Next())}));
-  m->set_shm_ticket(rng_.Next());
+  m->mutable_path()->set_shm_segment(rng_.Pick<int64_t>({1, -1, kInt64Max, static_cast<int64_t>(rng_.Next())}));
+  m->mutable_path()->set_shm_ticket(rng_.Next());
 }
 
 v1::HeartbeatRequest WireFuzzer::MakeHeartbeat() {
@@ -479,7 +479,7 @@ bool WireFuzzer::CouldApply(const std::vector<v1::PushChunk>& chunks) const {
   const v1::PushHeader& h = chunks[0].header();
   absl::StatusOr<PayloadFormat> format =
       PushPayloadFormat(h.dtype(), h.topk_pairs(), h.length());
-  if (!format.ok() || h.shm_segment() != 0 || h.worker_id() < 0 ||
+  if (!format.ok() || h.path().shm_segment() != 0 || h.worker_id() < 0 ||
       registered_.count(h.worker_id()) == 0 || h.sequence() < 0 || h.base_version() < 0 ||
       h.base_version() > version_ || h.length() <= 0 || h.offset() < range_.begin ||
       h.offset() > range_.end - h.length()) {
