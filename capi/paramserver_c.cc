@@ -1,32 +1,25 @@
-// The C API (paramserver_c.h) over ShardedClient and WorkerSession: settings parsing, error
-// reporting through a thread-local message, and operations as Pending calls.
+// The C API (paramserver_c.h) over ShardedClient and WorkerSession: settings as JSON (read by
+// client/client_settings.h), error reporting through a thread-local message, and operations as
+// Pending calls.
 #include "capi/paramserver_c.h"
 
 #include <google/protobuf/util/json_util.h>
 
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/cluster.h"
-#include "common/cluster_spec.h"
 #include "common/log.h"
-#include "common/model_spec.h"
-#include "transport/security.h"
-#include "common/wire_type.h"
-#include "nlohmann/json.hpp"
 #include "proto/ps.pb.h"
+#include "client/client_settings.h"
 #include "client/sharded_client.h"
 #include "client/worker_session.h"
 
@@ -59,182 +52,17 @@ int Ok() {
   return 0;
 }
 
-using Settings = std::map<std::string, std::string>;
-
-const std::set<std::string>& KnownSettings() {
-  static const auto* const kKnown = new std::set<std::string>{"ps",
-                                                              "cluster",
-                                                              "model",
-                                                              "hidden",
-                                                              "rank",
-                                                              "num_workers",
-                                                              "tls_ca",
-                                                              "tls_cert",
-                                                              "tls_key",
-                                                              "token_file",
-                                                              "push_dtype",
-                                                              "pull_dtype",
-                                                              "shared_memory",
-                                                              "data_plane",
-                                                              "rpc_timeout_seconds",
-                                                              "retry_seconds",
-                                                              "heartbeat_seconds",
-                                                              "compress",
-                                                              "error_feedback",
-                                                              "pull_compress"};
-  return *kKnown;
-}
-
-// The settings object as name -> text (numbers and booleans as JSON writes them).
-absl::StatusOr<Settings> ParseSettings(const char* text) {
-  nlohmann::json root = nlohmann::json::parse(text == nullptr ? "{}" : text, nullptr, false);
-  if (root.is_discarded() || !root.is_object()) {
-    return absl::InvalidArgumentError("settings must be a JSON object");
-  }
-  Settings settings;
-  for (const auto& [name, value] : root.items()) {
-    if (KnownSettings().count(name) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown setting \"", name, "\" (known: ", absl::StrJoin(KnownSettings(), ", "), ")"));
-    }
-    if (value.is_null()) continue;
-    if (!value.is_string() && !value.is_number() && !value.is_boolean()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("setting \"", name, "\" must be a string, number or boolean"));
-    }
-    settings[name] = value.is_string() ? value.get<std::string>() : value.dump();
-  }
-  return settings;
-}
-
-// Adds what a cluster spec gives this role (shards, model, workers, credentials), where the
-// settings do not say otherwise.
-absl::Status AddClusterSpec(int rank, Settings* settings) {
-  absl::StatusOr<ps::ClusterSpec> spec = ps::ReadClusterSpec((*settings)["cluster"]);
-  if (!spec.ok()) return spec.status();
-  absl::StatusOr<std::vector<std::string>> flags =
-      rank >= 0 ? ps::FlagsForRole(*spec, "worker", absl::StrCat("worker:", rank))
-                : ps::FlagsForRole(*spec, "evaluator", "evaluator");
-  if (!flags.ok()) return flags.status();
-  for (const std::string& flag : *flags) {
-    const size_t eq = flag.find('=');
-    if (flag.rfind("--", 0) != 0 || eq == std::string::npos) continue;
-    const std::string name = flag.substr(2, eq - 2);
-    if (KnownSettings().count(name) > 0) settings->emplace(name, flag.substr(eq + 1));
-  }
-  return absl::OkStatus();
-}
-
-template <typename T>
-absl::StatusOr<T> Number(const Settings& settings, const std::string& name, T fallback) {
-  auto it = settings.find(name);
-  if (it == settings.end()) return fallback;
-  T value;
-  bool parsed;
-  if constexpr (std::is_floating_point_v<T>) {
-    parsed = absl::SimpleAtod(it->second, &value);
-  } else {
-    parsed = absl::SimpleAtoi(it->second, &value);
-  }
-  if (!parsed) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("setting \"", name, "\" must be a number, not \"", it->second, "\""));
-  }
-  return value;
-}
-
-std::string Text(const Settings& settings, const std::string& name) {
-  auto it = settings.find(name);
-  return it == settings.end() ? "" : it->second;
-}
-
 absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json) {
-  absl::StatusOr<Settings> settings = ParseSettings(settings_json);
+  absl::StatusOr<ps::SettingTexts> settings =
+      ps::SettingsFromJson(settings_json == nullptr ? "{}" : settings_json);
   if (!settings.ok()) return settings.status();
-  absl::StatusOr<int> rank = Number(*settings, "rank", -1);
-  if (!rank.ok()) return rank.status();
-  if (settings->count("cluster") > 0) {
-    if (absl::Status s = AddClusterSpec(*rank, &*settings); !s.ok()) return s;
-  }
-  if (Text(*settings, "ps").empty()) {
-    return absl::InvalidArgumentError("no shards: set \"ps\" (host:port,...) or \"cluster\"");
-  }
-  absl::StatusOr<std::vector<std::string>> addresses = ps::ParseShardAddresses((*settings)["ps"]);
-  if (!addresses.ok()) return addresses.status();
-  const int shards = static_cast<int>(addresses->size());
-  // A model spec (mlp:, cnn:, flat:N, a tensor layout), a preset (cnn-small), or the MLP of
-  // "hidden".
-  if (Text(*settings, "model").empty() && Text(*settings, "hidden").empty()) {
-    return absl::InvalidArgumentError(
-        "no model: set \"model\" to the shards' --model (e.g. a layout) or \"cluster\"");
-  }
-  absl::StatusOr<std::string> spec =
-      ps::ResolveModelSpec(Text(*settings, "model"), Text(*settings, "hidden"));
-  if (!spec.ok()) return spec.status();
-  absl::StatusOr<ps::ModelIdentity> model = ps::ParseModelSpec(*spec, shards);
-  if (!model.ok()) return model.status();
-  ps::ClientOptions options;
-  absl::StatusOr<int> workers = Number(*settings, "num_workers", 0);
-  absl::StatusOr<double> timeout = Number(*settings, "rpc_timeout_seconds", 10.0);
-  absl::StatusOr<double> retry = Number(*settings, "retry_seconds", 60.0);
-  absl::StatusOr<double> heartbeat = Number(*settings, "heartbeat_seconds", 1.0);
-  for (const absl::Status& s :
-       {workers.status(), timeout.status(), retry.status(), heartbeat.status()}) {
-    if (!s.ok()) return s;
-  }
-  if (*workers < 0 || !(*timeout > 0) || !(*retry >= 0) || !(*heartbeat >= 0)) {
-    return absl::InvalidArgumentError(
-        "num_workers, retry_seconds and heartbeat_seconds must be >= 0, rpc_timeout_seconds > 0");
-  }
-  options.num_workers = *workers;
-  options.rpc_timeout = absl::Seconds(*timeout);
-  options.retry_for = absl::Seconds(*retry);
-  for (const char* name : {"push_dtype", "pull_dtype"}) {
-    if (Text(*settings, name).empty()) continue;
-    absl::StatusOr<ps::WireType> type = ps::ParseWireType((*settings)[name]);
-    if (!type.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(name, ": ", type.status().message()));
-    }
-    (std::string(name) == "push_dtype" ? options.push_type : options.pull_type) = *type;
-  }
-  for (auto [name, option] : {std::pair{"compress", &options.compression},
-                              std::pair{"pull_compress", &options.pull_compression}}) {
-    if (const std::string compress = Text(*settings, name); !compress.empty()) {
-      absl::StatusOr<ps::Compression> compression = ps::ParseCompression(compress);
-      if (!compression.ok()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name, ": ", compression.status().message()));
-      }
-      *option = *compression;
-    }
-  }
-  for (auto [name, option] : {std::pair{"shared_memory", &options.shared_memory},
-                              std::pair{"data_plane", &options.data_plane},
-                              std::pair{"error_feedback", &options.error_feedback}}) {
-    const std::string value = Text(*settings, name);
-    if (!value.empty() && value != "true" && value != "false") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("setting \"", name, "\" must be true or false"));
-    }
-    *option = value != "false";
-  }
-  absl::StatusOr<ps::ClientSecurity> security = ps::LoadClientSecurity(
-      {Text(*settings, "tls_cert"), Text(*settings, "tls_key"), Text(*settings, "tls_ca")},
-      Text(*settings, "token_file"));
-  if (!security.ok()) return security.status();
-  options.security = *std::move(security);
-  if (*rank >= 0 && !options.security.token.empty()) {
-    // A worker's own token (ps --worker_identity) names its rank: refuse another's at once.
-    if (std::optional<int> owner = ps::WorkerTokenRank(options.security.token);
-        owner.has_value() && *owner != *rank) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("the token is worker ", *owner, "'s own, not rank ", *rank, "'s"));
-    }
-  }
+  absl::StatusOr<ps::ClientConnection> c =
+      ps::ClientConnectionFromSettings(*std::move(settings), ps::SettingsUse{});
+  if (!c.ok()) return c.status();
   auto client = std::make_unique<ps_client>();
-  client->heartbeat = absl::Seconds(*heartbeat);
-  client->client =
-      std::make_unique<ps::ShardedClient>(*std::move(addresses), *model, *rank, options);
+  client->heartbeat = c->heartbeat;
+  client->client = std::make_unique<ps::ShardedClient>(std::move(c->addresses), c->identity,
+                                                       c->rank, std::move(c->options));
   return client;
 }
 
@@ -272,6 +100,12 @@ int ps_api_version(void) { return PS_C_API_VERSION; }
 
 const char* ps_last_error(void) { return last_error.c_str(); }
 
+const char* ps_setting_names(void) {
+  static const std::string* const kNames =
+      new std::string(absl::StrJoin(ps::ClientSettingNames(), ","));
+  return kNames->c_str();
+}
+
 int ps_client_create(const char* settings_json, ps_client** out) {
   static std::once_flag tagged;  // the tag is read by every client's threads: set it once
   std::call_once(tagged, [] { ps::SetLogTag("paramserver"); });
@@ -307,6 +141,8 @@ int64_t ps_client_total_params(const ps_client* client) {
 }
 
 int ps_client_num_shards(const ps_client* client) { return client->client->num_shards(); }
+
+int ps_client_rank(const ps_client* client) { return client->client->worker_id(); }
 
 const char* ps_client_consistency(const ps_client* client) {
   return client->client->consistency().c_str();

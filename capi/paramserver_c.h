@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PS_C_API_VERSION 4
+#define PS_C_API_VERSION 5
 #define PS_EXPORT __attribute__((visibility("default")))
 #define PS_NOT_DONE (-1) /* ps_op_wait: the call is still in progress */
 
@@ -38,7 +38,12 @@ PS_EXPORT int ps_api_version(void);
  * call of this library. */
 PS_EXPORT const char* ps_last_error(void);
 
-/* Makes a client from a JSON object of settings (the C++ daemons' flags of the same names):
+/* The names of the settings ps_client_create takes, comma-separated ("cluster,compress,..."); the
+ * string lives as long as the library. */
+PS_EXPORT const char* ps_setting_names(void);
+
+/* Makes a client from a JSON object of settings (the C++ daemons' flags of the same names; a
+ * number or boolean may also come as its text, "0.5", "true"; null or "": unset):
  *   "ps": "h1:50051,h2:50051"     the shards in order ("a/b": a shard's two replicas), or
  *   "cluster": "job.json"         a cluster spec: shards, model, workers, security from it
  *   "model": "mlp:784-128-10"     the model spec the shards hold (also flat:N, cnn:..., presets,
@@ -69,6 +74,8 @@ PS_EXPORT void ps_client_cancel_pending(ps_client* client);
 PS_EXPORT int ps_client_register(ps_client* client, int64_t* first_step);
 PS_EXPORT int64_t ps_client_total_params(const ps_client* client);
 PS_EXPORT int ps_client_num_shards(const ps_client* client);
+/* This client's "rank"; -1: an observer. */
+PS_EXPORT int ps_client_rank(const ps_client* client);
 /* The shards' consistency model ("async", "ssp:3", "sync", "easgd:...", "local:..."), known after
  * register; the string lives as long as the client. */
 PS_EXPORT const char* ps_client_consistency(const ps_client* client);

@@ -1,10 +1,9 @@
 #include "client/client_flags.h"
 
 #include "absl/flags/flag.h"
-#include "common/cluster.h"
+#include "absl/flags/marshalling.h"
 #include "client/health_server.h"
 #include "common/log.h"
-#include "common/model_spec.h"
 
 ABSL_FLAG(std::string, ps, "",
           "Shard addresses in shard order: host:port,host:port,... (a replicated shard: its two "
@@ -46,61 +45,54 @@ namespace ps {
 
 namespace {
 
-// --pull_dtype: what pulled weights travel as.
-absl::StatusOr<WireType> PullTypeFromFlags() {
-  absl::StatusOr<WireType> type = ParseWireType(absl::GetFlag(FLAGS_pull_dtype));
-  if (!type.ok())
-    return absl::InvalidArgumentError("--pull_dtype: " + std::string(type.status().message()));
-  return type;
+// The flags above that are client settings, as their texts.
+SettingTexts ClientFlagTexts() {
+  SettingTexts settings = {
+      {"ps", absl::GetFlag(FLAGS_ps)},
+      {"model", absl::GetFlag(FLAGS_model)},
+      {"hidden", absl::GetFlag(FLAGS_hidden)},
+      {"tls_ca", absl::GetFlag(FLAGS_tls_ca)},
+      {"tls_cert", absl::GetFlag(FLAGS_tls_cert)},
+      {"tls_key", absl::GetFlag(FLAGS_tls_key)},
+      {"token_file", absl::GetFlag(FLAGS_token_file)},
+      {"pull_dtype", absl::GetFlag(FLAGS_pull_dtype)},
+      {"shared_memory", absl::UnparseFlag(absl::GetFlag(FLAGS_shared_memory))},
+      {"data_plane", absl::UnparseFlag(absl::GetFlag(FLAGS_data_plane))},
+  };
+  // -1 (the default) leaves the wait to the kind of client.
+  if (const double retry = absl::GetFlag(FLAGS_retry_seconds); retry != -1) {
+    settings["retry_seconds"] = absl::UnparseFlag(retry);
+  }
+  return settings;
+}
+
+// May the health service listen where asked (when it is on)?
+absl::Status CheckHealthHost() {
+  if (absl::GetFlag(FLAGS_health_port) < 0) return absl::OkStatus();
+  return CheckListenHost("--health_host", absl::GetFlag(FLAGS_health_host), ServerSecurity{},
+                         absl::GetFlag(FLAGS_insecure));
 }
 
 }  // namespace
 
 absl::StatusOr<ClientSecurity> ClientSecurityFromFlags() {
-  absl::StatusOr<ClientSecurity> security = LoadClientSecurity(
-      {absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key), absl::GetFlag(FLAGS_tls_ca)},
-      absl::GetFlag(FLAGS_token_file));
+  absl::StatusOr<ClientSecurity> security = ClientSecurityFromSettings(ClientFlagTexts());
   if (!security.ok()) return security.status();
-  if (absl::GetFlag(FLAGS_health_port) >= 0) {
-    if (absl::Status s = CheckListenHost("--health_host", absl::GetFlag(FLAGS_health_host),
-                                         ServerSecurity{}, absl::GetFlag(FLAGS_insecure));
-        !s.ok()) {
-      return s;
-    }
-  }
+  if (absl::Status s = CheckHealthHost(); !s.ok()) return s;
   return security;
 }
 
 absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards, ClientKind kind) {
-  ClientConnection c;
-  if (needs_shards || !absl::GetFlag(FLAGS_ps).empty()) {
-    absl::StatusOr<std::vector<std::string>> addresses =
-        ParseShardAddresses(absl::GetFlag(FLAGS_ps));
-    if (!addresses.ok()) return addresses.status();
-    c.addresses = *std::move(addresses);
-  }
-  absl::StatusOr<std::string> model =
-      ResolveModelSpec(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_hidden));
-  if (!model.ok()) return model.status();
-  c.model = *std::move(model);
-  absl::StatusOr<ModelIdentity> identity =
-      ParseModelSpec(c.model, static_cast<int>(c.addresses.size()));
-  if (!identity.ok()) return identity.status();
-  c.identity = *std::move(identity);
-  absl::StatusOr<WireType> pull_type = PullTypeFromFlags();
-  if (!pull_type.ok()) return pull_type.status();
-  c.options.pull_type = *pull_type;
-  const double retry = absl::GetFlag(FLAGS_retry_seconds);
-  if (retry < 0 && retry != -1) return absl::InvalidArgumentError("--retry_seconds must be >= 0");
-  c.options.retry_for = retry >= 0                       ? absl::Seconds(retry)
-                        : kind == ClientKind::kDaemon ? absl::Seconds(60)
-                                                      : absl::Seconds(5);
-  c.options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
-  c.options.data_plane = absl::GetFlag(FLAGS_data_plane);
-  absl::StatusOr<ClientSecurity> security = ClientSecurityFromFlags();
-  if (!security.ok()) return security.status();
-  c.options.security = *std::move(security);
-  return c;
+  SettingsUse use;
+  use.as_flags = true;
+  use.needs_shards = needs_shards;
+  use.needs_model = false;  // --hidden has a default
+  use.kind = kind;
+  absl::StatusOr<ClientConnection> connection =
+      ClientConnectionFromSettings(ClientFlagTexts(), use);
+  if (!connection.ok()) return connection.status();
+  if (absl::Status s = CheckHealthHost(); !s.ok()) return s;
+  return connection;
 }
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartHealthFromFlags() {

@@ -6,7 +6,7 @@ shards, and the library depends on no interpreter's ABI: one build serves every 
 import ctypes
 import os
 
-API_VERSION = 4
+API_VERSION = 5
 NOT_DONE = -1
 
 
@@ -41,12 +41,14 @@ def _load():
     i64, f32p = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
     declare = {
         "ps_last_error": (ctypes.c_char_p, []),
+        "ps_setting_names": (ctypes.c_char_p, []),
         "ps_client_create": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(client_p)]),
         "ps_client_destroy": (None, [client_p]),
         "ps_client_cancel_pending": (None, [client_p]),
         "ps_client_register": (ctypes.c_int, [client_p, ctypes.POINTER(i64)]),
         "ps_client_total_params": (i64, [client_p]),
         "ps_client_num_shards": (ctypes.c_int, [client_p]),
+        "ps_client_rank": (ctypes.c_int, [client_p]),
         "ps_client_consistency": (ctypes.c_char_p, [client_p]),
         "ps_client_initialize": (ctypes.c_int, [client_p, f32p, i64, ctypes.POINTER(ctypes.c_int)]),
         "ps_client_pull": (ctypes.c_int, [client_p, f32p, i64, ctypes.c_int, ctypes.POINTER(op_p)]),

@@ -22,31 +22,15 @@ shards, how many shards had applied it before (duplicates) or dropped it by thei
 policy, and how many gradient values exceeded the wire type's range."""
 
 
-# The settings Client takes, with their types: the daemons' flags of the same names.
-SETTINGS = {"ps": str, "cluster": str, "model": str, "hidden": str, "rank": int,
-            "num_workers": int, "tls_ca": str, "tls_cert": str, "tls_key": str, "token_file": str,
-            "push_dtype": str, "pull_dtype": str, "compress": str, "error_feedback": bool,
-            "pull_compress": str,
-            "shared_memory": bool, "data_plane": bool,
-            "rpc_timeout_seconds": float, "retry_seconds": float, "heartbeat_seconds": float}
-
-
 def settings_from_environment(environ=None):
     """The client settings that `launch --worker_cmd` (and --eval_cmd) hand a command through
-    its environment, each flag --name=value as PS_NAME=value: {"ps": $PS_PS, "rank":
-    int($PS_RANK), "token_file": $PS_TOKEN_FILE, ...}, for those that are set. Like
-    torch.distributed's env:// initialisation."""
+    its environment, each flag --name=value as PS_NAME=value: {"ps": $PS_PS, "rank": $PS_RANK,
+    "token_file": $PS_TOKEN_FILE, ...}, for those of Client's settings that are set, as their
+    text (Client checks them). Like torch.distributed's env:// initialisation."""
     environ = os.environ if environ is None else environ
-    found = {}
-    for name, kind in SETTINGS.items():
-        text = environ.get("PS_" + name.upper())
-        if text is None:
-            continue
-        try:
-            found[name] = (text.lower() in ("1", "true", "yes")) if kind is bool else kind(text)
-        except ValueError:
-            raise invalid(f"$PS_{name.upper()}={text!r} is not a {kind.__name__}") from None
-    return found
+    names = lib.ps_setting_names().decode().split(",")
+    return {name: environ["PS_" + name.upper()] for name in names
+            if "PS_" + name.upper() in environ}
 
 
 def _raise_last(code):
@@ -225,8 +209,6 @@ class Client:
     """
 
     def __init__(self, **settings):
-        if settings.get("rank") is None:
-            settings["rank"] = -1
         if isinstance(settings.get("model"), dict):
             settings["model"] = json.dumps(settings["model"])
         handle = ctypes.c_void_p()
@@ -238,7 +220,7 @@ class Client:
         self._cancelled = False
         self._calls = 0  # blocking calls in progress on this client
         self._closed = False
-        self.rank = settings["rank"]
+        self.rank = lib.ps_client_rank(handle)
         self.total_params = lib.ps_client_total_params(handle)
         self.num_shards = lib.ps_client_num_shards(handle)
         self.shard_ranges = []  # by shard: its range (begin, end) of the flat vector
