@@ -1114,14 +1114,6 @@ ClientOptions Remote() {
   return options;
 }
 
-// Starts one shard of `fingerprint` for two workers, replicated (`flags` to both), in `cluster`,
-// and waits for its backup to follow.
-void StartReplicated(LocalCluster& cluster, const std::string& fingerprint,
-                     const std::vector<std::string>& flags, int workers = 2) {
-  ASSERT_TRUE(cluster.StartShards(1, fingerprint, workers, flags, /*replicas=*/2).ok());
-  ASSERT_TRUE(WaitForRole(cluster.ProcessAddress(1), "backup", absl::Seconds(30)));
-}
-
 // One shard of kModel (SGD, lr 0.5) for two workers with a token, initialised to 0.25 * (i % 100).
 class DataPlaneShardTest : public ::testing::Test {
  protected:
@@ -1179,17 +1171,8 @@ class DataPlaneShardTest : public ::testing::Test {
   // A raw AttachDataPlane as `worker` of `model` with `token` ("": none).
   grpc::Status Attach(int worker, const std::string& token, v1::AttachDataPlaneResponse* response,
                       const std::string& address = "", const ModelIdentity& model = kModel) {
-    auto stub = v1::ParameterServer::NewStub(grpc::CreateChannel(
-        address.empty() ? cluster_->ShardAddress(0) : address, grpc::InsecureChannelCredentials()));
-    grpc::ClientContext context;
-    context.set_deadline(In(absl::Seconds(10)));
-    if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
-    v1::AttachDataPlaneRequest request;
-    request.set_worker_id(worker);
-    request.mutable_model()->set_fingerprint(model.fingerprint);
-    request.mutable_model()->set_total_params(model.total_params);
-    request.mutable_model()->set_num_shards(model.num_shards);
-    return stub->AttachDataPlane(&context, request, response);
+    return RawAttachDataPlane(address.empty() ? cluster_->ShardAddress(0) : address, worker, model,
+                              token, response);
   }
   // Worker `worker` of `model` on `primary` (no token), registered over gRPC, with a data-plane
   // connection of its own (one lane) and a push call's header naming it (RawPushCall): for a

@@ -139,6 +139,27 @@ bool WaitForRole(const std::string& address, const std::string& role, absl::Dura
   return false;
 }
 
+void StartReplicated(LocalCluster& cluster, const std::string& fingerprint,
+                     const std::vector<std::string>& flags, int workers) {
+  ASSERT_TRUE(cluster.StartShards(1, fingerprint, workers, flags, /*replicas=*/2).ok());
+  ASSERT_TRUE(WaitForRole(cluster.ProcessAddress(1), "backup", absl::Seconds(30)));
+}
+
+grpc::Status RawAttachDataPlane(const std::string& address, int worker, const ModelIdentity& model,
+                                const std::string& token, v1::AttachDataPlaneResponse* response) {
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  if (!token.empty()) context.AddMetadata(kAuthorizationMetadata, BearerValue(token));
+  v1::AttachDataPlaneRequest request;
+  request.set_worker_id(worker);
+  request.mutable_model()->set_fingerprint(model.fingerprint);
+  request.mutable_model()->set_total_params(model.total_params);
+  request.mutable_model()->set_num_shards(model.num_shards);
+  return stub->AttachDataPlane(&context, request, response);
+}
+
 bool MakeTestCertificates(const std::string& dir) {
   std::filesystem::create_directories(dir);
   const std::string log = dir + "/make_test_certs.log";

@@ -7,11 +7,15 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
+#include "common/model_identity.h"
 #include "proto/ps.pb.h"
 
 namespace ps {
+
+class LocalCluster;
 
 // Creates <TempDir>/<prefix>-XXXXXX and returns its path.
 std::string NewRunDir(const std::string& prefix = "run");
@@ -37,6 +41,15 @@ grpc::Status RawUnaryCall(const std::string& address, const std::string& method,
 bool WaitForVersion(const std::string& address, int64_t version, absl::Duration timeout);
 // Waits until the replica at `address` has `role` ("primary", "backup", ...).
 bool WaitForRole(const std::string& address, const std::string& role, absl::Duration timeout);
+// Starts one plaintext shard of `fingerprint` for `workers` workers, replicated (`flags` to both
+// replicas), in `cluster`, and waits for its backup (process 1) to follow; a fatal test failure
+// if either does not happen.
+void StartReplicated(LocalCluster& cluster, const std::string& fingerprint,
+                     const std::vector<std::string>& flags, int workers = 2);
+// A raw AttachDataPlane to the plaintext shard at `address` as `worker` of `model`, carrying
+// `token` ("": none) as its bearer token, with a 10 s deadline. The shard's answer.
+grpc::Status RawAttachDataPlane(const std::string& address, int worker, const ModelIdentity& model,
+                                const std::string& token, v1::AttachDataPlaneResponse* response);
 // Makes throw-away TLS material in `dir` with deploy/make_test_certs.sh (ca.pem, server.pem/.key,
 // client.pem/.key, other-ca.pem, other-client.pem/.key); false, with the script's output as a
 // test failure, if it failed.
