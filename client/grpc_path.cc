@@ -90,9 +90,10 @@ AttemptEnd GrpcPath::Pull(PullPart& part, const PathCall& call, v1::PullChunk* a
   v1::PullChunk chunk;
   absl::Status bad;
   for (bool first = true; reader->Read(&chunk); first = false) {
-    if (first) {
-      *answer = chunk;
-      answer->clear_data();
+    if (first) {  // what heads the answer, not its values (a copy of those costs page faults)
+      answer->set_version(chunk.version());
+      answer->set_offset(chunk.offset());
+      answer->set_dtype(chunk.dtype());
     }
     if (!bad.ok()) continue;  // drain the stream so Finish() returns
     if (chunk.dtype() != request.dtype()) {
