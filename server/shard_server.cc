@@ -243,7 +243,10 @@ void ShardServer::Wait(absl::FunctionRef<bool(absl::Duration)> stop_requested) {
                       << " left the active set (lease expired, or no push while others waited): "
                          "no longer waited for, their resources here freed";
     }
-    for (int worker : expired) service_->ReleaseWorker(worker);
+    for (int worker : expired) {
+      service_->ReleaseWorker(worker, "the worker left the active set (lease expired, or no push "
+                                      "while others waited)");
+    }
     service_->TrimSharedMemory(absl::Now());
     if (absl::Now() >= next_status) {
       ShardStats s = shard_->Stats();

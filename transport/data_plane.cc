@@ -632,7 +632,7 @@ absl::Status DataPlane::Send(uint64_t connection, int owner, uint64_t transfer,
   return Lane::QueueAll(absl::MakeConstSpan(lanes).subspan(0, parts), queued);
 }
 
-void DataPlane::Release(int owner) {
+void DataPlane::Release(int owner, absl::string_view why) {
   absl::MutexLock lock(&mu_);
   // Its open connections, and those still saying hello (their tickets go with them).
   std::vector<std::shared_ptr<Connection>> ending;
@@ -643,7 +643,7 @@ void DataPlane::Release(int owner) {
     if (issued.connection->owner == owner) ending.push_back(issued.connection);
   }
   const OwnerKind* kind = KindOf(owner);
-  for (const auto& c : ending) CloseLanes(*c, kind != nullptr ? kind->released : "the worker left");
+  for (const auto& c : ending) CloseLanes(*c, kind != nullptr ? kind->released : why);
 }
 
 }  // namespace ps

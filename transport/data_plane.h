@@ -207,9 +207,9 @@ class DataPlane {
   // owner going away.
   void TakeCalls(CallHandlers handlers);
 
-  // Ends worker `owner`'s connection (it left; or a reserved owner's), and forgets its unused
-  // tickets.
-  void Release(int owner);
+  // Ends worker `owner`'s connection, saying `why` (it left, its lease expired; a reserved
+  // owner's say what their kind says), and forgets its unused tickets.
+  void Release(int owner, absl::string_view why = "the worker left");
   // Connections open now.
   int connections() const;
 

@@ -111,16 +111,11 @@ class ShardService::PlaneSend {
   absl::StatusOr<int64_t> sent_ ABSL_GUARDED_BY(mu_) = absl::UnknownError("unsent");
 };
 
-grpc::Status ShardService::CheckPlaneCaller(const DataPlane::Call& call, int worker_id,
-                                            uint64_t connection, uint64_t transfer) {
-  // Its connection, opened with a ticket AttachDataPlane gave the owner's token, stands for the
-  // token: the call must be made as that worker (or observer) and name this connection and
-  // transfer. A reserved owner's connection (the replica peer's) carries no client's call.
-  if (worker_id != call.owner || DataPlane::ReservedOwner(call.owner)) {
-    return grpc::Status(
-        grpc::StatusCode::PERMISSION_DENIED,
-        absl::StrCat("a call as worker ", worker_id, " on a data-plane connection of ",
-                     call.owner < 0 ? "observer " : "worker ", call.owner));
+grpc::Status ShardService::CheckPlaneCall(const DataPlane::Call& call, uint64_t connection,
+                                          uint64_t transfer) {
+  if (DataPlane::ReservedOwner(call.owner)) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "a client's call on a connection of the server's own (a replica peer's)");
   }
   if (connection != call.connection || transfer != call.transfer) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
@@ -136,7 +131,7 @@ DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
   v1::PushHeader h;
   // As Push: the token (refused before the request is looked at), the replica serves, a place
   // among the streams; then what the header claims.
-  Admission admission(call.credential);
+  Admission admission(call.credential, call.owner);
   answer.status =
       Admit(nullptr, CallNeeds("Push", Access::kWrite).Serving().Limit(&streams_), &admission);
   if (!answer.status.ok()) return answer;
@@ -152,7 +147,7 @@ DataPlane::CallAnswer ShardService::PushOnPlane(const DataPlane::Call& call,
                                  "a push sent last piece first is float32, to a shard that "
                                  "said it takes one");
   } else {
-    answer.status = CheckPlaneCaller(call, h.worker_id(), h.path().data_connection(), h.path().data_transfer());
+    answer.status = CheckPlaneCall(call, h.path().data_connection(), h.path().data_transfer());
   }
   if (!answer.status.ok()) {
     shard_->RecordRejectedPush();
@@ -244,7 +239,7 @@ void ShardService::PullOnPlane(const DataPlane::Call& call, DataPlane::Answer an
   // As Pull: the token and a place among the pulls (a worker's own token, and the observers and
   // operator together, under their cap), then what the request claims. A connection's calls are
   // read one at a time, but a held pull's answer comes later, holding its place until then.
-  Admission admission(call.credential);
+  Admission admission(call.credential, call.owner);
   v1::PullRequest r;
   WireType type = WireType::kFloat32;
   grpc::Status checked =
@@ -253,7 +248,7 @@ void ShardService::PullOnPlane(const DataPlane::Call& call, DataPlane::Answer an
     checked = InvalidArgument("cannot parse Pull request");
   }
   if (checked.ok()) {
-    checked = CheckPlaneCaller(call, r.worker_id(), r.path().data_connection(), r.path().data_transfer());
+    checked = CheckPlaneCall(call, r.path().data_connection(), r.path().data_transfer());
   }
   if (checked.ok()) {
     checked = Admit(nullptr, CallNeeds("Pull", Access::kRead).ActsAs(r.worker_id()), &admission);

@@ -108,6 +108,13 @@ grpc::Status ShardService::Admit(grpc::ServerContextBase* context, const CallNee
     if (!s.ok()) return s;
     admission->authorized_ = access;
   }
+  if (needs.acts_as && admission->owner_ && *needs.acts_as != *admission->owner_) {
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        absl::StrCat(needs.call, " as worker ", *needs.acts_as,
+                                     " on a data-plane connection of ",
+                                     *admission->owner_ < 0 ? "observer " : "worker ",
+                                     *admission->owner_));
+  }
   if (needs.acts_as) {
     absl::Status s = CheckActsAs(admission->caller_, *needs.acts_as, needs.call);
     if (!s.ok()) return ToGrpcStatus(s);
@@ -402,15 +409,15 @@ grpc::ServerUnaryReactor* ShardService::Leave(grpc::CallbackServerContext* conte
       },
       [&](const auto& request, auto*) {
         absl::Status left = shard_->Leave(request.worker_id(), request.incarnation());
-        if (left.ok()) ReleaseWorker(request.worker_id());
+        if (left.ok()) ReleaseWorker(request.worker_id(), "the worker left");
         return ToGrpcStatus(left);
       });
 }
 
-void ShardService::ReleaseWorker(int worker) {
+void ShardService::ReleaseWorker(int worker, absl::string_view why) {
   segments_.Release(worker);
   pull_views_.Forget(worker);
-  if (data_plane_ != nullptr) data_plane_->Release(worker);
+  if (data_plane_ != nullptr) data_plane_->Release(worker, why);
   workers_released_.fetch_add(1, std::memory_order_relaxed);
 }
 

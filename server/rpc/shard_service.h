@@ -131,7 +131,7 @@ class ShardService final : public ShardServiceBase {
   // and the shard's housekeeping for a worker whose lease expired (ShardServer::Wait); counted in
   // StatsResponse.workers_released. Its client attaches again at its next calls (its shared
   // memory and data plane lost, it asks for them anew).
-  void ReleaseWorker(int worker);
+  void ReleaseWorker(int worker, absl::string_view why);
   static constexpr absl::Duration kSharedMemoryUnused = absl::Seconds(5);
 
  private:
@@ -199,10 +199,11 @@ class ShardService final : public ShardServiceBase {
    public:
     // A gRPC call's: its token is yet to be checked.
     Admission() = default;
-    // A call made on a data-plane connection: its token was checked when the connection's ticket
-    // was issued.
-    explicit Admission(const DataPlane::Credential& credential)
-        : authorized_(credential.access), caller_(credential.caller) {}
+    // A call made on a data-plane connection of `owner`: its token was checked when the
+    // connection's ticket was issued, and the connection stands for that one worker (or observer),
+    // whatever its token may act as.
+    Admission(const DataPlane::Credential& credential, int owner)
+        : authorized_(credential.access), caller_(credential.caller), owner_(owner) {}
     Admission(Admission&&) = default;
     // REQUIRES: admitted Watched().
     StreamWatchdog::Guard& guard() { return *guard_; }
@@ -213,6 +214,7 @@ class ShardService final : public ShardServiceBase {
     friend class ShardService;
     std::optional<Access> authorized_;  // what the token was found to allow
     Caller caller_;
+    std::optional<int> owner_;  // a data-plane connection's owner
     std::optional<CallLimit::Slot> slot_;
     std::optional<StreamWatchdog::Guard> guard_;
   };
@@ -261,11 +263,11 @@ class ShardService final : public ShardServiceBase {
   void PlanePullWaits(int64_t id, int64_t ticket);
   void ForgetPlanePull(int64_t id);
   void PlanePullEnded(uint64_t connection);
-  // OK if a call made on the data plane is made as its connection's owner (PERMISSION_DENIED
-  // otherwise: a connection stands for one worker, whatever its token may act as) and names the
-  // connection and transfer it came as (INVALID_ARGUMENT otherwise).
-  static grpc::Status CheckPlaneCaller(const DataPlane::Call& call, int worker_id,
-                                       uint64_t connection, uint64_t transfer);
+  // OK if a call made on the data plane names the connection and transfer it came as
+  // (INVALID_ARGUMENT otherwise) on a client's connection (PERMISSION_DENIED on a reserved
+  // owner's: the replica peer's carries no client's call). Who it acts as is Admit's.
+  static grpc::Status CheckPlaneCall(const DataPlane::Call& call, uint64_t connection,
+                                     uint64_t transfer);
   // ShardRestartedStatus unless `claimed` (a client's shard incarnation, 0: unchecked) is this
   // process's.
   grpc::Status CheckShardIncarnation(std::optional<int64_t> claimed) const;
