@@ -34,8 +34,13 @@ AttemptEnd CompressedPulls::Pull(int shard, PullPart& part, GrpcPath& rpc,
   absl::Status bad;
   for (bool is_first = true; reader->Read(&chunk); is_first = false) {
     if (is_first) {
-      first = chunk;
-      first.clear_data();
+      // What heads the answer, not its values (a copy of those costs page faults).
+      first.set_version(chunk.version());
+      first.set_offset(chunk.offset());
+      first.set_view(chunk.view());
+      first.set_base_view(chunk.base_view());
+      first.set_topk_pairs(chunk.topk_pairs());
+      first.set_dtype(chunk.dtype());
       if (chunk.base_view() == 0) {  // the whole values
         if (chunk.dtype() != request.dtype()) {
           bad = absl::DataLossError(absl::StrCat("asked for dtype ", request.dtype(), ", got ",

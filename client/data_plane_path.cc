@@ -32,7 +32,7 @@ AttemptEnd DataPlanePath::Push(const PushPart& part, const PathCall& call, PushD
                                 connection_->last_piece_first() &&
                                 part.type == WireType::kFloat32;
   if (part.filling != nullptr && !last_piece_first) {
-    if (std::optional<AttemptEnd> end = AwaitFinal(part, *call.context)) return *end;
+    if (std::optional<AttemptEnd> end = AwaitFinal(part.filling, *call.context)) return *end;
   }
   v1::PushHeader header = part.header;
   header.mutable_path()->set_data_connection(connection_->id());

@@ -69,7 +69,7 @@ GrpcPath::GrpcPath(std::shared_ptr<grpc::Channel> channel)
       push_(ClientStream(channel_, "Push")) {}
 
 AttemptEnd GrpcPath::Push(const PushPart& part, const PathCall& call, PushDone* done) {
-  if (std::optional<AttemptEnd> end = AwaitFinal(part, *call.context)) return *end;
+  if (std::optional<AttemptEnd> end = AwaitFinal(part.filling, *call.context)) return *end;
   v1::PushChunk first;
   *first.mutable_header() = part.header;
   std::unique_ptr<Writer> writer(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(

@@ -360,11 +360,10 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::BeginPush(
         std::shared_ptr<const CompressedTensor>& compressed = answers->compressed[shard];
         if (impl->compressor_ != nullptr && compressed == nullptr) {
           const Range& r = impl->ranges_[shard];
-          PushPart whole{{}, gradient.subspan(r.begin, r.size())};
-          if (fill != nullptr) whole.filling = &fill->progress(shard);
-          if (std::optional<AttemptEnd> end = AwaitFinal(whole, *context)) return *end;
+          const FillProgress* filling = fill != nullptr ? &fill->progress(shard) : nullptr;
+          if (std::optional<AttemptEnd> end = AwaitFinal(filling, *context)) return *end;
           absl::StatusOr<std::shared_ptr<const CompressedTensor>> c =
-              impl->compressor_->Compress(shard, whole.values);
+              impl->compressor_->Compress(shard, gradient.subspan(r.begin, r.size()));
           if (!c.ok()) return AttemptEnd::Answered(c.status());
           compressed = *std::move(c);
         }

@@ -27,7 +27,7 @@ AttemptEnd SharedMemoryPath::Push(const PushPart& part, const PathCall& call, Pu
   }
   std::unique_lock<std::mutex> turn(push_mu_, std::try_to_lock);
   if (!turn.owns_lock()) return AttemptEnd::NotTaken();
-  if (std::optional<AttemptEnd> end = AwaitFinal(part, *call.context)) return *end;
+  if (std::optional<AttemptEnd> end = AwaitFinal(part.filling, *call.context)) return *end;
   const uint64_t ticket = next_ticket_++;
   if (!region.Claim(SharedRegion::kBusy, ticket, ClaimDeadline(*call.context))) {
     return AttemptEnd::PathLost(absl::FailedPreconditionError("its push region stayed busy"));

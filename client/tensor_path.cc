@@ -2,8 +2,8 @@
 
 namespace ps {
 
-std::optional<AttemptEnd> AwaitFinal(const PushPart& part, const grpc::ClientContext& context) {
-  const FillProgress* filling = part.filling;
+std::optional<AttemptEnd> AwaitFinal(const FillProgress* filling,
+                                     const grpc::ClientContext& context) {
   if (filling == nullptr ||
       filling->WaitFor(filling->total(), absl::FromChrono(context.deadline())) >=
           filling->total()) {

@@ -87,9 +87,10 @@ class TensorPath {
   virtual bool SendsAsFilled(int64_t values) const { return false; }
 };
 
-// Waits until `part`'s values are final (PushPart::filling), at most until the call's deadline:
-// nullopt once they are, else how the attempt ends (DEADLINE_EXCEEDED, or kDroppedHere if the
-// push was dropped meanwhile).
-std::optional<AttemptEnd> AwaitFinal(const PushPart& part, const grpc::ClientContext& context);
+// Waits until a part's values are final (`filling`, PushPart::filling; null: they are), at most
+// until the call's deadline: nullopt once they are, else how the attempt ends
+// (DEADLINE_EXCEEDED, or kDroppedHere if the push was dropped meanwhile).
+std::optional<AttemptEnd> AwaitFinal(const FillProgress* filling,
+                                     const grpc::ClientContext& context);
 
 }  // namespace ps

@@ -91,7 +91,9 @@ TEST(ShardServerTest, ABadConfigurationIsRefusedBeforeAnythingIsServed) {
 TEST(ShardServerTest, AWorkerThatLeavesAndOneWhoseLeaseExpiresFreeTheSameResources) {
   const ModelIdentity model{"flat:4096", 4096, 1};
   ShardServerConfig config = ShardOf(model.fingerprint, 4);
-  config.shard.lease = absl::Seconds(1);
+  // Long enough for the steps before the expiry phase on a slow, busy machine; workers 1 and 3
+  // refresh theirs (a pull) just before it counts.
+  config.shard.lease = absl::Seconds(5);
   absl::StatusOr<std::unique_ptr<InProcessShard>> shard = InProcessShard::Start(config);
   ASSERT_TRUE(shard.ok()) << shard.status();
   // Workers 0 and 1 through shared memory, 2 and 3 over the data plane, each with a pull view.
@@ -119,6 +121,7 @@ TEST(ShardServerTest, AWorkerThatLeavesAndOneWhoseLeaseExpiresFreeTheSameResourc
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? (*s)[0] : v1::StatsResponse();
   };
+  for (int w : {1, 3}) ASSERT_TRUE(workers[w]->Pull(absl::MakeSpan(values)).ok());
   v1::StatsResponse held = stats();
   EXPECT_EQ(held.shm_segments(), 2);
   EXPECT_EQ(held.data_plane_connections(), 2);
