@@ -256,7 +256,7 @@ TEST_F(AttackTest, AReadOnlyTicketLoopCannotKeepANewWorkerOffThePlane) {
 // 1e11, left the weights at 1e8 and the accuracy at 0.1 for good.
 class RatchetTest : public AttackTest {
  protected:
-  static constexpr int kSteps = 2500;
+  static constexpr int kSteps = 4000;
   enum class Attacker { kNone, kWriteToken, kWorkersOwnToken };
   struct Outcome {
     double accuracy = 0;        // of the final weights (the evaluator's)
