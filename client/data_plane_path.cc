@@ -6,13 +6,9 @@
 
 namespace ps {
 
-bool DataPlanePath::CallTakes(int64_t values, WireType type) const {
-  return connection_->calls() && StripeCount(values, type, connection_->lanes()) == 1;
-}
-
 bool DataPlanePath::SendsAsFilled(int64_t values) const {
   return !connection_->ended() && connection_->last_piece_first() &&
-         CallTakes(values, WireType::kFloat32);
+         StripeCount(values, WireType::kFloat32, connection_->lanes()) == 1;
 }
 
 AttemptEnd DataPlanePath::CallFailed(const absl::Status& why) const {
@@ -23,21 +19,18 @@ AttemptEnd DataPlanePath::CallFailed(const absl::Status& why) const {
 }
 
 AttemptEnd DataPlanePath::Push(const PushPart& part, const PathCall& call, PushDone* done) {
-  if (part.compressed != nullptr) return AttemptEnd::NotTaken();
+  if (part.compressed != nullptr || !connection_->calls()) return AttemptEnd::NotTaken();
   const int64_t n = static_cast<int64_t>(part.values.size());
-  const bool as_call = CallTakes(n, part.type);
   // A held push's part whose values are still coming goes as they come, the last piece first,
   // where the shard takes that; every other way waits for them first.
-  const bool last_piece_first = part.filling != nullptr && as_call &&
-                                connection_->last_piece_first() &&
-                                part.type == WireType::kFloat32;
+  const bool last_piece_first =
+      part.filling != nullptr && part.type == WireType::kFloat32 && SendsAsFilled(n);
   if (part.filling != nullptr && !last_piece_first) {
     if (std::optional<AttemptEnd> end = AwaitFinal(part.filling, *call.context)) return *end;
   }
   v1::PushHeader header = part.header;
   header.mutable_path()->set_data_connection(connection_->id());
   header.mutable_path()->set_data_transfer(connection_->NextTransfer());
-  if (!as_call) return PushNamed(part, header, call, done);
   header.mutable_path()->set_last_piece_first(last_piece_first);
   // A part sent as backward makes it takes what backward takes (up to kMaxStreamedValues, each
   // piece within the connection's stall of the last); its answer, an attempt's time after its
@@ -64,22 +57,6 @@ AttemptEnd DataPlanePath::Push(const PushPart& part, const PathCall& call, PushD
   }
   if (made->status.ok()) done->saturated = made->saturated;
   return AttemptEnd::FromShard(made->status);
-}
-
-AttemptEnd DataPlanePath::PushNamed(const PushPart& part, v1::PushHeader& header,
-                                    const PathCall& call, PushDone* done) {
-  absl::Status sent;
-  grpc::Status status = call.rpc->PushHeader(header, call.context, &done->response, [&] {
-    if (call.context->GetServerInitialMetadata().count(kDataPlaneReady) == 0) return;
-    absl::StatusOr<int64_t> pushed =
-        connection_->Push(header.path().data_transfer(), part.values, part.type,
-                          absl::FromChrono(call.context->deadline()));
-    if (pushed.ok()) done->saturated = *pushed;
-    sent = pushed.status();
-    if (!sent.ok()) call.context->TryCancel();
-  });
-  if (!sent.ok()) return AttemptEnd::PathLost(sent);
-  return AttemptEnd::FromShard(status);
 }
 
 AttemptEnd DataPlanePath::Pull(PullPart& part, const PathCall& call, v1::PullChunk* answer) {

@@ -1,11 +1,10 @@
 // Tensors over the shard's data plane (transport/data_connection.h): a TCP connection of this
-// client's own (one or more lanes), opened with a ticket from the shard (AttachDataPlane). A pull,
-// and a push whose values go in one stripe, is a call on the connection itself, answer included
-// (no gRPC call); a push part sent as a backward pass fills it goes so too, its values last piece
-// first as they become final, where the shard takes that. A push striped over several lanes is
-// still named by a gRPC call whose values follow on the lanes (to become a striped plane call).
-// Compressed pushes are not taken (a fraction of the bytes: gRPC carries them). A connection that
-// fails loses the path; its session asks for another. Thread-safe.
+// client's own (one or more lanes), opened with a ticket from the shard (AttachDataPlane). A push
+// or a pull is a call on the connection itself, answer included (no gRPC call), its tensor
+// striped over the lanes when large; a push part sent as a backward pass fills it goes so too,
+// its values last piece first as they become final, where the shard takes that (a tensor in one
+// part). Compressed pushes are not taken (a fraction of the bytes: gRPC carries them). A
+// connection that fails loses the path; its session asks for another. Thread-safe.
 #pragma once
 
 #include <memory>
@@ -30,11 +29,6 @@ class DataPlanePath : public TensorPath {
   DataConnection& connection() const { return *connection_; }
 
  private:
-  // Whether a push of `values` as `type` is a call on the connection (one stripe).
-  bool CallTakes(int64_t values, WireType type) const;
-  // A push as a gRPC call naming transfer `header.data_transfer()`, its values on the lanes.
-  AttemptEnd PushNamed(const PushPart& part, v1::PushHeader& header, const PathCall& call,
-                       PushDone* done);
   // What a call on the connection that failed (`why`, not the shard's answer) ends in: a
   // deadline on a connection still open is the shard being slow (retried as any deadline); else
   // the path is lost.

@@ -55,9 +55,8 @@ void WriteCompressedChunks(Writer* writer, const Chunk& first,
 
 std::unique_ptr<grpc::internal::RpcMethod> ClientStream(const std::shared_ptr<grpc::Channel>& c,
                                                         absl::string_view name) {
-  return std::make_unique<grpc::internal::RpcMethod>(MethodPath<v1::ParameterServer>(name),
-                                                     grpc::internal::RpcMethod::CLIENT_STREAMING,
-                                                     c);
+  return std::make_unique<grpc::internal::RpcMethod>(
+      MethodPath<v1::ParameterServer>(name), grpc::internal::RpcMethod::CLIENT_STREAMING, c);
 }
 
 }  // namespace
@@ -127,18 +126,13 @@ grpc::Status GrpcPath::Initialize(const v1::InitializeHeader& header,
 }
 
 grpc::Status GrpcPath::PushHeader(const v1::PushHeader& header, grpc::ClientContext* context,
-                                  v1::PushResponse* response,
-                                  const std::function<void()>& between) {
+                                  v1::PushResponse* response) {
   v1::PushChunk first;
   *first.mutable_header() = header;
   std::unique_ptr<Writer> writer(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
       channel_.get(), *push_, context, response));
   grpc::Slice slice(first.SerializeAsString());
   writer->Write(grpc::ByteBuffer(&slice, 1));
-  if (between) {
-    writer->WaitForInitialMetadata();  // also when the call ended: then without its keys
-    between();
-  }
   writer->WritesDone();
   return writer->Finish();
 }

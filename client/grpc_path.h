@@ -29,12 +29,10 @@ class GrpcPath : public TensorPath {
   // Initial values for [header.offset, +length) (float32), as Initialize's client stream.
   grpc::Status Initialize(const v1::InitializeHeader& header, absl::Span<const float> values,
                           grpc::ClientContext* context, v1::InitializeResponse* response);
-  // A push whose tensor travels elsewhere (shared memory, the data plane): `header` alone goes in
-  // the call. `between`, if given, runs once the shard's initial metadata came (it sends the
-  // tensor, and may cancel the call) before the call is finished; the shard's answer.
+  // A push whose tensor travels in shared memory: `header` alone goes in the call; the shard's
+  // answer.
   grpc::Status PushHeader(const v1::PushHeader& header, grpc::ClientContext* context,
-                          v1::PushResponse* response,
-                          const std::function<void()>& between = nullptr);
+                          v1::PushResponse* response);
   // A pull whose values travel elsewhere: the answer is one chunk naming them, which `head` gets
   // (DATA_LOSS if there are more, or values in it).
   grpc::Status PullHead(const v1::PullRequest& request, grpc::ClientContext* context,

@@ -86,9 +86,10 @@ grpc::Status ShardSession::Register(grpc::ClientContext* context, int64_t resume
   }
   // Shared memory with a shard on this host, else the data plane, else gRPC.
   absl::StatusOr<std::shared_ptr<SharedMemoryPath>> shared =
-      AttachSharedMemory(response.shard_incarnation(), attempt);
+      AttachSharedMemory(response.incarnation(), response.shard_incarnation(), attempt);
   absl::StatusOr<std::shared_ptr<DataPlanePath>> data =
-      shared.ok() ? nullptr : ConnectDataPlane(response.shard_incarnation(), attempt);
+      shared.ok() ? nullptr
+                  : ConnectDataPlane(response.incarnation(), response.shard_incarnation(), attempt);
   PS_LOG(INFO) << "shard " << index_ << " (" << address() << "): tensors "
                << (shared.ok() ? "through shared memory"
                    : data.ok()
@@ -136,7 +137,7 @@ AttemptEnd ShardSession::Reregister(int64_t stale, int64_t resume_sequence,
 }
 
 absl::StatusOr<std::shared_ptr<SharedMemoryPath>> ShardSession::AttachSharedMemory(
-    int64_t shard_incarnation, const Attempter& attempt) {
+    int64_t incarnation, int64_t shard_incarnation, const Attempter& attempt) {
   if (!client_.options->shared_memory) return absl::FailedPreconditionError("off");
   if (ProcessSpaceId().empty()) return absl::FailedPreconditionError("no process space id");
   v1::AttachSharedMemoryRequest request;
@@ -144,6 +145,7 @@ absl::StatusOr<std::shared_ptr<SharedMemoryPath>> ShardSession::AttachSharedMemo
   *request.mutable_model() = client_.model;
   request.set_process_space(ProcessSpaceId());
   request.set_shard_incarnation(shard_incarnation);
+  request.set_incarnation(incarnation);
   v1::AttachSharedMemoryResponse response;
   // One attempt, cancelled with the others (CancelPending); a failure only means another path.
   AttemptEnd attached = attempt([&](grpc::ClientContext* context) {
@@ -161,7 +163,7 @@ absl::StatusOr<std::shared_ptr<SharedMemoryPath>> ShardSession::AttachSharedMemo
 }
 
 absl::StatusOr<std::shared_ptr<DataPlanePath>> ShardSession::ConnectDataPlane(
-    int64_t shard_incarnation, const Attempter& attempt) {
+    int64_t incarnation, int64_t shard_incarnation, const Attempter& attempt) {
   const ClientOptions& options = *client_.options;
   if (!options.data_plane) return absl::FailedPreconditionError("off");
   const int replica = current();
@@ -169,6 +171,7 @@ absl::StatusOr<std::shared_ptr<DataPlanePath>> ShardSession::ConnectDataPlane(
   request.set_worker_id(client_.worker_id);
   *request.mutable_model() = client_.model;
   request.set_shard_incarnation(shard_incarnation);
+  request.set_incarnation(incarnation);
   v1::AttachDataPlaneResponse response;
   AttemptEnd attached = attempt([&](grpc::ClientContext* context) {
     return AttemptEnd::FromShard(
@@ -320,23 +323,24 @@ void ShardSession::ScheduleRetry(const absl::Status& why) {
 }
 
 void ShardSession::RetryPaths(const Attempter& attempt) {
-  int64_t shard_incarnation = 0;
+  int64_t incarnation = 0, shard_incarnation = 0;
   int replica = 0;
   {
     absl::MutexLock lock(&mu_);
     if (shared_ != nullptr || data_ != nullptr || absl::Now() < retry_at_) return;
     retry_at_ = absl::InfiniteFuture();  // this attempt's; the next set when it ends
+    incarnation = state_.incarnation;
     shard_incarnation = state_.shard_incarnation;
     replica = current_;
   }
   client_.threads->Run(
-      [this, shard_incarnation, replica, attempt] {
+      [this, incarnation, shard_incarnation, replica, attempt] {
         // Shared memory again where the shard is on this host (its segment may have been freed:
         // the lease expired), else the data plane.
         absl::StatusOr<std::shared_ptr<SharedMemoryPath>> shared =
-            AttachSharedMemory(shard_incarnation, attempt);
+            AttachSharedMemory(incarnation, shard_incarnation, attempt);
         absl::StatusOr<std::shared_ptr<DataPlanePath>> data =
-            shared.ok() ? nullptr : ConnectDataPlane(shard_incarnation, attempt);
+            shared.ok() ? nullptr : ConnectDataPlane(incarnation, shard_incarnation, attempt);
         {
           absl::MutexLock lock(&mu_);
           if (state_.shard_incarnation != shard_incarnation || shared_ != nullptr ||
@@ -361,8 +365,9 @@ void ShardSession::RetryPaths(const Attempter& attempt) {
 
 void ShardSession::RenewData(const std::shared_ptr<DataPlanePath>& data,
                              const Attempter& attempt) {
+  const State session = state();
   absl::StatusOr<std::shared_ptr<DataPlanePath>> fresh =
-      ConnectDataPlane(state().shard_incarnation, attempt);
+      ConnectDataPlane(session.incarnation, session.shard_incarnation, attempt);
   if (!fresh.ok()) {
     Drop(data.get(), fresh.status().message());
     return;

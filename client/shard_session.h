@@ -138,9 +138,11 @@ class ShardSession {
                      const Attempter& attempt);
   // The data-plane path if it is with the replica called now, else null.
   std::shared_ptr<DataPlanePath> DataNow() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // A path for this process (`incarnation`) with shard process `shard_incarnation`.
   absl::StatusOr<std::shared_ptr<SharedMemoryPath>> AttachSharedMemory(
-      int64_t shard_incarnation, const Attempter& attempt);
-  absl::StatusOr<std::shared_ptr<DataPlanePath>> ConnectDataPlane(int64_t shard_incarnation,
+      int64_t incarnation, int64_t shard_incarnation, const Attempter& attempt);
+  absl::StatusOr<std::shared_ptr<DataPlanePath>> ConnectDataPlane(int64_t incarnation,
+                                                                  int64_t shard_incarnation,
                                                                   const Attempter& attempt);
   // Stops using `path` (it failed: `why`); later calls take the next path.
   void Drop(const TensorPath* path, absl::string_view why);

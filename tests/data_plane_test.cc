@@ -19,23 +19,25 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
-#include "transport/chunking.h"
-#include "transport/data_connection.h"
-#include "transport/data_frames.h"
+#include "client/sharded_client.h"
 #include "common/fill_progress.h"
-#include "transport/grpc_status.h"
-#include "transport/security.h"
 #include "deploy/local_cluster.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/replication/replica.h"
 #include "tests/run_dir.h"
 #include "tests/steps_in_turn.h"
-#include "client/sharded_client.h"
+#include "transport/chunking.h"
+#include "transport/data_connection.h"
+#include "transport/data_frames.h"
+#include "transport/grpc_status.h"
+#include "transport/security.h"
+#include "transport/shared_memory.h"
 
 namespace ps {
 namespace {
@@ -135,6 +137,50 @@ Socket Open(DataPlane& plane, int owner, uint64_t* id) {
   return s;
 }
 
+// Push calls on a plane, each read into `dst` as `type` by the call's deadline, `seen` told of
+// each run on the thread that read it (a test's stand-in for the shard's push handler).
+struct PushesInto {
+  absl::Span<float> dst;
+  WireType type = WireType::kFloat32;
+  std::function<void(absl::Span<const float>)> seen = [](absl::Span<const float>) {};
+  absl::Mutex mu;
+  std::vector<absl::Status> reads ABSL_GUARDED_BY(mu);  // how each call's read ended
+
+  DataPlane::PushHandler Handler() {
+    return [this](const DataPlane::Call&, DataPlane::ReadValues read_values) {
+      absl::Status read = read_values(
+          dst, type, [&](absl::Span<const float> run) { seen(run); }, ValuesOrder::kInOrder);
+      absl::MutexLock lock(&mu);
+      reads.push_back(read);
+      return DataPlane::CallAnswer{ToGrpcStatus(read), ""};
+    };
+  }
+  // How call `i` (from 0) read its tensor, once it did (UNKNOWN if not within 10 s).
+  absl::Status Read(size_t i) {
+    absl::MutexLock lock(&mu);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return reads.size() > i; };
+    if (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(10))) {
+      return absl::UnknownError("the call was not read");
+    }
+    return reads[i];
+  }
+};
+
+// A push call's frame (request "h") for `transfer` on a raw lane.
+absl::Status SendRawCall(Socket& s, uint64_t transfer, absl::Duration timeout = absl::Seconds(10)) {
+  return SendFrame(s, {FrameKind::kPushCall, transfer}, EncodeCall({timeout, "h"}), Soon());
+}
+
+// The next frame on a raw lane, which should be `kind` (its payload read and dropped).
+absl::Status ReceiveRaw(Socket& s, FrameKind kind) {
+  absl::StatusOr<FrameHeader> h = ReceiveHeader(s, Soon());
+  if (!h.ok()) return h.status();
+  if (h->kind != kind) {
+    return absl::DataLossError(absl::StrCat("a frame of kind ", static_cast<int>(h->kind)));
+  }
+  return Discard(s, h->bytes, Soon());
+}
+
 // ps --data_plane_clients: tickets and connections together are bounded (a worker's new ticket
 // replaces its open connection), and so are the sockets accepted: threads do not grow with them.
 TEST(DataPlaneTest, ConnectionsTicketsAndAcceptedSocketsAreBounded) {
@@ -218,53 +264,44 @@ TEST(DataPlaneTest, ObserversShareAFewPlacesAndAWorkerHoldsOneTicket) {
 TEST(DataPlaneTest, APushedTensorGoesIntoItsCallOnlyAndAStrayOneIsDropped) {
   std::unique_ptr<DataPlane> plane = StartPlane();
   ASSERT_NE(plane, nullptr);
-  uint64_t id = 0;
-  Socket s = Open(*plane, 0, &id);
   std::vector<float> sent(300000), got(300000, -1.0f);
   for (size_t i = 0; i < sent.size(); ++i) sent[i] = 0.5f * i;
-  // A frame no call waits for (transfer 7) is read and dropped; the connection goes on. The
-  // call is told of each value once, in order, in runs, on its own thread.
-  ASSERT_TRUE(SendValues(s, FrameKind::kPush, 7, sent, WireType::kFloat32, Soon()).ok());
+  PushesInto into{absl::MakeSpan(got)};
   std::vector<float> seen;
-  int runs = 0, elsewhere = 0;
-  absl::Status received = plane->Receive(
-      id, 0, 8, absl::MakeSpan(got), WireType::kFloat32, Soon(),
-      [&] {
-        ASSERT_TRUE(SendValues(s, FrameKind::kPush, 8, sent, WireType::kFloat32, Soon()).ok());
-      },
-      [&, caller = std::this_thread::get_id()](absl::Span<const float> run) {
-        seen.insert(seen.end(), run.begin(), run.end());
-        ++runs;
-        elsewhere += std::this_thread::get_id() != caller;
-      });
-  ASSERT_TRUE(received.ok()) << received;
+  int runs = 0;
+  std::set<std::thread::id> threads;
+  into.seen = [&](absl::Span<const float> run) {
+    seen.insert(seen.end(), run.begin(), run.end());
+    ++runs;
+    threads.insert(std::this_thread::get_id());
+  };
+  plane->TakeCalls({into.Handler(), nullptr, nullptr, nullptr});
+  uint64_t id = 0;
+  Socket s = Open(*plane, 0, &id);
+  // A frame no call waits for (transfer 7) is read and dropped; the connection goes on. The
+  // call is told of each value once, in order, in runs, on the thread that reads it.
+  ASSERT_TRUE(SendValues(s, FrameKind::kPush, 7, sent, WireType::kFloat32, Soon()).ok());
+  ASSERT_TRUE(SendRawCall(s, 8).ok());
+  ASSERT_TRUE(SendValues(s, FrameKind::kPush, 8, sent, WireType::kFloat32, Soon()).ok());
+  ASSERT_TRUE(ReceiveRaw(s, FrameKind::kAnswer).ok());
+  ASSERT_TRUE(into.Read(0).ok()) << into.Read(0);
   EXPECT_EQ(got, sent);
   EXPECT_EQ(seen, sent);
   EXPECT_GE(runs, 1);
-  EXPECT_EQ(elsewhere, 0);
-  // Another worker's call may not take it, a tensor of another size fails its call only, and a
-  // 16-bit one is decoded.
-  EXPECT_EQ(plane->Receive(id, 1, 9, absl::MakeSpan(got), WireType::kFloat32, Soon(), [] {}).code(),
-            absl::StatusCode::kFailedPrecondition);
-  std::vector<float> small(10);
-  EXPECT_EQ(
-      plane
-          ->Receive(
-              id, 0, 10, absl::MakeSpan(small), WireType::kFloat32, Soon(),
-              [&] {
-                SendValues(s, FrameKind::kPush, 10, sent, WireType::kFloat32, Soon()).IgnoreError();
-              })
-          .code(),
-      absl::StatusCode::kInvalidArgument);
-  std::vector<float> half(sent.size());
-  ASSERT_TRUE(plane
-                  ->Receive(id, 0, 11, absl::MakeSpan(half), WireType::kBFloat16, Soon(),
-                            [&] {
-                              SendValues(s, FrameKind::kPush, 11, sent, WireType::kBFloat16, Soon())
-                                  .IgnoreError();
-                            })
+  EXPECT_EQ(threads.size(), 1u);
+  // A tensor of another size fails its call only, and a 16-bit one is decoded.
+  ASSERT_TRUE(SendRawCall(s, 10).ok());
+  ASSERT_TRUE(SendValues(s, FrameKind::kPush, 10, absl::MakeConstSpan(sent).subspan(0, 10),
+                         WireType::kFloat32, Soon())
                   .ok());
-  EXPECT_EQ(half[2], 1.0f);
+  ASSERT_TRUE(ReceiveRaw(s, FrameKind::kAnswer).ok());
+  EXPECT_EQ(into.Read(1).code(), absl::StatusCode::kInvalidArgument);
+  into.type = WireType::kBFloat16;
+  ASSERT_TRUE(SendRawCall(s, 11).ok());
+  ASSERT_TRUE(SendValues(s, FrameKind::kPush, 11, sent, WireType::kBFloat16, Soon()).ok());
+  ASSERT_TRUE(ReceiveRaw(s, FrameKind::kAnswer).ok());
+  ASSERT_TRUE(into.Read(2).ok());
+  EXPECT_EQ(got[2], 1.0f);
   EXPECT_EQ(plane->connections(), 1);
 }
 
@@ -355,12 +392,6 @@ TEST(DataPlaneTest, AConnectionOfSeveralLanesOpensWhenAllSaidHelloAndStripesLarg
     EXPECT_EQ(answer->kind, FrameKind::kRefused) << lane;
   }
   EXPECT_EQ(plane->connections(), 0);
-  std::vector<float> dst(10);
-  EXPECT_EQ(plane
-                ->Receive(ticket->connection, 0, 1, absl::MakeSpan(dst), WireType::kFloat32, Soon(),
-                          [] {})
-                .code(),
-            absl::StatusCode::kFailedPrecondition);
   lanes.insert(lanes.begin() + 1, Connect(*plane));
   absl::StatusOr<FrameHeader> last = Hello(lanes[1], ticket->connection, ticket->secret, 1);
   ASSERT_TRUE(last.ok() && last->kind == FrameKind::kWelcome);
@@ -369,38 +400,41 @@ TEST(DataPlaneTest, AConnectionOfSeveralLanesOpensWhenAllSaidHelloAndStripesLarg
   const size_t n = 3 * kMinStripeBytes / sizeof(float) + 5;
   std::vector<float> sent(n), got(n, -1.0f);
   for (size_t i = 0; i < n; ++i) sent[i] = static_cast<float>(i % 1000) - 500.0f;
-  // The call is told of each value once, as it comes, in order within a part, on the lanes' own
-  // threads.
+  // A push call: its first part on the first lane, the others once the plane said Proceed. The
+  // call is told of each value once, as it comes, in order within a part, each part on its
+  // lane's own thread.
   absl::Mutex mu;
   std::vector<int> told(n, 0);
   const size_t second = StripeOf(n, 3, 1).offset, third = StripeOf(n, 3, 2).offset;
   std::vector<size_t> next = {0, second, third};  // where each part's next run should start
-  int out_of_order = 0, on_caller = 0;
-  absl::Status received = plane->Receive(
-      ticket->connection, 0, 2, absl::MakeSpan(got), WireType::kFloat32, Soon(),
-      [&] {
-        for (int i = 2; i >= 0; --i) {  // the last part first
-          const Stripe part = StripeOf(n, 3, i);
-          ASSERT_TRUE(SendValues(lanes[i], FrameKind::kPush, 2,
-                                 absl::MakeConstSpan(sent).subspan(part.offset, part.size),
-                                 WireType::kFloat32, Soon())
-                          .ok());
-        }
-      },
-      [&, caller = std::this_thread::get_id()](absl::Span<const float> run) {
-        absl::MutexLock lock(&mu);
-        const size_t at = run.data() - got.data();
-        for (size_t i = at; i < at + run.size(); ++i) ++told[i];
-        size_t& part_next = next[at >= third ? 2 : at >= second ? 1 : 0];
-        out_of_order += at != part_next;
-        part_next = at + run.size();
-        on_caller += std::this_thread::get_id() == caller;
-      });
-  ASSERT_TRUE(received.ok()) << received;
+  int out_of_order = 0;
+  std::set<std::thread::id> threads;
+  PushesInto into{absl::MakeSpan(got)};
+  into.seen = [&](absl::Span<const float> run) {
+    absl::MutexLock lock(&mu);
+    const size_t at = run.data() - got.data();
+    for (size_t i = at; i < at + run.size(); ++i) ++told[i];
+    size_t& part_next = next[at >= third ? 2 : at >= second ? 1 : 0];
+    out_of_order += at != part_next;
+    part_next = at + run.size();
+    threads.insert(std::this_thread::get_id());
+  };
+  plane->TakeCalls({into.Handler(), nullptr, nullptr, nullptr});
+  ASSERT_TRUE(SendRawCall(lanes[0], 2).ok());
+  ASSERT_TRUE(ReceiveRaw(lanes[0], FrameKind::kProceed).ok());
+  for (int i = 2; i >= 0; --i) {  // the last part first
+    const Stripe part = StripeOf(n, 3, i);
+    ASSERT_TRUE(SendValues(lanes[i], FrameKind::kPush, 2,
+                           absl::MakeConstSpan(sent).subspan(part.offset, part.size),
+                           WireType::kFloat32, Soon())
+                    .ok());
+  }
+  ASSERT_TRUE(ReceiveRaw(lanes[0], FrameKind::kAnswer).ok());
+  ASSERT_TRUE(into.Read(0).ok()) << into.Read(0);
   EXPECT_EQ(got, sent);
   EXPECT_EQ(std::count(told.begin(), told.end(), 1), static_cast<int64_t>(n));
   EXPECT_EQ(out_of_order, 0);
-  EXPECT_EQ(on_caller, 0);
+  EXPECT_EQ(threads.size(), 3u);
 
   // A pull's values, one part a lane, and `sent` called once, after all of them.
   absl::Notification done;
@@ -429,26 +463,18 @@ TEST(DataPlaneTest, AConnectionOfSeveralLanesOpensWhenAllSaidHelloAndStripesLarg
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   EXPECT_TRUE(result.ok()) << result.status();
 
-  // A push given up before any part came leaves the connection be; one cut mid-part on one lane
-  // fails and ends every lane.
-  EXPECT_EQ(plane
-                ->Receive(ticket->connection, 0, 4, absl::MakeSpan(got), WireType::kFloat32,
-                          absl::Now(), [] {})
-                .code(),
-            absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(plane->connections(), 1);
-  absl::Status cut = plane->Receive(
-      ticket->connection, 0, 5, absl::MakeSpan(got), WireType::kFloat32, Soon(), [&] {
-        const Stripe part = StripeOf(n, 3, 0);
-        ASSERT_TRUE(SendValues(lanes[0], FrameKind::kPush, 5,
-                               absl::MakeConstSpan(sent).subspan(part.offset, part.size),
-                               WireType::kFloat32, Soon())
-                        .ok());
-        SendHeader(lanes[1], FrameKind::kPush, 5, StripeOf(n, 3, 1).size * sizeof(float));
-        ASSERT_TRUE(lanes[1].Send(sent.data(), 1000 * sizeof(float), Soon()).ok());
-        lanes[1].Shutdown();
-      });
-  EXPECT_EQ(cut.code(), absl::StatusCode::kUnavailable) << cut;
+  // A push cut mid-part on one lane fails and ends every lane.
+  ASSERT_TRUE(SendRawCall(lanes[0], 5).ok());
+  ASSERT_TRUE(ReceiveRaw(lanes[0], FrameKind::kProceed).ok());
+  const Stripe first = StripeOf(n, 3, 0);
+  ASSERT_TRUE(SendValues(lanes[0], FrameKind::kPush, 5,
+                         absl::MakeConstSpan(sent).subspan(first.offset, first.size),
+                         WireType::kFloat32, Soon())
+                  .ok());
+  SendHeader(lanes[1], FrameKind::kPush, 5, StripeOf(n, 3, 1).size * sizeof(float));
+  ASSERT_TRUE(lanes[1].Send(sent.data(), 1000 * sizeof(float), Soon()).ok());
+  lanes[1].Shutdown();
+  EXPECT_EQ(into.Read(1).code(), absl::StatusCode::kUnavailable) << into.Read(1);
   char byte;
   EXPECT_EQ(lanes[2].Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
@@ -475,10 +501,11 @@ TEST(DataPlaneTest, AClientForgettingATransferThatNeverCameKeepsItsConnection) {
             absl::StatusCode::kDeadlineExceeded);
   EXPECT_FALSE(c.ended());
   // A push, striped, then a pull.
-  absl::Status received =
-      plane->Receive(ticket->connection, 0, 2, absl::MakeSpan(got), WireType::kFloat32, Soon(),
-                     [&] { ASSERT_TRUE(c.Push(2, values, WireType::kFloat32, Soon()).ok()); });
-  ASSERT_TRUE(received.ok()) << received;
+  PushesInto into{absl::MakeSpan(got)};
+  plane->TakeCalls({into.Handler(), nullptr, nullptr, nullptr});
+  absl::StatusOr<DataConnection::Answered> pushed =
+      c.PushCall(2, "h", values, WireType::kFloat32, Soon());
+  ASSERT_TRUE(pushed.ok() && pushed->status.ok()) << pushed.status() << into.Read(0);
   EXPECT_EQ(got, values);
   std::vector<float> pulled(n, -1.0f);
   ASSERT_TRUE(c.Expect(3, absl::MakeSpan(pulled), WireType::kFloat32).ok());
@@ -556,10 +583,11 @@ TEST(DataPlaneTest, AJobsTlsIsSpokenOnEveryLaneAndNothingOpensWithoutIt) {
   const size_t n = 2 * kMinStripeBytes / sizeof(float) + 3;
   std::vector<float> values(n), got(n, -1.0f);
   for (size_t i = 0; i < n; ++i) values[i] = 0.25f * (i % 4000) - 7.0f;
-  absl::Status received =
-      plane.Receive(ticket.connection, 0, 1, absl::MakeSpan(got), WireType::kFloat32, Soon(),
-                    [&] { ASSERT_TRUE(c.Push(1, values, WireType::kFloat32, Soon()).ok()); });
-  ASSERT_TRUE(received.ok()) << received;
+  PushesInto into{absl::MakeSpan(got)};
+  plane.TakeCalls({into.Handler(), nullptr, nullptr, nullptr});
+  absl::StatusOr<DataConnection::Answered> pushed =
+      c.PushCall(1, "h", values, WireType::kFloat32, Soon());
+  ASSERT_TRUE(pushed.ok() && pushed->status.ok()) << pushed.status() << into.Read(0);
   EXPECT_EQ(got, values);
   std::vector<float> pulled(n, -1.0f);
   ASSERT_TRUE(c.Expect(2, absl::MakeSpan(pulled), WireType::kFloat32).ok());
@@ -899,42 +927,59 @@ TEST(DataPlaneTest, ALaneThatNeverSaysHelloClosesTheOthersOnceTheHelloIsOverdue)
 TEST(DataPlaneTest, ACutMidTensorFailsTheCallAndTheConnectionOnly) {
   std::unique_ptr<DataPlane> plane = StartPlane();
   ASSERT_NE(plane, nullptr);
+  std::vector<float> dst(1 << 18, -1.0f);
+  PushesInto into{absl::MakeSpan(dst)};
+  plane->TakeCalls({into.Handler(), nullptr, nullptr, nullptr});
   uint64_t id = 0;
   Socket s = Open(*plane, 0, &id);
-  std::vector<float> dst(1 << 18, -1.0f);
   const std::vector<float> half(dst.size() / 2, 2.0f);
-  absl::Status received =
-      plane->Receive(id, 0, 1, absl::MakeSpan(dst), WireType::kFloat32, Soon(), [&] {
-        SendHeader(s, FrameKind::kPush, 1, dst.size() * sizeof(float));
-        ASSERT_TRUE(s.Send(half.data(), half.size() * sizeof(float), Soon()).ok());
-        s.Shutdown();
-      });
-  EXPECT_EQ(received.code(), absl::StatusCode::kUnavailable) << received;
+  ASSERT_TRUE(SendRawCall(s, 1).ok());
+  SendHeader(s, FrameKind::kPush, 1, dst.size() * sizeof(float));
+  ASSERT_TRUE(s.Send(half.data(), half.size() * sizeof(float), Soon()).ok());
+  s.Shutdown();
+  EXPECT_EQ(into.Read(0).code(), absl::StatusCode::kUnavailable) << into.Read(0);
   // The connection is gone; the plane takes others.
-  EXPECT_EQ(plane->Receive(id, 0, 2, absl::MakeSpan(dst), WireType::kFloat32, Soon(), [] {}).code(),
-            absl::StatusCode::kFailedPrecondition);
   uint64_t other = 0;
   Socket t = Open(*plane, 1, &other);
   EXPECT_EQ(ConnectionsSoon(*plane, 1), 1);
 }
 
+// A striped push call whose deadline passes while a part is still coming ends the connection,
+// and nothing is written into its buffer after the handler's read returned.
 TEST(DataPlaneTest, ACallThatGivesUpMidTensorEndsTheConnectionAndIsNotWrittenAfter) {
-  std::unique_ptr<DataPlane> plane = StartPlane();
+  std::unique_ptr<DataPlane> plane = StartPlane(absl::Seconds(5), absl::Seconds(10), 2);
   ASSERT_NE(plane, nullptr);
-  uint64_t id = 0;
-  Socket s = Open(*plane, 0, &id);
-  std::vector<float> dst(1 << 18, -1.0f);
-  const std::vector<float> half(dst.size() / 2, 2.0f);
-  absl::Status received =
-      plane->Receive(id, 0, 1, absl::MakeSpan(dst), WireType::kFloat32,
-                     absl::Now() + absl::Milliseconds(500), [&] {
-                       SendHeader(s, FrameKind::kPush, 1, dst.size() * sizeof(float));
-                       ASSERT_TRUE(s.Send(half.data(), half.size() * sizeof(float), Soon()).ok());
-                     });  // ... and the rest never comes
-  EXPECT_EQ(received.code(), absl::StatusCode::kDeadlineExceeded) << received;
+  const size_t n = 2 * kMinStripeBytes / sizeof(float);
+  std::vector<float> dst(n, -1.0f);
+  PushesInto into{absl::MakeSpan(dst)};
+  plane->TakeCalls({into.Handler(), nullptr, nullptr, nullptr});
+  absl::StatusOr<DataPlane::Ticket> ticket = plane->Issue(0);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  std::vector<Socket> lanes;
+  for (int lane = 0; lane < 2; ++lane) {
+    lanes.push_back(Connect(*plane));
+    absl::StatusOr<FrameHeader> welcome =
+        Hello(lanes.back(), ticket->connection, ticket->secret, lane);
+    ASSERT_TRUE(welcome.ok() && welcome->kind == FrameKind::kWelcome) << lane;
+  }
+  const Stripe first = StripeOf(n, 2, 0), second = StripeOf(n, 2, 1);
+  const std::vector<float> values(n, 2.0f);
+  ASSERT_TRUE(SendRawCall(lanes[0], 1, absl::Milliseconds(500)).ok());
+  ASSERT_TRUE(ReceiveRaw(lanes[0], FrameKind::kProceed).ok());
+  ASSERT_TRUE(SendValues(lanes[0], FrameKind::kPush, 1,
+                         absl::MakeConstSpan(values).subspan(first.offset, first.size),
+                         WireType::kFloat32, Soon())
+                  .ok());
+  SendHeader(lanes[1], FrameKind::kPush, 1, second.size * sizeof(float));
+  ASSERT_TRUE(lanes[1].Send(values.data(), second.size / 2 * sizeof(float), Soon()).ok());
+  // ... and the rest never comes in time.
+  EXPECT_EQ(into.Read(0).code(), absl::StatusCode::kDeadlineExceeded) << into.Read(0);
   // The rest arrives late: nothing is written into the call's buffer any more.
   std::vector<float> before = dst;
-  s.Send(half.data(), half.size() * sizeof(float), absl::Now() + absl::Seconds(1)).IgnoreError();
+  lanes[1]
+      .Send(values.data(), (second.size - second.size / 2) * sizeof(float),
+            absl::Now() + absl::Seconds(1))
+      .IgnoreError();
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_EQ(dst, before);
   EXPECT_EQ(ConnectionsSoon(*plane, 0), 0);
@@ -1284,27 +1329,25 @@ TEST_F(DataPlaneShardTest, APushCutMidTensorAppliesNothingAndTheClientFallsBackT
   Socket* raw = &raw_socket;
   grpc::ClientContext context;
   v1::PushResponse response;
+  // A gRPC Push naming the connection is refused: a push's tensor on the plane is a call there.
   auto writer = RawGrpcPush(&context, &response);
   v1::PushChunk chunk;
-  v1::PushHeader* h = chunk.mutable_header();
-  h->set_worker_id(0);
-  h->set_incarnation(worker0_->incarnation(0));
-  h->set_sequence(100);
-  h->set_offset(0);
-  h->set_length(kParams);
-  h->set_dtype(v1::FLOAT32);
-  h->mutable_path()->set_data_connection(ticket.connection());
-  h->mutable_path()->set_data_transfer(1);
+  *chunk.mutable_header() = RawPushCall(0, worker0_->incarnation(0), kParams, ticket.connection());
   ASSERT_TRUE(writer->Write(chunk));
-  writer->WaitForInitialMetadata();
-  ASSERT_EQ(context.GetServerInitialMetadata().count(kDataPlaneReady), 1u);
+  writer->WritesDone();
+  grpc::Status named = writer->Finish();
+  EXPECT_EQ(named.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << named.error_message();
+  // A push call on it whose tensor stops halfway: the shard ends the connection.
+  const v1::PushHeader h = RawPushCall(0, worker0_->incarnation(0), kParams, ticket.connection());
+  ASSERT_TRUE(SendFrame(*raw, {FrameKind::kPushCall, 1},
+                        EncodeCall({absl::Seconds(10), h.SerializeAsString()}), Soon())
+                  .ok());
   const std::vector<float> gradient(kParams, 1.0f);
   SendHeader(*raw, FrameKind::kPush, 1, kParams * sizeof(float));
   ASSERT_TRUE(raw->Send(gradient.data(), kParams / 2 * sizeof(float), Soon()).ok());
   raw->Shutdown();
-  writer->WritesDone();
-  grpc::Status cut = writer->Finish();
-  EXPECT_TRUE(IsDataPlaneLost(cut)) << cut.error_code() << ": " << cut.error_message();
+  char byte;
+  EXPECT_EQ(raw->Receive(&byte, 1, Soon()).code(), absl::StatusCode::kUnavailable);
   v1::StatsResponse stats = ShardStats();
   EXPECT_EQ(stats.pushes_applied(), 0);
   EXPECT_EQ(stats.version(), 0);
@@ -2041,6 +2084,47 @@ TEST_F(DataPlaneShardTest, TensorsStripedOverSeveralLanesGiveTheSameResults) {
   EXPECT_EQ(stats.data_plane_pushes(), 2);
   EXPECT_EQ(stats.data_plane_pulls(), 3);
   EXPECT_EQ(stats.data_plane_connections(), 1);
+}
+
+// A process of worker 1's that a newer one superseded (it registered again) cannot take the
+// newer one's tensor paths: its data-plane ticket and its shared-memory segment are refused.
+TEST_F(DataPlaneShardTest, ASupersededProcessOfAWorkerGetsNoTensorPath) {
+  std::unique_ptr<ShardedClient> older = Client(1, /*data_plane=*/false);
+  ASSERT_TRUE(older->Register().ok());
+  std::unique_ptr<ShardedClient> newer = Client(1, /*data_plane=*/false);
+  ASSERT_TRUE(newer->Register().ok());
+  ASSERT_NE(older->incarnation(0), newer->incarnation(0));
+  v1::AttachDataPlaneResponse ticket;
+  grpc::Status refused = RawAttachDataPlane(cluster_->ShardAddress(0), 1, kModel, token_, &ticket,
+                                            older->incarnation(0));
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
+  EXPECT_NE(refused.error_message().find("superseded"), std::string::npos)
+      << refused.error_message();
+  EXPECT_TRUE(RawAttachDataPlane(cluster_->ShardAddress(0), 1, kModel, token_, &ticket,
+                                 newer->incarnation(0))
+                  .ok());
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(cluster_->ShardAddress(0), grpc::InsecureChannelCredentials()));
+  for (const int64_t incarnation : {older->incarnation(0), newer->incarnation(0)}) {
+    grpc::ClientContext context;
+    context.set_deadline(In(absl::Seconds(10)));
+    context.AddMetadata("authorization", "Bearer " + token_);
+    v1::AttachSharedMemoryRequest request;
+    request.set_worker_id(1);
+    request.mutable_model()->set_fingerprint(kModel.fingerprint);
+    request.mutable_model()->set_total_params(kModel.total_params);
+    request.mutable_model()->set_num_shards(kModel.num_shards);
+    request.set_process_space(ProcessSpaceId());
+    request.set_incarnation(incarnation);
+    v1::AttachSharedMemoryResponse segment;
+    grpc::Status attached = stub->AttachSharedMemory(&context, request, &segment);
+    if (incarnation == older->incarnation(0)) {
+      EXPECT_EQ(attached.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+          << attached.error_message();
+    } else {
+      EXPECT_TRUE(attached.ok()) << attached.error_message();
+    }
+  }
 }
 
 TEST_F(DataPlaneShardTest, AShardWithoutADataPlaneIsUsedOverGrpc) {

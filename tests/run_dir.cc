@@ -146,7 +146,8 @@ void StartReplicated(LocalCluster& cluster, const std::string& fingerprint,
 }
 
 grpc::Status RawAttachDataPlane(const std::string& address, int worker, const ModelIdentity& model,
-                                const std::string& token, v1::AttachDataPlaneResponse* response) {
+                                const std::string& token, v1::AttachDataPlaneResponse* response,
+                                int64_t incarnation) {
   auto stub = v1::ParameterServer::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext context;
@@ -157,6 +158,7 @@ grpc::Status RawAttachDataPlane(const std::string& address, int worker, const Mo
   request.mutable_model()->set_fingerprint(model.fingerprint);
   request.mutable_model()->set_total_params(model.total_params);
   request.mutable_model()->set_num_shards(model.num_shards);
+  request.set_incarnation(incarnation);
   return stub->AttachDataPlane(&context, request, response);
 }
 

@@ -49,7 +49,8 @@ void StartReplicated(LocalCluster& cluster, const std::string& fingerprint,
 // A raw AttachDataPlane to the plaintext shard at `address` as `worker` of `model`, carrying
 // `token` ("": none) as its bearer token, with a 10 s deadline. The shard's answer.
 grpc::Status RawAttachDataPlane(const std::string& address, int worker, const ModelIdentity& model,
-                                const std::string& token, v1::AttachDataPlaneResponse* response);
+                                const std::string& token, v1::AttachDataPlaneResponse* response,
+                                int64_t incarnation = 0);
 // Makes throw-away TLS material in `dir` with deploy/make_test_certs.sh (ca.pem, server.pem/.key,
 // client.pem/.key, other-ca.pem, other-client.pem/.key); false, with the script's output as a
 // test failure, if it failed.

@@ -92,34 +92,38 @@ bool DataConnection::ended() const {
   return false;
 }
 
-absl::StatusOr<int64_t> DataConnection::Push(uint64_t transfer, absl::Span<const float> values,
-                                             WireType type, absl::Time deadline) {
-  std::lock_guard<std::mutex> lock(send_mu_);
-  const int parts = StripeCount(values.size(), type, lanes());
+absl::StatusOr<int64_t> DataConnection::SendOtherParts(uint64_t transfer,
+                                                       absl::Span<const float> values,
+                                                       WireType type, int parts,
+                                                       absl::Time deadline) {
+  absl::StatusOr<bool> let_in = lanes_.front()->inbox.AwaitProceed(transfer, deadline);
+  if (!let_in.ok()) return let_in.status();
+  if (!*let_in) return 0;  // refused: answered, nothing more goes
+  std::lock_guard<std::mutex> lock(others_mu_);
   std::vector<absl::StatusOr<int64_t>> sent(parts, 0);
   auto send = [&](int i) {
     const Stripe part = StripeOf(values.size(), parts, i);
     sent[i] = SendValues(lanes_[i]->socket, FrameKind::kPush, transfer,
                          values.subspan(part.offset, part.size), type, deadline);
   };
-  std::vector<std::thread> helpers;  // the other lanes' parts at once, each on a thread
+  std::vector<std::thread> helpers;  // the parts at once, each on a thread
   helpers.reserve(parts);
-  for (int i = 1; i < parts; ++i) {
+  for (int i = 2; i < parts; ++i) {
     try {
       helpers.emplace_back(send, i);
     } catch (const std::system_error&) {
       send(i);  // no thread to spare: sent from here, before the rest (each lane reads its own)
     }
   }
-  send(0);
+  send(1);
   for (std::thread& t : helpers) t.join();
   int64_t saturated = 0;
-  for (const absl::StatusOr<int64_t>& s : sent) {
-    if (!s.ok()) {
+  for (int i = 1; i < parts; ++i) {
+    if (!sent[i].ok()) {
       End();
-      return s.status();
+      return sent[i].status();
     }
-    saturated += *s;
+    saturated += *sent[i];
   }
   return saturated;
 }
@@ -163,8 +167,30 @@ absl::StatusOr<DataConnection::Answered> DataConnection::PushCall(
   FrameInbox& first = lanes_.front()->inbox;
   std::string answer;
   if (absl::Status s = first.ExpectAnswer(transfer, &answer); !s.ok()) return s;
+  // A push's tensor of several MiB goes striped: its first part with the call, the others, on
+  // their lanes, once the shard let the call in (while the first is still going).
+  const int parts = kind == FrameKind::kPushCall ? StripeCount(values.size(), type, lanes()) : 1;
+  const Stripe head = StripeOf(values.size(), parts, 0);
+  absl::StatusOr<int64_t> others = 0;
+  std::thread sending_others;
+  if (parts > 1) {
+    try {
+      sending_others =
+          std::thread([&] { others = SendOtherParts(transfer, values, type, parts, deadline); });
+    } catch (const std::system_error&) {
+      // No thread to spare: sent after the first part, which the shard reads once it let the
+      // call in.
+    }
+  }
   absl::StatusOr<int64_t> saturated =
-      SendCall(kind, transfer, header, values, type, deadline, filling, order);
+      SendCall(kind, transfer, header, values.subspan(head.offset, head.size), type, deadline,
+               filling, order);
+  if (sending_others.joinable()) {
+    sending_others.join();
+  } else if (parts > 1 && saturated.ok()) {
+    others = SendOtherParts(transfer, values, type, parts, deadline);
+  }
+  if (saturated.ok() && !others.ok()) saturated = others.status();
   if (!saturated.ok()) {
     first.AwaitAnswer(transfer, absl::InfinitePast()).IgnoreError();  // forgets it
     return saturated.status();
@@ -174,7 +200,7 @@ absl::StatusOr<DataConnection::Answered> DataConnection::PushCall(
       transfer, answer, &answered.response, std::min(deadline, absl::Now() + answer_within));
   if (!status.ok()) return status.status();
   answered.status = *std::move(status);
-  answered.saturated = *saturated;
+  answered.saturated = *saturated + *others;
   return answered;
 }
 

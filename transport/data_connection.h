@@ -1,14 +1,14 @@
 // A client's end of the bulk data plane with one shard process (transport/data_plane.h,
-// transport/data_frames.h): pushed tensors go out on it as frames straight from the caller's
-// buffer, and pulled ones come in straight into it, while the calls that name them go over gRPC.
-// It is one TCP connection or more (lanes, as the shard's ticket says): a tensor of several MiB
-// goes as one part per lane, sent and read on each lane by a thread of its own. With a shard that
-// takes calls on it (calls()), a pull, and a push of a tensor in one part, is made on the
-// connection itself (PushCall, PullCall), its answer included: no gRPC call.
+// transport/data_frames.h): a push or a pull is a call made on the connection itself (PushCall,
+// PullCall), its answer included, its tensor going straight from the caller's buffer or coming
+// straight into it. It is one TCP connection or more (lanes, as the shard's ticket says): a
+// tensor of several MiB goes as one part per lane, sent and read on each lane by a thread of its
+// own.
 //
-// Thread-safe. Pushes are sent one at a time (a second waits for the first); pulls are read by a
-// thread per lane, each into the place its call expects. Once anything fails on the connection
-// it ends for good (ended()), and its owner opens another or uses gRPC.
+// Thread-safe. Calls are sent on the first lane one at a time (a second waits for the first's
+// frame and first part); pulls are read by a thread per lane, each into the place its call
+// expects. Once anything fails on the connection it ends for good (ended()), and its owner opens
+// another or uses gRPC.
 #pragma once
 
 #include <grpcpp/support/status.h>
@@ -26,10 +26,10 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/fill_progress.h"
+#include "common/wire_type.h"
 #include "transport/frame_inbox.h"
 #include "transport/socket.h"
 #include "transport/tls.h"
-#include "common/wire_type.h"
 
 namespace ps {
 
@@ -66,16 +66,13 @@ class DataConnection {
   // A transfer id not used before on this connection.
   uint64_t NextTransfer() { return next_transfer_.fetch_add(1); }
 
-  // Sends `values` as `type` as transfer `transfer` (a push's tensor), before `deadline`; returns
-  // how many were saturated to the type's range. A failure ends the connection.
-  absl::StatusOr<int64_t> Push(uint64_t transfer, absl::Span<const float> values, WireType type,
-                               absl::Time deadline);
   // Makes a push on the connection itself (FrameKind::kPushCall): `header` (a serialized
-  // v1::PushHeader naming this connection and `transfer`), then `values` as `type`, on the first
-  // lane, and waits for the shard's answer until `deadline`. The call's status as the shard
-  // answered it, its serialized PushResponse when OK, and how many values were saturated to the
-  // type's range. A failure to send (the connection is then ended), an answer that does not come
-  // by `deadline` or does not parse is this function's error instead.
+  // v1::PushHeader naming this connection and `transfer`), then `values` as `type` (striped over
+  // the lanes, as StripeCount says: the first part on the first lane with the call, the others
+  // once the shard said Proceed), and waits for the shard's answer until `deadline`. The call's
+  // status as the shard answered it, its serialized PushResponse when OK, and how many values were
+  // saturated to the type's range. A failure to send (the connection is then ended), an answer that
+  // does not come by `deadline` or does not parse is this function's error instead.
   struct Answered {
     grpc::Status status;
     std::string response;
@@ -135,6 +132,11 @@ class DataConnection {
                                    absl::Span<const float> values, WireType type,
                                    absl::Time deadline, const FillProgress* filling = nullptr,
                                    ValuesOrder order = ValuesOrder::kInOrder);
+  // A striped push call's parts but the first (of `parts`), each on its lane, once the shard
+  // said Proceed (none if it answered first); returns how many values were saturated. A failure
+  // ends the connection.
+  absl::StatusOr<int64_t> SendOtherParts(uint64_t transfer, absl::Span<const float> values,
+                                         WireType type, int parts, absl::Time deadline);
   // The answer to call `transfer` (expected into `answer`), waited for until `deadline`.
   absl::StatusOr<grpc::Status> AwaitAnswer(uint64_t transfer, const std::string& answer,
                                            std::string* response, absl::Time deadline);
@@ -146,7 +148,8 @@ class DataConnection {
   const bool last_piece_first_;
   std::vector<std::unique_ptr<Lane>> lanes_;
   std::vector<FrameInbox*> inboxes_;
-  std::mutex send_mu_;  // one push on the wire at a time
+  std::mutex send_mu_;    // the first lane: one call (its frame and first part) at a time
+  std::mutex others_mu_;  // the other lanes: one striped push's other parts at a time
   std::atomic<uint64_t> next_transfer_{1};
 };
 

@@ -130,7 +130,7 @@ absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline) {
   char head[kHeaderBytes];
   if (absl::Status s = socket.Receive(head, kHeaderBytes, deadline); !s.ok()) return s;
   const uint32_t kind = static_cast<uint32_t>(Get(head + 4, 4));
-  if (Get(head, 4) != kMagic || kind < 1 || kind > static_cast<uint32_t>(FrameKind::kChangeCall)) {
+  if (Get(head, 4) != kMagic || kind < 1 || kind > static_cast<uint32_t>(FrameKind::kProceed)) {
     return absl::DataLossError("not a data-plane frame (a peer of another kind or version)");
   }
   return FrameHeader{static_cast<FrameKind>(kind), Get(head + 8, 8), Get(head + 16, 8)};

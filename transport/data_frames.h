@@ -1,7 +1,7 @@
 // The bulk data plane's wire format: what a client and a shard send each other on the TCP
-// connection that carries tensor bytes beside their gRPC calls (transport/data_plane.h,
-// transport/data_connection.h). gRPC keeps everything else: a call names the tensor's transfer, and
-// the call, not the connection, is authorised, checked, applied once and answered.
+// connection that carries tensor bytes (transport/data_plane.h, transport/data_connection.h). A
+// push or a pull is a call made on the connection itself, answered on it; the call, not the
+// connection, is authorised, checked, applied once and answered.
 //
 // A client's connection with a shard is one or more TCP connections, its lanes (as many as
 // AttachDataPlane says): a large tensor goes as one frame per lane, each a contiguous part of it
@@ -15,20 +15,23 @@
 //            (4 bytes).
 //   Welcome  shard -> client: the connection is the client's; no payload.
 //   Refused  shard -> client, then the shard closes: payload = why, in words (< 1 KiB).
-//   Push     client -> shard: the tensor of the Push call naming `transfer`.
-//   Pull     shard -> client: the tensor of the Pull call naming `transfer`.
-//   PushCall client -> shard, on the first lane: a Push made on the connection itself, for a
-//            tensor that goes in one part (a gRPC call's round trips would take as long as its
-//            bytes): payload = the call's timeout (8 bytes, microseconds) and its PushHeader
-//            (proto/ps.proto), serialized. Its tensor follows at once as the Push frame of the
-//            same transfer on the same lane.
-//   PullCall client -> shard, on the first lane: a Pull made on the connection itself: payload =
-//            its timeout and its PullRequest, serialized. The shard sends the values as the Pull
-//            frame(s) of the same transfer (striped as any pulled tensor), then the Answer.
+//   PushCall client -> shard, on the first lane: a Push: payload = the call's timeout (8 bytes,
+//            microseconds) and its PushHeader (proto/ps.proto), serialized. Its tensor's first
+//            part follows at once as the Push frame of the same transfer on the same lane. A
+//            tensor striped over several lanes (StripeCount) has its other parts sent once the
+//            shard said Proceed, each as the Push frame of the transfer on its own lane.
+//   Proceed  shard -> client, on the first lane: the striped push call `transfer` was let in and
+//            its other parts are expected now; no payload. A call refused first is answered
+//            instead (its other parts are never sent).
+//   Push     client -> shard: (a part of) the tensor of the push call `transfer`.
+//   PullCall client -> shard, on the first lane: a Pull: payload = its timeout and its
+//            PullRequest, serialized. The shard sends the values as the Pull frame(s) of the
+//            same transfer (striped as any large tensor), then the Answer.
+//   Pull     shard -> client: (a part of) the tensor of the pull call `transfer`.
 //   ChangeCall a replica's primary -> its backup, on the first lane of the connection the backup's
 //            ticket opened (server/replication/replica.h): a change of the shard, as a PushCall
 //            with a ReplicationMessage (epoch and ChangeHeader) for request; its values follow
-//            as the Push frame of the same transfer, and it is answered once applied.
+//            whole as the Push frame of the same transfer, and it is answered once applied.
 //   Answer   shard -> client, on the first lane: how the call `transfer` names ended: its status
 //            (code 4 bytes; message and details each 4 bytes of length and the bytes) and, when
 //            OK, its answer serialized: a PushResponse, or the PullChunk that heads a gRPC
@@ -49,8 +52,8 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/fill_progress.h"
-#include "transport/socket.h"
 #include "common/wire_type.h"
+#include "transport/socket.h"
 
 namespace ps {
 
@@ -64,6 +67,7 @@ enum class FrameKind : uint32_t {
   kAnswer = 7,
   kPullCall = 8,
   kChangeCall = 9,
+  kProceed = 10,
 };
 
 struct FrameHeader {
@@ -71,10 +75,6 @@ struct FrameHeader {
   uint64_t transfer = 0;
   uint64_t bytes = 0;
 };
-
-// The initial-metadata key by which a Push call says it now waits for its payload on the data
-// plane: the client sends the frame then, not before (so that no frame waits for its call).
-inline constexpr char kDataPlaneReady[] = "ps-data-plane-ready";
 
 inline constexpr size_t kSecretBytes = 16;
 inline constexpr uint64_t kHelloBytes = kSecretBytes + 4;

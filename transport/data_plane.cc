@@ -8,11 +8,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "server/state/cpus.h"
 #include "transport/data_frames.h"
 #include "transport/frame_inbox.h"
 #include "transport/grpc_status.h"
-#include "common/log.h"
 
 namespace ps {
 
@@ -46,7 +46,7 @@ class DataPlane::Lane {
     const FillProgress* filling = nullptr;  // alive until `sent` (DataPlane::Send)
     int64_t filled_from = 0;                // where `values` start in what `filling` tells of
     absl::Time deadline = absl::InfiniteFuture();  // when the values must be out
-    std::string answer = {};                // an Answer frame's payload (no values)
+    std::string answer = {};                       // an Answer frame's payload (no values)
   };
 
   // Queues parts[i] on lanes[i], all of them or none (FAILED_PRECONDITION): a caller whose Send
@@ -479,7 +479,11 @@ absl::Status DataPlane::OnCall(const std::shared_ptr<Lane>& lane, const Connecti
     return SendAnswer(*lane, transfer,
                       {DataPlaneLostStatus("this shard takes no calls on its data plane now"), ""});
   }
-  const Call call{c.id,         transfer, c.owner, c.credential, absl::Now() + frame->timeout,
+  const Call call{c.id,
+                  transfer,
+                  c.owner,
+                  c.credential,
+                  absl::Now() + frame->timeout,
                   std::move(frame->request)};
   if (pull) {
     // Answered from any thread, the shard's callbacks' included, which must not block: queued
@@ -501,8 +505,12 @@ absl::Status DataPlane::OnCall(const std::shared_ptr<Lane>& lane, const Connecti
       call, [&](absl::Span<float> dst, WireType type, ValuesSeen seen, ValuesOrder order) {
         const absl::Duration limit =
             order == ValuesOrder::kLastPieceFirst ? kMaxStreamedValues : absl::Minutes(1);
-        return lane->inbox.ReadCallValues(transfer, dst, type, seen,
-                                          std::min(call.deadline, now + limit), order);
+        const absl::Time by = std::min(call.deadline, now + limit);
+        if (kind == FrameKind::kPushCall &&
+            StripeCount(dst.size(), type, static_cast<int>(c.lanes.size())) > 1) {
+          return ReadStriped(*lane, c, transfer, dst, type, seen, by, order);
+        }
+        return lane->inbox.ReadCallValues(transfer, dst, type, seen, by, order);
       });
   {
     absl::MutexLock lock(&mu_);
@@ -513,16 +521,44 @@ absl::Status DataPlane::OnCall(const std::shared_ptr<Lane>& lane, const Connecti
 }
 
 absl::Status DataPlane::SendAnswer(Lane& lane, uint64_t transfer, const CallAnswer& answer) {
+  return SendBetween(lane, {FrameKind::kAnswer, transfer},
+                     EncodeAnswer(answer.status, answer.response));
+}
+
+absl::Status DataPlane::SendBetween(Lane& lane, FrameHeader header, std::string_view payload) {
   // Sent from the lane's reading thread, between the sender's frames: the call waits for nothing
   // else.
   absl::Status sent;
   {
     absl::MutexLock lock(&lane.send_mu);
-    sent = SendFrame(lane.socket, {FrameKind::kAnswer, transfer},
-                     EncodeAnswer(answer.status, answer.response), absl::InfiniteFuture());
+    sent = SendFrame(lane.socket, header, payload, absl::InfiniteFuture());
   }
   if (!sent.ok()) lane.Close();
   return sent;
+}
+
+absl::Status DataPlane::ReadStriped(Lane& lane, const Connection& c, uint64_t transfer,
+                                    absl::Span<float> dst, WireType type, ValuesSeen seen,
+                                    absl::Time deadline, ValuesOrder order) {
+  if (order != ValuesOrder::kInOrder) {
+    return absl::InvalidArgumentError("a push sent last piece first goes whole on one lane");
+  }
+  // The other parts expected on their lanes (told of there, at once), then the client told to
+  // send them, while the first is read here.
+  const std::vector<FrameInbox*> lanes = c.Inboxes();
+  if (absl::Status s = ExpectStriped(lanes, transfer, dst, type, seen, /*from=*/1); !s.ok()) {
+    return s;
+  }
+  absl::Status read = SendBetween(lane, {FrameKind::kProceed, transfer}, "");
+  if (read.ok()) {
+    const Stripe head =
+        StripeOf(dst.size(), StripeCount(dst.size(), type, static_cast<int>(lanes.size())), 0);
+    read = lane.inbox.ReadCallValues(transfer, dst.subspan(0, head.size), type, seen, deadline);
+  }
+  absl::Status others = AwaitStriped(lanes, transfer, dst.size(), type,
+                                     read.ok() ? deadline : absl::InfinitePast(), IgnoreValues,
+                                     /*from=*/1);
+  return read.ok() ? others : read;
 }
 
 void DataPlane::TakeCalls(CallHandlers handlers) {
@@ -561,23 +597,6 @@ absl::StatusOr<std::shared_ptr<DataPlane::Connection>> DataPlane::Find(uint64_t 
   if (it == open_.end()) return Lost("the connection the call names is not open (it ended?)");
   if (it->second->owner != owner) return Lost("the connection the call names is not its worker's");
   return it->second;
-}
-
-absl::Status DataPlane::Receive(uint64_t connection, int owner, uint64_t transfer,
-                                absl::Span<float> dst, WireType type, absl::Time deadline,
-                                absl::FunctionRef<void()> ready, ValuesSeen seen) {
-  absl::StatusOr<std::shared_ptr<Connection>> found = Find(connection, owner);
-  if (!found.ok()) return found.status();
-  const std::vector<FrameInbox*> lanes = (*found)->Inboxes();
-  // A tensor in one part is scanned on this thread (AwaitStriped), while the lane's reads on.
-  const bool striped = StripeCount(dst.size(), type, static_cast<int>(lanes.size())) > 1;
-  if (absl::Status s =
-          ExpectStriped(lanes, transfer, dst, type, striped ? seen : ValuesSeen(IgnoreValues));
-      !s.ok()) {
-    return s.code() == absl::StatusCode::kFailedPrecondition ? Lost(s.message()) : s;
-  }
-  ready();
-  return AwaitStriped(lanes, transfer, dst.size(), type, deadline, seen);
 }
 
 namespace {

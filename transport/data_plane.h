@@ -1,22 +1,19 @@
-// The shard's end of the bulk data plane (transport/data_frames.h): the tensor bytes of Push and Pull
-// over one TCP connection per client (TLS when the job uses TLS), beside its gRPC calls, which keep
-// the rest (tokens, deadlines, idempotence, validation, answers). gRPC streams stop near half of
-// what a TCP connection carries (bench/RESULTS.md); this path sends a tensor as one frame, from the
-// caller's buffer and into the shard's, with no copy in user space for float32.
+// The shard's end of the bulk data plane (transport/data_frames.h): Push and Pull calls made on a
+// TCP connection of the client's own (TLS when the job uses TLS), their tensors with them. gRPC
+// streams stop near half of what a TCP connection carries (bench/RESULTS.md); here a tensor goes
+// as one frame, from the caller's buffer and into the shard's, with no copy in user space for
+// float32.
 //
 // A client asks for a ticket over gRPC (AttachDataPlane, authorised like any call as the worker
 // it names), connects `lanes` times to port() and presents it on each: a ticket opens one
 // connection, once, within `hello` of being issued, and makes it that worker's (a worker's newer
 // connection replaces its older one), carrying what the worker's token proved (its Credential),
-// by which the shard admits the calls made on it as it admits the same calls over gRPC. A tensor of several MiB is striped over the lanes
-// (transport/data_frames.h), each read and sent by threads of its own. A Push call that names a
-// transfer on a connection takes its tensor from there (Receive): once the call has its buffer it
-// tells the client to send (gRPC initial metadata), and the frame is read straight into that
-// buffer; a frame no call waits for is read and dropped. A Pull call that names one has its values
-// sent there (Send) and is answered once they are written. A client of this version makes its
-// pulls, and its pushes of a tensor in one part, on the connection itself instead (PushCall,
-// PullCall frames): they go to the shard's handlers (TakeCalls) and are answered on the
-// connection, with no gRPC call's round trips. The server may keep owners of its own
+// by which the shard admits the calls made on it as it admits the same calls over gRPC. Calls
+// (PushCall, PullCall frames) go to the shard's handlers (TakeCalls) and are answered on the
+// connection. A tensor of several MiB is striped over the lanes (transport/data_frames.h), each
+// part read and sent by a thread of its own: a pull's values as it sends them (Send), a push's
+// other parts once its handler, reading the first, told the client to send them (Proceed); a
+// frame no call waits for is read and dropped. The server may keep owners of its own
 // (ReservedOwner, of the kinds Options::owner_kinds names: a backup replica's primary makes its
 // changes so, ChangeCall, on connections the backup gave it tickets for).
 //
@@ -50,12 +47,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "transport/data_frames.h"
 #include "common/log.h"
+#include "common/wire_type.h"
+#include "transport/data_frames.h"
 #include "transport/security.h"
 #include "transport/socket.h"
 #include "transport/tls.h"
-#include "common/wire_type.h"
 
 namespace ps {
 
@@ -136,18 +133,6 @@ class DataPlane {
   // kMaxObserverConnections (for an observer's), or when as many clients as `max_connections`
   // hold connections or tickets (a worker counts once).
   absl::StatusOr<Ticket> Issue(int owner, Credential credential = {});
-
-  // The tensor a client sends on connection `connection` as `transfer`, into `dst` as `type`
-  // values, `seen` told of each run of them as it comes in (AwaitStriped: on the calling thread
-  // while the lane's thread reads on; a striped tensor's parts on their lanes' threads, at once):
-  // waits for it, once ready() told the client to send it, until `deadline`.
-  // FAILED_PRECONDITION when the connection is not `owner`'s or no longer open (ready() not
-  // called), UNAVAILABLE when it ended before the whole tensor came, DEADLINE_EXCEEDED when the
-  // tensor did not come in time (the connection is then ended if it was coming), INVALID_ARGUMENT
-  // for a tensor of another size. `dst` is not written once this returned.
-  absl::Status Receive(uint64_t connection, int owner, uint64_t transfer, absl::Span<float> dst,
-                       WireType type, absl::Time deadline, absl::FunctionRef<void()> ready,
-                       ValuesSeen seen = IgnoreValues);
 
   // Called once the values of a Send are written (the number saturated to the wire type's range)
   // or could not be (UNAVAILABLE: the connection ended).
@@ -242,8 +227,17 @@ class DataPlane {
   absl::Status OnCall(const std::shared_ptr<Lane>& lane, const Connection& c, FrameKind kind,
                       uint64_t transfer, std::string payload);
   // Sends a push call's answer on `lane`, from its reading thread (the lane is closed if it
-  // cannot).
+  // cannot); SendBetween any frame so.
   static absl::Status SendAnswer(Lane& lane, uint64_t transfer, const CallAnswer& answer);
+  static absl::Status SendBetween(Lane& lane, FrameHeader header, std::string_view payload);
+  // Reads the tensor of push call `transfer` made on `lane` (the first of connection `c`),
+  // striped over c's lanes, into `dst` as `type` values, by `deadline`: its first part here, the
+  // others on their lanes once the client was told to send them (Proceed), `seen` told of each
+  // run of them on the thread that read it. As FrameInbox::ReadCallValues and AwaitStriped fail;
+  // INVALID_ARGUMENT for one sent last piece first.
+  static absl::Status ReadStriped(Lane& lane, const Connection& c, uint64_t transfer,
+                                  absl::Span<float> dst, WireType type, ValuesSeen seen,
+                                  absl::Time deadline, ValuesOrder order);
   // The kind of reserved owner `owner` (null: none, or not a reserved owner), and what messages
   // call it.
   const OwnerKind* KindOf(int owner) const;

@@ -26,6 +26,12 @@ absl::Status FrameInbox::ReadLoop() {
       status = ReadAnswer(*h);
       continue;
     }
+    if (h->kind == FrameKind::kProceed && kind_ == FrameKind::kPull && h->bytes == 0) {
+      absl::MutexLock lock(&mu_);
+      auto it = expected_.find(AnswerKey(h->transfer));
+      if (it != expected_.end() && it->second.answer != nullptr) it->second.proceed = true;
+      continue;  // else its call gave up
+    }
     if (h->kind != kind_ || h->bytes > max_bytes_) {
       status = absl::InvalidArgumentError(
           absl::StrCat("a frame of kind ", static_cast<int>(h->kind), " and ", h->bytes,
@@ -96,6 +102,20 @@ absl::Status FrameInbox::ReadCallValues(uint64_t transfer, absl::Span<float> dst
   }
   if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) End();
   return status;
+}
+
+absl::StatusOr<bool> FrameInbox::AwaitProceed(uint64_t transfer, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  const Expected& e = expected_.at(AnswerKey(transfer));
+  auto news = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return e.proceed || e.state == State::kDone || ended_;
+  };
+  mu_.AwaitWithDeadline(absl::Condition(&news), deadline);
+  if (e.proceed) return true;
+  if (e.state == State::kDone) return false;
+  if (ended_)
+    return absl::UnavailableError("the data plane connection ended before the call was let in");
+  return absl::DeadlineExceededError("the shard did not let the push call in in time");
 }
 
 absl::Status FrameInbox::ExpectAnswer(uint64_t transfer, std::string* answer) {
@@ -171,14 +191,14 @@ bool FrameInbox::ended() const {
 }
 
 absl::Status ExpectStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer,
-                           absl::Span<float> dst, WireType type, ValuesSeen on_read) {
+                           absl::Span<float> dst, WireType type, ValuesSeen on_read, int from) {
   const int parts = StripeCount(dst.size(), type, static_cast<int>(lanes.size()));
-  for (int i = 0; i < parts; ++i) {
+  for (int i = from; i < parts; ++i) {
     const Stripe part = StripeOf(dst.size(), parts, i);
     if (absl::Status s =
             lanes[i]->Expect(transfer, dst.subspan(part.offset, part.size), type, on_read);
         !s.ok()) {
-      for (int j = 0; j < i; ++j) lanes[j]->Await(transfer, absl::InfinitePast()).IgnoreError();
+      for (int j = from; j < i; ++j) lanes[j]->Await(transfer, absl::InfinitePast()).IgnoreError();
       return s;
     }
   }
@@ -186,10 +206,10 @@ absl::Status ExpectStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfe
 }
 
 absl::Status AwaitStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer, size_t values,
-                          WireType type, absl::Time deadline, ValuesSeen seen) {
+                          WireType type, absl::Time deadline, ValuesSeen seen, int from) {
   const int parts = StripeCount(values, type, static_cast<int>(lanes.size()));
   absl::Status first;
-  for (int i = 0; i < parts; ++i) {
+  for (int i = from; i < parts; ++i) {
     absl::Status s = lanes[i]->Await(transfer, deadline, parts == 1 ? seen : IgnoreValues);
     if (!s.ok() && first.ok()) {
       first = s;

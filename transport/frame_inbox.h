@@ -7,7 +7,8 @@
 // striped over several connections (lanes), on each lane's reading thread, the parts at once.
 // On a shard's lane, a PushCall, PullCall or ChangeCall frame goes to the lane's call handler
 // (TakeCalls), which runs on the reading thread and reads a push's (or change's) tensor from there
-// (ReadCallValues); on a client's, an Answer frame goes to the call that expects it (ExpectAnswer).
+// (ReadCallValues); on a client's, an Answer or Proceed frame goes to the call that expects it
+// (ExpectAnswer).
 //
 // Thread-safe: ReadLoop runs on one thread; the rest on any, but for TakeCalls (before ReadLoop)
 // and ReadCallValues (from the call handler).
@@ -59,6 +60,11 @@ class FrameInbox {
   absl::Status AwaitAnswer(uint64_t transfer, absl::Time deadline) {
     return Await(AnswerKey(transfer), deadline);
   }
+  // For a striped push call: waits until the shard said Proceed (true; the answer is still
+  // expected) or answered (false; AwaitAnswer then returns at once), until `deadline`.
+  // UNAVAILABLE once the connection ended, DEADLINE_EXCEEDED at `deadline`; the answer is still
+  // expected then (AwaitAnswer forgets it).
+  absl::StatusOr<bool> AwaitProceed(uint64_t transfer, absl::Time deadline);
 
   // Transfer `transfer`'s values go into `dst` as `type` values, `on_read` told of each run of
   // them on ReadLoop's thread as it is in place (it must stay valid until Await returned).
@@ -88,6 +94,7 @@ class FrameInbox {
     size_t in = 0;  // values of dst in place (decoded), from its start
     absl::Status status;
     std::string* answer = nullptr;  // an Answer's place, if this expects one
+    bool proceed = false;           // a Proceed came for the call this expects the answer of
   };
 
   // Where an answer is expected: apart from its transfer's values (transfer ids stay below 2^63).
@@ -105,7 +112,8 @@ class FrameInbox {
 };
 
 // A tensor striped over the lanes of a connection (transport/data_frames.h), part i expected on
-// lane i's inbox (on as many lanes as StripeCount says). ExpectStriped expects the parts of
+// lane i's inbox (on as many lanes as StripeCount says), from part `from` on (a push call's first
+// part is read by its handler). ExpectStriped expects the parts of
 // `transfer` (it forgets those it expected when one cannot be), `on_read` told of each run of
 // values on its part's reading thread as soon as it is in place (in order within a part; the
 // parts at once, on threads of their own; a run is a part of dst). AwaitStriped waits for them
@@ -114,8 +122,10 @@ class FrameInbox {
 // `seen` of each run on the waiting thread as it is in place when the tensor is one part (every
 // value once when all came), and of none otherwise.
 absl::Status ExpectStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer,
-                           absl::Span<float> dst, WireType type, ValuesSeen on_read = IgnoreValues);
+                           absl::Span<float> dst, WireType type, ValuesSeen on_read = IgnoreValues,
+                           int from = 0);
 absl::Status AwaitStriped(absl::Span<FrameInbox* const> lanes, uint64_t transfer, size_t values,
-                          WireType type, absl::Time deadline, ValuesSeen seen = IgnoreValues);
+                          WireType type, absl::Time deadline, ValuesSeen seen = IgnoreValues,
+                          int from = 0);
 
 }  // namespace ps

@@ -2,8 +2,8 @@
 
 #include <string_view>
 
-#include "transport/data_frames.h"
 #include "server/state/optimizer.h"
+#include "transport/data_frames.h"
 
 namespace ps {
 
@@ -46,36 +46,6 @@ absl::Status SharedPayload::ReadInto(absl::Span<float> dst, const PayloadFormat&
   ChunkAssembler assembler(dst, format);
   absl::Status s = assembler.Append(std::string_view(region.data(), bytes));
   if (s.ok()) s = assembler.Finish();
-  return s;
-}
-
-absl::StatusOr<std::unique_ptr<DataPlanePayload>> DataPlanePayload::Open(
-    DataPlane* plane, grpc::ServerContext* context, grpc::ServerReader<grpc::ByteBuffer>* reader,
-    const TensorMessage& first, uint64_t connection, uint64_t transfer, int worker_id,
-    absl::Time deadline) {
-  if (first.tensor_bytes() != 0) {
-    return absl::InvalidArgumentError("a push over the data plane carries no data in its stream");
-  }
-  return std::unique_ptr<DataPlanePayload>(
-      new DataPlanePayload(plane, context, reader, connection, transfer, worker_id, deadline));
-}
-
-absl::Status DataPlanePayload::ReadInto(absl::Span<float> dst, const PayloadFormat& format,
-                                        ValuesSeen seen) {
-  if (format.compressor != Compressor::kNone) {
-    return absl::InvalidArgumentError("a compressed push travels over gRPC, not the data plane");
-  }
-  absl::Status s = plane_->Receive(
-      connection_, worker_id_, transfer_, dst, format.type, deadline_,
-      [&] {
-        context_->AddInitialMetadata(kDataPlaneReady, "1");
-        reader_->SendInitialMetadata();
-      },
-      seen);
-  grpc::ByteBuffer more;
-  if (s.ok() && reader_->Read(&more)) {
-    return absl::InvalidArgumentError("a push over the data plane carries no data in its stream");
-  }
   return s;
 }
 

@@ -1,9 +1,8 @@
 // Where a call's tensor travels, chosen once per call. A Push or Initialize reads its payload from
 // a PayloadSource: the rest of its gRPC client stream (StreamPayload: chunks of raw bytes, decoded
 // straight from gRPC's slices), the push region of the client's shared-memory segment
-// (SharedPayload, transport/shared_memory.h) or the client's data-plane connection
-// (DataPlanePayload, transport/data_plane.h), or the data-plane call the push itself is
-// (PlaneCallPayload). A Pull's values go out as gRPC chunks (the
+// (SharedPayload, transport/shared_memory.h), or the data-plane call the push itself is
+// (PlaneCallPayload, transport/data_plane.h). A Pull's values go out as gRPC chunks (the
 // service's PullWriter), into the segment's pull region (WriteSharedPull) or on the data plane
 // (DataPlane::Send).
 //
@@ -22,13 +21,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
-#include "transport/chunking.h"
-#include "transport/shared_memory.h"
-#include "transport/tensor_codec.h"
 #include "common/wire_type.h"
 #include "server/rpc/call_limits.h"
+#include "transport/chunking.h"
 #include "transport/data_plane.h"
+#include "transport/shared_memory.h"
 #include "transport/shared_segments.h"
+#include "transport/tensor_codec.h"
 
 namespace ps {
 
@@ -141,44 +140,9 @@ class SharedPayload final : public PayloadSource {
   const uint64_t ticket_;
 };
 
-// The payload of a push on the client's data-plane connection: the stream carries only the header;
-// once the call waits for the payload it says so in its initial metadata (kDataPlaneReady,
-// transport/data_frames.h), the client sends the frame, and it is read straight into the call's
-// buffer, in runs that are told of as each comes in.
-class DataPlanePayload final : public PayloadSource {
- public:
-  // INVALID_ARGUMENT if the stream's first message (`first`) carried data.
-  static absl::StatusOr<std::unique_ptr<DataPlanePayload>> Open(
-      DataPlane* plane, grpc::ServerContext* context, grpc::ServerReader<grpc::ByteBuffer>* reader,
-      const TensorMessage& first, uint64_t connection, uint64_t transfer, int worker_id,
-      absl::Time deadline);
-  // DataPlane::Receive's errors; INVALID_ARGUMENT if the stream carries data after its header, or
-  // for a compressed payload (those travel over gRPC).
-  absl::Status ReadInto(absl::Span<float> dst, const PayloadFormat& format,
-                        ValuesSeen seen) override;
-
- private:
-  DataPlanePayload(DataPlane* plane, grpc::ServerContext* context,
-                   grpc::ServerReader<grpc::ByteBuffer>* reader, uint64_t connection,
-                   uint64_t transfer, int worker_id, absl::Time deadline)
-      : plane_(plane),
-        context_(context),
-        reader_(reader),
-        connection_(connection),
-        transfer_(transfer),
-        worker_id_(worker_id),
-        deadline_(deadline) {}
-  DataPlane* const plane_;
-  grpc::ServerContext* const context_;
-  grpc::ServerReader<grpc::ByteBuffer>* const reader_;
-  const uint64_t connection_, transfer_;
-  const int worker_id_;
-  const absl::Time deadline_;
-};
-
-// The tensor of a push made on the data plane itself (DataPlane::PushCall): the frame after the
-// call's, read on the lane's thread straight into the call's buffer, each run told of as it
-// comes in.
+// The tensor of a push made on the data plane itself (DataPlane's PushCall): the frame after the
+// call's (and the other lanes' parts of a striped one), read straight into the call's buffer,
+// each run told of as it comes in.
 class PlaneCallPayload final : public PayloadSource {
  public:
   using ReadValues =

@@ -8,13 +8,13 @@
 #include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "server/rpc/payload.h"
+#include "server/rpc/service_helpers.h"
 #include "transport/chunking.h"
 #include "transport/grpc_method.h"
 #include "transport/grpc_status.h"
-#include "common/log.h"
 #include "transport/shared_memory.h"
-#include "server/rpc/payload.h"
-#include "server/rpc/service_helpers.h"
 
 namespace ps {
 
@@ -109,11 +109,10 @@ grpc::Status ShardService::Admit(grpc::ServerContextBase* context, const CallNee
     admission->authorized_ = access;
   }
   if (needs.acts_as && admission->owner_ && *needs.acts_as != *admission->owner_) {
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        absl::StrCat(needs.call, " as worker ", *needs.acts_as,
-                                     " on a data-plane connection of ",
-                                     *admission->owner_ < 0 ? "observer " : "worker ",
-                                     *admission->owner_));
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        absl::StrCat(needs.call, " as worker ", *needs.acts_as, " on a data-plane connection of ",
+                     *admission->owner_ < 0 ? "observer " : "worker ", *admission->owner_));
   }
   if (needs.acts_as) {
     absl::Status s = CheckActsAs(admission->caller_, *needs.acts_as, needs.call);
@@ -260,10 +259,10 @@ grpc::Status ShardService::Push(grpc::ServerContext* context,
     return ToGrpcStatus(s);
   }
   const v1::PushHeader& h = chunk.header();
-  if (h.path().last_piece_first()) {
+  if (h.path().last_piece_first() || h.path().data_connection() != 0) {
     shard_->RecordRejectedPush();
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "a push sent last piece first is made on the data plane itself");
+                        "a push whose tensor goes on the data plane is made there itself");
   }
   // A push made as another worker counts as rejected; one for an earlier process of this shard
   // does not (the client registers again and sends it anew).
@@ -309,7 +308,8 @@ grpc::Status ShardService::ApplyPush(const v1::PushHeader& h, std::unique_ptr<Pa
   if (forwarding != nullptr) slot->set_forward_tag(forwarding->Finish());
   if (!read.ok()) {
     // A data-plane payload that did not come is the plane's failure: the client sends over gRPC.
-    const bool lost = h.path().data_connection() != 0 && read.code() != absl::StatusCode::kInvalidArgument;
+    const bool lost =
+        h.path().data_connection() != 0 && read.code() != absl::StatusCode::kInvalidArgument;
     return lost ? DataPlaneLostStatus(std::string(read.message())) : ToGrpcStatus(read);
   }
   const int64_t payload = PayloadBytes(*format, static_cast<int64_t>(slot->gradient().size()));
@@ -329,26 +329,13 @@ grpc::Status ShardService::OpenPushPayload(grpc::ServerContext* context,
                                            const v1::PushHeader& h,
                                            std::optional<TensorMessage> data, Admission* admission,
                                            std::unique_ptr<PayloadSource>* source) {
-  if (h.path().data_connection() != 0) {
-    if (data_plane_ == nullptr) return DataPlaneLostStatus("this shard has no data plane");
-    const absl::Time deadline = AnswerBy(absl::FromChrono(context->deadline()));
-    absl::StatusOr<std::unique_ptr<DataPlanePayload>> opened =
-        DataPlanePayload::Open(data_plane_, context, reader, *data, h.path().data_connection(),
-                               h.path().data_transfer(), h.worker_id(), deadline);
-    if (!opened.ok()) {
-      shard_->RecordRejectedPush();
-      return ToGrpcStatus(opened.status());
-    }
-    *source = *std::move(opened);
-    return grpc::Status::OK;
-  }
   if (h.path().shm_segment() == 0) {
     *source = std::make_unique<StreamPayload<v1::PushChunk>>(reader, *std::move(data),
                                                              &admission->guard());
     return grpc::Status::OK;
   }
-  absl::StatusOr<std::unique_ptr<SharedPayload>> taken =
-      SharedPayload::Take(segments_, reader, *data, h.path().shm_segment(), h.path().shm_ticket(), h.worker_id());
+  absl::StatusOr<std::unique_ptr<SharedPayload>> taken = SharedPayload::Take(
+      segments_, reader, *data, h.path().shm_segment(), h.path().shm_ticket(), h.worker_id());
   if (taken.ok()) {
     *source = *std::move(taken);
     return grpc::Status::OK;
@@ -468,9 +455,13 @@ ShardService::CallNeeds ShardService::AttachClaims(const Request& r, CallNeeds n
   return needs.ActsAs(r.worker_id()).Serving().ShardIncarnation(r.shard_incarnation());
 }
 
-absl::Status ShardService::CheckAttacher(int worker, const v1::ModelIdentity& model) const {
+absl::Status ShardService::CheckAttacher(int worker, const v1::ModelIdentity& model,
+                                         int64_t incarnation) const {
   absl::Status checked = shard_->CheckModel(FromProto(model));
   if (checked.ok() && worker >= 0) checked = shard_->CheckWorkerId(worker);
+  if (checked.ok() && worker >= 0 && incarnation != 0) {
+    checked = shard_->CheckCurrent(worker, incarnation);
+  }
   return checked;
 }
 
@@ -481,7 +472,8 @@ grpc::ServerUnaryReactor* ShardService::AttachSharedMemory(grpc::CallbackServerC
       context, request, response, CallNeeds("AttachSharedMemory", Access::kRead),
       AttachClaims<v1::AttachSharedMemoryRequest>, [&](const auto& request, auto* response) {
         const int worker = request.worker_id();
-        if (absl::Status s = CheckAttacher(worker, request.model()); !s.ok())
+        if (absl::Status s = CheckAttacher(worker, request.model(), request.incarnation());
+            !s.ok())
           return ToGrpcStatus(s);
         if (ProcessSpaceId().empty() || request.process_space() != ProcessSpaceId()) {
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -510,7 +502,8 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                               absl::StrCat("worker id ", worker, " is no client's"));
         }
-        if (absl::Status s = CheckAttacher(worker, request.model()); !s.ok())
+        if (absl::Status s = CheckAttacher(worker, request.model(), request.incarnation());
+            !s.ok())
           return ToGrpcStatus(s);
         if (data_plane_ == nullptr) {
           return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,

@@ -11,8 +11,6 @@
 #include <atomic>
 #include <optional>
 
-#include "transport/security.h"
-#include "transport/tensor_codec.h"
 #include "proto/ps.grpc.pb.h"
 #include "server/checkpoints/checkpointer.h"
 #include "server/replication/replica.h"
@@ -20,8 +18,10 @@
 #include "server/rpc/payload.h"
 #include "server/rpc/pull_views.h"
 #include "server/rpc/shard_metrics.h"
-#include "transport/shared_segments.h"
 #include "server/state/parameter_shard.h"
+#include "transport/security.h"
+#include "transport/shared_segments.h"
+#include "transport/tensor_codec.h"
 
 namespace ps {
 
@@ -227,8 +227,8 @@ class ShardService final : public ShardServiceBase {
                      Admission* admission);
   // The payload of the push whose header is `h` and whose first message's data is `data`, from
   // the source chosen once: the shared push region `h` names (taken now, so that a segment gone,
-  // after which the client sends the push over gRPC, is not counted as a rejected push), the
-  // data-plane connection it names, or the stream's chunks, into `source`; otherwise the refusal
+  // after which the client sends the push over gRPC, is not counted as a rejected push) or the
+  // stream's chunks, into `source`; otherwise the refusal
   // as the client sees it (a segment lost: SharedMemoryLostStatus, its detail included).
   grpc::Status OpenPushPayload(grpc::ServerContext* context,
                                grpc::ServerReader<grpc::ByteBuffer>* reader,
@@ -239,8 +239,10 @@ class ShardService final : public ShardServiceBase {
   template <typename Request>
   static CallNeeds AttachClaims(const Request& r, CallNeeds needs);
   // OK if a client of `model` acting as `worker` may have a tensor path of its own (shared
-  // memory, the data plane): the model is this shard's, and a worker id is one of the job's.
-  absl::Status CheckAttacher(int worker, const v1::ModelIdentity& model) const;
+  // memory, the data plane): the model is this shard's, a worker id is one of the job's, and
+  // `incarnation` (0: unchecked) is the worker's current process.
+  absl::Status CheckAttacher(int worker, const v1::ModelIdentity& model,
+                             int64_t incarnation) const;
   // The push whose header is `h` and whose payload comes from `source`, once admitted: its
   // header checked, the payload read into a push slot and committed (nothing applied if any of it
   // fails); `start` is when the call began. Its answer into `response`. A replica's primary

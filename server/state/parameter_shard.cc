@@ -259,6 +259,11 @@ absl::Status ParameterShard::CheckIncarnation(int worker_id, int64_t incarnation
   return absl::OkStatus();
 }
 
+absl::Status ParameterShard::CheckCurrent(int worker_id, int64_t incarnation) const {
+  absl::ReaderMutexLock lock(&mu_);
+  return CheckIncarnation(worker_id, incarnation);
+}
+
 absl::StatusOr<int> ParameterShard::Heartbeat(int worker_id, int64_t incarnation) {
   if (absl::Status s = CheckWorkerId(worker_id); !s.ok()) return s;
   Completions answers(this);

@@ -373,6 +373,9 @@ class ParameterShard {
   absl::Status CheckModel(const ModelIdentity& model) const;
   // OK if `worker_id` is one of the job's workers; INVALID_ARGUMENT otherwise.
   absl::Status CheckWorkerId(int worker_id) const;
+  // OK if `incarnation` is registered worker `worker_id`'s current process; FAILED_PRECONDITION
+  // (not registered, or superseded) otherwise.
+  absl::Status CheckCurrent(int worker_id, int64_t incarnation) const;
   // OK if a client's count of the job's workers (its --num_workers; 0: not given) is this
   // shard's; FAILED_PRECONDITION naming both otherwise.
   absl::Status CheckNumWorkers(int claimed) const;
