@@ -1,6 +1,6 @@
-// The C API (paramserver_c.h) over ShardedClient and WorkerSession: settings as JSON (read by
-// client/client_settings.h), error reporting through a thread-local message, and operations as
-// Pending calls.
+// The C API (paramserver_c.h) over ShardedClient, WorkerSession and LocalExchange: settings as
+// JSON (read by client/client_settings.h), error reporting through a thread-local message, and
+// operations as Pending calls.
 #include "capi/paramserver_c.h"
 
 #include <google/protobuf/util/json_util.h>
@@ -20,8 +20,11 @@
 #include "common/log.h"
 #include "proto/ps.pb.h"
 #include "client/client_settings.h"
+#include "client/local_exchange.h"
+#include "client/local_model.h"
 #include "client/sharded_client.h"
 #include "client/worker_session.h"
+#include "common/consistency_spec.h"
 
 struct ps_client {
   std::unique_ptr<ps::ShardedClient> client;
@@ -36,6 +39,12 @@ struct ps_op {
   std::optional<absl::Status> result;  // once ended
   ps::ShardedClient::Versions versions;
   ps::ShardedClient::PushSummary summary;
+};
+
+struct ps_exchange {
+  std::unique_ptr<ps::LocalModel> model;  // over the caller's values; its optimizer is the caller's
+  std::unique_ptr<ps::LocalExchange> exchange;
+  std::optional<absl::Status> result;  // of the exchange started last, once it ended
 };
 
 namespace {
@@ -264,6 +273,53 @@ int ps_op_push_summary(const ps_op* op, ps_push_summary* out) {
 }
 
 void ps_op_free(ps_op* op) { delete op; }
+
+int ps_client_local_models(const ps_client* client) {
+  absl::StatusOr<ps::ConsistencySpec> spec =
+      ps::ParseConsistencySpec(client->client->consistency());
+  return spec.ok() && spec->local_models() ? 1 : 0;
+}
+
+int ps_client_exchange(ps_client* client, float* values, int64_t count, ps_exchange** out) {
+  if (absl::Status s = CheckCount(client, count, "the local model"); !s.ok()) return Report(s);
+  auto exchange = std::make_unique<ps_exchange>();
+  exchange->model = std::make_unique<ps::LocalModel>(absl::MakeSpan(values, count), 0.0f);
+  absl::StatusOr<std::unique_ptr<ps::LocalExchange>> e =
+      ps::LocalExchange::Create(client->client.get(), exchange->model.get());
+  if (!e.ok()) return Report(e.status());
+  exchange->exchange = *std::move(e);
+  exchange->result = absl::OkStatus();
+  *out = exchange.release();
+  return Ok();
+}
+
+int ps_exchange_before_step(ps_exchange* exchange, int64_t step) {
+  if (absl::Status s = exchange->exchange->StartBeforeStep(step); !s.ok()) return Report(s);
+  exchange->result.reset();
+  return Ok();
+}
+
+int ps_exchange_after_step(ps_exchange* exchange, int64_t step, int last) {
+  if (absl::Status s = exchange->exchange->StartAfterStep(step, last != 0); !s.ok()) {
+    return Report(s);
+  }
+  exchange->result.reset();
+  return Ok();
+}
+
+int ps_exchange_wait(ps_exchange* exchange, double timeout_seconds) {
+  if (!exchange->result.has_value()) {
+    exchange->result = exchange->exchange->Wait(
+        timeout_seconds < 0 ? absl::InfiniteDuration() : absl::Seconds(timeout_seconds));
+  }
+  if (!exchange->result.has_value()) {
+    last_error = "in progress";
+    return PS_NOT_DONE;
+  }
+  return exchange->result->ok() ? Ok() : Report(*exchange->result);
+}
+
+void ps_exchange_free(ps_exchange* exchange) { delete exchange; }
 
 int ps_client_stats_json(ps_client* client, char** json) {
   absl::StatusOr<std::vector<ps::v1::StatsResponse>> stats = client->client->Stats();

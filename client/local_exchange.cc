@@ -42,6 +42,7 @@ LocalExchange::LocalExchange(ShardedClient* client, LocalModel* model, Consisten
       out_(model->values().size()) {}
 
 absl::Status LocalExchange::StartBeforeStep(int64_t step) {
+  if (absl::Status s = CheckIdle(); !s.ok()) return s;
   exchanged_ = Exchanged();
   step_ = step;
   if (!started_) return StartPull(/*elastic=*/false);
@@ -50,6 +51,7 @@ absl::Status LocalExchange::StartBeforeStep(int64_t step) {
 }
 
 absl::Status LocalExchange::StartAfterStep(int64_t step, bool last) {
+  if (absl::Status s = CheckIdle(); !s.ok()) return s;
   exchanged_ = Exchanged();
   step_ = step;
   if (spec_.kind != ConsistencySpec::Kind::kLocalSgd || !((step + 1) % spec_.period == 0 || last)) {
@@ -57,6 +59,13 @@ absl::Status LocalExchange::StartAfterStep(int64_t step, bool last) {
   }
   model_->Change(absl::MakeSpan(out_));
   return StartPush();
+}
+
+absl::Status LocalExchange::CheckIdle() const {
+  if (pull_.valid() || push_.valid()) {
+    return absl::FailedPreconditionError("an exchange is in progress: wait for it first");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LocalExchange::StartPull(bool elastic) {

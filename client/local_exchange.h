@@ -62,12 +62,13 @@ class LocalExchange {
   // Starts the exchange due before step `step` is computed: the first exchange, whatever the
   // step, pulls the centre into the model; later, local:H pulls it at a period's start
   // (step % H == 0), easgd:T pulls it and pushes the elastic difference at step % T == 0. OK when
-  // started or nothing is due; else before_pull's error. REQUIRES: Wait returned a status since
-  // the last start.
+  // started or nothing is due; else before_pull's error, or FAILED_PRECONDITION while the last
+  // exchange started is still in progress (Wait has not returned its status).
   absl::Status StartBeforeStep(int64_t step);
   // Starts the exchange due after step `step`'s local update, `last` when no step follows it:
   // local:H pushes the model's change at a period's end ((step + 1) % H == 0, or `last`); easgd,
-  // nothing. OK when started or nothing is due; else before_push's error. REQUIRES: as above.
+  // nothing. OK when started or nothing is due; else before_push's error, or FAILED_PRECONDITION as
+  // above.
   absl::Status StartAfterStep(int64_t step, bool last);
   // Waits up to `timeout` for the exchange started: nullopt while it goes on, else how it ended
   // (OK too when nothing was started): the pull's or the push's error (failed_call() says which),
@@ -84,6 +85,8 @@ class LocalExchange {
 
  private:
   LocalExchange(ShardedClient* client, LocalModel* model, ConsistencySpec spec, Hooks hooks);
+  // FAILED_PRECONDITION while a call of the last exchange is in flight.
+  absl::Status CheckIdle() const;
   // Starts a pull into the model, or, for easgd's elastic exchange, into the centre.
   absl::Status StartPull(bool elastic);
   // Starts the push of out_ (sequence: step_).

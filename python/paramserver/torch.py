@@ -21,6 +21,7 @@ another, so a pull writes straight into the model and a push reads straight from
   local:H       the `optimizer` given here (the user's own) steps locally; every H steps the
                 model's change since the last pull is pushed and the averaged model pulled.
   easgd:T,A     the local optimizer steps; every T steps an elastic exchange with the centre.
+                (Both exchanges are the C++ worker's: Client.local_exchange.)
 The optimizer of the gradient modes runs on the shards (ps --optimizer, --lr).
 
 A worker killed and started again registers under its rank and resumes at `first_step`.
@@ -119,33 +120,26 @@ class DistributedModel(torch.nn.Module):
             offset += p.numel()
         self.first_step = client.register()
         self.steps = self.first_step  # step() calls so far, from first_step
-        kind, _, arg = client.consistency.partition(":")
         self.consistency = client.consistency
-        self._local = kind in ("local", "easgd")
-        if self._local:
-            if optimizer is None:
-                raise invalid(f"the shards run {client.consistency}: the workers train local "
-                           "models; pass optimizer= (the local optimizer)")
-            period, _, alpha = arg.partition(",")
-            self._period = int(period)
-            workers = max(1, int(settings.get("num_workers") or 1))
-            self._alpha = float(alpha) if alpha else 0.9 / workers
-            self._easgd = kind == "easgd"
-            self._start = torch.empty(n)  # local:H: the model at the last pull
-            self._centre = torch.empty(n)  # easgd: the centre pulled
+        local = client.local_models
+        if local and optimizer is None:
+            raise invalid(f"the shards run {client.consistency}: the workers train local "
+                          "models; pass optimizer= (the local optimizer)")
         if initialize is None:
             initialize = client.rank == 0
         if initialize:
             client.initialize(self._weights)
         self._pending_push = None
         self._pending_pull = None
-        if self._local:
-            self._exchange(first=True)
+        self._exchange = None  # local:H and easgd: the local model's exchange with the centre
+        if local:
+            self._exchange = client.local_exchange(self._weights)
+            self._exchange.before_step(self.steps)  # the first pulls the centre
         else:
             client.pull(self._weights)
         self._hooks = [module.register_forward_pre_hook(lambda *_: self._ready())]
         self._backward = self._forward_pull = None
-        if overlap and not self._local:
+        if overlap and not local:
             self._backward = _BackwardPush(self)
             self._forward_pull = _ForwardPull(self)
             self._hooks += self._backward.hooks + self._forward_pull.hooks
@@ -234,12 +228,12 @@ class DistributedModel(torch.nn.Module):
         self._csv.row(self.steps, f"{time.time():.3f}",
                       "" if loss is None else f"{float(loss):.5f}")
         self._collect_gradients()
-        if self._local:
+        if self._exchange is not None:
             self.optimizer.step()
             self._grads.zero_()
+            self._exchange.after_step(self.steps)
             self.steps += 1
-            if self.steps % self._period == 0:
-                self._exchange()
+            self._exchange.before_step(self.steps)
             return
         push = self._backward.finish() if self._backward is not None else None
         if push is None:  # no backward hook pushed (overlap off, or under no_sync)
@@ -262,21 +256,6 @@ class DistributedModel(torch.nn.Module):
         finally:
             self._backward.paused = False
 
-    def _exchange(self, first=False):
-        """local:H and easgd: trade the local model with the shards' centre."""
-        step = self.steps
-        with torch.no_grad():
-            if first or not self._easgd:
-                if not first:  # local: push the change since the last pull, then pull the mean
-                    self.client.push(self._weights - self._start, sequence=step - 1)
-                self.client.pull(self._weights)
-                self._start.copy_(self._weights)
-            else:  # easgd: diff = alpha (x - centre); x -= diff; the shards add diff
-                self.client.pull(self._centre)
-                diff = self._alpha * (self._weights - self._centre)
-                self._weights.sub_(diff)
-                self.client.push(diff, sequence=step)
-
     def close(self):
         """Waits for calls in flight, then leaves the job (the client's close)."""
         try:
@@ -296,6 +275,8 @@ class DistributedModel(torch.nn.Module):
                 hook.remove()
             self._hooks = []
             self._csv.close()
+            if self._exchange is not None:
+                self._exchange.close()
             self.client.close()
 
     def __enter__(self):
