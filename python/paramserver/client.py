@@ -185,6 +185,95 @@ class Handle:
             self._free()
 
 
+class OverlappedStep:
+    """A training step whose pull and push overlap its compute (client/overlap_schedule.h), from
+    Client.step(weights, gradient), for a framework's hooks to drive: it starts the pull of the
+    step's weights into `weights`; weights_needed(begin, end) waits for a layer's weights as the
+    forward pass reaches it and wait_pull() for the rest once it is over; gradient_final(begin,
+    end) tells it that backward made that range of `gradient` final (the first call starts the
+    push, and each shard's part goes as its range becomes final); take_push() gives the push, as
+    a Handle. Should a wait raise Aborted (the pull failed after the forward pass used some of its
+    values), compute the step again on a new one. One thread at a time; close() (or the
+    client's) frees it, and a push not taken then sends none of its parts not sent yet."""
+
+    def __init__(self, client, weights, gradient, prefetch):
+        w, count, w_owner = float_buffer(weights, writable=True, what="the step's weights")
+        g, g_count, g_owner = float_buffer(gradient, writable=False, what="the gradient")
+        if g_count != count:
+            raise invalid(f"the gradient has {g_count} values, the weights {count}")
+        f32p = ctypes.POINTER(ctypes.c_float)
+        handle = ctypes.c_void_p()
+        client._call(lib.ps_client_step, ctypes.cast(w, f32p), ctypes.cast(g, f32p), count,
+                     int(bool(prefetch)), ctypes.byref(handle))
+        self._client, self._handle, self._owners = client, handle, (w_owner, g_owner)
+        self.pulled = False  # the whole pull was waited for
+        self.pushing = False  # gradient_final started a push, not taken yet
+
+    def _call(self, fn, *args):
+        if self._handle is None:
+            raise errors.FailedPrecondition("FAILED_PRECONDITION", "the step is closed")
+        self._client._enter()
+        try:
+            return fn(self._handle, *args)
+        finally:
+            self._client._exit()
+
+    def _wait(self, fn, timeout, what, *args):
+        self._call(lambda handle: _sliced(lambda left: fn(handle, *args, left), timeout, what))
+
+    def weights_needed(self, begin, end, timeout=None):
+        """Waits (at most `timeout` seconds: then TimeoutError) for the pull's weights
+        [begin, end), a layer's, as the forward pass reaches it."""
+        if not self.pulled:
+            self._wait(lib.ps_step_weights_needed, timeout, f"pull's values [{begin}, {end})",
+                       int(begin), int(end))
+
+    def wait_pull(self, timeout=None):
+        """Waits (at most `timeout` seconds: then TimeoutError) for the whole pull: the forward
+        pass is over."""
+        if not self.pulled:
+            self._wait(lib.ps_step_wait_pull, timeout, "pull")
+            self.pulled = True
+
+    def gradient_final(self, begin, end):
+        """Backward made the gradient [begin, end) final; the pull is waited for first."""
+        self.wait_pull()
+        code = self._call(lib.ps_step_gradient_final, int(begin), int(end))
+        if code != 0:
+            _raise_last(code)
+        self.pushing = True
+
+    def final(self, begin, end):
+        """Whether any of the gradient [begin, end) was made final in this step."""
+        return self._call(lib.ps_step_final, int(begin), int(end)) == 1
+
+    @property
+    def filled_from(self):
+        """Where the final values reaching the gradient's end start, as the push was told
+        (total_params while none do)."""
+        return self._call(lib.ps_step_filled_from)
+
+    def take_push(self):
+        """The step's push, every part sent, as a Handle (gradient_final started it)."""
+        op = ctypes.c_void_p()
+        code = self._call(lib.ps_step_take_push, ctypes.byref(op))
+        if code != 0:
+            _raise_last(code)
+        self.pushing = False
+        return Handle(op, self._owners[1], "push", self._client.num_shards)
+
+    def close(self):
+        """Frees the step, waiting for its pull. Idempotent."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            lib.ps_step_free(handle)
+        self._owners = None
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self.close()
+
+
 class LocalExchange:
     """A worker's side of easgd and local SGD (client/local_exchange.h), from
     Client.local_exchange(values): trades the local model `values` (float32, total_params, which
@@ -268,7 +357,7 @@ class Client:
         self._cancelled = False
         self._calls = 0  # blocking calls in progress on this client
         self._closed = False
-        self._exchanges = weakref.WeakSet()  # freed before the client
+        self._bound = weakref.WeakSet()  # steps and exchanges: freed before the client
         self.rank = lib.ps_client_rank(handle)
         self.total_params = lib.ps_client_total_params(handle)
         self.num_shards = lib.ps_client_num_shards(handle)
@@ -333,8 +422,17 @@ class Client:
         the shards' centre under easgd and local SGD: a LocalExchange. Raises FailedPrecondition
         when the shards run no local models."""
         exchange = LocalExchange(self, values)
-        self._exchanges.add(exchange)
+        self._bound.add(exchange)
         return exchange
+
+    def step(self, weights, gradient, prefetch=False):
+        """A training step whose pull (into `weights`, started now; `prefetch` as at pull_async)
+        and push (of `gradient`) overlap its compute: an OverlappedStep."""
+        if self._cancelled:
+            raise errors.Cancelled("CANCELLED", "the client was cancelled: no step started")
+        step = OverlappedStep(self, weights, gradient, prefetch)
+        self._bound.add(step)
+        return step
 
     def initialize(self, values):
         """Offers initial values to every shard; returns how many took them (shards already
@@ -414,11 +512,11 @@ class Client:
             while self._calls:
                 self._lock.wait()
             handle, self._handle = self._handle, None
-        exchanges = list(self._exchanges)
-        if exchanges:  # one interrupted mid-call (Ctrl-C) would wait out its call when freed
+        bound = list(self._bound)
+        if bound:  # one interrupted mid-call (Ctrl-C) would wait out its call when freed
             lib.ps_client_cancel_pending(handle)
-        for exchange in exchanges:
-            exchange.close()
+        for b in bound:
+            b.close()
         lib.ps_client_destroy(handle)
 
     def __enter__(self):

@@ -310,3 +310,25 @@ def test_a_signal_handler_can_cancel_an_exchange_that_waits_for_a_round(start_sh
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
         assert time.monotonic() - start < 10
+
+
+def test_a_step_sends_each_shards_part_as_its_range_becomes_final(start_shards):
+    shards = start_shards(2, f"flat:{N}", flags=SGD)
+    with worker(shards) as client:
+        client.register()
+        client.initialize(np.ones(N, np.float32))
+        w, g = np.zeros(N, np.float32), np.full(N, 2, np.float32)
+        step = client.step(w, g)
+        step.weights_needed(0, 10)  # the first values, whatever the rest does
+        assert np.array_equal(w[:10], np.ones(10))
+        with pytest.raises(paramserver.FailedPrecondition, match="no push"):
+            step.take_push()
+        half = N // 2
+        step.gradient_final(0, half)  # shard 0's range: its part goes; nothing reaches the end
+        assert step.final(half - 1, half + 1) and not step.final(half, N)
+        assert step.filled_from == N
+        step.gradient_final(half, N)
+        assert step.filled_from == 0
+        assert step.take_push().wait().sequence == 0
+        step.close()
+        assert np.array_equal(weights(shards), np.zeros(N))  # 1 - 0.5 * 2
