@@ -1,6 +1,6 @@
-// The C API (paramserver_c.h) over ShardedClient and WorkerSession: settings as JSON (read by
-// client/client_settings.h), error reporting through a thread-local message, and operations as
-// Pending calls.
+// The C API (paramserver_c.h) over ShardedClient, WorkerSession, OverlapSchedule and
+// LocalExchange: settings as JSON (read by client/client_settings.h), error reporting through a
+// thread-local message, and operations as Pending calls.
 #include "capi/paramserver_c.h"
 
 #include <google/protobuf/util/json_util.h>
@@ -20,8 +20,12 @@
 #include "common/log.h"
 #include "proto/ps.pb.h"
 #include "client/client_settings.h"
+#include "client/local_exchange.h"
+#include "client/local_model.h"
+#include "client/overlap_schedule.h"
 #include "client/sharded_client.h"
 #include "client/worker_session.h"
+#include "common/consistency_spec.h"
 
 struct ps_client {
   std::unique_ptr<ps::ShardedClient> client;
@@ -36,6 +40,17 @@ struct ps_op {
   std::optional<absl::Status> result;  // once ended
   ps::ShardedClient::Versions versions;
   ps::ShardedClient::PushSummary summary;
+};
+
+struct ps_step {
+  std::unique_ptr<ps::OverlapSchedule> schedule;
+  bool pushing = false;  // the push was started and not taken yet
+};
+
+struct ps_exchange {
+  std::unique_ptr<ps::LocalModel> model;  // over the caller's values; its optimizer is the caller's
+  std::unique_ptr<ps::LocalExchange> exchange;
+  std::optional<absl::Status> result;  // of the exchange started last, once it ended
 };
 
 namespace {
@@ -64,6 +79,19 @@ absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json)
   client->client = std::make_unique<ps::ShardedClient>(std::move(c->addresses), c->identity,
                                                        c->rank, std::move(c->options));
   return client;
+}
+
+// A wait's answer: 0, PS_NOT_DONE while `s` is nullopt, else s's code.
+int Waited(const std::optional<absl::Status>& s) {
+  if (!s.has_value()) {
+    last_error = "in progress";
+    return PS_NOT_DONE;
+  }
+  return s->ok() ? Ok() : Report(*s);
+}
+
+absl::Duration Timeout(double seconds) {
+  return seconds < 0 ? absl::InfiniteDuration() : absl::Seconds(seconds);
 }
 
 // Records `op`'s result once its call ended (waiting up to `timeout` for it).
@@ -202,12 +230,8 @@ int ps_op_send(ps_op* op, int shard) {
 }
 
 int ps_op_wait(ps_op* op, double timeout_seconds) {
-  Settle(op, timeout_seconds < 0 ? absl::InfiniteDuration() : absl::Seconds(timeout_seconds));
-  if (!op->result.has_value()) {
-    last_error = "in progress";
-    return PS_NOT_DONE;
-  }
-  return op->result->ok() ? Ok() : Report(*op->result);
+  Settle(op, Timeout(timeout_seconds));
+  return Waited(op->result);
 }
 
 int ps_op_filled(ps_op* op, int64_t from) {
@@ -218,28 +242,15 @@ int ps_op_filled(ps_op* op, int64_t from) {
 
 int ps_op_wait_part(ps_op* op, int shard, double timeout_seconds) {
   if (op->result.has_value()) return op->result->ok() ? Ok() : Report(*op->result);
-  const absl::Duration timeout =
-      timeout_seconds < 0 ? absl::InfiniteDuration() : absl::Seconds(timeout_seconds);
-  std::optional<absl::Status> part =
-      op->is_pull ? op->pull.WaitPart(shard, timeout) : op->push.WaitPart(shard, timeout);
-  if (!part.has_value()) {
-    last_error = "in progress";
-    return PS_NOT_DONE;
-  }
-  return part->ok() ? Ok() : Report(*part);
+  const absl::Duration timeout = Timeout(timeout_seconds);
+  return Waited(op->is_pull ? op->pull.WaitPart(shard, timeout)
+                            : op->push.WaitPart(shard, timeout));
 }
 
 int ps_op_wait_values(ps_op* op, int64_t begin, int64_t end, double timeout_seconds) {
   if (op->result.has_value()) return op->result->ok() ? Ok() : Report(*op->result);
   if (!op->is_pull) return Report(absl::FailedPreconditionError("not a pull"));
-  const absl::Duration timeout =
-      timeout_seconds < 0 ? absl::InfiniteDuration() : absl::Seconds(timeout_seconds);
-  std::optional<absl::Status> in = op->pull.WaitValues(begin, end, timeout);
-  if (!in.has_value()) {
-    last_error = "in progress";
-    return PS_NOT_DONE;
-  }
-  return in->ok() ? Ok() : Report(*in);
+  return Waited(op->pull.WaitValues(begin, end, Timeout(timeout_seconds)));
 }
 
 int ps_op_versions(const ps_op* op, int64_t* versions, int num_shards) {
@@ -264,6 +275,97 @@ int ps_op_push_summary(const ps_op* op, ps_push_summary* out) {
 }
 
 void ps_op_free(ps_op* op) { delete op; }
+
+int ps_client_step(ps_client* client, float* weights, const float* gradient, int64_t count,
+                   int prefetch, ps_step** out) {
+  if (absl::Status s = CheckCount(client, count, "the step's buffers"); !s.ok()) return Report(s);
+  if (client->client->worker_id() < 0) {
+    return Report(absl::FailedPreconditionError("an observer (rank -1) cannot push"));
+  }
+  auto step = std::make_unique<ps_step>();
+  step->schedule = std::make_unique<ps::OverlapSchedule>(
+      client->client.get(),
+      client->client->StartPull(absl::MakeSpan(weights, count), prefetch != 0),
+      absl::MakeConstSpan(gradient, count));
+  *out = step.release();
+  return Ok();
+}
+
+int ps_step_weights_needed(ps_step* step, int64_t begin, int64_t end, double timeout_seconds) {
+  return Waited(step->schedule->WeightsNeeded(begin, end, Timeout(timeout_seconds)));
+}
+
+int ps_step_wait_pull(ps_step* step, double timeout_seconds) {
+  return Waited(step->schedule->WaitPull(Timeout(timeout_seconds)));
+}
+
+int ps_step_gradient_final(ps_step* step, int64_t begin, int64_t end) {
+  if (!step->schedule->pulled()) {
+    return Report(absl::FailedPreconditionError("the step's pull was not waited for"));
+  }
+  if (absl::Status s = step->schedule->GradientFinal(begin, end); !s.ok()) return Report(s);
+  step->pushing = true;
+  return Ok();
+}
+
+int ps_step_final(const ps_step* step, int64_t begin, int64_t end) {
+  return step->schedule->Final(begin, end) ? 1 : 0;
+}
+
+int64_t ps_step_filled_from(const ps_step* step) { return step->schedule->filled_from(); }
+
+int ps_step_take_push(ps_step* step, ps_op** push) {
+  if (!step->pushing) return Report(absl::FailedPreconditionError("the step started no push"));
+  auto pending = std::make_unique<ps_op>();
+  pending->push = step->schedule->TakePush();
+  step->pushing = false;
+  *push = pending.release();
+  return Ok();
+}
+
+void ps_step_free(ps_step* step) { delete step; }
+
+int ps_client_local_models(const ps_client* client) {
+  absl::StatusOr<ps::ConsistencySpec> spec =
+      ps::ParseConsistencySpec(client->client->consistency());
+  return spec.ok() && spec->local_models() ? 1 : 0;
+}
+
+int ps_client_exchange(ps_client* client, float* values, int64_t count, ps_exchange** out) {
+  if (absl::Status s = CheckCount(client, count, "the local model"); !s.ok()) return Report(s);
+  auto exchange = std::make_unique<ps_exchange>();
+  exchange->model = std::make_unique<ps::LocalModel>(absl::MakeSpan(values, count), 0.0f);
+  absl::StatusOr<std::unique_ptr<ps::LocalExchange>> e =
+      ps::LocalExchange::Create(client->client.get(), exchange->model.get());
+  if (!e.ok()) return Report(e.status());
+  exchange->exchange = *std::move(e);
+  exchange->result = absl::OkStatus();
+  *out = exchange.release();
+  return Ok();
+}
+
+int ps_exchange_before_step(ps_exchange* exchange, int64_t step) {
+  if (absl::Status s = exchange->exchange->StartBeforeStep(step); !s.ok()) return Report(s);
+  exchange->result.reset();
+  return Ok();
+}
+
+int ps_exchange_after_step(ps_exchange* exchange, int64_t step, int last) {
+  if (absl::Status s = exchange->exchange->StartAfterStep(step, last != 0); !s.ok()) {
+    return Report(s);
+  }
+  exchange->result.reset();
+  return Ok();
+}
+
+int ps_exchange_wait(ps_exchange* exchange, double timeout_seconds) {
+  if (!exchange->result.has_value()) {
+    exchange->result = exchange->exchange->Wait(Timeout(timeout_seconds));
+  }
+  return Waited(exchange->result);
+}
+
+void ps_exchange_free(ps_exchange* exchange) { delete exchange; }
 
 int ps_client_stats_json(ps_client* client, char** json) {
   absl::StatusOr<std::vector<ps::v1::StatsResponse>> stats = client->client->Stats();

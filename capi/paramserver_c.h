@@ -25,12 +25,14 @@
 extern "C" {
 #endif
 
-#define PS_C_API_VERSION 5
+#define PS_C_API_VERSION 6
 #define PS_EXPORT __attribute__((visibility("default")))
 #define PS_NOT_DONE (-1) /* ps_op_wait: the call is still in progress */
 
 typedef struct ps_client ps_client;
-typedef struct ps_op ps_op; /* a pull or push in progress */
+typedef struct ps_op ps_op;             /* a pull or push in progress */
+typedef struct ps_exchange ps_exchange; /* a local model's exchange with the centre */
+typedef struct ps_step ps_step;         /* a step's pull and push around its compute */
 
 /* This library's PS_C_API_VERSION, for a loader to check. */
 PS_EXPORT int ps_api_version(void);
@@ -138,6 +140,69 @@ typedef struct {
 PS_EXPORT int ps_op_push_summary(const ps_op* op, ps_push_summary* out);
 /* Waits for the operation if it is still in progress, then frees it. */
 PS_EXPORT void ps_op_free(ps_op* op);
+
+/* A training step whose pull and push overlap its compute (client/overlap_schedule.h), for a
+ * framework's hooks: the forward pass waits for each layer's weights as it reaches them, backward
+ * sends each shard its part of the gradient as it becomes final. Use one from one thread at a
+ * time, and free it before the client.
+ * ps_client_step starts the step's pull into `weights` (`prefetch` as at ps_client_pull); its
+ * push will send `gradient` (both count = total_params floats, used in place until the push
+ * taken from it ended, or ps_step_free). */
+PS_EXPORT int ps_client_step(ps_client* client, float* weights, const float* gradient,
+                             int64_t count, int prefetch, ps_step** out);
+/* The forward pass needs the weights [begin, end): waits up to `timeout_seconds` (< 0: until they
+ * are in) as ps_op_wait_values does: 0, PS_NOT_DONE, or the pull's error (ABORTED: compute again
+ * on a new step). */
+PS_EXPORT int ps_step_weights_needed(ps_step* step, int64_t begin, int64_t end,
+                                     double timeout_seconds);
+/* The forward pass is over: waits up to `timeout_seconds` for the whole pull (its versions are the
+ * push's base): 0, PS_NOT_DONE, or its error. */
+PS_EXPORT int ps_step_wait_pull(ps_step* step, double timeout_seconds);
+/* Backward made the gradient [begin, end) final (in any order): the first call starts the push
+ * with its parts held; each shard's part goes once its range is all final, or piece by piece as
+ * the final values reaching the gradient's end grow (ps_op_filled). FAILED_PRECONDITION before
+ * ps_step_wait_pull returned 0. */
+PS_EXPORT int ps_step_gradient_final(ps_step* step, int64_t begin, int64_t end);
+/* 1 if any of the gradient [begin, end) was made final in this step (a second backward would
+ * write into what is being pushed), else 0. */
+PS_EXPORT int ps_step_final(const ps_step* step, int64_t begin, int64_t end);
+/* Where the final values reaching the gradient's end start, as the push was told (ps_op_filled);
+ * total_params while none do. */
+PS_EXPORT int64_t ps_step_filled_from(const ps_step* step);
+/* The step's push, every part sent: wait for it and free it as any push. FAILED_PRECONDITION
+ * unless ps_step_gradient_final started it; once taken, the step has no push. */
+PS_EXPORT int ps_step_take_push(ps_step* step, ps_op** push);
+/* Waits for the step's pull, then frees the step; parts of a push not taken and not sent yet are
+ * never sent (a backward pass that ended midway). */
+PS_EXPORT void ps_step_free(ps_step* step);
+
+/* easgd and local SGD (client/local_exchange.h): the worker trains a local model with an
+ * optimizer of its own and trades it with the shards' centre every few steps, as the shards'
+ * consistency model says; the schedule and the arithmetic are the library's.
+ * ps_client_local_models: 1 when the shards' consistency model (known after register) has workers
+ * train local models (easgd, local), else 0. */
+PS_EXPORT int ps_client_local_models(const ps_client* client);
+/* The exchange of the local model `values` (count = total_params floats, read and written in
+ * place until ps_exchange_free) of a registered worker; FAILED_PRECONDITION when the shards run
+ * no local models. Use it from one thread at a time, and free it before the client. */
+PS_EXPORT int ps_client_exchange(ps_client* client, float* values, int64_t count,
+                                 ps_exchange** out);
+/* Starts the exchange due before step `step` is computed: the first one, whatever the step,
+ * pulls the centre into `values`; later, local:H pulls it at a period's start (step % H == 0),
+ * easgd:T pulls it, moves `values` by alpha (values - centre) towards it and pushes that
+ * difference (sequence `step`) at step % T == 0. Most steps: nothing. */
+PS_EXPORT int ps_exchange_before_step(ps_exchange* exchange, int64_t step);
+/* Starts the exchange due after step `step`'s local update (`last` != 0: no step follows):
+ * local:H pushes the change of `values` since its pull (sequence `step`) at a period's end
+ * ((step + 1) % H == 0, or `last`). Most steps, and easgd: nothing. */
+PS_EXPORT int ps_exchange_after_step(ps_exchange* exchange, int64_t step, int last);
+/* Waits up to `timeout_seconds` (< 0: until it ends) for the exchange started last: 0 once it
+ * succeeded (or none was due), PS_NOT_DONE while it goes on (a pull waiting for a local:H round
+ * to close), else its error (the same on every later wait). Starting another before it ended:
+ * FAILED_PRECONDITION. */
+PS_EXPORT int ps_exchange_wait(ps_exchange* exchange, double timeout_seconds);
+/* Waits for an exchange in progress, then frees it. */
+PS_EXPORT void ps_exchange_free(ps_exchange* exchange);
 
 /* Every shard's statistics as a JSON array (the StatsResponse message of proto/ps.proto, by
  * shard); free with ps_string_free. */

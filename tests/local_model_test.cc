@@ -1,6 +1,6 @@
-// The worker's side of easgd and local SGD (trainer/local_model.h) against hand-computed values, and
+// The worker's side of easgd and local SGD (client/local_model.h) against hand-computed values, and
 // the consistency grammar (common/consistency_spec.h).
-#include "trainer/local_model.h"
+#include "client/local_model.h"
 
 #include <gtest/gtest.h>
 

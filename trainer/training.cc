@@ -22,9 +22,10 @@
 #include "kernels/backend.h"
 #include "trainer/batch_sampler.h"
 #include "trainer/idx_dataset.h"
-#include "trainer/local_model.h"
 #include "trainer/network.h"
 #include "trainer/overlapped_step.h"
+#include "client/local_exchange.h"
+#include "client/local_model.h"
 #include "client/sharded_client.h"
 #include "client/worker_session.h"
 
@@ -298,45 +299,49 @@ class GradientSteps {
   ShardedClient::Pending<ShardedClient::Versions> prefetched_;
 };
 
-// easgd and local: the worker trains its own model (LocalModel) with SGD and exchanges it with
-// the shards every spec.period steps. easgd: pulls the centre and pushes the elastic difference;
-// local: pulls the centre to start each period from, and at its end pushes the model's change
-// (the shards average a round of them). Starting (or restarted), it pulls the centre first.
+// easgd and local: the worker trains its own model (LocalModel) with SGD and trades it with the
+// shards' centre as LocalExchange (client/local_exchange.h) says; the delays, metrics and CSV rows
+// around the exchange are the run's.
 class LocalModelSteps {
  public:
-  LocalModelSteps(Run& run, const ConsistencySpec& spec, float lr, float momentum, bool cosine)
+  LocalModelSteps(Run& run, float lr, float momentum, bool cosine)
       : run_(run),
-        spec_(spec),
-        easgd_(spec.kind == ConsistencySpec::Kind::kEasgd),
         lr_(lr),
         cosine_(cosine),
         x_(run.backend, run.net.num_params()),
-        centre_(run.backend, run.net.num_params()),
-        vec_(run.backend, run.net.num_params()),
+        grad_(run.backend, run.net.num_params()),
         model_(x_.span(), momentum) {}
+
+  // The exchange with the shards, before the first Step: FAILED_PRECONDITION as
+  // LocalExchange::Create says.
+  absl::Status Connect() {
+    auto delay = [](Delay& d) {
+      return [&d] { return Run::Wait(d) ? absl::OkStatus() : absl::CancelledError("stopping"); };
+    };
+    absl::StatusOr<std::unique_ptr<LocalExchange>> exchange = LocalExchange::Create(
+        &run_.client, &model_, {delay(run_.pull_delay), delay(run_.push_delay)});
+    if (!exchange.ok()) return exchange.status();
+    exchange_ = *std::move(exchange);
+    return absl::OkStatus();
+  }
 
   // As RunSteps says.
   absl::StatusOr<bool> Step(int64_t step) {
     Exchanged exchanged;
-    if (!started_ || step % spec_.period == 0) {
-      absl::StatusOr<bool> more = PullCentre(step, exchanged);
-      if (!more.ok() || !*more) return more;
-    }
+    absl::StatusOr<bool> more = Exchange(step, exchange_->BeforeStep(step), exchanged);
+    if (!more.ok() || !*more) return more;
     run_.sampler.Indices(step, &indices_);
     const absl::Time compute_start = absl::Now();
-    float loss = run_.net.GradientOfExamples(x_.span(), indices_.data(), run_.batch, vec_.span());
-    model_.Step(vec_.span(), Rate(step));
+    float loss = run_.net.GradientOfExamples(x_.span(), indices_.data(), run_.batch, grad_.span());
+    model_.Step(grad_.span(), Rate(step));
     const absl::Duration compute_time = absl::Now() - compute_start;
     run_.metrics.Observe(StepMetrics::kCompute, compute_time);
     if (absl::Status s = run_.CheckLoss(loss, step, "--local_lr"); !s.ok()) return s;
     if (!run_.SlowDown(compute_time)) return false;
-    if (!easgd_ && ((step + 1) % spec_.period == 0 || step + 1 == run_.steps)) {
-      model_.Change(vec_.span());
-      absl::StatusOr<bool> more = Push(step, vec_.span(), exchanged);
-      if (!more.ok() || !*more) return more;
-    }
-    run_.Record(step, loss, versions_.Min(), exchanged.push, exchanged.pull_time, compute_time,
-                exchanged.push_time);
+    more = Exchange(step, exchange_->AfterStep(step, step + 1 == run_.steps), exchanged);
+    if (!more.ok() || !*more) return more;
+    run_.Record(step, loss, run_.client.last_pull().Min(), exchanged.push, exchanged.pull_time,
+                compute_time, exchanged.push_time);
     return true;
   }
 
@@ -347,39 +352,23 @@ class LocalModelSteps {
     ShardedClient::PushSummary push;
   };
 
-  // The start of a period: pulls the centre; easgd (once started) pushes the elastic difference,
-  // else the model restarts from the centre. True when done; else as RunSteps says.
-  absl::StatusOr<bool> PullCentre(int64_t step, Exchanged& exchanged) {
-    if (!Run::Wait(run_.pull_delay)) return false;
-    const absl::Time pull_start = absl::Now();
-    const bool elastic = easgd_ && started_;
-    absl::StatusOr<ShardedClient::Versions> pulled =
-        run_.client.Pull(elastic ? centre_.span() : x_.span());
-    exchanged.pull_time = absl::Now() - pull_start;
-    run_.metrics.Observe(StepMetrics::kPull, exchanged.pull_time);
-    if (!pulled.ok()) return run_.StopOrFail("pull", step, pulled.status());
-    versions_ = *std::move(pulled);
-    if (elastic) {
-      model_.Elastic(centre_.span(), static_cast<float>(spec_.alpha), vec_.span());
-      absl::StatusOr<bool> more = Push(step, vec_.span(), exchanged);
-      if (!more.ok() || !*more) return more;
-    } else {
-      model_.Restart();
+  // Notes what the exchange that ended with `s` did. True when it succeeded; else as RunSteps
+  // says.
+  absl::StatusOr<bool> Exchange(int64_t step, const absl::Status& s, Exchanged& exchanged) {
+    const LocalExchange::Exchanged& done = exchange_->exchanged();
+    if (done.pulled) {
+      exchanged.pull_time = done.pull_time;
+      run_.metrics.Observe(StepMetrics::kPull, done.pull_time);
     }
-    started_ = true;
-    return true;
-  }
-
-  // Pushes `values` (sequence: the step). True when pushed; else as RunSteps says.
-  absl::StatusOr<bool> Push(int64_t step, absl::Span<const float> values, Exchanged& exchanged) {
-    if (!Run::Wait(run_.push_delay)) return false;
-    const absl::Time push_start = absl::Now();
-    absl::StatusOr<ShardedClient::PushSummary> pushed = run_.client.Push(values, /*sequence=*/step);
-    if (!pushed.ok()) return run_.StopOrFail("push", step, pushed.status());
-    exchanged.push_time = absl::Now() - push_start;
-    run_.metrics.Observe(StepMetrics::kPush, exchanged.push_time);
-    run_.Pushed(step, *pushed);
-    exchanged.push = *pushed;
+    if (done.pushed) {
+      exchanged.push_time = done.push_time;
+      run_.metrics.Observe(StepMetrics::kPush, done.push_time);
+    }
+    if (!s.ok()) return run_.StopOrFail(exchange_->failed_call(), step, s);
+    if (done.pushed) {
+      run_.Pushed(step, done.push);
+      exchanged.push = done.push;
+    }
     return true;
   }
 
@@ -391,14 +380,11 @@ class LocalModelSteps {
   }
 
   Run& run_;
-  const ConsistencySpec& spec_;
-  const bool easgd_;
   const float lr_;
   const bool cosine_;
-  HostBuffer<float> x_, centre_, vec_;
+  HostBuffer<float> x_, grad_;
   LocalModel model_;
-  bool started_ = false;
-  ShardedClient::Versions versions_;  // of the last pull
+  std::unique_ptr<LocalExchange> exchange_;
   std::vector<int32_t> indices_;
 };
 
@@ -472,8 +458,8 @@ absl::StatusOr<CsvWriter> OpenStepCsv(const std::string& path) {
 absl::StatusOr<int64_t> TrainFrom(Run& run, const ConsistencySpec& consistency,
                                   const TrainingOptions& options) {
   if (consistency.local_models()) {
-    LocalModelSteps steps(run, consistency, options.local_lr, options.local_momentum,
-                          options.local_cosine);
+    LocalModelSteps steps(run, options.local_lr, options.local_momentum, options.local_cosine);
+    if (absl::Status s = steps.Connect(); !s.ok()) return s;
     return RunSteps(run, run.first_step, steps);
   }
   GradientSteps steps(run, options.prefetch, options.overlap);

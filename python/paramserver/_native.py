@@ -6,7 +6,7 @@ shards, and the library depends on no interpreter's ABI: one build serves every 
 import ctypes
 import os
 
-API_VERSION = 5
+API_VERSION = 6
 NOT_DONE = -1
 
 
@@ -37,7 +37,7 @@ def _load():
     if lib.ps_api_version() != API_VERSION:
         raise ImportError(f"paramserver: {path} has C API version {lib.ps_api_version()}, "
                           f"this package needs {API_VERSION}: rebuild the project")
-    client_p, op_p = ctypes.c_void_p, ctypes.c_void_p
+    client_p, op_p, exchange_p, step_p = (ctypes.c_void_p,) * 4
     i64, f32p = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
     declare = {
         "ps_last_error": (ctypes.c_char_p, []),
@@ -64,6 +64,21 @@ def _load():
         "ps_op_versions": (ctypes.c_int, [op_p, ctypes.POINTER(i64), ctypes.c_int]),
         "ps_op_push_summary": (ctypes.c_int, [op_p, ctypes.POINTER(PushSummary)]),
         "ps_op_free": (None, [op_p]),
+        "ps_client_step": (ctypes.c_int, [client_p, f32p, f32p, i64, ctypes.c_int,
+                                          ctypes.POINTER(step_p)]),
+        "ps_step_weights_needed": (ctypes.c_int, [step_p, i64, i64, ctypes.c_double]),
+        "ps_step_wait_pull": (ctypes.c_int, [step_p, ctypes.c_double]),
+        "ps_step_gradient_final": (ctypes.c_int, [step_p, i64, i64]),
+        "ps_step_final": (ctypes.c_int, [step_p, i64, i64]),
+        "ps_step_filled_from": (i64, [step_p]),
+        "ps_step_take_push": (ctypes.c_int, [step_p, ctypes.POINTER(op_p)]),
+        "ps_step_free": (None, [step_p]),
+        "ps_client_local_models": (ctypes.c_int, [client_p]),
+        "ps_client_exchange": (ctypes.c_int, [client_p, f32p, i64, ctypes.POINTER(exchange_p)]),
+        "ps_exchange_before_step": (ctypes.c_int, [exchange_p, i64]),
+        "ps_exchange_after_step": (ctypes.c_int, [exchange_p, i64, ctypes.c_int]),
+        "ps_exchange_wait": (ctypes.c_int, [exchange_p, ctypes.c_double]),
+        "ps_exchange_free": (None, [exchange_p]),
         "ps_client_stats_json": (ctypes.c_int, [client_p, ctypes.POINTER(ctypes.c_void_p)]),
         "ps_string_free": (None, [ctypes.c_void_p]),
     }

@@ -8,6 +8,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from collections import namedtuple
 
 import numpy as np
@@ -35,6 +36,21 @@ def settings_from_environment(environ=None):
 
 def _raise_last(code):
     raise errors.from_code(code, lib.ps_last_error().decode(errors="replace"))
+
+
+def _sliced(wait, timeout, what):
+    """Calls wait(seconds) in short slices (Ctrl-C, KeyboardInterrupt, and signal handlers run
+    between them) until it returns other than NOT_DONE or `timeout` passed; raises its error."""
+    end = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = 0.1 if end is None else min(0.1, max(0.0, end - time.monotonic()))
+        code = wait(left)
+        if code != NOT_DONE:
+            break
+        if end is not None and time.monotonic() >= end:
+            raise TimeoutError(f"the {what} is still in progress after {timeout} s")
+    if code != 0:
+        _raise_last(code)
 
 
 def float_buffer(x, writable, what):
@@ -115,7 +131,7 @@ class Handle:
             raise errors.Cancelled("CANCELLED", "the push was abandoned")
         if self._kind == "push":
             lib.ps_op_send(self._op, -1)  # a push started held: its parts not sent yet
-        self._sliced(lambda left: lib.ps_op_wait(self._op, left), timeout, self._kind)
+        _sliced(lambda left: lib.ps_op_wait(self._op, left), timeout, self._kind)
         if self._kind == "pull":
             versions = (ctypes.c_int64 * self._num_shards)()
             code = lib.ps_op_versions(self._op, versions, self._num_shards)
@@ -141,7 +157,7 @@ class Handle:
             return
         if self._op is None:
             raise errors.Cancelled("CANCELLED", "the push was abandoned")
-        self._sliced(lambda left: lib.ps_op_wait_part(self._op, shard, left), timeout,
+        _sliced(lambda left: lib.ps_op_wait_part(self._op, shard, left), timeout,
                      f"{self._kind}'s part of shard {shard}")
 
     def wait_values(self, begin, end, timeout=None):
@@ -155,23 +171,8 @@ class Handle:
             return
         if self._op is None:
             raise errors.Cancelled("CANCELLED", "the call was abandoned")
-        self._sliced(lambda left: lib.ps_op_wait_values(self._op, int(begin), int(end), left),
+        _sliced(lambda left: lib.ps_op_wait_values(self._op, int(begin), int(end), left),
                      timeout, f"pull's values [{begin}, {end})")
-
-    @staticmethod
-    def _sliced(wait, timeout, what):
-        """Calls wait(seconds) in short slices (Ctrl-C, KeyboardInterrupt, is seen between them)
-        until it returns other than NOT_DONE or `timeout` passed; raises its error."""
-        end = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = 0.1 if end is None else min(0.1, max(0.0, end - time.monotonic()))
-            code = wait(left)
-            if code != NOT_DONE:
-                break
-            if end is not None and time.monotonic() >= end:
-                raise TimeoutError(f"the {what} is still in progress after {timeout} s")
-        if code != 0:
-            _raise_last(code)
 
     def _free(self):
         op, self._op = self._op, None
@@ -182,6 +183,142 @@ class Handle:
     def __del__(self):
         if getattr(self, "_op", None) is not None:
             self._free()
+
+
+class OverlappedStep:
+    """A training step whose pull and push overlap its compute (client/overlap_schedule.h), from
+    Client.step(weights, gradient), for a framework's hooks to drive: it starts the pull of the
+    step's weights into `weights`; weights_needed(begin, end) waits for a layer's weights as the
+    forward pass reaches it and wait_pull() for the rest once it is over; gradient_final(begin,
+    end) tells it that backward made that range of `gradient` final (the first call starts the
+    push, and each shard's part goes as its range becomes final); take_push() gives the push, as
+    a Handle. Should a wait raise Aborted (the pull failed after the forward pass used some of its
+    values), compute the step again on a new one. One thread at a time; close() (or the
+    client's) frees it, and a push not taken then sends none of its parts not sent yet."""
+
+    def __init__(self, client, weights, gradient, prefetch):
+        w, count, w_owner = float_buffer(weights, writable=True, what="the step's weights")
+        g, g_count, g_owner = float_buffer(gradient, writable=False, what="the gradient")
+        if g_count != count:
+            raise invalid(f"the gradient has {g_count} values, the weights {count}")
+        f32p = ctypes.POINTER(ctypes.c_float)
+        handle = ctypes.c_void_p()
+        client._call(lib.ps_client_step, ctypes.cast(w, f32p), ctypes.cast(g, f32p), count,
+                     int(bool(prefetch)), ctypes.byref(handle))
+        self._client, self._handle, self._owners = client, handle, (w_owner, g_owner)
+        self.pulled = False  # the whole pull was waited for
+        self.pushing = False  # gradient_final started a push, not taken yet
+
+    def _call(self, fn, *args):
+        if self._handle is None:
+            raise errors.FailedPrecondition("FAILED_PRECONDITION", "the step is closed")
+        self._client._enter()
+        try:
+            return fn(self._handle, *args)
+        finally:
+            self._client._exit()
+
+    def _wait(self, fn, timeout, what, *args):
+        self._call(lambda handle: _sliced(lambda left: fn(handle, *args, left), timeout, what))
+
+    def weights_needed(self, begin, end, timeout=None):
+        """Waits (at most `timeout` seconds: then TimeoutError) for the pull's weights
+        [begin, end), a layer's, as the forward pass reaches it."""
+        if not self.pulled:
+            self._wait(lib.ps_step_weights_needed, timeout, f"pull's values [{begin}, {end})",
+                       int(begin), int(end))
+
+    def wait_pull(self, timeout=None):
+        """Waits (at most `timeout` seconds: then TimeoutError) for the whole pull: the forward
+        pass is over."""
+        if not self.pulled:
+            self._wait(lib.ps_step_wait_pull, timeout, "pull")
+            self.pulled = True
+
+    def gradient_final(self, begin, end):
+        """Backward made the gradient [begin, end) final; the pull is waited for first."""
+        self.wait_pull()
+        code = self._call(lib.ps_step_gradient_final, int(begin), int(end))
+        if code != 0:
+            _raise_last(code)
+        self.pushing = True
+
+    def final(self, begin, end):
+        """Whether any of the gradient [begin, end) was made final in this step."""
+        return self._call(lib.ps_step_final, int(begin), int(end)) == 1
+
+    @property
+    def filled_from(self):
+        """Where the final values reaching the gradient's end start, as the push was told
+        (total_params while none do)."""
+        return self._call(lib.ps_step_filled_from)
+
+    def take_push(self):
+        """The step's push, every part sent, as a Handle (gradient_final started it)."""
+        op = ctypes.c_void_p()
+        code = self._call(lib.ps_step_take_push, ctypes.byref(op))
+        if code != 0:
+            _raise_last(code)
+        self.pushing = False
+        return Handle(op, self._owners[1], "push", self._client.num_shards)
+
+    def close(self):
+        """Frees the step, waiting for its pull. Idempotent."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            lib.ps_step_free(handle)
+        self._owners = None
+
+    def __del__(self):
+        if getattr(self, "_handle", None) is not None:
+            self.close()
+
+
+class LocalExchange:
+    """A worker's side of easgd and local SGD (client/local_exchange.h), from
+    Client.local_exchange(values): trades the local model `values` (float32, total_params, which
+    the caller's own optimizer trains) with the shards' centre when and as their consistency
+    model says. Call before_step(step) before computing step `step` and after_step(step) after
+    its local update; most steps exchange nothing, and the first before_step pulls the centre
+    into `values`. Waits see Ctrl-C and signal handlers (the client's cancel() ends one with
+    Cancelled). One thread at a time; close() (or the client's) frees it."""
+
+    def __init__(self, client, values):
+        address, count, owner = float_buffer(values, writable=True, what="the local model")
+        handle = ctypes.c_void_p()
+        client._call(lib.ps_client_exchange, ctypes.cast(address, ctypes.POINTER(ctypes.c_float)),
+                     count, ctypes.byref(handle))
+        self._client, self._handle, self._owner = client, handle, owner
+
+    def before_step(self, step):
+        """The exchange due before step `step` is computed (local:H: a period's start pulls the
+        centre; easgd:T: every T steps, the elastic exchange); returns once it is done."""
+        self._run(lib.ps_exchange_before_step, int(step))
+
+    def after_step(self, step, last=False):
+        """The exchange due after step `step`'s local update (local:H: a period's end, or
+        `last`, pushes the model's change); returns once it is done."""
+        self._run(lib.ps_exchange_after_step, int(step), int(bool(last)))
+
+    def _run(self, start, *args):
+        if self._handle is None:
+            raise errors.FailedPrecondition("FAILED_PRECONDITION", "the exchange is closed")
+        self._client._enter()
+        try:
+            code = start(self._handle, *args)
+            if code != 0:
+                _raise_last(code)
+            _sliced(lambda left: lib.ps_exchange_wait(self._handle, left), None,
+                    "exchange with the shards")
+        finally:
+            self._client._exit()
+
+    def close(self):
+        """Frees the exchange (waiting for a call in flight). Idempotent."""
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            lib.ps_exchange_free(handle)
+        self._owner = None
 
 
 class Client:
@@ -220,6 +357,7 @@ class Client:
         self._cancelled = False
         self._calls = 0  # blocking calls in progress on this client
         self._closed = False
+        self._bound = weakref.WeakSet()  # steps and exchanges: freed before the client
         self.rank = lib.ps_client_rank(handle)
         self.total_params = lib.ps_client_total_params(handle)
         self.num_shards = lib.ps_client_num_shards(handle)
@@ -268,6 +406,33 @@ class Client:
             return lib.ps_client_consistency(handle).decode()
         finally:
             self._exit()
+
+    @property
+    def local_models(self):
+        """Whether the shards' consistency model has workers train local models (easgd, local:
+        see local_exchange), known after register."""
+        handle = self._enter()
+        try:
+            return lib.ps_client_local_models(handle) == 1
+        finally:
+            self._exit()
+
+    def local_exchange(self, values):
+        """The exchange of the local model `values` (float32, total_params, used in place) with
+        the shards' centre under easgd and local SGD: a LocalExchange. Raises FailedPrecondition
+        when the shards run no local models."""
+        exchange = LocalExchange(self, values)
+        self._bound.add(exchange)
+        return exchange
+
+    def step(self, weights, gradient, prefetch=False):
+        """A training step whose pull (into `weights`, started now; `prefetch` as at pull_async)
+        and push (of `gradient`) overlap its compute: an OverlappedStep."""
+        if self._cancelled:
+            raise errors.Cancelled("CANCELLED", "the client was cancelled: no step started")
+        step = OverlappedStep(self, weights, gradient, prefetch)
+        self._bound.add(step)
+        return step
 
     def initialize(self, values):
         """Offers initial values to every shard; returns how many took them (shards already
@@ -347,6 +512,11 @@ class Client:
             while self._calls:
                 self._lock.wait()
             handle, self._handle = self._handle, None
+        bound = list(self._bound)
+        if bound:  # one interrupted mid-call (Ctrl-C) would wait out its call when freed
+            lib.ps_client_cancel_pending(handle)
+        for b in bound:
+            b.close()
         lib.ps_client_destroy(handle)
 
     def __enter__(self):

@@ -21,6 +21,7 @@ another, so a pull writes straight into the model and a push reads straight from
   local:H       the `optimizer` given here (the user's own) steps locally; every H steps the
                 model's change since the last pull is pushed and the averaged model pulled.
   easgd:T,A     the local optimizer steps; every T steps an elastic exchange with the centre.
+                (Both exchanges are the C++ worker's: Client.local_exchange.)
 The optimizer of the gradient modes runs on the shards (ps --optimizer, --lr).
 
 A worker killed and started again registers under its rank and resumes at `first_step`.
@@ -119,36 +120,29 @@ class DistributedModel(torch.nn.Module):
             offset += p.numel()
         self.first_step = client.register()
         self.steps = self.first_step  # step() calls so far, from first_step
-        kind, _, arg = client.consistency.partition(":")
         self.consistency = client.consistency
-        self._local = kind in ("local", "easgd")
-        if self._local:
-            if optimizer is None:
-                raise invalid(f"the shards run {client.consistency}: the workers train local "
-                           "models; pass optimizer= (the local optimizer)")
-            period, _, alpha = arg.partition(",")
-            self._period = int(period)
-            workers = max(1, int(settings.get("num_workers") or 1))
-            self._alpha = float(alpha) if alpha else 0.9 / workers
-            self._easgd = kind == "easgd"
-            self._start = torch.empty(n)  # local:H: the model at the last pull
-            self._centre = torch.empty(n)  # easgd: the centre pulled
+        local = client.local_models
+        if local and optimizer is None:
+            raise invalid(f"the shards run {client.consistency}: the workers train local "
+                          "models; pass optimizer= (the local optimizer)")
         if initialize is None:
             initialize = client.rank == 0
         if initialize:
             client.initialize(self._weights)
         self._pending_push = None
-        self._pending_pull = None
-        if self._local:
-            self._exchange(first=True)
+        self._exchange = None  # local:H and easgd: the local model's exchange with the centre
+        self._step = None  # the others: this step's pull and push (Client.step)
+        if local:
+            self._exchange = client.local_exchange(self._weights)
+            self._exchange.before_step(self.steps)  # the first pulls the centre
         else:
-            client.pull(self._weights)
+            self._new_step(prefetch=False).wait_pull()
+        self._overlap = overlap and not local
         self._hooks = [module.register_forward_pre_hook(lambda *_: self._ready())]
-        self._backward = self._forward_pull = None
-        if overlap and not self._local:
+        self._backward = None
+        if self._overlap:
             self._backward = _BackwardPush(self)
-            self._forward_pull = _ForwardPull(self)
-            self._hooks += self._backward.hooks + self._forward_pull.hooks
+            self._hooks += self._backward.hooks + _ForwardPull(self).hooks
         self._csv = _StepLog(csv if csv is not None else os.environ.get("PS_CSV"))
         self._compute_start = time.monotonic()
 
@@ -160,8 +154,7 @@ class DistributedModel(torch.nn.Module):
             # The pull failed under weights this pass had used (a retry would have rewritten
             # them): once more, on a new pull. (What the first pass did besides, such as
             # BatchNorm's running statistics, it did twice.)
-            self._finish_pull(failed=True)
-            self.client.pull(self._weights)
+            self._new_step(prefetch=False).wait_pull()
             out = self.module(*args, **kwargs)
         return out
 
@@ -170,14 +163,16 @@ class DistributedModel(torch.nn.Module):
         that raised midway, say): what it began to push is dropped (parts not sent yet are never
         sent). The gradients stay views into the flat buffer, zeroed, whatever `set_to_none`.
         Not needed in a plain loop: step() starts each step's gradients at zero."""
-        dropped = self._backward is not None and self._backward.drop_unfinished()
+        dropped = self._step is not None and self._step.pushing
+        if dropped:
+            self._step.close()  # its parts not sent yet are never sent
         self._wait_push()
         self._grads.zero_()
         for p, (offset, k) in zip(self._params, self._views):
             p.grad = self._grads[offset:offset + k].view_as(p)
-        if dropped and self._pending_pull is None:
+        if dropped:
             # Parts of it may have reached shards: the next step computes on their weights now.
-            self._pending_pull = self.client.pull_async(self._weights)
+            self._new_step(prefetch=False)
 
     def _wait_push(self):
         """Waits for the push step() left in flight, then zeroes the gradients it read."""
@@ -191,23 +186,23 @@ class DistributedModel(torch.nn.Module):
         will write, and the weights the forward pass reads (all of them, or with overlap each
         layer's own as the pass reaches it: _ForwardPull)."""
         self._wait_push()
-        if self._forward_pull is None:
+        if not self._overlap:
             self._finish_pull()
         self._compute_start = time.monotonic()
 
-    def _finish_pull(self, failed=False):
-        """Waits for the rest of the pull step() left in flight. Before a push starts: its base
-        (the versions staleness is counted from) is the last pull waited for whole. `failed`:
-        it failed already, and only its end is waited for."""
-        if self._pending_pull is not None:
-            pull, self._pending_pull = self._pending_pull, None
-            if self._forward_pull is not None:
-                self._forward_pull.waited.clear()
-            try:
-                pull.wait()
-            except errors.Error:
-                if not failed:
-                    raise
+    def _finish_pull(self):
+        """Waits for the rest of this step's pull. Before a push starts: its base (the versions
+        staleness is counted from) is the last pull waited for whole."""
+        if self._step is not None:
+            self._step.wait_pull()
+
+    def _new_step(self, prefetch):
+        """Frees this step (waiting for its pull's end) and starts the next: its pull, into the
+        weights, and the push of its gradient to come. Returns it."""
+        if self._step is not None:
+            self._step.close()  # (kept, closed, should the new one not start: its calls raise)
+        self._step = self.client.step(self._weights, self._grads, prefetch)
+        return self._step
 
     def _collect_gradient(self, index):
         """Brings parameter `index`'s gradient, if autograd put it elsewhere (after
@@ -234,19 +229,17 @@ class DistributedModel(torch.nn.Module):
         self._csv.row(self.steps, f"{time.time():.3f}",
                       "" if loss is None else f"{float(loss):.5f}")
         self._collect_gradients()
-        if self._local:
+        if self._exchange is not None:
             self.optimizer.step()
             self._grads.zero_()
+            self._exchange.after_step(self.steps)
             self.steps += 1
-            if self.steps % self._period == 0:
-                self._exchange()
+            self._exchange.before_step(self.steps)
             return
-        push = self._backward.finish() if self._backward is not None else None
-        if push is None:  # no backward hook pushed (overlap off, or under no_sync)
-            self._finish_pull()
-            push = self.client.push_async(self._grads)
-        self._pending_push = push
-        self._pending_pull = self.client.pull_async(self._weights, prefetch=True)
+        # Every gradient is final now (those no backward hook sent: overlap off, no_sync, unused).
+        self._step.gradient_final(0, len(self._grads))
+        self._pending_push = self._step.take_push()
+        self._new_step(prefetch=True)
         self.steps += 1
 
     @contextlib.contextmanager
@@ -262,40 +255,26 @@ class DistributedModel(torch.nn.Module):
         finally:
             self._backward.paused = False
 
-    def _exchange(self, first=False):
-        """local:H and easgd: trade the local model with the shards' centre."""
-        step = self.steps
-        with torch.no_grad():
-            if first or not self._easgd:
-                if not first:  # local: push the change since the last pull, then pull the mean
-                    self.client.push(self._weights - self._start, sequence=step - 1)
-                self.client.pull(self._weights)
-                self._start.copy_(self._weights)
-            else:  # easgd: diff = alpha (x - centre); x -= diff; the shards add diff
-                self.client.pull(self._centre)
-                diff = self._alpha * (self._weights - self._centre)
-                self._weights.sub_(diff)
-                self.client.push(diff, sequence=step)
-
     def close(self):
         """Waits for calls in flight, then leaves the job (the client's close)."""
         try:
-            for pending in (self._pending_push, self._pending_pull):
-                if pending is not None:
-                    try:
-                        pending.wait()
-                    except errors.Error:
-                        if not self.client.cancelled:
-                            raise
-                        # cancelled first (a shutdown): the call's end is all there is to wait for
+            for wait in (self._wait_push, self._finish_pull):
+                try:
+                    wait()
+                except errors.Error:
+                    if not self.client.cancelled:
+                        raise
+                    # cancelled first (a shutdown): the call's end is all there is to wait for
         finally:
-            self._pending_push = self._pending_pull = None
-            if self._backward is not None:
-                self._backward.drop_unfinished()
+            self._pending_push = None
+            if self._step is not None:
+                self._step.close()  # a push backward began and no step() took: not sent
             for hook in self._hooks:
                 hook.remove()
             self._hooks = []
             self._csv.close()
+            if self._exchange is not None:
+                self._exchange.close()
             self.client.close()
 
     def __enter__(self):
@@ -306,32 +285,18 @@ class DistributedModel(torch.nn.Module):
 
 
 class _BackwardPush:
-    """Pushes a DistributedModel's gradient while backward runs: a hook on each parameter's
-    gradient accumulation counts the parameters of each shard's range still to come, and sends
-    that shard its part of a held push (Client.push_async(held=True)) once none are left; it also
-    tells the push how far from the end every gradient is in (Handle.filled), so that a shard's
-    part starts going while backward still computes the start of its range. Parameters that get
-    no gradient (unused, frozen) hold their shards' parts until step()."""
+    """Maps a DistributedModel's backward pass onto its step (Client.step's OverlappedStep): a
+    hook on each parameter's gradient accumulation tells the step that the parameter's range of
+    the gradient is final, and the step sends each shard its part of the push as that range
+    becomes final (and, over the data plane, piece by piece as the final values reaching the end
+    grow). Frozen parameters' ranges are final from the start; parameters that get no gradient
+    (unused) hold their shards' parts until step()."""
 
     def __init__(self, model):
         self._model = model
-        params = model._params
-        self._shards_of = []  # by parameter: the shards its range touches
-        self._needed = [0] * model.client.num_shards  # by shard: parameters that get gradients
-        for p, (offset, k) in zip(params, model._views):
-            shards = [s for s, (begin, end) in enumerate(model.client.shard_ranges)
-                      if begin < offset + k and offset < end]
-            self._shards_of.append(shards)
-            if p.requires_grad:
-                for s in shards:
-                    self._needed[s] += 1
         self.paused = False  # no_sync
-        self._push = None  # the held push of this step's gradient, once a hook started it
-        self._waiting = None  # by shard: parameters still to come
-        self._seen = None  # by parameter: its gradient came in this step
-        self._final = None  # parameters from this one on have their gradients
         self.hooks = []
-        for i, p in enumerate(params):
+        for i, p in enumerate(model._params):
             if p.requires_grad:
                 self.hooks.append(p.register_hook(self._check_hook(i)))
                 self.hooks.append(_after_accumulate(p, lambda i=i: self._accumulated(i)))
@@ -339,8 +304,10 @@ class _BackwardPush:
     def _check_hook(self, index):
         """Runs before parameter `index`'s gradient is accumulated: refuses a second backward
         that would write into the gradient this step is pushing."""
+        offset, k = self._model._views[index]
+
         def check(_):
-            if self._push is not None and self._seen[index]:
+            if self._model._step.final(offset, offset + k):
                 raise RuntimeError(
                     "paramserver: backward ran twice in one step while its gradient was being "
                     "pushed; run the passes that only accumulate inside `with model.no_sync():` "
@@ -352,55 +319,28 @@ class _BackwardPush:
         if self.paused:
             return
         model = self._model
-        if self._push is None:
-            model._finish_pull()  # a forward pass run as model.module(x) left parts in flight
-            self._push = model.client.push_async(model._grads, held=True)
-            self._waiting = list(self._needed)
-            # Frozen parameters' gradients stay zero: final from the start.
-            self._seen = bytearray(0 if p.requires_grad else 1 for p in model._params)
-            self._final = len(self._seen)
-        self._seen[index] = 1
+        step = model._step
+        if not step.pushing:  # the first: frozen parameters' gradients stay zero
+            for p, (offset, k) in zip(model._params, model._views):
+                if not p.requires_grad:
+                    step.gradient_final(offset, offset + k)
         model._collect_gradient(index)
-        final = self._final
-        while final > 0 and self._seen[final - 1]:
-            final -= 1
-        if final < self._final:
-            self._final = final
-            self._push.filled(model._views[final][0])  # values from its offset on
-        for s in self._shards_of[index]:
-            self._waiting[s] -= 1
-            if self._waiting[s] == 0:
-                self._push.send(s)
-
-    def finish(self):
-        """step(): sends the parts still held and returns the push (None if no hook fired)."""
-        push, self._push = self._push, None
-        if push is not None:
-            push.send(-1)
-        return push
-
-    def drop_unfinished(self):
-        """Drops the push of a backward that no step() followed: its parts not sent yet are
-        never sent. Returns whether there was one."""
-        push, self._push = self._push, None
-        if push is not None:
-            push.abandon()
-        return push is not None
+        offset, k = model._views[index]
+        step.gradient_final(offset, offset + k)
 
 
 class _ForwardPull:
-    """Waits for a DistributedModel's pull layer by layer as the forward pass reaches them (the
-    first layers first, while the later layers' weights are still arriving): a pre-hook on each
-    module that holds parameters of its own waits for the values of all the parameters under it
-    (Handle.wait_values; nn.MultiheadAttention reads its out_proj's weights without calling it).
-    A module whose forward reads the parameters of a module it does not contain, without calling
-    it, needs overlap=False."""
+    """Maps a DistributedModel's forward pass onto its step: a pre-hook on each module that holds
+    parameters of its own waits for the values of all the parameters under it
+    (OverlappedStep.weights_needed; nn.MultiheadAttention reads its out_proj's weights without
+    calling it), the first layers' while the later layers' are still arriving. A module whose
+    forward reads the parameters of a module it does not contain, without calling it, needs
+    overlap=False."""
 
     def __init__(self, model):
         self._model = model
         ranges = model.client.shard_ranges
         place = {id(p): view for p, view in zip(model._params, model._views)}
-        self.waited = {}  # by shard: the end of the values of the pull in flight waited for
         self.hooks = []
         for m in model.module.modules():
             if next(m.parameters(recurse=False), None) is None:
@@ -415,20 +355,12 @@ class _ForwardPull:
                         old = spans.get(s, (lo, hi))
                         spans[s] = (min(old[0], lo), max(old[1], hi))
             self.hooks.append(m.register_forward_pre_hook(
-                lambda *_, spans=sorted(spans.items()): self._wait(spans)))
+                lambda *_, spans=[spans[s] for s in sorted(spans)]: self._wait(spans)))
 
     def _wait(self, spans):
-        pull = self._model._pending_pull
-        if pull is None:
-            return
-        for s, (begin, end) in spans:
-            if self.waited.get(s, -1) < end:
-                try:
-                    pull.wait_values(begin, end)
-                except errors.Aborted:
-                    self._model._finish_pull(failed=True)  # the next pass starts afresh
-                    raise
-                self.waited[s] = end
+        step = self._model._step
+        for begin, end in spans:
+            step.weights_needed(begin, end)
 
 
 def _after_accumulate(param, fn):

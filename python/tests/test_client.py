@@ -254,3 +254,81 @@ def test_a_waited_pull_sends_the_parts_each_host_still_holds(start_shards):
             shards.processes[0].send_signal(signal.SIGCONT)
         handle.wait()
         assert np.array_equal(out, initial)
+
+
+def test_a_local_exchange_trades_the_model_with_the_centre(start_shards):
+    shards = start_shards(2, f"flat:{N}", workers=1, flags=("--consistency=local:2",))
+    with worker(shards) as client:
+        step = client.register()
+        client.initialize(np.arange(N, dtype=np.float32))
+        assert client.local_models
+        x = np.zeros(N, np.float32)
+        exchange = client.local_exchange(x)
+        exchange.before_step(step)  # the first pulls the centre
+        assert np.array_equal(x, np.arange(N))
+        x += 1  # the local optimizer's steps
+        exchange.after_step(step)  # mid-period: nothing
+        exchange.before_step(step + 1)
+        assert np.array_equal(weights(shards), np.arange(N))
+        x += 1
+        exchange.after_step(step + 1)  # the period's end: its change is the round's average
+        assert np.array_equal(weights(shards), np.arange(N) + 2)
+    easgd = start_shards(1, f"flat:{N}", workers=2, flags=("--consistency=easgd:1",))
+    with worker(easgd, num_workers=2) as client:
+        client.register()
+        client.initialize(np.zeros(N, np.float32))
+        x = np.zeros(N, np.float32)
+        exchange = client.local_exchange(x)
+        exchange.before_step(0)
+        x += 1
+        exchange.before_step(1)  # diff = 0.45 (x - centre), the shards' alpha (0.9 / 2 workers)
+        assert np.allclose(x, 0.55) and np.allclose(weights(easgd), 0.45)
+    synchronous = start_shards(1, f"flat:{N}", flags=("--consistency=sync",))
+    with worker(synchronous) as client:
+        client.register()
+        assert not client.local_models
+        with pytest.raises(paramserver.FailedPrecondition, match="no local model"):
+            client.local_exchange(np.zeros(N, np.float32))
+
+
+def test_a_signal_handler_can_cancel_an_exchange_that_waits_for_a_round(start_shards):
+    shards = start_shards(1, f"flat:{N}", workers=2, flags=("--consistency=local:1",))
+    with worker(shards, num_workers=2) as client, worker(shards, 1, num_workers=2) as other:
+        client.register()
+        other.register()
+        client.initialize(np.zeros(N, np.float32))
+        exchange = client.local_exchange(np.zeros(N, np.float32))
+        exchange.before_step(0)
+        exchange.after_step(0)
+        previous = signal.signal(signal.SIGALRM, lambda *_: client.cancel())
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        start = time.monotonic()
+        try:
+            with pytest.raises(paramserver.Cancelled):
+                exchange.before_step(1)  # the round waits for worker 1's change
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        assert time.monotonic() - start < 10
+
+
+def test_a_step_sends_each_shards_part_as_its_range_becomes_final(start_shards):
+    shards = start_shards(2, f"flat:{N}", flags=SGD)
+    with worker(shards) as client:
+        client.register()
+        client.initialize(np.ones(N, np.float32))
+        w, g = np.zeros(N, np.float32), np.full(N, 2, np.float32)
+        step = client.step(w, g)
+        step.weights_needed(0, 10)  # the first values, whatever the rest does
+        assert np.array_equal(w[:10], np.ones(10))
+        with pytest.raises(paramserver.FailedPrecondition, match="no push"):
+            step.take_push()
+        half = N // 2
+        step.gradient_final(0, half)  # shard 0's range: its part goes; nothing reaches the end
+        assert step.final(half - 1, half + 1) and not step.final(half, N)
+        assert step.filled_from == N
+        step.gradient_final(half, N)
+        assert step.filled_from == 0
+        assert step.take_push().wait().sequence == 0
+        step.close()
+        assert np.array_equal(weights(shards), np.zeros(N))  # 1 - 0.5 * 2

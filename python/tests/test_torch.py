@@ -147,9 +147,14 @@ def test_backward_sends_each_shard_its_part_once_its_gradients_are_in(start_shar
         seen.append(versions())
 
     filled = []  # how far from the end the gradient was final, as backward told the push
-    tell = paramserver.client.Handle.filled
-    monkeypatch.setattr(paramserver.client.Handle, "filled",
-                        lambda handle, start: filled.append(start) or tell(handle, start))
+    tell = paramserver.client.OverlappedStep.gradient_final
+
+    def told(step, begin, end):
+        tell(step, begin, end)
+        if step.filled_from < (filled[-1] if filled else 66):
+            filled.append(step.filled_from)
+
+    monkeypatch.setattr(paramserver.client.OverlappedStep, "gradient_final", told)
     with paramserver.torch.DistributedModel(module, ps=shards.addresses, rank=0) as model:
         assert model.client.shard_ranges == [(0, 33), (33, 66)]
         first.weight.register_hook(at_first_layer)
@@ -171,14 +176,14 @@ def test_forward_starts_on_the_first_layers_weights_while_the_last_shards_are_co
     shards = start_shards(2, layout(module), flags=("--optimizer=sgd", "--lr=1"))
     initial = paramserver.torch.weights_of(module).copy()
     order = []
-    wait_part = paramserver.client.Handle.wait_part
-    wait_values = paramserver.client.Handle.wait_values
+    weights_needed = paramserver.client.OverlappedStep.weights_needed
 
-    def logged(handle, begin, end, timeout=None):
+    def logged(step, begin, end, timeout=None):
         order.append(f"wait {begin}-{end}")
-        return wait_values(handle, begin, end, timeout)
+        return weights_needed(step, begin, end, timeout)
 
-    monkeypatch.setattr(paramserver.client.Handle, "wait_values", logged)
+    monkeypatch.setattr(paramserver.client.OverlappedStep, "weights_needed", logged)
+    observer = paramserver.Client(ps=shards.addresses, model=layout(module))
     stopped = shards.processes[1]
     try:
         # A pass that waited for the whole pull would wait for the stopped shard: its retries
@@ -188,16 +193,17 @@ def test_forward_starts_on_the_first_layers_weights_while_the_last_shards_are_co
             x = torch.ones(1, 2)
             model(x).sum().backward()
             grads = model._grads.numpy().copy()
-            for s in (0, 1):  # the push is in at both shards before shard 1 stops
-                model._backward._push.wait_part(s)
+            deadline = time.monotonic() + 30  # the push is in at both shards before shard 1 stops
+            while [int(s.get("version", 0)) for s in observer.stats()] != [1, 1]:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
             pause(stopped)
             model.step()  # the next step's pull: shard 1 cannot answer its part yet
 
             def at_first(*_):
                 order.append("first")
-                assert not model._pending_pull.done()  # shard 1's part is not in
-                with pytest.raises(TimeoutError, match="part of shard 1"):
-                    wait_part(model._pending_pull, 1, 0.05)
+                with pytest.raises(TimeoutError, match=r"values \[33, 66\)"):  # shard 1's part
+                    weights_needed(model._step, 33, 66, 0.05)
                 stopped.send_signal(signal.SIGCONT)
 
             first.register_forward_pre_hook(at_first)
@@ -206,10 +212,11 @@ def test_forward_starts_on_the_first_layers_weights_while_the_last_shards_are_co
             model(x)
             # last's values are [6, 66): shard 0 holds [0, 33), shard 1 the rest
             assert order == ["wait 0-6", "first", "wait 6-33", "wait 33-66", "last"]
-            assert model._pending_pull is None  # waited for whole at the pass's end
+            assert model._step.pulled  # waited for whole at the pass's end
             assert np.allclose(paramserver.torch.weights_of(module), initial - grads, atol=1e-6)
     finally:
         stopped.send_signal(signal.SIGCONT)
+        observer.close()
 
 
 class _SmallThenLarge(torch.nn.Module):
@@ -236,12 +243,13 @@ def test_a_pull_failing_under_weights_the_forward_pass_used_is_made_again(start_
     passes = []
 
     def between():
-        passes.append(model._pending_pull is not None)
+        passes.append(not model._step.pulled)
         if len(passes) == 1:
             # The first layer ran on the pull's first values; the rest of its part cannot come
             # while the shard is stopped, and its attempt fails at its deadline (3 s).
             pause(stopped)
-            assert not model._pending_pull.done(), "the pull was in before the shard stopped"
+            with pytest.raises(TimeoutError):  # the pull was not in before the shard stopped
+                model._step.wait_pull(timeout=0)
             time.sleep(4)
             stopped.send_signal(signal.SIGCONT)
 

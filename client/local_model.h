@@ -1,9 +1,12 @@
-// A worker's own model under easgd and local SGD (common/consistency_spec.h): trained with SGD and
-// momentum on the worker's data between exchanges with the shards, which hold the centre (the
-// model the job trains). Only a cache: a worker killed and restarted starts over from the
-// centre (Restart) and loses nothing the job needs.
+// A worker's own model under easgd and local SGD (common/consistency_spec.h): trained on the
+// worker's data between exchanges with the shards, which hold the centre (the model the job
+// trains), with SGD and momentum (Step: the C++ worker's) or an optimizer of the caller's own (a
+// PyTorch one); the exchange's arithmetic is here (Restart, Elastic, Change: LocalExchange,
+// client/local_exchange.h, calls them). Only a cache: a worker killed and restarted starts over
+// from the centre (Restart) and loses nothing the job needs.
 // The model's values live in a buffer the worker owns (the one it computes gradients from); this
-// class keeps the momentum and the values of the last restart. Not thread-safe.
+// class keeps the momentum (from the first Step on) and the values of the last restart. Not
+// thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +20,9 @@ class LocalModel {
  public:
   // `params`: the worker's model values (valid as long as this); `momentum` in [0, 1).
   LocalModel(absl::Span<float> params, float momentum);
+
+  // The model's values (the buffer given at construction).
+  absl::Span<float> values() const { return x_; }
 
   // The values in params were just pulled from the shards: the model starts over from them, and
   // Change() is measured from here. Keeps the momentum.
