@@ -9,16 +9,11 @@
 
 namespace ps {
 
-CompressedPulls::CompressedPulls(int shards, Compression compression)
-    : compression_(compression) {
-  for (int i = 0; i < shards; ++i) views_.push_back(std::make_unique<View>());
-}
-
-AttemptEnd CompressedPulls::Pull(int shard, PullPart& part, GrpcPath& rpc,
-                                 grpc::ClientContext* context, v1::PullChunk* answer) {
+AttemptEnd CompressedPulls::Pull(PullPart& part, GrpcPath& rpc, grpc::ClientContext* context,
+                                 v1::PullChunk* answer) {
   const int64_t n = static_cast<int64_t>(part.values.size());
   const int64_t begin = part.request.offset();
-  View& view = *views_[shard];
+  View& view = view_;
   absl::MutexLock view_lock(&view.mu);
   // Whatever this attempt ends in, the view it names is used up: the shard moves on from it.
   const uint64_t held = std::exchange(view.id, 0);

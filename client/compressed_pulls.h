@@ -1,9 +1,9 @@
-// A worker's compressed pulls (ClientOptions::pull_compression): by shard, the view of its range
-// this client holds (the id the shard knows it by, and the values) and room for a change. A pull
-// names its view; the shard answers with the change since then, compressed, or (a first pull, or
-// one after a failed or restarted one) the whole values as the pull's dtype; the view becomes
+// A worker's compressed pulls of one shard (ClientOptions::pull_compression): the view of its
+// range this client holds (the id the shard knows it by, and the values) and room for a change. A
+// pull names its view; the shard answers with the change since then, compressed, or (a first pull,
+// or one after a failed or restarted one) the whole values as the pull's dtype; the view becomes
 // what was pulled, bit for bit as the shard's copy of it (server/rpc/pull_views.h). Over gRPC
-// only: such a pull wraps the gRPC path. Thread-safe (one pull of a shard at a time).
+// only (client/compressed_path.h). Thread-safe (one pull at a time).
 #pragma once
 
 #include <cstdint>
@@ -18,10 +18,10 @@ namespace ps {
 
 class CompressedPulls {
  public:
-  CompressedPulls(int shards, Compression compression);
-  // One attempt at pulling `part` (its request as any pull's) from shard `shard` through `rpc`;
-  // `answer` holds the shard's first chunk when OK.
-  AttemptEnd Pull(int shard, PullPart& part, GrpcPath& rpc, grpc::ClientContext* context,
+  explicit CompressedPulls(Compression compression) : compression_(compression) {}
+  // One attempt at pulling `part` (its request as any pull's) through `rpc`; `answer` holds the
+  // shard's first chunk when OK.
+  AttemptEnd Pull(PullPart& part, GrpcPath& rpc, grpc::ClientContext* context,
                   v1::PullChunk* answer);
 
  private:
@@ -31,7 +31,7 @@ class CompressedPulls {
     std::vector<float> values ABSL_GUARDED_BY(mu), change ABSL_GUARDED_BY(mu);
   };
   const Compression compression_;
-  std::vector<std::unique_ptr<View>> views_;  // by shard
+  View view_;
 };
 
 }  // namespace ps

@@ -23,6 +23,14 @@ ShardSession::ShardSession(int index, const std::string& addresses, Range range,
         grpc::CreateCustomChannel(address, credentials, ShardChannelArguments()));
     replicas_.push_back(std::move(replica));
   }
+  const ClientOptions& options = *client_.options;
+  if (options.compression.compressor != Compressor::kNone) {
+    compression_.pushes = std::make_unique<PushCompressor>(
+        options.compression, options.error_feedback, std::vector<int64_t>{range_.size()});
+  }
+  if (options.pull_compression.compressor != Compressor::kNone && client_.worker_id >= 0) {
+    compression_.pulls = std::make_unique<CompressedPulls>(options.pull_compression);
+  }
 }
 
 int ShardSession::current() const {
@@ -130,8 +138,8 @@ AttemptEnd ShardSession::Reregister(int64_t stale, int64_t resume_sequence,
   if (end.ok()) {
     absl::MutexLock lock(&mu_);
     ++reregistrations_;
-    PS_LOG(INFO) << "registered again with shard " << index_ << " ("
-                 << replicas_[current_]->address << "), now at version " << state_.version;
+    PS_LOG(INFO) << "registered again with shard " << index_ << " (" << replicas_[current_]->address
+                 << "), now at version " << state_.version;
   }
   return end;
 }
@@ -206,9 +214,11 @@ AttemptEnd ShardSession::OnPaths(grpc::ClientContext* context,
   const std::shared_ptr<DataPlanePath>& data = paths.data;
   GrpcPath* rpc = paths.rpc;
   TensorPath* const order[] = {paths.shared.get(), data.get(), rpc};
+  const bool compressing = compression_.pushes != nullptr || compression_.pulls != nullptr;
   for (TensorPath* path : order) {
     if (path == nullptr) continue;
-    AttemptEnd end = fn(*path, PathCall{context, rpc});
+    CompressedPath compressed(*path, compression_);
+    AttemptEnd end = fn(compressing ? compressed : *path, PathCall{context, rpc});
     if (end.kind == AttemptEnd::Kind::kNotTaken) continue;
     if (end.kind == AttemptEnd::Kind::kPathLost) Drop(path, end.status.message());
     if (end.kind == AttemptEnd::Kind::kDroppedHere && path == data.get() &&
@@ -221,8 +231,7 @@ AttemptEnd ShardSession::OnPaths(grpc::ClientContext* context,
 }
 
 AttemptEnd ShardSession::Pull(grpc::ClientContext* context, absl::Span<float> values,
-                              int64_t after_sequence, ValuesSeen seen,
-                              CompressedPulls* compressed, const Attempter& attempt,
+                              int64_t after_sequence, ValuesSeen seen, const Attempter& attempt,
                               Served* served) {
   RetryPaths(attempt);
   const ClientOptions& options = *client_.options;
@@ -236,15 +245,10 @@ AttemptEnd ShardSession::Pull(grpc::ClientContext* context, absl::Span<float> va
   request.set_dtype(static_cast<v1::DType>(options.pull_type));
   *request.mutable_model() = client_.model;
   v1::PullChunk answer;
-  AttemptEnd end =
-      compressed != nullptr
-          ? compressed->Pull(index_, part, *current_replica().rpc, context, &answer)
-          : OnPaths(
-                context,
-                [&](TensorPath& path, const PathCall& call) {
-                  return path.Pull(part, call, &answer);
-                },
-                attempt);
+  AttemptEnd end = OnPaths(
+      context,
+      [&](TensorPath& path, const PathCall& call) { return path.Pull(part, call, &answer); },
+      attempt);
   if (!end.ok()) return end;
   *served = {answer.version(), request.shard_incarnation()};
   absl::MutexLock lock(&mu_);
@@ -256,8 +260,8 @@ AttemptEnd ShardSession::Pull(grpc::ClientContext* context, absl::Span<float> va
 }
 
 AttemptEnd ShardSession::Push(grpc::ClientContext* context, absl::Span<const float> values,
-                              const std::shared_ptr<const CompressedTensor>& compressed,
                               int64_t sequence, Served base, FillProgress* filling,
+                              std::shared_ptr<const CompressedTensor>* compressed_once,
                               const Attempter& attempt, PushDone* done) {
   RetryPaths(attempt);
   const State session = state();
@@ -267,7 +271,7 @@ AttemptEnd ShardSession::Push(grpc::ClientContext* context, absl::Span<const flo
     base.version = std::min(base.version, session.registered_version);
   }
   const WireType type = client_.options->push_type;
-  PushPart part{{}, values, type, compressed, filling};
+  PushPart part{{}, values, type, nullptr, compressed_once, filling};
   v1::PushHeader& header = part.header;
   header.set_worker_id(client_.worker_id);
   header.set_incarnation(session.incarnation);
@@ -277,10 +281,6 @@ AttemptEnd ShardSession::Push(grpc::ClientContext* context, absl::Span<const flo
   header.set_offset(range_.begin);
   header.set_length(range_.size());
   header.set_dtype(static_cast<v1::DType>(type));
-  if (compressed != nullptr) {
-    header.set_dtype(static_cast<v1::DType>(compressed->compressor));
-    header.set_topk_pairs(compressed->pairs);
-  }
   return OnPaths(
       context, [&](TensorPath& path, const PathCall& call) { return path.Push(part, call, done); },
       attempt);
@@ -289,7 +289,8 @@ AttemptEnd ShardSession::Push(grpc::ClientContext* context, absl::Span<const flo
 bool ShardSession::StreamsPush() const {
   absl::MutexLock lock(&mu_);
   const std::shared_ptr<DataPlanePath> data = DataNow();
-  return shared_ == nullptr && data != nullptr && data->SendsAsFilled(range_.size());
+  return shared_ == nullptr && data != nullptr && compression_.pushes == nullptr &&
+         data->SendsAsFilled(range_.size());
 }
 
 void ShardSession::Drop(const TensorPath* path, absl::string_view why) {
@@ -357,14 +358,12 @@ void ShardSession::RetryPaths(const Attempter& attempt) {
           backoff_ = kRetryFirst;
         }
         PS_LOG(INFO) << "shard " << index_ << " (" << address() << "): tensors "
-                     << (shared.ok() ? "through shared memory" : "over the data plane")
-                     << " again";
+                     << (shared.ok() ? "through shared memory" : "over the data plane") << " again";
       },
       [] {});
 }
 
-void ShardSession::RenewData(const std::shared_ptr<DataPlanePath>& data,
-                             const Attempter& attempt) {
+void ShardSession::RenewData(const std::shared_ptr<DataPlanePath>& data, const Attempter& attempt) {
   const State session = state();
   absl::StatusOr<std::shared_ptr<DataPlanePath>> fresh =
       ConnectDataPlane(session.incarnation, session.shard_incarnation, attempt);

@@ -1,7 +1,8 @@
 // This client's dealings with one shard: the shard's replicas (one gRPC path each: channel and
 // stub) and which of them calls go to, this client's registration there (incarnations, versions,
 // the consistency model), and the paths its tensors take, in fallback order: shared memory with a
-// shard on this host, else the data plane, else gRPC (client/tensor_path.h). A path that stops
+// shard on this host, else the data plane, else gRPC (client/tensor_path.h), each inside
+// compression where the client compresses (client/compressed_path.h). A path that stops
 // working is dropped, and shared memory (else a data-plane connection) asked for again with
 // backoff (100 ms doubling to 10 s) while tensors go over gRPC.
 //
@@ -21,13 +22,13 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/compressed_path.h"
 #include "client/connection_probe.h"
-#include "client/compressed_pulls.h"
 #include "client/data_plane_path.h"
 #include "client/grpc_path.h"
 #include "client/shard_call.h"
-#include "client/shared_memory_path.h"
 #include "client/sharded_client.h"
+#include "client/shared_memory_path.h"
 #include "common/partition.h"
 
 namespace ps {
@@ -47,7 +48,7 @@ class ShardSession {
     int64_t last_sequence = -1;      // this worker's last push the shard applied
     bool initialized = false;        // the shard held the model (at a registration or pull)
     std::string consistency;
-    bool shared_memory = false;      // whether tensors go through shared memory
+    bool shared_memory = false;  // whether tensors go through shared memory
   };
   // One replica: its address and gRPC path, whether a call reached it once (failures since are
   // outages, not settings that do not fit), and what the last probe found (connection_probe.h),
@@ -61,7 +62,8 @@ class ShardSession {
     ProbeFinding finding ABSL_GUARDED_BY(mu);
   };
   // One attempt of a call of the session's own (its context tracked by the client).
-  using Attempter = std::function<AttemptEnd(const std::function<AttemptEnd(grpc::ClientContext*)>&)>;
+  using Attempter =
+      std::function<AttemptEnd(const std::function<AttemptEnd(grpc::ClientContext*)>&)>;
   // What every session of a client shares: who it is, the model, the options; `threads` runs
   // the asks for a data-plane connection.
   struct Client {
@@ -98,21 +100,22 @@ class ShardSession {
   int reregistrations() const;
 
   // One attempt at pulling the shard's range into `values` (its part of the caller's buffer),
-  // `seen` told of each run as it is in place; through `compressed` if not null. What the pull
-  // served: the version, of which shard process.
+  // `seen` told of each run as it is in place. What the pull served: the version, of which shard
+  // process.
   struct Served {
     int64_t version = 0;
     int64_t shard_incarnation = 0;
   };
   AttemptEnd Pull(grpc::ClientContext* context, absl::Span<float> values, int64_t after_sequence,
-                  ValuesSeen seen, CompressedPulls* compressed, const Attempter& attempt,
-                  Served* served);
-  // One attempt at pushing the shard's part `values` (or `compressed`, when not null), computed
-  // from `base` (a version of the process `base.shard_incarnation`, 0: this one), as `sequence`;
-  // `filling`, if not null, says how far the values are final (client/tensor_path.h).
-  AttemptEnd Push(grpc::ClientContext* context, absl::Span<const float> values,
-                  const std::shared_ptr<const CompressedTensor>& compressed, int64_t sequence,
-                  Served base, FillProgress* filling, const Attempter& attempt, PushDone* done);
+                  ValuesSeen seen, const Attempter& attempt, Served* served);
+  // One attempt at pushing the shard's part `values`, computed from `base` (a version of the
+  // process `base.shard_incarnation`, 0: this one), as `sequence`; `filling`, if not null, says
+  // how far the values are final, and `compressed_once` is the push's place for the part's
+  // compressed bytes (client/tensor_path.h).
+  AttemptEnd Push(grpc::ClientContext* context, absl::Span<const float> values, int64_t sequence,
+                  Served base, FillProgress* filling,
+                  std::shared_ptr<const CompressedTensor>* compressed_once,
+                  const Attempter& attempt, PushDone* done);
   // The paths a part takes now, in fallback order: shared memory or the data plane (null where
   // there is none), and gRPC to the replica called now (always).
   struct Paths {
@@ -121,8 +124,8 @@ class ShardSession {
     GrpcPath* rpc;
   };
   Paths paths() const;
-  // Whether a push part may go as its values come: over the data plane, as float32 (the caller
-  // checks the type and compression).
+  // Whether a push part may go as its values come: over the data plane, uncompressed, as float32
+  // (the caller checks the type).
   bool StreamsPush() const;
   // Asks for shared memory, else a data-plane connection, again, on a thread of the client's, if
   // there is neither and the retry is due; calls meanwhile go over gRPC.
@@ -139,8 +142,9 @@ class ShardSession {
   // The data-plane path if it is with the replica called now, else null.
   std::shared_ptr<DataPlanePath> DataNow() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // A path for this process (`incarnation`) with shard process `shard_incarnation`.
-  absl::StatusOr<std::shared_ptr<SharedMemoryPath>> AttachSharedMemory(
-      int64_t incarnation, int64_t shard_incarnation, const Attempter& attempt);
+  absl::StatusOr<std::shared_ptr<SharedMemoryPath>> AttachSharedMemory(int64_t incarnation,
+                                                                       int64_t shard_incarnation,
+                                                                       const Attempter& attempt);
   absl::StatusOr<std::shared_ptr<DataPlanePath>> ConnectDataPlane(int64_t incarnation,
                                                                   int64_t shard_incarnation,
                                                                   const Attempter& attempt);
@@ -161,6 +165,8 @@ class ShardSession {
   const Range range_;
   const Client client_;
   std::vector<std::unique_ptr<Replica>> replicas_;
+  // What the client compresses (neither: no decorator around the paths).
+  CompressedPath::Compression compression_;
   // Held while registering again, so that two threads noticing one restart do not register
   // twice (the second registration would supersede the first).
   absl::Mutex register_mu_;

@@ -105,16 +105,6 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
       hosts_shared_ = true;
     }
   }
-  if (options_.compression.compressor != Compressor::kNone) {
-    std::vector<int64_t> sizes;
-    for (const Range& r : ranges_) sizes.push_back(r.size());
-    compressor_ = std::make_unique<PushCompressor>(options_.compression, options_.error_feedback,
-                                                   std::move(sizes));
-  }
-  if (options_.pull_compression.compressor != Compressor::kNone && worker_id_ >= 0) {
-    compressed_pulls_ =
-        std::make_unique<CompressedPulls>(num_shards(), options_.pull_compression);
-  }
   absl::MutexLock lock(&steps_->mu);
   steps_->last_pull.version.assign(addresses.size(), 0);
   steps_->last_pull.shard_incarnation.assign(addresses.size(), 0);
@@ -157,7 +147,8 @@ std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(
       auto result = std::make_shared<absl::Status>();
       threads_.Run(
           [this, shared_fn, shared_budget, shard, retry, timeout, generation, result] {
-            *result = attempts_.Retry(shard, *shared_fn, retry, timeout, generation, *shared_budget);
+            *result =
+                attempts_.Retry(shard, *shared_fn, retry, timeout, generation, *shared_budget);
           },
           [call = weak.lock(), shard, result] { call->Done(shard, std::move(*result)); });
     };
@@ -180,8 +171,7 @@ std::shared_ptr<ShardedClient::Call> ShardedClient::Impl::Start(
     holding_.push_back(call);
   }
   if (here >= 0) {
-    call->Done(here,
-              attempts_.Retry(here, *shared_fn, retry, timeout, generation, *shared_budget));
+    call->Done(here, attempts_.Retry(here, *shared_fn, retry, timeout, generation, *shared_budget));
   }
   return call;
 }
@@ -191,9 +181,9 @@ AttemptEnd ShardedClient::Impl::PullFrom(int shard, grpc::ClientContext* context
                                          Versions* versions, ValuesSeen seen) {
   const Range& r = ranges_[shard];
   ShardSession::Served served;
-  AttemptEnd end = sessions_[shard]->Pull(
-      context, params.subspan(r.begin, r.size()), after_sequence, seen, compressed_pulls_.get(),
-      attempts_.AttempterFor(shard, attempts_.generation()), &served);
+  AttemptEnd end =
+      sessions_[shard]->Pull(context, params.subspan(r.begin, r.size()), after_sequence, seen,
+                             attempts_.AttempterFor(shard, attempts_.generation()), &served);
   if (end.ok()) {
     versions->version[shard] = served.version;
     versions->shard_incarnation[shard] = served.shard_incarnation;
@@ -292,19 +282,18 @@ ShardedClient::Versions ShardedClient::last_pull() const {
 }
 
 bool ShardedClient::Impl::StreamsPush(int shard) const {
-  return compressor_ == nullptr && options_.push_type == WireType::kFloat32 &&
-         sessions_[shard]->StreamsPush();
+  return options_.push_type == WireType::kFloat32 && sessions_[shard]->StreamsPush();
 }
 
 AttemptEnd ShardedClient::Impl::PushTo(int shard, grpc::ClientContext* context,
                                        absl::Span<const float> gradient,
-                                       const std::shared_ptr<const CompressedTensor>& compressed,
+                                       std::shared_ptr<const CompressedTensor>* compressed_once,
                                        int64_t sequence, const Versions& base, PushDone* done,
                                        PushFill* fill) {
   const Range& r = ranges_[shard];
-  return sessions_[shard]->Push(context, gradient.subspan(r.begin, r.size()), compressed,
-                                sequence, {base.version[shard], base.shard_incarnation[shard]},
-                                fill != nullptr ? &fill->progress(shard) : nullptr,
+  return sessions_[shard]->Push(context, gradient.subspan(r.begin, r.size()), sequence,
+                                {base.version[shard], base.shard_incarnation[shard]},
+                                fill != nullptr ? &fill->progress(shard) : nullptr, compressed_once,
                                 attempts_.AttempterFor(shard, attempts_.generation()), done);
 }
 
@@ -325,7 +314,8 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::BeginPush(
   struct Answers {
     std::vector<PushDone> done;  // by shard
     Versions base;
-    std::vector<std::shared_ptr<const CompressedTensor>> compressed;  // by shard, once sent
+    // By shard, the part's compressed bytes, once made (client/compressed_path.h).
+    std::vector<std::shared_ptr<const CompressedTensor>> compressed;
   };
   auto answers = std::make_shared<Answers>(
       Answers{std::vector<PushDone>(num_shards()),
@@ -355,20 +345,8 @@ ShardedClient::Pending<ShardedClient::PushSummary> ShardedClient::BeginPush(
   std::shared_ptr<Call> call = impl->Start(
       [impl, gradient, sequence, answers, fill](int shard, grpc::ClientContext* context) {
         if (fill != nullptr && fill->Dropped(shard)) return AttemptEnd::DroppedHere();
-        // Compressed once, at the part's first attempt (its range is final then, also when
-        // held): a retry resends the same bytes, and the residual moves once.
-        std::shared_ptr<const CompressedTensor>& compressed = answers->compressed[shard];
-        if (impl->compressor_ != nullptr && compressed == nullptr) {
-          const Range& r = impl->ranges_[shard];
-          const FillProgress* filling = fill != nullptr ? &fill->progress(shard) : nullptr;
-          if (std::optional<AttemptEnd> end = AwaitFinal(filling, *context)) return *end;
-          absl::StatusOr<std::shared_ptr<const CompressedTensor>> c =
-              impl->compressor_->Compress(shard, gradient.subspan(r.begin, r.size()));
-          if (!c.ok()) return AttemptEnd::Answered(c.status());
-          compressed = *std::move(c);
-        }
-        return impl->PushTo(shard, context, gradient, compressed, sequence, answers->base,
-                            &answers->done[shard], fill.get());
+        return impl->PushTo(shard, context, gradient, &answers->compressed[shard], sequence,
+                            answers->base, &answers->done[shard], fill.get());
       },
       /*retry=*/true, impl->options_.rpc_timeout,
       [steps, sequence] {
@@ -441,4 +419,3 @@ void ShardedClient::Close() {
 }
 
 }  // namespace ps
-

@@ -10,12 +10,11 @@
 #include <string>
 #include <vector>
 
-#include "client/compressed_pulls.h"
-#include "client/push_compressor.h"
 #include "client/shard_attempts.h"
 #include "client/shard_call.h"
 #include "client/shard_session.h"
 #include "client/sharded_client.h"
+#include "common/compression.h"
 #include "proto/ps.grpc.pb.h"
 
 namespace ps {
@@ -91,11 +90,12 @@ class ShardedClient::Impl {
   // data plane or gRPC's; a run is a part of `params`).
   AttemptEnd PullFrom(int shard, grpc::ClientContext* context, absl::Span<float> params,
                       int64_t after_sequence, Versions* versions, ValuesSeen seen);
-  // One attempt at pushing shard `shard`'s part of `gradient`, or `compressed` (that part
-  // compressed) when not null. With `fill` (a held push's), the part's values may still be
-  // coming: sent as they come where a path takes that, else once all of them are in.
+  // One attempt at pushing shard `shard`'s part of `gradient` (its compressed bytes, where the
+  // client compresses, kept in `compressed_once` for the retries). With `fill` (a held push's),
+  // the part's values may still be coming: sent as they come where a path takes that, else once
+  // all of them are in.
   AttemptEnd PushTo(int shard, grpc::ClientContext* context, absl::Span<const float> gradient,
-                    const std::shared_ptr<const CompressedTensor>& compressed, int64_t sequence,
+                    std::shared_ptr<const CompressedTensor>* compressed_once, int64_t sequence,
                     const Versions& base, PushDone* done, PushFill* fill);
   // Whether shard `shard`'s part of a push may go as its values come (Pending::Filled): on a
   // path that sends them so, as float32, uncompressed.
@@ -104,13 +104,11 @@ class ShardedClient::Impl {
   ModelIdentity model_;
   int worker_id_;
   ClientOptions options_;
-  std::vector<Range> ranges_;                   // shard i's range of the flat vector
+  std::vector<Range> ranges_;  // shard i's range of the flat vector
   // By shard: the next shard listed on the same host (its first replica's), -1: none. A
   // started pull's parts on one host go one after another, in this order.
   std::vector<int> next_on_host_;
-  bool hosts_shared_ = false;                   // whether a host holds several shards
-  std::unique_ptr<PushCompressor> compressor_;  // null: pushes are not compressed
-  std::unique_ptr<CompressedPulls> compressed_pulls_;  // null: pulls are whole
+  bool hosts_shared_ = false;  // whether a host holds several shards
   std::string consistency_;
 
   std::vector<std::unique_ptr<ShardSession>> sessions_;  // by shard
@@ -134,7 +132,7 @@ class ShardedClient::Impl {
   const std::shared_ptr<Steps> steps_ = std::make_shared<Steps>();
 
   absl::Mutex mu_;
-  std::vector<std::weak_ptr<Call>> holding_ ABSL_GUARDED_BY(mu_);  // calls started kHeld
+  std::vector<std::weak_ptr<Call>> holding_ ABSL_GUARDED_BY(mu_);    // calls started kHeld
   std::vector<std::weak_ptr<PushFill>> fills_ ABSL_GUARDED_BY(mu_);  // their pushes' fills
 
   // Last: destroyed (its threads joined) before the state they use.

@@ -2,9 +2,9 @@
 // gRPC stream (client/grpc_path.h), shared memory with a shard on this host
 // (client/shared_memory_path.h) or the shard's data plane (client/data_plane_path.h). A client's
 // session with a shard holds its paths in fallback order (shared memory, the data plane, gRPC) and
-// gives each part to the first that takes it; compressed parts are made before, and pulls are
-// compressed around, whichever path carries them (client/compressed_pulls.h). A new kind of call
-// is one more method here, not one more branch in every caller.
+// gives each part to the first that takes it; compression is a decorator around any of them
+// (client/compressed_path.h). A new kind of call is one more method here, not one more branch in
+// every caller.
 //
 // A path does one attempt; the caller retries (client/retry_policy.h). What an attempt ended in
 // is typed (AttemptEnd: kNotTaken, the next path then; kPathLost, the path dropped), never told
@@ -21,10 +21,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "client/retry_policy.h"
 #include "common/compression.h"
 #include "common/fill_progress.h"
 #include "common/wire_type.h"
-#include "client/retry_policy.h"
 #include "proto/ps.pb.h"
 #include "transport/data_frames.h"
 
@@ -40,6 +40,9 @@ struct PushPart {
   WireType type = WireType::kFloat32;
   // Sent instead of `values` when not null (header.dtype names its compressor).
   std::shared_ptr<const CompressedTensor> compressed;
+  // The push's own place for this part's compressed bytes, made at its first attempt and resent
+  // by its retries (client/compressed_path.h); null where the client does not compress.
+  std::shared_ptr<const CompressedTensor>* compressed_once = nullptr;
   // A held push's part whose values are still being filled in from the end (a backward pass),
   // or null: they are final. A path that cannot send them as they come waits for them first
   // (TensorPath::Push's `await_final`).

@@ -1,7 +1,8 @@
 // The path conformance suite (client/tensor_path.h): every way a shard's part of a push or a pull
 // travels (gRPC, shared memory, the data plane) against a shard served in this process, for the
 // same cases: exact values both ways, a part whose values are still being filled in, one dropped
-// before it was final, a deadline, a shard that restarted, bad input, and a cut connection.
+// before it was final, a deadline, a shard that restarted, bad input, a cut connection, and
+// compression around the path (client/compressed_path.h).
 #include "client/tensor_path.h"
 
 #include <grpcpp/grpcpp.h>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "client/compressed_path.h"
 #include "client/grpc_path.h"
 #include "client/shard_call.h"
 #include "client/shard_session.h"
@@ -54,8 +56,9 @@ class TensorPathTest : public testing::TestWithParam<Kind> {
     model_.set_num_shards(1);
     options_.shared_memory = GetParam() == Kind::kSharedMemory;
     options_.data_plane = GetParam() == Kind::kDataPlane;
-    session_ = std::make_unique<ShardSession>(0, shard_->address(), Range{0, kValues},
-                                              ShardSession::Client{0, model_, &options_, &threads_});
+    session_ =
+        std::make_unique<ShardSession>(0, shard_->address(), Range{0, kValues},
+                                       ShardSession::Client{0, model_, &options_, &threads_});
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     ASSERT_TRUE(session_->Register(&context, -1, Attempter()).ok());
@@ -67,8 +70,7 @@ class TensorPathTest : public testing::TestWithParam<Kind> {
     header.set_dtype(v1::FLOAT32);
     grpc::ClientContext init_context;
     v1::InitializeResponse response;
-    ASSERT_TRUE(
-        session_->paths().rpc->Initialize(header, initial_, &init_context, &response).ok());
+    ASSERT_TRUE(session_->paths().rpc->Initialize(header, initial_, &init_context, &response).ok());
   }
 
   ShardSession::Attempter Attempter() {
@@ -118,15 +120,21 @@ class TensorPathTest : public testing::TestWithParam<Kind> {
     return Path().Push(part, PathCall{&context, session_->paths().rpc}, &done);
   }
 
-  // The shard's values, pulled on the path under test (or gRPC's, once that one may be gone).
-  std::vector<float> Pulled(bool on_grpc = false) {
-    std::vector<float> values(kValues, -1);
+  // A pull of the shard's values into `values`.
+  PullPart PullOf(std::vector<float>& values) {
     PullPart part{{}, absl::MakeSpan(values)};
     part.request.set_length(kValues);
     part.request.set_worker_id(0);
     part.request.set_shard_incarnation(session_->state().shard_incarnation);
     part.request.set_dtype(v1::FLOAT32);
     *part.request.mutable_model() = model_;
+    return part;
+  }
+
+  // The shard's values, pulled on the path under test (or gRPC's, once that one may be gone).
+  std::vector<float> Pulled(bool on_grpc = false) {
+    std::vector<float> values(kValues, -1);
+    PullPart part = PullOf(values);
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     v1::PullChunk answer;
@@ -258,6 +266,57 @@ TEST_P(TensorPathTest, ACutConnectionFailsTheAttemptWithinItsDeadline) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(6));
   if (GetParam() == Kind::kDataPlane) {
     EXPECT_EQ(end.kind, AttemptEnd::Kind::kPathLost) << end.status;
+  }
+}
+
+// Compression around the path: a push part is compressed once (its bytes kept in the push's slot
+// and resent as they are) and goes where the path carries bytes; a pull's change travels over
+// gRPC. top-k of every value is exact: the shard applies the gradient as sent uncompressed.
+TEST_P(TensorPathTest, CompressionWrapsThePathAndAPartIsCompressedOnce) {
+  const Compression every_value{Compressor::kTopK, 1.0};
+  CompressedPath::Compression compression;
+  compression.pushes = std::make_unique<PushCompressor>(every_value, /*error_feedback=*/true,
+                                                        std::vector<int64_t>{kValues});
+  compression.pulls = std::make_unique<CompressedPulls>(every_value);
+  GrpcPath* const rpc = session_->paths().rpc;
+  CompressedPath compressed(Path(), compression), over_grpc(*rpc, compression);
+  EXPECT_FALSE(compressed.SendsAsFilled(kValues));
+  const std::vector<float> g = Gradient();
+  PushPart part = Part(g, 0);
+  std::shared_ptr<const CompressedTensor> bytes;
+  part.compressed_once = &bytes;
+  auto push = [&](CompressedPath& path) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+    PushDone done;
+    return path.Push(part, PathCall{&context, rpc}, &done);
+  };
+  AttemptEnd end = push(compressed);
+  ASSERT_NE(bytes, nullptr);
+  const CompressedTensor* made = bytes.get();
+  if (GetParam() != Kind::kGrpc) {
+    // The data plane carries values only; top-k's pairs take twice the values' bytes, more than
+    // a shared region holds: both pass the part on, for gRPC to carry.
+    EXPECT_EQ(end.kind, AttemptEnd::Kind::kNotTaken) << end.status;
+    end = push(over_grpc);
+  }
+  ASSERT_TRUE(end.ok()) << end.status;
+  EXPECT_EQ(bytes.get(), made) << "compressed again";
+  EXPECT_EQ(compression.pushes->Residual(0), std::vector<float>(kValues, 0.0f));
+  EXPECT_EQ(Pulled(/*on_grpc=*/true), Applied(g));
+
+  std::vector<float> values(kValues, -1);
+  PullPart pull = PullOf(values);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::PullChunk answer;
+  AttemptEnd pulled = compressed.Pull(pull, PathCall{&context, rpc}, &answer);
+  if (GetParam() == Kind::kGrpc) {
+    ASSERT_TRUE(pulled.ok()) << pulled.status;
+    EXPECT_NE(answer.view(), 0u);
+    EXPECT_EQ(values, Applied(g));
+  } else {
+    EXPECT_EQ(pulled.kind, AttemptEnd::Kind::kNotTaken) << pulled.status;
   }
 }
 
