@@ -82,14 +82,16 @@ absl::StatusOr<ClientSecurity> ClientSecurityFromFlags() {
   return security;
 }
 
-absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards, ClientKind kind) {
+absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards, ClientKind kind,
+                                                           const SettingTexts& own) {
   SettingsUse use;
   use.as_flags = true;
   use.needs_shards = needs_shards;
   use.needs_model = false;  // --hidden has a default
   use.kind = kind;
-  absl::StatusOr<ClientConnection> connection =
-      ClientConnectionFromSettings(ClientFlagTexts(), use);
+  SettingTexts settings = ClientFlagTexts();
+  settings.insert(own.begin(), own.end());
+  absl::StatusOr<ClientConnection> connection = ClientConnectionFromSettings(settings, use);
   if (!connection.ok()) return connection.status();
   if (absl::Status s = CheckHealthHost(); !s.ok()) return s;
   return connection;

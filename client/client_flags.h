@@ -18,9 +18,11 @@
 
 namespace ps {
 
-// From the flags (ClientConnectionFromSettings, naming flags in its messages); `needs_shards`:
-// --ps must name at least one shard (else it may be empty).
-absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards, ClientKind kind);
+// From the flags (ClientConnectionFromSettings, naming flags in its messages), with `own`: the
+// texts of the daemon's own flags that are client settings (a worker's --rank, --push_dtype,
+// ...); `needs_shards`: --ps must name at least one shard (else it may be empty).
+absl::StatusOr<ClientConnection> ClientConnectionFromFlags(bool needs_shards, ClientKind kind,
+                                                           const SettingTexts& own = {});
 
 // The shards' credentials from the flags, after checking that the health service may listen
 // where asked. Fails with a one-line reason (an unreadable file, a non-loopback --health_host

@@ -22,10 +22,10 @@ ABSL_FLAG(int, threads, 1, "BLAS threads of the CPU backend.");
 namespace ps {
 
 absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bool needs_shards,
-                                        bool checks_only) {
+                                        bool checks_only, const SettingTexts& own) {
   ClientStart start;
   absl::StatusOr<ClientConnection> connection =
-      ClientConnectionFromFlags(needs_shards, ClientKind::kDaemon);
+      ClientConnectionFromFlags(needs_shards, ClientKind::kDaemon, own);
   if (!connection.ok()) return connection.status();
   start.connection = *std::move(connection);
   if (IsLayoutSpec(start.connection.model)) {
@@ -37,12 +37,6 @@ absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bo
   if (!network.ok()) return network.status();
   if (absl::Status s = network->FitsFashionMnist(); !s.ok()) return s;
   start.network = *std::move(network);
-  if (std::optional<int> own = WorkerTokenRank(start.connection.options.security.token);
-      own.has_value() && rank >= 0 && *own != rank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the token (--token_file or PS_TOKEN) is worker ", *own, "'s own, and this is worker ",
-        rank, " (--rank): give it worker ", rank, "'s token"));
-  }
   start.data_dir = absl::GetFlag(FLAGS_data_dir);
   start.csv = absl::GetFlag(FLAGS_csv);
   if (checks_only) return start;

@@ -32,8 +32,8 @@ struct ClientStart {
 // unreadable credential, another worker's own token, no usable --device, a health port taken).
 // `needs_shards`: as ClientConnectionFromFlags.
 // `checks_only` (--dry_run): returns once the flags and credentials checked out, with only
-// `connection` set, having started nothing.
+// `connection` set, having started nothing. `own`: as ClientConnectionFromFlags.
 absl::StatusOr<ClientStart> StartClient(const std::string& log_tag, int rank, bool needs_shards,
-                                        bool checks_only = false);
+                                        bool checks_only = false, const SettingTexts& own = {});
 
 }  // namespace ps

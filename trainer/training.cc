@@ -388,18 +388,6 @@ class LocalModelSteps {
   std::vector<int32_t> indices_;
 };
 
-// The client options of a worker: the connection's, with the options' wire and timeout settings.
-ClientOptions WorkerClientOptions(const TrainingOptions& options, const ClientOptions& connection) {
-  ClientOptions client_options = connection;
-  client_options.push_type = options.push_type;
-  client_options.compression = options.compression;
-  client_options.error_feedback = options.error_feedback;
-  client_options.pull_compression = options.pull_compression;
-  client_options.rpc_timeout = options.rpc_timeout;
-  client_options.num_workers = options.num_workers;
-  return client_options;
-}
-
 // The shards' consistency model, which the options must fit (a local model pulls every few
 // steps, and pushes no gradient: no prefetch, no overlap).
 absl::StatusOr<ConsistencySpec> ShardConsistency(const ShardedClient& client,
@@ -486,12 +474,12 @@ absl::Status Train(const TrainingOptions& options, ClientStart& start) {
   Network mlp(start.network, batch, backend);
   ModelIdentity model{mlp.Fingerprint(), mlp.num_params(),
                       static_cast<int>(shards.addresses.size())};
-  ShardedClient client(shards.addresses, model, rank, WorkerClientOptions(options, shards.options));
+  ShardedClient client(shards.addresses, model, rank, shards.options);
   CancelOnShutdown cancel_on_shutdown(&client);
   // Heartbeats keep this worker in the shards' active set while it computes or waits at a
   // barrier; each has a deadline of one interval, so a stalled shard does not delay the others.
   absl::StatusOr<std::unique_ptr<WorkerSession>> session =
-      WorkerSession::Start(&client, options.heartbeat);
+      WorkerSession::Start(&client, shards.heartbeat);
   if (!session.ok() && ShutdownRequested()) return absl::OkStatus();
   if (!session.ok()) return session.status();
   const int64_t first_step = (*session)->first_step();

@@ -12,8 +12,6 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/compression.h"
-#include "common/wire_type.h"
 #include "trainer/client_start.h"
 #include "trainer/delay.h"
 
@@ -26,12 +24,6 @@ struct TrainingOptions {
   int64_t steps = 0;                                     // in total, restarts included; 0: no limit
   absl::Duration time_limit = absl::InfiniteDuration();  // ends the run, even mid-wait
   uint64_t seed = 1;  // of the initial weights and of the batch order
-  absl::Duration rpc_timeout = absl::Seconds(10);
-  WireType push_type = WireType::kFloat32;
-  Compression compression = {};  // of pushes, instead of push_type (ClientOptions)
-  bool error_feedback = true;
-  Compression pull_compression = {};  // of pulls (ClientOptions)
-  absl::Duration heartbeat = absl::Seconds(1);
   double slowdown = 1;           // straggler injection: compute takes this many times longer
   Delay pull_delay, push_delay;  // before each pull and push
   bool prefetch = false;         // pull the next step's weights while computing (not easgd, local)

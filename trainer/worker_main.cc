@@ -5,6 +5,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/marshalling.h"
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
 #include "common/log.h"
@@ -78,15 +79,6 @@ absl::StatusOr<TrainingOptions> OptionsFromFlags() {
   if (o.batch_size < 1) return absl::InvalidArgumentError("--batch_size must be positive");
   o.slowdown = absl::GetFlag(FLAGS_slowdown);
   if (!(o.slowdown >= 1)) return absl::InvalidArgumentError("--slowdown must be >= 1");
-  // Shards answer a held-back pull 0.25 s before its deadline; shorter deadlines would spin.
-  const double rpc_timeout = absl::GetFlag(FLAGS_rpc_timeout_seconds);
-  if (!(rpc_timeout >= 0.5)) {
-    return absl::InvalidArgumentError("--rpc_timeout_seconds must be >= 0.5");
-  }
-  o.rpc_timeout = absl::Seconds(rpc_timeout);
-  const double heartbeat = absl::GetFlag(FLAGS_heartbeat_seconds);
-  if (!(heartbeat > 0)) return absl::InvalidArgumentError("--heartbeat_seconds must be > 0");
-  o.heartbeat = absl::Seconds(heartbeat);
   o.local_lr = static_cast<float>(absl::GetFlag(FLAGS_local_lr));
   if (!(o.local_lr > 0) || !std::isfinite(o.local_lr)) {
     return absl::InvalidArgumentError("--local_lr must be > 0");
@@ -114,34 +106,44 @@ absl::StatusOr<TrainingOptions> OptionsFromFlags() {
       Delay::Parse(absl::GetFlag(FLAGS_push_delay), o.seed * 37 + o.rank);
   if (!push_delay.ok()) return push_delay.status();
   o.push_delay = *std::move(push_delay);
-  absl::StatusOr<WireType> push_type = ParseWireType(absl::GetFlag(FLAGS_push_dtype));
-  if (!push_type.ok()) {
-    return absl::InvalidArgumentError("--push_dtype: " + std::string(push_type.status().message()));
-  }
-  o.push_type = *push_type;
-  absl::StatusOr<Compression> compression = ParseCompression(absl::GetFlag(FLAGS_compress));
-  if (!compression.ok()) {
-    return absl::InvalidArgumentError("--compress: " + std::string(compression.status().message()));
-  }
-  if (compression->compressor != Compressor::kNone && o.push_type != WireType::kFloat32) {
-    return absl::InvalidArgumentError(
-        "--compress sends its own format: leave --push_dtype at fp32 with it");
-  }
-  o.compression = *compression;
-  o.error_feedback = absl::GetFlag(FLAGS_error_feedback);
-  absl::StatusOr<Compression> pull_compression =
-      ParseCompression(absl::GetFlag(FLAGS_pull_compress));
-  if (!pull_compression.ok()) {
-    return absl::InvalidArgumentError("--pull_compress: " +
-                                      std::string(pull_compression.status().message()));
-  }
-  o.pull_compression = *pull_compression;
   o.prefetch = absl::GetFlag(FLAGS_prefetch);
   o.overlap = absl::GetFlag(FLAGS_overlap);
   if (const double max_seconds = absl::GetFlag(FLAGS_max_seconds); max_seconds > 0) {
     o.time_limit = absl::Seconds(max_seconds);
   }
   return o;
+}
+
+// The worker's flags that are client settings, as their texts: client/client_settings.h reads
+// and checks them (naming the flag at fault), as it does the C API's and Python's.
+SettingTexts ClientSettingFlags() {
+  return {
+      {"rank", absl::UnparseFlag(absl::GetFlag(FLAGS_rank))},
+      {"num_workers", absl::UnparseFlag(absl::GetFlag(FLAGS_num_workers))},
+      {"rpc_timeout_seconds", absl::UnparseFlag(absl::GetFlag(FLAGS_rpc_timeout_seconds))},
+      {"heartbeat_seconds", absl::UnparseFlag(absl::GetFlag(FLAGS_heartbeat_seconds))},
+      {"push_dtype", absl::GetFlag(FLAGS_push_dtype)},
+      {"compress", absl::GetFlag(FLAGS_compress)},
+      {"error_feedback", absl::UnparseFlag(absl::GetFlag(FLAGS_error_feedback))},
+      {"pull_compress", absl::GetFlag(FLAGS_pull_compress)},
+  };
+}
+
+// What a worker asks of its client beyond what any client's settings allow.
+absl::Status CheckWorkerClient(const ClientConnection& c) {
+  // Shards answer a held-back pull 0.25 s before its deadline; shorter deadlines would spin.
+  if (c.options.rpc_timeout < absl::Milliseconds(500)) {
+    return absl::InvalidArgumentError("--rpc_timeout_seconds must be >= 0.5");
+  }
+  if (c.heartbeat <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--heartbeat_seconds must be > 0");
+  }
+  if (c.options.compression.compressor != Compressor::kNone &&
+      c.options.push_type != WireType::kFloat32) {
+    return absl::InvalidArgumentError(
+        "--compress sends its own format: leave --push_dtype at fp32 with it");
+  }
+  return absl::OkStatus();
 }
 
 int Main(int argc, char** argv) {
@@ -156,9 +158,13 @@ int Main(int argc, char** argv) {
   absl::StatusOr<TrainingOptions> options = OptionsFromFlags();
   if (!options.ok()) return Fail(std::string(options.status().message()));
   const bool dry_run = absl::GetFlag(FLAGS_dry_run);
-  absl::StatusOr<ClientStart> started = StartClient(absl::StrCat("worker[", options->rank, "]"),
-                                                    options->rank, /*needs_shards=*/true, dry_run);
+  absl::StatusOr<ClientStart> started =
+      StartClient(absl::StrCat("worker[", options->rank, "]"), options->rank,
+                  /*needs_shards=*/true, dry_run, ClientSettingFlags());
   if (!started.ok()) return Fail(std::string(started.status().message()));
+  if (absl::Status s = CheckWorkerClient(started->connection); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   if (dry_run) {
     absl::Status s = CheckTrainingData(*started, options->batch_size);
     return s.ok() ? 0 : Fail(std::string(s.message()));
