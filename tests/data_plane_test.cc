@@ -794,6 +794,44 @@ TEST(DataPlaneTest, APushCallSentLastPieceFirstArrivesWhileItsFirstPiecesAreStil
             absl::StatusCode::kInvalidArgument);
 }
 
+// A push sent as backward makes it whose backward stalls: the shard cuts the connection once no
+// byte came for its stall, and the client's send, waiting for the next piece, ends then too (not
+// kMaxFillWait later).
+TEST(DataPlaneTest, APushCallSentAsFilledEndsWhenTheShardCutsItsStalledConnection) {
+  std::unique_ptr<DataPlane> plane = StartPlane(absl::Seconds(5), absl::Milliseconds(300));
+  ASSERT_NE(plane, nullptr);
+  const size_t n = 2 * kFillPiece + 12345;
+  std::vector<float> got(n, -1.0f);
+  absl::Notification last_piece_in;
+  std::atomic<bool> read_failed{false};
+  DataPlane::PushHandler push = [&](const DataPlane::Call&, DataPlane::ReadValues read_values) {
+    absl::Status read = read_values(
+        absl::MakeSpan(got), WireType::kFloat32,
+        [&](absl::Span<const float> run) {
+          if (run.data() + run.size() == got.data() + n) last_piece_in.Notify();
+        },
+        ValuesOrder::kLastPieceFirst);
+    read_failed = !read.ok();
+    return DataPlane::CallAnswer{ToGrpcStatus(read), ""};
+  };
+  plane->TakeCalls({push, nullptr, nullptr, nullptr});
+  std::unique_ptr<DataConnection> client = OpenClient(*plane, 3);
+  ASSERT_NE(client, nullptr);
+  std::vector<float> values(n, 1.0f);
+  FillProgress filled(static_cast<int64_t>(n));
+  filled.Add(n - 2 * kFillPiece);  // the last piece, and then backward stalls
+  const absl::Time start = absl::Now();
+  absl::StatusOr<DataConnection::Answered> answered =
+      client->PushCall(5, "read", values, WireType::kFloat32, Soon(), FrameKind::kPushCall,
+                       &filled, ValuesOrder::kLastPieceFirst);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(last_piece_in.HasBeenNotified());
+  EXPECT_EQ(answered.status().code(), absl::StatusCode::kUnavailable) << answered.status();
+  EXPECT_TRUE(client->ended());
+  EXPECT_TRUE(read_failed.load());
+  EXPECT_LT(took, kMaxFillWait / 2) << "the send waited for values after the shard cut it";
+}
+
 TEST(DataPlaneTest, APullCallIsAnsweredAfterItsValues) {
   std::unique_ptr<DataPlane> plane = StartPlane(absl::Seconds(5), absl::Seconds(10), 2);
   ASSERT_NE(plane, nullptr);

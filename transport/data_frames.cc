@@ -138,6 +138,26 @@ absl::StatusOr<FrameHeader> ReceiveHeader(Socket& socket, absl::Time deadline) {
 
 namespace {
 
+// Waits until `filling` has `n` values in place (or all it will have: stopped), for kMaxFillWait
+// at most, and no longer once `socket` is shut down (its peer cut it: nothing more can go).
+// Returns how many are in place; StoppedComing tells why when fewer.
+int64_t AwaitFill(const Socket& socket, const FillProgress& filling, int64_t n) {
+  const absl::Time give_up = absl::Now() + kMaxFillWait;
+  const int64_t want = std::min(n, filling.total());
+  for (;;) {
+    const int64_t in = filling.WaitFor(n, std::min(give_up, absl::Now() + absl::Milliseconds(100)));
+    if (in >= want || filling.stopped() || socket.shut_down() || absl::Now() >= give_up) return in;
+  }
+}
+absl::Status StoppedComing(const Socket& socket, int64_t sent, int64_t n) {
+  if (socket.shut_down()) {
+    return absl::UnavailableError(
+        absl::StrCat("the connection ended while the values were coming, after ", sent, " of ", n));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("the values to send stopped coming after ", sent, " of ", n));
+}
+
 // SendValues in kLastPieceFirst order (float32).
 absl::Status SendLastPieceFirst(Socket& socket, absl::Span<const float> values, absl::Time deadline,
                                 const FillProgress* filling) {
@@ -145,9 +165,8 @@ absl::Status SendLastPieceFirst(Socket& socket, absl::Span<const float> values, 
   for (int64_t begin = n == 0 ? 0 : (n - 1) / kFillPiece * kFillPiece; begin >= 0 && n > 0;
        begin -= kFillPiece) {
     const int64_t end = std::min(n, begin + kFillPiece);
-    if (filling != nullptr && filling->WaitFor(n - begin, absl::Now() + kMaxFillWait) < n - begin) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("the values to send stopped coming after ", n - end, " of ", n));
+    if (filling != nullptr && AwaitFill(socket, *filling, n - begin) < n - begin) {
+      return StoppedComing(socket, n - end, n);
     }
     std::string_view bytes = AsBytes(values.subspan(begin, end - begin));
     if (absl::Status s = socket.Send(bytes.data(), bytes.size(), deadline); !s.ok()) return s;
@@ -184,12 +203,11 @@ absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t tran
   for (size_t sent = 0; sent < values.size();) {
     size_t ready = values.size();
     if (filling != nullptr) {  // a piece more at least, or the rest
-      const int64_t in_place =
-          filling->WaitFor(filled_from + sent + kFillPiece, absl::Now() + kMaxFillWait);
+      const int64_t in_place = AwaitFill(socket, *filling, filled_from + sent + kFillPiece);
       ready = std::min<size_t>(ready, std::max<int64_t>(in_place - filled_from, 0));
       if (ready <= sent) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("the values to send stopped coming after ", sent, " of ", values.size()));
+        return StoppedComing(socket, static_cast<int64_t>(sent),
+                             static_cast<int64_t>(values.size()));
       }
     }
     absl::Span<const float> part = values.subspan(sent, ready - sent);

@@ -135,8 +135,10 @@ enum class ValuesOrder { kInOrder, kLastPieceFirst };
 // saturated to the type's range. 32-bit values go straight from `values`; others are encoded a
 // piece at a time. With `filling`, `values` (the ones from `filled_from` on of the buffer it tells
 // of) are still being filled: each piece is sent once it is in place (DEADLINE_EXCEEDED if no more
-// comes within kMaxFillWait); in kLastPieceFirst order `filling` counts the values in place from
-// the end (and `filled_from` is 0). INVALID_ARGUMENT for kLastPieceFirst with another type.
+// comes within kMaxFillWait, UNAVAILABLE as soon as the socket is shut down meanwhile: its peer
+// cut it, or its reader saw it end); in kLastPieceFirst order `filling` counts the values in
+// place from the end (and `filled_from` is 0). INVALID_ARGUMENT for kLastPieceFirst with another
+// type.
 absl::StatusOr<int64_t> SendValues(Socket& socket, FrameKind kind, uint64_t transfer,
                                    absl::Span<const float> values, WireType type,
                                    absl::Time deadline, const FillProgress* filling = nullptr,
