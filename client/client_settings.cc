@@ -258,7 +258,11 @@ absl::StatusOr<ClientConnection> ClientConnectionFromSettings(SettingTexts setti
   if (std::optional<int> owner = WorkerTokenRank(c.options.security.token);
       c.rank >= 0 && owner.has_value() && *owner != c.rank) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the token is worker ", *owner, "'s own, not rank ", c.rank, "'s"));
+        use.as_flags
+            ? absl::StrCat("the token (--token_file or PS_TOKEN) is worker ", *owner,
+                           "'s own, and this is worker ", c.rank, " (--rank): give it worker ",
+                           c.rank, "'s token")
+            : absl::StrCat("the token is worker ", *owner, "'s own, not rank ", c.rank, "'s"));
   }
   return c;
 }
