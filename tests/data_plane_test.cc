@@ -802,17 +802,17 @@ TEST(DataPlaneTest, APushCallSentAsFilledEndsWhenTheShardCutsItsStalledConnectio
   ASSERT_NE(plane, nullptr);
   const size_t n = 2 * kFillPiece + 12345;
   std::vector<float> got(n, -1.0f);
-  absl::Notification last_piece_in;
-  std::atomic<bool> read_failed{false};
+  absl::Notification last_piece_in, read;
+  absl::Status read_status;
   DataPlane::PushHandler push = [&](const DataPlane::Call&, DataPlane::ReadValues read_values) {
-    absl::Status read = read_values(
+    read_status = read_values(
         absl::MakeSpan(got), WireType::kFloat32,
         [&](absl::Span<const float> run) {
           if (run.data() + run.size() == got.data() + n) last_piece_in.Notify();
         },
         ValuesOrder::kLastPieceFirst);
-    read_failed = !read.ok();
-    return DataPlane::CallAnswer{ToGrpcStatus(read), ""};
+    read.Notify();
+    return DataPlane::CallAnswer{ToGrpcStatus(read_status), ""};
   };
   plane->TakeCalls({push, nullptr, nullptr, nullptr});
   std::unique_ptr<DataConnection> client = OpenClient(*plane, 3);
@@ -828,7 +828,8 @@ TEST(DataPlaneTest, APushCallSentAsFilledEndsWhenTheShardCutsItsStalledConnectio
   EXPECT_TRUE(last_piece_in.HasBeenNotified());
   EXPECT_EQ(answered.status().code(), absl::StatusCode::kUnavailable) << answered.status();
   EXPECT_TRUE(client->ended());
-  EXPECT_TRUE(read_failed.load());
+  ASSERT_TRUE(read.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  EXPECT_FALSE(read_status.ok());  // the shard's read stalled, and it cut the connection
   EXPECT_LT(took, kMaxFillWait / 2) << "the send waited for values after the shard cut it";
 }
 
