@@ -811,8 +811,9 @@ TEST(DataPlaneTest, APushCallSentAsFilledEndsWhenTheShardCutsItsStalledConnectio
           if (run.data() + run.size() == got.data() + n) last_piece_in.Notify();
         },
         ValuesOrder::kLastPieceFirst);
-    read.Notify();
-    return DataPlane::CallAnswer{ToGrpcStatus(read_status), ""};
+    DataPlane::CallAnswer answer{ToGrpcStatus(read_status), ""};
+    read.Notify();  // the test's locals may be gone once it is told
+    return answer;
   };
   plane->TakeCalls({push, nullptr, nullptr, nullptr});
   std::unique_ptr<DataConnection> client = OpenClient(*plane, 3);
