@@ -39,8 +39,8 @@ absl::StatusOr<TensorSlot> ParseTensor(const Json& t, size_t index, int64_t offs
   };
   if (!t.is_object()) return bad("must be an object {\"name\": ..., \"shape\": [...]}");
   for (const auto& [key, value] : t.items()) {
-    if (key != "name" && key != "shape") {
-      return bad(absl::StrCat("unknown key \"", key, "\" (expected name, shape)"));
+    if (key != "name" && key != "shape" && key != "buffer") {
+      return bad(absl::StrCat("unknown key \"", key, "\" (expected name, shape, buffer)"));
     }
   }
   if (!t.contains("name") || !t["name"].is_string()) return bad("needs a string \"name\"");
@@ -72,6 +72,11 @@ absl::StatusOr<TensorSlot> ParseTensor(const Json& t, size_t index, int64_t offs
     slot.size = static_cast<int64_t>(size);
   }
   if (slot.size + offset > kMaxParams) return bad("the model has more than 2^40 parameters");
+  if (t.contains("buffer")) {
+    if (!t["buffer"].is_boolean())
+      return bad(absl::StrCat(slot.name, ": \"buffer\" is true or false"));
+    slot.buffer = t["buffer"].get<bool>();
+  }
   slot.offset = offset;
   return slot;
 }
@@ -82,9 +87,19 @@ int64_t TensorLayout::num_params() const {
   return tensors.empty() ? 0 : tensors.back().offset + tensors.back().size;
 }
 
+int64_t TensorLayout::num_buffer_values() const {
+  int64_t n = 0;
+  for (const TensorSlot& t : tensors) n += t.buffer ? t.size : 0;
+  return n;
+}
+
 std::string TensorLayout::ToJson() const {
   Json list = Json::array();
-  for (const TensorSlot& t : tensors) list.push_back({{"name", t.name}, {"shape", t.shape}});
+  for (const TensorSlot& t : tensors) {
+    Json tensor = {{"name", t.name}, {"shape", t.shape}};
+    if (t.buffer) tensor["buffer"] = true;  // absent otherwise: older layouts keep their text
+    list.push_back(std::move(tensor));
+  }
   return Json{{"tensors", list}}.dump();
 }
 
@@ -138,6 +153,10 @@ absl::StatusOr<TensorLayout> ParseTensorLayout(const std::string& spec) {
     if (!slot.ok()) return bad(std::string(slot.status().message()));
     if (!names.insert(slot->name).second) {
       return bad(absl::StrCat("tensor name \"", slot->name, "\" appears twice"));
+    }
+    if (!slot->buffer && !layout.tensors.empty() && layout.tensors.back().buffer) {
+      return bad(absl::StrCat("parameter ", slot->name, " comes after buffer ",
+                              layout.tensors.back().name, "; buffers come after all parameters"));
     }
     offset += slot->size;
     layout.tensors.push_back(*std::move(slot));

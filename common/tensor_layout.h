@@ -3,11 +3,15 @@
 // file, wherever a model spec is taken (ps --model, the cluster spec's "model", export_model):
 //
 //   {"tensors": [{"name": "conv1.weight", "shape": [16, 1, 5, 5]},
-//                {"name": "conv1.bias", "shape": [16]}, ...]}
+//                {"name": "conv1.bias", "shape": [16]}, ...,
+//                {"name": "bn1.running_mean", "shape": [16], "buffer": true}, ...]}
 //
 // The tensors lie back to back in the flat vector in the order listed, each row-major (C order,
 // PyTorch's contiguous layout), so a module's named_parameters() in order are its layout. Values
-// are float32. Free functions and plain values: safe to use from several threads.
+// are float32. Buffers (PyTorch's module buffers, such as BatchNorm's running statistics) come
+// after all parameters: the shards hold and export them but do not train them (a push carries
+// their values, which replace the shard's, or under sync their average does). Free functions and
+// plain values: safe to use from several threads.
 #pragma once
 
 #include <cstdint>
@@ -24,12 +28,15 @@ struct TensorSlot {
   std::vector<int64_t> shape;  // empty: a scalar (one value)
   int64_t offset = 0;
   int64_t size = 0;
+  bool buffer = false;  // held, not trained (see above)
 };
 
 struct TensorLayout {
   std::vector<TensorSlot> tensors;  // in flat order, offsets back to back from 0
 
   int64_t num_params() const;
+  // The values at the end that are buffers, not trained.
+  int64_t num_buffer_values() const;
   // The layout as compact JSON with keys in a fixed order, the same text for every equal layout
   // however it was written: the canonical spec that travels in flags and cluster specs.
   std::string ToJson() const;
@@ -49,7 +56,7 @@ bool IsInlineLayout(const std::string& spec);
 // file, and INVALID_ARGUMENT naming the problem otherwise: not JSON, keys other than "tensors"
 // (and, per tensor, "name" and "shape"), no tensors, a name empty, longer than 256 bytes, holding
 // control characters, repeated or "__metadata__" (safetensors' own key), a dimension < 1, more
-// than 2^40 parameters in all.
+// than 2^40 parameters in all, a "buffer" that is not a boolean, a parameter after a buffer.
 absl::StatusOr<TensorLayout> ParseTensorLayout(const std::string& spec);
 
 }  // namespace ps

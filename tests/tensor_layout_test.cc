@@ -88,7 +88,7 @@ TEST(TensorLayoutTest, BadLayoutsNameTheProblem) {
            {R"({"tensors": [{"name": "a", "shape": [2]}], "dtype": "f16"})",
             "unknown key \"dtype\""},
            {R"({"tensors": [{"name": "a", "shape": [2], "dtype": "f16"}]})",
-            "tensor 0: unknown key \"dtype\" (expected name, shape)"},
+            "tensor 0: unknown key \"dtype\" (expected name, shape, buffer)"},
            {R"({"tensors": [{"shape": [2]}]})", "tensor 0: needs a string \"name\""},
            {R"({"tensors": [{"name": "", "shape": [2]}]})", "1 to 256 bytes"},
            {R"({"tensors": [{"name": "a\nb", "shape": [2]}]})", "control characters"},

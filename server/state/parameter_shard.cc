@@ -96,9 +96,12 @@ ParameterShard::ParameterShard(const ShardConfig& config, ModelIdentity model,
     : config_(config),
       model_(std::move(model)),
       range_(PartRange(model_.total_params, config.shard_index, config.num_shards)),
+      trained_(std::clamp(model_.total_params - model_.buffer_values - range_.begin, int64_t{0},
+                          range_.size())),
       schedule_(std::move(schedule)),
       policy_(std::move(policy)),
-      values_(range_, config.optimizer, policy_->spec().local_models(), config.apply_threads),
+      values_(range_, trained_, config.optimizer, policy_->spec().local_models(),
+              config.apply_threads),
       members_(config.lease),
       norm_guard_(config.max_norm_ratio),
       pulls_waiting_([this] { AnswerExpired(); }) {}
@@ -363,6 +366,13 @@ absl::StatusOr<ParameterShard::PushSlot> ParameterShard::BeginPush(const PushHea
   return PushSlot(this, h, push_buffers_.Acquire(h.length), NeedsSquares());
 }
 
+double ParameterShard::TrainedNorm(absl::Span<const float> gradient,
+                                   double sum_of_squares) const {
+  if (!NeedsSquares()) return 0;
+  for (float b : gradient.subspan(trained_)) sum_of_squares -= static_cast<double>(b) * b;
+  return std::sqrt(std::max(0.0, sum_of_squares));
+}
+
 bool ParameterShard::Clip(absl::Span<float> gradient, double norm) const {
   double bound = config_.clip_norm > 0 ? config_.clip_norm : HUGE_VAL;
   // A round's contributions are summed as they are (NormGuard judges none of them either).
@@ -398,7 +408,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
   const GradientSummary scan = slot.scan_.count() == static_cast<int64_t>(gradient.size())
                                    ? slot.scan_.Finish()
                                    : ScanGradient(gradient, nullptr, NeedsSquares());
-  const double norm = std::sqrt(scan.sum_of_squares);  // before clipping
+  const double norm = TrainedNorm(gradient, scan.sum_of_squares);  // before clipping
   absl::Status status;
   bool clipped = false;
   if (scan.first_nonfinite >= 0) {
@@ -406,7 +416,7 @@ absl::StatusOr<PushOutcome> ParameterShard::Commit(PushSlot slot) {
         absl::StrCat("gradient value at offset ", h.offset + scan.first_nonfinite, " is ",
                      gradient[scan.first_nonfinite], " (not finite)"));
   } else {
-    clipped = Clip(gradient, norm);
+    clipped = Clip(gradient.first(trained_), norm);
   }
 
   Completions answers(this);
@@ -498,9 +508,9 @@ absl::Span<const float> ParameterShard::Compensate(int worker_id, int64_t base_v
   const std::vector<float>& pulled = v->second;
   // DC-ASGD (Zheng et al. 2017): g + lambda * g * g * (w_now - w_at_pull) approximates the
   // gradient at the current weights from the stale one.
-  scratch_.resize(gradient.size());
+  scratch_.assign(gradient.begin(), gradient.end());  // the buffers' values as pushed
   values_.Read([&](absl::Span<const float> weights) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    for (size_t i = 0; i < gradient.size(); ++i) {
+    for (int64_t i = 0; i < trained_; ++i) {
       const float g = gradient[i];
       scratch_[i] = g + config_.dc_lambda * g * g * (weights[i] - pulled[i]);
     }

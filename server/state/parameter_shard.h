@@ -407,6 +407,9 @@ class ParameterShard {
   // clip_norm_ratio times the norm guard's latest reference (pushes applied at once only); returns
   // whether it did.
   bool Clip(absl::Span<float> gradient, double norm) const;
+  // The L2 norm of a push's trained values, from the whole push's `sum_of_squares` (0 when the
+  // scan skipped squares: see NeedsSquares).
+  double TrainedNorm(absl::Span<const float> gradient, double sum_of_squares) const;
   // Whether a push's scan needs the gradient's sum of squares (clipping, the norm guard).
   bool NeedsSquares() const {
     return config_.clip_norm > 0 || config_.clip_norm_ratio > 0 || config_.max_norm_ratio > 0;
@@ -445,6 +448,9 @@ class ParameterShard {
   const ShardConfig config_;
   const ModelIdentity model_;
   const Range range_;
+  // How many of the range's values are trained: the rest are the layout's buffers, which pushes
+  // set and which neither clipping, the norm guard nor DC-ASGD touch.
+  const int64_t trained_;
   const LearningRateSchedule schedule_;
   const std::unique_ptr<const ConsistencyPolicy> policy_;
 

@@ -28,15 +28,16 @@ std::unique_ptr<Optimizer> FreshOptimizer(const OptimizerConfig& config, int64_t
 
 }  // namespace
 
-ShardValues::ShardValues(Range range, OptimizerConfig optimizer, bool add_changes,
+ShardValues::ShardValues(Range range, int64_t trained, OptimizerConfig optimizer, bool add_changes,
                          int apply_threads)
     : range_(range),
+      trained_(trained),
       optimizer_config_(std::move(optimizer)),
       add_changes_(add_changes),
       apply_threads_(apply_threads) {}
 
 void ShardValues::Reset(absl::Span<const float> values, int64_t version) {
-  std::unique_ptr<Optimizer> optimizer = FreshOptimizer(optimizer_config_, range_.size());
+  std::unique_ptr<Optimizer> optimizer = FreshOptimizer(optimizer_config_, trained_);
   absl::MutexLock lock(&mu_);
   weights_.assign(values.begin(), values.end());
   optimizer_ = std::move(optimizer);
@@ -46,11 +47,20 @@ void ShardValues::Reset(absl::Span<const float> values, int64_t version) {
 absl::Status ShardValues::Update(absl::Span<const float> gradient, float lr, int64_t version,
                                  float max_abs) {
   absl::MutexLock lock(&mu_);
-  absl::Status s = add_changes_ ? AddInPlace(absl::MakeSpan(weights_), gradient)
-                                : optimizer_->Apply(absl::MakeSpan(weights_), gradient, lr, version,
-                                                    &apply_threads_, max_abs);
-  if (s.ok()) version_ = version + 1;
-  return s;
+  if (add_changes_) {
+    if (absl::Status s = AddInPlace(absl::MakeSpan(weights_), gradient); !s.ok()) return s;
+  } else {
+    if (trained_ > 0) {  // (a range of buffers only has nothing to train)
+      absl::Status s =
+          optimizer_->Apply(absl::MakeSpan(weights_).first(trained_), gradient.first(trained_), lr,
+                            version, &apply_threads_, max_abs);
+      if (!s.ok()) return s;
+    }
+    // The buffers take the pushed values (finite: the push or the round's sum was checked).
+    std::copy(gradient.begin() + trained_, gradient.end(), weights_.begin() + trained_);
+  }
+  version_ = version + 1;
+  return absl::OkStatus();
 }
 
 absl::Status ShardValues::Import(const ShardState& state, int64_t version) {
@@ -58,7 +68,7 @@ absl::Status ShardValues::Import(const ShardState& state, int64_t version) {
   if (values == nullptr || static_cast<int64_t>(values->size()) != range_.size()) {
     return absl::InvalidArgumentError("the state holds no values of the shard's size");
   }
-  std::unique_ptr<Optimizer> optimizer = FreshOptimizer(optimizer_config_, range_.size());
+  std::unique_ptr<Optimizer> optimizer = FreshOptimizer(optimizer_config_, trained_);
   for (auto& [slot, into] : optimizer->MutableState()) {
     const std::vector<float>* saved = state.Find(kOptimizerTensorPrefix + slot);
     if (saved == nullptr || saved->size() != into.size()) {

@@ -15,10 +15,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "server/state/buffer_pool.h"
 #include "common/fill_progress.h"
 #include "common/partition.h"
 #include "server/state/apply_threads.h"
+#include "server/state/buffer_pool.h"
 #include "server/state/optimizer.h"
 #include "server/state/shard_state.h"
 
@@ -43,19 +43,23 @@ class ShardValues {
 
   // Values of `range` updated by `optimizer` (validated: MakeOptimizer accepts it), or, when
   // `add_changes`, changed by adding what is pushed as it is (easgd, local: workers push changes
-  // of their models); `apply_threads` apply one update together.
-  ShardValues(Range range, OptimizerConfig optimizer, bool add_changes, int apply_threads);
+  // of their models); `apply_threads` apply one update together. The optimizer trains the first
+  // `trained` values (<= the range's size); the rest are a layout's buffers, which an update sets
+  // to what is pushed (or, when `add_changes`, adds it to, as the weights).
+  ShardValues(Range range, int64_t trained, OptimizerConfig optimizer, bool add_changes,
+              int apply_threads);
 
   // Sets the values to `values` (the range's size) as of `version`, with a fresh optimizer state.
   void Reset(absl::Span<const float> values, int64_t version);
   // Applies `gradient` (the range's size) at rate `lr` as the update after `version` (the
-  // optimizer's step; see Optimizer::Apply for `max_abs`), or adds it. All or nothing:
+  // optimizer's step on the trained values, whose buffers take the pushed values; see
+  // Optimizer::Apply for `max_abs`), or adds it. All or nothing:
   // INVALID_ARGUMENT, and nothing changed, if a value would become non-finite. Then the values
   // reflect version + 1.
   absl::Status Update(absl::Span<const float> gradient, float lr, int64_t version, float max_abs);
-  // Takes the values and the optimizer's slots from `state` (kValuesTensor and
-  // kOptimizerTensorPrefix + slot, the range's size) as of `version`; INVALID_ARGUMENT naming
-  // what is missing, and nothing changed, otherwise.
+  // Takes the values and the optimizer's slots from `state` (kValuesTensor, the range's size, and
+  // kOptimizerTensorPrefix + slot, the trained values' size) as of `version`; INVALID_ARGUMENT
+  // naming what is missing, and nothing changed, otherwise.
   absl::Status Import(const ShardState& state, int64_t version);
 
   // Adds the values and the optimizer's slots to `out` as tensors (copies into out's storage).
@@ -73,6 +77,7 @@ class ShardValues {
 
  private:
   const Range range_;
+  const int64_t trained_;
   const OptimizerConfig optimizer_config_;
   const bool add_changes_;
   mutable absl::Mutex mu_;
