@@ -171,7 +171,7 @@ def run_local(args):
 
     result = train_loop(model, step, x, y, args, 0)
     test_x, test_y = example.load("t10k", args.data_dir)
-    return [result], example.score_on(test_x, test_y)(model)[1]
+    return [result], example.score_on(test_x, test_y)(model)[1], ""
 
 
 def run_ddp(args):
@@ -183,7 +183,7 @@ def run_ddp(args):
         for r in range(args.workers):
             with open(f"{out}.{r}") as f:
                 results.append(json.load(f))
-    return results, results[0]["accuracy"]
+    return results, results[0]["accuracy"], ""
 
 
 def run_ps(args, mode):
@@ -206,7 +206,7 @@ def run_ps(args, mode):
 
 def ps_job(args, consistency, tmp, processes):
     """Starts 2 shards and the workers (into `processes`), runs them to the end; the workers'
-    results and the final weights' test accuracy."""
+    results, the final weights' test accuracy and what the shards counted (shard_counters)."""
     layout = os.path.join(tmp, "cnn.json")
     with open(layout, "w") as f:
         json.dump(paramserver.torch.layout_of(example.SmallCnn()), f)
@@ -248,9 +248,25 @@ def ps_job(args, consistency, tmp, processes):
         client.register()
         weights = torch.empty(sum(p.numel() for p in observer.parameters()))
         client.pull(weights)
+        counters = shard_counters(client.stats(), args, consistency)
     paramserver.torch.set_weights(observer, weights)
     test_x, test_y = example.load("t10k", args.data_dir)
-    return results, example.score_on(test_x, test_y)(observer)[1]
+    return results, example.score_on(test_x, test_y)(observer)[1], counters
+
+
+def shard_counters(stats, args, consistency):
+    """What the shards counted, as text: each one's version (under sync, the rounds it closed:
+    --steps when every round had all the workers), the pushes it applied and dropped as late, and
+    under sync the contributions missing from its rounds (workers x version - applied: > 0 when a
+    round closed with fewer than all the workers)."""
+    parts = []
+    for s in stats:
+        version, applied, late = (int(s.get(k, 0)) for k in
+                                  ("version", "pushes_applied", "pushes_dropped_late"))
+        missing = (f", {args.workers * version - applied} missing"
+                   if consistency == "sync" else "")
+        parts.append(f"v{version} applied {applied} late {late}{missing}")
+    return "shards: " + "; ".join(parts)
 
 
 def main():
@@ -288,8 +304,8 @@ def main():
             sys.exit("--modes=local is one process: give --workers=1")
         for seed in map(int, args.seeds.split(",")):
             args.seed = seed
-            results, accuracy = (runners[mode](args) if mode in runners
-                                 else run_ps(args, mode))
+            results, accuracy, counters = (runners[mode](args) if mode in runners
+                                           else run_ps(args, mode))
             # The rate the job consumes examples at: each worker's own, summed (a straggler
             # holds back the others only where they wait for it).
             rate = sum(args.steps * args.batch_size / (r["end"] - r["start"]) for r in results)
@@ -300,7 +316,7 @@ def main():
             print(f"  {mode:11s} seed {seed}: {rate:7.0f} examples/s, test accuracy "
                   f"{accuracy:.4f}, {args.target} {when}; worker 0 per step: "
                   f"forward {ms['forward']:.1f} ms, backward {ms['backward']:.1f} ms, step "
-                  f"{ms['step']:.1f} ms", flush=True)
+                  f"{ms['step']:.1f} ms{'; ' + counters if counters else ''}", flush=True)
     base_mode = "ddp" if "ddp" in rows else "local" if "local" in rows else None
     base = statistics.median(r[0] for r in rows[base_mode]) if base_mode else None
     print(f"\n| mode | examples/s (median) | vs {base_mode or '-'} | test accuracy (median) | "

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -10,9 +11,11 @@
 #include <limits>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 
 namespace ps {
@@ -259,7 +262,7 @@ struct ConsistencyFixture {
                      const std::function<void(ShardConfig&)>& tweak = nullptr) {
     ShardConfig c;
     c.model = model.fingerprint;
-    c.num_workers = 8;
+    c.num_workers = workers;  // all registered: rounds wait for the job's every worker
     c.optimizer.name = "sgd";
     c.learning_rate.base = 1.0f;
     c.consistency = consistency;
@@ -413,7 +416,126 @@ TEST(SyncTest, AWorkerThatLeavesClosesTheRoundWaitingForIt) {
   ASSERT_TRUE(f.shard->Leave(1, Inc(*f.shard, 1)).ok());
   EXPECT_EQ(f.shard->Stats().version, 1);
   EXPECT_EQ(f.shard->Stats().active_workers, 1);
-  EXPECT_EQ(f.shard->Leave(7, 0).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(f.shard->Leave(7, 0).code(), absl::StatusCode::kInvalidArgument);  // not in the job
+}
+
+// Four workers' gradients whose float sum depends on the order they are added in (1e8 + 1 is
+// 1e8 in float).
+const std::vector<std::vector<float>> kOrderSensitive = {
+    {1e8f, 1, 3, 0.1f}, {1, 1e8f, -1e8f, 0.2f}, {-1e8f, -1e8f, 1e8f, 0.3f}, {1, 3, 1, 0.7f}};
+
+// The weights after two sync rounds of kOrderSensitive (SGD, rate 1, from 0): the first with the
+// pushes arriving in `order`, the second in the reverse order.
+std::vector<float> WeightsAfterRoundsIn(const std::vector<int>& order) {
+  ConsistencyFixture f("sync", 4);
+  for (int w : order) EXPECT_TRUE(f.Push(w, 0, kOrderSensitive[w]).ok());
+  for (auto w = order.rbegin(); w != order.rend(); ++w) {
+    EXPECT_TRUE(f.Push(*w, 1, kOrderSensitive[*w]).ok());
+  }
+  EXPECT_EQ(f.shard->Stats().version, 2);
+  return f.Weights();
+}
+
+// A round sums its gradients in rank order whatever order they arrive in: every arrival order
+// gives the same bits, those of ((g0 + g1) + g2) + g3. (Summed as they arrived, the orders here
+// give several different sums.)
+TEST(SyncRankOrderTest, EveryArrivalOrderGivesTheBitsOfTheRankOrderedSum) {
+  std::vector<float> expected(4);
+  for (int i = 0; i < 4; ++i) {
+    float sum = 0;
+    for (const std::vector<float>& g : kOrderSensitive) sum += g[i];
+    const float step = 1.0f * (sum * 0.25f);
+    expected[i] = (0.0f - step) - step;
+  }
+  std::vector<int> order = {0, 1, 2, 3};
+  std::set<std::vector<float>> arrival_sums;  // what summing in arrival order would give
+  do {
+    const std::vector<float> w = WeightsAfterRoundsIn(order);
+    EXPECT_EQ(std::memcmp(w.data(), expected.data(), sizeof(float) * 4), 0)
+        << "arrival order " << absl::StrJoin(order, ",") << ": " << absl::StrJoin(w, ",")
+        << " vs " << absl::StrJoin(expected, ",");
+    std::vector<float> sum(4, 0.0f);
+    for (int id : order) {
+      for (int i = 0; i < 4; ++i) sum[i] += kOrderSensitive[id][i];
+    }
+    arrival_sums.insert(sum);
+  } while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_GT(arrival_sums.size(), 2u) << "the gradients must be ones whose sum depends on order";
+}
+
+// A push held for a lower rank is part of the round as far as checkpoints go: the saved sum has
+// it folded in, and the restored round closes with the rest.
+TEST(SyncRankOrderTest, AHalfGatheredRoundWithHeldPushesIsSavedWhole) {
+  ConsistencyFixture f("sync", 3);
+  ASSERT_TRUE(f.Push(2, 0, {4, 4, 4, 4}).ok());  // held: workers 0 and 1 may still push
+  ASSERT_TRUE(f.Push(1, 0, {2, 2, 2, 2}).ok());  // held for worker 0
+  ShardState state;
+  ASSERT_TRUE(f.shard->Checkpoint(&state).ok());
+  ASSERT_NE(state.Find(kRoundSumTensor), nullptr);
+  EXPECT_EQ(*state.Find(kRoundSumTensor), (std::vector<float>{6, 6, 6, 6}));
+  EXPECT_EQ(state.header.round_contributors_size(), 2);
+  // Restored elsewhere (its workers with it: no waiting for them to register), and here: worker
+  // 0's push closes both rounds alike.
+  ConsistencyFixture restored("sync", 0, [](ShardConfig& c) { c.num_workers = 3; });
+  ASSERT_TRUE(restored.shard->Restore(state).ok());
+  for (ConsistencyFixture* shard : {&f, &restored}) {
+    ASSERT_EQ(shard->Push(0, 0, {3, 3, 3, 3})->version, 1);
+    EXPECT_EQ(shard->Weights(), (std::vector<float>{-3, -3, -3, -3}));  // minus the mean, 9 / 3
+  }
+}
+
+// The push that completes an overflowing rank-ordered prefix is refused, whichever arrived first,
+// and the round goes on without it.
+TEST(SyncRankOrderTest, APushWhoseFoldWouldOverflowTheSumIsRefused) {
+  ConsistencyFixture f("sync", 2);
+  const float big = 3e38f;
+  ASSERT_TRUE(f.Push(1, 0, {big, big, big, big}).ok());  // held for worker 0
+  absl::StatusOr<PushOutcome> overflowing = f.Push(0, 0, {big, 0, 0, 0});
+  EXPECT_EQ(overflowing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(overflowing.status().message().find("non-finite"), std::string::npos);
+  EXPECT_EQ(f.shard->Stats().updates_nonfinite, 1);
+  EXPECT_EQ(f.shard->Stats().version, 0);
+  ASSERT_EQ(f.Push(0, 0, {-big, -big, -big, -big})->version, 1);
+  EXPECT_EQ(f.Weights(), (std::vector<float>{0, 0, 0, 0}));
+}
+
+// A round-based job runs no round before all its workers have registered: a worker that starts
+// first does not train alone. Its pull waits for the round; the late worker's registration alone
+// does not close it, its push does.
+TEST(RoundStartTest, NoRoundClosesBeforeEveryWorkerRegistered) {
+  for (const char* consistency : {"sync", "local:4"}) {
+    SCOPED_TRACE(consistency);
+    ConsistencyFixture f(consistency, 1, [](ShardConfig& c) { c.num_workers = 2; });
+    ASSERT_TRUE(f.Push(0, 0, {2, 2, 2, 2}).ok());
+    std::optional<absl::StatusOr<ParameterShard::Snapshot>> pull;
+    f.shard->StartRead({f.model, 0, 0, 0, -1, absl::Now() + absl::Minutes(5)},
+                       [&](absl::StatusOr<ParameterShard::Snapshot> s) { pull.emplace(std::move(s)); });
+    EXPECT_FALSE(pull.has_value());
+    EXPECT_EQ(f.shard->Stats().version, 0);
+    ASSERT_TRUE(f.shard->Register(1, f.model).ok());
+    EXPECT_FALSE(pull.has_value());
+    EXPECT_EQ(f.shard->Stats().version, 0);
+    ASSERT_EQ(f.Push(1, 0, {4, 4, 4, 4})->version, 1);
+    ASSERT_TRUE(pull.has_value() && pull->ok());
+    EXPECT_EQ((*pull)->version, 1);
+    const float mean = std::string(consistency) == "sync" ? -3 : 3;  // a gradient, or a change
+    EXPECT_EQ(f.Weights(), (std::vector<float>{mean, mean, mean, mean}));
+  }
+}
+
+// Backup workers let a round close without the slowest pushes, not without a worker that never
+// started: the count to register is the whole job's.
+TEST(RoundStartTest, BackupWorkersDoNotLowerTheCountToRegister) {
+  ConsistencyFixture f("sync", 2, [](ShardConfig& c) {
+    c.num_workers = 3;
+    c.backup_workers = 1;
+  });
+  ASSERT_TRUE(f.Push(0, 0, {1, 1, 1, 1}).ok());
+  ASSERT_TRUE(f.Push(1, 0, {3, 3, 3, 3}).ok());
+  EXPECT_EQ(f.shard->Stats().version, 0);  // worker 2 has not registered
+  ASSERT_TRUE(f.shard->Register(2, f.model).ok());
+  EXPECT_EQ(f.shard->Stats().version, 1);  // 2 of 3 pushed: enough with one backup
+  EXPECT_EQ(f.Weights(), (std::vector<float>{-2, -2, -2, -2}));
 }
 
 TEST(SspTest, AWorkerMayRunAtMostSClocksAheadOfTheSlowest) {
@@ -429,7 +551,7 @@ TEST(SspTest, AWorkerMayRunAtMostSClocksAheadOfTheSlowest) {
 }
 
 TEST(SspTest, ANewWorkerJoinsAtTheSlowestClock) {
-  ConsistencyFixture f("ssp:0", 1);
+  ConsistencyFixture f("ssp:0", 1, [](ShardConfig& c) { c.num_workers = 2; });
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(f.Push(0, i, {1, 1, 1, 1}).ok());
   ASSERT_TRUE(f.shard->Register(1, f.model).ok());
   EXPECT_TRUE(f.MayPull(0));  // worker 1 joined at clock 5, not 0
@@ -540,14 +662,15 @@ namespace {
 ShardConfig Config(const std::string& optimizer, const std::string& consistency = "async") {
   ShardConfig c;
   c.model = "flat:4";
-  c.num_workers = 4;
+  c.num_workers = 2;  // Started registers both: rounds wait for the job's every worker
   c.optimizer.name = optimizer;
   c.learning_rate.base = 0.01f;
   c.consistency = consistency;
   return c;
 }
 
-// A shard of Config(...) initialised to 1, 2, 3, 4 with workers 0 and 1 registered.
+// A shard of Config(...) initialised to 1, 2, 3, 4 with workers 0 and 1 registered (the
+// two workers of Config's job).
 std::unique_ptr<ParameterShard> Started(const ShardConfig& c) {
   std::unique_ptr<ParameterShard> shard = *ParameterShard::Create(c);
   EXPECT_TRUE(shard->Initialize({c.model, 4, 1}, 0, {1, 2, 3, 4}).ok());

@@ -4,9 +4,11 @@
 // a change added to the weights as it is). See common/consistency_spec.h for the models.
 // Staleness = shard version at apply minus the version the push was computed from.
 //   async:  every push applied at once; staleness unbounded.
-//   sync:   the gradients of all active workers (less backup workers) for version v are averaged
-//           and applied once, v -> v+1; late ones are dropped. Every applied gradient has
-//           staleness 0.
+//   sync:   the gradients of all active workers (less backup workers) for version v are summed
+//           in rank order (round.h: the same bits run to run), averaged and applied once,
+//           v -> v+1; late ones are dropped. No round closes before all num_workers workers have
+//           registered (a worker that starts first does not train alone). Every applied gradient
+//           has staleness 0.
 //   ssp:s:  pushes applied at once; a worker whose clock (pushes done) is c may pull only when the
 //           slowest active worker's clock is >= c - s. Staleness <= (W-1)(2s+1) for W active
 //           workers.
@@ -19,23 +21,15 @@
 #pragma once
 
 #include <memory>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/consistency_spec.h"
 #include "server/state/membership.h"
+#include "server/state/round.h"
 
 namespace ps {
-
-// A round of pushes being gathered (sync, local).
-struct Round {
-  std::vector<float> sum;  // of the pushed vectors; sized when the first one comes
-  std::set<int> contributors;
-  std::set<int> restored;  // those of them restored from a checkpoint, until it closes
-  bool open() const { return !contributors.empty(); }
-};
 
 // What a policy sees of its shard.
 struct ConsistencyState {
@@ -56,7 +50,8 @@ class ConsistencyPolicy {
   enum class Take { kApply, kJoinRound, kDropLate };
 
   // Makes the policy of `spec` for a job of `num_workers` (an easgd spec without alpha gets
-  // 0.9 / num_workers) that closes rounds without its last `backup_workers` pushes.
+  // 0.9 / num_workers; rounds wait for all of them to register) that closes rounds without its
+  // last `backup_workers` pushes.
   static std::unique_ptr<ConsistencyPolicy> Make(ConsistencySpec spec, int num_workers,
                                                  int backup_workers);
   virtual ~ConsistencyPolicy() = default;
@@ -74,6 +69,8 @@ class ConsistencyPolicy {
                       bool ahead) const = 0;
   // The active workers the others are waiting for now (the progress timeout expires them).
   virtual std::vector<int> WaitedFor(const ConsistencyState&) const { return {}; }
+  // Rounds: how many of the job's workers have never registered; no round closes before all did.
+  virtual int Unregistered(const ConsistencyState&) const { return 0; }
   // Rounds: whether the open round has all the pushes it waits for.
   virtual bool RoundComplete(const ConsistencyState&) const { return false; }
 

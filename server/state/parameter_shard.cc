@@ -103,6 +103,7 @@ ParameterShard::ParameterShard(const ShardConfig& config, ModelIdentity model,
       values_(range_, trained_, config.optimizer, policy_->spec().local_models(),
               config.apply_threads),
       members_(config.lease),
+      round_(range_.size(), config.num_workers),
       norm_guard_(config.max_norm_ratio),
       pulls_waiting_([this] { AnswerExpired(); }) {}
 
@@ -242,6 +243,7 @@ absl::StatusOr<Registration> ParameterShard::Register(int worker_id, const Model
     registered_.insert(worker_id);
     r.last_sequence = w.last_sequence;
     r.incarnation = w.incarnation;
+    MaybeCloseRound();  // with backup workers, a round may have waited only for this one
   }
   AnswerWaiters(&answers);
   return r;
@@ -294,6 +296,7 @@ std::vector<int> ParameterShard::ExpireLeases(absl::Time now) {
   values_.Trim(kBuffersUnused);
   Completions answers(this);
   absl::MutexLock lock(&mu_);
+  round_.Trim(kBuffersUnused);
   std::vector<int> expired = members_.Expire(now);
   if (config_.progress_timeout > absl::ZeroDuration()) {
     std::vector<int> stalled;
@@ -531,21 +534,17 @@ absl::Status ParameterShard::Apply(ShardChange c, float max_abs) {
       }
       ++version_;
       // A round's update counts one applied push per contributor.
-      for (size_t n = c.worker_id >= 0 ? 1 : round_.contributors.size(); n > 0; --n) {
+      for (size_t n = c.worker_id >= 0 ? 1 : round_.contributors().size(); n > 0; --n) {
         staleness_.Add(c.staleness);
       }
       break;
     case Kind::kJoinRound: {
-      std::vector<float>& sum = round_.sum;
-      if (sum.empty()) sum.assign(range_.size(), 0.0f);
-      bool finite = true;
-      for (size_t i = 0; i < c.values.size(); ++i) finite &= std::isfinite(sum[i] + c.values[i]);
-      if (!finite) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "adding worker ", c.worker_id, "'s gradient would make the round's sum non-finite"));
-      }
-      for (size_t i = 0; i < c.values.size(); ++i) sum[i] += c.values[i];
-      round_.contributors.insert(c.worker_id);
+      // A lower rank is still expected if it may yet push: not registered, or active.
+      auto expected = [this](int id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        const Membership::Worker* w = members_.Find(id);
+        return w == nullptr || w->active;
+      };
+      if (absl::Status s = round_.Add(c.worker_id, c.values, expected); !s.ok()) return s;
       break;
     }
     case Kind::kTaken:
@@ -580,12 +579,23 @@ float ParameterShard::LearningRate() const {
 }
 
 void ParameterShard::MaybeCloseRound() {
-  if (!policy_->RoundComplete(State())) return;
-  float scale = 1.0f / static_cast<float>(round_.contributors.size());
-  for (float& g : round_.sum) g *= scale;
+  if (!policy_->RoundComplete(State())) {
+    const int unregistered = policy_->Unregistered(State());
+    if (round_.open() && unregistered > 0 && !logged_registration_wait_) {
+      logged_registration_wait_ = true;
+      const int registered = config_.num_workers - unregistered;
+      PS_LOG(INFO) << policy_->Name() << ": round for version " << version_ << " waits for "
+                   << config_.num_workers << " workers to register, " << registered
+                   << (registered == 1 ? " has" : " have");
+    }
+    return;
+  }
+  absl::Span<float> sum = round_.Fold();
+  const float scale = 1.0f / static_cast<float>(round_.contributors().size());
+  for (float& g : sum) g *= scale;
   if (absl::Status s = Apply({.kind = ShardChange::Kind::kUpdate,
                               .learning_rate = LearningRate(),
-                              .values = round_.sum},
+                              .values = sum},
                              std::numeric_limits<float>::infinity());
       !s.ok()) {
     // The average would poison the weights: the round is discarded (its workers are released
@@ -594,9 +604,7 @@ void ParameterShard::MaybeCloseRound() {
     PS_LOG(WARNING) << policy_->Name() << " round for version " << version_
                     << " discarded: " << s.message();
   }
-  std::fill(round_.sum.begin(), round_.sum.end(), 0.0f);
-  round_.contributors.clear();
-  round_.restored.clear();
+  round_.Clear();
 }
 
 void ParameterShard::RecordRejectedPush() {

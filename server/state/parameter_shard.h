@@ -2,7 +2,7 @@
 // composes the parts that hold its state, each in its own file:
 //   ShardValues (shard_values.h)   the values and the optimizer's state;
 //   Membership (membership.h)      the workers taking part: leases, push sequences, SSP clocks;
-//   Round (consistency.h)          sync/local: the round being gathered;
+//   Round (round.h)                sync/local: the round being gathered, summed in rank order;
 //   PullQueue (pull_queue.h)       pulls waiting to be admitted, until their deadlines;
 // and decides, with its consistency policy (consistency.h), how each push is taken. Every change
 // of that state, a primary's push or initialisation or a backup repeating its primary's change,
@@ -54,8 +54,9 @@ struct ShardChange {
     kInitialize,  // values: the initial values
     kUpdate,      // values: the gradient as applied (clipped, averaged, compensated)
     kTaken,       // a push taken without an update (dropped by policy): bookkeeping only
-    // values: a worker's gradient added to the open round (sync, local). Not counted, passed to
-    // the change listener or replicated: the round's update is, when it closes.
+    // values: a worker's gradient added to the open round (sync, local; summed in rank order,
+    // see round.h). Not counted, passed to the change listener or replicated: the round's update
+    // is, when it closes.
     kJoinRound,
   };
   // kTaken: why the push was dropped.
@@ -429,7 +430,9 @@ class ParameterShard {
   // (see Optimizer::Apply). All or nothing: an error (a value that would become non-finite) changes
   // nothing.
   absl::Status Apply(ShardChange change, float max_abs) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Rounds: applies the round's average once the consistency model has all it waits for.
+  // Rounds: applies the round's average once the consistency model has all it waits for (all
+  // the job's workers registered, the pushes of the active ones but backups in); logs once if
+  // the job's first round waits for workers to register.
   void MaybeCloseRound() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets what the shard kept for a worker that left the active set (DC-ASGD copies).
   void Forget(int worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -466,6 +469,7 @@ class ParameterShard {
   int64_t changes_ ABSL_GUARDED_BY(mu_) = 0;  // ShardChange::index of the last change
   Membership members_ ABSL_GUARDED_BY(mu_);
   Round round_ ABSL_GUARDED_BY(mu_);  // sync, local: the open round
+  bool logged_registration_wait_ ABSL_GUARDED_BY(mu_) = false;
   NormGuard norm_guard_ ABSL_GUARDED_BY(mu_);
   // norm_guard_.reference() as of the last push applied, for Clip outside the lock.
   std::atomic<double> norm_reference_{0};

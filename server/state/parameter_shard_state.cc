@@ -34,8 +34,9 @@ absl::Status ParameterShard::Checkpoint(ShardState* out) const {
   }
   values_.Export(out);
   if (round_.open()) {
-    out->AddTensor(kRoundSumTensor) = round_.sum;
-    for (int id : round_.contributors) h.add_round_contributors(id);
+    // Its held pushes folded in: a restored round has every contributor folded.
+    round_.SaveSum(&out->AddTensor(kRoundSumTensor));
+    for (int id : round_.contributors()) h.add_round_contributors(id);
   }
   return absl::OkStatus();
 }
@@ -97,12 +98,10 @@ absl::Status ParameterShard::Restore(const ShardState& state) {
     m.incarnation = w.incarnation();
     last_incarnation_ = std::max(last_incarnation_, w.incarnation());
   }
-  round_ = Round();
+  round_.Clear();
   if (h.round_contributors_size() > 0) {
-    round_.sum = *state.Find(kRoundSumTensor);
-    round_.contributors =
-        std::set<int>(h.round_contributors().begin(), h.round_contributors().end());
-    round_.restored = round_.contributors;
+    round_.Restore(*state.Find(kRoundSumTensor),
+                   std::set<int>(h.round_contributors().begin(), h.round_contributors().end()));
   }
   initialized_ = true;
   AnswerWaiters(&answers);
