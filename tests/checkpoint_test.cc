@@ -356,6 +356,7 @@ TEST(CheckpointerTest, WritesTheInitialisedStateAtOnceThenEveryNUpdates) {
 TEST(ShardCheckpointTest, ASyncRoundRestoredOpenClosesAndAWorkerAlreadyInItIsDroppedNotRefused) {
   ShardConfig sync = AdamSsp();
   sync.consistency = "sync";
+  sync.num_workers = 2;  // both registered: rounds wait for the job's every worker
   std::unique_ptr<ParameterShard> original = *ParameterShard::Create(sync);
   ASSERT_TRUE(original->Initialize(kModel, 0, {1, 2, 3, 4, 5, 6}).ok());
   for (int w = 0; w < 2; ++w) ASSERT_TRUE(original->Register(w, kModel).ok());
