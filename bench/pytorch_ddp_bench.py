@@ -24,11 +24,16 @@ The accuracy is the test accuracy of the final weights (the shards' or rank 0's)
 scored after the run so that scoring takes no time from training). With
 --straggler=R:F worker R computes F times slower (it sleeps F-1 times its compute time per step,
 as launch --straggler does): synchronous training waits for it every step, asynchronous does not.
+After a sync or async run the shards' counters are printed: each one's version (under sync the
+rounds it closed, --steps when every round had every worker), its pushes applied and dropped as
+late, and under sync the contributions missing from its rounds (> 0: a round closed short).
 Worker 0's time per step is split into forward (with the adapter under async: also waiting for the
 prefetched weights), backward and the step (the optimizer; with the adapter the push and pull, and
 under sync the wait for the round).
 
     /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=4 --steps=200 --seeds=1,2,3
+    /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=4 --steps=200 --seeds=1,2,3,4,5 \
+        --modes=ddp,sync
     /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=4 --steps=200 --straggler=0:3
     /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=1 --modes=local,sync,async
     /usr/bin/python3 bench/pytorch_ddp_bench.py --modes=sync,sync-after,async,async-after
@@ -299,11 +304,13 @@ def main():
           f"{args.lr}, straggler {args.straggler or 'none'}; 2 shards for sync/async")
     rows = {}
     runners = {"ddp": run_ddp, "local": run_local}
-    for mode in args.modes.split(","):
-        if mode == "local" and args.workers != 1:
-            sys.exit("--modes=local is one process: give --workers=1")
-        for seed in map(int, args.seeds.split(",")):
-            args.seed = seed
+    modes = args.modes.split(",")
+    if "local" in modes and args.workers != 1:
+        sys.exit("--modes=local is one process: give --workers=1")
+    # Each seed's modes back to back: a change in the (shared) machine's load hits them alike.
+    for seed in map(int, args.seeds.split(",")):
+        args.seed = seed
+        for mode in modes:
             results, accuracy, counters = (runners[mode](args) if mode in runners
                                            else run_ps(args, mode))
             # The rate the job consumes examples at: each worker's own, summed (a straggler
