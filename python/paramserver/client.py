@@ -478,7 +478,9 @@ class Client:
         return self.push_async(gradient, sequence).wait()
 
     def stats(self):
-        """Every shard's statistics (proto/ps.proto's StatsResponse), as a list of dicts."""
+        """Every shard's statistics (proto/ps.proto's StatsResponse), as a list of dicts, one
+        per shard, keyed by the message's field names, every number a number (version,
+        registered_workers, ...)."""
         text = ctypes.c_void_p()
         self._call(lib.ps_client_stats_json, ctypes.byref(text))
         try:
