@@ -43,6 +43,15 @@ def test_a_layout_mismatch_names_the_first_tensor_that_differs(start_shards, tmp
                 client.register()
             assert "model mismatch" in str(refused.value) and says in str(refused.value), \
                 str(refused.value)
+    # Shards of one of this project's networks: its tensors, as named in export files.
+    mlp = start_shards(1, "mlp:784-32-10")
+    wider = {"tensors": [{"name": "fc1.weight", "shape": [784, 64]},
+                         {"name": "fc1.bias", "shape": [64]}]}
+    with paramserver.Client(ps=mlp.addresses, model=wider, rank=0, num_workers=1) as client:
+        with pytest.raises(paramserver.FailedPrecondition,
+                           match=r"the shards' model has fc1.weight \[784,32\] at position 0 "
+                                 r"where this client's has fc1.weight \[784,64\]"):
+            client.register()
 
 
 def test_export_model_of_a_layout_job_says_to_pass_the_layout(start_shards, tmp_path):

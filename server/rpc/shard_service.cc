@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/model_spec.h"
 #include "common/tensor_layout.h"
 #include "server/rpc/payload.h"
 #include "server/rpc/service_helpers.h"
@@ -185,16 +186,19 @@ grpc::Status ShardService::WaitReplicated(absl::Time deadline) const {
 absl::Status ShardService::NamingLayoutDifference(absl::Status refused,
                                                   const v1::RegisterRequest& r) const {
   const ModelIdentity& held = shard_->model();
-  if (refused.code() != absl::StatusCode::kFailedPrecondition || held.layout.empty() ||
+  if (refused.code() != absl::StatusCode::kFailedPrecondition ||
       r.model().fingerprint() == held.fingerprint || r.layout().size() > kMaxLayoutSent ||
       !IsInlineLayout(r.layout())) {
     return refused;
   }
   absl::StatusOr<TensorLayout> theirs = ParseTensorLayout(r.layout());
-  absl::StatusOr<TensorLayout> ours = ParseTensorLayout(held.layout);
+  // The shard's model as named tensors: its layout, or the tensors of the network its
+  // fingerprint (a spec) names.
+  absl::StatusOr<std::vector<TensorSlot>> ours =
+      ModelTensors(held.layout.empty() ? held.fingerprint : held.layout);
   if (!theirs.ok() || !ours.ok()) return refused;
-  const std::string difference =
-      LayoutDifference(*ours, "the shards' model", *theirs, "this client's");
+  const std::string difference = LayoutDifference(TensorLayout{*std::move(ours)},
+                                                  "the shards' model", *theirs, "this client's");
   if (difference.empty()) return refused;
   return absl::FailedPreconditionError(absl::StrCat(refused.message(), ": ", difference));
 }
