@@ -106,7 +106,7 @@ absl::StatusOr<ModelFile> ModelFromShards(const std::vector<std::string>& addres
   absl::StatusOr<std::vector<v1::StatsResponse>> stats = client.Stats();
   if (!stats.ok()) return stats.status();
   // Registering would refuse another model too, but say only that it differs.
-  const std::string& held = stats->front().model_fingerprint();
+  const std::string held = stats->empty() ? "" : stats->front().model_fingerprint();
   if (std::string hint = LayoutHint(held, *identity); !hint.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("the shards hold model ", held, ", expected ", identity->fingerprint, hint));
