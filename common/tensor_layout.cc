@@ -121,12 +121,13 @@ std::string LayoutDifference(const TensorLayout& a, absl::string_view a_name, co
       return absl::StrCat("no tensor (it has ", layout.tensors.size(), ")");
     }
     const TensorSlot& t = layout.tensors[i];
-    return absl::StrCat(t.name, " [", absl::StrJoin(t.shape, ","), "]");
+    return absl::StrCat(t.name, " [", absl::StrJoin(t.shape, ","), "]",
+                        t.buffer ? " (a buffer)" : "");
   };
   for (size_t i = 0; i < std::max(a.tensors.size(), b.tensors.size()); ++i) {
-    const bool same = i < a.tensors.size() && i < b.tensors.size() &&
-                      a.tensors[i].name == b.tensors[i].name &&
-                      a.tensors[i].shape == b.tensors[i].shape;
+    const bool same =
+        i < a.tensors.size() && i < b.tensors.size() && a.tensors[i].name == b.tensors[i].name &&
+        a.tensors[i].shape == b.tensors[i].shape && a.tensors[i].buffer == b.tensors[i].buffer;
     if (!same) {
       return absl::StrCat(a_name, " has ", describe(a, i), " at position ", i, " where ", b_name,
                           " has ", describe(b, i));

@@ -53,9 +53,10 @@ bool IsLayoutSpec(const std::string& spec);
 // True when `spec` is an inline layout (its first non-blank character is '{').
 bool IsInlineLayout(const std::string& spec);
 
-// Names the first tensor whose name, shape or position differs between layouts `a` and `b`, as
-// "<a_name> has conv1.weight [16,1,5,5] at position 0 where <b_name> has conv1.weight [6,1,5,5]"
-// ("no tensor (it has N)" where one layout has fewer); "" when they are equal.
+// Names the first tensor whose name, shape, position or kind (a buffer or not) differs between
+// layouts `a` and `b`, as "<a_name> has conv1.weight [16,1,5,5] at position 0 where <b_name> has
+// conv1.weight [6,1,5,5]" (a buffer: "bn1.running_mean [16] (a buffer)"; "no tensor (it has
+// N)" where one layout has fewer); "" when they are equal.
 std::string LayoutDifference(const TensorLayout& a, absl::string_view a_name, const TensorLayout& b,
                              absl::string_view b_name);
 

@@ -77,6 +77,11 @@ TEST(TensorLayoutTest, TheFirstTensorThatDiffersIsNamedWithBothShapes) {
                                        {"name": "fc.bias", "shape": [10]}]})"),
             "the shards' model has no tensor (it has 3) at position 3 where this one has "
             "fc.bias [10]");
+  EXPECT_EQ(difference(R"({"tensors": [{"name": "conv1.weight", "shape": [16, 1, 5, 5]},
+                                       {"name": "conv1.bias", "shape": [16]},
+                                       {"name": "scale", "shape": [], "buffer": true}]})"),
+            "the shards' model has scale [] at position 2 where this one has scale [] (a "
+            "buffer)");
 }
 
 TEST(TensorLayoutTest, AModelSpecMayBeALayoutInlineOrInAFile) {
