@@ -15,10 +15,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/log.h"
-#include "proto/ps.pb.h"
 #include "client/client_settings.h"
 #include "client/local_exchange.h"
 #include "client/local_model.h"
@@ -26,6 +25,9 @@
 #include "client/sharded_client.h"
 #include "client/worker_session.h"
 #include "common/consistency_spec.h"
+#include "common/log.h"
+#include "nlohmann/json.hpp"
+#include "proto/ps.pb.h"
 
 struct ps_client {
   std::unique_ptr<ps::ShardedClient> client;
@@ -67,12 +69,20 @@ int Ok() {
   return 0;
 }
 
+// A person may be waiting on this library's calls (the Python package): a wrong address fails
+// soon (client/client_settings.h).
+ps::SettingsUse Use() {
+  ps::SettingsUse use;
+  use.kind = ps::ClientKind::kInteractive;
+  return use;
+}
+
 absl::StatusOr<std::unique_ptr<ps_client>> MakeClient(const char* settings_json) {
   absl::StatusOr<ps::SettingTexts> settings =
       ps::SettingsFromJson(settings_json == nullptr ? "{}" : settings_json);
   if (!settings.ok()) return settings.status();
   absl::StatusOr<ps::ClientConnection> c =
-      ps::ClientConnectionFromSettings(*std::move(settings), ps::SettingsUse{});
+      ps::ClientConnectionFromSettings(*std::move(settings), Use());
   if (!c.ok()) return c.status();
   auto client = std::make_unique<ps_client>();
   client->heartbeat = c->heartbeat;
@@ -120,6 +130,32 @@ absl::Status CheckCount(const ps_client* client, int64_t count, const char* what
   return absl::OkStatus();
 }
 
+// Proto3's JSON mapping writes 64-bit integers as strings (JavaScript's numbers hold 53 bits);
+// this API gives every number as a number. Turns the int64 fields of `message` (and of the
+// messages it holds) in `json`, its JSON with the proto's field names, into numbers.
+void Int64sAsNumbers(const google::protobuf::Descriptor& message, nlohmann::json* json) {
+  using google::protobuf::FieldDescriptor;
+  for (int i = 0; i < message.field_count(); ++i) {
+    const FieldDescriptor& field = *message.field(i);
+    auto found = json->find(field.name());
+    if (found == json->end()) continue;
+    auto convert = [&field](nlohmann::json& value) {
+      int64_t number = 0;
+      if (field.cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+        Int64sAsNumbers(*field.message_type(), &value);
+      } else if (field.cpp_type() == FieldDescriptor::CPPTYPE_INT64 && value.is_string() &&
+                 absl::SimpleAtoi(value.get<std::string>(), &number)) {
+        value = number;
+      }
+    };
+    if (field.is_repeated()) {
+      for (nlohmann::json& value : *found) convert(value);
+    } else {
+      convert(*found);
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -127,6 +163,16 @@ extern "C" {
 int ps_api_version(void) { return PS_C_API_VERSION; }
 
 const char* ps_last_error(void) { return last_error.c_str(); }
+
+void ps_set_log_sink(ps_log_sink sink, void* arg) {
+  if (sink == nullptr) {
+    ps::SetLogSink(nullptr);
+    return;
+  }
+  ps::SetLogSink([sink, arg](ps::LogLevel level, const std::string& message) {
+    sink(static_cast<int>(level), message.c_str(), arg);
+  });
+}
 
 const char* ps_setting_names(void) {
   static const std::string* const kNames =
@@ -370,19 +416,19 @@ void ps_exchange_free(ps_exchange* exchange) { delete exchange; }
 int ps_client_stats_json(ps_client* client, char** json) {
   absl::StatusOr<std::vector<ps::v1::StatsResponse>> stats = client->client->Stats();
   if (!stats.ok()) return Report(stats.status());
-  std::string out = "[";
+  nlohmann::json out = nlohmann::json::array();
   google::protobuf::util::JsonPrintOptions options;
   options.always_print_primitive_fields = true;
   options.preserve_proto_field_names = true;
-  for (size_t i = 0; i < stats->size(); ++i) {
+  for (const ps::v1::StatsResponse& shard : *stats) {
     std::string one;
-    if (!google::protobuf::util::MessageToJsonString((*stats)[i], &one, options).ok()) {
+    if (!google::protobuf::util::MessageToJsonString(shard, &one, options).ok()) {
       return Report(absl::InternalError("statistics do not convert to JSON"));
     }
-    absl::StrAppend(&out, i == 0 ? "" : ",", one);
+    out.push_back(nlohmann::json::parse(one));
+    Int64sAsNumbers(*shard.GetDescriptor(), &out.back());
   }
-  out += "]";
-  *json = strdup(out.c_str());
+  *json = strdup(out.dump().c_str());
   return Ok();
 }
 

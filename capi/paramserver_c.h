@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PS_C_API_VERSION 6
+#define PS_C_API_VERSION 7
 #define PS_EXPORT __attribute__((visibility("default")))
 #define PS_NOT_DONE (-1) /* ps_op_wait: the call is still in progress */
 
@@ -39,6 +39,14 @@ PS_EXPORT int ps_api_version(void);
 /* The message of the last error on this thread ("" after success); valid until this thread's next
  * call of this library. */
 PS_EXPORT const char* ps_last_error(void);
+
+/* Where the library's log lines go instead of stderr (the Python package hands them to its
+ * "paramserver" logger): sink(level, message, arg) on the thread that logs, level 0 info,
+ * 1 warning, 2 error, the message without time or level (valid during the call only); the sink
+ * must not call this library. NULL: stderr again. Returns once the calls of the sink it replaces
+ * have returned. */
+typedef void (*ps_log_sink)(int level, const char* message, void* arg);
+PS_EXPORT void ps_set_log_sink(ps_log_sink sink, void* arg);
 
 /* The names of the settings ps_client_create takes, comma-separated ("cluster,compress,..."); the
  * string lives as long as the library. */
@@ -60,7 +68,10 @@ PS_EXPORT const char* ps_setting_names(void);
  *                                 pull, over gRPC): "onebit", "topk:F", "int8"
  *   "shared_memory": true         tensors through shared memory with shards on this host
  *   "data_plane": true            tensors over the data plane with shards on other hosts
- *   "rpc_timeout_seconds": 10, "retry_seconds": 60, "heartbeat_seconds": 1
+ *   "rpc_timeout_seconds": 10, "heartbeat_seconds": 1
+ *   "retry_seconds": 60           how long a failing call to a shard is retried; when unset, a
+ *                                 shard this client never reached (a wrong address) is given up
+ *                                 after 10 s, one it reached (maybe restarting) after 60 s
  * Connects lazily: nothing is called before ps_client_register. */
 PS_EXPORT int ps_client_create(const char* settings_json, ps_client** out);
 /* Leaves the job (a worker that registered), stops heartbeats, ends calls in progress with
@@ -205,7 +216,7 @@ PS_EXPORT int ps_exchange_wait(ps_exchange* exchange, double timeout_seconds);
 PS_EXPORT void ps_exchange_free(ps_exchange* exchange);
 
 /* Every shard's statistics as a JSON array (the StatsResponse message of proto/ps.proto, by
- * shard); free with ps_string_free. */
+ * shard, every field present, 64-bit integers as JSON numbers too); free with ps_string_free. */
 PS_EXPORT int ps_client_stats_json(ps_client* client, char** json);
 PS_EXPORT void ps_string_free(char* s);
 

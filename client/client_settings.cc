@@ -178,11 +178,13 @@ absl::StatusOr<ClientOptions> ReadOptions(const SettingReader& s, ClientKind kin
       s.Seconds("rpc_timeout_seconds", options.rpc_timeout, /*positive=*/true);
   if (!timeout.ok()) return timeout.status();
   options.rpc_timeout = *timeout;
-  // A daemon waits a minute for shards that may be restarting; a tool reports them soon.
   absl::StatusOr<absl::Duration> retry =
       s.Seconds("retry_seconds", kind == ClientKind::kTool ? absl::Seconds(5) : absl::Seconds(60));
   if (!retry.ok()) return retry.status();
   options.retry_for = *retry;
+  const bool first_contact_sooner =
+      kind == ClientKind::kInteractive && s.Text("retry_seconds").empty();
+  options.connect_for = first_contact_sooner ? absl::Seconds(10) : options.retry_for;
   if (absl::Status e = ReadEncodings(s, &options); !e.ok()) return e;
   for (auto [name, option] : {std::pair{"shared_memory", &options.shared_memory},
                               std::pair{"data_plane", &options.data_plane},

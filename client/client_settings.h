@@ -26,9 +26,11 @@ using SettingTexts = std::map<std::string, std::string>;
 // Every name ClientConnectionFromSettings takes, sorted.
 const std::vector<std::string>& ClientSettingNames();
 
-// A daemon waits for shards that are down (a minute by default: they may be restarting); a
-// one-shot tool reports them within seconds.
-enum class ClientKind { kDaemon, kTool };
+// How long a client retries a shard that fails ("retry_seconds" when unset): a daemon a minute
+// (it may be restarting, or still starting); a one-shot tool 5 s; an interactive client (the C
+// API's: a person may be waiting) a minute for a shard it reached, 10 s for one it never reached
+// (a wrong address).
+enum class ClientKind { kDaemon, kTool, kInteractive };
 
 // What the caller needs of the settings, and how its users name them in messages.
 struct SettingsUse {

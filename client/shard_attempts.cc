@@ -66,6 +66,9 @@ absl::Status ShardAttempts::Retry(int shard, const ShardFn& fn, bool retry,
                                         const std::function<absl::Time(int)>& budget_from) {
   const absl::Time start = absl::Now();
   absl::Time give_up = start + options_.retry_for;
+  // A shard never reached (a wrong address, or one not started yet) is given up sooner.
+  const absl::Time unreached_give_up = start + std::min(options_.connect_for, options_.retry_for);
+  absl::Time next_note = absl::InfinitePast();  // when a failure may be logged again
   absl::Duration backoff = absl::Milliseconds(50);
   // What a probe found about a replica this client has not reached yet (connection_probe.h).
   std::optional<ProbeFinding> probed;
@@ -105,40 +108,60 @@ absl::Status ShardAttempts::Retry(int shard, const ShardFn& fn, bool retry,
       continue;
     }
     if (budget_from) give_up = std::max(give_up, budget_from(shard) + options_.retry_for);
-    // Could not connect, and never reached: the TLS settings may not fit, which no retry heals.
+    const absl::Time until = session.reached() ? give_up : std::min(give_up, unreached_give_up);
     const absl::StatusCode code = end.status.code();
     const bool not_connected =
         (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kUnknown ||
          code == absl::StatusCode::kDeadlineExceeded) &&
         called.rpc->channel().GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY;
-    // A mismatch ends the call at once, naming it.
-    if (!probed && not_connected && !called.reached.load(std::memory_order_relaxed)) {
-      probed = session.Probe(called, options_.security);
-      if (probed->misconfigured) {
-        return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " (", called.address,
-                                                          "): ", probed->cause,
-                                                          " [gRPC: ", end.status.message(), "]"));
-      }
+    if (absl::Status s = ProbeUnreached(shard, called, end, not_connected, &probed); !s.ok()) {
+      return s;
     }
     // A call that is not retried (a heartbeat) leaves the choice of replica to those that are.
     if (action == RetryAction::kFailOver && session.SwitchReplica(replica, end.status) &&
-        !switched_at_once && absl::Now() < give_up) {
+        !switched_at_once && absl::Now() < until) {
       switched_at_once = true;
       continue;
     }
     switched_at_once = false;
-    if (action == RetryAction::kFail || absl::Now() + backoff > give_up ||
-        BackOff(shard, backoff, generation)) {
-      const bool out_of_time = action != RetryAction::kFail && absl::Now() + backoff > give_up;
+    bool stop = action == RetryAction::kFail || absl::Now() + backoff > until;
+    if (!stop) {
+      NoteRetry(shard, called, end, until - start, &next_note);
+      stop = BackOff(shard, backoff, generation);
+    }
+    if (stop) {
+      const bool out_of_time = action != RetryAction::kFail && absl::Now() + backoff > until;
       return absl::Status(code, Failure(shard, called, end, probed, not_connected,
                                         out_of_time ? absl::Now() - start : absl::ZeroDuration()));
     }
-    PS_LOG(WARNING) << "shard " << shard << " (" << called.address
-                    << "): " << end.status.message() << "; retried after " << backoff;
     // At most kMaxReconnectBackoffMs apart, like the channel's own attempts: a shard back from a
     // restart is used within about a second.
     backoff = std::min(backoff * 2, absl::Milliseconds(kMaxReconnectBackoffMs));
   }
+}
+
+absl::Status ShardAttempts::ProbeUnreached(int shard, ShardSession::Replica& called,
+                                           const AttemptEnd& end, bool not_connected,
+                                           std::optional<ProbeFinding>* probed) {
+  // Could not connect, and never reached: the TLS settings may not fit, which no retry heals.
+  if (*probed || !not_connected || called.reached.load(std::memory_order_relaxed)) {
+    return absl::OkStatus();
+  }
+  *probed = sessions_[shard]->Probe(called, options_.security);
+  if (!(*probed)->misconfigured) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat("shard ", shard, " (", called.address,
+                                                    "): ", (*probed)->cause,
+                                                    " [gRPC: ", end.status.message(), "]"));
+}
+
+void ShardAttempts::NoteRetry(int shard, const ShardSession::Replica& called, const AttemptEnd& end,
+                              absl::Duration budget, absl::Time* next_note) {
+  const absl::Time now = absl::Now();
+  if (now < *next_note) return;
+  *next_note = now + kRetryNoteInterval;
+  PS_LOG(WARNING) << "shard " << shard << " (" << called.address << "): " << end.status.message()
+                  << "; retrying for up to "
+                  << absl::FormatDuration(absl::Trunc(budget, absl::Seconds(1)));
 }
 
 bool ShardAttempts::BackOff(int shard, absl::Duration backoff, int64_t generation) {

@@ -3,8 +3,10 @@
 // CancelAll reaches it; a failed one is repeated, registered again, moved to the shard's other
 // replica or given up as client/retry_policy.h decides, with backoff (50 ms doubling to
 // kMaxReconnectBackoffMs, cut short when the shard's channel connects again) within
-// ClientOptions::retry_for. A replica never reached is probed once so that settings that do not
-// fit (TLS, an address that is no shard) fail the call at once, named (connection_probe.h).
+// ClientOptions::retry_for (connect_for at a shard never reached), logging the first failure and
+// then a line per kRetryNoteInterval. A replica never reached is probed once so that settings
+// that do not fit (TLS, an address that is no shard) fail the call at once, named
+// (connection_probe.h).
 //
 // Calls belong to a generation: CancelAll cancels the attempts in progress and ends the retries
 // of every call started before it; Close, of every call. Thread-safe.
@@ -29,6 +31,9 @@ namespace ps {
 
 class ShardAttempts {
  public:
+  // A call that keeps failing logs its first failure, then one line per this interval.
+  static constexpr absl::Duration kRetryNoteInterval = absl::Seconds(10);
+
   using ShardFn = std::function<AttemptEnd(int shard, grpc::ClientContext*)>;
   // `sessions` and `options` outlive this; `resume_sequence()` is the sequence a worker that
   // registers again with a restarted shard resumes at (-1: an observer's).
@@ -64,6 +69,16 @@ class ShardAttempts {
   void Untrack(grpc::ClientContext* context);
   // Registers again with `shard`, whose registration's shard incarnation was `stale`.
   AttemptEnd Reregister(int shard, int64_t stale, int64_t generation);
+  // After a failed attempt at `called` (`end`, which `not_connected` says could not connect):
+  // probes a replica never reached, once per call (`probed` keeps the finding); a mismatch of
+  // TLS settings, which no retry heals, fails the call at once (FAILED_PRECONDITION naming it).
+  absl::Status ProbeUnreached(int shard, ShardSession::Replica& called, const AttemptEnd& end,
+                              bool not_connected, std::optional<ProbeFinding>* probed);
+  // Logs that `shard`'s call failed at `called` (`end`) and is retried for up to `budget` in
+  // all, unless a line was logged less than kRetryNoteInterval ago (`next_note`: when the next
+  // may be).
+  static void NoteRetry(int shard, const ShardSession::Replica& called, const AttemptEnd& end,
+                        absl::Duration budget, absl::Time* next_note);
   // Waits `backoff`, cut short (to at least 50 ms) when the shard's channel, down meanwhile,
   // connects again (a shard back from a restart is used at once). True if the call was
   // cancelled meanwhile (checked every 50 ms).

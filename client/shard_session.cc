@@ -38,6 +38,12 @@ int ShardSession::current() const {
   return current_;
 }
 
+bool ShardSession::reached() const {
+  return std::any_of(replicas_.begin(), replicas_.end(), [](const std::unique_ptr<Replica>& r) {
+    return r->reached.load(std::memory_order_relaxed);
+  });
+}
+
 bool ShardSession::SwitchReplica(int replica, const absl::Status& failure) {
   const int count = replicas();
   if (count < 2) return false;
@@ -84,6 +90,7 @@ grpc::Status ShardSession::Register(grpc::ClientContext* context, int64_t resume
   *request.mutable_model() = client_.model;
   if (resume_sequence >= 0) request.set_resume_sequence(resume_sequence);
   request.set_num_workers(client_.options->num_workers);
+  if (client_.layout.size() <= kMaxLayoutSent) request.set_layout(client_.layout);
   v1::RegisterResponse response;
   grpc::Status status = current_replica().rpc->stub()->Register(context, request, &response);
   if (!status.ok()) return status;

@@ -69,6 +69,7 @@ class ShardSession {
   struct Client {
     int worker_id;
     v1::ModelIdentity model;
+    std::string layout;  // a tensor layout's JSON (ModelIdentity::layout); "" for other models
     const ClientOptions* options;
     CallThreads* threads;
   };
@@ -82,6 +83,8 @@ class ShardSession {
   Replica& replica(int i) const { return *replicas_[i]; }
   Replica& current_replica() const { return replica(current()); }
   int replicas() const { return static_cast<int>(replicas_.size()); }
+  // Whether a call reached one of the shard's replicas once.
+  bool reached() const;
   // After a transient failure at `replica`: calls go to the other replica, if there is one and no
   // other thread switched already. Returns whether it switched.
   bool SwitchReplica(int replica, const absl::Status& failure);

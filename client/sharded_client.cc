@@ -87,7 +87,7 @@ ShardedClient::Impl::Impl(std::vector<std::string> addresses, ModelIdentity mode
     ranges_.push_back(PartRange(model_.total_params, i, shards));
     sessions_.push_back(std::make_unique<ShardSession>(
         i, addresses[i], ranges_[i],
-        ShardSession::Client{worker_id_, ModelProto(), &options_, &threads_}));
+        ShardSession::Client{worker_id_, ModelProto(), model_.layout, &options_, &threads_}));
   }
   // Shards on this machine's own loopback address (a local cluster) share no link, nor do any
   // this client reaches through shared memory (BeginPull).

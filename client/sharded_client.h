@@ -87,6 +87,9 @@ class StatsResponse;
 struct ClientOptions {
   absl::Duration rpc_timeout = absl::Seconds(10);  // deadline of each attempt
   absl::Duration retry_for = absl::Seconds(60);    // give up after transient failures this long
+  // ... and this long at a shard none of whose replicas this client ever reached (a wrong
+  // address); at most retry_for.
+  absl::Duration connect_for = absl::Seconds(60);
   // TLS credentials (default: plaintext) and the token every call carries (default: none).
   ClientSecurity security = {};
   // What gradients and pulled weights travel as (common/wire_type.h).

@@ -11,11 +11,34 @@ std::string& Tag() {
   static std::string tag = "ps";
   return tag;
 }
+
+// Lines are handed to the sink under a reader lock, so that SetLogSink (the writer) returns only
+// once no call of the sink it replaced is in progress.
+absl::Mutex& SinkMutex() {
+  static absl::Mutex* mu = new absl::Mutex;
+  return *mu;
+}
+LogSink& Sink() {
+  static LogSink* sink = new LogSink;
+  return *sink;
+}
 }  // namespace
 
 void SetLogTag(std::string tag) { Tag() = std::move(tag); }
 
+void SetLogSink(LogSink sink) {
+  absl::WriterMutexLock lock(&SinkMutex());
+  Sink() = std::move(sink);
+}
+
 LogMessage::~LogMessage() {
+  {
+    absl::ReaderMutexLock lock(&SinkMutex());
+    if (Sink()) {
+      Sink()(level_, stream_.str());
+      return;
+    }
+  }
   static const char* kNames[] = {"I", "W", "E"};
   std::string line = absl::FormatTime("%H:%M:%E3S", absl::Now(), absl::LocalTimeZone()) + " " +
                      kNames[static_cast<int>(level_)] + " " + Tag() + "] " + stream_.str() + "\n";

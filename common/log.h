@@ -1,8 +1,11 @@
 // A tiny logger (Debian's Abseil predates absl/log): PS_LOG(INFO) << "..." writes one line to
-// stderr with the wall time, the process tag and the level. Thread-safe: each line is one write.
+// stderr with the wall time, the process tag and the level, or hands it to the process's sink
+// (SetLogSink: the C API's caller routes them into its own logging). Thread-safe: each line is
+// one write, or one call of the sink.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <sstream>
 #include <string>
 
@@ -16,6 +19,13 @@ enum class LogLevel { kINFO, kWARNING, kERROR };
 
 // Names this process in every line, e.g. "ps[0]" or "worker[3]".
 void SetLogTag(std::string tag);
+
+// Where lines go instead of stderr: sink(level, message), the message alone (no time, tag or
+// level), called on the thread that logs; the sink must not log itself. An empty sink: stderr
+// again. Returns once the calls of the sink it replaces have returned, so that what that sink
+// uses may go then.
+using LogSink = std::function<void(LogLevel level, const std::string& message)>;
+void SetLogSink(LogSink sink);
 
 class LogMessage {
  public:

@@ -66,7 +66,7 @@ absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_sh
     absl::StatusOr<TensorLayout> layout = ParseTensorLayout(spec);
     if (!layout.ok()) return layout.status();
     return ModelIdentity{layout->Fingerprint(), layout->num_params(), num_shards,
-                         layout->num_buffer_values()};
+                         layout->num_buffer_values(), layout->ToJson()};
   }
   if (absl::StartsWith(spec, "cnn")) {  // a cnn:... spec or a preset
     absl::StatusOr<NetworkSpec> net = ResolveModel(spec, "");

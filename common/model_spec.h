@@ -17,7 +17,8 @@ namespace ps {
 //   "cnn:CxHxW-..."      a convolutional network (grammar and presets in common/network_spec.h)
 //   "flat:N"             a bare vector of N parameters (tests and benchmarks)
 //   "{...}" or "F.json"  named tensors, inline or in a file (common/tensor_layout.h)
-// The fingerprint is the spec itself in canonical form, a layout's TensorLayout::Fingerprint().
+// The fingerprint is the spec itself in canonical form, a layout's TensorLayout::Fingerprint()
+// (and its canonical JSON the identity's `layout`).
 // Fails naming the bad part on anything else, on sizes < 1, on a model of more than 2^40
 // parameters, or (NOT_FOUND) on a layout file that is not there.
 absl::StatusOr<ModelIdentity> ParseModelSpec(const std::string& spec, int num_shards);

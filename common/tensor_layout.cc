@@ -1,5 +1,6 @@
 #include "common/tensor_layout.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -9,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 namespace ps {
 namespace {
@@ -110,6 +112,28 @@ std::string TensorLayout::Fingerprint() const {
     hash *= 1099511628211ull;
   }
   return absl::StrFormat("layout:%d:%016x", num_params(), hash);
+}
+
+std::string LayoutDifference(const TensorLayout& a, absl::string_view a_name, const TensorLayout& b,
+                             absl::string_view b_name) {
+  auto describe = [](const TensorLayout& layout, size_t i) {
+    if (i >= layout.tensors.size()) {
+      return absl::StrCat("no tensor (it has ", layout.tensors.size(), ")");
+    }
+    const TensorSlot& t = layout.tensors[i];
+    return absl::StrCat(t.name, " [", absl::StrJoin(t.shape, ","), "]",
+                        t.buffer ? " (a buffer)" : "");
+  };
+  for (size_t i = 0; i < std::max(a.tensors.size(), b.tensors.size()); ++i) {
+    const bool same =
+        i < a.tensors.size() && i < b.tensors.size() && a.tensors[i].name == b.tensors[i].name &&
+        a.tensors[i].shape == b.tensors[i].shape && a.tensors[i].buffer == b.tensors[i].buffer;
+    if (!same) {
+      return absl::StrCat(a_name, " has ", describe(a, i), " at position ", i, " where ", b_name,
+                          " has ", describe(b, i));
+    }
+  }
+  return "";
 }
 
 bool IsInlineLayout(const std::string& spec) {

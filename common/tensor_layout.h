@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace ps {
 
@@ -51,6 +52,13 @@ struct TensorLayout {
 bool IsLayoutSpec(const std::string& spec);
 // True when `spec` is an inline layout (its first non-blank character is '{').
 bool IsInlineLayout(const std::string& spec);
+
+// Names the first tensor whose name, shape, position or kind (a buffer or not) differs between
+// layouts `a` and `b`, as "<a_name> has conv1.weight [16,1,5,5] at position 0 where <b_name> has
+// conv1.weight [6,1,5,5]" (a buffer: "bn1.running_mean [16] (a buffer)"; "no tensor (it has
+// N)" where one layout has fewer); "" when they are equal.
+std::string LayoutDifference(const TensorLayout& a, absl::string_view a_name, const TensorLayout& b,
+                             absl::string_view b_name);
 
 // Parses inline JSON or reads the file (at most 16 MiB). Fails with NOT_FOUND naming a missing
 // file, and INVALID_ARGUMENT naming the problem otherwise: not JSON, keys other than "tensors"

@@ -164,8 +164,7 @@ set yrange [0.6:0.95]
 set output 'accuracy_vs_time.png'
 set title 'Test accuracy against wall time (one line per run; a colour per configuration)'
 set xlabel 'wall time (s)'
-%s, \
-     %.4f with lines dt 2 lc rgb 'gray40' title 'target'
+%s%s
 set output 'accuracy_vs_updates.png'
 set title 'Test accuracy against applied updates (shard version)'
 set xlabel 'applied updates'
@@ -183,8 +182,12 @@ set logscale y
 %s
 unset logscale y
 )",
-      PlotRuns(runs, "accuracy.csv", "1:4"), target, PlotRuns(runs, "accuracy.csv", "2:4"),
-      PlotRuns(runs, "accuracy.csv", "3:4"), PlotRuns(runs, "train_loss.csv", "1:2"));
+      PlotRuns(runs, "accuracy.csv", "1:4"),
+      target > 0 ? absl::StrFormat(", \\\n     %.4f with lines dt 2 lc rgb 'gray40' title 'target'",
+                                   target)
+                 : "",
+      PlotRuns(runs, "accuracy.csv", "2:4"), PlotRuns(runs, "accuracy.csv", "3:4"),
+      PlotRuns(runs, "train_loss.csv", "1:2"));
   // Staleness: each configuration's first run.
   const size_t rows = (configs.size() + 1) / 2;
   absl::StrAppendFormat(&script, R"(set output 'staleness.png'
@@ -232,10 +235,12 @@ void WriteReport(const std::string& report, const std::vector<ExperimentRun>& ru
   }
   std::ofstream md(report + "/summary.md");
   md << "# Experiment report\n\nCommand: `" << command << "`\n\n" << settings << "\n\n";
-  md << absl::StrFormat(
-      "| configuration | runs | time to %.2f (s) | final acc | best acc | epochs | updates | "
-      "steps/s |\n|---|---|---|---|---|---|---|---|\n",
-      target);
+  // The time to the target, or "-" throughout without one (--target_accuracy).
+  const std::string time_to =
+      target > 0 ? absl::StrFormat("time to %.2f (s)", target) : "time to a target (none set)";
+  md << "| configuration | runs | " << time_to
+     << " | final acc | best acc | epochs | updates | steps/s |\n"
+        "|---|---|---|---|---|---|---|---|\n";
   for (const std::string& config : Configs(runs)) {
     std::vector<double> target_at, final_accuracy, best, epochs, updates, rate;
     int count = 0;
@@ -258,10 +263,9 @@ void WriteReport(const std::string& report, const std::vector<ExperimentRun>& ru
   md << "\nMean ± sample standard deviation over the configuration's runs (seeds); \"(k of n)\": "
         "only k of its n runs have a value (for the time to the target: reached it). Every "
         "run:\n\n";
-  md << absl::StrFormat(
-      "| run | time to %.2f (s) | final acc | best acc | steps/s | updates/s | staleness mean | "
-      "p50 | p99 | max | dropped |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
-      target);
+  md << "| run | " << time_to
+     << " | final acc | best acc | steps/s | updates/s | staleness mean | p50 | p99 | max | "
+        "dropped |\n|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const ExperimentRun& r : runs) {
     double seconds = std::max(r.result.seconds, 1e-9);
     md << absl::StrFormat("| %s | %s | %s | %s | %.1f | %.1f | %.2f | %.0f | %.0f | %d | %d |%s\n",

@@ -30,11 +30,11 @@ struct ExperimentRun {
 
 // Writes `run_dir`'s staleness.csv (all shards), train_loss.csv (mean over workers, 2 s bins)
 // and accuracy.csv (seconds, updates, epochs, accuracy: epochs = updates x examples per update /
-// 60,000); fills run's summary fields, timing `target` (test accuracy).
+// 60,000); fills run's summary fields, timing `target` (test accuracy; 0: none).
 void SummariseRun(const std::string& run_dir, double target, ExperimentRun& run);
 
 // Writes plots.gp into `report`, draws it with gnuplot (a warning if that fails) and writes
-// summary.md: `command` and `settings` (a sentence) head it.
+// summary.md: `command` and `settings` (a sentence) head it; `target` 0: none (no time-to).
 void WriteReport(const std::string& report, const std::vector<ExperimentRun>& runs, double target,
                  const std::string& command, const std::string& settings);
 

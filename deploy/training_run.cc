@@ -85,6 +85,11 @@ double CsvField(const std::string& line, int column) {
   return column < static_cast<int>(f.size()) && absl::SimpleAtod(f[column], &v) ? v : NAN;
 }
 
+double ReferenceAccuracy(const std::string& model, double target, double own_networks) {
+  if (target > 0) return target;
+  return IsLayoutSpec(model) ? 0 : own_networks;
+}
+
 AccuracySummary SummariseAccuracy(const std::string& csv, double t0, double target) {
   AccuracySummary s;
   std::ifstream in(csv);
@@ -98,7 +103,7 @@ AccuracySummary SummariseAccuracy(const std::string& csv, double t0, double targ
       s.best = accuracy;
       s.best_at = t;
     }
-    if (accuracy >= target && std::isnan(s.target_at)) s.target_at = t;
+    if (target > 0 && accuracy >= target && std::isnan(s.target_at)) s.target_at = t;
   }
   return s;
 }

@@ -105,8 +105,13 @@ TrainingResult RunTraining(const TrainingConfig& config, std::ostream& progress)
 // Field `column` of a CSV line, or NaN.
 double CsvField(const std::string& line, int column);
 
+// The accuracy a run of `model` is measured against (its summary's time-to, its plot's line):
+// `target` when given (> 0), else `own_networks` for this project's networks, which train
+// Fashion-MNIST, else none (0): a tensor layout is the user's model on the user's data.
+double ReferenceAccuracy(const std::string& model, double target, double own_networks);
+
 // From an evaluator CSV: the best test accuracy, when it was reached, and when accuracy first
-// reached `target` (seconds after `t0`; NaN when it never did).
+// reached `target` (seconds after `t0`; NaN when it never did, or when `target` is 0: none).
 struct AccuracySummary {
   double final_accuracy = NAN, best = NAN, best_at = NAN, target_at = NAN;
 };

@@ -100,6 +100,7 @@ TEST(ClientSettings, ReadsEachSetting) {
   EXPECT_FALSE(o.data_plane);
   EXPECT_EQ(o.rpc_timeout, absl::Milliseconds(2500));
   EXPECT_EQ(o.retry_for, absl::Seconds(7));
+  EXPECT_EQ(o.connect_for, absl::Seconds(7));
 
   absl::StatusOr<ClientConnection> mlp =
       ClientConnectionFromSettings({{"ps", "127.0.0.1:1"}, {"hidden", "8,4"}}, {});
@@ -108,6 +109,7 @@ TEST(ClientSettings, ReadsEachSetting) {
   EXPECT_EQ(mlp->rank, -1);  // an observer
   // Unset: ClientOptions' defaults, a daemon's minute of retries.
   EXPECT_EQ(mlp->options.retry_for, absl::Seconds(60));
+  EXPECT_EQ(mlp->options.connect_for, absl::Seconds(60));
   EXPECT_EQ(mlp->options.rpc_timeout, ClientOptions{}.rpc_timeout);
   EXPECT_TRUE(mlp->options.shared_memory && mlp->options.data_plane);
   EXPECT_EQ(mlp->heartbeat, absl::Seconds(1));
@@ -181,6 +183,23 @@ TEST(ClientSettings, NeedsShardsAndAModelWhereAsked) {
   EXPECT_TRUE(offline->addresses.empty());
   EXPECT_EQ(offline->model, "mlp:784-10");
   EXPECT_EQ(offline->options.retry_for, absl::Seconds(5));  // a tool's wait
+}
+
+// An interactive client (the C API's) gives up on a wrong address within seconds, and waits out
+// a restart of a shard it reached, unless "retry_seconds" says how long for both.
+TEST(ClientSettings, AnInteractiveClientGivesUpSoonerOnAShardItNeverReached) {
+  SettingsUse use;
+  use.kind = ClientKind::kInteractive;
+  absl::StatusOr<ClientConnection> c =
+      ClientConnectionFromSettings({{"ps", "127.0.0.1:1"}, {"model", "flat:4"}}, use);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->options.retry_for, absl::Seconds(60));
+  EXPECT_EQ(c->options.connect_for, absl::Seconds(10));
+  c = ClientConnectionFromSettings(
+      {{"ps", "127.0.0.1:1"}, {"model", "flat:4"}, {"retry_seconds", "30"}}, use);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->options.retry_for, absl::Seconds(30));
+  EXPECT_EQ(c->options.connect_for, absl::Seconds(30));
 }
 
 TEST(ClientSettings, AClusterSpecFillsInWhatTheSettingsLeaveUnset) {

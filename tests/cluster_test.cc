@@ -902,6 +902,10 @@ TEST(CommandTest, LaunchRunsAClusterAndLeavesCsvsAndAPlot) {
             std::string::npos)
       << ReadFile(dir + "/config.txt");
   EXPECT_NE(output.find("final test accuracy 0."), std::string::npos) << output;
+  // This project's MLP, without --target_accuracy: measured against the published baseline.
+  EXPECT_NE(output.find("; published MLP baseline (0.8833) "), std::string::npos) << output;
+  EXPECT_NE(ReadFile(dir + "/plot.gp").find("title 'published MLP baseline (0.8833)'"),
+            std::string::npos);
   EXPECT_NE(output.find("updates/shard ("), std::string::npos) << output;
   EXPECT_NE(output.find("/s), test accuracy"), std::string::npos) << output;
   for (const char* f : {"/training.png", "/evaluator.csv", "/worker-0.csv", "/worker-1.csv",

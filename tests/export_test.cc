@@ -154,12 +154,13 @@ TEST(ExportTest, ATrainedJobExportsFromCheckpointsAndLiveShardsAndNumPyScoresItA
 
 const char kSmallModel[] = "mlp:784-8-10";
 
-// Writes shard `shard`'s checkpoint at `version` of a job of kSmallModel with `num_shards`
-// shards; its values are shard + version / 1000.
+// Writes shard `shard`'s checkpoint at `version` of a job of `model` (kSmallModel by default)
+// with `num_shards` shards; its values are shard + version / 1000.
 void WriteCheckpoint(const std::string& dir, int shard, int num_shards, int64_t version,
-                     const std::string& optimizer = "sgd") {
+                     const std::string& optimizer = "sgd", const std::string& model = kSmallModel) {
+  const ModelIdentity identity = *ParseModelSpec(model, num_shards);
   ShardState c;
-  c.header.set_model(kSmallModel);
+  c.header.set_model(identity.fingerprint);
   c.header.set_shard_index(shard);
   c.header.set_num_shards(num_shards);
   c.header.set_optimizer(optimizer);
@@ -170,8 +171,7 @@ void WriteCheckpoint(const std::string& dir, int shard, int num_shards, int64_t 
   worker->set_clock(version);
   worker->set_last_sequence(version - 1);
   c.AddTensor(kValuesTensor)
-      .assign(PartRange(ParseModelSpec(kSmallModel, num_shards)->total_params, shard, num_shards)
-                  .size(),
+      .assign(PartRange(identity.total_params, shard, num_shards).size(),
               shard + version / 1000.0f);
   absl::StatusOr<std::string> path = CheckpointStore(dir, shard, 3).Write(c);
   ASSERT_TRUE(path.ok()) << path.status();
@@ -248,6 +248,16 @@ TEST(ExportTest, CheckpointsMissingCorruptOfAnotherModelOrOfDifferentJobsAreRefu
   WriteCheckpoint(dir, 1, 3, 40);
   ExpectRefusal(ModelFromCheckpoints(dir, kSmallModel), absl::StatusCode::kFailedPrecondition,
                 "3 shards");
+
+  // A tensor layout's job exported as the tools' default MLP: told to pass the layout.
+  const std::string layouts = NewRunDir("export");
+  const std::string layout = R"({"tensors": [{"name": "fc.weight", "shape": [10, 784]}]})";
+  WriteCheckpoint(layouts, 0, 1, 3, "sgd", layout);
+  ExpectRefusal(ModelFromCheckpoints(layouts, "mlp:784-256-128-10"),
+                absl::StatusCode::kInvalidArgument,
+                "expected mlp:784-256-128-10: the job's model is a tensor layout, pass it as "
+                "--model=FILE.json");
+  EXPECT_TRUE(ModelFromCheckpoints(layouts, layout).ok());
 }
 
 TEST(ExportTest, TheToolsExitWithAOneLineReasonOnBadFlagsFilesAndModels) {

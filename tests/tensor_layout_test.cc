@@ -53,6 +53,37 @@ TEST(TensorLayoutTest, EqualLayoutsShareTheirTextAndFingerprintAndAnyDifferenceS
   }
 }
 
+TEST(TensorLayoutTest, TheFirstTensorThatDiffersIsNamedWithBothShapes) {
+  const TensorLayout layout = *ParseTensorLayout(kLayout);
+  EXPECT_EQ(LayoutDifference(layout, "a", *ParseTensorLayout(layout.ToJson()), "b"), "");
+  auto difference = [&](const char* other) {
+    return LayoutDifference(layout, "the shards' model", *ParseTensorLayout(other), "this one");
+  };
+  EXPECT_EQ(difference(R"({"tensors": [{"name": "conv1.weight", "shape": [6, 1, 5, 5]},
+                                       {"name": "conv1.bias", "shape": [6]}]})"),
+            "the shards' model has conv1.weight [16,1,5,5] at position 0 where this one has "
+            "conv1.weight [6,1,5,5]");
+  EXPECT_EQ(difference(R"({"tensors": [{"name": "conv1.weight", "shape": [16, 1, 5, 5]},
+                                       {"name": "bias", "shape": [16]},
+                                       {"name": "scale", "shape": []}]})"),
+            "the shards' model has conv1.bias [16] at position 1 where this one has bias [16]");
+  EXPECT_EQ(difference(R"({"tensors": [{"name": "conv1.weight", "shape": [16, 1, 5, 5]},
+                                       {"name": "conv1.bias", "shape": [16]}]})"),
+            "the shards' model has scale [] at position 2 where this one has no tensor (it "
+            "has 2)");
+  EXPECT_EQ(difference(R"({"tensors": [{"name": "conv1.weight", "shape": [16, 1, 5, 5]},
+                                       {"name": "conv1.bias", "shape": [16]},
+                                       {"name": "scale", "shape": []},
+                                       {"name": "fc.bias", "shape": [10]}]})"),
+            "the shards' model has no tensor (it has 3) at position 3 where this one has "
+            "fc.bias [10]");
+  EXPECT_EQ(difference(R"({"tensors": [{"name": "conv1.weight", "shape": [16, 1, 5, 5]},
+                                       {"name": "conv1.bias", "shape": [16]},
+                                       {"name": "scale", "shape": [], "buffer": true}]})"),
+            "the shards' model has scale [] at position 2 where this one has scale [] (a "
+            "buffer)");
+}
+
 TEST(TensorLayoutTest, AModelSpecMayBeALayoutInlineOrInAFile) {
   const std::string path = NewRunDir("tensor_layout") + "/model.json";
   std::ofstream(path) << kLayout;

@@ -58,7 +58,7 @@ class TensorPathTest : public testing::TestWithParam<Kind> {
     options_.data_plane = GetParam() == Kind::kDataPlane;
     session_ =
         std::make_unique<ShardSession>(0, shard_->address(), Range{0, kValues},
-                                       ShardSession::Client{0, model_, &options_, &threads_});
+                                       ShardSession::Client{0, model_, "", &options_, &threads_});
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
     ASSERT_TRUE(session_->Register(&context, -1, Attempter()).ok());

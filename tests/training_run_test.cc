@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -93,6 +95,25 @@ TEST(TrainingRunTest, ALayoutModelRunsWithTheUsersCommands) {
     EXPECT_NE(MakeTrainingConfig(mlp).status().message().find(says), std::string::npos)
         << command << ": " << MakeTrainingConfig(mlp).status();
   }
+}
+
+// A run is measured against the job's own target; without one, this project's networks
+// (Fashion-MNIST) against a default, and a tensor layout (a user's model) against nothing.
+TEST(TrainingRunTest, ALayoutModelHasNoReferenceAccuracyButTheJobsTarget) {
+  const std::string layout = R"({"tensors":[{"name":"fc.weight","shape":[10,784]}]})";
+  EXPECT_EQ(ReferenceAccuracy(layout, 0, 0.8833), 0);
+  EXPECT_EQ(ReferenceAccuracy("model.json", 0, 0.8833), 0);
+  EXPECT_EQ(ReferenceAccuracy(layout, 0.6, 0.8833), 0.6);
+  EXPECT_EQ(ReferenceAccuracy("mlp:784-32-10", 0, 0.8833), 0.8833);
+  EXPECT_EQ(ReferenceAccuracy("cnn-small", 0, 0.85), 0.85);
+  EXPECT_EQ(ReferenceAccuracy("mlp:784-32-10", 0.9, 0.8833), 0.9);
+  // No reference: no time to it, whatever the accuracy.
+  const std::string csv = ::testing::TempDir() + "/evaluator.csv";
+  std::ofstream(csv) << "wall_time,version,test_loss,test_accuracy\n100,5,0.9,0.41\n"
+                        "102,9,0.7,0.62\n";
+  EXPECT_TRUE(std::isnan(SummariseAccuracy(csv, 100, 0).target_at));
+  EXPECT_EQ(SummariseAccuracy(csv, 100, 0).final_accuracy, 0.62);
+  EXPECT_EQ(SummariseAccuracy(csv, 100, 0.6).target_at, 2);
 }
 
 TEST(KillPlanTest, TriggersByTimeStepsOrUpdatesInTheOrderGiven) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -35,6 +36,14 @@ absl::StatusOr<ShardState> NewestCheckpoint(const std::string& dir, int shard) {
   return **std::move(newest);
 }
 
+// What to pass when the job's model (fingerprint `held`) is a tensor layout and `expected` is
+// not one (export_model's --hidden MLP by default); "" otherwise.
+std::string LayoutHint(const std::string& held, const ModelIdentity& expected) {
+  if (!absl::StartsWith(held, "layout:") || !expected.layout.empty()) return "";
+  return ": the job's model is a tensor layout, pass it as --model=FILE.json (the file the "
+         "shards' --model named)";
+}
+
 }  // namespace
 
 absl::StatusOr<ModelFile> ModelFromCheckpoints(const std::string& dir,
@@ -49,9 +58,9 @@ absl::StatusOr<ModelFile> ModelFromCheckpoints(const std::string& dir,
   absl::StatusOr<ModelIdentity> model = ParseModelSpec(expected_model, num_shards);
   if (!model.ok()) return model.status();
   if (first->header.model() != model->fingerprint) {
-    return absl::InvalidArgumentError(absl::StrCat("the checkpoints in ", dir, " are of model ",
-                                                   first->header.model(), ", expected ",
-                                                   model->fingerprint));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the checkpoints in ", dir, " are of model ", first->header.model(),
+                     ", expected ", model->fingerprint, LayoutHint(first->header.model(), *model)));
   }
   if (num_shards < 1) {
     return absl::DataLossError("shard 0's checkpoint in " + dir + " says the job has no shards");
@@ -94,10 +103,16 @@ absl::StatusOr<ModelFile> ModelFromShards(const std::vector<std::string>& addres
       ParseModelSpec(model, static_cast<int>(addresses.size()));
   if (!identity.ok()) return identity.status();
   ShardedClient client(addresses, *identity, /*worker_id=*/-1, options);
-  if (absl::StatusOr<int64_t> r = client.Register(); !r.ok()) return r.status();
-  // A pull would wait for an initialiser; an uninitialised job has nothing to export.
   absl::StatusOr<std::vector<v1::StatsResponse>> stats = client.Stats();
   if (!stats.ok()) return stats.status();
+  // Registering would refuse another model too, but say only that it differs.
+  const std::string held = stats->empty() ? "" : stats->front().model_fingerprint();
+  if (std::string hint = LayoutHint(held, *identity); !hint.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the shards hold model ", held, ", expected ", identity->fingerprint, hint));
+  }
+  if (absl::StatusOr<int64_t> r = client.Register(); !r.ok()) return r.status();
+  // A pull would wait for an initialiser; an uninitialised job has nothing to export.
   for (size_t shard = 0; shard < stats->size(); ++shard) {
     if (!(*stats)[shard].initialized()) {
       return absl::FailedPreconditionError(absl::StrCat(

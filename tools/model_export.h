@@ -19,8 +19,8 @@ namespace ps {
 // agree on model, shard count, optimizer and consistency.
 // Fails with NOT_FOUND if `dir` is not a directory or a shard has no checkpoint there (naming
 // them), FAILED_PRECONDITION if the shards' checkpoints are of different jobs, INVALID_ARGUMENT if
-// the job's model is not `expected_model`, DATA_LOSS if a checkpoint does not hold its shard's
-// range.
+// the job's model is not `expected_model` (saying to pass the layout when the job's is one),
+// DATA_LOSS if a checkpoint does not hold its shard's range.
 absl::StatusOr<ModelFile> ModelFromCheckpoints(const std::string& dir,
                                                const std::string& expected_model);
 
@@ -28,7 +28,8 @@ absl::StatusOr<ModelFile> ModelFromCheckpoints(const std::string& dir,
 // (worker id -1: a read-only token is enough). Each shard's part is read at that shard's version
 // (ModelFile::versions): the shards of a running job are not stopped for it. Fails as
 // ShardedClient's Register and Pull do (the shards serve another model, refuse the token, or
-// stay unreachable for options.retry_for), naming the shard.
+// stay unreachable for options.retry_for), naming the shard; shards of a tensor layout asked for
+// another model (the tools' default MLP) fail with FAILED_PRECONDITION saying to pass the layout.
 absl::StatusOr<ModelFile> ModelFromShards(const std::vector<std::string>& addresses,
                                           const std::string& model, const ClientOptions& options);
 

@@ -5,6 +5,7 @@
         step = client.register()
         ...
 """
+from . import _log  # noqa: F401  (the library's log lines go to the "paramserver" logger)
 from .client import Client, Handle, PushSummary
 from .errors import (Aborted, Cancelled, DeadlineExceeded, Error, FailedPrecondition,
                      InvalidArgument, Unauthenticated, Unavailable)

@@ -6,8 +6,10 @@ shards, and the library depends on no interpreter's ABI: one build serves every 
 import ctypes
 import os
 
-API_VERSION = 6
+API_VERSION = 7
 NOT_DONE = -1
+# ps_log_sink: (level 0 info, 1 warning, 2 error; the message; the caller's pointer)
+LogSink = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 
 
 class PushSummary(ctypes.Structure):
@@ -41,6 +43,7 @@ def _load():
     i64, f32p = ctypes.c_int64, ctypes.POINTER(ctypes.c_float)
     declare = {
         "ps_last_error": (ctypes.c_char_p, []),
+        "ps_set_log_sink": (None, [LogSink, ctypes.c_void_p]),
         "ps_setting_names": (ctypes.c_char_p, []),
         "ps_client_create": (ctypes.c_int, [ctypes.c_char_p, ctypes.POINTER(client_p)]),
         "ps_client_destroy": (None, [client_p]),

@@ -338,11 +338,14 @@ class Client:
     too (the change since its last pull, compressed alike, over gRPC); shared_memory: use shared
     memory with shards on this host (default True); data_plane: move tensors of shards on other
     hosts over their data plane, a TCP connection beside gRPC (default True);
-    rpc_timeout_seconds, retry_seconds, heartbeat_seconds.
+    rpc_timeout_seconds, heartbeat_seconds; retry_seconds: how long a failing shard is retried
+    (unset: 10 s for one this client never reached, a wrong address, and 60 s for one it
+    reached, which may be restarting).
 
     register() joins the job (a worker then sends heartbeats from a thread of its own); close()
     (or the end of a `with` block) leaves it. Calls may come from several threads; start pushes
-    from one. Every failure raises a paramserver.Error carrying the shard's message.
+    from one. Every failure raises a paramserver.Error carrying the shard's message. The
+    library's log lines go to the logger "paramserver" (see paramserver._log).
     """
 
     def __init__(self, **settings):
@@ -478,7 +481,9 @@ class Client:
         return self.push_async(gradient, sequence).wait()
 
     def stats(self):
-        """Every shard's statistics (proto/ps.proto's StatsResponse), as a list of dicts."""
+        """Every shard's statistics (proto/ps.proto's StatsResponse), as a list of dicts, one
+        per shard, keyed by the message's field names, every number a number (version,
+        registered_workers, ...)."""
         text = ctypes.c_void_p()
         self._call(lib.ps_client_stats_json, ctypes.byref(text))
         try:

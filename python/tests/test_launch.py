@@ -61,6 +61,9 @@ def test_launch_runs_python_workers_through_a_kill_with_a_straggler(tmp_path):
     assert float(evaluations[-1]["test_accuracy"]) >= 0.6, evaluations[-3:]
     assert int(evaluations[-1]["version"]) == 600, evaluations[-3:]
     assert "final test accuracy" in run.stdout
+    # A model of the user's own is measured against no accuracy of this project's MLP.
+    assert "0.8833" not in run.stdout and "baseline" not in run.stdout, run.stdout
+    assert "baseline" not in (run_dir / "plot.gp").read_text()
 
 
 def test_experiment_compares_consistency_models_on_a_pytorch_model(tmp_path):

@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/model_spec.h"
+#include "common/tensor_layout.h"
 #include "server/rpc/payload.h"
 #include "server/rpc/service_helpers.h"
 #include "transport/chunking.h"
@@ -181,6 +183,26 @@ grpc::Status ShardService::WaitReplicated(absl::Time deadline) const {
   return ToGrpcStatus(replica_->WaitReplicated(AnswerBy(deadline)));
 }
 
+absl::Status ShardService::NamingLayoutDifference(absl::Status refused,
+                                                  const v1::RegisterRequest& r) const {
+  const ModelIdentity& held = shard_->model();
+  if (refused.code() != absl::StatusCode::kFailedPrecondition ||
+      r.model().fingerprint() == held.fingerprint || r.layout().size() > kMaxLayoutSent ||
+      !IsInlineLayout(r.layout())) {
+    return refused;
+  }
+  absl::StatusOr<TensorLayout> theirs = ParseTensorLayout(r.layout());
+  // The shard's model as named tensors: its layout, or the tensors of the network its
+  // fingerprint (a spec) names.
+  absl::StatusOr<std::vector<TensorSlot>> ours =
+      ModelTensors(held.layout.empty() ? held.fingerprint : held.layout);
+  if (!theirs.ok() || !ours.ok()) return refused;
+  const std::string difference = LayoutDifference(TensorLayout{*std::move(ours)},
+                                                  "the shards' model", *theirs, "this client's");
+  if (difference.empty()) return refused;
+  return absl::FailedPreconditionError(absl::StrCat(refused.message(), ": ", difference));
+}
+
 grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* context,
                                                  const grpc::ByteBuffer* request,
                                                  grpc::ByteBuffer* response) {
@@ -194,7 +216,7 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
         absl::StatusOr<Registration> r =
             shard_->Register(request.worker_id(), FromProto(request.model()),
                              request.has_resume_sequence() ? request.resume_sequence() : -1);
-        if (!r.ok()) return ToGrpcStatus(r.status());
+        if (!r.ok()) return ToGrpcStatus(NamingLayoutDifference(r.status(), request));
         response->set_shard_index(r->shard_index);
         response->set_initialized(r->initialized);
         response->set_begin(r->range.begin);

@@ -238,6 +238,10 @@ class ShardService final : public ShardServiceBase {
   // worker it names, of this shard process.
   template <typename Request>
   static CallNeeds AttachClaims(const Request& r, CallNeeds needs);
+  // `refused`, a refusal of registration `r`, naming the first tensor that differs where the
+  // client's layout (r.layout(), inline JSON only: never a file of this host) is not the shard's
+  // model (a layout, or a network's tensors).
+  absl::Status NamingLayoutDifference(absl::Status refused, const v1::RegisterRequest& r) const;
   // OK if a client of `model` acting as `worker` may have a tensor path of its own (shared
   // memory, the data plane): the model is this shard's, a worker id is one of the job's, and
   // `incarnation` (0: unchecked) is the worker's current process.
