@@ -259,7 +259,9 @@ class ParameterShard {
   // [0, num_workers). A worker registering again after this shard restarted passes the sequence
   // of its next push as `resume_sequence` (at most kMaxResumeSequence; -1: none): the steps in
   // between were lost with the updates after the checkpoint, and its pushes go on from there.
-  // Taken only by a shard that was restored, from a worker's first registration with it.
+  // Taken only by a shard that was restored, from a worker's first registration with it. Rounds
+  // (sync, local) wait for all the job's workers to register first: the last to register may
+  // close the open round (with backup workers, before it pushed).
   absl::StatusOr<Registration> Register(int worker_id, const ModelIdentity& model,
                                         int64_t resume_sequence = -1);
   // Refreshes a registered worker's lease; returns the number of active workers. Heartbeat, Leave
