@@ -341,10 +341,11 @@ def main():
           f"on {args.device}{', synthetic data' if args.synthetic else ''}")
     rows = {}
     runners = {"ddp": run_ddp, "local": run_local}
-    for mode in args.modes.split(","):
-        if mode == "ddp" and args.device.type != "cpu":
-            sys.exit("--modes=ddp runs on the CPU (gloo): leave it out with --device=cuda")
-        for seed in map(int, args.seeds.split(",")):
+    modes = args.modes.split(",")
+    if "ddp" in modes and args.device.type != "cpu":
+        sys.exit("--modes=ddp runs on the CPU (gloo): leave it out with --device=cuda")
+    for seed in map(int, args.seeds.split(",")):  # each seed's modes in turn: a load that
+        for mode in modes:                        # changes meanwhile weighs on each alike
             args.seed = seed
             results, accuracy = (runners[mode](args) if mode in runners
                                  else run_ps(args, mode))

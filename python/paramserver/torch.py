@@ -6,9 +6,19 @@
         loss_fn(model(x), y).backward()
         model.step()                      # instead of optimizer.step() and zero_grad()
 
-The module's parameters become views into one flat float32 buffer and their gradients views into
-another, so a pull writes straight into the model and a push reads straight from its gradients
-(no copy). What happens follows the shards' consistency model (ps --consistency):
+A CPU module's parameters become views into one flat float32 buffer and their gradients views
+into another, so a pull writes straight into the model and a push reads straight from its
+gradients (no copy). A module on a GPU keeps its own parameters (all on one device, float32;
+autocast may compute in bf16 on them), and the flat buffers are pinned host memory: backward's
+gradients are copied out in buckets on a side stream, each shard's part pushed once its copies
+have landed, and each layer's weights are copied in once the pull brought them, before the
+forward pass reaches the layer (staging.py; staging=True takes this path for a CPU module).
+One worker process per GPU: local_device() is the one $LOCAL_RANK names, as torchrun and
+launch --gpus set it:
+
+    model = paramserver.torch.DistributedModel(Net().cuda(paramserver.torch.local_device()), ...)
+
+What happens follows the shards' consistency model (ps --consistency):
   async, ssp:S, sync
                 the gradient is pushed while backward runs: each shard's part as soon as backward
                 has produced every gradient in its range (the last layers first, as DDP's
@@ -67,7 +77,9 @@ def load_file(path):
 
 
 class DistributedModel(torch.nn.Module):
-    """Wraps `module` (float32 parameters on the CPU) so that it trains through the shards.
+    """Wraps `module` (float32 parameters, all on the CPU or all on one CUDA device) so that it
+    trains through the shards; a parameter of another type, or on another device than the
+    first's, is refused (InvalidArgument, naming it and both devices).
 
     settings: those of paramserver.Client (ps or cluster, rank, num_workers, credentials, ...);
     without "ps" or "cluster", those of the environment (settings_from_environment). "model"
@@ -81,7 +93,10 @@ class DistributedModel(torch.nn.Module):
     after the pass used some of its weights, the pass runs again on a new pull, and what it did
     besides, such as BatchNorm's running statistics, it then did twice); False pushes the whole
     gradient at step() and waits for all weights before the forward pass (needed by a module that
-    reads another's parameters without calling it: see _ForwardPull).
+    reads another's parameters without calling it: see _ForwardPull). `staging`: train a CPU
+    module through the copy path a GPU module takes (its own parameters, copied from and to the
+    flat buffers; staging.py), as tests do where there is no GPU. A module on a GPU, or staged,
+    trains under async, SSP and sync (local:H and easgd: CPU modules only, for now).
     """
 
     def __init__(self, module, *, client=None, optimizer=None, initialize=None, csv=None,
@@ -165,7 +180,8 @@ class DistributedModel(torch.nn.Module):
     def zero_grad(self, set_to_none=True):
         """Clears the gradients for a fresh start after a backward that no step() followed (one
         that raised midway, say): what it began to push is dropped (parts not sent yet are never
-        sent). The gradients stay views into the flat buffer, zeroed, whatever `set_to_none`.
+        sent). A CPU module's gradients stay views into the flat buffer, zeroed, whatever
+        `set_to_none`; a GPU module's (or a staged one's) are set to None.
         Not needed in a plain loop: step() starts each step's gradients at zero."""
         try:
             self._home.drain()
