@@ -169,14 +169,11 @@ class StagedParameters:
         """The step's push ended (the host gradients are overwritten whole by the next step)."""
 
     def zero_grad(self):
-        """Drops this step's gradients (what is in flight lands first)."""
-        try:
-            self._landing.drain()
-        finally:
-            for p in self._params:
-                p.grad = None
-            self._copied = set()
-            self._missing = [len(bucket) for bucket in self._buckets]
+        """Drops this step's gradients. REQUIRES: drained."""
+        for p in self._params:
+            p.grad = None
+        self._copied = set()
+        self._missing = [len(bucket) for bucket in self._buckets]
 
     def drain(self):
         """Waits until every gradient copy issued has landed and been told; raises the error of

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import paramserver
+import paramserver.staging
 import paramserver.torch
 from conftest import BIN_DIR, pause
 
@@ -329,10 +330,12 @@ def train_in_turns(shards, modules, steps, **options):
     return [paramserver.torch.weights_of(m) for m in modules]
 
 
-def test_staging_trains_to_the_weights_the_zero_copy_path_does(start_shards, cnn):
+def test_staging_trains_to_the_weights_the_zero_copy_path_does(start_shards, cnn, monkeypatch):
     # The copy path (the module's own tensors, gradients copied out in buckets, weights copied
     # in by layer), forced on the CPU, against parameters that are the buffers' views: the same
-    # rounds, bit for bit. 2 shards split the CNN in the middle of a layer.
+    # rounds, bit for bit. 2 shards split the CNN in the middle of a layer; buckets of 1,024
+    # values make one of each layer (conv1, conv2, fc1, fc2: 416 to 200,832 values).
+    monkeypatch.setattr(paramserver.staging, "BUCKET_VALUES", 1024)
     flags = ("--optimizer=sgd", "--lr=0.05", "--consistency=sync")
     initial = example.SmallCnn()
 
