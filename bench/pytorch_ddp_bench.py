@@ -13,9 +13,21 @@ seeds and the same SGD learning rate, trained for the same number of steps per w
   sync-after, async-after
          the same with the push made after backward (DistributedModel(overlap=False)) rather
          than each shard's part as soon as backward has produced it: what overlap buys.
+  sync-staging, async-staging
+         the same with DistributedModel(staging=True): the copy path a GPU module takes (the
+         module's own parameters, gradients copied out in buckets, weights copied in by layer)
+         forced on the CPU: its cost against the zero-copy views.
 
-  local  one process, a plain PyTorch loop (--workers=1): the adapter's overhead is measured
-         against it.
+  local  one process, a plain PyTorch loop of batch --workers x --batch_size: the adapter's
+         overhead is measured against it (with --workers=1), and W workers sharing one device
+         against one process with their total batch.
+
+On a GPU (--device=cuda: every process trains on its local_device(), the one GPU they share;
+ddp stays on the CPU), with --arch=resnet18 (torchvision's, 10 classes, on 32x32x3 inputs) and
+--synthetic data (random inputs and labels held on the device; no accuracy is scored):
+
+    python3 bench/pytorch_ddp_bench.py --device=cuda --synthetic --arch=resnet18 --workers=1 \
+        --batch_size=128 --steps=100 --seeds=1 --modes=local,async,sync
 
 Each worker uses one intra-op thread. examples/s is each worker's steps x batch over its own time
 from its first step to its last, summed over the workers: the rate the job consumes examples at.
@@ -37,6 +49,7 @@ under sync the wait for the round).
     /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=4 --steps=200 --straggler=0:3
     /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=1 --modes=local,sync,async
     /usr/bin/python3 bench/pytorch_ddp_bench.py --modes=sync,sync-after,async,async-after
+    /usr/bin/python3 bench/pytorch_ddp_bench.py --workers=1 --modes=async,async-staging
 """
 import argparse
 import json
@@ -67,10 +80,32 @@ def free_port():
         return s.getsockname()[1]
 
 
-def data(rank, workers, data_dir):
-    x, y = example.load("train", data_dir)
-    part = slice(rank * len(x) // workers, (rank + 1) * len(x) // workers)
-    return x[part], y[part]
+def data(rank, workers, args):
+    """Worker `rank`'s part of the training set, on args.device (--synthetic: 4,096 random
+    examples of the model's input shape)."""
+    if args.synthetic:
+        g = torch.Generator().manual_seed(rank)
+        shape = (3, 32, 32) if args.arch == "resnet18" else (784,)
+        x, y = torch.rand(4096, *shape, generator=g), torch.randint(10, (4096,), generator=g)
+    else:
+        x, y = example.load("train", args.data_dir)
+        part = slice(rank * len(x) // workers, (rank + 1) * len(x) // workers)
+        x, y = x[part], y[part]
+    return x.to(args.device), y.to(args.device)
+
+
+def new_model(args):
+    """The benchmark's model, seeded, on args.device."""
+    torch.manual_seed(args.seed)
+    if args.arch == "resnet18":
+        import torchvision
+        return torchvision.models.resnet18(num_classes=10).to(args.device)
+    return example.SmallCnn().to(args.device)
+
+
+def synchronize(args):
+    if args.device.type == "cuda":
+        torch.cuda.synchronize(args.device)
 
 
 def train_loop(model, step_fn, x, y, args, rank):
@@ -84,10 +119,11 @@ def train_loop(model, step_fn, x, y, args, rank):
     for i in range(args.steps):
         t0 = time.time()
         result.setdefault("start", t0)
-        batch = torch.randint(len(x), (args.batch_size,), generator=g)
+        batch = torch.randint(len(x), (args.batch_size,), generator=g).to(args.device)
         loss = F.cross_entropy(model(x[batch]), y[batch])
         t1 = time.time()
-        if rank == 0 and i % args.snapshot_every == 0:  # after forward: the weights it used
+        if rank == 0 and args.snapshot_every and i % args.snapshot_every == 0:  # the weights
+            # after forward, which it used
             with torch.no_grad():
                 snapshots.append((t0 - result["start"],
                                   torch.cat([p.reshape(-1) for p in model.parameters()])))
@@ -100,8 +136,9 @@ def train_loop(model, step_fn, x, y, args, rank):
         result["forward"] += t1 - t0
         result["backward"] += t2 - t1
         result["step"] += t3 - t2
+    synchronize(args)
     result["end"] = time.time()
-    if rank == 0:
+    if rank == 0 and args.snapshot_every:
         with torch.no_grad():
             snapshots.append((result["end"] - result["start"],
                               torch.cat([p.reshape(-1) for p in model.parameters()])))
@@ -113,7 +150,9 @@ def train_loop(model, step_fn, x, y, args, rank):
 
 def time_to(target, snapshots_file, data_dir):
     """Scores rank 0's weight snapshots afterwards (outside the timed run): the seconds until the
-    first that reaches `target` accuracy (NaN if none does)."""
+    first that reaches `target` accuracy (NaN if none does, or none was taken)."""
+    if snapshots_file is None:
+        return float("nan")
     snapshots = torch.load(snapshots_file)
     os.remove(snapshots_file)
     test_x, test_y = example.load("t10k", data_dir)
@@ -131,10 +170,9 @@ def ddp_worker(rank, args, port, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=args.workers)
-    torch.manual_seed(args.seed)
-    model = DistributedDataParallel(example.SmallCnn())
+    model = DistributedDataParallel(new_model(args))
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    x, y = data(rank, args.workers, args.data_dir)
+    x, y = data(rank, args.workers, args)
     dist.barrier()
 
     def step():
@@ -152,31 +190,39 @@ def ddp_worker(rank, args, port, out):
 
 def ps_worker(args):
     torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    x, y = data(args.rank, args.workers, args.data_dir)
+    x, y = data(args.rank, args.workers, args)
     model = paramserver.torch.DistributedModel(
-        example.SmallCnn(), ps=args.ps, rank=args.rank, num_workers=args.workers,
-        overlap=bool(args.overlap))
+        new_model(args), ps=args.ps, rank=args.rank, num_workers=args.workers,
+        overlap=bool(args.overlap), staging=bool(args.staging))
     result = train_loop(model, model.step, x, y, args, args.rank)
     model.close()
     print(json.dumps(result))
 
 
 def run_local(args):
-    """One process, a plain PyTorch loop: the step the adapter is measured against."""
+    """One process, a plain PyTorch loop of the workers' total batch: the step the adapter is
+    measured against."""
     torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    model = example.SmallCnn()
+    model = new_model(args)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    x, y = data(0, 1, args.data_dir)
+    x, y = data(0, 1, args)
+    args = argparse.Namespace(**{**vars(args), "batch_size": args.workers * args.batch_size})
 
     def step():
         opt.step()
         opt.zero_grad()
 
     result = train_loop(model, step, x, y, args, 0)
+    result["batch_size"] = args.batch_size
+    return [result], score(args, model), ""
+
+
+def score(args, model):
+    """The test accuracy of `model` (NaN on --synthetic data)."""
+    if args.synthetic:
+        return float("nan")
     test_x, test_y = example.load("t10k", args.data_dir)
-    return [result], example.score_on(test_x, test_y)(model)[1], ""
+    return example.score_on(test_x.to(args.device), test_y.to(args.device))(model)[1]
 
 
 def run_ddp(args):
@@ -194,6 +240,7 @@ def run_ddp(args):
 def run_ps(args, mode):
     consistency, _, when = mode.partition("-")
     args.overlap = int(when != "after")
+    args.staging = int(when == "staging")
     with tempfile.TemporaryDirectory(prefix="ps-bench-") as tmp:
         processes = []
         try:
@@ -212,9 +259,9 @@ def run_ps(args, mode):
 def ps_job(args, consistency, tmp, processes):
     """Starts 2 shards and the workers (into `processes`), runs them to the end; the workers'
     results, the final weights' test accuracy and what the shards counted (shard_counters)."""
-    layout = os.path.join(tmp, "cnn.json")
+    layout = os.path.join(tmp, "layout.json")
     with open(layout, "w") as f:
-        json.dump(paramserver.torch.layout_of(example.SmallCnn()), f)
+        json.dump(paramserver.torch.layout_of(new_model(args)), f)
     ports = []
     for i in range(2):
         port_file = os.path.join(tmp, f"port-{i}")
@@ -238,7 +285,8 @@ def ps_job(args, consistency, tmp, processes):
          f"--workers={args.workers}", f"--steps={args.steps}", f"--batch_size={args.batch_size}",
          f"--lr={args.lr}", f"--seed={args.seed}", f"--straggler={args.straggler}",
          f"--snapshot_every={args.snapshot_every}", f"--data_dir={args.data_dir}",
-         f"--overlap={args.overlap}"],
+         f"--overlap={args.overlap}", f"--staging={args.staging}", f"--device={args.device}",
+         f"--arch={args.arch}", *(["--synthetic"] if args.synthetic else [])],
         stdout=subprocess.PIPE, env=env, text=True)
         for r in range(args.workers)]
     processes.extend(workers)
@@ -248,15 +296,14 @@ def ps_job(args, consistency, tmp, processes):
         if w.returncode != 0:
             sys.exit(f"a worker failed (exit {w.returncode})")
         results.append(json.loads(out.strip().splitlines()[-1]))
-    observer = example.SmallCnn()
+    observer = new_model(args)
     with paramserver.Client(ps=addresses, model=paramserver.torch.layout_of(observer)) as client:
         client.register()
         weights = torch.empty(sum(p.numel() for p in observer.parameters()))
         client.pull(weights)
         counters = shard_counters(client.stats(), args, consistency)
     paramserver.torch.set_weights(observer, weights)
-    test_x, test_y = example.load("t10k", args.data_dir)
-    return results, example.score_on(test_x, test_y)(observer)[1], counters
+    return results, score(args, observer), counters
 
 
 def shard_counters(stats, args, consistency):
@@ -289,11 +336,21 @@ def main():
                    "every --snapshot_every steps and scored after the run)")
     p.add_argument("--snapshot_every", type=int, default=25)
     p.add_argument("--data_dir", default=example.DATA)
+    p.add_argument("--device", default="cpu", help="cpu | cuda (each process: its "
+                   "paramserver.torch.local_device())")
+    p.add_argument("--arch", default="cnn", choices=("cnn", "resnet18"))
+    p.add_argument("--synthetic", action="store_true",
+                   help="random data on the device instead of Fashion-MNIST (no accuracy)")
     p.add_argument("--role", default="bench", help=argparse.SUPPRESS)
     p.add_argument("--ps", help=argparse.SUPPRESS)
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--overlap", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--staging", type=int, default=0, help=argparse.SUPPRESS)
     args = p.parse_args()
+    args.device = (paramserver.torch.local_device() if args.device == "cuda"
+                   else torch.device(args.device))
+    if args.synthetic:
+        args.snapshot_every = 0  # no accuracy to reach
     rank, _, factor = args.straggler.partition(":")
     args.straggler_rank = int(rank) if rank else -1
     args.slowdown = float(factor) if factor else 1.0
@@ -301,12 +358,13 @@ def main():
         return ps_worker(args)
 
     print(f"{args.workers} workers x {args.steps} steps x batch {args.batch_size}, SGD lr "
-          f"{args.lr}, straggler {args.straggler or 'none'}; 2 shards for sync/async")
+          f"{args.lr}, straggler {args.straggler or 'none'}; 2 shards for sync/async; {args.arch} "
+          f"on {args.device}{', synthetic data' if args.synthetic else ''}")
     rows = {}
     runners = {"ddp": run_ddp, "local": run_local}
     modes = args.modes.split(",")
-    if "local" in modes and args.workers != 1:
-        sys.exit("--modes=local is one process: give --workers=1")
+    if "ddp" in modes and args.device.type != "cpu":
+        sys.exit("--modes=ddp runs on the CPU (gloo): leave it out with --device=cuda")
     # Each seed's modes back to back: a change in the (shared) machine's load hits them alike.
     for seed in map(int, args.seeds.split(",")):
         args.seed = seed
@@ -315,9 +373,10 @@ def main():
                                            else run_ps(args, mode))
             # The rate the job consumes examples at: each worker's own, summed (a straggler
             # holds back the others only where they wait for it).
-            rate = sum(args.steps * args.batch_size / (r["end"] - r["start"]) for r in results)
+            rate = sum(args.steps * r.get("batch_size", args.batch_size) / (r["end"] - r["start"])
+                       for r in results)
             ms = {k: 1000 * results[0][k] / args.steps for k in ("forward", "backward", "step")}
-            reached = time_to(args.target, results[0]["snapshots"], args.data_dir)
+            reached = time_to(args.target, results[0].get("snapshots"), args.data_dir)
             rows.setdefault(mode, []).append((rate, accuracy, ms, reached))
             when = f"after {reached:.1f} s" if reached == reached else "not reached"
             print(f"  {mode:11s} seed {seed}: {rate:7.0f} examples/s, test accuracy "

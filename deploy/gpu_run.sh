@@ -4,9 +4,9 @@
 #
 #   device run: command "bash deploy/gpu_run.sh", carry [".gpu-bundle"], timeout_s 600
 #
-# STEPS (comma-separated) picks steps 2-8 by name; the default, tests,compute,torch,e2e,python,
+# STEPS (comma-separated) picks steps 2-9 by name; the default, tests,compute,torch,e2e,python,
 # takes about 8 minutes (E2E_SECONDS=60 shortens the training runs);
-# STEPS=tests,transport,wan about 5.
+# STEPS=tests,transport,wan about 5; STEPS=adapter about 4.
 #   1. check glibc (the bundle's libstdc++ is Debian 12's: glibc >= 2.36), unpack the bundle into
 #      $BUNDLE_DIR (default /tmp/ps-gpu-bundle; outside the checkout, so a local run never makes
 #      .gpu-bundle/ too big to travel), find cuBLAS, print nvidia-smi
@@ -31,6 +31,9 @@
 #      20M-parameter MLP, each step schedule (serial, overlap, prefetch, both), workers on
 #      $WAN_DEVICE (cpu), $WAN_REPEATS time(s), $WAN_SHARDS_PER_HOST ps processes on each of the
 #      two shard hosts (1); skipped when network namespaces cannot be made
+#   9. adapter (not in the default STEPS; about 4 minutes): bench/torch_gpu_bench.sh, the PyTorch
+#      adapter with a module on the GPU against a plain PyTorch loop (the example CNN, ResNet-18),
+#      1, 2 and 4 workers sharing the GPU, async and sync
 # Independent steps go on after a failure; the script then exits 1 naming every failed step.
 #
 # Output, in ${OUT:-/tmp/gpu-out} (the device tool returns at most 8 files, 2 folders deep, so the
@@ -298,6 +301,11 @@ main() {
       "$PWD/.gpu-bundle/data" "$WORK"
   fi
 
+  # 9. The PyTorch adapter with its module on the GPU.
+  if want adapter; then
+    run_step adapter 400 bash bench/torch_gpu_bench.sh "$BUNDLE_DIR" "$WORK/adapter"
+  fi
+
   # Summary last: the device tool's reply carries the end of the output.
   (cd "$WORK" && shopt -s nullglob && tar -czf "$OUT/artifacts.tar.gz" \
     --exclude='run-*/checkpoints' --exclude='wan/*/checkpoints' logs run-* wan) \
@@ -319,6 +327,7 @@ main() {
   grep -h "relative L2 error" "$WORK/logs/network_test.log" 2>/dev/null
   grep -h "CPU backend:" "$WORK/logs/compute_bench-cpu-1thr.log" 2>/dev/null | head -n 1
   grep -h "^python \|accuracy:" "$WORK/logs/python.log" 2>/dev/null
+  grep -h "^| \|workers x" "$WORK/logs/adapter.log" 2>/dev/null
   for log in "$WORK"/logs/iperf3-P*.log; do
     [ -f "$log" ] && echo "$(basename "$log" .log): $(grep receiver "$log" | tail -n 1)"
   done

@@ -21,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "transport/grpc_status.h"
 #include "transport/security.h"
 
@@ -317,13 +318,38 @@ absl::Status LocalCluster::StartWorker(int rank, int num_workers,
   }
   AppendClientSecurityFlags(token_file, &argv);
   argv.insert(argv.end(), flags.begin(), flags.end());
+  std::map<std::string, std::string> env;
+  if (!gpus_.empty()) {
+    env["CUDA_VISIBLE_DEVICES"] = gpus_[rank % gpus_.size()];
+    env["LOCAL_RANK"] = "0";
+  }
   // With per-worker identity a worker holds its own token only, not the job's from $PS_TOKEN.
   absl::StatusOr<Subprocess> p = StartClient(
       argv, command, base + ".log",
-      security_.worker_identity ? std::vector<std::string>{"PS_TOKEN"} : std::vector<std::string>{});
+      security_.worker_identity ? std::vector<std::string>{"PS_TOKEN"} : std::vector<std::string>{},
+      std::move(env));
   if (!p.ok()) return p.status();
   workers_.erase(rank);
   workers_.emplace(rank, *std::move(p));
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::UseGpus(int count) {
+  if (count < 0) return absl::InvalidArgumentError(absl::StrCat("--gpus=", count, " is negative"));
+  std::vector<std::string> gpus;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible != nullptr) {
+    gpus = absl::StrSplit(visible, ',', absl::SkipWhitespace());
+    if (static_cast<int>(gpus.size()) < count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--gpus=", count, " but CUDA_VISIBLE_DEVICES=", visible, " lists ",
+                       gpus.size(), ": give at most that many, or widen CUDA_VISIBLE_DEVICES"));
+    }
+    gpus.resize(count);
+  } else {
+    for (int g = 0; g < count; ++g) gpus.push_back(absl::StrCat(g));
+  }
+  gpus_ = std::move(gpus);
   return absl::OkStatus();
 }
 
@@ -344,9 +370,9 @@ absl::Status LocalCluster::StartEvaluator(const std::vector<std::string>& flags,
 absl::StatusOr<Subprocess> LocalCluster::StartClient(const std::vector<std::string>& argv,
                                                      const std::string& command,
                                                      const std::string& log,
-                                                     const std::vector<std::string>& drop_env) const {
-  if (command.empty()) return Subprocess::Start(argv, log, drop_env);
-  std::map<std::string, std::string> env;
+                                                     const std::vector<std::string>& drop_env,
+                                                     std::map<std::string, std::string> env) const {
+  if (command.empty()) return Subprocess::Start(argv, log, drop_env, env);
   for (size_t i = 1; i < argv.size(); ++i) {
     const size_t eq = argv[i].find('=');
     if (argv[i].rfind("--", 0) != 0 || eq == std::string::npos) continue;

@@ -85,6 +85,14 @@ class LocalCluster {
   // them (the worker protocol, README); this build's Python package leads its PYTHONPATH.
   absl::Status StartWorker(int rank, int num_workers, const std::vector<std::string>& flags,
                            const std::string& command = "");
+  // Workers started from now on each see one of `count` GPUs, round robin by rank (worker R the
+  // (R mod count)-th): CUDA_VISIBLE_DEVICES names it alone (the entry of this process's
+  // CUDA_VISIBLE_DEVICES when that is set, else its index) and LOCAL_RANK=0, so that the worker's
+  // cuda:0 is that GPU, as --device=cuda, paramserver.torch.local_device() and a torchrun
+  // script's torch.cuda.set_device(LOCAL_RANK) all take it. 0 (the default): the workers get this
+  // process's environment as it is. Errors (nothing changed): count < 0, or more GPUs than
+  // CUDA_VISIBLE_DEVICES lists.
+  absl::Status UseGpus(int count);
   // Likewise for the evaluator (evaluator.{log,csv}; a command gets PS_PS, PS_CSV,
   // PS_INTERVAL_SECONDS, ...).
   absl::Status StartEvaluator(const std::vector<std::string>& flags,
@@ -126,10 +134,12 @@ class LocalCluster {
 
   absl::Status MakeRunDir() const;
   // Starts `argv` (a daemon of bin_dir_ and its flags) or, when `command` is set, that command
-  // with the flags in its environment (see StartWorker), logging to `log`.
+  // with the flags in its environment (see StartWorker), logging to `log`; `env` is added to the
+  // environment of either.
   absl::StatusOr<Subprocess> StartClient(const std::vector<std::string>& argv,
                                          const std::string& command, const std::string& log,
-                                         const std::vector<std::string>& drop_env) const;
+                                         const std::vector<std::string>& drop_env,
+                                         std::map<std::string, std::string> env = {}) const;
   std::string PortFile(int shard) const;
   // Starts shard `shard` from shard_argv_ (replacing shards_[shard]) / waits until it wrote its
   // port file, then records the port.
@@ -146,6 +156,7 @@ class LocalCluster {
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs_;
   std::string token_;  // what ProcessStats sends
   std::map<int, Subprocess> workers_;
+  std::vector<std::string> gpus_;  // UseGpus: CUDA_VISIBLE_DEVICES of worker R is gpus_[R % size]
   std::unique_ptr<Subprocess> evaluator_;
 };
 

@@ -7,29 +7,15 @@
 #   bash deploy/python_bundle_check.sh BUNDLE_DIR DATA_DIR WORK_DIR
 #
 # The daemons get the bundle's libraries; python3 gets them too but not the bundle's libstdc++ and
-# libgcc_s (PyTorch was built against the machine's, which a Debian 12 one must not shadow), unless
-# the machine's are too old for libparamserver_c.so. gpu_run.sh calls this; it also runs here with
-# any python3 that has PyTorch first on PATH.
+# libgcc_s, unless the machine's are too old for libparamserver_c.so (deploy/bundle_python.sh).
+# gpu_run.sh calls this; it also runs here with any python3 that has PyTorch first on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -eq 3 ] || { echo "usage: $0 BUNDLE_DIR DATA_DIR WORK_DIR" >&2; exit 2; }
 bundle=$1 data=$2 work=$3
-lib=$bundle/python/paramserver/libparamserver_c.so
-[ -f "$lib" ] || { echo "python_bundle_check: $lib is missing (an older bundle?)" >&2; exit 1; }
-
-pylib=$work/pylib
-rm -rf "$pylib" && mkdir -p "$pylib"
-for f in "$bundle"/lib/*; do
-  case "$(basename "$f")" in
-    libstdc++.so.*|libgcc_s.so.*) ;;
-    *) ln -s "$f" "$pylib/" ;;
-  esac
-done
-if LD_LIBRARY_PATH=$pylib ldd -r "$lib" 2>&1 | grep -q "not found"; then
-  echo "python_bundle_check: this machine's libstdc++ is older than Debian 12's; python3 gets the bundle's"
-  ln -s "$bundle"/lib/libstdc++.so.* "$bundle"/lib/libgcc_s.so.* "$pylib/"
-fi
-python=(env "LD_LIBRARY_PATH=$pylib" "PYTHONPATH=$bundle/python" python3)
+source deploy/bundle_python.sh
+mkdir -p "$work"
+bundle_python "$bundle" "$work"
 "${python[@]}" -c 'import sys, torch, paramserver.torch
 print(f"python {sys.version.split()[0]}, torch {torch.__version__}, paramserver from "
       f"{paramserver.__file__}")'

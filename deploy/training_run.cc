@@ -26,6 +26,10 @@ ABSL_FLAG(int, shards, 2, "Parameter-server shards.");
 ABSL_FLAG(std::string, hidden, "256,128", "MLP hidden layer sizes.");
 ABSL_FLAG(int, batch_size, 64, "Minibatch size per worker.");
 ABSL_FLAG(std::string, device, "cpu", "Workers' device: auto | cpu | cuda | cuda:N.");
+ABSL_FLAG(int, gpus, 0,
+          "Spread the workers over this many GPUs, round robin, one per worker process: each "
+          "sees its GPU alone (CUDA_VISIBLE_DEVICES, its cuda:0, LOCAL_RANK=0; the GPUs of this "
+          "process's CUDA_VISIBLE_DEVICES when set). 0: the workers see what this process sees.");
 ABSL_FLAG(std::string, data_dir, "/usr/share/datasets/fashion-mnist", "Fashion-MNIST IDX files.");
 ABSL_FLAG(std::string, worker_flags, "",
           "More flags for every worker, e.g. \"--push_delay=exp:0.01\".");
@@ -57,7 +61,7 @@ void WriteConfig(const TrainingConfig& c, const LocalCluster& cluster, absl::Tim
   std::ofstream out(c.run_dir + "/config.txt");
   out << "command: " << (c.command.empty() ? "-" : c.command)
       << "\nstarted: " << absl::FormatTime(start) << "\nshards: " << c.shards
-      << "\nreplicas: " << c.replicas << "\nworkers: " << c.workers << "\nmodel: " << c.model
+      << "\nreplicas: " << c.replicas << "\nworkers: " << c.workers << "\ngpus: " << c.gpus << "\nmodel: " << c.model
       << "\nps addresses: " << cluster.ShardAddresses()
       << "\nps flags: " << absl::StrJoin(c.ps_flags, " ")
       << "\nworker flags: " << absl::StrJoin(c.worker_flags, " ")
@@ -123,6 +127,7 @@ void JobFromSharedFlags(JobSpec* job) {
   job->hidden = absl::GetFlag(FLAGS_hidden);
   job->batch_size = absl::GetFlag(FLAGS_batch_size);
   job->device = absl::GetFlag(FLAGS_device);
+  job->gpus = absl::GetFlag(FLAGS_gpus);
   job->data_dir = absl::GetFlag(FLAGS_data_dir);
   job->extra_worker_flags = absl::GetFlag(FLAGS_worker_flags);
   job->worker_command = absl::GetFlag(FLAGS_worker_cmd);
@@ -156,6 +161,7 @@ absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job) {
   if (job.shards < 1 || job.workers < 1) {
     return absl::InvalidArgumentError("shards and workers must be positive");
   }
+  if (job.gpus < 0) return absl::InvalidArgumentError("--gpus must be 0 (none) or more");
   if (absl::Status s = CheckCommand("--worker_cmd", job.worker_command); !s.ok()) return s;
   if (absl::Status s = CheckCommand("--eval_cmd", job.evaluator_command); !s.ok()) return s;
   absl::StatusOr<std::string> model = ResolveModelSpec(job.model, job.hidden);
@@ -180,6 +186,7 @@ absl::StatusOr<TrainingConfig> MakeTrainingConfig(const JobSpec& job) {
   TrainingConfig c;
   c.shards = job.shards;
   c.workers = job.workers;
+  c.gpus = job.gpus;
   c.model = *std::move(model);
   c.worker_command = job.worker_command;
   c.evaluator_command = job.evaluator_command;
@@ -239,6 +246,7 @@ std::vector<std::string> WorkerFlags(const TrainingConfig& c, int rank) {
 
 absl::Status CheckTrainingConfig(const TrainingConfig& c) {
   LocalCluster cluster(ExecutableDir(), c.run_dir, c.security);
+  if (absl::Status s = cluster.UseGpus(c.gpus); !s.ok()) return s;
   // A worker command checks its own settings when it starts.
   return cluster.CheckFlags(c.shards, c.model, c.workers, ShardFlags(c),
                             c.worker_command.empty()
@@ -285,6 +293,10 @@ class ClusterRun {
   }
 
   TrainingResult Run() {
+    if (absl::Status s = cluster_.UseGpus(c_.gpus); !s.ok()) {
+      result_.failure = std::string(s.message());
+      return result_;
+    }
     if (absl::Status s =
             cluster_.StartShards(c_.shards, c_.model, c_.workers, ShardFlags(c_), c_.replicas);
         !s.ok()) {

@@ -40,6 +40,7 @@ struct TrainingConfig {
   int replicas = 1;
   std::vector<Kill> kills;  // deaths to inject (launch --kill)
   int max_restarts = 3;     // per process; one more death ends the run
+  int gpus = 0;             // workers round robin over this many GPUs (LocalCluster::UseGpus)
   // The user's worker and evaluator commands (a Python worker, say) instead of this project's
   // daemons, given their flags in the environment (LocalCluster::StartWorker); "": the daemons.
   std::string worker_command, evaluator_command;
@@ -57,6 +58,7 @@ struct JobSpec {
   double max_seconds = 120;  // 0: no limit
   uint64_t seed = 1;
   std::string device = "cpu";  // the workers'
+  int gpus = 0;                // LocalCluster::UseGpus: one GPU seen per worker, round robin
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
   double eval_interval_seconds = 2;
   std::vector<std::string> ps_flags;  // consistency, optimizer, learning rate, ...
@@ -75,7 +77,7 @@ struct JobSpec {
 std::vector<std::string> LocalModelFlags(const std::string& consistency, double lr, double momentum,
                                          bool cosine);
 // What launch and experiment take alike from the flags they share (defined with this): shards,
-// hidden, batch_size, device, data_dir, extra_worker_flags (--worker_flags), and the worker and
+// hidden, batch_size, device, gpus, data_dir, extra_worker_flags (--worker_flags), and the worker and
 // evaluator commands (--worker_cmd, --eval_cmd).
 void JobFromSharedFlags(JobSpec* job);
 // Fails with a one-line reason on bad sizes, a bad straggler, or a model the workers cannot train

@@ -1,5 +1,5 @@
-// How launch and experiment describe a job (JobSpec) becomes the daemons' flags; launch --kill's
-// plan and when each death is due.
+// How launch and experiment describe a job (JobSpec) becomes the daemons' flags and the GPU each
+// worker sees; launch --kill's plan and when each death is due.
 #include "deploy/training_run.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +9,9 @@
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include "tests/run_dir.h"
+#include "tests/scoped_env.h"
 
 namespace ps {
 namespace {
@@ -114,6 +117,59 @@ TEST(TrainingRunTest, ALayoutModelHasNoReferenceAccuracyButTheJobsTarget) {
   EXPECT_TRUE(std::isnan(SummariseAccuracy(csv, 100, 0).target_at));
   EXPECT_EQ(SummariseAccuracy(csv, 100, 0).final_accuracy, 0.62);
   EXPECT_EQ(SummariseAccuracy(csv, 100, 0.6).target_at, 2);
+}
+
+// The variable `name` as worker `rank` of `cluster` (running `env`) saw it; "" if unset.
+std::string SeenByWorker(LocalCluster& cluster, int rank, const std::string& name) {
+  std::string log = ReadFile(cluster.run_dir() + "/worker-" + std::to_string(rank) + ".log");
+  size_t at = log.find("\n" + name + "=");
+  if (at == std::string::npos) return "";
+  at += name.size() + 2;
+  return log.substr(at, log.find('\n', at) - at);
+}
+
+TEST(TrainingRunTest, EachWorkerSeesOneGpuRoundRobin) {
+  JobSpec job;
+  job.gpus = 2;
+  absl::StatusOr<TrainingConfig> c = MakeTrainingConfig(job);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->gpus, 2);
+  job.gpus = -1;
+  EXPECT_FALSE(MakeTrainingConfig(job).ok());
+
+  // Without CUDA_VISIBLE_DEVICES the GPUs are 0..N-1; with it, its first N entries.
+  for (const char* visible : {"", "5,7,9"}) {
+    ScopedEnv env("CUDA_VISIBLE_DEVICES", visible);
+    if (*visible == '\0') unsetenv("CUDA_VISIBLE_DEVICES");
+    LocalCluster cluster(ExecutableDir(), NewRunDir("gpus"));
+    ASSERT_TRUE(cluster.UseGpus(2).ok());
+    for (int r = 0; r < 3; ++r) ASSERT_TRUE(cluster.StartWorker(r, 3, {}, "/usr/bin/env").ok());
+    for (int r = 0; r < 3; ++r) ASSERT_EQ(cluster.worker(r)->Wait(absl::Minutes(1)).value(), 0);
+    const std::vector<std::string> expected =
+        *visible == '\0' ? std::vector<std::string>{"0", "1", "0"}
+                         : std::vector<std::string>{"5", "7", "5"};
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_EQ(SeenByWorker(cluster, r, "CUDA_VISIBLE_DEVICES"), expected[r]) << r;
+      EXPECT_EQ(SeenByWorker(cluster, r, "LOCAL_RANK"), "0") << r;
+      EXPECT_EQ(SeenByWorker(cluster, r, "PS_RANK"), std::to_string(r)) << r;
+    }
+  }
+  ScopedEnv two("CUDA_VISIBLE_DEVICES", "5,7");
+  LocalCluster cluster(ExecutableDir(), NewRunDir("gpus"));
+  absl::Status three = cluster.UseGpus(3);
+  EXPECT_NE(three.message().find("CUDA_VISIBLE_DEVICES=5,7 lists 2"), absl::string_view::npos)
+      << three;
+  EXPECT_FALSE(cluster.UseGpus(-1).ok());
+}
+
+TEST(TrainingRunTest, WorkersSeeTheLaunchersGpusWithoutGpus) {
+  ScopedEnv visible("CUDA_VISIBLE_DEVICES", "3");
+  ScopedEnv local("LOCAL_RANK", "2");
+  LocalCluster cluster(ExecutableDir(), NewRunDir("gpus"));
+  ASSERT_TRUE(cluster.StartWorker(0, 1, {}, "/usr/bin/env").ok());
+  ASSERT_EQ(cluster.worker(0)->Wait(absl::Minutes(1)).value(), 0);
+  EXPECT_EQ(SeenByWorker(cluster, 0, "CUDA_VISIBLE_DEVICES"), "3");
+  EXPECT_EQ(SeenByWorker(cluster, 0, "LOCAL_RANK"), "2");
 }
 
 TEST(KillPlanTest, TriggersByTimeStepsOrUpdatesInTheOrderGiven) {

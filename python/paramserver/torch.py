@@ -6,9 +6,19 @@
         loss_fn(model(x), y).backward()
         model.step()                      # instead of optimizer.step() and zero_grad()
 
-The module's parameters become views into one flat float32 buffer and their gradients views into
-another, so a pull writes straight into the model and a push reads straight from its gradients
-(no copy). What happens follows the shards' consistency model (ps --consistency):
+A CPU module's parameters become views into one flat float32 buffer and their gradients views
+into another, so a pull writes straight into the model and a push reads straight from its
+gradients (no copy). A module on a GPU keeps its own parameters (all on one device, float32;
+autocast may compute in bf16 on them), and the flat buffers are pinned host memory: backward's
+gradients are copied out in buckets on a side stream, each shard's part pushed once its copies
+have landed, and each layer's weights are copied in once the pull brought them, before the
+forward pass reaches the layer (staging.py; staging=True takes this path for a CPU module).
+One worker process per GPU: local_device() is the one $LOCAL_RANK names, as torchrun and
+launch --gpus set it:
+
+    model = paramserver.torch.DistributedModel(Net().cuda(paramserver.torch.local_device()), ...)
+
+What happens follows the shards' consistency model (ps --consistency):
   async, ssp:S, sync
                 the gradient is pushed while backward runs: each shard's part as soon as backward
                 has produced every gradient in its range (the last layers first, as DDP's
@@ -34,6 +44,7 @@ side: the user's own scoring code run on the shards' weights.
 """
 import contextlib
 import csv as csv_module
+import functools
 import os
 import signal
 import threading
@@ -43,6 +54,7 @@ import numpy as np
 import torch
 
 from . import errors, model_file
+from . import staging as staging_module
 from .errors import invalid
 from .client import Client, settings_from_environment
 
@@ -65,7 +77,9 @@ def load_file(path):
 
 
 class DistributedModel(torch.nn.Module):
-    """Wraps `module` (float32 parameters on the CPU) so that it trains through the shards.
+    """Wraps `module` (float32 parameters, all on the CPU or all on one CUDA device) so that it
+    trains through the shards; a parameter of another type, or on another device than the
+    first's, is refused (InvalidArgument, naming it and both devices).
 
     settings: those of paramserver.Client (ps or cluster, rank, num_workers, credentials, ...);
     without "ps" or "cluster", those of the environment (settings_from_environment). "model"
@@ -79,18 +93,18 @@ class DistributedModel(torch.nn.Module):
     after the pass used some of its weights, the pass runs again on a new pull, and what it did
     besides, such as BatchNorm's running statistics, it then did twice); False pushes the whole
     gradient at step() and waits for all weights before the forward pass (needed by a module that
-    reads another's parameters without calling it: see _ForwardPull).
+    reads another's parameters without calling it: see _ForwardPull). `staging`: train a CPU
+    module through the copy path a GPU module takes (its own parameters, copied from and to the
+    flat buffers; staging.py), as tests do where there is no GPU. A module on a GPU, or staged,
+    trains under async, SSP and sync (local:H and easgd: CPU modules only, for now).
     """
 
     def __init__(self, module, *, client=None, optimizer=None, initialize=None, csv=None,
-                 slowdown=None, overlap=True, **settings):
+                 slowdown=None, overlap=True, staging=False, **settings):
         super().__init__()
         self.module = module
         self._params = list(module.parameters())
-        for name, p in module.named_parameters():
-            if p.dtype != torch.float32 or p.device.type != "cpu":
-                raise invalid(f"parameter {name} is {p.dtype} on {p.device}; the adapter trains "
-                           "float32 parameters on the CPU")
+        device = _device_of(module)
         n = sum(p.numel() for p in self._params)
         self.slowdown = float(os.environ.get("PS_SLOWDOWN", 1) if slowdown is None
                               else slowdown)
@@ -109,15 +123,16 @@ class DistributedModel(torch.nn.Module):
                        f"{n} parameters")
         self.client = client
         self.optimizer = optimizer
-        # One flat buffer for the weights, one for the gradients; parameters are views into them.
-        self._weights = _flat_weights(module)
-        self._grads = torch.zeros(n)
-        self._views = []
-        offset = 0
-        for p in self._params:
-            p.grad = self._grads[offset:offset + p.numel()].view_as(p)
-            self._views.append((offset, p.numel()))
-            offset += p.numel()
+        self._views = _offsets(self._params)  # by parameter: (offset, count) in the buffers
+        layers = _layers(self)
+        # The flat buffers the steps pull into and push from: the parameters' own memory on the
+        # CPU, else host buffers the parameters are copied from and to (staging.py).
+        if device.type == "cpu" and not staging:
+            self._home = _Views(self._params, self._views)
+        else:
+            self._home = staging_module.StagedParameters(self._params, self._views, layers,
+                                                         staging_module.copies_for(device))
+        self._weights, self._grads = self._home.weights, self._home.grads
         self.first_step = client.register()
         self.steps = self.first_step  # step() calls so far, from first_step
         self.consistency = client.consistency
@@ -125,6 +140,9 @@ class DistributedModel(torch.nn.Module):
         if local and optimizer is None:
             raise invalid(f"the shards run {client.consistency}: the workers train local "
                           "models; pass optimizer= (the local optimizer)")
+        if local and not isinstance(self._home, _Views):
+            raise invalid(f"the shards run {client.consistency}: local models train on the CPU, "
+                          f"without staging (this module is on {device})")
         if initialize is None:
             initialize = client.rank == 0
         if initialize:
@@ -136,13 +154,14 @@ class DistributedModel(torch.nn.Module):
             self._exchange = client.local_exchange(self._weights)
             self._exchange.before_step(self.steps)  # the first pulls the centre
         else:
-            self._new_step(prefetch=False).wait_pull()
+            self._new_step(prefetch=False)
+            self._finish_pull()
         self._overlap = overlap and not local
         self._hooks = [module.register_forward_pre_hook(lambda *_: self._ready())]
         self._backward = None
         if self._overlap:
             self._backward = _BackwardPush(self)
-            self._hooks += self._backward.hooks + _ForwardPull(self).hooks
+            self._hooks += self._backward.hooks + _ForwardPull(self, layers).hooks
         self._csv = _StepLog(csv if csv is not None else os.environ.get("PS_CSV"))
         self._compute_start = time.monotonic()
 
@@ -161,15 +180,18 @@ class DistributedModel(torch.nn.Module):
     def zero_grad(self, set_to_none=True):
         """Clears the gradients for a fresh start after a backward that no step() followed (one
         that raised midway, say): what it began to push is dropped (parts not sent yet are never
-        sent). The gradients stay views into the flat buffer, zeroed, whatever `set_to_none`.
+        sent). A CPU module's gradients stay views into the flat buffer, zeroed, whatever
+        `set_to_none`; a GPU module's (or a staged one's) are set to None.
         Not needed in a plain loop: step() starts each step's gradients at zero."""
+        try:
+            self._home.drain()
+        except errors.Error:
+            pass  # the push it began is dropped below
         dropped = self._step is not None and self._step.pushing
         if dropped:
             self._step.close()  # its parts not sent yet are never sent
         self._wait_push()
-        self._grads.zero_()
-        for p, (offset, k) in zip(self._params, self._views):
-            p.grad = self._grads[offset:offset + k].view_as(p)
+        self._home.zero_grad()
         if dropped:
             # Parts of it may have reached shards: the next step computes on their weights now.
             self._new_step(prefetch=False)
@@ -179,47 +201,34 @@ class DistributedModel(torch.nn.Module):
         if self._pending_push is not None:
             push, self._pending_push = self._pending_push, None
             push.wait()
-            self._grads.zero_()
+            self._home.pushed()
 
     def _ready(self):
         """Waits for the calls step() left in flight: the push that reads the gradients backward
         will write, and the weights the forward pass reads (all of them, or with overlap each
         layer's own as the pass reaches it: _ForwardPull)."""
+        self._home.drain()  # (a backward that no step() followed)
         self._wait_push()
         if not self._overlap:
             self._finish_pull()
         self._compute_start = time.monotonic()
 
     def _finish_pull(self):
-        """Waits for the rest of this step's pull. Before a push starts: its base (the versions
-        staleness is counted from) is the last pull waited for whole."""
+        """Waits for the rest of this step's pull (and copies in the weights no layer did).
+        Before a push starts: its base (the versions staleness is counted from) is the last pull
+        waited for whole."""
         if self._step is not None:
             self._step.wait_pull()
+            self._home.all_weights_in()
 
     def _new_step(self, prefetch):
         """Frees this step (waiting for its pull's end) and starts the next: its pull, into the
         weights, and the push of its gradient to come. Returns it."""
         if self._step is not None:
             self._step.close()  # (kept, closed, should the new one not start: its calls raise)
+        self._home.new_pull()
         self._step = self.client.step(self._weights, self._grads, prefetch)
         return self._step
-
-    def _collect_gradient(self, index):
-        """Brings parameter `index`'s gradient, if autograd put it elsewhere (after
-        zero_grad(set_to_none=True), say), back into the flat buffer, and points .grad at it."""
-        p, (offset, k) = self._params[index], self._views[index]
-        view = self._grads[offset:offset + k]
-        if p.grad is None:
-            view.zero_()
-        elif p.grad.data_ptr() != view.data_ptr():
-            view.copy_(p.grad.reshape(-1))
-        else:
-            return
-        p.grad = view.view_as(p)
-
-    def _collect_gradients(self):
-        for index in range(len(self._params)):
-            self._collect_gradient(index)
 
     def step(self, loss=None):
         """Ends this training step (after backward): see the module's docstring. `loss` (a
@@ -228,8 +237,8 @@ class DistributedModel(torch.nn.Module):
             time.sleep((self.slowdown - 1) * (time.monotonic() - self._compute_start))
         self._csv.row(self.steps, f"{time.time():.3f}",
                       "" if loss is None else f"{float(loss):.5f}")
-        self._collect_gradients()
         if self._exchange is not None:
+            self._home.collect()
             self.optimizer.step()
             self._grads.zero_()
             self._exchange.after_step(self.steps)
@@ -237,6 +246,7 @@ class DistributedModel(torch.nn.Module):
             self._exchange.before_step(self.steps)
             return
         # Every gradient is final now (those no backward hook sent: overlap off, no_sync, unused).
+        self._home.collect()
         self._step.gradient_final(0, len(self._grads))
         self._pending_push = self._step.take_push()
         self._new_step(prefetch=True)
@@ -258,7 +268,7 @@ class DistributedModel(torch.nn.Module):
     def close(self):
         """Waits for calls in flight, then leaves the job (the client's close)."""
         try:
-            for wait in (self._wait_push, self._finish_pull):
+            for wait in (self._home.drain, self._wait_push, self._finish_pull):
                 try:
                     wait()
                 except errors.Error:
@@ -273,6 +283,7 @@ class DistributedModel(torch.nn.Module):
                 hook.remove()
             self._hooks = []
             self._csv.close()
+            self._home.close()
             if self._exchange is not None:
                 self._exchange.close()
             self.client.close()
@@ -304,10 +315,8 @@ class _BackwardPush:
     def _check_hook(self, index):
         """Runs before parameter `index`'s gradient is accumulated: refuses a second backward
         that would write into the gradient this step is pushing."""
-        offset, k = self._model._views[index]
-
         def check(_):
-            if self._model._step.final(offset, offset + k):
+            if self._model._home.taken(index, self._model._step):
                 raise RuntimeError(
                     "paramserver: backward ran twice in one step while its gradient was being "
                     "pushed; run the passes that only accumulate inside `with model.no_sync():` "
@@ -316,51 +325,155 @@ class _BackwardPush:
 
     def _accumulated(self, index):
         """Parameter `index` has its gradient for this step."""
-        if self.paused:
-            return
-        model = self._model
-        step = model._step
-        if not step.pushing:  # the first: frozen parameters' gradients stay zero
-            for p, (offset, k) in zip(model._params, model._views):
-                if not p.requires_grad:
-                    step.gradient_final(offset, offset + k)
-        model._collect_gradient(index)
-        offset, k = model._views[index]
-        step.gradient_final(offset, offset + k)
+        if not self.paused:
+            model = self._model
+            model._home.gradient_made(index, functools.partial(_tell, model, model._step))
+
+
+def _tell(model, step, begin, end):
+    """Tells `step` that backward made the gradient [begin, end) final; the first time, frozen
+    parameters' ranges too (their gradients stay zero)."""
+    if not step.pushing:
+        for p, (offset, k) in zip(model._params, model._views):
+            if not p.requires_grad:
+                step.gradient_final(offset, offset + k)
+    step.gradient_final(begin, end)
 
 
 class _ForwardPull:
     """Maps a DistributedModel's forward pass onto its step: a pre-hook on each module that holds
-    parameters of its own waits for the values of all the parameters under it
+    parameters of its own (_layers) waits for the values of all the parameters under it
     (OverlappedStep.weights_needed; nn.MultiheadAttention reads its out_proj's weights without
-    calling it), the first layers' while the later layers' are still arriving. A module whose
-    forward reads the parameters of a module it does not contain, without calling it, needs
+    calling it), the first layers' while the later layers' are still arriving, and has them
+    copied in where the module's parameters are not the buffer's views. A module whose forward
+    reads the parameters of a module it does not contain, without calling it, needs
     overlap=False."""
 
-    def __init__(self, model):
+    def __init__(self, model, layers):
         self._model = model
-        ranges = model.client.shard_ranges
-        place = {id(p): view for p, view in zip(model._params, model._views)}
-        self.hooks = []
-        for m in model.module.modules():
-            if next(m.parameters(recurse=False), None) is None:
-                continue
-            # By shard: the span of this module's values there (a part arrives from its start).
-            spans = {}
-            for p in m.parameters():
-                offset, k = place[id(p)]
-                for s, (begin, end) in enumerate(ranges):
-                    lo, hi = max(begin, offset), min(end, offset + k)
-                    if lo < hi:
-                        old = spans.get(s, (lo, hi))
-                        spans[s] = (min(old[0], lo), max(old[1], hi))
-            self.hooks.append(m.register_forward_pre_hook(
-                lambda *_, spans=[spans[s] for s in sorted(spans)]: self._wait(spans)))
+        self.hooks = [m.register_forward_pre_hook(lambda *_, layer=layer: self._wait(layer))
+                      for layer, (m, _, _) in enumerate(layers)]
+        self._spans = [spans for _, _, spans in layers]
 
-    def _wait(self, spans):
+    def _wait(self, layer):
         step = self._model._step
-        for begin, end in spans:
+        for begin, end in self._spans[layer]:
             step.weights_needed(begin, end)
+        self._model._home.weights_in(step, layer)
+
+
+def _layers(model):
+    """The modules of `model` that hold parameters of their own, in modules() order, each as
+    (module, the indices of all the parameters under it, by shard the span of their values there:
+    a shard's part arrives from its start)."""
+    ranges = model.client.shard_ranges
+    index = {id(p): i for i, p in enumerate(model._params)}
+    layers = []
+    for m in model.module.modules():
+        if next(m.parameters(recurse=False), None) is None:
+            continue
+        indices = [index[id(p)] for p in m.parameters()]
+        spans = {}
+        for i in indices:
+            offset, k = model._views[i]
+            for s, (begin, end) in enumerate(ranges):
+                lo, hi = max(begin, offset), min(end, offset + k)
+                if lo < hi:
+                    old = spans.get(s, (lo, hi))
+                    spans[s] = (min(old[0], lo), max(old[1], hi))
+        layers.append((m, indices, [spans[s] for s in sorted(spans)]))
+    return layers
+
+
+class _Views:
+    """The parameters of a CPU module as views into the flat buffers (`weights`, `grads`): a pull
+    writes the module's weights and a push reads its gradients, no copy. The DistributedModel's
+    parameters' home, as staging.StagedParameters is for the copy path (the same methods)."""
+
+    def __init__(self, params, views):
+        self._params, self._views = params, views
+        self.weights = _flat_weights(params, views)
+        self.grads = torch.zeros(len(self.weights))
+        self.zero_grad()
+
+    def taken(self, index, step):
+        offset, k = self._views[index]
+        return step.final(offset, offset + k)
+
+    def _collect(self, index):
+        """Brings parameter `index`'s gradient, if autograd put it elsewhere (after
+        zero_grad(set_to_none=True), say), back into the flat buffer, and points .grad at it."""
+        p, (offset, k) = self._params[index], self._views[index]
+        view = self.grads[offset:offset + k]
+        if p.grad is None:
+            view.zero_()
+        elif p.grad.data_ptr() != view.data_ptr():
+            view.copy_(p.grad.reshape(-1))
+        else:
+            return
+        p.grad = view.view_as(p)
+
+    def gradient_made(self, index, tell):
+        self._collect(index)
+        offset, k = self._views[index]
+        tell(offset, offset + k)
+
+    def collect(self):
+        for index in range(len(self._params)):
+            self._collect(index)
+
+    def pushed(self):
+        self.grads.zero_()
+
+    def zero_grad(self):
+        self.grads.zero_()
+        for p, (offset, k) in zip(self._params, self._views):
+            p.grad = self.grads[offset:offset + k].view_as(p)
+
+    def drain(self):
+        pass
+
+    def weights_in(self, step, layer):
+        pass
+
+    def all_weights_in(self):
+        pass
+
+    def new_pull(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def _device_of(module):
+    """The one device `module`'s parameters are on (the CPU without any): refuses parameters that
+    are not float32, on different devices, or on a device other than the CPU or a GPU."""
+    first = None
+    for name, p in module.named_parameters():
+        if p.dtype != torch.float32:
+            raise invalid(f"parameter {name} is {p.dtype}; the adapter trains float32 parameters "
+                          "(autocast may compute in lower precision on them)")
+        if first is None:
+            first = (name, p.device)
+        elif p.device != first[1]:
+            raise invalid(f"parameter {name} is on {p.device}, parameter {first[0]} on "
+                          f"{first[1]}: the adapter trains a module on one device")
+    device = torch.device("cpu") if first is None else first[1]
+    if device.type not in ("cpu", "cuda"):
+        raise invalid(f"the module's parameters are on {device}; the adapter trains them on the "
+                      "CPU or a CUDA device")
+    return device
+
+
+def local_device():
+    """The GPU this worker process trains on, as torchrun and launch --gpus say it: cuda:N with N
+    = $LOCAL_RANK (0 without it) modulo the GPUs this process sees (launch --gpus shows each
+    worker its GPU alone, as its cuda:0); the CPU where CUDA is not available. Move the module
+    there before wrapping it: module.cuda(paramserver.torch.local_device())."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
 
 
 def _after_accumulate(param, fn):
@@ -439,7 +552,8 @@ def evaluate(module, score, *, interval_seconds=None, csv=None, **settings):
     try:
         with Client(**settings) as client:
             client.register()
-            weights = _flat_weights(module)  # once the shards took us: the module's own values
+            params = list(module.parameters())  # once the shards took us: the module's own
+            weights = _flat_weights(params, _offsets(params))
             while True:
                 stopping = stop.is_set()
                 pull = client.pull_async(weights)
@@ -469,22 +583,27 @@ def evaluate(module, score, *, interval_seconds=None, csv=None, **settings):
     return last
 
 
-def _flat_weights(module):
-    """Points `module`'s parameters into one flat float32 buffer (in layout order), their values
-    kept, and returns it: a pull into it writes the module's weights."""
-    params = list(module.parameters())
+def _offsets(params):
+    """Where each of `params` lies in the flat buffers: (offset, count), in layout order."""
+    views = []
+    for p in params:
+        views.append((sum(views[-1]) if views else 0, p.numel()))
+    return views
+
+
+def _flat_weights(params, views):
+    """Points `params` into one flat float32 buffer at `views` (_offsets), their values kept, and
+    returns it: a pull into it writes the module's weights."""
     weights = torch.cat([p.detach().reshape(-1) for p in params])
     with torch.no_grad():
-        offset = 0
-        for p in params:
-            p.data = weights[offset:offset + p.numel()].view_as(p)
-            offset += p.numel()
+        for p, (offset, k) in zip(params, views):
+            p.data = weights[offset:offset + k].view_as(p)
     return weights
 
 
 def weights_of(module):
     """The module's parameters as one flat float32 NumPy array, in the adapter's order."""
-    return np.concatenate([p.detach().reshape(-1).numpy() for p in module.parameters()])
+    return np.concatenate([p.detach().reshape(-1).cpu().numpy() for p in module.parameters()])
 
 
 def set_weights(module, flat):

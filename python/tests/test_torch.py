@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import paramserver
+import paramserver.staging
 import paramserver.torch
 from conftest import BIN_DIR, pause
 
@@ -98,8 +99,19 @@ def test_a_python_worker_killed_and_started_again_resumes(start_shards, cnn):
 
 def test_the_adapter_refuses_what_it_cannot_train(start_shards):
     shards = start_shards(1, layout(torch.nn.Linear(3, 2)))
-    with pytest.raises(paramserver.InvalidArgument, match="float32 parameters on the CPU"):
+    with pytest.raises(paramserver.InvalidArgument, match="weight is torch.float64; the adapter "
+                       "trains float32 parameters"):
         paramserver.torch.DistributedModel(torch.nn.Linear(3, 2).double(), ps=shards.addresses)
+    split = torch.nn.Linear(3, 2)
+    split.bias = torch.nn.Parameter(torch.zeros(2, device="meta"))
+    with pytest.raises(paramserver.InvalidArgument,
+                       match="parameter bias is on meta, parameter weight on cpu: the adapter "
+                       "trains a module on one device"):
+        paramserver.torch.DistributedModel(split, ps=shards.addresses, rank=0)
+    with pytest.raises(paramserver.InvalidArgument, match="on meta; the adapter trains them on "
+                       "the CPU or a CUDA device"):
+        paramserver.torch.DistributedModel(torch.nn.Linear(3, 2, device="meta"),
+                                           ps=shards.addresses, rank=0)
     with pytest.raises(paramserver.Error, match="model mismatch"):
         paramserver.torch.DistributedModel(torch.nn.Linear(2, 3), ps=shards.addresses, rank=0)
     with pytest.raises(paramserver.Error, match="model mismatch"):  # the same size, flat
@@ -169,8 +181,10 @@ def test_backward_sends_each_shard_its_part_once_its_gradients_are_in(start_shar
     observer.close()
 
 
+@pytest.mark.parametrize("staging", [False, True])
 def test_forward_starts_on_the_first_layers_weights_while_the_last_shards_are_coming(
-        start_shards, monkeypatch):
+        start_shards, monkeypatch, staging):
+    # staging: the module's own parameters, each layer's copied in once its weights are in.
     first, last = torch.nn.Linear(2, 2), torch.nn.Linear(2, 20)
     module = torch.nn.Sequential(first, last)  # 6 + 60 values: shard 0 holds all of first's
     shards = start_shards(2, layout(module), flags=("--optimizer=sgd", "--lr=1"))
@@ -179,7 +193,8 @@ def test_forward_starts_on_the_first_layers_weights_while_the_last_shards_are_co
     weights_needed = paramserver.client.OverlappedStep.weights_needed
 
     def logged(step, begin, end, timeout=None):
-        order.append(f"wait {begin}-{end}")
+        if timeout is None:  # (staging looks whether the next layers' are in, not waiting)
+            order.append(f"wait {begin}-{end}")
         return weights_needed(step, begin, end, timeout)
 
     monkeypatch.setattr(paramserver.client.OverlappedStep, "weights_needed", logged)
@@ -189,7 +204,7 @@ def test_forward_starts_on_the_first_layers_weights_while_the_last_shards_are_co
         # A pass that waited for the whole pull would wait for the stopped shard: its retries
         # end (and the test fails) after retry_seconds.
         with paramserver.torch.DistributedModel(module, ps=shards.addresses, rank=0,
-                                                retry_seconds=15) as model:
+                                                retry_seconds=15, staging=staging) as model:
             x = torch.ones(1, 2)
             model(x).sum().backward()
             grads = model._grads.numpy().copy()
@@ -269,13 +284,15 @@ def test_a_pull_failing_under_weights_the_forward_pass_used_is_made_again(start_
         stopped.send_signal(signal.SIGCONT)
 
 
-def test_no_sync_accumulates_and_a_second_backward_without_it_is_refused(start_shards):
+@pytest.mark.parametrize("staging", [False, True])
+def test_no_sync_accumulates_and_a_second_backward_without_it_is_refused(start_shards, staging):
     module = torch.nn.Linear(3, 1)
     shards = start_shards(1, layout(module),
                           flags=("--optimizer=sgd", "--lr=1", "--consistency=sync"))
     initial = paramserver.torch.weights_of(module).copy()
     x = torch.ones(1, 3)
-    with paramserver.torch.DistributedModel(module, ps=shards.addresses, rank=0) as model:
+    with paramserver.torch.DistributedModel(module, ps=shards.addresses, rank=0,
+                                            staging=staging) as model:
         with model.no_sync():
             model(x).sum().backward()
         model(x).sum().backward()
@@ -292,6 +309,74 @@ def test_no_sync_accumulates_and_a_second_backward_without_it_is_refused(start_s
         model(x)
         assert np.allclose(paramserver.torch.weights_of(module), initial - 4, atol=1e-6)
         assert model.steps == 2
+
+
+def train_in_turns(shards, modules, steps, **options):
+    """Trains `modules` as workers of `shards` (sync), in turns on this thread: each step, each
+    worker's forward, backward and step() on its own seeded batches. Returns each module's
+    weights after the last round."""
+    models = [paramserver.torch.DistributedModel(m, ps=shards.addresses, rank=r,
+                                                 num_workers=len(modules), **options)
+              for r, m in enumerate(modules)]
+    batches = [torch.Generator().manual_seed(10 + r) for r in range(len(modules))]
+    for _ in range(steps):
+        for model, g in zip(models, batches):
+            x, y = torch.rand(16, 784, generator=g), torch.randint(10, (16,), generator=g)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            model.step()
+    for model in models:
+        model(x)  # waits for the last round's weights
+        model.close()
+    return [paramserver.torch.weights_of(m) for m in modules]
+
+
+def test_staging_trains_to_the_weights_the_zero_copy_path_does(start_shards, cnn, monkeypatch):
+    # The copy path (the module's own tensors, gradients copied out in buckets, weights copied
+    # in by layer), forced on the CPU, against parameters that are the buffers' views: the same
+    # rounds, bit for bit. 2 shards split the CNN in the middle of a layer; buckets of 1,024
+    # values make one of each layer (conv1, conv2, fc1, fc2: 416 to 200,832 values).
+    monkeypatch.setattr(paramserver.staging, "BUCKET_VALUES", 1024)
+    flags = ("--optimizer=sgd", "--lr=0.05", "--consistency=sync")
+    initial = example.SmallCnn()
+
+    def run(staging):
+        shards = start_shards(2, cnn, workers=2, flags=flags)
+        modules = [example.SmallCnn() for _ in range(2)]
+        for m in modules:
+            m.load_state_dict(initial.state_dict())
+        return train_in_turns(shards, modules, 8, staging=staging)
+
+    staged, viewed = run(True), run(False)
+    assert np.array_equal(staged[0], staged[1])
+    assert np.array_equal(viewed[0], viewed[1])
+    assert np.array_equal(staged[0], viewed[0])
+    assert not np.array_equal(staged[0], paramserver.torch.weights_of(initial))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+def test_a_module_on_a_gpu_trains_to_the_weights_it_does_on_the_cpu(start_shards, cnn,
+                                                                    monkeypatch):
+    # fp32 convolutions (cuDNN's default is TF32, 10-bit mantissas): what differs is the order of
+    # the sums, within 1e-4 after 8 steps of lr 0.05.
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    flags = ("--optimizer=sgd", "--lr=0.05", "--consistency=sync")
+    initial = example.SmallCnn()
+    weights = {}
+    for device in ("cpu", paramserver.torch.local_device()):
+        shards = start_shards(2, cnn, workers=1, flags=flags)
+        module = example.SmallCnn()
+        module.load_state_dict(initial.state_dict())
+        model = paramserver.torch.DistributedModel(module.to(device), ps=shards.addresses, rank=0)
+        g = torch.Generator().manual_seed(3)
+        for _ in range(8):
+            x, y = torch.rand(16, 784, generator=g), torch.randint(10, (16,), generator=g)
+            torch.nn.functional.cross_entropy(model(x.to(device)), y.to(device)).backward()
+            model.step()
+        model(x.to(device))
+        model.close()
+        weights[str(device)] = paramserver.torch.weights_of(module)
+    cpu, gpu = weights.values()
+    assert np.allclose(cpu, gpu, atol=1e-4), np.abs(cpu - gpu).max()
 
 
 def export(shards, model, out, *source):
