@@ -95,16 +95,16 @@ def copies_for(device):
 
 
 class StagedParameters:
-    """The flat host buffers (`weights`, `grads`) of a module whose parameters stay its own
-    tensors, and the copies between them; the DistributedModel calls it as its parameters'
-    home (the interface paramserver.torch._Views shares). Its landing thread calls the step's
+    """The flat host buffers (`weights`, `grads`, of `n` values: the parameters', then room for
+    the module's buffers, which the DistributedModel copies itself) of a module whose parameters
+    stay its own tensors, and the copies between them; the DistributedModel calls it as its
+    parameters' home (the interface paramserver.torch._Views shares). Its landing thread calls the step's
     gradient_final while backward runs: drain() before any other call on the step."""
 
-    def __init__(self, params, views, layers, copies):
+    def __init__(self, params, views, n, layers, copies):
         self._params, self._views, self._copies = params, views, copies
         self._layers = [indices for _, indices, _ in layers]
         self._spans = [spans for _, _, spans in layers]
-        n = sum(k for _, k in views)
         self.weights = copies.host_buffer(n)
         with torch.no_grad():
             for p, (offset, k) in zip(params, views):
@@ -206,7 +206,8 @@ class StagedParameters:
                 break
             self._copy_in(self._layers[self._ahead])
             self._ahead += 1
-        self._copies.compute_waits(event)
+        if event is not None:  # (a layer of buffers only has no parameter to copy)
+            self._copies.compute_waits(event)
 
     def all_weights_in(self):
         """The whole pull is in: copies in the weights no layer copied."""

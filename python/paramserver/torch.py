@@ -25,14 +25,19 @@ What happens follows the shards' consistency model (ps --consistency):
                 buckets), the rest at step(), which also starts the pull of the next step's
                 weights (under sync the shards answer it once the round closes); the next forward
                 pass waits for the push, and for each layer's weights as it reaches that layer
-                (the first layers' shards first). Backward more than once per step (accumulating gradients):
-                run all but the last inside `with model.no_sync():`, as with DDP. No
+                (the first layers' shards first). Backward more than once per step (accumulating
+                gradients): run all but the last inside `with model.no_sync():`, as with DDP. No
                 zero_grad() is needed: each step's gradients start at zero.
   local:H       the `optimizer` given here (the user's own) steps locally; every H steps the
                 model's change since the last pull is pushed and the averaged model pulled.
   easgd:T,A     the local optimizer steps; every T steps an elastic exchange with the centre.
                 (Both exchanges are the C++ worker's: Client.local_exchange.)
 The optimizer of the gradient modes runs on the shards (ps --optimizer, --lr).
+
+Buffers (BatchNorm's running statistics) travel with the parameters, as DDP broadcasts them: the
+shards hold them untrained (layout_of marks them), each push carries the worker's (the shards keep
+the last, or under sync and local:H the round's average), each pull brings them back into the
+module before the forward pass reaches it, and export_model and evaluate() carry them.
 
 A worker killed and started again registers under its rank and resumes at `first_step`.
 
@@ -50,7 +55,6 @@ import signal
 import threading
 import time
 
-import numpy as np
 import torch
 
 from . import errors, model_file
@@ -60,19 +64,23 @@ from .client import Client, settings_from_environment
 
 
 def layout_of(module):
-    """The tensor layout of `module`'s parameters, the shards' --model for it (written to a JSON
-    file: ps --model=F.json): {"tensors": [{"name": "conv1.weight", "shape": [16, 1, 5, 5]},
-    ...]}, in named_parameters() order. The shards' checkpoints and export_model then carry these
-    names and shapes, so load_state_dict(load_file(exported)) restores the module."""
+    """The tensor layout of `module`'s state, the shards' --model for it (written to a JSON file:
+    ps --model=F.json): {"tensors": [{"name": "conv1.weight", "shape": [16, 1, 5, 5]}, ...,
+    {"name": "bn1.running_mean", "shape": [16], "buffer": true}, ...]}: its parameters in
+    named_parameters() order, then the buffers its state_dict holds (BatchNorm's running
+    statistics), which the shards hold untrained. The shards' checkpoints and export_model then
+    carry these names and shapes, so load_state_dict(load_file(exported)) restores the module."""
     return {"tensors": [{"name": name, "shape": list(p.shape)}
-                        for name, p in module.named_parameters()]}
+                        for name, p in module.named_parameters()] +
+                       [{"name": name, "shape": list(b.shape), "buffer": True}
+                        for name, b in _buffers_of(module)]}
 
 
 def load_file(path):
     """The tensors of a file export_model wrote, as CPU torch tensors by name (the interface of
-    safetensors.torch.load_file): a module of the exported layout takes them in load_state_dict
-    (strict=False when it has buffers, such as BatchNorm's running statistics, which the shards do
-    not hold)."""
+    safetensors.torch.load_file): a module of the exported layout takes them in load_state_dict,
+    buffers included (an integer buffer, such as BatchNorm's num_batches_tracked, takes its value
+    from the file's float32)."""
     return {name: torch.from_numpy(a) for name, a in model_file.load_file(path).items()}
 
 
@@ -105,11 +113,17 @@ class DistributedModel(torch.nn.Module):
         self.module = module
         self._params = list(module.parameters())
         device = _device_of(module)
-        n = sum(p.numel() for p in self._params)
+        self._views = _offsets(self._params)  # by parameter: (offset, count) in the buffers
+        # The module's buffers (BatchNorm's running statistics; "_buffers" is nn.Module's own).
+        self._stats = _Buffers(module, sum(p.numel() for p in self._params))
+        n = self._stats.end  # the parameters', then the buffers' values
         self.slowdown = float(os.environ.get("PS_SLOWDOWN", 1) if slowdown is None
                               else slowdown)
         if not self.slowdown >= 1:
             raise invalid(f"slowdown must be >= 1, not {self.slowdown}")
+        if self._stats.end > self._stats.offset and settings.get("compress"):
+            raise invalid("a module with buffers (BatchNorm's running statistics) pushes their "
+                          "values, which compression would garble: train it without compress")
         if client is None:
             if "ps" not in settings and "cluster" not in settings:
                 settings = {**settings_from_environment(), **settings}
@@ -120,19 +134,19 @@ class DistributedModel(torch.nn.Module):
             raise invalid("pass either a client or its settings, not both")
         if client.total_params != n:
             raise invalid(f"the shards' model has {client.total_params} values; this module has "
-                       f"{n} parameters")
+                       f"{n} (parameters and buffers: start the shards with its layout_of)")
         self.client = client
         self.optimizer = optimizer
-        self._views = _offsets(self._params)  # by parameter: (offset, count) in the buffers
         layers = _layers(self)
         # The flat buffers the steps pull into and push from: the parameters' own memory on the
         # CPU, else host buffers the parameters are copied from and to (staging.py).
         if device.type == "cpu" and not staging:
-            self._home = _Views(self._params, self._views)
+            self._home = _Views(self._params, self._views, n)
         else:
-            self._home = staging_module.StagedParameters(self._params, self._views, layers,
+            self._home = staging_module.StagedParameters(self._params, self._views, n, layers,
                                                          staging_module.copies_for(device))
         self._weights, self._grads = self._home.weights, self._home.grads
+        self._stats.write(self._weights)  # (the initial model, if this worker offers it)
         self.first_step = client.register()
         self.steps = self.first_step  # step() calls so far, from first_step
         self.consistency = client.consistency
@@ -153,6 +167,7 @@ class DistributedModel(torch.nn.Module):
         if local:
             self._exchange = client.local_exchange(self._weights)
             self._exchange.before_step(self.steps)  # the first pulls the centre
+            self._stats.read(self._weights)
         else:
             self._new_step(prefetch=False)
             self._finish_pull()
@@ -220,6 +235,7 @@ class DistributedModel(torch.nn.Module):
         if self._step is not None:
             self._step.wait_pull()
             self._home.all_weights_in()
+            self._stats.read(self._weights)
 
     def _new_step(self, prefetch):
         """Frees this step (waiting for its pull's end) and starts the next: its pull, into the
@@ -227,6 +243,7 @@ class DistributedModel(torch.nn.Module):
         if self._step is not None:
             self._step.close()  # (kept, closed, should the new one not start: its calls raise)
         self._home.new_pull()
+        self._stats.new_pull()
         self._step = self.client.step(self._weights, self._grads, prefetch)
         return self._step
 
@@ -241,12 +258,16 @@ class DistributedModel(torch.nn.Module):
             self._home.collect()
             self.optimizer.step()
             self._grads.zero_()
+            self._stats.write(self._weights)
             self._exchange.after_step(self.steps)
             self.steps += 1
+            self._stats.new_pull()
             self._exchange.before_step(self.steps)
+            self._stats.read(self._weights)
             return
         # Every gradient is final now (those no backward hook sent: overlap off, no_sync, unused).
         self._home.collect()
+        self._stats.write(self._grads)  # their values as this step's forward passes left them
         self._step.gradient_final(0, len(self._grads))
         self._pending_push = self._step.take_push()
         self._new_step(prefetch=True)
@@ -354,28 +375,33 @@ class _ForwardPull:
         self.hooks = [m.register_forward_pre_hook(lambda *_, layer=layer: self._wait(layer))
                       for layer, (m, _, _) in enumerate(layers)]
         self._spans = [spans for _, _, spans in layers]
+        self._buffer_indices = [model._stats.indices(m) for m, _, _ in layers]
 
     def _wait(self, layer):
         step = self._model._step
         for begin, end in self._spans[layer]:
             step.weights_needed(begin, end)
         self._model._home.weights_in(step, layer)
+        self._model._stats.read(self._model._weights, self._buffer_indices[layer])
 
 
 def _layers(model):
-    """The modules of `model` that hold parameters of their own, in modules() order, each as
-    (module, the indices of all the parameters under it, by shard the span of their values there:
-    a shard's part arrives from its start)."""
+    """The modules of `model` that hold parameters or buffers (_Buffers) of their own, in
+    modules() order, each as (module, the indices of all the parameters under it, by shard the
+    span of the values of all its parameters and buffers there: a shard's part arrives from its
+    start)."""
     ranges = model.client.shard_ranges
     index = {id(p): i for i, p in enumerate(model._params)}
     layers = []
     for m in model.module.modules():
-        if next(m.parameters(recurse=False), None) is None:
+        if (next(m.parameters(recurse=False), None) is None and
+                not model._stats.indices(m, recurse=False)):
             continue
         indices = [index[id(p)] for p in m.parameters()]
         spans = {}
-        for i in indices:
-            offset, k = model._views[i]
+        for offset, end in ([(model._views[i][0], sum(model._views[i])) for i in indices] +
+                            model._stats.spans(model._stats.indices(m))):
+            k = end - offset
             for s, (begin, end) in enumerate(ranges):
                 lo, hi = max(begin, offset), min(end, offset + k)
                 if lo < hi:
@@ -390,10 +416,10 @@ class _Views:
     writes the module's weights and a push reads its gradients, no copy. The DistributedModel's
     parameters' home, as staging.StagedParameters is for the copy path (the same methods)."""
 
-    def __init__(self, params, views):
+    def __init__(self, params, views, n):
         self._params, self._views = params, views
-        self.weights = _flat_weights(params, views)
-        self.grads = torch.zeros(len(self.weights))
+        self.weights = _flat_weights(params, views, n)
+        self.grads = torch.zeros(n)
         self.zero_grad()
 
     def taken(self, index, step):
@@ -444,6 +470,65 @@ class _Views:
 
     def close(self):
         pass
+
+
+class _Buffers:
+    """The module's buffers that its state_dict holds (BatchNorm's running statistics and batch
+    count): on the shards after all parameters (layout_of marks them), held there untrained. They
+    are copied, never viewed (num_batches_tracked is an integer; the flat buffers are float32):
+    into the push at step() (the shards keep each push's values; a sync round keeps their
+    average), and from each pull into the module before the forward pass reaches the module that
+    holds them, once per step (a module called twice in one pass keeps what its first call did)."""
+
+    def __init__(self, module, offset):
+        self.offset = offset
+        self._tensors = []  # (name, buffer, offset)
+        for name, b in _buffers_of(module):
+            self._tensors.append((name, b, offset))
+            offset += b.numel()
+        self.end = offset
+        self._index = {id(b): i for i, (_, b, _) in enumerate(self._tensors)}
+        self._in = [False] * len(self._tensors)
+
+    def indices(self, module, recurse=True):
+        """The buffers under `module` (or its own only), by index."""
+        return [self._index[id(b)] for b in module.buffers(recurse=recurse) if id(b) in self._index]
+
+    def spans(self, indices):
+        return [(self._tensors[i][2], self._tensors[i][2] + self._tensors[i][1].numel())
+                for i in indices]
+
+    def write(self, flat):
+        """Copies the module's buffers into their place in `flat` (a push's gradient or, under
+        local models, the weights the exchange pushes from)."""
+        with torch.no_grad():
+            for _, b, offset in self._tensors:
+                flat[offset:offset + b.numel()].copy_(b.reshape(-1))
+
+    def new_pull(self):
+        """A new pull is about to bring the shards' buffers."""
+        self._in = [False] * len(self._tensors)
+
+    def read(self, flat, indices=None):
+        """Copies the pulled values of the buffers `indices` (default: all) that this pull has not
+        copied in yet from `flat` into the module."""
+        with torch.no_grad():
+            for i in range(len(self._tensors)) if indices is None else indices:
+                if not self._in[i]:
+                    _, b, offset = self._tensors[i]
+                    b.copy_(flat[offset:offset + b.numel()].view_as(b))
+                    self._in[i] = True
+
+
+def _buffers_of(module):
+    """`module`'s buffers that its state_dict holds (persistent ones), as (name, tensor), in
+    named_buffers() order; refuses a buffer that is not a real number."""
+    kept = module.state_dict(keep_vars=True)
+    buffers = [(name, b) for name, b in module.named_buffers() if name in kept]
+    for name, b in buffers:
+        if b.is_complex():
+            raise invalid(f"buffer {name} is {b.dtype}: the shards hold real numbers")
+    return buffers
 
 
 def _device_of(module):
@@ -526,7 +611,8 @@ class _StepLog:
 
 def evaluate(module, score, *, interval_seconds=None, csv=None, **settings):
     """The evaluator of a model only your code can score: pulls the shards' weights into
-    `module`'s parameters (as an observer) and calls score(module) -> (loss, accuracy) whenever
+    `module`'s parameters and buffers (as an observer; the module on any device) and calls
+    score(module) -> (loss, accuracy) whenever
     they changed, at most every `interval_seconds` (default $PS_INTERVAL_SECONDS, else 2), until
     SIGTERM or SIGINT; then once more, so that the last row is the run's result. Appends
     wall_time,version,test_loss,test_accuracy rows (version: the lowest of the shards') to `csv`
@@ -552,8 +638,7 @@ def evaluate(module, score, *, interval_seconds=None, csv=None, **settings):
     try:
         with Client(**settings) as client:
             client.register()
-            params = list(module.parameters())  # once the shards took us: the module's own
-            weights = _flat_weights(params, _offsets(params))
+            weights = torch.zeros(client.total_params)  # copied into the module (on any device)
             while True:
                 stopping = stop.is_set()
                 pull = client.pull_async(weights)
@@ -568,6 +653,7 @@ def evaluate(module, score, *, interval_seconds=None, csv=None, **settings):
                         break
                 version = min(pull.wait())
                 if last is None or version != last[0]:
+                    set_weights(module, weights)
                     loss, accuracy = score(module)
                     last = (version, float(loss), float(accuracy))
                     log.row(f"{time.time():.3f}", version, f"{last[1]:.5f}", f"{last[2]:.4f}")
@@ -591,26 +677,33 @@ def _offsets(params):
     return views
 
 
-def _flat_weights(params, views):
-    """Points `params` into one flat float32 buffer at `views` (_offsets), their values kept, and
-    returns it: a pull into it writes the module's weights."""
-    weights = torch.cat([p.detach().reshape(-1) for p in params])
+def _flat_weights(params, views, n):
+    """Points `params` into one flat float32 buffer of `n` values at `views` (_offsets), their
+    values kept, and returns it: a pull into it writes the module's weights."""
+    weights = torch.zeros(n)
     with torch.no_grad():
         for p, (offset, k) in zip(params, views):
+            weights[offset:offset + k].copy_(p.detach().reshape(-1))
             p.data = weights[offset:offset + k].view_as(p)
     return weights
 
 
 def weights_of(module):
-    """The module's parameters as one flat float32 NumPy array, in the adapter's order."""
-    return np.concatenate([p.detach().reshape(-1).cpu().numpy() for p in module.parameters()])
+    """The module's parameters, then its buffers (layout_of's order: the shards' flat vector), as
+    one flat float32 NumPy array."""
+    params = [p.detach().reshape(-1).cpu() for p in module.parameters()]
+    buffers = _Buffers(module, sum(p.numel() for p in params))
+    flat = torch.cat(params + [torch.zeros(buffers.end - buffers.offset)])
+    buffers.write(flat)
+    return flat.numpy()
 
 
 def set_weights(module, flat):
-    """Copies `flat` (a float32 tensor in the adapter's order, e.g. a pull) into the module's
-    parameters; the inverse of weights_of."""
+    """Copies `flat` (a float32 tensor in layout_of's order, e.g. a pull) into the module's
+    parameters and buffers; the inverse of weights_of."""
     with torch.no_grad():
         offset = 0
         for p in module.parameters():
             p.copy_(flat[offset:offset + p.numel()].view_as(p))
             offset += p.numel()
+        _Buffers(module, offset).read(flat)

@@ -430,3 +430,99 @@ def test_a_torn_export_is_refused(start_shards, tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(paramserver.InvalidArgument, match="checksum mismatch"):
         paramserver.torch.load_file(str(path))
+
+
+class BatchNormNet(torch.nn.Module):
+    """A small CNN with BatchNorm, as a user writes one: parameters and buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 5)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.fc = torch.nn.Linear(4 * 12 * 12, 10)
+        self.norm = torch.nn.BatchNorm1d(10, affine=False)  # buffers, no parameter of its own
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        return self.norm(self.fc(x.flatten(1)))
+
+
+@pytest.mark.parametrize("staging", [False, True])
+def test_batchnorm_buffers_travel_with_the_model(start_shards, tmp_path, staging):
+    # The shards hold the buffers after the parameters; a sync round keeps the workers' average,
+    # every pull brings it into the modules, and an export loads with strict=True, buffers and
+    # all; evaluate() scores with them.
+    spec = layout(BatchNormNet())
+    assert '"name": "bn.num_batches_tracked", "shape": [], "buffer": true' in spec
+    shards = start_shards(2, spec, workers=2,
+                          flags=("--optimizer=sgd", "--lr=0.05", "--consistency=sync"))
+    modules = [BatchNormNet() for _ in range(2)]
+    models = [paramserver.torch.DistributedModel(m, ps=shards.addresses, rank=r, num_workers=2,
+                                                 staging=staging)
+              for r, m in enumerate(modules)]
+    batches = [torch.Generator().manual_seed(20 + r) for r in range(2)]
+    for _ in range(4):
+        pushed = []
+        for model, g in zip(models, batches):
+            x, y = torch.rand(16, 1, 28, 28, generator=g), torch.randint(10, (16,), generator=g)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            pushed.append({k: v.clone() for k, v in model.module.state_dict().items()})
+            model.step()
+    for model in models:
+        model.eval()
+        model(x)  # eval: the pull of the last round's weights and buffers, no statistics changed
+        model.close()
+    for name in ("bn.running_mean", "bn.running_var", "norm.running_var"):
+        average = (pushed[0][name] + pushed[1][name]) * 0.5  # the shard's sum, then its scale
+        assert not torch.equal(pushed[0][name], pushed[1][name]), name
+        for m in modules:
+            assert torch.equal(m.state_dict()[name], average), name
+    assert modules[0].bn.num_batches_tracked.item() == 4
+    state = modules[0].state_dict()
+    assert all(torch.equal(state[k], v) for k, v in modules[1].state_dict().items())
+
+    path = tmp_path / "bn.safetensors"
+    export(shards, spec, path, f"--ps={shards.addresses}")
+    restored = BatchNormNet()
+    restored.load_state_dict(paramserver.torch.load_file(str(path)))  # strict: buffers too
+    assert all(torch.equal(restored.state_dict()[k], v) for k, v in state.items())
+
+    seen = []
+
+    def score(module):
+        seen.append({k: v.clone() for k, v in module.state_dict().items()})
+        os.kill(os.getpid(), signal.SIGTERM)  # (evaluate's handler stops it after this score)
+        return 0.0, 0.0
+
+    evaluated = BatchNormNet().eval()
+    paramserver.torch.evaluate(evaluated, score, ps=shards.addresses, model=spec, csv="")
+    assert all(torch.equal(seen[-1][k], v) for k, v in state.items())
+
+
+def test_a_module_with_buffers_is_refused_compression(start_shards):
+    shards = start_shards(1, layout(BatchNormNet()))
+    with pytest.raises(paramserver.InvalidArgument, match="compression would garble"):
+        paramserver.torch.DistributedModel(BatchNormNet(), ps=shards.addresses, rank=0,
+                                           compress="int8")
+
+
+def test_local_sgd_trades_the_buffers_with_the_model(start_shards, tmp_path):
+    # local:2 with one worker: every second step the centre becomes this worker's model (its
+    # change added), buffers included.
+    spec = layout(BatchNormNet())
+    shards = start_shards(1, spec, flags=("--consistency=local:2",))
+    module = BatchNormNet()
+    g = torch.Generator().manual_seed(5)
+    with paramserver.torch.DistributedModel(
+            module, ps=shards.addresses, rank=0,
+            optimizer=torch.optim.SGD(module.parameters(), lr=0.05)) as model:
+        for _ in range(4):
+            x, y = torch.rand(16, 1, 28, 28, generator=g), torch.randint(10, (16,), generator=g)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            model.step()
+    path = tmp_path / "local.safetensors"
+    export(shards, spec, path, f"--ps={shards.addresses}")
+    exported = paramserver.torch.load_file(str(path))
+    assert module.bn.num_batches_tracked.item() == 4
+    for name, value in module.state_dict().items():
+        assert torch.allclose(exported[name].to(value.dtype), value, atol=1e-6), name
