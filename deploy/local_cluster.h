@@ -82,7 +82,7 @@ class LocalCluster {
   // its environment: each --name=value flag the worker would get (--ps, --rank, --num_workers,
   // --csv, credentials, `flags`) becomes PS_NAME=value (PS_PS, PS_RANK, PS_CSV, PS_TOKEN_FILE,
   // PS_STEPS, PS_SLOWDOWN, ...; flags without a value are left out). paramserver.torch reads
-  // them (the worker protocol, README); this build's Python package leads its PYTHONPATH.
+  // them (the worker protocol, docs/pytorch.md); this build's Python package leads its PYTHONPATH.
   absl::Status StartWorker(int rank, int num_workers, const std::vector<std::string>& flags,
                            const std::string& command = "");
   // Workers started from now on each see one of `count` GPUs, round robin by rank (worker R the

@@ -468,8 +468,9 @@ bool Edit(const std::string& path, const std::string& from, const std::string& t
   return true;
 }
 
-// Recomputes the file_crc32 of the checkpoint at `path` as README shows (its 8 digits blanked,
-// zlib's CRC-32 of the whole file), as after an edit by someone who knows the format.
+// Recomputes the file_crc32 of the checkpoint at `path` as docs/checkpoints.md shows (its 8
+// digits blanked, zlib's CRC-32 of the whole file), as after an edit by someone who knows the
+// format.
 void RecomputeChecksum(const std::string& path) {
   std::string bytes = ReadFile(path);
   const std::string key = R"("file_crc32":")";
@@ -639,10 +640,10 @@ TEST(CheckpointDaemonTest, ACheckpointChangedInItsHeaderOrItsDataIsRefused) {
   }
 }
 
-// A checkpoint whose version was edited and its checksum recomputed (README shows how) reads
-// back whole but disagrees with the pushes its workers applied: the shard refuses it like a
-// corrupt one, resuming from the previous checkpoint with a log line naming the file and the
-// disagreement, and export takes the previous one too.
+// A checkpoint whose version was edited and its checksum recomputed (docs/checkpoints.md shows
+// how) reads back whole but disagrees with the pushes its workers applied: the shard refuses it
+// like a corrupt one, resuming from the previous checkpoint with a log line naming the file and
+// the disagreement, and export takes the previous one too.
 TEST(CheckpointDaemonTest, ACheckpointEditedWithItsChecksumRecomputedIsRefusedIfItDisagrees) {
   const std::string run_dir = NewRunDir("checkpoint"), checkpoints = run_dir + "/checkpoints";
   LocalCluster cluster(ExecutableDir(), run_dir);

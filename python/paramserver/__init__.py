@@ -1,4 +1,4 @@
-"""paramserver: the Python client of the parameter servers (see README, "Python and PyTorch").
+"""paramserver: the Python client of the parameter servers (see docs/pytorch.md).
 
     import paramserver
     with paramserver.Client(ps="localhost:50051", model="flat:1000", rank=0) as client:
