@@ -44,7 +44,7 @@ required=(ps worker evaluator launch transport_bench compute_bench cuda_backend_
 for b in "${required[@]}"; do
   [ -x "build/bin/$b" ] || die "build/bin/$b is missing: build first (bash deploy/setup.sh)"
 done
-cmake --build build --target wheel > /dev/null || die "cmake --build build --target wheel failed"
+cmake --build build --target wheel > /dev/null || die "the build target wheel failed"
 wheel=$(ls -t build/dist/paramserver-*.whl | head -n 1)
 [[ "$(ldd build/bin/compute_bench)" == *libcublas.so* ]] \
   || die "build/bin/compute_bench has no CUDA backend (no cuBLAS in ldd): configure with nvcc present"
@@ -102,7 +102,8 @@ rm -rf .gpu-bundle
 mkdir -p .gpu-bundle/data
 cp "$data_src"/*.gz .gpu-bundle/data/
 echo "gpu_bundle: compressing $(du -sh "$stage" | cut -f1) of binaries and libraries (xz)"
-tar -C "$stage" -cf - bin lib tools "$(basename "$wheel")" torch_mlp_bench.py | xz -T0 -6 > .gpu-bundle/bundle.tar.xz
+tar -C "$stage" -cf - bin lib tools "$(basename "$wheel")" torch_mlp_bench.py \
+  | xz -T0 -6 > .gpu-bundle/bundle.tar.xz
 
 # Self-check on the unpacked copy: every library the binaries load, other than glibc's and the
 # CUDA toolkit's, must come from the bundle; and the binaries must run from it.

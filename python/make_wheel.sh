@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the pip wheel of the Python client; the `wheel` build target runs it (python/CMakeLists.txt).
+# Builds the pip wheel of the Python client (the `wheel` target runs it: python/CMakeLists.txt).
 #
 #   bash python/make_wheel.sh PYTHON PACKAGE_DIR PYPROJECT STAGE_DIR DIST_DIR
 #
@@ -8,14 +8,14 @@
 # paramserver/_libs/, with RUNPATH $ORIGIN (the C API library's: $ORIGIN/_libs), so nothing needs
 # LD_LIBRARY_PATH; all but glibc's own and the C++ runtime (libstdc++, libgcc_s), which stay the
 # system's as in every manylinux wheel: PyTorch was built against the system's, and a process holds
-# one libstdc++.so.6, whichever loads first (deploy/bundle_python.sh learned that on the GPU image).
+# one libstdc++.so.6, whichever loads first (as earlier GPU image runs found).
 # The libraries keep their sonames, so a process that already loaded one (Debian's PyTorch loads
 # libprotobuf.so.32) shares it rather than holding two.
 set -euo pipefail
 [ $# -eq 5 ] || { echo "usage: $0 PYTHON PACKAGE_DIR PYPROJECT STAGE_DIR DIST_DIR" >&2; exit 2; }
 python=$1 package=$2 pyproject=$3 stage=$4 dist=$5
 die() { echo "make_wheel: $*" >&2; exit 1; }
-command -v patchelf > /dev/null || die "patchelf is missing (apt-get install patchelf; deploy/setup.sh does)"
+command -v patchelf > /dev/null || die "patchelf is missing (deploy/setup.sh installs Debian's)"
 
 is_system() {
   case "$1" in

@@ -10,10 +10,9 @@ import sys
 
 import pytest
 
-from conftest import BIN_DIR
-
 WHEEL = os.environ.get("PS_WHEEL", "")
-EXAMPLE = os.path.abspath(os.path.join(os.path.dirname(__file__), "../../examples/pytorch/train.py"))
+EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples",
+                       "pytorch", "train.py")
 # What a manylinux wheel may take from the system (python/make_wheel.sh leaves them out).
 SYSTEM = re.compile(r"^(libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s)\.so\.|^ld-linux")
 
@@ -39,7 +38,7 @@ def run(argv, cwd, timeout=300):
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
     """(the venv's python, a working directory outside the source and build trees)"""
-    assert os.path.isfile(WHEEL), f"no wheel at PS_WHEEL={WHEEL!r}: cmake --build build --target wheel"
+    assert os.path.isfile(WHEEL), f"no wheel PS_WHEEL={WHEEL!r}: cmake --build build --target wheel"
     work = tmp_path_factory.mktemp("wheel")
     run([sys.executable, "-m", "venv", "--system-site-packages", work / "venv"], work)
     python = work / "venv" / "bin" / "python"
