@@ -12,8 +12,8 @@
 #                         gRPC, protobuf, Abseil, OpenBLAS + libgfortran/libquadmath, libstdc++...
 #                   tools/ iperf3, ip and tc (Debian's: the TCP ceiling of transport_bench, the
 #                         network namespaces and shaped links of wan_bench), their libraries in lib/
-#                   python/paramserver/  the Python package with libparamserver_c.so (its libraries
-#                         in lib/ too), for deploy/python_bundle_check.sh
+#                   paramserver-*.whl  the Python client's wheel (build target `wheel`: its
+#                         libraries inside), for deploy/python_bundle_check.sh
 #                   torch_mlp_bench.py
 #   data/           the Fashion-MNIST .gz files
 #   MANIFEST.txt    commit, date, sizes, file list
@@ -44,8 +44,8 @@ required=(ps worker evaluator launch transport_bench compute_bench cuda_backend_
 for b in "${required[@]}"; do
   [ -x "build/bin/$b" ] || die "build/bin/$b is missing: build first (bash deploy/setup.sh)"
 done
-capi=build/python/paramserver/libparamserver_c.so
-[ -f "$capi" ] || die "$capi is missing: build first (bash deploy/setup.sh)"
+cmake --build build --target wheel > /dev/null || die "the build target wheel failed"
+wheel=$(ls -t build/dist/paramserver-*.whl | head -n 1)
 [[ "$(ldd build/bin/compute_bench)" == *libcublas.so* ]] \
   || die "build/bin/compute_bench has no CUDA backend (no cuBLAS in ldd): configure with nvcc present"
 for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
@@ -56,7 +56,7 @@ done
 stage=$(mktemp -d /tmp/gpu-bundle-stage.XXXXXX)
 check=$(mktemp -d /tmp/gpu-bundle-check.XXXXXX)
 trap 'rm -rf "$stage" "$check"' EXIT
-mkdir -p "$stage/bin" "$stage/lib" "$stage/python/paramserver"
+mkdir -p "$stage/bin" "$stage/lib"
 
 # Binaries: everything build/bin holds (daemons, benches, tests), stripped.
 binaries=()
@@ -85,12 +85,8 @@ is_base() {  # glibc's own libraries and the CUDA toolkit: the GPU machine has i
   case "$2" in /usr/local/cuda*) return 0 ;; esac
   return 1
 }
-# The Python package: its modules and the C API library (stripped), whose libraries join lib/.
-cp build/python/paramserver/*.py "$capi" "$stage/python/paramserver/"
-strip --strip-unneeded "$stage/python/paramserver/libparamserver_c.so"
-
 declare -A copied=()
-for f in "${binaries[@]}" "${tools[@]}" "$capi"; do
+for f in "${binaries[@]}" "${tools[@]}"; do
   while read -r name arrow path _; do
     [ "$arrow" = "=>" ] || continue  # the loader and the vDSO have no "=>"
     [ "$path" = "not" ] && die "$f: $name is not found by ldd"
@@ -100,18 +96,19 @@ for f in "${binaries[@]}" "${tools[@]}" "$capi"; do
     copied[$name]=$path
   done < <(ldd "$f")
 done
-cp bench/torch_mlp_bench.py "$stage/"
+cp bench/torch_mlp_bench.py "$wheel" "$stage/"
 
 rm -rf .gpu-bundle
 mkdir -p .gpu-bundle/data
 cp "$data_src"/*.gz .gpu-bundle/data/
 echo "gpu_bundle: compressing $(du -sh "$stage" | cut -f1) of binaries and libraries (xz)"
-tar -C "$stage" -cf - bin lib tools python torch_mlp_bench.py | xz -T0 -6 > .gpu-bundle/bundle.tar.xz
+tar -C "$stage" -cf - bin lib tools "$(basename "$wheel")" torch_mlp_bench.py \
+  | xz -T0 -6 > .gpu-bundle/bundle.tar.xz
 
 # Self-check on the unpacked copy: every library the binaries load, other than glibc's and the
 # CUDA toolkit's, must come from the bundle; and the binaries must run from it.
 tar -C "$check" -xJf .gpu-bundle/bundle.tar.xz
-for f in "$check"/bin/* "$check"/tools/* "$check/python/paramserver/libparamserver_c.so"; do
+for f in "$check"/bin/* "$check"/tools/*; do
   while read -r name arrow path _; do
     [ "$arrow" = "=>" ] || continue
     [ "$path" = "not" ] && die "bundle check: $(basename "$f"): $name not found"

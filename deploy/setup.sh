@@ -13,6 +13,7 @@ packages=(
   dataset-fashion-mnist gnuplot-nox iperf3 iproute2 iptables systemd
   python3 python3-numpy python3-yaml  # for /usr/bin/python3: the tests' interpreter, PS_PYTHON
   python3-torch python3-torchvision python3-pytest  # the PyTorch adapter, its tests and examples
+  patchelf python3-pip python3-setuptools python3-wheel python3-venv  # the pip wheel and its test
   libnetfilter-queue-dev
 )
 missing=()
