@@ -6,7 +6,8 @@
 #   bash deploy/gpu_bundle.sh [--no-build]
 #
 # .gpu-bundle/
-#   bundle.tar.xz   bin/  every build/bin executable, stripped
+#   bundle.tar.xz   bin/  every build/bin executable, stripped, and the CUDA backend plugin
+#                         (libparamserver_cuda.so), which the programs load from beside them
 #                   lib/  every shared library they load, except glibc's own (libc, libm,
 #                         libpthread, libdl, librt, the loader) and the CUDA toolkit's (cuBLAS):
 #                         gRPC, protobuf, Abseil, OpenBLAS + libgfortran/libquadmath, libstdc++...
@@ -40,14 +41,23 @@ limit=$((64 * 1024 * 1024))
 data_src=/usr/share/datasets/fashion-mnist
 if ((build)); then bash deploy/setup.sh; fi
 
-required=(ps worker evaluator launch transport_bench compute_bench cuda_backend_test network_test)
+required=(ps worker evaluator launch transport_bench compute_bench cuda_backend_test network_test
+          libparamserver_cuda.so)
 for b in "${required[@]}"; do
   [ -x "build/bin/$b" ] || die "build/bin/$b is missing: build first (bash deploy/setup.sh)"
 done
 cmake --build build --target wheel > /dev/null || die "the build target wheel failed"
 wheel=$(ls -t build/dist/paramserver-*.whl | head -n 1)
-[[ "$(ldd build/bin/compute_bench)" == *libcublas.so* ]] \
-  || die "build/bin/compute_bench has no CUDA backend (no cuBLAS in ldd): configure with nvcc present"
+[[ "$(ldd build/bin/libparamserver_cuda.so)" == *libcublas.so* ]] \
+  || die "build/bin/libparamserver_cuda.so does not load cuBLAS: configure with nvcc present"
+# Only the plugin (and cuda_backend_test, which links the backend) may need cuBLAS: the GPU machine
+# runs the other programs from the bundle as shipped.
+for f in build/bin/*; do
+  case "$(basename "$f")" in libparamserver_cuda.so|cuda_backend_test) continue ;; esac
+  if [ -f "$f" ] && [ -x "$f" ] && [[ "$(ldd "$f" 2>&1)" == *libcublas* ]]; then
+    die "$f loads cuBLAS: only the CUDA plugin may (rebuild: ninja -C build)"
+  fi
+done
 for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
          t10k-labels-idx1-ubyte.gz; do
   [ -f "$data_src/$f" ] || die "$data_src/$f is missing (apt-get install dataset-fashion-mnist)"
@@ -58,7 +68,7 @@ check=$(mktemp -d /tmp/gpu-bundle-check.XXXXXX)
 trap 'rm -rf "$stage" "$check"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 
-# Binaries: everything build/bin holds (daemons, benches, tests), stripped.
+# Binaries: everything build/bin holds (daemons, benches, tests, the CUDA plugin), stripped.
 binaries=()
 for f in build/bin/*; do
   if [ ! -f "$f" ] || [ ! -x "$f" ]; then continue; fi

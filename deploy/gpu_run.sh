@@ -9,7 +9,8 @@
 # STEPS=tests,transport,wan about 5; STEPS=adapter about 4.
 #   1. check glibc (the bundle's libstdc++ is Debian 12's: glibc >= 2.36), unpack the bundle into
 #      $BUNDLE_DIR (default /tmp/ps-gpu-bundle; outside the checkout, so a local run never makes
-#      .gpu-bundle/ too big to travel), find cuBLAS, print nvidia-smi
+#      .gpu-bundle/ too big to travel), find cuBLAS for the CUDA plugin (bin/libparamserver_cuda.so,
+#      which the programs load from beside them on --device=cuda/auto), print nvidia-smi
 #   2. tests: cuda_backend_test and network_test (gtest binaries: no ctest there); a skipped
 #      test counts as a failure, since it means the GPU was not usable
 #   3. compute: compute_bench on cuda with PS_CUDA_MATH=fp32 (CUDA graphs on and off), tf32, bf16, and on
@@ -121,11 +122,14 @@ main() {
   fi
   local bin=$BUNDLE_DIR/bin
 
-  # cuBLAS comes from the machine's CUDA toolkit (the binaries' RUNPATH says /usr/local/cuda/lib),
-  # else from PyTorch's nvidia-cublas wheel.
+  # cuBLAS, which only the CUDA plugin (and cuda_backend_test) loads, comes from the machine's
+  # CUDA toolkit (the plugin's RUNPATH says /usr/local/cuda/lib), else from PyTorch's
+  # nvidia-cublas wheel.
   CUBLAS_DIR=""
   set_ours
-  if [[ "$("${ours[@]}" ldd "$bin/compute_bench")" == *"not found"* ]]; then
+  local plugin=$bin/libparamserver_cuda.so
+  [ -f "$plugin" ] || die "$plugin is missing: the bundle was built without the CUDA backend"
+  if [[ "$("${ours[@]}" ldd "$plugin")" == *"not found"* ]]; then
     for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
              $(python3 -c 'import nvidia, os; print(" ".join(os.path.dirname(p) for p in
                __import__("glob").glob(os.path.join(list(nvidia.__path__)[0], "**",
@@ -135,10 +139,10 @@ main() {
     set_ours
   fi
   local libs
-  libs=$("${ours[@]}" ldd "$bin/compute_bench")
+  libs=$("${ours[@]}" ldd "$plugin")
   if [[ "$libs" == *"not found"* ]]; then
     echo "$libs"
-    die "compute_bench cannot find the libraries marked 'not found' (cuBLAS 13 of CUDA 13 is expected)"
+    die "the CUDA plugin cannot find the libraries marked 'not found' (cuBLAS 13 of CUDA 13 is expected)"
   fi
   echo "cuBLAS: $(awk '/libcublas\.so/ {print $3}' <<< "$libs")"
 

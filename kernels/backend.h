@@ -135,10 +135,13 @@ int LocalRank(int rank);
 
 // The backend named by --device (see DeviceRequest). "auto" and "cuda" take GPU
 // LocalRank(rank) mod the number of GPUs, so the workers of a multi-GPU host spread over its
-// GPUs. "auto" falls back to the CPU, saying why in the log, when there is no GPU, when the
-// driver is too old, or when a GPU is there but the CUDA backend cannot start on it (out of
-// memory, exclusive-process mode taken by another process, ...). "cuda" and "cuda:N" fail with
-// the reason instead. A bad PS_CUDA_MATH or PS_CUDA_GRAPHS is an error for all three.
+// GPUs. The CUDA backend is a plugin (kernels/cuda_plugin.h) that lies beside the program or
+// shared library this code is linked into, loaded on the first request for a GPU. "auto" falls
+// back to the CPU, saying why in the log, when the plugin cannot be loaded (not built or
+// installed; cuBLAS missing), when there is no GPU, when the driver is too old, or when a GPU is
+// there but the CUDA backend cannot start on it (out of memory, exclusive-process mode taken by
+// another process, ...). "cuda" and "cuda:N" fail with the reason instead. Once the plugin is
+// loaded, a bad PS_CUDA_MATH or PS_CUDA_GRAPHS is an error for all three.
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const std::string& device, int cpu_threads,
                                                      int rank = 0);
 
