@@ -30,7 +30,8 @@ DOCKER_INSTRUCTIONS = {"FROM", "ARG", "RUN", "COPY", "ADD", "ENV", "WORKDIR", "U
 # What setup.sh installs for tests, tools and plots only: the image needs none of them.
 NOT_BUILD_DEPENDENCIES = {"prometheus", "curl", "gnuplot-nox", "python3", "python3-numpy",
                           "python3-yaml", "iperf3", "iproute2", "openssl", "iptables",
-                          "libnetfilter-queue-dev", "systemd", "clang"}
+                          "libnetfilter-queue-dev", "systemd", "clang", "dpkg-dev",
+                          "debootstrap"}
 
 
 class Problem(Exception):

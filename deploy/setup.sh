@@ -14,6 +14,7 @@ packages=(
   python3 python3-numpy python3-yaml  # for /usr/bin/python3: the tests' interpreter, PS_PYTHON
   python3-torch python3-torchvision python3-pytest  # the PyTorch adapter, its tests and examples
   libnetfilter-queue-dev
+  dpkg-dev debootstrap  # cpack -G DEB (dpkg-shlibdeps) and its test on a clean Debian 12 root
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The installed tree (the `installed` fixture's PREFIX) runs alone: installed_job_test.sh PREFIX
+# BUILD_DIR. In a private mount namespace an empty tmpfs covers BUILD_DIR (the prefix, inside it,
+# is first bound elsewhere), so nothing is found through the build tree; there the installed
+# command prints its version and help, refuses an unknown verb, and runs a 1x2 job that trains.
+set -euo pipefail
+prefix=$(cd "$1" && pwd) build=$(cd "$2" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
+
+# Nothing but the front command in bin/; no RUNPATH names the build tree.
+[ "$(ls "$prefix/bin")" = paramserver ] || { echo "bin/ holds: $(ls "$prefix/bin")"; exit 1; }
+for f in "$prefix"/bin/* "$prefix"/libexec/paramserver/* "$prefix"/lib*/libparamserver_c.so*; do
+  if readelf -d "$f" | grep -E 'R(UN)?PATH' | grep -F "$build"; then
+    echo "$f: its RUNPATH names the build tree"; exit 1
+  fi
+done
+# The units run the installed command.
+grep -qx "ExecStart=$prefix/bin/paramserver ps --cluster=.*" "$prefix/lib/systemd/system/ps@.service"
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir "$tmp/prefix"
+# shellcheck disable=SC2016
+timeout 400 unshare --mount --propagation private bash -euo pipefail -c '
+  prefix=$1 build=$2 tmp=$3 here=$4
+  mount --bind "$prefix" "$tmp/prefix"
+  mount -t tmpfs hidden "$build"
+  ps=$tmp/prefix/bin/paramserver
+  source "$here/job_check.sh"
+
+  version=$("$ps" --version)
+  echo "$version"
+  [[ $version == "paramserver "[0-9]*.[0-9]*.[0-9]* ]]
+  grep -q "^  launch " <<< "$("$ps" --help)"
+  grep -q -- "--port" <<< "$("$ps" help ps 2>&1 || true)"
+  code=0
+  "$ps" bogus 2> "$tmp/bogus.txt" || code=$?
+  [ "$code" = 2 ] && grep -q "unknown verb .bogus.; the verbs: ps, worker" "$tmp/bogus.txt"
+
+  ps_run_job "$tmp/run" "$ps"
+  ps_check_job "$tmp/run"
+' installed_job_test "$prefix" "$build" "$tmp" "$here"
