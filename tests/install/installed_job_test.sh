@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The installed tree (the `installed` fixture's PREFIX) runs alone: installed_job_test.sh PREFIX
-# BUILD_DIR. In a private mount namespace an empty tmpfs covers BUILD_DIR (the prefix, inside it,
-# is first bound elsewhere), so nothing is found through the build tree; there the installed
-# command prints its version and help, refuses an unknown verb, and runs a 1x2 job that trains.
+# The installed tree (the `installed` fixture's PREFIX) runs alone:
+#   installed_job_test.sh PREFIX BUILD_DIR PYTHON
+# bin/ holds the front command alone, no RUNPATH names BUILD_DIR, the installed units pass
+# systemd-analyze verify (PYTHON runs deploy/check_recipes.py). Then, in a private mount namespace
+# where an empty tmpfs covers BUILD_DIR (the prefix, inside it, is first bound elsewhere) so that
+# nothing is found through the build tree, the installed command prints its version and help,
+# refuses an unknown verb, and runs a 1x2 job that trains.
 set -euo pipefail
-prefix=$(cd "$1" && pwd) build=$(cd "$2" && pwd)
+prefix=$(cd "$1" && pwd) build=$(cd "$2" && pwd) python=$3
 here=$(cd "$(dirname "$0")" && pwd)
 
 # Nothing but the front command in bin/; no RUNPATH names the build tree.
@@ -14,14 +17,18 @@ for f in "$prefix"/bin/* "$prefix"/libexec/paramserver/* "$prefix"/lib*/libparam
     echo "$f: its RUNPATH names the build tree"; exit 1
   fi
 done
-# The units run the installed command.
-grep -qx "ExecStart=$prefix/bin/paramserver ps --cluster=.*" "$prefix/lib/systemd/system/ps@.service"
+# The units run the installed command, and verify.
+grep -qx "ExecStart=$prefix/bin/paramserver ps --cluster=.*" \
+  "$prefix/lib/systemd/system/ps@.service"
+"$python" "$here/../../deploy/check_recipes.py" systemd --units="$prefix/lib/systemd/system"
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/prefix"
+as_root=()  # mounts need root, or root of a user namespace of one's own
+[ "$(id -u)" = 0 ] || as_root=(--map-root-user)
 # shellcheck disable=SC2016
-timeout 400 unshare --mount --propagation private bash -euo pipefail -c '
+timeout 400 unshare "${as_root[@]}" --mount --propagation private bash -euo pipefail -c '
   prefix=$1 build=$2 tmp=$3 here=$4
   mount --bind "$prefix" "$tmp/prefix"
   mount -t tmpfs hidden "$build"

@@ -15,5 +15,6 @@ ps_check_job() {
     last=$(tail -n 1 "$run_dir/worker-$r.csv" | cut -d, -f1)
     [ "$last" = 299 ] || { echo "worker $r stopped at step '$last', not 299"; return 1; }
   done
-  tail -n 1 "$run_dir/evaluator.csv" | awk -F, '{ print "final test accuracy " $4; exit !($4 > 0.6) }'
+  tail -n 1 "$run_dir/evaluator.csv" \
+    | awk -F, '{ print "final test accuracy " $4; exit !($4 > 0.6) }'
 }
