@@ -17,6 +17,8 @@ install(TARGETS ps worker evaluator launch experiment psctl export_model
   DESTINATION ${PS_LIBEXEC_DIR})
 if(TARGET paramserver_cuda)  # the CUDA backend, loaded from beside the programs
   install(TARGETS paramserver_cuda LIBRARY DESTINATION ${PS_LIBEXEC_DIR})
+  # It keeps the toolkit's directory (cuBLAS, not a Debian package), never the build tree's.
+  set_target_properties(paramserver_cuda PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
 endif()
 
 install(TARGETS paramserver_c EXPORT paramserverTargets

@@ -18,8 +18,9 @@ for f in "$prefix"/bin/* "$prefix"/libexec/paramserver/* "$prefix"/lib*/libparam
   fi
 done
 # The units run the installed command, and verify.
-grep -qx "ExecStart=$prefix/bin/paramserver ps --cluster=.*" \
-  "$prefix/lib/systemd/system/ps@.service"
+unit=$prefix/lib/systemd/system/ps@.service
+grep -qx "ExecStart=$prefix/bin/paramserver ps --cluster=.*" "$unit" \
+  || { echo "$unit runs no $prefix/bin/paramserver"; exit 1; }
 "$python" "$here/../../deploy/check_recipes.py" systemd --units="$prefix/lib/systemd/system"
 
 tmp=$(mktemp -d)
