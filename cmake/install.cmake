@@ -6,7 +6,7 @@
 #   P/LIBDIR/cmake/paramserver/            its package: find_package(paramserver CONFIG)
 #   P/lib/systemd/system/*.service         units running P/bin/paramserver
 #   P/share/paramserver/{docker,k8s,slurm} the other recipes
-# Installed files carry no RUNPATH (CMake drops the build tree's): they link Debian's libraries.
+# No installed RUNPATH names the build tree (CMake drops it): the programs link Debian's libraries.
 include(CMakePackageConfigHelpers)
 set(PS_LIBEXEC_DIR ${CMAKE_INSTALL_LIBEXECDIR}/paramserver)
 set(PS_CMAKE_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/paramserver)
