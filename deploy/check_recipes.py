@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Offline checks of the deployment recipes in deploy/ (run by tests/deploy_recipes_test.cc).
 
-  check_recipes.py k8s|docker|slurm|systemd --bin=build/bin
+  check_recipes.py k8s|docker|slurm|systemd --bin=build/bin [--units=DIR]
 
 k8s      deploy/k8s/paramserver.yaml parses; its cluster spec is accepted by the daemons' own
          parser (psctl spec) and agrees with the manifests (shard names and ports, StatefulSet
@@ -11,7 +11,8 @@ docker   deploy/docker/Dockerfile: known instructions, a Debian 12 build stage a
          stage, and every build dependency deploy/setup.sh installs.
 slurm    deploy/slurm/paramserver.sbatch parses (bash -n), and the spec it writes for a made-up
          allocation is accepted by psctl spec with the expected roles.
-systemd  deploy/systemd/*.service pass systemd-analyze verify (paths pointed at --bin).
+systemd  deploy/systemd/*.service pass systemd-analyze verify (paths pointed at --bin); with
+         --units=DIR the units in DIR as they are (an installed tree's, tests/install).
 Prints what it checked; exits 1 naming the first problem, 77 when systemd-analyze is missing.
 """
 import argparse
@@ -30,7 +31,8 @@ DOCKER_INSTRUCTIONS = {"FROM", "ARG", "RUN", "COPY", "ADD", "ENV", "WORKDIR", "U
 # What setup.sh installs for tests, tools and plots only: the image needs none of them.
 NOT_BUILD_DEPENDENCIES = {"prometheus", "curl", "gnuplot-nox", "python3", "python3-numpy",
                           "python3-yaml", "iperf3", "iproute2", "openssl", "iptables",
-                          "libnetfilter-queue-dev", "systemd", "clang"}
+                          "libnetfilter-queue-dev", "systemd", "clang", "dpkg-dev",
+                          "debootstrap"}
 
 
 class Problem(Exception):
@@ -226,17 +228,20 @@ def check_slurm(bin_dir):
     return 0
 
 
-def check_systemd(bin_dir):
+def check_systemd(bin_dir, units_dir=None):
     analyze = shutil.which("systemd-analyze")
     if analyze is None:
         print("skipped: systemd-analyze is not installed")
         return 77
-    units = sorted(f for f in os.listdir(os.path.join(ROOT, "deploy/systemd")))
+    source = units_dir or os.path.join(ROOT, "deploy/systemd")
+    units = sorted(f for f in os.listdir(source))
     with tempfile.TemporaryDirectory() as tmp:
         paths = []
         for unit in units:
-            with open(os.path.join(ROOT, "deploy/systemd", unit)) as f:
-                text = f.read().replace("/opt/paramserver/bin", os.path.abspath(bin_dir))
+            with open(os.path.join(source, unit)) as f:
+                text = f.read()
+            if units_dir is None:
+                text = text.replace("/opt/paramserver/bin", os.path.abspath(bin_dir))
             name = unit.replace("@.", "@0.")  # a template is verified as an instance
             with open(os.path.join(tmp, name), "w") as f:
                 f.write(text)
@@ -254,9 +259,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["k8s", "docker", "slurm", "systemd"])
     parser.add_argument("--bin", default=os.path.join(ROOT, "build/bin"))
+    parser.add_argument("--units", help="systemd: verify the units in this directory as they are")
     args = parser.parse_args()
     checks = {"k8s": check_k8s, "docker": check_docker, "slurm": check_slurm,
-              "systemd": check_systemd}
+              "systemd": lambda bin_dir: check_systemd(bin_dir, args.units)}
     try:
         return checks[args.what](args.bin)
     except Problem as p:

@@ -15,6 +15,7 @@ packages=(
   python3-torch python3-torchvision python3-pytest  # the PyTorch adapter, its tests and examples
   patchelf python3-pip python3-setuptools python3-wheel python3-venv  # the pip wheel and its test
   libnetfilter-queue-dev
+  dpkg-dev debootstrap  # cpack -G DEB (dpkg-shlibdeps) and its test on a clean Debian 12 root
 )
 missing=()
 for p in "${packages[@]}"; do
