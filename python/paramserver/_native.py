@@ -34,14 +34,13 @@ def _library_path():
 def _check_release(lib, path):
     """Refuses a library of another release than this package, naming both."""
     ours = f"paramserver {__version__}"
-    line = lib.ps_version if hasattr(lib, "ps_version") else None
-    if line is not None:
-        line.restype = ctypes.c_char_p
-        theirs = line().decode()
+    if not hasattr(lib, "ps_version"):
+        theirs = "an older release (it has no ps_version)"
+    else:
+        lib.ps_version.restype = ctypes.c_char_p
+        theirs = lib.ps_version().decode()  # "paramserver 1.3.0 (3a22abf, Release, CUDA on)"
         if theirs.startswith(ours + " "):
             return
-    else:
-        theirs = "an older release (it has no ps_version)"
     raise ImportError(f"paramserver: {path} is {theirs}, this Python package is {ours}: "
                       "install the package and library of one release (rebuild the project, or "
                       "pip install the wheel again)")
