@@ -26,6 +26,7 @@
 #include "client/worker_session.h"
 #include "common/consistency_spec.h"
 #include "common/log.h"
+#include "common/version.h"
 #include "nlohmann/json.hpp"
 #include "proto/ps.pb.h"
 
@@ -161,6 +162,11 @@ void Int64sAsNumbers(const google::protobuf::Descriptor& message, nlohmann::json
 extern "C" {
 
 int ps_api_version(void) { return PS_C_API_VERSION; }
+
+const char* ps_version(void) {
+  static const std::string* const kLine = new std::string(ps::VersionLine());
+  return kLine->c_str();
+}
 
 const char* ps_last_error(void) { return last_error.c_str(); }
 

@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PS_C_API_VERSION 7
+#define PS_C_API_VERSION 8
 #define PS_EXPORT __attribute__((visibility("default")))
 #define PS_NOT_DONE (-1) /* ps_op_wait: the call is still in progress */
 
@@ -36,6 +36,10 @@ typedef struct ps_step ps_step;         /* a step's pull and push around its com
 
 /* This library's PS_C_API_VERSION, for a loader to check. */
 PS_EXPORT int ps_api_version(void);
+/* The build this library is, as every program's --version prints it:
+ * "paramserver 1.3.0 (3a22abf, Release, CUDA on)" (release, git commit, build type, CUDA backend).
+ * Static storage. Since version 8. */
+PS_EXPORT const char* ps_version(void);
 /* The message of the last error on this thread ("" after success); valid until this thread's next
  * call of this library. */
 PS_EXPORT const char* ps_last_error(void);

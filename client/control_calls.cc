@@ -6,6 +6,7 @@
 #include "client/sharded_client_impl.h"
 #include "common/consistency_spec.h"
 #include "common/shutdown.h"
+#include "common/version.h"
 
 namespace ps {
 absl::StatusOr<int64_t> ShardedClient::Impl::Register() {
@@ -86,12 +87,14 @@ absl::StatusOr<std::vector<v1::StatsResponse>> ShardedClient::Impl::Stats() {
   for (int first = 0; first >= 0;) {
     v1::StatsRequest request;
     request.set_first_worker(first);
+    StampRelease(&request);
     absl::StatusOr<std::vector<v1::StatsResponse>> pages =
         CallEachShard(&v1::ParameterServer::Stub::GetStats, request);
     if (!pages.ok()) return pages.status();
     int next = -1;
     for (int shard = 0; shard < num_shards(); ++shard) {
       v1::StatsResponse& page = (*pages)[shard];
+      if (absl::Status s = CheckRelease(page, "shard", "client"); !s.ok()) return s;
       if (first == 0) {
         stats[shard] = page;
         stats[shard].clear_workers();

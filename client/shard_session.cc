@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/cluster.h"
 #include "common/log.h"
+#include "common/version.h"
 #include "transport/channel_options.h"
+#include "transport/grpc_status.h"
 
 namespace ps {
 ShardSession::ShardSession(int index, const std::string& addresses, Range range, Client client)
@@ -91,9 +93,11 @@ grpc::Status ShardSession::Register(grpc::ClientContext* context, int64_t resume
   if (resume_sequence >= 0) request.set_resume_sequence(resume_sequence);
   request.set_num_workers(client_.options->num_workers);
   if (client_.layout.size() <= kMaxLayoutSent) request.set_layout(client_.layout);
+  StampRelease(&request);
   v1::RegisterResponse response;
   grpc::Status status = current_replica().rpc->stub()->Register(context, request, &response);
   if (!status.ok()) return status;
+  if (absl::Status s = CheckRelease(response, "shard", "client"); !s.ok()) return ToGrpcStatus(s);
   if (response.shard_index() != index_) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("this address serves shard ", response.shard_index(),
@@ -187,6 +191,7 @@ absl::StatusOr<std::shared_ptr<DataPlanePath>> ShardSession::ConnectDataPlane(
   *request.mutable_model() = client_.model;
   request.set_shard_incarnation(shard_incarnation);
   request.set_incarnation(incarnation);
+  StampRelease(&request);
   v1::AttachDataPlaneResponse response;
   AttemptEnd attached = attempt([&](grpc::ClientContext* context) {
     return AttemptEnd::FromShard(

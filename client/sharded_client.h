@@ -283,7 +283,8 @@ class ShardedClient {
   // past the lowest last sequence over the shards, so that a step that reached only some shards
   // is delivered to the others (those that have it answer duplicate); in rounds (sync, local),
   // one past the highest (that step's round has closed). Fails (FAILED_PRECONDITION) if some
-  // shards hold a trained model and others none.
+  // shards hold a trained model and others none, or if a shard speaks another wire version
+  // (common/version.h: the message names both releases).
   absl::StatusOr<int64_t> Register();
   // The shards' consistency model (common/consistency_spec.h), known after Register.
   const std::string& consistency() const;
@@ -331,8 +332,8 @@ class ShardedClient {
                                    int64_t sequence = kNextSequence);
 
   // Every shard's statistics (GetStats: a page of at most 256 workers per call, fetched one after
-  // another and joined), by shard. Fails like any call, or DATA_LOSS for an answer that does not
-  // parse.
+  // another and joined), by shard. Fails like any call, DATA_LOSS for an answer that does not
+  // parse, or FAILED_PRECONDITION for a shard of another wire version (common/version.h).
   absl::StatusOr<std::vector<v1::StatsResponse>> Stats();
   // Asks every shard to write a checkpoint now (the write token's right), retried like the other
   // calls (a tool that must not repeat a long write sets LimitCallsTo first); the answers by shard.

@@ -10,8 +10,10 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/version.h"
 
 namespace ps {
 namespace {
@@ -113,6 +115,11 @@ std::vector<char*> ParseFlagsOrHelp(int argc, char** argv, const std::string& pr
     }
   }
   absl::SetProgramUsageMessage(usage);
+  // --version: Abseil prints this and exits 0 once every other flag parsed (psctl spec relies on
+  // `DAEMON <flags> --version` checking flags without starting anything).
+  absl::FlagsUsageConfig config;
+  config.version_string = [] { return VersionLine() + "\n"; };
+  absl::SetFlagsUsageConfig(config);
   return absl::ParseCommandLine(argc, argv);
 }
 

@@ -1,7 +1,8 @@
 // The programs' command lines. `--help` (also -h, -help, --helpfull, --helpshort) prints the
 // program's usage and the flags that apply to it, sorted, each with its default and without build
 // paths, and exits 0; Abseil's own help lists every flag linked into the binary under the path
-// it was compiled from, and exits 1. Anything else is parsed as absl::ParseCommandLine does.
+// it was compiled from, and exits 1. `--version` prints VersionLine() (common/version.h) and
+// exits 0 once the other flags parsed. Anything else is parsed as absl::ParseCommandLine does.
 #pragma once
 
 #include <string>

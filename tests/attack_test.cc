@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/version.h"
 #include "transport/data_frames.h"
 #include "common/model_spec.h"
 #include "transport/security.h"
@@ -97,6 +98,7 @@ class AttackTest : public ::testing::Test {
     v1::AttachDataPlaneRequest request;
     request.set_worker_id(worker_id);
     *request.mutable_model() = ModelProto();
+    StampRelease(&request);
     return stub_->AttachDataPlane(&context, request, ticket);
   }
   // A raw TCP connection to the shard's data plane, receiving into a buffer of `receive_buffer`

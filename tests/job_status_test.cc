@@ -71,5 +71,29 @@ TEST(JobStatusTest, AShardWhoseCheckpointsFailedSaysSo) {
             std::string::npos);
 }
 
+TEST(JobStatusTest, ShardProcessesOfDifferentBuildsAreFlagged) {
+  std::vector<v1::StatsResponse> now = {Shard(0, 1, {}), Shard(1, 1, {}), Shard(1, 1, {})};
+  for (v1::StatsResponse& s : now) {
+    s.set_version_line("paramserver 1.3.0 (3a22abf, Release, CUDA on)");
+  }
+  now[2].set_replica_role("down");
+  now[2].clear_version_line();
+  std::string table = StatusTable({"a:1", "b:2", "c:3"}, now, nullptr, 0);
+  EXPECT_NE(table.find("build: paramserver 1.3.0 (3a22abf, Release, CUDA on)\n"),
+            std::string::npos)
+      << table;  // the one that is down runs nothing
+  EXPECT_EQ(table.find("WARNING"), std::string::npos) << table;
+  now[1].set_version_line("paramserver 1.3.1 (5b6c7d8, Debug, CUDA off)");
+  now[2].set_replica_role("backup");
+  table = StatusTable({"a:1", "b:2", "c:3"}, now, nullptr, 0);
+  EXPECT_NE(table.find("WARNING: the shard processes run different builds:\n"
+                       "  shard 0 (a:1): paramserver 1.3.0 (3a22abf, Release, CUDA on)\n"
+                       "  shard 1 (b:2): paramserver 1.3.1 (5b6c7d8, Debug, CUDA off)\n"
+                       "  shard 1 (c:3): unknown (an older release)\n"),
+            std::string::npos)
+      << table;
+  EXPECT_EQ(table.find("build: "), std::string::npos) << table;
+}
+
 }  // namespace
 }  // namespace ps

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/version.h"
 #include "transport/chunking.h"
 #include "transport/security.h"
 #include "deploy/local_cluster.h"
@@ -329,6 +330,7 @@ TEST(StatsPagesTest, FetchStatsListsEveryWorkerOfEveryShard) {
       request.mutable_model()->set_fingerprint(model.fingerprint);
       request.mutable_model()->set_total_params(model.total_params);
       request.mutable_model()->set_num_shards(2);
+      StampRelease(&request);
       v1::RegisterResponse response;
       ASSERT_TRUE(stub->Register(&context, request, &response).ok());
     }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/version.h"
 #include "deploy/local_cluster.h"
 #include "deploy/subprocess.h"
 #include "nlohmann/json.hpp"
@@ -81,12 +82,17 @@ TEST(MetricsTest, PromtoolAcceptsEveryDaemonAndARealPrometheusScrapesTheJob) {
   }
   ASSERT_TRUE(WaitForVersion(shard, 50, absl::Seconds(60))) << ReadFile(dir + "/worker.log");
 
-  // promtool on each daemon's exposition, once it has something to say.
+  // promtool on each daemon's exposition, once it has something to say; each names its build.
+  const BuildInfo& build = Build();
+  const std::string build_info = absl::StrCat(
+      "ps_build_info{build_type=\"", build.build_type, "\",commit=\"", build.commit, "\",cuda=\"",
+      build.cuda ? "on" : "off", "\",version=\"", build.version, "\"} 1");
   for (int port : metrics_ports) {
     auto [code, out] = Shell(absl::StrCat("curl -sf http://127.0.0.1:", port,
                                           "/metrics | tee /dev/stderr | promtool check metrics"),
                              dir);
     EXPECT_EQ(code, 0) << "port " << port << ":\n" << out;
+    EXPECT_NE(out.find(build_info), std::string::npos) << "port " << port << ":\n" << out;
   }
   auto [code, exposition] =
       Shell(absl::StrCat("curl -sf http://127.0.0.1:", metrics_ports[1], "/metrics"), dir);

@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "common/version.h"
 #include "transport/security.h"
 #include "deploy/local_cluster.h"
 #include "deploy/subprocess.h"
@@ -159,6 +160,7 @@ grpc::Status RawAttachDataPlane(const std::string& address, int worker, const Mo
   request.mutable_model()->set_total_params(model.total_params);
   request.mutable_model()->set_num_shards(model.num_shards);
   request.set_incarnation(incarnation);
+  StampRelease(&request);
   return stub->AttachDataPlane(&context, request, response);
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/version.h"
 #include "transport/shared_memory.h"
 #include "deploy/local_cluster.h"
 #include "proto/grpc/health/v1/health.grpc.pb.h"
@@ -464,6 +465,7 @@ grpc::Status ClaimEpoch99(const std::string& address, const std::string& token) 
   join.mutable_model()->set_num_shards(1);
   join.set_shard_index(0);
   join.set_epoch(99);
+  StampRelease(&join);
   if (stream->Write(join)) stream->WritesDone();
   v1::ReplicationMessage m;
   while (stream->Read(&m)) {

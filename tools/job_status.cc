@@ -20,6 +20,35 @@ int64_t StalenessQuantile(const v1::StatsResponse& stats, double fraction) {
   return stats.staleness_counts_size() - 1;
 }
 
+namespace {
+
+// One line naming the build every shard process runs, or, when they differ, a line per process
+// under a warning: a job of mixed builds is a likely cause of surprises.
+std::string BuildLines(const std::vector<std::string>& addresses,
+                       const std::vector<v1::StatsResponse>& now) {
+  std::vector<size_t> up;
+  for (size_t s = 0; s < now.size(); ++s) {
+    if (now[s].replica_role() != "down") up.push_back(s);
+  }
+  if (up.empty()) return "";
+  auto line = [&](size_t s) {
+    return now[s].version_line().empty() ? std::string("unknown (an older release)")
+                                         : now[s].version_line();
+  };
+  const bool same = std::all_of(up.begin(), up.end(), [&](size_t s) {
+    return now[s].version_line() == now[up[0]].version_line();
+  });
+  if (same) return absl::StrCat("build: ", line(up[0]), "\n");
+  std::string out = "WARNING: the shard processes run different builds:\n";
+  for (size_t s : up) {
+    absl::StrAppend(&out, "  shard ", now[s].shard_index(), " (",
+                    s < addresses.size() ? addresses[s] : "?", "): ", line(s), "\n");
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string StatusTable(const std::vector<std::string>& addresses,
                         const std::vector<v1::StatsResponse>& now,
                         const std::vector<v1::StatsResponse>* before, double seconds) {
@@ -54,6 +83,7 @@ std::string StatusTable(const std::vector<std::string>& addresses,
                   n.pushes_dropped_late() + n.pushes_dropped_stale() + n.pushes_dropped_norm(),
                   n.pushes_rejected()));
   }
+  absl::StrAppend(&out, BuildLines(addresses, now));
   // Failed checkpoints are otherwise only log lines: a shard could run for hours saving nothing.
   for (const v1::StatsResponse& n : now) {
     if (n.checkpoint_failures() == 0) continue;

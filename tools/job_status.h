@@ -1,7 +1,9 @@
-// The job as a table (psctl status): one row per shard process (address, replica role, version, updates/s,
-// workers active/registered, staleness p50/p99, pushes dropped and rejected) and one row per worker
-// (its clock, seconds since last seen, pushes), from two rounds of the shards' statistics; a line
-// per shard whose checkpoints failed (how many, the last error, the newest written).
+// The job as a table (psctl status): one row per shard process (address, replica role, version,
+// updates/s, workers active/registered, staleness p50/p99, pushes dropped and rejected); the build
+// the processes run (their --version line; one per process under a warning when they differ); a
+// line per shard whose checkpoints failed (how many, the last error, the newest written); and one
+// row per worker (its clock, seconds since last seen, pushes), from two rounds of the shards'
+// statistics.
 #pragma once
 
 #include <string>

@@ -6,11 +6,13 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "common/version.h"
+#include "deploy/subprocess.h"
 
 namespace {
 
@@ -58,19 +60,11 @@ int PrintHelp() {
   return 0;
 }
 
-std::string OwnDir() {
-  char path[PATH_MAX];
-  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
-  if (n <= 0) return ".";
-  const std::string p(path, n);
-  return p.substr(0, p.rfind('/'));
-}
-
 // Installed, the programs are in <prefix>/libexec/paramserver (PS_LIBEXEC_FROM_BIN, relative to
 // bin/); in the build tree, beside this command. Never bin/ itself when installed: /usr/bin/ps is
 // procps's.
 std::string ProgramDir() {
-  const std::string own = OwnDir();
+  const std::string own = ps::ExecutableDir();
   const std::string libexec = own + "/" PS_LIBEXEC_FROM_BIN;
   struct stat info;
   return stat(libexec.c_str(), &info) == 0 && S_ISDIR(info.st_mode) ? libexec : own;
@@ -105,9 +99,8 @@ int main(int argc, char** argv) {
   }
   const std::string first = argv[1];
   if (first == "--help" || first == "-h" || (first == "help" && argc == 2)) return PrintHelp();
-  // TODO(version): print the shared version line (git commit, build type, CUDA) at the merge.
   if (first == "--version") {
-    std::printf("paramserver %s\n", PS_VERSION);
+    std::printf("%s\n", ps::VersionLine().c_str());
     return 0;
   }
   if (first == "help") {

@@ -1,6 +1,7 @@
 #include "transport/metrics.h"
 
 #include <dlfcn.h>
+#include <prometheus/gauge.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/version.h"
 #include "transport/security.h"
 
 ABSL_FLAG(int, metrics_port, -1,
@@ -47,6 +49,16 @@ absl::StatusOr<std::unique_ptr<MetricsEndpoint>> MetricsEndpoint::Start(const st
         absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
   }
   endpoint->registry_ = std::make_shared<prometheus::Registry>();
+  const BuildInfo& build = Build();
+  prometheus::BuildGauge()
+      .Name("ps_build_info")
+      .Help("The daemon's build (as its --version): always 1")
+      .Register(*endpoint->registry_)
+      .Add({{"version", build.version},
+            {"commit", build.commit},
+            {"build_type", build.build_type},
+            {"cuda", build.cuda ? "on" : "off"}})
+      .Set(1);
   endpoint->exposer_->RegisterCollectable(endpoint->registry_);
   std::vector<int> ports = endpoint->exposer_->GetListeningPorts();
   endpoint->port_ = ports.empty() ? port : ports.front();

@@ -1,7 +1,8 @@
 // A daemon's Prometheus endpoint: prometheus-cpp's Exposer serving GET /metrics on
 // --metrics_host:--metrics_port (off by default; 0 picks a free port, logged), with a registry for
 // the daemon's own counters, gauges and histograms and room for collectors that read their values
-// at scrape time. Thread-safe (prometheus-cpp's metrics and registry are).
+// at scrape time. Every endpoint serves ps_build_info{version,commit,build_type,cuda} 1
+// (common/version.h). Thread-safe (prometheus-cpp's metrics and registry are).
 #pragma once
 
 #include <prometheus/collectable.h>

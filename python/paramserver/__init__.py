@@ -5,6 +5,7 @@
         step = client.register()
         ...
 """
+from ._version import __version__  # noqa: F401  (generated from CMake's project(VERSION))
 from . import _log  # noqa: F401  (the library's log lines go to the "paramserver" logger)
 from .client import Client, Handle, PushSummary
 from .errors import (Aborted, Cancelled, DeadlineExceeded, Error, FailedPrecondition,

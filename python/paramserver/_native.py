@@ -6,7 +6,9 @@ shards, and the library depends on no interpreter's ABI: one build serves every 
 import ctypes
 import os
 
-API_VERSION = 7
+from ._version import __version__
+
+API_VERSION = 8
 NOT_DONE = -1
 # ps_log_sink: (level 0 info, 1 warning, 2 error; the message; the caller's pointer)
 LogSink = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
@@ -29,6 +31,21 @@ def _library_path():
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "libparamserver_c.so")
 
 
+def _check_release(lib, path):
+    """Refuses a library of another release than this package, naming both."""
+    ours = f"paramserver {__version__}"
+    if not hasattr(lib, "ps_version"):
+        theirs = "an older release (it has no ps_version)"
+    else:
+        lib.ps_version.restype = ctypes.c_char_p
+        theirs = lib.ps_version().decode()  # "paramserver 1.3.0 (3a22abf, Release, CUDA on)"
+        if theirs.startswith(ours + " "):
+            return
+    raise ImportError(f"paramserver: {path} is {theirs}, this Python package is {ours}: "
+                      "install the package and library of one release (rebuild the project, or "
+                      "pip install the wheel again)")
+
+
 def _load():
     path = _library_path()
     if not os.path.exists(path):
@@ -36,6 +53,7 @@ def _load():
             f"paramserver: {path} is missing: build the project (deploy/setup.sh or "
             "cmake --build build) and put build/python on PYTHONPATH, or set PARAMSERVER_LIBRARY")
     lib = ctypes.CDLL(path)
+    _check_release(lib, path)
     if lib.ps_api_version() != API_VERSION:
         raise ImportError(f"paramserver: {path} has C API version {lib.ps_api_version()}, "
                           f"this package needs {API_VERSION}: rebuild the project")

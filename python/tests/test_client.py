@@ -2,7 +2,10 @@
 Leave, credentials, and bad input that raises and changes no weight."""
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -332,3 +335,20 @@ def test_a_step_sends_each_shards_part_as_its_range_becomes_final(start_shards):
         assert step.take_push().wait().sequence == 0
         step.close()
         assert np.array_equal(weights(shards), np.zeros(N))  # 1 - 0.5 * 2
+
+
+def test_the_package_and_its_library_name_one_release(tmp_path):
+    assert paramserver.__version__ == os.environ["PS_PROJECT_VERSION"]  # CMake's project(VERSION)
+    line = paramserver._native.lib.ps_version().decode()
+    assert line.startswith(f"paramserver {paramserver.__version__} ("), line
+    # A package beside a library of another release says so at import, naming both.
+    package = os.path.dirname(paramserver.__file__)
+    copy = tmp_path / "paramserver"
+    shutil.copytree(package, copy)
+    (copy / "_version.py").write_text('__version__ = "0.0.1"\n')
+    result = subprocess.run([sys.executable, "-c", "import paramserver"], capture_output=True,
+                            text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                            timeout=60)
+    assert result.returncode != 0
+    assert (f"is {line}, this Python package is paramserver 0.0.1: install the package and "
+            "library of one release") in result.stderr, result.stderr

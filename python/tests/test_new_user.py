@@ -86,7 +86,9 @@ def test_statistics_give_numbers_as_numbers(start_shards):
     assert all(isinstance(v, (int, float, bool)) for v in numbers), stats
     strings = {k for shard in stats for k, v in shard.items() if isinstance(v, str)}
     assert strings <= {"model_fingerprint", "optimizer", "consistency", "checkpoint_last_error",
-                       "replica_role"}, strings
+                       "replica_role", "release", "version_line"}, strings
+    line = paramserver._native.lib.ps_version().decode()  # this build's, as --version prints it
+    assert all(shard["version_line"] == line for shard in stats), stats
 
 
 class Records(logging.Handler):

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cluster.h"
 #include "common/log.h"
+#include "common/version.h"
 #include "server/replication/epoch_file.h"
 #include "server/replication/state_transfer.h"
 #include "transport/grpc_status.h"
@@ -297,6 +298,7 @@ absl::Status Replica::Follow(const v1::ReplicaStatusResponse& peer) {
   join.mutable_model()->set_num_shards(model.num_shards);
   join.set_shard_index(shard_->index());
   join.set_epoch(epoch());
+  StampRelease(&join);
   const Tickets tickets = OfferTickets(&join);
   v1::ReplicationMessage m;
   absl::StatusOr<std::optional<ShardState>> state =
@@ -409,6 +411,7 @@ std::function<bool(v1::ReplicationMessage*)> Replica::Next(Stream* stream) {
 
 absl::StatusOr<std::optional<ShardState>> Replica::ReceiveState(const v1::ReplicationMessage& first,
                                                                 Stream* stream) {
+  if (absl::Status s = CheckRelease(first, "primary", "backup"); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = machine_.CheckPrimaryEpoch(first.epoch()); !s.ok()) return s;
@@ -541,6 +544,7 @@ void Replica::OnChange(const ShardChange& change) {
 }
 
 absl::StatusOr<int64_t> Replica::AcceptJoin(const v1::BackupMessage& join) {
+  if (absl::Status s = CheckRelease(join, "backup", "primary"); !s.ok()) return s;
   const ModelIdentity& model = shard_->model();
   if (join.model().fingerprint() != model.fingerprint ||
       join.model().total_params() != model.total_params ||

@@ -1,5 +1,6 @@
 #include "server/replication/state_transfer.h"
 
+#include "common/version.h"
 #include "transport/chunking.h"
 #include "transport/tensor_codec.h"
 
@@ -84,6 +85,7 @@ bool WriteState(const ShardState& state, int64_t epoch, const std::shared_ptr<co
                 absl::FunctionRef<bool(grpc::ByteBuffer)> write) {
   v1::ReplicationMessage m;
   m.set_epoch(epoch);
+  StampRelease(&m);
   *m.mutable_state() = state.header;
   bool ok = WriteMessage(m, write);
   for (int i = 0; ok && i < state.header.tensors_size(); ++i) {

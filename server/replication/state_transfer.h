@@ -27,8 +27,9 @@ bool WriteMessage(const v1::ReplicationMessage& message,
 bool WriteValues(absl::Span<const float> values, int64_t epoch,
                  const std::shared_ptr<const void>& owner,
                  absl::FunctionRef<bool(grpc::ByteBuffer)> write);
-// Writes `state` as a stream starts: its header, then each tensor it names, in order (a state
-// without a model is its header alone). `owner` keeps state's tensors alive (see WriteValues).
+// Writes `state` as a stream starts: its header (with this release, common/version.h), then each
+// tensor it names, in order (a state without a model is its header alone). `owner` keeps state's
+// tensors alive (see WriteValues).
 bool WriteState(const ShardState& state, int64_t epoch, const std::shared_ptr<const void>& owner,
                 absl::FunctionRef<bool(grpc::ByteBuffer)> write);
 

@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/model_spec.h"
 #include "common/tensor_layout.h"
+#include "common/version.h"
 #include "server/rpc/payload.h"
 #include "server/rpc/service_helpers.h"
 #include "transport/chunking.h"
@@ -210,6 +211,9 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
       context, request, response, CallNeeds("Register", Access::kRead),
       [](const auto& r, CallNeeds needs) { return needs.ActsAs(r.worker_id()).Serving(); },
       [&](const auto& request, auto* response) {
+        if (absl::Status s = CheckRelease(request, "client", "shard"); !s.ok()) {
+          return ToGrpcStatus(s);
+        }
         if (absl::Status s = shard_->CheckNumWorkers(request.num_workers()); !s.ok()) {
           return ToGrpcStatus(s);
         }
@@ -226,6 +230,7 @@ grpc::ServerUnaryReactor* ShardService::Register(grpc::CallbackServerContext* co
         response->set_consistency(r->consistency);
         response->set_incarnation(r->incarnation);
         response->set_shard_incarnation(process_.incarnation);
+        StampRelease(response);
         return grpc::Status::OK;
       });
 }
@@ -437,6 +442,11 @@ grpc::ServerUnaryReactor* ShardService::GetStats(grpc::CallbackServerContext* co
       context, request, response, CallNeeds("GetStats", Access::kRead),
       [](const auto&, CallNeeds needs) { return needs; },
       [&](const auto& request, auto* response) {
+        if (request.wire_version() != 0) {  // none: a probe, answered (proto/ps.proto)
+          if (absl::Status s = CheckRelease(request, "client", "shard"); !s.ok()) {
+            return ToGrpcStatus(s);
+          }
+        }
         int page = request.max_workers();
         if (page <= 0) page = ParameterShard::kMaxStatsWorkers;
         *response = StatsProto(shard_->Stats(request.first_worker(), page));
@@ -524,6 +534,9 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
           return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                               absl::StrCat("worker id ", worker, " is no client's"));
         }
+        if (absl::Status s = CheckRelease(request, "client", "shard"); !s.ok()) {
+          return ToGrpcStatus(s);
+        }
         if (absl::Status s = CheckAttacher(worker, request.model(), request.incarnation());
             !s.ok())
           return ToGrpcStatus(s);
@@ -546,6 +559,8 @@ grpc::ServerUnaryReactor* ShardService::AttachDataPlane(grpc::CallbackServerCont
 
 v1::StatsResponse ShardService::StatsProto(const ShardStats& s) const {
   v1::StatsResponse r;
+  StampRelease(&r);
+  r.set_version_line(VersionLine());
   if (replica_ != nullptr) {
     r.set_replica_role(RoleMachine::RoleName(replica_->role()));
     r.set_replica_epoch(replica_->epoch());

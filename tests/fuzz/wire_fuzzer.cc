@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "common/version.h"
 #include "transport/chunking.h"
 #include "common/partition.h"
 #include "transport/shared_memory.h"
@@ -297,6 +298,7 @@ v1::RegisterRequest WireFuzzer::MakeRegister() {
   v1::RegisterRequest r;
   r.set_worker_id(WorkerId());
   MaybeSetModel(r.mutable_model());
+  StampRelease(&r);
   if (r.worker_id() >= 0) registered_.insert(r.worker_id());
   return r;
 }
