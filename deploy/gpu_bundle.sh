@@ -6,8 +6,9 @@
 #   bash deploy/gpu_bundle.sh [--no-build]
 #
 # .gpu-bundle/
-#   bundle.tar.xz   bin/  every build/bin executable, stripped, and the CUDA backend plugin
-#                         (libparamserver_cuda.so), which the programs load from beside them
+#   bundle.tar.xz   bin/  every build/bin executable but the tests gpu_run.sh does not run (it
+#                         runs cuda_backend_test and network_test), stripped, and the CUDA
+#                         backend plugin (libparamserver_cuda.so), loaded from beside the programs
 #                   lib/  every shared library they load, except glibc's own (libc, libm,
 #                         libpthread, libdl, librt, the loader) and the CUDA toolkit's (cuBLAS):
 #                         gRPC, protobuf, Abseil, OpenBLAS + libgfortran/libquadmath, libstdc++...
@@ -68,10 +69,12 @@ check=$(mktemp -d /tmp/gpu-bundle-check.XXXXXX)
 trap 'rm -rf "$stage" "$check"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 
-# Binaries: everything build/bin holds (daemons, benches, tests, the CUDA plugin), stripped.
+# Binaries: the daemons, tools, benches, the CUDA plugin and the two tests gpu_run.sh runs, stripped
+# (the other test binaries would take the bundle over the device tool's 64 MiB).
 binaries=()
 for f in build/bin/*; do
   if [ ! -f "$f" ] || [ ! -x "$f" ]; then continue; fi
+  case "$(basename "$f")" in cuda_backend_test|network_test) ;; *_test) continue ;; esac
   cp "$f" "$stage/bin/"
   strip --strip-unneeded "$stage/bin/$(basename "$f")"
   binaries+=("$f")
